@@ -1,0 +1,18 @@
+//! (device: to be written)
+
+use crate::errors::Code;
+
+/// What can go wrong in device.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Placeholder until the module is written.
+    #[error("device is not written yet")]
+    NotWritten,
+}
+
+impl Error {
+    /// The wire code of this error.
+    pub fn code(&self) -> Code {
+        Code::Unimplemented
+    }
+}

@@ -1,0 +1,20 @@
+//! crust-agent: the in-guest storage agent of a microVM sandbox.
+//!
+//! A request flows server.rs (wire ↔ domain) → validate.rs (is it well formed)
+//! → volumes.rs (the volume table, one lock per volume) → the capability
+//! modules, each of which owns its syscalls.
+
+pub mod device;
+pub mod errors;
+pub mod grow;
+pub mod init;
+pub mod logging;
+pub mod mount;
+pub mod mountinfo;
+pub mod ownership;
+pub mod probe;
+pub mod server;
+pub mod stats;
+pub mod system;
+pub mod validate;
+pub mod volumes;

@@ -1,0 +1,163 @@
+//! /proc/self/mountinfo, parsed: which paths are mount points, of which
+//! device, with which options. Read-only; used by the volume table, the
+//! condition checks and the bind/unmount logic.
+
+use std::path::{Path, PathBuf};
+
+use crate::errors::SysError;
+
+/// One line of mountinfo (proc(5)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountEntry {
+    /// Unique id of the mount.
+    pub mount_id: u32,
+    /// Id of the parent mount.
+    pub parent_id: u32,
+    /// Device major number of the filesystem.
+    pub major: u32,
+    /// Device minor number of the filesystem.
+    pub minor: u32,
+    /// Path inside the filesystem that forms the root of this mount ("/" for a whole fs).
+    pub root: PathBuf,
+    /// Where it is mounted.
+    pub mount_point: PathBuf,
+    /// Per-mount options ("rw,nosuid,relatime").
+    pub mount_options: String,
+    /// Filesystem type ("ext4").
+    pub fs_type: String,
+    /// Mount source ("/dev/vdb").
+    pub source: String,
+    /// Per-superblock options ("rw,errors=remount-ro").
+    pub super_options: String,
+}
+
+impl MountEntry {
+    /// True when the mount itself is read-only.
+    pub fn read_only(&self) -> bool {
+        self.mount_options.split(',').any(|o| o == "ro")
+    }
+
+    /// True when the superblock is read-only (as after ext4 errors=remount-ro).
+    pub fn super_read_only(&self) -> bool {
+        self.super_options.split(',').any(|o| o == "ro")
+    }
+}
+
+/// The kernel escapes space, tab, newline and backslash in paths as \ooo.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            let v = (b[i + 1] - b'0') as u32 * 64 + (b[i + 2] - b'0') as u32 * 8 + (b[i + 3] - b'0') as u32;
+            out.push(v as u8);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Parses one mountinfo line; None for a line that does not have the documented shape.
+pub fn parse_line(line: &str) -> Option<MountEntry> {
+    let (pre, post) = line.split_once(" - ")?;
+    let mut f = pre.split(' ');
+    let mount_id = f.next()?.parse().ok()?;
+    let parent_id = f.next()?.parse().ok()?;
+    let (major, minor) = f.next()?.split_once(':')?;
+    let root = PathBuf::from(unescape(f.next()?));
+    let mount_point = PathBuf::from(unescape(f.next()?));
+    let mount_options = f.next()?.to_string();
+    let mut p = post.split(' ');
+    let fs_type = p.next()?.to_string();
+    let source = unescape(p.next()?);
+    let super_options = p.next().unwrap_or("").to_string();
+    Some(MountEntry {
+        mount_id,
+        parent_id,
+        major: major.parse().ok()?,
+        minor: minor.parse().ok()?,
+        root,
+        mount_point,
+        mount_options,
+        fs_type,
+        source,
+        super_options,
+    })
+}
+
+/// Parses a whole mountinfo text.
+pub fn parse(text: &str) -> Vec<MountEntry> {
+    text.lines().filter_map(parse_line).collect()
+}
+
+/// Reads this process's mount table.
+pub fn read() -> Result<Vec<MountEntry>, SysError> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| SysError::new("read", "/proc/self/mountinfo", e))?;
+    Ok(parse(&text))
+}
+
+/// The topmost mount at exactly `path` (the last one listed wins, as the kernel stacks them).
+pub fn mount_at<'a>(table: &'a [MountEntry], path: &Path) -> Option<&'a MountEntry> {
+    table.iter().rev().find(|m| m.mount_point == path)
+}
+
+/// Every mount at or below `path`, deepest first: the order to unmount them in.
+pub fn mounts_under<'a>(table: &'a [MountEntry], path: &Path) -> Vec<&'a MountEntry> {
+    let mut v: Vec<&MountEntry> = table.iter().filter(|m| m.mount_point.starts_with(path)).collect();
+    v.sort_by_key(|m| std::cmp::Reverse(m.mount_point.components().count()));
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw,errors=remount-ro
+36 22 7:3 / /run/crust/volumes/vol\\0401 rw,nosuid - ext4 /dev/loop3 rw
+37 36 7:3 /data /run/crust/binds/a ro,relatime shared:5 master:1 - ext4 /dev/loop3 ro,errors=remount-ro
+38 36 0:45 / /run/crust/volumes/vol\\0401/sub rw - tmpfs tmpfs rw
+";
+
+    #[test]
+    fn parses_fields_and_escapes() {
+        let t = parse(SAMPLE);
+        assert_eq!(t.len(), 4);
+        assert_eq!(t[1].mount_point, PathBuf::from("/run/crust/volumes/vol 1"));
+        assert_eq!((t[1].major, t[1].minor), (7, 3));
+        assert_eq!(t[2].root, PathBuf::from("/data"));
+        assert_eq!(t[2].fs_type, "ext4");
+        assert!(t[2].read_only() && t[2].super_read_only());
+        assert!(!t[1].read_only());
+        assert_eq!(t[0].super_options, "rw,errors=remount-ro");
+    }
+
+    #[test]
+    fn rejects_malformed_lines() {
+        assert!(parse_line("").is_none());
+        assert!(parse_line("1 2 3").is_none());
+        assert!(parse_line("x 1 8:1 / / rw - ext4 /dev/sda rw").is_none());
+        assert!(parse_line("1 1 81 / / rw - ext4 /dev/sda rw").is_none());
+    }
+
+    #[test]
+    fn finds_mounts_and_orders_for_unmount() {
+        let t = parse(SAMPLE);
+        let root = Path::new("/run/crust/volumes/vol 1");
+        assert_eq!(mount_at(&t, root).unwrap().mount_id, 36);
+        assert!(mount_at(&t, Path::new("/run/crust")).is_none());
+        let under: Vec<u32> = mounts_under(&t, root).iter().map(|m| m.mount_id).collect();
+        assert_eq!(under, vec![38, 36]);
+    }
+
+    #[test]
+    fn reads_the_live_table() {
+        let t = read().unwrap();
+        assert!(t.iter().any(|m| m.mount_point == Path::new("/")));
+    }
+}

@@ -1,0 +1,18 @@
+//! (stats: to be written)
+
+use crate::errors::Code;
+
+/// What can go wrong in stats.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Placeholder until the module is written.
+    #[error("stats is not written yet")]
+    NotWritten,
+}
+
+impl Error {
+    /// The wire code of this error.
+    pub fn code(&self) -> Code {
+        Code::Unimplemented
+    }
+}

@@ -1,0 +1,18 @@
+//! (volumes: to be written)
+
+use crate::errors::Code;
+
+/// What can go wrong in volumes.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Placeholder until the module is written.
+    #[error("volumes is not written yet")]
+    NotWritten,
+}
+
+impl Error {
+    /// The wire code of this error.
+    pub fn code(&self) -> Code {
+        Code::Unimplemented
+    }
+}
