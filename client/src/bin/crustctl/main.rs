@@ -171,21 +171,22 @@ fn parse_size(s: &str) -> Result<i64, String> {
     if digits.is_empty() {
         return Err(bad());
     }
-    let shift =
-        match suffix.to_ascii_uppercase().as_str() {
-            "" | "B" => 0,
-            "K" | "KI" | "KIB" => 10,
-            "M" | "MI" | "MIB" => 20,
-            "G" | "GI" | "GIB" => 30,
-            "T" | "TI" | "TIB" => 40,
-            "P" | "PI" | "PIB" => 50,
-            "KB" | "MB" | "GB" | "TB" | "PB" => return Err(format!(
+    let shift = match suffix.to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KI" | "KIB" => 10,
+        "M" | "MI" | "MIB" => 20,
+        "G" | "GI" | "GIB" => 30,
+        "T" | "TI" | "TIB" => 40,
+        "P" | "PI" | "PIB" => 50,
+        "KB" | "MB" | "GB" | "TB" | "PB" => {
+            return Err(format!(
                 "'{s}' is ambiguous (1000 or 1024?): write {}{} for binary units, or plain bytes",
                 digits,
                 &suffix[..1]
-            )),
-            _ => return Err(bad()),
-        };
+            ))
+        }
+        _ => return Err(bad()),
+    };
     let n: i64 = digits.parse().map_err(|_| bad())?;
     n.checked_mul(1i64 << shift)
         .ok_or_else(|| format!("'{s}' is larger than the largest size, 8 EiB"))
