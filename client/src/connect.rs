@@ -25,7 +25,7 @@ const MAX_HANDSHAKE_LINE: usize = 256;
 pub enum ConnectError {
     #[error(transparent)]
     Address(#[from] AddressError),
-    #[error("cannot connect to {addr}: {source} (is the agent, or the VM's vsock backend, running there?)")]
+    #[error("cannot connect to {addr}: {source}; is the agent, or the VM's vsock backend, running there?")]
     Unreachable { addr: String, source: io::Error },
     #[error("connecting to {addr} timed out after {}: the agent did not accept the connection", secs(*.timeout))]
     TimedOut { addr: String, timeout: Duration },

@@ -70,6 +70,7 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct PublishArgs {
+    /// The host's name for the volume: [A-Za-z0-9][A-Za-z0-9._-]{0,127}.
     volume_id: String,
     /// The virtio-blk serial the host gave the disk.
     #[arg(
@@ -88,6 +89,7 @@ struct PublishArgs {
     /// Mount options; repeat or separate with commas (-o noatime,discard).
     #[arg(short = 'o', long = "option", value_name = "OPT")]
     options: Vec<String>,
+    /// Mount the filesystem read-only.
     #[arg(long)]
     read_only: bool,
     /// Make the volume's files belong to this group (the pod's fsGroup).
@@ -119,6 +121,7 @@ struct BindArgs {
     /// A directory inside the volume, relative to its root.
     #[arg(long, value_name = "P", default_value = "")]
     subpath: String,
+    /// Make the bind read-only.
     #[arg(long)]
     read_only: bool,
     /// Make submounts read-only too (needs --read-only).
