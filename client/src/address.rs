@@ -18,9 +18,19 @@ pub enum Address {
     /// A Unix stream socket, e.g. for an agent run on the host in tests.
     Unix(PathBuf),
     /// AF_VSOCK; `cid` may be [`VSOCK_CID_ANY`] (`-1`) when listening.
-    Vsock { cid: u32, port: u32 },
+    Vsock {
+        /// The guest's context id (3 and up), or [`VSOCK_CID_ANY`].
+        cid: u32,
+        /// The port the agent listens on (1024 by default).
+        port: u32,
+    },
     /// The VMM's Unix socket at `path`, then `CONNECT port\n` to reach the guest.
-    Hvsock { path: PathBuf, port: u32 },
+    Hvsock {
+        /// The VMM's Unix socket, e.g. Firecracker's `uds_path`.
+        path: PathBuf,
+        /// The guest port to ask for in `CONNECT`.
+        port: u32,
+    },
 }
 
 /// Why a string is not an agent address.

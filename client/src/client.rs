@@ -124,6 +124,7 @@ impl CrustClient {
         f(&self.inner, ctx, req).map_err(|e| CallError::from_ttrpc(method, timeout, e))
     }
 
+    /// The optional features the agent has (`CAPABILITY_*`).
     pub fn get_capabilities(&self) -> Result<GetCapabilitiesResponse, CallError> {
         let req = GetCapabilitiesRequest::new();
         self.call("GetCapabilities", self.timeout, &req, |c, x, r| {
@@ -131,6 +132,7 @@ impl CrustClient {
         })
     }
 
+    /// The filesystems the agent can publish, e.g. `["ext4", "xfs"]`.
     pub fn get_supported_file_systems(&self) -> Result<GetSupportedFileSystemsResponse, CallError> {
         let req = GetSupportedFileSystemsRequest::new();
         self.call("GetSupportedFileSystems", self.timeout, &req, |c, x, r| {
@@ -149,6 +151,7 @@ impl CrustClient {
         })
     }
 
+    /// Unmounts a volume and its binds; succeeds when it was not published.
     pub fn unpublish_volume(
         &self,
         req: &UnpublishVolumeRequest,
@@ -158,6 +161,7 @@ impl CrustClient {
         })
     }
 
+    /// Bytes and inodes of a published volume, and its condition.
     pub fn get_volume_stats(
         &self,
         req: &GetVolumeStatsRequest,
@@ -178,14 +182,17 @@ impl CrustClient {
         })
     }
 
+    /// Binds a volume (or a subpath) at a target, optionally (recursively) read-only.
     pub fn bind_mount(&self, req: &BindMountRequest) -> Result<BindMountResponse, CallError> {
         self.call("BindMount", self.timeout, req, |c, x, r| c.bind_mount(x, r))
     }
 
+    /// Unmounts a bind target; succeeds when nothing was mounted there.
     pub fn unmount(&self, req: &UnmountRequest) -> Result<UnmountResponse, CallError> {
         self.call("Unmount", self.timeout, req, |c, x, r| c.unmount(x, r))
     }
 
+    /// The published volumes and their bind targets.
     pub fn list_volumes(&self) -> Result<ListVolumesResponse, CallError> {
         let req = ListVolumesRequest::new();
         self.call("ListVolumes", self.timeout, &req, |c, x, r| {
@@ -193,6 +200,7 @@ impl CrustClient {
         })
     }
 
+    /// Version, kernel, memory and boot timeline of the agent.
     pub fn get_agent_info(&self) -> Result<GetAgentInfoResponse, CallError> {
         let req = GetAgentInfoRequest::new();
         self.call("GetAgentInfo", self.timeout, &req, |c, x, r| {
