@@ -239,6 +239,15 @@ const FORBIDDEN: &[(&str, &str)] = &[
 const MAX_OPTION_LEN: usize = 1024;
 const MAX_DATA_LEN: usize = 4000;
 
+/// The start of an overlong option, for the message (cut on a char boundary).
+fn head(s: &str) -> &str {
+    let mut end = s.len().min(64);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// Turns fstab-style options into flags and a data string. Pure.
 pub fn parse_options(options: &[String], read_only: bool) -> Result<MountOptions, Error> {
     let bad = |option: &str, why| Error::BadOption {
@@ -250,7 +259,7 @@ pub fn parse_options(options: &[String], read_only: bool) -> Result<MountOptions
     for element in options {
         if element.len() > MAX_OPTION_LEN {
             return Err(bad(
-                &element[..64.min(element.len())],
+                head(element),
                 "it is unreasonably long (over 1024 bytes)",
             ));
         }
@@ -286,7 +295,7 @@ pub fn parse_options(options: &[String], read_only: bool) -> Result<MountOptions
     let data = data.join(",");
     if data.len() > MAX_DATA_LEN {
         return Err(bad(
-            &data[..64],
+            head(&data),
             "the filesystem options together are unreasonably long (over 4000 bytes)",
         ));
     }
@@ -969,6 +978,8 @@ mod tests {
     #[test]
     fn refuses_bad_options() {
         let long = "x".repeat(2000);
+        let long_utf8 = "é".repeat(1000);
+        let many_utf8: Vec<String> = (0..500).map(|i| format!("o{i}=ééééé")).collect();
         let many: Vec<String> = (0..500).map(|i| format!("opt{i}=abcdef")).collect();
         let table: Vec<Vec<String>> = vec![
             opts(&["bind"]),
@@ -990,7 +1001,9 @@ mod tests {
             opts(&["noatime,"]),
             opts(&["disc\0ard"]),
             vec![long],
+            vec![long_utf8],
             many,
+            many_utf8,
         ];
         for input in table {
             let err =
@@ -1238,11 +1251,11 @@ mod tests {
         }
         let disk = LoopDisk::new("ext4");
         let a = disk.mount_at("a", "ext4");
-        // The same ext4 superblock as xfs: the kernel refuses (EINVAL without data → INTERNAL, not a silent success).
+        // The device as xfs while ext4 holds it: EBUSY, FAILED_PRECONDITION.
         let b = disk.path("b");
         let err = mount_filesystem(&disk.device, &b, "xfs", &parse_options(&[], false).unwrap())
             .unwrap_err();
-        assert_ne!(err.code(), Code::InvalidArgument);
+        assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
         assert!(entry(&b).is_none());
         assert!(unmount_tree(&a).unwrap());
     }
