@@ -585,7 +585,13 @@ pub(crate) mod testutil {
 
     impl Drop for LoopDisk {
         fn drop(&mut self) {
-            let _ = Command::new("losetup").arg("-d").arg(&self.device).output();
+            // Only if it is still ours: a test may have detached it, and the
+            // number may since belong to someone else's loop device.
+            let backing = format!("/sys/block/{}/loop/backing_file", self.name());
+            let ours = std::fs::read_to_string(backing).is_ok_and(|b| Path::new(b.trim()) == self.image);
+            if ours {
+                let _ = Command::new("losetup").arg("-d").arg(&self.device).output();
+            }
         }
     }
 
@@ -886,6 +892,29 @@ mod tests {
         let msg = e.to_string();
         assert!(msg.contains(&format!("{} bytes", 64u64 << 20)) && msg.contains(&format!("{} bytes", 128u64 << 20)), "{msg}");
         assert!(msg.contains("host must grow"), "{msg}");
+    }
+
+    #[test]
+    fn hears_the_kernel_announce_a_resize() {
+        if !root_or_skip("hears_the_kernel_announce_a_resize") {
+            return;
+        }
+        let disk = LoopDisk::new(16, None);
+        let name = disk.name();
+        let events = Uevents::open();
+        assert!(events.fd.is_some(), "NETLINK_KOBJECT_UEVENT socket could not be opened");
+        let grower = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            disk.resize(32);
+            disk
+        });
+        let started = Instant::now();
+        let heard = events.wait(Duration::from_secs(5), |ev| {
+            ev.subsystem == "block" && ev.action == "change" && ev.devname == name
+        });
+        let _disk = grower.join().unwrap();
+        assert!(heard, "no change uevent for {name} within 5 s");
+        assert!(started.elapsed() < Duration::from_secs(3));
     }
 
     #[test]
