@@ -26,12 +26,18 @@ pub struct Sysfs {
 impl Sysfs {
     /// The real system's /sys/block and /dev.
     pub fn system() -> Sysfs {
-        Sysfs { sys_block: PathBuf::from("/sys/block"), dev_dir: PathBuf::from("/dev") }
+        Sysfs {
+            sys_block: PathBuf::from("/sys/block"),
+            dev_dir: PathBuf::from("/dev"),
+        }
     }
 
     /// `/sys/fs` beside `sys_block` (where ext4 publishes `errors_count`).
     pub fn sys_fs(&self) -> PathBuf {
-        self.sys_block.parent().unwrap_or(Path::new("/sys")).join("fs")
+        self.sys_block
+            .parent()
+            .unwrap_or(Path::new("/sys"))
+            .join("fs")
     }
 }
 
@@ -168,7 +174,10 @@ const SIZE_POLL: Duration = Duration::from_millis(100);
 fn read_attr(path: &Path) -> Option<String> {
     let raw = fs::read(path).ok()?;
     let s = String::from_utf8_lossy(&raw);
-    Some(s.trim_end_matches(|c: char| c.is_whitespace() || c == '\0').to_string())
+    Some(
+        s.trim_end_matches(|c: char| c.is_whitespace() || c == '\0')
+            .to_string(),
+    )
 }
 
 /// Parses a sysfs `dev` attribute ("253:16").
@@ -213,7 +222,9 @@ pub fn parse_uevent(msg: &[u8]) -> Option<Uevent> {
     let mut ev = Uevent::default();
     for kv in parts {
         let kv = String::from_utf8_lossy(kv);
-        let Some((k, v)) = kv.split_once('=') else { continue };
+        let Some((k, v)) = kv.split_once('=') else {
+            continue;
+        };
         let field = match k {
             "ACTION" => &mut ev.action,
             "SUBSYSTEM" => &mut ev.subsystem,
@@ -265,7 +276,10 @@ impl Uevents {
             if left.is_zero() {
                 return false;
             }
-            let ts = Timespec { tv_sec: left.as_secs() as i64, tv_nsec: left.subsec_nanos() as i64 };
+            let ts = Timespec {
+                tv_sec: left.as_secs() as i64,
+                tv_nsec: left.subsec_nanos() as i64,
+            };
             let mut fds = [PollFd::new(fd, PollFlags::IN)];
             match poll(&mut fds, Some(&ts)) {
                 Ok(0) => return false,
@@ -327,18 +341,36 @@ fn scan(sysfs: &Sysfs, serial: &str) -> Result<Scan, Error> {
     let name = match names.as_slice() {
         [] => return Ok(Scan::Nothing),
         [one] => one.clone(),
-        _ => return Err(Error::DuplicateSerial { serial: serial.to_string(), names: names.join(", ") }),
+        _ => {
+            return Err(Error::DuplicateSerial {
+                serial: serial.to_string(),
+                names: names.join(", "),
+            })
+        }
     };
     // `dev` may not be readable for an instant while the disk is being added.
-    let Some((major, minor)) = read_attr(&sysfs.sys_block.join(&name).join("dev")).and_then(|s| parse_devnum(&s))
+    let Some((major, minor)) =
+        read_attr(&sysfs.sys_block.join(&name).join("dev")).and_then(|s| parse_devnum(&s))
     else {
         return Ok(Scan::Nothing);
     };
     let node = sysfs.dev_dir.join(&name);
     match check_node(&node, major, minor) {
-        Ok(()) => Ok(Scan::Found(Device { name, path: node, major, minor, serial: Some(serial.to_string()) })),
+        Ok(()) => Ok(Scan::Found(Device {
+            name,
+            path: node,
+            major,
+            minor,
+            serial: Some(serial.to_string()),
+        })),
         Err(None) => Ok(Scan::NoNode(name, node)),
-        Err(Some(found)) => Err(Error::NodeMismatch { name, node, major, minor, found }),
+        Err(Some(found)) => Err(Error::NodeMismatch {
+            name,
+            node,
+            major,
+            minor,
+            found,
+        }),
     }
 }
 
@@ -375,7 +407,12 @@ pub fn find_by_serial(sysfs: &Sysfs, serial: &str, timeout: Duration) -> Result<
         if Instant::now() >= deadline {
             let (serial, waited) = (serial.to_string(), start.elapsed());
             return Err(match pending {
-                Some((name, node)) => Error::NodeMissing { serial, name, node, waited },
+                Some((name, node)) => Error::NodeMissing {
+                    serial,
+                    name,
+                    node,
+                    waited,
+                },
                 None => Error::SerialNotFound { serial, waited },
             });
         }
@@ -397,7 +434,10 @@ fn under_dev(path: &Path) -> bool {
 /// The block device at `path`: an absolute path under /dev (symlinks such as
 /// /dev/disk/by-id are followed only while they stay under /dev).
 pub fn from_path(path: &Path) -> Result<Device, Error> {
-    let bad = |reason: String| Error::BadPath { path: path.display().to_string(), reason };
+    let bad = |reason: String| Error::BadPath {
+        path: path.display().to_string(),
+        reason,
+    };
     if !path.is_absolute() {
         return Err(bad("is relative".into()));
     }
@@ -422,14 +462,21 @@ pub fn from_path(path: &Path) -> Result<Device, Error> {
         .or_else(|| real.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_default();
     let serial = read_attr(&sys.join("serial")).filter(|s| !s.is_empty());
-    Ok(Device { name, path: real, major, minor, serial })
+    Ok(Device {
+        name,
+        path: real,
+        major,
+        minor,
+        serial,
+    })
 }
 
 /// The block device major:minor, found through /sys/dev/block (for callers
 /// that start from a mounted filesystem's st_dev).
 pub fn from_devnum(major: u32, minor: u32) -> Result<Device, Error> {
     let uevent = PathBuf::from(format!("/sys/dev/block/{major}:{minor}/uevent"));
-    let text = fs::read_to_string(&uevent).map_err(|e| SysError::new("read", uevent.display(), e))?;
+    let text =
+        fs::read_to_string(&uevent).map_err(|e| SysError::new("read", uevent.display(), e))?;
     let name = text
         .lines()
         .find_map(|l| l.strip_prefix("DEVNAME="))
@@ -469,7 +516,12 @@ fn blk_size(file: &File, device: &Path) -> Result<u64, SysError> {
 
 /// Waits until `dev` is at least `min_bytes` (the host grows disks, the guest
 /// notices a little later) and returns its size; OUT_OF_RANGE after `timeout`.
-pub fn wait_for_size(sysfs: &Sysfs, dev: &Device, min_bytes: u64, timeout: Duration) -> Result<u64, Error> {
+pub fn wait_for_size(
+    sysfs: &Sysfs,
+    dev: &Device,
+    min_bytes: u64,
+    timeout: Duration,
+) -> Result<u64, Error> {
     let start = Instant::now();
     let deadline = deadline_after(start, timeout);
     let events = Uevents::open();
@@ -484,7 +536,11 @@ pub fn wait_for_size(sysfs: &Sysfs, dev: &Device, min_bytes: u64, timeout: Durat
             return Ok(size);
         }
         if disk_state(sysfs, dev) == DiskState::Gone {
-            return Err(Error::Gone { name: dev.name.clone(), major: dev.major, minor: dev.minor });
+            return Err(Error::Gone {
+                name: dev.name.clone(),
+                major: dev.major,
+                minor: dev.minor,
+            });
         }
         if Instant::now() >= deadline {
             return Err(Error::TooSmall {
@@ -510,7 +566,9 @@ pub fn disk_state(sysfs: &Sysfs, dev: &Device) -> DiskState {
     match read_attr(&dir.join("size")).and_then(|s| s.parse::<u64>().ok()) {
         None => DiskState::Gone,
         Some(0) => DiskState::ZeroSize,
-        Some(sectors) => DiskState::Present { size_bytes: sectors.saturating_mul(512) },
+        Some(sectors) => DiskState::Present {
+            size_bytes: sectors.saturating_mul(512),
+        },
     }
 }
 
@@ -534,8 +592,15 @@ pub(crate) mod testutil {
 
     /// Runs a command and returns its stdout; panics with its stderr if it fails.
     pub(crate) fn run(cmd: &str, args: &[&str]) -> String {
-        let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
-        assert!(out.status.success(), "{cmd} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new(cmd)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+        assert!(
+            out.status.success(),
+            "{cmd} {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
@@ -553,7 +618,10 @@ pub(crate) mod testutil {
         pub(crate) fn new(size_mb: u64, fs: Option<&str>) -> LoopDisk {
             let dir = tempfile::tempdir().unwrap();
             let image = dir.path().join("disk.img");
-            std::fs::File::create(&image).unwrap().set_len(size_mb << 20).unwrap();
+            std::fs::File::create(&image)
+                .unwrap()
+                .set_len(size_mb << 20)
+                .unwrap();
             let img = image.to_str().unwrap();
             match fs {
                 None => {}
@@ -563,12 +631,20 @@ pub(crate) mod testutil {
                 Some(other) => panic!("LoopDisk cannot make {other}"),
             }
             let device = PathBuf::from(run("losetup", &["--find", "--show", img]).trim());
-            LoopDisk { image, device, _dir: dir }
+            LoopDisk {
+                image,
+                device,
+                _dir: dir,
+            }
         }
 
         /// The kernel name ("loop3").
         pub(crate) fn name(&self) -> String {
-            self.device.file_name().unwrap().to_string_lossy().into_owned()
+            self.device
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
         }
 
         /// The device as the agent's lookup sees it.
@@ -578,7 +654,10 @@ pub(crate) mod testutil {
 
         /// Resizes the image and tells the loop driver (what a host's block_resize does).
         pub(crate) fn resize(&self, size_mb: u64) {
-            run("truncate", &["-s", &format!("{size_mb}M"), self.image.to_str().unwrap()]);
+            run(
+                "truncate",
+                &["-s", &format!("{size_mb}M"), self.image.to_str().unwrap()],
+            );
             run("losetup", &["-c", self.device.to_str().unwrap()]);
         }
     }
@@ -588,7 +667,8 @@ pub(crate) mod testutil {
             // Only if it is still ours: a test may have detached it, and the
             // number may since belong to someone else's loop device.
             let backing = format!("/sys/block/{}/loop/backing_file", self.name());
-            let ours = std::fs::read_to_string(backing).is_ok_and(|b| Path::new(b.trim()) == self.image);
+            let ours =
+                std::fs::read_to_string(backing).is_ok_and(|b| Path::new(b.trim()) == self.image);
             if ours {
                 let _ = Command::new("losetup").arg("-d").arg(&self.device).output();
             }
@@ -619,7 +699,10 @@ pub(crate) mod testutil {
 
     impl Drop for Mounted {
         fn drop(&mut self) {
-            let ok = Command::new("umount").arg(&self.path).output().is_ok_and(|o| o.status.success());
+            let ok = Command::new("umount")
+                .arg(&self.path)
+                .output()
+                .is_ok_and(|o| o.status.success());
             if !ok {
                 let _ = Command::new("umount").arg("-l").arg(&self.path).output();
             }
@@ -638,13 +721,23 @@ mod tests {
         let ev = parse_uevent(add).unwrap();
         assert_eq!(
             ev,
-            Uevent { action: "add".into(), subsystem: "block".into(), devname: "vdb".into(), devtype: "disk".into() }
+            Uevent {
+                action: "add".into(),
+                subsystem: "block".into(),
+                devname: "vdb".into(),
+                devtype: "disk".into()
+            }
         );
         assert!(parse_uevent(b"libudev\0\xfe\xed\xca\xfe").is_none());
         assert!(parse_uevent(b"").is_none());
         assert!(parse_uevent(b"change@/x\0SUBSYSTEM=block\0").is_none()); // no ACTION
-        let change = parse_uevent(b"change@/x\0ACTION=change\0SUBSYSTEM=block\0DEVNAME=loop3\0RESIZE=1").unwrap();
-        assert_eq!((change.action.as_str(), change.devname.as_str()), ("change", "loop3"));
+        let change =
+            parse_uevent(b"change@/x\0ACTION=change\0SUBSYSTEM=block\0DEVNAME=loop3\0RESIZE=1")
+                .unwrap();
+        assert_eq!(
+            (change.action.as_str(), change.devname.as_str()),
+            ("change", "loop3")
+        );
     }
 
     #[test]
@@ -681,14 +774,23 @@ mod tests {
     impl FakeTree {
         fn new() -> FakeTree {
             let root = tempfile::tempdir().unwrap();
-            let sysfs = Sysfs { sys_block: root.path().join("sys/block"), dev_dir: root.path().join("dev") };
+            let sysfs = Sysfs {
+                sys_block: root.path().join("sys/block"),
+                dev_dir: root.path().join("dev"),
+            };
             fs::create_dir_all(&sysfs.sys_block).unwrap();
             fs::create_dir_all(&sysfs.dev_dir).unwrap();
             FakeTree { root, sysfs }
         }
 
         /// Lists disk `name` with `serial` and numbers `major:minor`; makes its node if `node` says so.
-        fn add(&self, name: &str, serial: &str, (major, minor): (u32, u32), node: Option<(u32, u32)>) {
+        fn add(
+            &self,
+            name: &str,
+            serial: &str,
+            (major, minor): (u32, u32),
+            node: Option<(u32, u32)>,
+        ) {
             let dir = self.sysfs.sys_block.join(name);
             fs::create_dir_all(&dir).unwrap();
             fs::write(dir.join("serial"), format!("{serial}\n")).unwrap();
@@ -696,7 +798,15 @@ mod tests {
             fs::write(dir.join("dev"), format!("{major}:{minor}\n")).unwrap();
             if let Some((ma, mi)) = node {
                 let path = self.sysfs.dev_dir.join(name);
-                run("mknod", &[path.to_str().unwrap(), "b", &ma.to_string(), &mi.to_string()]);
+                run(
+                    "mknod",
+                    &[
+                        path.to_str().unwrap(),
+                        "b",
+                        &ma.to_string(),
+                        &mi.to_string(),
+                    ],
+                );
             }
         }
     }
@@ -737,7 +847,12 @@ mod tests {
         let t = FakeTree::new();
         t.add("vdd", "vol-pad", (7, 210), Some((7, 210)));
         fs::write(t.sysfs.sys_block.join("vdd/serial"), b"vol-pad \0\0\0\n").unwrap();
-        assert_eq!(find_by_serial(&t.sysfs, "vol-pad", Duration::from_secs(1)).unwrap().name, "vdd");
+        assert_eq!(
+            find_by_serial(&t.sysfs, "vol-pad", Duration::from_secs(1))
+                .unwrap()
+                .name,
+            "vdd"
+        );
         // A prefix of a serial is not that serial.
         let e = find_by_serial(&t.sysfs, "vol-p", Duration::from_millis(50)).unwrap_err();
         assert_eq!(e.code(), Code::DeadlineExceeded);
@@ -761,7 +876,10 @@ mod tests {
         let _t = adder.join().unwrap();
         assert_eq!((dev.name.as_str(), dev.major, dev.minor), ("vde", 7, 220));
         // Found by the periodic rescan (fake trees send no uevents): within one period.
-        assert!(took >= Duration::from_millis(300) && took < Duration::from_millis(1500), "{took:?}");
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_millis(1500),
+            "{took:?}"
+        );
     }
 
     #[test]
@@ -771,10 +889,16 @@ mod tests {
         let started = Instant::now();
         let e = find_by_serial(&t.sysfs, "vol-never", Duration::from_millis(700)).unwrap_err();
         let took = started.elapsed();
-        assert!(took >= Duration::from_millis(700) && took < Duration::from_millis(1300), "{took:?}");
+        assert!(
+            took >= Duration::from_millis(700) && took < Duration::from_millis(1300),
+            "{took:?}"
+        );
         assert_eq!(e.code(), Code::DeadlineExceeded);
         let msg = e.to_string();
-        assert!(msg.contains("serial vol-never") && msg.contains("within 7"), "{msg}");
+        assert!(
+            msg.contains("serial vol-never") && msg.contains("within 7"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -849,7 +973,10 @@ mod tests {
             (outside.clone(), "is not under /dev"),
             (PathBuf::from("/dev/../etc/passwd"), "is not under /dev"),
             (PathBuf::from("/dev/null"), "is not a block device"),
-            (PathBuf::from("/dev/crust-no-such-disk"), "cannot be resolved"),
+            (
+                PathBuf::from("/dev/crust-no-such-disk"),
+                "cannot be resolved",
+            ),
             (escape.clone(), "outside /dev"),
         ];
         for (p, why) in cases {
@@ -869,9 +996,17 @@ mod tests {
         let dev = disk.dev();
         let sysfs = Sysfs::system();
         assert_eq!(size_bytes(&disk.device).unwrap(), 32 << 20);
-        assert_eq!(disk_state(&sysfs, &dev), DiskState::Present { size_bytes: 32 << 20 });
+        assert_eq!(
+            disk_state(&sysfs, &dev),
+            DiskState::Present {
+                size_bytes: 32 << 20
+            }
+        );
         // Already big enough: immediately.
-        assert_eq!(wait_for_size(&sysfs, &dev, 16 << 20, Duration::from_secs(1)).unwrap(), 32 << 20);
+        assert_eq!(
+            wait_for_size(&sysfs, &dev, 16 << 20, Duration::from_secs(1)).unwrap(),
+            32 << 20
+        );
         // Grown by "the host" while the agent waits.
         let disk = std::sync::Arc::new(disk);
         let grower = {
@@ -890,7 +1025,11 @@ mod tests {
         let e = wait_for_size(&sysfs, &dev, 128 << 20, Duration::from_millis(300)).unwrap_err();
         assert_eq!(e.code(), Code::OutOfRange);
         let msg = e.to_string();
-        assert!(msg.contains(&format!("{} bytes", 64u64 << 20)) && msg.contains(&format!("{} bytes", 128u64 << 20)), "{msg}");
+        assert!(
+            msg.contains(&format!("{} bytes", 64u64 << 20))
+                && msg.contains(&format!("{} bytes", 128u64 << 20)),
+            "{msg}"
+        );
         assert!(msg.contains("host must grow"), "{msg}");
     }
 
@@ -902,7 +1041,10 @@ mod tests {
         let disk = LoopDisk::new(16, None);
         let name = disk.name();
         let events = Uevents::open();
-        assert!(events.fd.is_some(), "NETLINK_KOBJECT_UEVENT socket could not be opened");
+        assert!(
+            events.fd.is_some(),
+            "NETLINK_KOBJECT_UEVENT socket could not be opened"
+        );
         let grower = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(200));
             disk.resize(32);
@@ -921,8 +1063,19 @@ mod tests {
     fn tells_gone_and_empty_disks() {
         let t = FakeTree::new();
         t.add("vdl", "vol-s", (7, 270), None);
-        let dev = Device { name: "vdl".into(), path: t.sysfs.dev_dir.join("vdl"), major: 7, minor: 270, serial: None };
-        assert_eq!(disk_state(&t.sysfs, &dev), DiskState::Present { size_bytes: 2048 * 512 });
+        let dev = Device {
+            name: "vdl".into(),
+            path: t.sysfs.dev_dir.join("vdl"),
+            major: 7,
+            minor: 270,
+            serial: None,
+        };
+        assert_eq!(
+            disk_state(&t.sysfs, &dev),
+            DiskState::Present {
+                size_bytes: 2048 * 512
+            }
+        );
         fs::write(t.sysfs.sys_block.join("vdl/size"), "0\n").unwrap();
         assert_eq!(disk_state(&t.sysfs, &dev), DiskState::ZeroSize);
         // The name now belongs to another disk.

@@ -164,13 +164,25 @@ pub fn check(device: &Path, expected: FsType) -> Result<(), Error> {
     let found = signatures(&read_head(device)?);
     let dev = device.display().to_string();
     match found.as_slice() {
-        [] => Err(Error::Unformatted { device: dev, expected }),
+        [] => Err(Error::Unformatted {
+            device: dev,
+            expected,
+        }),
         [one] if *one == expected.name() => Ok(()),
-        [one] => Err(Error::Mismatch { device: dev, found: one, expected }),
-        many if many.contains(&expected.name()) => {
-            Err(Error::Ambiguous { device: dev, found: many.join(", ") })
-        }
-        many => Err(Error::Mismatch { device: dev, found: many[0], expected }),
+        [one] => Err(Error::Mismatch {
+            device: dev,
+            found: one,
+            expected,
+        }),
+        many if many.contains(&expected.name()) => Err(Error::Ambiguous {
+            device: dev,
+            found: many.join(", "),
+        }),
+        many => Err(Error::Mismatch {
+            device: dev,
+            found: many[0],
+            expected,
+        }),
     }
 }
 
@@ -205,7 +217,10 @@ mod tests {
             (fat16, vec!["vfat"]),
             (fat32, vec!["vfat"]),
             (with(&[(54, b"FAT16   ")]), vec![]), // no boot signature
-            (with(&[(0, b"XFSB"), (1080, &[0x53, 0xEF])]), vec!["xfs", "ext4"]),
+            (
+                with(&[(0, b"XFSB"), (1080, &[0x53, 0xEF])]),
+                vec!["xfs", "ext4"],
+            ),
             (vec![0x53; 100], vec![]), // shorter than any superblock
         ];
         for (buf, want) in table {
@@ -232,8 +247,12 @@ mod tests {
         if !root_or_skip("identifies_real_disks_without_writing") {
             return;
         }
-        let cases: [(Option<&str>, Option<&str>); 4] =
-            [(Some("ext4"), Some("ext4")), (Some("xfs"), Some("xfs")), (Some("swap"), Some("swap")), (None, None)];
+        let cases: [(Option<&str>, Option<&str>); 4] = [
+            (Some("ext4"), Some("ext4")),
+            (Some("xfs"), Some("xfs")),
+            (Some("swap"), Some("swap")),
+            (None, None),
+        ];
         for (mkfs, want) in cases {
             let disk = LoopDisk::new(320, mkfs);
             let before = sha(&disk.image);
@@ -248,12 +267,21 @@ mod tests {
                     let msg = e.to_string();
                     assert!(msg.contains(&disk.device.display().to_string()), "{msg}");
                     match want {
-                        Some(other) => assert!(msg.contains(&format!("holds a {other} filesystem, not the requested {fs}")), "{msg}"),
+                        Some(other) => assert!(
+                            msg.contains(&format!(
+                                "holds a {other} filesystem, not the requested {fs}"
+                            )),
+                            "{msg}"
+                        ),
                         None => assert!(msg.contains("unformatted"), "{msg}"),
                     }
                 }
             }
-            assert_eq!(sha(&disk.image), before, "probing {mkfs:?} changed the disk");
+            assert_eq!(
+                sha(&disk.image),
+                before,
+                "probing {mkfs:?} changed the disk"
+            );
         }
     }
 
@@ -264,7 +292,16 @@ mod tests {
         }
         let disk = LoopDisk::new(64, Some("ext4"));
         // A stale xfs magic in the boot block an ext4 does not use.
-        run("sh", &["-c", &format!("printf XFSB | dd of={} conv=notrunc status=none", disk.device.display())]);
+        run(
+            "sh",
+            &[
+                "-c",
+                &format!(
+                    "printf XFSB | dd of={} conv=notrunc status=none",
+                    disk.device.display()
+                ),
+            ],
+        );
         let e = check(&disk.device, FsType::Ext4).unwrap_err();
         assert!(matches!(e, Error::Ambiguous { .. }), "{e}");
         assert_eq!(e.code(), Code::FailedPrecondition);

@@ -67,7 +67,11 @@ impl Error {
 
 fn usage_of(st: &rustix::fs::StatVfs) -> Usage {
     // f_frsize is the unit of the block counts; very old kernels left it 0.
-    let unit = if st.f_frsize != 0 { st.f_frsize } else { st.f_bsize };
+    let unit = if st.f_frsize != 0 {
+        st.f_frsize
+    } else {
+        st.f_bsize
+    };
     Usage {
         bytes_total: st.f_blocks.saturating_mul(unit),
         bytes_available: st.f_bavail.saturating_mul(unit),
@@ -87,7 +91,14 @@ pub fn usage(path: &Path) -> Result<Usage, Error> {
 /// Errnos that mean the filesystem or its disk is failing, not that the request was odd.
 fn failing(e: rustix::io::Errno) -> bool {
     use rustix::io::Errno;
-    [Errno::IO, Errno::NODEV, Errno::NOTCONN, Errno::STALE, Errno::NXIO].contains(&e)
+    [
+        Errno::IO,
+        Errno::NODEV,
+        Errno::NOTCONN,
+        Errno::STALE,
+        Errno::NXIO,
+    ]
+    .contains(&e)
 }
 
 fn errno_name(e: rustix::io::Errno) -> String {
@@ -115,7 +126,10 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
     let usage = st.as_ref().ok().map(usage_of);
     if let Err(err) = &st {
         problems.push(if failing(*err) {
-            format!("statfs on {path} fails with {}: the filesystem or its disk is failing", errno_name(*err))
+            format!(
+                "statfs on {path} fails with {}: the filesystem or its disk is failing",
+                errno_name(*err)
+            )
         } else {
             format!("statfs on {path} fails with {}", errno_name(*err))
         });
@@ -123,7 +137,10 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
     // statfs can still answer from the superblock while lookups fail (a shut-down xfs).
     if let Err(err) = rustix::fs::stat(e.path) {
         if failing(err) {
-            problems.push(format!("stat on {path} fails with {}: the filesystem has shut down or its disk is failing", errno_name(err)));
+            problems.push(format!(
+                "stat on {path} fails with {}: the filesystem has shut down or its disk is failing",
+                errno_name(err)
+            ));
         }
     }
 
@@ -162,8 +179,15 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
     }
 
     if e.fs == FsType::Ext4 {
-        let attr = sysfs.sys_fs().join("ext4").join(&dev.name).join("errors_count");
-        if let Some(n) = std::fs::read_to_string(&attr).ok().and_then(|s| s.trim().parse::<u64>().ok()) {
+        let attr = sysfs
+            .sys_fs()
+            .join("ext4")
+            .join(&dev.name)
+            .join("errors_count");
+        if let Some(n) = std::fs::read_to_string(&attr)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+        {
             if n > 0 {
                 problems.push(format!(
                     "ext4 on {} has recorded {n} error(s) ({}); check the filesystem with e2fsck on the host",
@@ -190,9 +214,15 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
     }
 
     let condition = if problems.is_empty() {
-        Condition { abnormal: false, message: "ok".to_string() }
+        Condition {
+            abnormal: false,
+            message: "ok".to_string(),
+        }
     } else {
-        Condition { abnormal: true, message: problems.join("; ") }
+        Condition {
+            abnormal: true,
+            message: problems.join("; "),
+        }
     };
     (usage, condition)
 }
@@ -204,16 +234,31 @@ mod tests {
     use std::time::{Duration, Instant};
 
     fn expected<'a>(m: &'a Mounted, dev: &'a Device, fs: FsType) -> Expected<'a> {
-        Expected { path: &m.path, device: dev, read_only: false, fs }
+        Expected {
+            path: &m.path,
+            device: dev,
+            read_only: false,
+            fs,
+        }
     }
 
     fn assert_ok(cond: &Condition) {
-        assert_eq!(cond, &Condition { abnormal: false, message: "ok".into() });
+        assert_eq!(
+            cond,
+            &Condition {
+                abnormal: false,
+                message: "ok".into()
+            }
+        );
     }
 
     fn assert_abnormal(cond: &Condition, says: &str) {
         assert!(cond.abnormal, "expected abnormal ({says}), got {cond:?}");
-        assert!(cond.message.contains(says), "{:?} does not say {says:?}", cond.message);
+        assert!(
+            cond.message.contains(says),
+            "{:?} does not say {says:?}",
+            cond.message
+        );
     }
 
     #[test]
@@ -258,13 +303,22 @@ mod tests {
             let raw = rustix::fs::statvfs(&m.path).unwrap();
             assert_eq!(before.bytes_total, raw.f_blocks * raw.f_frsize);
             assert_eq!(before.bytes_available, raw.f_bavail * raw.f_frsize);
-            assert!(before.bytes_available < before.bytes_total - before.bytes_used || fs == FsType::Xfs);
+            assert!(
+                before.bytes_available < before.bytes_total - before.bytes_used
+                    || fs == FsType::Xfs
+            );
             std::fs::write(m.path.join("data"), vec![7u8; 16 << 20]).unwrap();
             run("sync", &["-f", m.path.join("data").to_str().unwrap()]);
             let after = usage(&m.path).unwrap();
             assert_eq!(after.bytes_total, before.bytes_total, "{fs}");
-            assert!(after.bytes_used >= before.bytes_used + (16 << 20), "{fs}: {before:?} → {after:?}");
-            assert!(after.bytes_available + (16 << 20) <= before.bytes_available, "{fs}");
+            assert!(
+                after.bytes_used >= before.bytes_used + (16 << 20),
+                "{fs}: {before:?} → {after:?}"
+            );
+            assert!(
+                after.bytes_available + (16 << 20) <= before.bytes_available,
+                "{fs}"
+            );
             assert_eq!(after.inodes_used, before.inodes_used + 1, "{fs}");
         }
     }
@@ -283,9 +337,15 @@ mod tests {
         assert!(usage.is_some(), "statfs of the bare directory still works");
         // Another disk mounted in its place.
         let other = LoopDisk::new(64, Some("ext4"));
-        run("mount", &[other.device.to_str().unwrap(), m.path.to_str().unwrap()]);
+        run(
+            "mount",
+            &[other.device.to_str().unwrap(), m.path.to_str().unwrap()],
+        );
         let (_, cond) = check(&Sysfs::system(), &expected(&m, &dev, FsType::Ext4));
-        assert_abnormal(&cond, &format!("is now a mount of device 7:{}", other.dev().minor));
+        assert_abnormal(
+            &cond,
+            &format!("is now a mount of device 7:{}", other.dev().minor),
+        );
         run("umount", &[m.path.to_str().unwrap()]);
     }
 
@@ -302,7 +362,13 @@ mod tests {
         assert_abnormal(&cond, "published read-write but is now read-only");
         assert!(usage.is_some());
         // Published read-only, read-only is what it should be.
-        let (_, cond) = check(&Sysfs::system(), &Expected { read_only: true, ..expected(&m, &dev, FsType::Xfs) });
+        let (_, cond) = check(
+            &Sysfs::system(),
+            &Expected {
+                read_only: true,
+                ..expected(&m, &dev, FsType::Xfs)
+            },
+        );
         assert_ok(&cond);
     }
 
@@ -325,11 +391,17 @@ mod tests {
             }
             std::thread::sleep(Duration::from_millis(50));
         };
-        assert_abnormal(&cond, &format!("ext4 on {} has recorded 1 error(s)", dev.name));
+        assert_abnormal(
+            &cond,
+            &format!("ext4 on {} has recorded 1 error(s)", dev.name),
+        );
         // Kernels since 6.12 make the fs refuse writes without flagging the mount
         // read-only (EXT4_FLAGS_EMERGENCY_RO): the errors_count check is what sees it.
         let write = std::fs::write(m.path.join("after-error"), b"x");
-        assert!(write.is_err(), "ext4 accepted a write after an error under errors=remount-ro");
+        assert!(
+            write.is_err(),
+            "ext4 accepted a write after an error under errors=remount-ro"
+        );
     }
 
     #[test]
@@ -340,7 +412,10 @@ mod tests {
         let disk = LoopDisk::new(320, Some("xfs"));
         let m = Mounted::new(&disk.device, "xfs", "");
         let dev = disk.dev();
-        run("xfs_io", &["-x", "-c", "shutdown", m.path.to_str().unwrap()]);
+        run(
+            "xfs_io",
+            &["-x", "-c", "shutdown", m.path.to_str().unwrap()],
+        );
         let (usage, cond) = check(&Sysfs::system(), &expected(&m, &dev, FsType::Xfs));
         assert_abnormal(&cond, "stat on");
         assert_abnormal(&cond, "fails with EIO");
@@ -359,10 +434,16 @@ mod tests {
         run("losetup", &["-d", disk.device.to_str().unwrap()]);
         disk.resize(0);
         let (_, cond) = check(&Sysfs::system(), &expected(&m, &dev, FsType::Ext4));
-        assert_abnormal(&cond, &format!("disk {} (7:{}) reports size 0", dev.name, dev.minor));
+        assert_abnormal(
+            &cond,
+            &format!("disk {} (7:{}) reports size 0", dev.name, dev.minor),
+        );
         // Unplugged altogether: /sys/block no longer lists it.
         let empty = tempfile::tempdir().unwrap();
-        let gone = Sysfs { sys_block: empty.path().join("block"), dev_dir: "/dev".into() };
+        let gone = Sysfs {
+            sys_block: empty.path().join("block"),
+            dev_dir: "/dev".into(),
+        };
         let (_, cond) = check(&gone, &expected(&m, &dev, FsType::Ext4));
         assert_abnormal(&cond, "is gone from");
     }
