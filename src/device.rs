@@ -115,6 +115,9 @@ pub enum Error {
         /// The disks that have it.
         names: String,
     },
+    /// An empty serial, which would match every disk the host gave no serial.
+    #[error("the serial is empty; give the serial the host set on the disk")]
+    EmptySerial,
     /// A `device_path` that is not a block device under /dev.
     #[error("device path {path} {reason}; give the absolute path of a block device under /dev")]
     BadPath {
@@ -158,7 +161,7 @@ impl Error {
             Error::NodeMismatch { .. } | Error::DuplicateSerial { .. } | Error::Gone { .. } => {
                 Code::FailedPrecondition
             }
-            Error::BadPath { .. } => Code::InvalidArgument,
+            Error::BadPath { .. } | Error::EmptySerial => Code::InvalidArgument,
             Error::TooSmall { .. } => Code::OutOfRange,
             Error::Sys(_) => Code::Internal,
         }
@@ -395,6 +398,9 @@ fn check_node(node: &Path, major: u32, minor: u32) -> Result<(), Option<String>>
 
 /// Finds the whole disk whose serial is `serial`, waiting up to `timeout` for it to appear.
 pub fn find_by_serial(sysfs: &Sysfs, serial: &str, timeout: Duration) -> Result<Device, Error> {
+    if serial.is_empty() {
+        return Err(Error::EmptySerial);
+    }
     let start = Instant::now();
     let deadline = deadline_after(start, timeout);
     let events = Uevents::open();
@@ -930,13 +936,17 @@ mod tests {
     }
 
     #[test]
-    fn refuses_a_duplicate_serial() {
+    fn refuses_a_duplicate_or_empty_serial() {
         let t = FakeTree::new();
         t.add("vdj", "vol-dup", (7, 260), None);
         t.add("vdk", "vol-dup", (7, 261), None);
         let e = find_by_serial(&t.sysfs, "vol-dup", Duration::from_secs(2)).unwrap_err();
         assert_eq!(e.code(), Code::FailedPrecondition);
         assert!(e.to_string().contains("vdj, vdk"), "{e}");
+        // A disk without a serial has an empty `serial` file: "" must not find it.
+        t.add("vdm", "", (7, 262), None);
+        let e = find_by_serial(&t.sysfs, "", Duration::from_secs(2)).unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
     }
 
     #[test]
@@ -962,6 +972,9 @@ mod tests {
 
     #[test]
     fn refuses_paths_that_are_not_block_devices_under_dev() {
+        if !root_or_skip("refuses_paths_that_are_not_block_devices_under_dev") {
+            return;
+        }
         let dir = tempfile::tempdir().unwrap();
         let outside = dir.path().join("disk.img");
         fs::write(&outside, b"x").unwrap();

@@ -116,7 +116,8 @@ fn errno_name(e: rustix::io::Errno) -> String {
     name.to_string()
 }
 
-/// Checks everything semantics.md §5 lists, returning usage whenever statfs works.
+/// Checks everything semantics.md §5 lists. Usage comes back whenever statfs
+/// works on the volume's own filesystem (not on whatever replaced its mount).
 pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
     let path = e.path.display();
     let dev = e.device;
@@ -144,16 +145,28 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
         }
     }
 
+    // mountinfo lists resolved paths; keep the given one if resolving fails (EIO).
+    let resolved = std::fs::canonicalize(e.path).unwrap_or_else(|_| e.path.to_path_buf());
+    // Usage of whatever is mounted there instead would be another filesystem's.
+    let mut ours = true;
     match mountinfo::read() {
-        Err(err) => problems.push(format!("cannot tell whether {path} is still mounted: {err}")),
-        Ok(table) => match mountinfo::mount_at(&table, e.path) {
-            None => problems.push(format!(
-                "{path} is no longer a mount point: the volume was unmounted behind the agent's back"
-            )),
-            Some(m) if (m.major, m.minor) != (dev.major, dev.minor) => problems.push(format!(
+        Err(err) => problems.push(format!(
+            "cannot tell whether {path} is still mounted: {err}"
+        )),
+        Ok(table) => match mountinfo::mount_at(&table, &resolved) {
+            None => {
+                ours = false;
+                problems.push(format!(
+                    "{path} is no longer a mount point: the volume was unmounted behind the agent's back"
+                ))
+            }
+            Some(m) if (m.major, m.minor) != (dev.major, dev.minor) => {
+                ours = false;
+                problems.push(format!(
                 "{path} is now a mount of device {}:{} ({}), not of the volume's disk {} ({}:{})",
                 m.major, m.minor, m.source, dev.name, dev.major, dev.minor
-            )),
+                ))
+            }
             Some(m) => {
                 if m.root != Path::new("/") {
                     problems.push(format!(
@@ -169,10 +182,14 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
                     .is_ok_and(|s| s.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY));
                 if !e.read_only && (m.read_only() || m.super_read_only() || st_ro) {
                     let hint = match e.fs {
-                        FsType::Ext4 => " (ext4 remounts read-only after an error under errors=remount-ro)",
+                        FsType::Ext4 => {
+                            " (ext4 remounts read-only after an error under errors=remount-ro)"
+                        }
                         FsType::Xfs => "",
                     };
-                    problems.push(format!("{path} was published read-write but is now read-only{hint}"));
+                    problems.push(format!(
+                        "{path} was published read-write but is now read-only{hint}"
+                    ));
                 }
             }
         },
@@ -213,6 +230,7 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
         )),
     }
 
+    let usage = if ours { usage } else { None };
     let condition = if problems.is_empty() {
         Condition {
             abnormal: false,
@@ -299,6 +317,15 @@ mod tests {
             let dev = disk.dev();
             let (before, cond) = check(&Sysfs::system(), &expected(&m, &dev, fs));
             assert_ok(&cond);
+            // Through a symlink to the mount point, as a path with a linked component would be.
+            let links = tempfile::tempdir().unwrap();
+            let link = links.path().join("vol");
+            std::os::unix::fs::symlink(&m.path, &link).unwrap();
+            let e = Expected {
+                path: &link,
+                ..expected(&m, &dev, fs)
+            };
+            assert_ok(&check(&Sysfs::system(), &e).1);
             let before = before.unwrap();
             let raw = rustix::fs::statvfs(&m.path).unwrap();
             assert_eq!(before.bytes_total, raw.f_blocks * raw.f_frsize);
@@ -334,14 +361,18 @@ mod tests {
         run("umount", &[m.path.to_str().unwrap()]);
         let (usage, cond) = check(&Sysfs::system(), &expected(&m, &dev, FsType::Ext4));
         assert_abnormal(&cond, "no longer a mount point");
-        assert!(usage.is_some(), "statfs of the bare directory still works");
+        assert_eq!(
+            usage, None,
+            "the bare directory's usage is another filesystem's"
+        );
         // Another disk mounted in its place.
         let other = LoopDisk::new(64, Some("ext4"));
         run(
             "mount",
             &[other.device.to_str().unwrap(), m.path.to_str().unwrap()],
         );
-        let (_, cond) = check(&Sysfs::system(), &expected(&m, &dev, FsType::Ext4));
+        let (usage, cond) = check(&Sysfs::system(), &expected(&m, &dev, FsType::Ext4));
+        assert_eq!(usage, None);
         assert_abnormal(
             &cond,
             &format!("is now a mount of device 7:{}", other.dev().minor),
