@@ -596,6 +596,33 @@ mod tests {
         }
     }
 
+    /// Block count × block size as e2fsprogs reads them.
+    fn dumpe2fs_bytes(device: &Path) -> u64 {
+        let out = run("dumpe2fs", &["-h", device.to_str().unwrap()]);
+        let field = |name: &str| -> u64 {
+            let line = out.lines().find(|l| l.starts_with(name)).unwrap();
+            line[name.len()..].trim().parse().unwrap()
+        };
+        field("Block count:") * field("Block size:")
+    }
+
+    #[test]
+    fn reads_ext4_sizes_like_e2fsprogs() {
+        if !root_or_skip("reads_ext4_sizes_like_e2fsprogs") {
+            return;
+        }
+        // 1 KiB blocks below 512 MiB, 4 KiB above; the 64bit feature on both.
+        for mb in [100, 700] {
+            let disk = LoopDisk::new(mb, Some("ext4"));
+            let m = Mounted::new(&disk.device, "ext4", "");
+            let got = fs_size_bytes(&m.path, FsType::Ext4).unwrap();
+            assert_eq!(got, dumpe2fs_bytes(&disk.device), "{mb} MiB");
+            assert_eq!(got, mb << 20);
+            let e = fs_size_bytes(&m.path, FsType::Xfs).unwrap_err();
+            assert!(matches!(e, Error::WrongFs { .. }), "{e}");
+        }
+    }
+
     #[test]
     fn refuses_an_ext4_with_errors() {
         if !root_or_skip("refuses_an_ext4_with_errors") {
