@@ -10,4 +10,4 @@ initrd:
 test-vm: initrd
 	command -v vhost-device-vsock >/dev/null || [ -x $$HOME/.cargo/bin/vhost-device-vsock ] || cargo install vhost-device-vsock --locked
 	command -v qemu-system-x86_64 >/dev/null || apt-get install -y qemu-system-x86
-	cargo test -p crust-vm --test boot -- --ignored --nocapture
+	cargo test -p crust-vm --test boot -- --ignored --nocapture --test-threads=1

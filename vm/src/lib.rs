@@ -202,7 +202,7 @@ fn find_program(name: &str, env_var: &str) -> Option<PathBuf> {
 
 /// True while `pid` runs (not a zombie) and its command line mentions
 /// `dir`, so a recycled pid is never taken for ours.
-fn alive(pid: u32, dir: &Path) -> bool {
+pub fn alive(pid: u32, dir: &Path) -> bool {
     if pid == 0 {
         return false;
     }
@@ -304,13 +304,24 @@ fn kvm_probe(kernel: &Path) -> bool {
     let Some(mut out) = child.stdout.take() else {
         return false;
     };
+    // The real-mode boot stub prints ("Probing EDD") even where KVM then
+    // hangs; only the kernel's own banner proves that the guest runs.
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let mut b = [0u8; 64];
-        let n = out.read(&mut b).unwrap_or(0);
-        let _ = tx.send(n);
+        let mut seen = Vec::new();
+        let mut b = [0u8; 256];
+        while let Ok(n) = out.read(&mut b) {
+            if n == 0 {
+                break;
+            }
+            seen.extend_from_slice(&b[..n]);
+            if seen.windows(13).any(|w| w == b"Linux version") {
+                let _ = tx.send(());
+                break;
+            }
+        }
     });
-    let ok = matches!(rx.recv_timeout(Duration::from_secs(3)), Ok(n) if n > 0);
+    let ok = rx.recv_timeout(Duration::from_secs(3)).is_ok();
     let _ = child.kill();
     let _ = child.wait();
     ok
@@ -543,6 +554,15 @@ impl Vm {
     /// The disks hot-plugged so far, by serial.
     pub fn disks(&self) -> &BTreeMap<String, Disk> {
         &self.state.disks
+    }
+
+    /// Runs one QMP command (for checks beyond hotplug/resize/unplug).
+    pub fn qmp_execute(
+        &self,
+        cmd: &str,
+        args: Option<serde_json::Value>,
+    ) -> Result<serde_json::Value> {
+        self.qmp()?.execute(cmd, args)
     }
 
     fn qmp(&self) -> Result<qmp::Qmp> {
