@@ -1,0 +1,331 @@
+//! crust-bench (`make bench`): every figure of the bench issue, each against
+//! its baseline on the same machine in the same run, medians over several
+//! runs; writes target/bench/report.md and report.json and says which
+//! targets are met. A figure whose prerequisite is missing says so instead.
+
+mod fsgroup;
+mod grow_xfs;
+mod host_agent;
+mod report;
+mod sys;
+mod vm_figs;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde_json::json;
+
+use report::{Figure, Verdict};
+
+const USAGE: &str =
+    "usage: crust-bench [--runs N] [--vm-disks N] [--only SECTION,...] [--out DIR] [--strict]
+  SECTION: fsgroup, xfs, host, size, vm (default: all)
+  --runs N      runs per contender for the heavy figures (default 5)
+  --vm-disks N  disks hot-plugged (and grown) in the VM (default 3)
+  --out DIR     where report.md/report.json go (default <workspace>/target/bench)
+  --strict      exit 1 when a target is not met or a figure not measured
+Needs root (loop devices, mounts, chown).";
+
+struct Args {
+    runs: usize,
+    vm_disks: usize,
+    only: Vec<String>,
+    out: PathBuf,
+    strict: bool,
+}
+
+fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut a = Args {
+        runs: 5,
+        vm_disks: 3,
+        only: Vec::new(),
+        out: sys::workspace_root().join("target/bench"),
+        strict: false,
+    };
+    let num = |v: Option<String>, what: &str| -> Result<usize, String> {
+        v.and_then(|v| v.parse().ok())
+            .filter(|n: &usize| *n > 0)
+            .ok_or_else(|| format!("{what} needs a positive number"))
+    };
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--runs" => a.runs = num(it.next(), "--runs")?,
+            "--vm-disks" => a.vm_disks = num(it.next(), "--vm-disks")?,
+            "--only" => {
+                let v = it.next().ok_or("--only needs sections")?;
+                for s in v.split(',') {
+                    if !["fsgroup", "xfs", "host", "size", "vm"].contains(&s) {
+                        return Err(format!("unknown section {s}"));
+                    }
+                    a.only.push(s.to_string());
+                }
+            }
+            "--out" => a.out = PathBuf::from(it.next().ok_or("--out needs a directory")?),
+            "--strict" => a.strict = true,
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(a)
+}
+
+/// Runs one section; a panic inside becomes "not measured" rows (the
+/// guards in it have unmounted, detached and stopped what it started).
+fn section(
+    name: &str,
+    keys: &[(&str, &str, &str)],
+    f: impl FnOnce() -> Vec<Figure>,
+) -> Vec<Figure> {
+    eprintln!("bench: --- {name} ---");
+    let t = Instant::now();
+    let out = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(v) => v,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            keys.iter()
+                .map(|(k, t, g)| {
+                    Figure::not_measured(k, t, g, format!("the bench panicked: {msg}"))
+                })
+                .collect()
+        }
+    };
+    eprintln!(
+        "bench: {name} took {}",
+        report::fmt_secs(t.elapsed().as_secs_f64())
+    );
+    out
+}
+
+fn environment() -> serde_json::Value {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpu = read("/proc/cpuinfo")
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_default();
+    let commit = sys::run(
+        "git",
+        &[
+            "-C",
+            &sys::workspace_root().to_string_lossy(),
+            "rev-parse",
+            "HEAD",
+        ],
+    )
+    .map(|s| s.trim().to_string())
+    .unwrap_or_default();
+    json!({
+        "kernel": read("/proc/sys/kernel/osrelease").trim(),
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "cpu_model": cpu,
+        "commit": commit,
+        "unix_time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+    })
+}
+
+fn main() {
+    let mut argv = std::env::args().skip(1).peekable();
+    if argv.peek().map(String::as_str) == Some("echo-server") {
+        argv.next();
+        let Some(sock) = argv.next() else {
+            eprintln!("usage: crust-bench echo-server SOCKET");
+            std::process::exit(2);
+        };
+        if let Err(e) = host_agent::echo_server(std::path::Path::new(&sock)) {
+            eprintln!("echo-server: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    let args = match parse_args(argv) {
+        Ok(a) => a,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("crust-bench: {e}");
+            }
+            eprintln!("{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("crust-bench: run as root (loop devices, mounts, chown, drop_caches)");
+        std::process::exit(2);
+    }
+    let want = |s: &str| args.only.is_empty() || args.only.iter().any(|o| o == s);
+    let work = args.out.join("work");
+    sys::cleanup_stale(&work);
+    let _ = std::fs::remove_dir_all(&work);
+    if let Err(e) = std::fs::create_dir_all(&work) {
+        eprintln!("crust-bench: cannot create {}: {e}", work.display());
+        std::process::exit(1);
+    }
+    let work = std::fs::canonicalize(&work).unwrap_or(work);
+    let started = Instant::now();
+    let mut figures = Vec::new();
+    if want("fsgroup") {
+        figures.extend(section(
+            "fsGroup",
+            &[
+                (
+                    "fsgroup_fresh_warm",
+                    "fsGroup Always, fresh 100k tree, warm cache",
+                    "≥ 1.7x faster than the serial walk",
+                ),
+                (
+                    "fsgroup_fresh_cold",
+                    "fsGroup Always, fresh 100k tree, cold cache",
+                    "≥ 1.7x faster than the serial walk",
+                ),
+                (
+                    "fsgroup_correct",
+                    "fsGroup Always, already-correct 100k tree",
+                    "≥ 3x faster than the serial walk",
+                ),
+                (
+                    "fsgroup_onrootmismatch",
+                    "fsGroup OnRootMismatch, root already right",
+                    "< 1 ms",
+                ),
+            ],
+            || fsgroup::figures(&work, args.runs),
+        ));
+    }
+    if want("xfs") {
+        figures.extend(section(
+            "xfs growth",
+            &[(
+                "xfs_grow",
+                "xfs online growth 1 GiB → 8 GiB",
+                "faster than xfs_growfs, never a false success",
+            )],
+            || vec![grow_xfs::figure(&work, args.runs)],
+        ));
+    }
+    if want("host") {
+        figures.extend(section(
+            "agent on the host",
+            &[
+                (
+                    "start_host",
+                    "agent start to listening, host mode",
+                    "report; aim < 20 ms of agent time",
+                ),
+                (
+                    "rtt_unix",
+                    "GetCapabilities round trip, unix socket",
+                    "≤ 2x the raw echo",
+                ),
+                (
+                    "rss",
+                    "agent RSS idle and after 10,000 calls",
+                    "< 4 MiB idle, no growth",
+                ),
+            ],
+            || host_agent::figures(&work),
+        ));
+    }
+    if want("size") {
+        figures.extend(section(
+            "binary size",
+            &[("binary_size", "stripped static binary size", "< 3 MiB")],
+            || vec![host_agent::size_figure()],
+        ));
+    }
+    if want("vm") {
+        figures.extend(section(
+            "microVM",
+            &[
+                (
+                    "start_vm",
+                    "agent as PID 1 in the VM, BootTimeline",
+                    "report",
+                ),
+                (
+                    "rtt_hvsock",
+                    "GetCapabilities round trip over hybrid vsock",
+                    "report",
+                ),
+                (
+                    "hotplug_to_publish",
+                    "hot-plug to publish complete in the VM",
+                    "report",
+                ),
+                ("ext4_grow_vm", "ext4 online growth in the VM", "report"),
+            ],
+            || vm_figs::figures(&work, args.vm_disks),
+        ));
+    }
+    sys::cleanup_stale(&work);
+    let _ = std::fs::remove_dir_all(&work);
+
+    let total = started.elapsed().as_secs_f64();
+    let preamble = format!(
+        "Medians; every baseline measured on this machine in this run. Total bench time {}.\n\
+         Environment: {}.\n",
+        report::fmt_secs(total),
+        environment()
+    );
+    let md = report::markdown(&figures, &preamble);
+    let js = report::json(&figures, environment());
+    if let Err(e) = report::write(&args.out, &md, &js) {
+        eprintln!("crust-bench: {e}");
+        std::process::exit(1);
+    }
+    println!("{md}");
+    let count = |v: &dyn Fn(&Verdict) -> bool| figures.iter().filter(|f| v(&f.verdict)).count();
+    let met = count(&|v| *v == Verdict::Met);
+    let not_met = count(&|v| *v == Verdict::NotMet);
+    let unmeasured = count(&|v| matches!(v, Verdict::NotMeasured(_)));
+    for f in &figures {
+        let mark = match &f.verdict {
+            Verdict::Met => "MET    ",
+            Verdict::NotMet => "NOT MET",
+            Verdict::Report => "report ",
+            Verdict::NotMeasured(_) => "NOT MEASURED",
+        };
+        println!(
+            "{mark} {}: {} (target: {})",
+            f.title,
+            if f.ours.is_empty() { "-" } else { &f.ours },
+            f.target
+        );
+    }
+    println!(
+        "targets met: {met}; not met: {not_met}; not measured: {unmeasured}. Report: {}/report.md, report.json",
+        args.out.display()
+    );
+    if args.strict && (not_met > 0 || unmeasured > 0) {
+        std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: &[&str]) -> Result<Args, String> {
+        parse_args(v.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn parses_arguments() {
+        let a = args(&["--runs", "3", "--only", "fsgroup,vm", "--strict"]).unwrap();
+        assert_eq!((a.runs, a.only.len(), a.strict), (3, 2, true));
+        for bad in [
+            &["--runs", "0"][..],
+            &["--runs"],
+            &["--only", "gpu"],
+            &["--frobnicate"],
+        ] {
+            assert!(args(bad).is_err(), "{bad:?}");
+        }
+    }
+}

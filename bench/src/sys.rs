@@ -1,0 +1,251 @@
+//! The bench's own plumbing on the host: running tools, loop devices and
+//! mounts that clean up after themselves (also when a figure fails or
+//! panics), stale state from an interrupted run, caches, statfs, medians.
+
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// The bench's error: a sentence saying what failed.
+pub type R<T> = Result<T, String>;
+
+/// Runs a tool to completion; its stderr (and stdout) go into the error.
+pub fn run(prog: &str, args: &[&str]) -> R<String> {
+    let out = Command::new(prog)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {prog}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{prog} {} failed ({}): {}{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim(),
+            String::from_utf8_lossy(&out.stdout).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A sparse file of `bytes`.
+pub fn sparse_file(path: &Path, bytes: u64) -> R<()> {
+    let _ = fs::remove_file(path);
+    let f = fs::File::create(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    f.set_len(bytes)
+        .map_err(|e| format!("cannot size {}: {e}", path.display()))
+}
+
+/// Grows (never shrinks) a file to `bytes`.
+pub fn grow_file(path: &Path, bytes: u64) -> R<()> {
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    f.set_len(bytes)
+        .map_err(|e| format!("cannot grow {}: {e}", path.display()))
+}
+
+/// A loop device over an image file; detached on drop.
+pub struct Loop {
+    /// `/dev/loopN`.
+    pub dev: String,
+}
+
+impl Loop {
+    /// `losetup --find --show FILE`.
+    pub fn attach(image: &Path) -> R<Loop> {
+        let img = image.to_string_lossy();
+        let dev = run("losetup", &["--find", "--show", &img])?
+            .trim()
+            .to_string();
+        if dev.is_empty() {
+            return Err(format!("losetup gave no device for {img}"));
+        }
+        Ok(Loop { dev })
+    }
+
+    /// Tells the kernel the backing file changed size (`losetup -c`).
+    pub fn refresh_size(&self) -> R<()> {
+        run("losetup", &["-c", &self.dev]).map(|_| ())
+    }
+
+    /// The device's size from the kernel (BLKGETSIZE64).
+    pub fn size_bytes(&self) -> R<u64> {
+        let s = fs::read_to_string(format!(
+            "/sys/block/{}/size",
+            self.dev.trim_start_matches("/dev/")
+        ))
+        .map_err(|e| format!("cannot read the size of {}: {e}", self.dev))?;
+        s.trim()
+            .parse::<u64>()
+            .map(|sectors| sectors * 512)
+            .map_err(|e| format!("bad size of {}: {e}", self.dev))
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = run("losetup", &["-d", &self.dev]);
+    }
+}
+
+/// A mount; unmounted on drop (lazily if it is busy).
+pub struct Mount {
+    /// The mount point.
+    pub path: PathBuf,
+}
+
+impl Mount {
+    /// `mount [-t fs] dev path`, creating `path`.
+    pub fn new(dev: &str, path: &Path, fs: &str) -> R<Mount> {
+        fs::create_dir_all(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        run("mount", &["-t", fs, dev, &path.to_string_lossy()])?;
+        Ok(Mount {
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let p = self.path.to_string_lossy().into_owned();
+        if run("umount", &[&p]).is_err() {
+            let _ = run("umount", &["-l", &p]);
+        }
+    }
+}
+
+/// Undoes what an interrupted earlier run left under `work`: mounts
+/// (deepest first) and loop devices backed by files there.
+pub fn cleanup_stale(work: &Path) {
+    let prefix = work.to_string_lossy().into_owned();
+    if let Ok(info) = fs::read_to_string("/proc/self/mountinfo") {
+        let mut points: Vec<String> = info
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .map(|p| p.replace("\\040", " "))
+            .filter(|p| p.starts_with(&prefix))
+            .collect();
+        points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        for p in points {
+            eprintln!("bench: unmounting {p}, left by an earlier run");
+            if run("umount", &[&p]).is_err() {
+                let _ = run("umount", &["-l", &p]);
+            }
+        }
+    }
+    if let Ok(list) = run("losetup", &["-n", "-O", "NAME,BACK-FILE", "-l"]) {
+        for line in list.lines() {
+            let mut it = line.split_whitespace();
+            if let (Some(dev), Some(file)) = (it.next(), it.next()) {
+                if file.starts_with(&prefix) {
+                    eprintln!("bench: detaching {dev} ({file}), left by an earlier run");
+                    let _ = run("losetup", &["-d", dev]);
+                }
+            }
+        }
+    }
+}
+
+/// Flushes one filesystem (syncfs on a directory of it).
+pub fn syncfs(path: &Path) -> R<()> {
+    let f = fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    // SAFETY: syncfs only reads the fd, which `f` keeps open for the call.
+    let rc = unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f)) };
+    if rc != 0 {
+        return Err(format!(
+            "syncfs {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// Drops the page, dentry and inode caches (`sync; echo 3 > drop_caches`).
+pub fn drop_caches() -> R<()> {
+    // SAFETY: sync() takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    fs::write("/proc/sys/vm/drop_caches", "3\n")
+        .map_err(|e| format!("cannot drop caches (/proc/sys/vm/drop_caches): {e}"))
+}
+
+/// statvfs: total bytes (f_blocks × f_frsize).
+pub fn statfs_total(path: &Path) -> R<u64> {
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+    // SAFETY: an all-zero statvfs is a valid value for the kernel to overwrite.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a valid out-pointer for the call.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(format!(
+            "statvfs {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(st.f_blocks * st.f_frsize)
+}
+
+/// VmRSS of a process, in bytes.
+pub fn vm_rss(pid: u32) -> R<u64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|e| format!("cannot read /proc/{pid}/status: {e}"))?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .ok_or_else(|| format!("no VmRSS in /proc/{pid}/status"))
+}
+
+/// The median of samples (the mean of the middle two for an even count).
+pub fn median(samples: &[f64]) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = samples.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Seconds as f64.
+pub fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+/// The workspace root (where `target/` and `build/` live).
+pub fn workspace_root() -> PathBuf {
+    if let Some(p) = std::env::var_os("CRUST_WORKSPACE") {
+        return PathBuf::from(p);
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians() {
+        for (input, want) in [
+            (vec![3.0], 3.0),
+            (vec![5.0, 1.0, 3.0], 3.0),
+            (vec![4.0, 1.0, 3.0, 2.0], 2.5),
+            (vec![1.0, 100.0, 2.0, 3.0, 2.5], 2.5),
+        ] {
+            assert_eq!(median(&input), want, "{input:?}");
+        }
+        assert!(median(&[]).is_nan());
+    }
+}
