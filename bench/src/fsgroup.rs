@@ -54,7 +54,7 @@ pub fn build(work: &Path) -> R<Tree> {
         ],
     )?;
     let lo = Loop::attach(&img)?;
-    let mount = Mount::new(&lo.dev, &work.join("fsgroup"), "ext4")?;
+    let mount = Mount::new(&lo.dev, &work.join("fsgroup"), "ext4", "")?;
     let root = mount.path.clone();
     for d in 0..DIRS {
         let dir = root.join(format!("d{d:04}"));

@@ -100,10 +100,16 @@ pub struct Mount {
 }
 
 impl Mount {
-    /// `mount [-t fs] dev path`, creating `path`.
-    pub fn new(dev: &str, path: &Path, fs: &str) -> R<Mount> {
+    /// `mount -t fs [-o opts] dev path`, creating `path`.
+    pub fn new(dev: &str, path: &Path, fs: &str, opts: &str) -> R<Mount> {
         fs::create_dir_all(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-        run("mount", &["-t", fs, dev, &path.to_string_lossy()])?;
+        let p = path.to_string_lossy();
+        let mut args = vec!["-t", fs];
+        if !opts.is_empty() {
+            args.extend(["-o", opts]);
+        }
+        args.extend([dev, &p]);
+        run("mount", &args)?;
         Ok(Mount {
             path: path.to_path_buf(),
         })
