@@ -96,7 +96,7 @@ fn push_header(
 }
 
 fn pad4(out: &mut Vec<u8>) {
-    while out.len() % 4 != 0 {
+    while out.len() & 3 != 0 {
         out.push(0);
     }
 }
@@ -338,7 +338,8 @@ mod tests {
     #[test]
     fn closure_adds_dependencies_and_names_the_missing() {
         let dep = "k/xfs.ko: k/libcrc32c.ko\nk/libcrc32c.ko:\nk/virtio-blk.ko: k/virtio.ko\nk/virtio.ko:\nk/bad.ko: k/gone.ko\n";
-        let cases: &[(&[&str], Result<&[&str], &str>)] = &[
+        type Case<'a> = (&'a [&'a str], Result<&'a [&'a str], &'a str>);
+        let cases: &[Case] = &[
             (&[], Ok(&[])),
             (&["xfs"], Ok(&["libcrc32c", "xfs"])),
             (
