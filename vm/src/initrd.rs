@@ -1,0 +1,360 @@
+//! The guest image: a newc cpio holding the agent as `/init` and only the
+//! kernel modules it needs (with a trimmed `modules.dep` and the boot list),
+//! written byte-for-byte reproducibly (sorted, mtime 0, fixed owners and inodes).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::Error;
+
+/// The modules the agent needs from a Debian cloud kernel (virtio PCI, disks,
+/// vsock, xfs); their dependencies are added from `modules.dep`.
+pub const DEFAULT_MODULES: &[&str] = &[
+    "virtio_pci",
+    "virtio_blk",
+    "vmw_vsock_virtio_transport",
+    "xfs",
+];
+
+/// The file, beside `modules.dep`, that tells the agent which modules to load.
+pub const MODULE_LIST: &str = "crust.modules";
+
+/// One member of the archive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    /// A directory.
+    Dir { mode: u32 },
+    /// A regular file with its contents.
+    File { mode: u32, data: Vec<u8> },
+    /// A character device node.
+    CharDev { mode: u32, major: u32, minor: u32 },
+}
+
+/// Writes a newc ("070701") archive of `entries` (path without leading `/`
+/// → entry). Paths come out sorted, so a directory precedes its contents;
+/// inode numbers follow that order; owner root, mtime 0.
+pub fn write_newc(entries: &BTreeMap<String, Entry>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (i, (path, entry)) in entries.iter().enumerate() {
+        let (mode, nlink, data, rmaj, rmin): (u32, u32, &[u8], u32, u32) = match entry {
+            Entry::Dir { mode } => (0o040000 | mode, 2, &[], 0, 0),
+            Entry::File { mode, data } => (0o100000 | mode, 1, data, 0, 0),
+            Entry::CharDev { mode, major, minor } => (0o020000 | mode, 1, &[], *major, *minor),
+        };
+        push_header(
+            &mut out,
+            i as u32 + 1,
+            mode,
+            nlink,
+            data.len() as u32,
+            rmaj,
+            rmin,
+            path,
+        );
+        out.extend_from_slice(data);
+        pad4(&mut out);
+    }
+    push_header(&mut out, 0, 0, 1, 0, 0, 0, "TRAILER!!!");
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn push_header(
+    out: &mut Vec<u8>,
+    ino: u32,
+    mode: u32,
+    nlink: u32,
+    size: u32,
+    rmaj: u32,
+    rmin: u32,
+    name: &str,
+) {
+    let fields = [
+        ino,
+        mode,
+        0,
+        0,
+        nlink,
+        0,
+        size,
+        0,
+        0,
+        rmaj,
+        rmin,
+        name.len() as u32 + 1,
+        0,
+    ];
+    out.extend_from_slice(b"070701");
+    for f in fields {
+        out.extend_from_slice(format!("{f:08x}").as_bytes());
+    }
+    out.extend_from_slice(name.as_bytes());
+    out.push(0);
+    pad4(out);
+}
+
+fn pad4(out: &mut Vec<u8>) {
+    while out.len() & 3 != 0 {
+        out.push(0);
+    }
+}
+
+/// gzip with a fixed header (no name, mtime 0), so equal input gives equal output.
+pub fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::GzBuilder::new()
+        .mtime(0)
+        .operating_system(3)
+        .write(Vec::new(), flate2::Compression::best());
+    // Writing into a Vec cannot fail.
+    let _ = enc.write_all(data);
+    enc.finish().unwrap_or_default()
+}
+
+/// The name of a module as modules.dep keys it: file stem, `-` as `_`.
+fn module_name(s: &str) -> String {
+    let base = s.rsplit('/').next().unwrap_or(s);
+    base.split(".ko").next().unwrap_or(base).replace('-', "_")
+}
+
+/// Parses modules.dep: name → (relative path, dependency names).
+fn parse_modules_dep(text: &str) -> HashMap<String, (String, Vec<String>)> {
+    text.lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(p, _)| !p.trim().is_empty())
+        .map(|(p, r)| {
+            let p = p.trim();
+            (
+                module_name(p),
+                (
+                    p.to_string(),
+                    r.split_whitespace().map(module_name).collect(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// The modules `roots` need, themselves included (names), or the first root
+/// or dependency modules.dep does not know.
+pub fn module_closure(modules_dep: &str, roots: &[String]) -> Result<BTreeSet<String>, String> {
+    let deps = parse_modules_dep(modules_dep);
+    let mut out = BTreeSet::new();
+    let mut stack: Vec<String> = roots.iter().map(|r| module_name(r)).collect();
+    while let Some(m) = stack.pop() {
+        if out.contains(&m) {
+            continue;
+        }
+        let (_, ds) = deps.get(&m).ok_or_else(|| m.clone())?;
+        stack.extend(ds.iter().cloned());
+        out.insert(m);
+    }
+    Ok(out)
+}
+
+/// What goes into the guest image.
+#[derive(Debug, Clone)]
+pub struct InitrdSpec {
+    /// The static agent binary, to become `/init`.
+    pub agent: PathBuf,
+    /// The extracted kernel package: holds `lib/modules/<version>/` with a
+    /// full `modules.dep` (from `depmod -b`).
+    pub kernel_root: PathBuf,
+    /// The kernel release, e.g. `6.1.0-28-cloud-amd64`.
+    pub version: String,
+    /// The modules to load at boot; dependencies are added.
+    pub modules: Vec<String>,
+    /// gzip the archive.
+    pub compress: bool,
+}
+
+/// Builds the image bytes from `spec`.
+pub fn build(spec: &InitrdSpec) -> Result<Vec<u8>, Error> {
+    let read =
+        |p: &Path| fs::read(p).map_err(|e| Error::Io(format!("cannot read {}", p.display()), e));
+    let rel_dir = format!("lib/modules/{}", spec.version);
+    let mod_dir = spec.kernel_root.join(&rel_dir);
+    let dep_text = String::from_utf8_lossy(&read(&mod_dir.join("modules.dep"))?).into_owned();
+    let closure = module_closure(&dep_text, &spec.modules).map_err(|m| {
+        Error::Initrd(format!(
+            "module {m} is not in {}/modules.dep: check the module list against this kernel ({} built in?)",
+            mod_dir.display(),
+            m
+        ))
+    })?;
+
+    let mut entries = BTreeMap::new();
+    let add_dirs = |entries: &mut BTreeMap<String, Entry>, path: &str| {
+        let mut acc = String::new();
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            if !acc.is_empty() {
+                acc.push('/');
+            }
+            acc.push_str(part);
+            entries
+                .entry(acc.clone())
+                .or_insert(Entry::Dir { mode: 0o755 });
+        }
+    };
+    for d in ["dev", "proc", "sys", "run", "tmp"] {
+        add_dirs(&mut entries, d);
+    }
+    entries.insert(
+        "dev/console".into(),
+        Entry::CharDev {
+            mode: 0o600,
+            major: 5,
+            minor: 1,
+        },
+    );
+    entries.insert(
+        "init".into(),
+        Entry::File {
+            mode: 0o755,
+            data: read(&spec.agent)?,
+        },
+    );
+
+    // Keep the lines of modules.dep for the chosen modules, in depmod's order.
+    let mut trimmed = String::new();
+    for line in dep_text.lines() {
+        let Some((p, _)) = line.split_once(':') else {
+            continue;
+        };
+        if closure.contains(&module_name(p.trim())) {
+            let p = p.trim();
+            let parent = Path::new(p)
+                .parent()
+                .map(|x| x.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            add_dirs(&mut entries, &format!("{rel_dir}/{parent}"));
+            entries.insert(
+                format!("{rel_dir}/{p}"),
+                Entry::File {
+                    mode: 0o644,
+                    data: read(&mod_dir.join(p))?,
+                },
+            );
+            trimmed.push_str(line);
+            trimmed.push('\n');
+        }
+    }
+    entries.insert(
+        format!("{rel_dir}/modules.dep"),
+        Entry::File {
+            mode: 0o644,
+            data: trimmed.into_bytes(),
+        },
+    );
+    let list: String = spec.modules.iter().map(|m| module_name(m) + "\n").collect();
+    entries.insert(
+        format!("{rel_dir}/{MODULE_LIST}"),
+        Entry::File {
+            mode: 0o644,
+            data: list.into_bytes(),
+        },
+    );
+
+    let cpio = write_newc(&entries);
+    Ok(if spec.compress { gzip(&cpio) } else { cpio })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn newc_layout_matches_the_format() {
+        let mut e = BTreeMap::new();
+        e.insert(
+            "init".to_string(),
+            Entry::File {
+                mode: 0o755,
+                data: b"abcde".to_vec(),
+            },
+        );
+        e.insert("dev".to_string(), Entry::Dir { mode: 0o755 });
+        let a = write_newc(&e);
+        // First entry is "dev" (sorted): header 110 bytes + "dev\0" = 114 → padded to 116.
+        assert_eq!(&a[..6], b"070701");
+        assert_eq!(&a[6..14], b"00000001"); // ino
+        assert_eq!(&a[14..22], b"000041ed"); // dir 0755
+        assert_eq!(&a[110..114], b"dev\0");
+        let second = 116;
+        assert_eq!(&a[second + 14..second + 22], b"000081ed");
+        assert_eq!(&a[second + 54..second + 62], b"00000005"); // filesize
+        assert_eq!(&a[second + 110..second + 115], b"init\0");
+        // Name ends at 116+115=231 → data at 232, 5 bytes, padded to 240.
+        assert_eq!(&a[232..237], b"abcde");
+        assert_eq!(&a[240..246], b"070701");
+        assert_eq!(&a[240 + 110..240 + 121], b"TRAILER!!!\0");
+        assert_eq!(a.len() % 4, 0);
+    }
+
+    #[test]
+    fn archive_is_reproducible_and_readable_by_cpio() {
+        let mut e = BTreeMap::new();
+        e.insert(
+            "b/c".to_string(),
+            Entry::File {
+                mode: 0o644,
+                data: vec![7; 1000],
+            },
+        );
+        e.insert("b".to_string(), Entry::Dir { mode: 0o755 });
+        e.insert(
+            "a".to_string(),
+            Entry::File {
+                mode: 0o755,
+                data: vec![],
+            },
+        );
+        let one = gzip(&write_newc(&e));
+        let two = gzip(&write_newc(&e.clone()));
+        assert_eq!(one, two);
+
+        // The system's cpio lists the same members.
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("x.cpio");
+        fs::write(&img, write_newc(&e)).unwrap();
+        let out = std::process::Command::new("cpio")
+            .args(["-it", "--quiet", "-F"])
+            .arg(&img)
+            .output()
+            .expect("cpio is installed");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "a\nb\nb/c\n");
+    }
+
+    #[test]
+    fn closure_adds_dependencies_and_names_the_missing() {
+        let dep = "k/xfs.ko: k/libcrc32c.ko\nk/libcrc32c.ko:\nk/virtio-blk.ko: k/virtio.ko\nk/virtio.ko:\nk/bad.ko: k/gone.ko\n";
+        type Case<'a> = (&'a [&'a str], Result<&'a [&'a str], &'a str>);
+        let cases: &[Case] = &[
+            (&[], Ok(&[])),
+            (&["xfs"], Ok(&["libcrc32c", "xfs"])),
+            (
+                &["virtio_blk", "xfs"],
+                Ok(&["libcrc32c", "virtio", "virtio_blk", "xfs"]),
+            ),
+            (&["nope"], Err("nope")),
+            (&["bad"], Err("gone")),
+        ];
+        for (roots, want) in cases {
+            let got = module_closure(dep, &s(roots));
+            let want = want
+                .map(|w| w.iter().map(|x| x.to_string()).collect::<BTreeSet<_>>())
+                .map_err(|e| e.to_string());
+            assert_eq!(got, want, "roots {roots:?}");
+        }
+    }
+}

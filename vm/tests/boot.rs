@@ -1,0 +1,228 @@
+//! Boots the real guest (`make initrd` output) under QEMU and checks the
+//! harness end to end: the agent answers as PID 1 with a boot timeline, disks
+//! come and go over QMP, and `down` leaves no process behind.
+//! Run with `make test-vm` (these tests are ignored by a plain `cargo test`).
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use crust_protocols::crust::{GetAgentInfoRequest, GetCapabilitiesRequest};
+use crust_vm::{alive, hvsock, Error, Vm, VmOptions};
+use serde_json::{json, Value};
+
+fn opts(dir: &Path) -> VmOptions {
+    let o = VmOptions::new(dir);
+    assert!(
+        o.kernel.is_file() && o.initrd.is_file(),
+        "run `make initrd` first ({} missing)",
+        o.initrd.display()
+    );
+    o
+}
+
+/// The block node QEMU knows by `name`, if any.
+fn node(vm: &Vm, name: &str) -> Option<Value> {
+    let nodes = vm
+        .qmp_execute("query-named-block-nodes", Some(json!({"flat": true})))
+        .unwrap();
+    nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node-name"] == name)
+        .cloned()
+}
+
+fn gone(pid: u32, dir: &Path) -> bool {
+    // Give the reaper a moment: a zombie counts as gone.
+    for _ in 0..50 {
+        if !alive(pid, dir) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+#[ignore = "boots a VM: run make test-vm"]
+fn boot_info_hotplug_resize_unplug_down() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("vm");
+    let mut vm = Vm::up(opts(&dir)).expect("the VM boots and the agent answers");
+
+    // The agent runs as the kernel's init and recorded its boot.
+    let info = vm.boot_info().unwrap().clone();
+    assert!(info.init_mode, "{info:?}");
+    let kernel = std::fs::read_dir(crust_vm::default_build_dir().join("kernel/lib/modules"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .file_name();
+    assert_eq!(info.kernel_release, kernel.to_string_lossy());
+    let b = info.boot.clone().unwrap();
+    assert!(b.agent_start_ms > 0, "{b:?}");
+    assert!(b.agent_start_ms <= b.mounts_done_ms, "{b:?}");
+    assert!(b.mounts_done_ms <= b.modules_loaded_ms, "{b:?}");
+    assert!(b.modules_loaded_ms <= b.listening_ms, "{b:?}");
+    eprintln!(
+        "boot timeline (ms since kernel start): agent {} mounts {} modules {} listening {}",
+        b.agent_start_ms, b.mounts_done_ms, b.modules_loaded_ms, b.listening_ms
+    );
+
+    // A second connection works too, and another RPC.
+    let agent = vm.agent().unwrap();
+    let ctx = || hvsock::ctx(Duration::from_secs(5));
+    agent
+        .get_capabilities(ctx(), &GetCapabilitiesRequest::new())
+        .expect("GetCapabilities");
+    let again = agent
+        .get_agent_info(ctx(), &GetAgentInfoRequest::new())
+        .unwrap();
+    assert!(again.uptime_ms >= info.uptime_ms);
+
+    // Hot-plug, grow, unplug; QEMU's view checked after each step.
+    let img = tmp.path().join("disk.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let serial = "vol-0123456789abcdef";
+    vm.hotplug(&img, serial, false).unwrap();
+    let (node_name, _) = crust_vm::disk_names(serial);
+    let n = node(&vm, &node_name).expect("the node exists after hotplug");
+    assert_eq!(n["image"]["virtual-size"], 64 << 20);
+    assert_eq!(n["ro"], false);
+
+    // Bad requests change nothing.
+    assert!(matches!(
+        vm.hotplug(&img, serial, false),
+        Err(Error::Invalid(_))
+    ));
+    assert!(matches!(
+        vm.hotplug(&img, "bad serial", false),
+        Err(Error::Invalid(_))
+    ));
+    assert!(matches!(vm.resize(serial, 1 << 20), Err(Error::Invalid(_))));
+    assert!(matches!(vm.resize("nope", 1 << 30), Err(Error::Invalid(_))));
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 64 << 20);
+
+    vm.resize(serial, 128 << 20).unwrap();
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 128 << 20);
+    assert_eq!(
+        node(&vm, &node_name).unwrap()["image"]["virtual-size"],
+        128 << 20
+    );
+
+    // Unplug completes only when the guest has ejected the device (DEVICE_DELETED).
+    vm.unplug(serial).unwrap();
+    assert!(node(&vm, &node_name).is_none());
+    assert!(vm.disks().is_empty());
+
+    // Read-only attach.
+    vm.hotplug(&img, "ro-disk", true).unwrap();
+    assert_eq!(node(&vm, "crust-ro-disk").unwrap()["ro"], true);
+    vm.unplug("ro-disk").unwrap();
+
+    let (qemu, vhost) = vm.pids();
+    let how = vm.down().unwrap();
+    assert!(how.starts_with("agent shut down"), "{how}");
+    assert!(gone(qemu, vm.dir()) && gone(vhost, vm.dir()));
+    assert!(!vm.vsock_path().exists());
+    assert!(std::fs::read_to_string(vm.console_log())
+        .unwrap()
+        .contains("reboot: Power down"));
+}
+
+#[test]
+#[ignore = "boots a VM: run make test-vm"]
+fn cli_up_in_background_and_down_from_another_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("vm");
+    let o = opts(&dir);
+    let cli = env!("CARGO_BIN_EXE_crust-vm");
+    let out = Command::new(cli)
+        .arg("up")
+        .arg("--dir")
+        .arg(&dir)
+        .arg("--kernel")
+        .arg(&o.kernel)
+        .arg("--initrd")
+        .arg(&o.initrd)
+        .args(["--append", "crust.log=debug"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let addr = String::from_utf8(out.stdout).unwrap();
+    let dir = std::fs::canonicalize(&dir).unwrap();
+    assert_eq!(
+        addr.trim(),
+        format!("hvsock://{}/vsock.sock:1024", dir.display())
+    );
+
+    // The processes outlived the CLI; a second `up` on the same dir is refused.
+    let vm = Vm::attach(&dir).unwrap();
+    let (qemu, vhost) = vm.pids();
+    assert!(alive(qemu, &dir) && alive(vhost, &dir));
+    let again = Command::new(cli)
+        .arg("up")
+        .arg("--dir")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already runs"));
+
+    let img = tmp.path().join("d.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let run = |args: &[&str]| {
+        let st = Command::new(cli)
+            .args(args)
+            .arg("--dir")
+            .arg(&dir)
+            .status()
+            .unwrap();
+        assert!(st.success(), "crust-vm {args:?}");
+    };
+    run(&[
+        "hotplug",
+        "--image",
+        img.to_str().unwrap(),
+        "--serial",
+        "s1",
+    ]);
+    run(&["resize", "--serial", "s1", "--bytes", "67108864"]);
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 64 << 20);
+    run(&["unplug", "--serial", "s1"]);
+    run(&["down"]);
+    assert!(gone(qemu, &dir) && gone(vhost, &dir));
+    // Down again: no state left, a clear error.
+    let st = Command::new(cli)
+        .arg("down")
+        .arg("--dir")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(!st.status.success());
+}
+
+#[test]
+#[ignore = "boots a VM: run make test-vm"]
+fn dropping_a_vm_that_was_not_brought_down_kills_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("vm");
+    let vm = Vm::up(opts(&dir)).unwrap();
+    let (qemu, vhost) = vm.pids();
+    let dir = vm.dir().to_path_buf();
+    drop(vm);
+    assert!(gone(qemu, &dir) && gone(vhost, &dir));
+}
