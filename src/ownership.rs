@@ -954,11 +954,21 @@ mod tests {
         bench_tree(&b, entries);
         rustix::fs::sync();
 
-        let t = Instant::now();
+        let cpu = || {
+            let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+            Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+        };
+        let (t, c) = (Instant::now(), cpu());
         reference_walk(&a, GID);
         let serial_fresh = t.elapsed();
+        let serial_cpu = cpu() - c;
+        let c = cpu();
         let r = apply(&b, GID, Policy::Always, false).unwrap();
         let parallel_fresh = r.duration;
+        eprintln!(
+            "fresh: CPU time serial {serial_cpu:?}, parallel {:?}",
+            cpu() - c
+        );
         assert_eq!(r.changed, r.visited);
 
         let t = Instant::now();
