@@ -226,3 +226,27 @@ fn dropping_a_vm_that_was_not_brought_down_kills_it() {
     drop(vm);
     assert!(gone(qemu, &dir) && gone(vhost, &dir));
 }
+
+#[test]
+#[ignore = "boots a VM: run make test-vm"]
+fn ctrl_alt_del_reaches_pid1_as_an_orderly_shutdown() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut vm = Vm::up(opts(&tmp.path().join("vm"))).unwrap();
+    // With Ctrl-Alt-Del turned into SIGINT for init, the agent's handler
+    // powers off; without it the kernel would restart at once.
+    let key = |k: &str| json!({"type": "qcode", "data": k});
+    vm.qmp_execute(
+        "send-key",
+        Some(json!({"keys": [key("ctrl"), key("alt"), key("delete")]})),
+    )
+    .unwrap();
+    assert!(
+        vm.wait_powered_off(Duration::from_secs(20)),
+        "QEMU still runs after Ctrl-Alt-Del"
+    );
+    let console = std::fs::read_to_string(vm.console_log()).unwrap();
+    assert!(console.contains("reboot: Power down"), "{console}");
+    assert!(!console.contains("Restarting system"), "{console}");
+    let how = vm.down().unwrap();
+    assert_eq!(how, "QEMU was not running");
+}
