@@ -1,18 +1,1100 @@
-//! (device: to be written)
+//! Finding the volume's disk: by the serial the host gave it (a scan of
+//! /sys/block, woken by kernel uevents), or by a path under /dev; and its size,
+//! now or once the host has grown it. Reads only: nothing here opens a disk for writing.
 
-use crate::errors::Code;
+use std::fs::{self, File};
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, Instant};
 
-/// What can go wrong in device.
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::net::{netlink, AddressFamily, RecvFlags, SocketFlags, SocketType};
+
+use crate::errors::{Code, SysError};
+
+/// Where block devices are listed and where their nodes live; tests point it at a fake tree.
+#[derive(Clone, Debug)]
+pub struct Sysfs {
+    /// `/sys/block`: one directory per whole disk, with `serial`, `dev` and `size`.
+    pub sys_block: PathBuf,
+    /// `/dev`: the device nodes (devtmpfs in the guest).
+    pub dev_dir: PathBuf,
+}
+
+impl Sysfs {
+    /// The real system's /sys/block and /dev.
+    pub fn system() -> Sysfs {
+        Sysfs {
+            sys_block: PathBuf::from("/sys/block"),
+            dev_dir: PathBuf::from("/dev"),
+        }
+    }
+
+    /// `/sys/fs` beside `sys_block` (where ext4 publishes `errors_count`).
+    pub fn sys_fs(&self) -> PathBuf {
+        self.sys_block
+            .parent()
+            .unwrap_or(Path::new("/sys"))
+            .join("fs")
+    }
+}
+
+/// A whole disk (or, from a path, any block device) the agent may use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Device {
+    /// Kernel name ("vdb", "loop3").
+    pub name: String,
+    /// Its node ("/dev/vdb").
+    pub path: PathBuf,
+    /// Device major number.
+    pub major: u32,
+    /// Device minor number.
+    pub minor: u32,
+    /// The virtio-blk serial, when the disk has one.
+    pub serial: Option<String>,
+}
+
+/// What became of a disk the agent found earlier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiskState {
+    /// Still listed, with this many bytes.
+    Present {
+        /// The size sysfs reports, in bytes.
+        size_bytes: u64,
+    },
+    /// No longer in /sys/block (unplugged), or its name now belongs to another disk.
+    Gone,
+    /// Listed, but with size 0 (its backing went away).
+    ZeroSize,
+}
+
+/// What can go wrong finding or sizing a disk.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// Placeholder until the module is written.
-    #[error("device is not written yet")]
-    NotWritten,
+    /// No disk with the serial appeared in time.
+    #[error("no disk with serial {serial} appeared within {} ms; check that the host attached it as virtio-blk with that serial", .waited.as_millis())]
+    SerialNotFound {
+        /// The serial asked for.
+        serial: String,
+        /// How long the agent waited.
+        waited: Duration,
+    },
+    /// The disk is in sysfs, but its device node never showed up.
+    #[error("disk {name} with serial {serial} is listed in sysfs but {} did not appear within {} ms; is devtmpfs mounted on /dev?", .node.display(), .waited.as_millis())]
+    NodeMissing {
+        /// The serial asked for.
+        serial: String,
+        /// The disk's kernel name.
+        name: String,
+        /// The node that was expected.
+        node: PathBuf,
+        /// How long the agent waited.
+        waited: Duration,
+    },
+    /// The node under /dev is not the disk sysfs describes.
+    #[error("{} is not the block device {major}:{minor} that sysfs lists as {name} ({found}); refusing a node that may be another disk", .node.display())]
+    NodeMismatch {
+        /// The disk's kernel name.
+        name: String,
+        /// The node that was checked.
+        node: PathBuf,
+        /// The major number sysfs gives.
+        major: u32,
+        /// The minor number sysfs gives.
+        minor: u32,
+        /// What the node is instead.
+        found: String,
+    },
+    /// Two disks claim the same serial.
+    #[error("several disks have serial {serial} ({names}); the agent cannot tell which is the volume: give each disk a unique serial")]
+    DuplicateSerial {
+        /// The serial asked for.
+        serial: String,
+        /// The disks that have it.
+        names: String,
+    },
+    /// An empty serial, which would match every disk the host gave no serial.
+    #[error("the serial is empty; give the serial the host set on the disk")]
+    EmptySerial,
+    /// A `device_path` that is not a block device under /dev.
+    #[error("device path {path} {reason}; give the absolute path of a block device under /dev")]
+    BadPath {
+        /// The path as given.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The disk stayed smaller than required.
+    #[error("{} is {actual} bytes, less than the required {required} bytes, still after waiting {} ms; the host must grow the disk first", .device.display(), .waited.as_millis())]
+    TooSmall {
+        /// The device node.
+        device: PathBuf,
+        /// The bytes asked for.
+        required: u64,
+        /// The bytes the device has.
+        actual: u64,
+        /// How long the agent waited.
+        waited: Duration,
+    },
+    /// The disk disappeared while the agent waited on it.
+    #[error("disk {name} ({major}:{minor}) is gone from sysfs or now reports size 0; the host must re-attach it")]
+    Gone {
+        /// The disk's kernel name.
+        name: String,
+        /// Its major number.
+        major: u32,
+        /// Its minor number.
+        minor: u32,
+    },
+    /// An unexpected syscall failure.
+    #[error(transparent)]
+    Sys(#[from] SysError),
 }
 
 impl Error {
     /// The wire code of this error.
     pub fn code(&self) -> Code {
-        Code::Unimplemented
+        match self {
+            Error::SerialNotFound { .. } | Error::NodeMissing { .. } => Code::DeadlineExceeded,
+            Error::NodeMismatch { .. } | Error::DuplicateSerial { .. } | Error::Gone { .. } => {
+                Code::FailedPrecondition
+            }
+            Error::BadPath { .. } | Error::EmptySerial => Code::InvalidArgument,
+            Error::TooSmall { .. } => Code::OutOfRange,
+            Error::Sys(_) => Code::Internal,
+        }
+    }
+}
+
+/// How often a serial lookup rescans even without uevents (missed events, fake trees).
+const RESCAN: Duration = Duration::from_millis(500);
+/// How often a size wait re-reads the size even without uevents.
+const SIZE_POLL: Duration = Duration::from_millis(100);
+
+/// Reads a sysfs attribute without its trailing newline, spaces or NULs.
+fn read_attr(path: &Path) -> Option<String> {
+    let raw = fs::read(path).ok()?;
+    let s = String::from_utf8_lossy(&raw);
+    Some(
+        s.trim_end_matches(|c: char| c.is_whitespace() || c == '\0')
+            .to_string(),
+    )
+}
+
+/// Parses a sysfs `dev` attribute ("253:16").
+pub fn parse_devnum(s: &str) -> Option<(u32, u32)> {
+    let (maj, min) = s.trim().split_once(':')?;
+    Some((maj.parse().ok()?, min.parse().ok()?))
+}
+
+/// The time left until `deadline`, at most `cap`.
+fn until(deadline: Instant, cap: Duration) -> Duration {
+    deadline.saturating_duration_since(Instant::now()).min(cap)
+}
+
+/// `start + timeout`, without overflowing on absurd timeouts.
+fn deadline_after(start: Instant, timeout: Duration) -> Instant {
+    start
+        .checked_add(timeout)
+        .unwrap_or_else(|| start + Duration::from_secs(365 * 24 * 3600))
+}
+
+/// One kernel uevent, the fields the agent cares about.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Uevent {
+    /// "add", "change", "remove", …
+    pub action: String,
+    /// "block", "net", …
+    pub subsystem: String,
+    /// The node name under /dev ("vdb"), when there is one.
+    pub devname: String,
+    /// "disk" or "partition" for block devices.
+    pub devtype: String,
+}
+
+/// Parses a kernel uevent datagram ("ACTION@DEVPATH\0KEY=VALUE\0…"); None for
+/// anything else (such as udev's "libudev" messages).
+pub fn parse_uevent(msg: &[u8]) -> Option<Uevent> {
+    let mut parts = msg.split(|b| *b == 0);
+    let header = parts.next()?;
+    if !header.contains(&b'@') {
+        return None;
+    }
+    let mut ev = Uevent::default();
+    for kv in parts {
+        let kv = String::from_utf8_lossy(kv);
+        let Some((k, v)) = kv.split_once('=') else {
+            continue;
+        };
+        let field = match k {
+            "ACTION" => &mut ev.action,
+            "SUBSYSTEM" => &mut ev.subsystem,
+            "DEVNAME" => &mut ev.devname,
+            "DEVTYPE" => &mut ev.devtype,
+            _ => continue,
+        };
+        *field = v.to_string();
+    }
+    (!ev.action.is_empty()).then_some(ev)
+}
+
+/// A NETLINK_KOBJECT_UEVENT socket, or (if it cannot be opened) plain sleeping.
+struct Uevents {
+    fd: Option<OwnedFd>,
+}
+
+impl Uevents {
+    /// Opens and binds the socket: do this before scanning, so no event falls in between.
+    fn open() -> Uevents {
+        let fd = (|| -> io::Result<OwnedFd> {
+            let fd = rustix::net::socket_with(
+                AddressFamily::NETLINK,
+                SocketType::DGRAM,
+                SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+                Some(netlink::KOBJECT_UEVENT),
+            )?;
+            // Group 1: the kernel's own events (udev rebroadcasts on group 2).
+            rustix::net::bind(&fd, &netlink::SocketAddrNetlink::new(0, 1))?;
+            // A bigger buffer makes ENOBUFS (lost events) rarer during a hot-plug storm.
+            let _ = rustix::net::sockopt::set_socket_recv_buffer_size_force(&fd, 1 << 20);
+            Ok(fd)
+        })()
+        .ok();
+        Uevents { fd }
+    }
+
+    /// Waits up to `timeout` for an event `want` accepts; true when one came or
+    /// events were lost (ENOBUFS), false on timeout.
+    fn wait(&self, timeout: Duration, want: impl Fn(&Uevent) -> bool) -> bool {
+        let Some(fd) = &self.fd else {
+            std::thread::sleep(timeout);
+            return false;
+        };
+        let deadline = Instant::now() + timeout;
+        let mut buf = vec![0u8; 8192];
+        loop {
+            let left = until(deadline, timeout);
+            if left.is_zero() {
+                return false;
+            }
+            let ts = Timespec {
+                tv_sec: left.as_secs() as i64,
+                tv_nsec: left.subsec_nanos() as i64,
+            };
+            let mut fds = [PollFd::new(fd, PollFlags::IN)];
+            match poll(&mut fds, Some(&ts)) {
+                Ok(0) => return false,
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => {
+                    std::thread::sleep(left);
+                    return false;
+                }
+            }
+            let mut hit = false;
+            loop {
+                match rustix::net::recv(fd, &mut buf[..], RecvFlags::DONTWAIT) {
+                    Ok((_, n)) => {
+                        if parse_uevent(&buf[..n.min(buf.len())]).is_some_and(|ev| want(&ev)) {
+                            hit = true;
+                        }
+                    }
+                    Err(rustix::io::Errno::AGAIN) => break,
+                    Err(rustix::io::Errno::INTR) => {}
+                    Err(rustix::io::Errno::NOBUFS) => hit = true,
+                    Err(_) => {
+                        // A broken socket: fall back to the periodic rescan.
+                        std::thread::sleep(until(deadline, timeout));
+                        return false;
+                    }
+                }
+            }
+            if hit {
+                return true;
+            }
+        }
+    }
+}
+
+/// What one scan of /sys/block found for a serial.
+enum Scan {
+    Found(Device),
+    /// The disk is listed but its node is not there (yet).
+    NoNode(String, PathBuf),
+    Nothing,
+}
+
+fn scan(sysfs: &Sysfs, serial: &str) -> Result<Scan, Error> {
+    let entries = fs::read_dir(&sysfs.sys_block)
+        .map_err(|e| SysError::new("readdir", sysfs.sys_block.display(), e))?;
+    let mut names = Vec::new();
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        // /sys/block lists whole disks; a `partition` attribute marks anything else.
+        if dir.join("partition").exists() {
+            continue;
+        }
+        if read_attr(&dir.join("serial")).as_deref() == Some(serial) {
+            names.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    names.sort();
+    let name = match names.as_slice() {
+        [] => return Ok(Scan::Nothing),
+        [one] => one.clone(),
+        _ => {
+            return Err(Error::DuplicateSerial {
+                serial: serial.to_string(),
+                names: names.join(", "),
+            })
+        }
+    };
+    // `dev` may not be readable for an instant while the disk is being added.
+    let Some((major, minor)) =
+        read_attr(&sysfs.sys_block.join(&name).join("dev")).and_then(|s| parse_devnum(&s))
+    else {
+        return Ok(Scan::Nothing);
+    };
+    let node = sysfs.dev_dir.join(&name);
+    match check_node(&node, major, minor) {
+        Ok(()) => Ok(Scan::Found(Device {
+            name,
+            path: node,
+            major,
+            minor,
+            serial: Some(serial.to_string()),
+        })),
+        Err(None) => Ok(Scan::NoNode(name, node)),
+        Err(Some(found)) => Err(Error::NodeMismatch {
+            name,
+            node,
+            major,
+            minor,
+            found,
+        }),
+    }
+}
+
+/// Checks `node` is the block device major:minor. Err(None): it does not exist;
+/// Err(Some(what)): it is something else.
+fn check_node(node: &Path, major: u32, minor: u32) -> Result<(), Option<String>> {
+    let st = match rustix::fs::stat(node) {
+        Ok(st) => st,
+        Err(rustix::io::Errno::NOENT) => return Err(None),
+        Err(e) => return Err(Some(format!("stat failed: {e}"))),
+    };
+    let ft = rustix::fs::FileType::from_raw_mode(st.st_mode);
+    if ft != rustix::fs::FileType::BlockDevice {
+        return Err(Some(format!("it is a {ft:?}, not a block device")));
+    }
+    let (ma, mi) = (rustix::fs::major(st.st_rdev), rustix::fs::minor(st.st_rdev));
+    if (ma, mi) != (major, minor) {
+        return Err(Some(format!("it is block device {ma}:{mi}")));
+    }
+    Ok(())
+}
+
+/// Finds the whole disk whose serial is `serial`, waiting up to `timeout` for it to appear.
+pub fn find_by_serial(sysfs: &Sysfs, serial: &str, timeout: Duration) -> Result<Device, Error> {
+    if serial.is_empty() {
+        return Err(Error::EmptySerial);
+    }
+    let start = Instant::now();
+    let deadline = deadline_after(start, timeout);
+    let events = Uevents::open();
+    loop {
+        let pending = match scan(sysfs, serial)? {
+            Scan::Found(dev) => return Ok(dev),
+            Scan::NoNode(name, node) => Some((name, node)),
+            Scan::Nothing => None,
+        };
+        if Instant::now() >= deadline {
+            let (serial, waited) = (serial.to_string(), start.elapsed());
+            return Err(match pending {
+                Some((name, node)) => Error::NodeMissing {
+                    serial,
+                    name,
+                    node,
+                    waited,
+                },
+                None => Error::SerialNotFound { serial, waited },
+            });
+        }
+        events.wait(until(deadline, RESCAN), |ev| {
+            ev.subsystem == "block" && (ev.action == "add" || ev.action == "change")
+        });
+    }
+}
+
+/// Is `path` lexically under /dev (no `..` climbing out)?
+fn under_dev(path: &Path) -> bool {
+    let mut c = path.components();
+    c.next() == Some(Component::RootDir)
+        && c.next() == Some(Component::Normal("dev".as_ref()))
+        && c.clone().next().is_some()
+        && c.all(|c| matches!(c, Component::Normal(_)))
+}
+
+/// The block device at `path`: an absolute path under /dev (symlinks such as
+/// /dev/disk/by-id are followed only while they stay under /dev).
+pub fn from_path(path: &Path) -> Result<Device, Error> {
+    let bad = |reason: String| Error::BadPath {
+        path: path.display().to_string(),
+        reason,
+    };
+    if !path.is_absolute() {
+        return Err(bad("is relative".into()));
+    }
+    if !under_dev(path) {
+        return Err(bad("is not under /dev".into()));
+    }
+    let real = fs::canonicalize(path).map_err(|e| bad(format!("cannot be resolved ({e})")))?;
+    if !under_dev(&real) {
+        return Err(bad(format!("resolves to {}, outside /dev", real.display())));
+    }
+    let meta = fs::metadata(&real).map_err(|e| bad(format!("cannot be examined ({e})")))?;
+    if !meta.file_type().is_block_device() {
+        return Err(bad("is not a block device".into()));
+    }
+    use std::os::unix::fs::MetadataExt;
+    let rdev = meta.rdev();
+    let (major, minor) = (rustix::fs::major(rdev), rustix::fs::minor(rdev));
+    let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    let name = fs::read_link(&sys)
+        .ok()
+        .and_then(|l| l.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .or_else(|| real.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_default();
+    let serial = read_attr(&sys.join("serial")).filter(|s| !s.is_empty());
+    Ok(Device {
+        name,
+        path: real,
+        major,
+        minor,
+        serial,
+    })
+}
+
+/// The block device major:minor, found through /sys/dev/block (for callers
+/// that start from a mounted filesystem's st_dev).
+pub fn from_devnum(major: u32, minor: u32) -> Result<Device, Error> {
+    let uevent = PathBuf::from(format!("/sys/dev/block/{major}:{minor}/uevent"));
+    let text =
+        fs::read_to_string(&uevent).map_err(|e| SysError::new("read", uevent.display(), e))?;
+    let name = text
+        .lines()
+        .find_map(|l| l.strip_prefix("DEVNAME="))
+        .ok_or_else(|| SysError::new("read", uevent.display(), io::Error::other("no DEVNAME")))?;
+    let dev = from_path(&Path::new("/dev").join(name))?;
+    if (dev.major, dev.minor) != (major, minor) {
+        return Err(Error::NodeMismatch {
+            name: name.to_string(),
+            node: dev.path,
+            major,
+            minor,
+            found: format!("it is block device {}:{}", dev.major, dev.minor),
+        });
+    }
+    Ok(dev)
+}
+
+/// BLKGETSIZE64: the device's size in bytes, as the kernel sees it now.
+pub fn size_bytes(device: &Path) -> Result<u64, Error> {
+    let file = File::options()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(device)
+        .map_err(|e| SysError::new("open", device.display(), e))?;
+    Ok(blk_size(&file, device)?)
+}
+
+fn blk_size(file: &File, device: &Path) -> Result<u64, SysError> {
+    const BLKGETSIZE64: rustix::ioctl::Opcode = rustix::ioctl::opcode::read::<u64>(0x12, 114);
+    // SAFETY: BLKGETSIZE64 writes exactly one u64 (size_t on 64-bit Linux) into the output.
+    unsafe {
+        let get = rustix::ioctl::Getter::<BLKGETSIZE64, u64>::new();
+        rustix::ioctl::ioctl(file, get)
+    }
+    .map_err(|e| SysError::new("BLKGETSIZE64", device.display(), e))
+}
+
+/// Waits until `dev` is at least `min_bytes` (the host grows disks, the guest
+/// notices a little later) and returns its size; OUT_OF_RANGE after `timeout`.
+pub fn wait_for_size(
+    sysfs: &Sysfs,
+    dev: &Device,
+    min_bytes: u64,
+    timeout: Duration,
+) -> Result<u64, Error> {
+    let start = Instant::now();
+    let deadline = deadline_after(start, timeout);
+    let events = Uevents::open();
+    let file = File::options()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(&dev.path)
+        .map_err(|e| SysError::new("open", dev.path.display(), e))?;
+    loop {
+        let size = blk_size(&file, &dev.path)?;
+        if size >= min_bytes {
+            return Ok(size);
+        }
+        if disk_state(sysfs, dev) == DiskState::Gone {
+            return Err(Error::Gone {
+                name: dev.name.clone(),
+                major: dev.major,
+                minor: dev.minor,
+            });
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::TooSmall {
+                device: dev.path.clone(),
+                required: min_bytes,
+                actual: size,
+                waited: start.elapsed(),
+            });
+        }
+        events.wait(until(deadline, SIZE_POLL), |ev| {
+            ev.subsystem == "block" && ev.action == "change" && ev.devname == dev.name
+        });
+    }
+}
+
+/// Whether `dev` is still attached, from /sys/block/<name>/{dev,size}.
+pub fn disk_state(sysfs: &Sysfs, dev: &Device) -> DiskState {
+    let dir = sysfs.sys_block.join(&dev.name);
+    match read_attr(&dir.join("dev")).and_then(|s| parse_devnum(&s)) {
+        Some(num) if num == (dev.major, dev.minor) => {}
+        _ => return DiskState::Gone,
+    }
+    match read_attr(&dir.join("size")).and_then(|s| s.parse::<u64>().ok()) {
+        None => DiskState::Gone,
+        Some(0) => DiskState::ZeroSize,
+        Some(sectors) => DiskState::Present {
+            size_bytes: sectors.saturating_mul(512),
+        },
+    }
+}
+
+/// Helpers for tests on real kernel objects: loop devices with a filesystem,
+/// mounted in a temporary directory, always cleaned up (also when a test fails).
+#[cfg(test)]
+pub(crate) mod testutil {
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    use super::Device;
+
+    /// True when loop devices and mounts are possible (root); otherwise prints why the test skips.
+    pub(crate) fn root_or_skip(test: &str) -> bool {
+        let ok = rustix::process::geteuid().is_root() && Path::new("/dev/loop-control").exists();
+        if !ok {
+            eprintln!("skipping {test}: needs root and /dev/loop-control");
+        }
+        ok
+    }
+
+    /// Runs a command and returns its stdout; panics with its stderr if it fails.
+    pub(crate) fn run(cmd: &str, args: &[&str]) -> String {
+        let out = Command::new(cmd)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+        assert!(
+            out.status.success(),
+            "{cmd} {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// A loop device over a sparse image in a temporary directory; detached on drop.
+    pub(crate) struct LoopDisk {
+        /// The backing file.
+        pub image: PathBuf,
+        /// "/dev/loopN".
+        pub device: PathBuf,
+        _dir: tempfile::TempDir,
+    }
+
+    impl LoopDisk {
+        /// `size_mb` MiB, formatted with `fs` ("ext4", "xfs", "swap") or left zeroed (None).
+        pub(crate) fn new(size_mb: u64, fs: Option<&str>) -> LoopDisk {
+            let dir = tempfile::tempdir().unwrap();
+            let image = dir.path().join("disk.img");
+            std::fs::File::create(&image)
+                .unwrap()
+                .set_len(size_mb << 20)
+                .unwrap();
+            let img = image.to_str().unwrap();
+            match fs {
+                None => {}
+                Some("ext4") => drop(run("mkfs.ext4", &["-q", "-F", img])),
+                Some("xfs") => drop(run("mkfs.xfs", &["-q", "-f", img])),
+                Some("swap") => drop(run("mkswap", &[img])),
+                Some(other) => panic!("LoopDisk cannot make {other}"),
+            }
+            let device = PathBuf::from(run("losetup", &["--find", "--show", img]).trim());
+            LoopDisk {
+                image,
+                device,
+                _dir: dir,
+            }
+        }
+
+        /// The kernel name ("loop3").
+        pub(crate) fn name(&self) -> String {
+            self.device
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        }
+
+        /// The device as the agent's lookup sees it.
+        pub(crate) fn dev(&self) -> Device {
+            super::from_path(&self.device).unwrap()
+        }
+
+        /// Resizes the image and tells the loop driver (what a host's block_resize does).
+        pub(crate) fn resize(&self, size_mb: u64) {
+            run(
+                "truncate",
+                &["-s", &format!("{size_mb}M"), self.image.to_str().unwrap()],
+            );
+            run("losetup", &["-c", self.device.to_str().unwrap()]);
+        }
+    }
+
+    impl Drop for LoopDisk {
+        fn drop(&mut self) {
+            // Only if it is still ours: a test may have detached it, and the
+            // number may since belong to someone else's loop device.
+            let backing = format!("/sys/block/{}/loop/backing_file", self.name());
+            let ours =
+                std::fs::read_to_string(backing).is_ok_and(|b| Path::new(b.trim()) == self.image);
+            if ours {
+                let _ = Command::new("losetup").arg("-d").arg(&self.device).output();
+            }
+        }
+    }
+
+    /// A filesystem mounted on a temporary directory; unmounted on drop.
+    pub(crate) struct Mounted {
+        /// The mount point.
+        pub path: PathBuf,
+        _dir: tempfile::TempDir,
+    }
+
+    impl Mounted {
+        /// `mount -t fs -o options device <tmpdir>`.
+        pub(crate) fn new(device: &Path, fs: &str, options: &str) -> Mounted {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().to_path_buf();
+            let mut args = vec!["-t", fs];
+            if !options.is_empty() {
+                args.extend(["-o", options]);
+            }
+            args.extend([device.to_str().unwrap(), path.to_str().unwrap()]);
+            run("mount", &args);
+            Mounted { path, _dir: dir }
+        }
+    }
+
+    impl Drop for Mounted {
+        fn drop(&mut self) {
+            let ok = Command::new("umount")
+                .arg(&self.path)
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if !ok {
+                let _ = Command::new("umount").arg("-l").arg(&self.path).output();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testutil::{root_or_skip, run, LoopDisk};
+    use super::*;
+
+    #[test]
+    fn parses_uevents() {
+        let add = b"add@/devices/pci0000:00/virtio3/block/vdb\0ACTION=add\0DEVPATH=/devices/x\0SUBSYSTEM=block\0MAJOR=253\0MINOR=16\0DEVNAME=vdb\0DEVTYPE=disk\0SEQNUM=1\0";
+        let ev = parse_uevent(add).unwrap();
+        assert_eq!(
+            ev,
+            Uevent {
+                action: "add".into(),
+                subsystem: "block".into(),
+                devname: "vdb".into(),
+                devtype: "disk".into()
+            }
+        );
+        assert!(parse_uevent(b"libudev\0\xfe\xed\xca\xfe").is_none());
+        assert!(parse_uevent(b"").is_none());
+        assert!(parse_uevent(b"change@/x\0SUBSYSTEM=block\0").is_none()); // no ACTION
+        let change =
+            parse_uevent(b"change@/x\0ACTION=change\0SUBSYSTEM=block\0DEVNAME=loop3\0RESIZE=1")
+                .unwrap();
+        assert_eq!(
+            (change.action.as_str(), change.devname.as_str()),
+            ("change", "loop3")
+        );
+    }
+
+    #[test]
+    fn parses_devnums_and_paths() {
+        for (s, want) in [
+            ("253:16\n", Some((253, 16))),
+            ("7:0", Some((7, 0))),
+            ("7", None),
+            ("a:1", None),
+            ("", None),
+            ("1:2:3", None),
+        ] {
+            assert_eq!(parse_devnum(s), want, "{s:?}");
+        }
+        for (p, want) in [
+            ("/dev/vdb", true),
+            ("/dev/disk/by-id/x", true),
+            ("/dev", false),
+            ("/dev/../etc/passwd", false),
+            ("/devx/vdb", false),
+            ("dev/vdb", false),
+            ("/sys/dev/vdb", false),
+        ] {
+            assert_eq!(under_dev(Path::new(p)), want, "{p}");
+        }
+    }
+
+    /// A fake /sys/block and /dev whose disks point at real loop devices' numbers.
+    struct FakeTree {
+        root: tempfile::TempDir,
+        sysfs: Sysfs,
+    }
+
+    impl FakeTree {
+        fn new() -> FakeTree {
+            let root = tempfile::tempdir().unwrap();
+            let sysfs = Sysfs {
+                sys_block: root.path().join("sys/block"),
+                dev_dir: root.path().join("dev"),
+            };
+            fs::create_dir_all(&sysfs.sys_block).unwrap();
+            fs::create_dir_all(&sysfs.dev_dir).unwrap();
+            FakeTree { root, sysfs }
+        }
+
+        /// Lists disk `name` with `serial` and numbers `major:minor`; makes its node if `node` says so.
+        fn add(
+            &self,
+            name: &str,
+            serial: &str,
+            (major, minor): (u32, u32),
+            node: Option<(u32, u32)>,
+        ) {
+            let dir = self.sysfs.sys_block.join(name);
+            fs::create_dir_all(&dir).unwrap();
+            fs::write(dir.join("serial"), format!("{serial}\n")).unwrap();
+            fs::write(dir.join("size"), "2048\n").unwrap();
+            fs::write(dir.join("dev"), format!("{major}:{minor}\n")).unwrap();
+            if let Some((ma, mi)) = node {
+                let path = self.sysfs.dev_dir.join(name);
+                run(
+                    "mknod",
+                    &[
+                        path.to_str().unwrap(),
+                        "b",
+                        &ma.to_string(),
+                        &mi.to_string(),
+                    ],
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn finds_a_disk_listed_at_start() {
+        if !root_or_skip("finds_a_disk_listed_at_start") {
+            return;
+        }
+        let t = FakeTree::new();
+        t.add("vdb", "vol-a", (7, 200), Some((7, 200)));
+        t.add("vdc", "vol-b", (7, 201), Some((7, 201)));
+        // A partition carrying the same serial must not count as a second disk.
+        let part = t.sysfs.sys_block.join("vdb1");
+        t.add("vdb1", "vol-a", (7, 202), Some((7, 202)));
+        fs::write(part.join("partition"), "1\n").unwrap();
+        let started = Instant::now();
+        let dev = find_by_serial(&t.sysfs, "vol-a", Duration::from_secs(5)).unwrap();
+        assert!(started.elapsed() < Duration::from_millis(400));
+        assert_eq!(
+            dev,
+            Device {
+                name: "vdb".into(),
+                path: t.sysfs.dev_dir.join("vdb"),
+                major: 7,
+                minor: 200,
+                serial: Some("vol-a".into())
+            }
+        );
+        drop(t.root);
+    }
+
+    #[test]
+    fn trims_serials_padded_with_nuls() {
+        if !root_or_skip("trims_serials_padded_with_nuls") {
+            return;
+        }
+        let t = FakeTree::new();
+        t.add("vdd", "vol-pad", (7, 210), Some((7, 210)));
+        fs::write(t.sysfs.sys_block.join("vdd/serial"), b"vol-pad \0\0\0\n").unwrap();
+        assert_eq!(
+            find_by_serial(&t.sysfs, "vol-pad", Duration::from_secs(1))
+                .unwrap()
+                .name,
+            "vdd"
+        );
+        // A prefix of a serial is not that serial.
+        let e = find_by_serial(&t.sysfs, "vol-p", Duration::from_millis(50)).unwrap_err();
+        assert_eq!(e.code(), Code::DeadlineExceeded);
+    }
+
+    #[test]
+    fn waits_for_a_disk_that_appears_later() {
+        if !root_or_skip("waits_for_a_disk_that_appears_later") {
+            return;
+        }
+        let t = FakeTree::new();
+        let sysfs = t.sysfs.clone();
+        let adder = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            t.add("vde", "vol-late", (7, 220), Some((7, 220)));
+            t
+        });
+        let started = Instant::now();
+        let dev = find_by_serial(&sysfs, "vol-late", Duration::from_secs(5)).unwrap();
+        let took = started.elapsed();
+        let _t = adder.join().unwrap();
+        assert_eq!((dev.name.as_str(), dev.major, dev.minor), ("vde", 7, 220));
+        // Found by the periodic rescan (fake trees send no uevents): within one period.
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_millis(1500),
+            "{took:?}"
+        );
+    }
+
+    #[test]
+    fn gives_up_at_the_deadline() {
+        let t = FakeTree::new();
+        t.add("vdf", "vol-other", (7, 230), None);
+        let started = Instant::now();
+        let e = find_by_serial(&t.sysfs, "vol-never", Duration::from_millis(700)).unwrap_err();
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(700) && took < Duration::from_millis(1300),
+            "{took:?}"
+        );
+        assert_eq!(e.code(), Code::DeadlineExceeded);
+        let msg = e.to_string();
+        assert!(
+            msg.contains("serial vol-never") && msg.contains("within 7"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn reports_a_listed_disk_whose_node_never_appears() {
+        let t = FakeTree::new();
+        t.add("vdg", "vol-nonode", (7, 240), None);
+        let e = find_by_serial(&t.sysfs, "vol-nonode", Duration::from_millis(200)).unwrap_err();
+        assert!(matches!(e, Error::NodeMissing { .. }), "{e}");
+        assert_eq!(e.code(), Code::DeadlineExceeded);
+        assert!(e.to_string().contains("devtmpfs"), "{e}");
+    }
+
+    #[test]
+    fn refuses_a_node_of_another_device() {
+        if !root_or_skip("refuses_a_node_of_another_device") {
+            return;
+        }
+        let t = FakeTree::new();
+        t.add("vdh", "vol-wrong", (7, 250), Some((7, 251)));
+        let e = find_by_serial(&t.sysfs, "vol-wrong", Duration::from_secs(2)).unwrap_err();
+        assert!(matches!(e, Error::NodeMismatch { .. }), "{e}");
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        assert!(e.to_string().contains("7:251"), "{e}");
+        // A regular file where the node should be is refused too.
+        t.add("vdi", "vol-file", (7, 252), None);
+        fs::write(t.sysfs.dev_dir.join("vdi"), b"").unwrap();
+        let e = find_by_serial(&t.sysfs, "vol-file", Duration::from_secs(2)).unwrap_err();
+        assert!(e.to_string().contains("not a block device"), "{e}");
+    }
+
+    #[test]
+    fn refuses_a_duplicate_or_empty_serial() {
+        let t = FakeTree::new();
+        t.add("vdj", "vol-dup", (7, 260), None);
+        t.add("vdk", "vol-dup", (7, 261), None);
+        let e = find_by_serial(&t.sysfs, "vol-dup", Duration::from_secs(2)).unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        assert!(e.to_string().contains("vdj, vdk"), "{e}");
+        // A disk without a serial has an empty `serial` file: "" must not find it.
+        t.add("vdm", "", (7, 262), None);
+        let e = find_by_serial(&t.sysfs, "", Duration::from_secs(2)).unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+    }
+
+    #[test]
+    fn takes_a_real_loop_device_by_path() {
+        if !root_or_skip("takes_a_real_loop_device_by_path") {
+            return;
+        }
+        let disk = LoopDisk::new(16, None);
+        let dev = from_path(&disk.device).unwrap();
+        assert_eq!(dev.name, disk.name());
+        assert_eq!(dev.path, disk.device);
+        assert_eq!(dev.major, 7);
+        assert_eq!(dev.serial, None);
+        assert_eq!(from_devnum(dev.major, dev.minor).unwrap(), dev);
+        // Through a symlink that stays under /dev.
+        let link = PathBuf::from(format!("/dev/crust-test-{}", disk.name()));
+        let _ = fs::remove_file(&link);
+        std::os::unix::fs::symlink(&disk.device, &link).unwrap();
+        let via = from_path(&link);
+        fs::remove_file(&link).unwrap();
+        assert_eq!(via.unwrap(), dev);
+    }
+
+    #[test]
+    fn refuses_paths_that_are_not_block_devices_under_dev() {
+        if !root_or_skip("refuses_paths_that_are_not_block_devices_under_dev") {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let outside = dir.path().join("disk.img");
+        fs::write(&outside, b"x").unwrap();
+        let escape = PathBuf::from(format!("/dev/crust-escape-{}", std::process::id()));
+        let _ = fs::remove_file(&escape);
+        std::os::unix::fs::symlink(&outside, &escape).unwrap();
+        let cases = [
+            (PathBuf::from("dev/loop0"), "is relative"),
+            (outside.clone(), "is not under /dev"),
+            (PathBuf::from("/dev/../etc/passwd"), "is not under /dev"),
+            (PathBuf::from("/dev/null"), "is not a block device"),
+            (
+                PathBuf::from("/dev/crust-no-such-disk"),
+                "cannot be resolved",
+            ),
+            (escape.clone(), "outside /dev"),
+        ];
+        for (p, why) in cases {
+            let e = from_path(&p).unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{p:?}");
+            assert!(e.to_string().contains(why), "{p:?}: {e}");
+        }
+        fs::remove_file(&escape).unwrap();
+    }
+
+    #[test]
+    fn sizes_and_waits_for_growth() {
+        if !root_or_skip("sizes_and_waits_for_growth") {
+            return;
+        }
+        let disk = LoopDisk::new(32, None);
+        let dev = disk.dev();
+        let sysfs = Sysfs::system();
+        assert_eq!(size_bytes(&disk.device).unwrap(), 32 << 20);
+        assert_eq!(
+            disk_state(&sysfs, &dev),
+            DiskState::Present {
+                size_bytes: 32 << 20
+            }
+        );
+        // Already big enough: immediately.
+        assert_eq!(
+            wait_for_size(&sysfs, &dev, 16 << 20, Duration::from_secs(1)).unwrap(),
+            32 << 20
+        );
+        // Grown by "the host" while the agent waits.
+        let disk = std::sync::Arc::new(disk);
+        let grower = {
+            let disk = disk.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                disk.resize(64);
+            })
+        };
+        let started = Instant::now();
+        let got = wait_for_size(&sysfs, &dev, 64 << 20, Duration::from_secs(10)).unwrap();
+        grower.join().unwrap();
+        assert_eq!(got, 64 << 20);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // Never grown: OUT_OF_RANGE naming both sizes.
+        let e = wait_for_size(&sysfs, &dev, 128 << 20, Duration::from_millis(300)).unwrap_err();
+        assert_eq!(e.code(), Code::OutOfRange);
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!("{} bytes", 64u64 << 20))
+                && msg.contains(&format!("{} bytes", 128u64 << 20)),
+            "{msg}"
+        );
+        assert!(msg.contains("host must grow"), "{msg}");
+    }
+
+    #[test]
+    fn hears_the_kernel_announce_a_resize() {
+        if !root_or_skip("hears_the_kernel_announce_a_resize") {
+            return;
+        }
+        let disk = LoopDisk::new(16, None);
+        let name = disk.name();
+        let events = Uevents::open();
+        assert!(
+            events.fd.is_some(),
+            "NETLINK_KOBJECT_UEVENT socket could not be opened"
+        );
+        let grower = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            disk.resize(32);
+            disk
+        });
+        let started = Instant::now();
+        let heard = events.wait(Duration::from_secs(5), |ev| {
+            ev.subsystem == "block" && ev.action == "change" && ev.devname == name
+        });
+        let _disk = grower.join().unwrap();
+        assert!(heard, "no change uevent for {name} within 5 s");
+        assert!(started.elapsed() < Duration::from_secs(3));
+    }
+
+    #[test]
+    fn tells_gone_and_empty_disks() {
+        let t = FakeTree::new();
+        t.add("vdl", "vol-s", (7, 270), None);
+        let dev = Device {
+            name: "vdl".into(),
+            path: t.sysfs.dev_dir.join("vdl"),
+            major: 7,
+            minor: 270,
+            serial: None,
+        };
+        assert_eq!(
+            disk_state(&t.sysfs, &dev),
+            DiskState::Present {
+                size_bytes: 2048 * 512
+            }
+        );
+        fs::write(t.sysfs.sys_block.join("vdl/size"), "0\n").unwrap();
+        assert_eq!(disk_state(&t.sysfs, &dev), DiskState::ZeroSize);
+        // The name now belongs to another disk.
+        fs::write(t.sysfs.sys_block.join("vdl/dev"), "7:271\n").unwrap();
+        assert_eq!(disk_state(&t.sysfs, &dev), DiskState::Gone);
+        fs::remove_dir_all(t.sysfs.sys_block.join("vdl")).unwrap();
+        assert_eq!(disk_state(&t.sysfs, &dev), DiskState::Gone);
     }
 }

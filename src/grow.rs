@@ -1,18 +1,660 @@
-//! (grow: to be written)
+//! Online growth of a mounted ext4 or xfs to fill its (already grown) disk, by
+//! the kernel's own resize ioctls: no resize2fs or xfs_growfs. Growth is only
+//! reported once the filesystem's size, read back afterwards, shows it.
 
-use crate::errors::Code;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
 
-/// What can go wrong in grow.
+use rustix::ioctl::{opcode, Opcode};
+
+use crate::device;
+use crate::errors::{Code, SysError};
+use crate::probe::FsType;
+
+/// What can go wrong growing a filesystem.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// Placeholder until the module is written.
-    #[error("grow is not written yet")]
-    NotWritten,
+    /// The mount is read-only.
+    #[error("{path} is mounted read-only; a read-only filesystem cannot be grown")]
+    ReadOnly {
+        /// The mount path.
+        path: String,
+    },
+    /// The path holds another filesystem than the volume's.
+    #[error(
+        "{path} is not an {expected} filesystem (statfs type {found:#x}); refusing to grow it"
+    )]
+    WrongFs {
+        /// The mount path.
+        path: String,
+        /// The volume's filesystem.
+        expected: FsType,
+        /// The statfs magic found instead.
+        found: u64,
+    },
+    /// ext4 online growth needs CAP_SYS_RESOURCE, and the agent lacks it.
+    #[error("growing ext4 online at {path} needs CAP_SYS_RESOURCE, which the agent does not have; run the agent with that capability (as PID 1 it has it), or grow the filesystem offline")]
+    NeedsCapSysResource {
+        /// The mount path.
+        path: String,
+    },
+    /// The ext4 has errors recorded; the kernel refuses to resize it.
+    #[error("the ext4 filesystem at {path} ({device}) has errors recorded; the kernel refuses online growth until e2fsck has repaired it on the host")]
+    HasErrors {
+        /// The mount path.
+        path: String,
+        /// Its device.
+        device: String,
+    },
+    /// The kernel refused the resize ioctl.
+    #[error("the kernel refused to grow {fs} at {path}: {call} failed with {source}")]
+    Refused {
+        /// The mount path.
+        path: String,
+        /// The filesystem.
+        fs: FsType,
+        /// The ioctl.
+        call: &'static str,
+        /// The errno.
+        #[source]
+        source: io::Error,
+    },
+    /// The ioctl succeeded, but the size read back is not the one asked for.
+    #[error("growing {fs} at {path} to fill {wanted} bytes was accepted, but the filesystem is {after} bytes (it was {before}); not reporting a growth that did not happen")]
+    NotGrown {
+        /// The mount path.
+        path: String,
+        /// The filesystem.
+        fs: FsType,
+        /// Size before, bytes.
+        before: u64,
+        /// Size after, bytes.
+        after: u64,
+        /// The device size it should have filled, bytes.
+        wanted: u64,
+    },
+    /// Finding the filesystem's device failed.
+    #[error(transparent)]
+    Device(#[from] device::Error),
+    /// An unexpected syscall failure.
+    #[error(transparent)]
+    Sys(#[from] SysError),
 }
 
 impl Error {
     /// The wire code of this error.
     pub fn code(&self) -> Code {
-        Code::Unimplemented
+        match self {
+            Error::ReadOnly { .. }
+            | Error::WrongFs { .. }
+            | Error::NeedsCapSysResource { .. }
+            | Error::HasErrors { .. }
+            | Error::Refused { .. } => Code::FailedPrecondition,
+            Error::NotGrown { .. } | Error::Sys(_) => Code::Internal,
+            Error::Device(e) => e.code(),
+        }
+    }
+}
+
+// ---- xfs ----
+
+/// `struct xfs_fsop_geom` (v5, 256 bytes); v4 is its first 112 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct XfsGeom {
+    blocksize: u32,
+    rtextsize: u32,
+    agblocks: u32,
+    agcount: u32,
+    logblocks: u32,
+    sectsize: u32,
+    inodesize: u32,
+    imaxpct: u32,
+    datablocks: u64,
+    rtblocks: u64,
+    rtextents: u64,
+    logstart: u64,
+    uuid: [u8; 16],
+    sunit: u32,
+    swidth: u32,
+    version: i32,
+    flags: u32,
+    logsectsize: u32,
+    rtsectsize: u32,
+    dirblocksize: u32,
+    logsunit: u32,
+    sick: u32,
+    checked: u32,
+    reserved: [u64; 17],
+}
+
+/// `struct xfs_growfs_data`.
+#[repr(C)]
+struct XfsGrowfsData {
+    newblocks: u64,
+    imaxpct: u32,
+}
+
+const XFS_IOC_FSGEOMETRY: Opcode = opcode::read::<XfsGeom>(b'X', 126);
+const XFS_IOC_FSGEOMETRY_V4: Opcode = opcode::read::<[u8; 112]>(b'X', 124);
+const XFS_IOC_FSGROWFSDATA: Opcode = opcode::write::<XfsGrowfsData>(b'X', 110);
+/// The smallest allocation group xfs adds when growing (XFS_MIN_AG_BLOCKS).
+const XFS_MIN_AG_BLOCKS: u64 = 64;
+
+const _: () = assert!(std::mem::size_of::<XfsGeom>() == 256);
+const _: () = assert!(std::mem::size_of::<XfsGrowfsData>() == 16);
+
+fn xfs_geometry_call(dir: &File, op: Opcode) -> io::Result<XfsGeom> {
+    // SAFETY: all-zero bytes are a valid XfsGeom (integers and arrays of them).
+    let mut geom: XfsGeom = unsafe { std::mem::zeroed() };
+    // SAFETY: the buffer is a live, writable XfsGeom of 256 bytes; the v5 call
+    // writes 256 bytes and the v4 call 112, both within it.
+    let rc = unsafe { libc::ioctl(dir.as_raw_fd(), op as _, &mut geom as *mut XfsGeom) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // Every size below divides by it.
+    if geom.blocksize == 0 {
+        return Err(io::Error::other("the kernel reported block size 0"));
+    }
+    Ok(geom)
+}
+
+fn xfs_geometry(dir: &File, path: &Path) -> Result<XfsGeom, Error> {
+    match xfs_geometry_call(dir, XFS_IOC_FSGEOMETRY) {
+        Ok(g) => Ok(g),
+        // An older kernel without the v5 call: the v4 layout is its prefix.
+        Err(e) if e.raw_os_error() == Some(libc::ENOTTY) => {
+            xfs_geometry_call(dir, XFS_IOC_FSGEOMETRY_V4)
+                .map_err(|e| SysError::new("XFS_IOC_FSGEOMETRY_V4", path.display(), e).into())
+        }
+        Err(e) => Err(SysError::new("XFS_IOC_FSGEOMETRY", path.display(), e).into()),
+    }
+}
+
+/// The data size xfs will actually reach for `newblocks`: a trailing piece
+/// smaller than a minimum allocation group is left out (xfs_growfs_data_private).
+fn xfs_reachable_blocks(newblocks: u64, agblocks: u64) -> u64 {
+    if agblocks == 0 {
+        return newblocks;
+    }
+    let rem = newblocks % agblocks;
+    if rem != 0 && rem < XFS_MIN_AG_BLOCKS {
+        newblocks - rem
+    } else {
+        newblocks
+    }
+}
+
+fn grow_xfs(dir: &File, path: &Path, device_bytes: u64) -> Result<u64, Error> {
+    let g = xfs_geometry(dir, path)?;
+    let bs = u64::from(g.blocksize);
+    let before = g.datablocks * bs;
+    let target = xfs_reachable_blocks(device_bytes / bs, u64::from(g.agblocks));
+    if target <= g.datablocks {
+        return Ok(before);
+    }
+    let mut arg = XfsGrowfsData {
+        newblocks: target,
+        imaxpct: g.imaxpct,
+    };
+    // SAFETY: XFS_IOC_FSGROWFSDATA reads one xfs_growfs_data, which `arg` is, alive for the call.
+    let rc = unsafe {
+        libc::ioctl(
+            dir.as_raw_fd(),
+            XFS_IOC_FSGROWFSDATA as _,
+            &mut arg as *mut XfsGrowfsData,
+        )
+    };
+    if rc != 0 {
+        return Err(refused_or_sys(
+            path,
+            FsType::Xfs,
+            "XFS_IOC_FSGROWFSDATA",
+            io::Error::last_os_error(),
+        ));
+    }
+    let after = xfs_geometry(dir, path)?.datablocks;
+    if after != target {
+        return Err(Error::NotGrown {
+            path: path.display().to_string(),
+            fs: FsType::Xfs,
+            before,
+            after: after * bs,
+            wanted: device_bytes,
+        });
+    }
+    Ok(after * bs)
+}
+
+// ---- ext4 ----
+
+/// The fields of the ext4 superblock that growth needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Ext4Super {
+    blocks_count: u64,
+    block_size: u64,
+    blocks_per_group: u64,
+    /// s_state has EXT4_ERROR_FS, or s_error_count > 0.
+    has_errors: bool,
+}
+
+/// Parses the 1024-byte ext4 superblock; None if the magic is wrong.
+fn parse_ext4_super(sb: &[u8; 1024]) -> Option<Ext4Super> {
+    let u16_at = |o: usize| u16::from_le_bytes([sb[o], sb[o + 1]]);
+    let u32_at = |o: usize| u32::from_le_bytes([sb[o], sb[o + 1], sb[o + 2], sb[o + 3]]);
+    if u16_at(0x38) != 0xEF53 {
+        return None;
+    }
+    let incompat_64bit = u32_at(0x60) & 0x80 != 0;
+    let hi = if incompat_64bit {
+        u64::from(u32_at(0x150))
+    } else {
+        0
+    };
+    let log = u32_at(0x18);
+    if log > 6 {
+        return None; // beyond 64 KiB blocks: not a superblock we understand
+    }
+    Some(Ext4Super {
+        blocks_count: hi << 32 | u64::from(u32_at(0x04)),
+        block_size: 1024 << log,
+        blocks_per_group: u64::from(u32_at(0x20)),
+        has_errors: u16_at(0x3A) & 0x0002 != 0 || u32_at(0x194) > 0,
+    })
+}
+
+/// Reads the superblock of the ext4 mounted at `path` from its block device
+/// (through the page cache, which the mounted ext4 keeps current).
+fn ext4_super(path: &Path) -> Result<(Ext4Super, device::Device), Error> {
+    let st = rustix::fs::stat(path).map_err(|e| SysError::new("stat", path.display(), e))?;
+    let dev = device::from_devnum(rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev))?;
+    let file = File::options()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(&dev.path)
+        .map_err(|e| SysError::new("open", dev.path.display(), e))?;
+    let mut sb = [0u8; 1024];
+    file.read_exact_at(&mut sb, 1024)
+        .map_err(|e| SysError::new("pread", dev.path.display(), e))?;
+    let sup = parse_ext4_super(&sb).ok_or_else(|| {
+        SysError::new(
+            "read ext4 superblock",
+            dev.path.display(),
+            io::Error::other("no ext4 magic"),
+        )
+    })?;
+    Ok((sup, dev))
+}
+
+/// An ext4's recorded errors: the superblock, and the live sysfs counter.
+fn ext4_has_errors(sup: &Ext4Super, dev: &device::Device) -> bool {
+    let live = std::fs::read_to_string(format!("/sys/fs/ext4/{}/errors_count", dev.name))
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    sup.has_errors || live > 0
+}
+
+/// EXT4_IOC_RESIZE_FS: `_IOW('f', 16, __u64)`.
+const EXT4_IOC_RESIZE_FS: Opcode = opcode::write::<u64>(b'f', 16);
+
+fn grow_ext4(dir: &File, path: &Path, device_bytes: u64) -> Result<u64, Error> {
+    let (sup, dev) = ext4_super(path)?;
+    let before = sup.blocks_count * sup.block_size;
+    let target = device_bytes / sup.block_size;
+    if target <= sup.blocks_count {
+        return Ok(before);
+    }
+    let p = path.display().to_string();
+    if ext4_has_errors(&sup, &dev) {
+        return Err(Error::HasErrors {
+            path: p,
+            device: dev.path.display().to_string(),
+        });
+    }
+    // Without the capability the kernel answers a bare EPERM; say what is missing.
+    if let Ok(false) = caps::has_cap(
+        None,
+        caps::CapSet::Effective,
+        caps::Capability::CAP_SYS_RESOURCE,
+    ) {
+        return Err(Error::NeedsCapSysResource { path: p });
+    }
+    let mut count: u64 = target;
+    // SAFETY: EXT4_IOC_RESIZE_FS reads one u64 block count from the pointer, alive for the call.
+    let rc = unsafe {
+        libc::ioctl(
+            dir.as_raw_fd(),
+            EXT4_IOC_RESIZE_FS as _,
+            &mut count as *mut u64,
+        )
+    };
+    if rc != 0 {
+        return Err(refused_or_sys(
+            path,
+            FsType::Ext4,
+            "EXT4_IOC_RESIZE_FS",
+            io::Error::last_os_error(),
+        ));
+    }
+    let (after, _) = ext4_super(path)?;
+    // The kernel leaves out a last group too small for its metadata, so "full"
+    // means within one group of the target (and no smaller than before).
+    let full =
+        after.blocks_count <= target && target - after.blocks_count < after.blocks_per_group.max(1);
+    if after.blocks_count < sup.blocks_count || !full {
+        return Err(Error::NotGrown {
+            path: p,
+            fs: FsType::Ext4,
+            before,
+            after: after.blocks_count * after.block_size,
+            wanted: device_bytes,
+        });
+    }
+    Ok(after.blocks_count * after.block_size)
+}
+
+// ---- both ----
+
+/// EPERM, EOPNOTSUPP, EROFS and the like are the filesystem saying no; the rest is unexpected.
+fn refused_or_sys(path: &Path, fs: FsType, call: &'static str, err: io::Error) -> Error {
+    let refusals = [
+        libc::EPERM,
+        libc::EOPNOTSUPP,
+        libc::EROFS,
+        libc::ENOTTY,
+        libc::EBUSY,
+    ];
+    if err.raw_os_error().is_some_and(|e| refusals.contains(&e)) {
+        Error::Refused {
+            path: path.display().to_string(),
+            fs,
+            call,
+            source: err,
+        }
+    } else {
+        SysError::new(call, path.display(), err).into()
+    }
+}
+
+/// Opens the mount directory and checks it is a writable `fs`.
+fn open_checked(path: &Path, fs: FsType) -> Result<File, Error> {
+    let dir = File::options()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_DIRECTORY)
+        .open(path)
+        .map_err(|e| SysError::new("open", path.display(), e))?;
+    let st = rustix::fs::fstatfs(&dir).map_err(|e| SysError::new("statfs", path.display(), e))?;
+    let magic = st.f_type as u64 & 0xffff_ffff;
+    let want: u64 = match fs {
+        FsType::Ext4 => 0xEF53,
+        FsType::Xfs => 0x5846_5342,
+    };
+    if magic != want {
+        return Err(Error::WrongFs {
+            path: path.display().to_string(),
+            expected: fs,
+            found: magic,
+        });
+    }
+    Ok(dir)
+}
+
+fn is_read_only(dir: &File, path: &Path) -> Result<bool, Error> {
+    let st = rustix::fs::fstatvfs(dir).map_err(|e| SysError::new("statvfs", path.display(), e))?;
+    Ok(st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
+}
+
+/// The filesystem's own size in bytes (not the device's; not statfs's total,
+/// which leaves out metadata).
+pub fn fs_size_bytes(mount_path: &Path, fs: FsType) -> Result<u64, Error> {
+    let dir = open_checked(mount_path, fs)?;
+    match fs {
+        FsType::Xfs => {
+            let g = xfs_geometry(&dir, mount_path)?;
+            Ok(g.datablocks * u64::from(g.blocksize))
+        }
+        FsType::Ext4 => {
+            let (sup, _) = ext4_super(mount_path)?;
+            Ok(sup.blocks_count * sup.block_size)
+        }
+    }
+}
+
+/// Grows the `fs` mounted at `mount_path` to fill `device_bytes` and returns
+/// its new size; when it already does, returns its size unchanged.
+pub fn grow(mount_path: &Path, fs: FsType, device_bytes: u64) -> Result<u64, Error> {
+    let dir = open_checked(mount_path, fs)?;
+    if is_read_only(&dir, mount_path)? {
+        return Err(Error::ReadOnly {
+            path: mount_path.display().to_string(),
+        });
+    }
+    match fs {
+        FsType::Xfs => grow_xfs(&dir, mount_path, device_bytes),
+        FsType::Ext4 => grow_ext4(&dir, mount_path, device_bytes),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::testutil::{root_or_skip, run, LoopDisk, Mounted};
+    use crate::device::{size_bytes, wait_for_size, Sysfs};
+    use std::time::Duration;
+
+    #[test]
+    fn rounds_like_xfs() {
+        for (newblocks, agblocks, want) in [
+            (1000, 100, 1000),
+            (1010, 100, 1000), // a 10-block tail cannot be an AG
+            (1064, 100, 1064),
+            (1063, 100, 1000),
+            (500, 0, 500),
+        ] {
+            assert_eq!(
+                xfs_reachable_blocks(newblocks, agblocks),
+                want,
+                "{newblocks}/{agblocks}"
+            );
+        }
+    }
+
+    #[test]
+    fn parses_ext4_superblocks() {
+        let mut sb = [0u8; 1024];
+        sb[0x38..0x3A].copy_from_slice(&0xEF53u16.to_le_bytes());
+        sb[0x04..0x08].copy_from_slice(&65536u32.to_le_bytes());
+        sb[0x18..0x1C].copy_from_slice(&2u32.to_le_bytes());
+        sb[0x20..0x24].copy_from_slice(&32768u32.to_le_bytes());
+        sb[0x150..0x154].copy_from_slice(&1u32.to_le_bytes());
+        let s = parse_ext4_super(&sb).unwrap();
+        // The high word only counts with the 64bit feature.
+        assert_eq!(
+            s,
+            Ext4Super {
+                blocks_count: 65536,
+                block_size: 4096,
+                blocks_per_group: 32768,
+                has_errors: false
+            }
+        );
+        sb[0x60] = 0x80;
+        assert_eq!(
+            parse_ext4_super(&sb).unwrap().blocks_count,
+            (1 << 32) + 65536
+        );
+        sb[0x3A] = 0x02;
+        assert!(parse_ext4_super(&sb).unwrap().has_errors);
+        sb[0x3A] = 0;
+        sb[0x194] = 3;
+        assert!(parse_ext4_super(&sb).unwrap().has_errors);
+        sb[0x38] = 0;
+        assert_eq!(parse_ext4_super(&sb), None);
+    }
+
+    #[test]
+    fn grows_xfs_online() {
+        if !root_or_skip("grows_xfs_online") {
+            return;
+        }
+        let disk = LoopDisk::new(300, Some("xfs"));
+        let m = Mounted::new(&disk.device, "xfs", "");
+        let before = fs_size_bytes(&m.path, FsType::Xfs).unwrap();
+        let total_before = rustix::fs::statvfs(&m.path).unwrap();
+        assert!(before <= 300 << 20 && before > 290 << 20, "{before}");
+        // Not grown yet: a no-op that reports the current size.
+        assert_eq!(
+            grow(&m.path, FsType::Xfs, size_bytes(&disk.device).unwrap()).unwrap(),
+            before
+        );
+        assert_eq!(
+            grow(&m.path, FsType::Xfs, 100 << 20).unwrap(),
+            before,
+            "never shrinks"
+        );
+        disk.resize(1024);
+        let dev_bytes = wait_for_size(
+            &Sysfs::system(),
+            &disk.dev(),
+            1 << 30,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let after = grow(&m.path, FsType::Xfs, dev_bytes).unwrap();
+        assert!(
+            after > (1 << 30) - (16 << 20) && after <= 1 << 30,
+            "{after}"
+        );
+        assert_eq!(fs_size_bytes(&m.path, FsType::Xfs).unwrap(), after);
+        let total_after = rustix::fs::statvfs(&m.path).unwrap();
+        let grew = (total_after.f_blocks - total_before.f_blocks) * total_after.f_frsize;
+        assert!(
+            grew >= after - before - (8 << 20) && grew <= after - before,
+            "statfs grew by {grew}"
+        );
+        // Again: already there.
+        assert_eq!(grow(&m.path, FsType::Xfs, dev_bytes).unwrap(), after);
+        // What xfs_growfs (the reference tool) thinks, as a cross-check.
+        let info = run("xfs_info", &[m.path.to_str().unwrap()]);
+        let blocks = after / 4096;
+        assert!(info.contains(&format!("blocks={blocks}")), "{info}");
+    }
+
+    #[test]
+    fn refuses_read_only_and_wrong_filesystems() {
+        if !root_or_skip("refuses_read_only_and_wrong_filesystems") {
+            return;
+        }
+        let disk = LoopDisk::new(300, Some("xfs"));
+        let m = Mounted::new(&disk.device, "xfs", "ro");
+        disk.resize(600);
+        let e = grow(&m.path, FsType::Xfs, 600 << 20).unwrap_err();
+        assert!(matches!(e, Error::ReadOnly { .. }), "{e}");
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        assert!(
+            fs_size_bytes(&m.path, FsType::Xfs).unwrap() <= 300 << 20,
+            "nothing grew"
+        );
+        let e = grow(&m.path, FsType::Ext4, 600 << 20).unwrap_err();
+        assert!(matches!(e, Error::WrongFs { .. }), "{e}");
+        assert!(e.to_string().contains("not an ext4 filesystem"), "{e}");
+    }
+
+    #[test]
+    fn grows_ext4_or_says_which_capability_is_missing() {
+        if !root_or_skip("grows_ext4_or_says_which_capability_is_missing") {
+            return;
+        }
+        let disk = LoopDisk::new(64, Some("ext4"));
+        let m = Mounted::new(&disk.device, "ext4", "");
+        let before = fs_size_bytes(&m.path, FsType::Ext4).unwrap();
+        assert_eq!(before, 64 << 20);
+        // Nothing to do needs no capability.
+        assert_eq!(grow(&m.path, FsType::Ext4, 64 << 20).unwrap(), before);
+        disk.resize(256);
+        let has_cap = caps::has_cap(
+            None,
+            caps::CapSet::Effective,
+            caps::Capability::CAP_SYS_RESOURCE,
+        )
+        .unwrap();
+        let r = grow(&m.path, FsType::Ext4, 256 << 20);
+        if has_cap {
+            let after = r.unwrap();
+            assert!(after > 250 << 20 && after <= 256 << 20, "{after}");
+            assert_eq!(fs_size_bytes(&m.path, FsType::Ext4).unwrap(), after);
+            let st = rustix::fs::statvfs(&m.path).unwrap();
+            assert!(st.f_blocks * st.f_frsize > 200 << 20, "statfs did not grow");
+        } else {
+            let e = r.unwrap_err();
+            assert_eq!(e.code(), Code::FailedPrecondition);
+            assert!(e.to_string().contains("needs CAP_SYS_RESOURCE"), "{e}");
+            assert_eq!(
+                fs_size_bytes(&m.path, FsType::Ext4).unwrap(),
+                before,
+                "nothing grew"
+            );
+        }
+    }
+
+    /// Block count × block size as e2fsprogs reads them.
+    fn dumpe2fs_bytes(device: &Path) -> u64 {
+        let out = run("dumpe2fs", &["-h", device.to_str().unwrap()]);
+        let field = |name: &str| -> u64 {
+            let line = out.lines().find(|l| l.starts_with(name)).unwrap();
+            line[name.len()..].trim().parse().unwrap()
+        };
+        field("Block count:") * field("Block size:")
+    }
+
+    #[test]
+    fn reads_ext4_sizes_like_e2fsprogs() {
+        if !root_or_skip("reads_ext4_sizes_like_e2fsprogs") {
+            return;
+        }
+        // 1 KiB blocks below 512 MiB, 4 KiB above; the 64bit feature on both.
+        for mb in [100, 700] {
+            let disk = LoopDisk::new(mb, Some("ext4"));
+            let m = Mounted::new(&disk.device, "ext4", "");
+            let got = fs_size_bytes(&m.path, FsType::Ext4).unwrap();
+            assert_eq!(got, dumpe2fs_bytes(&disk.device), "{mb} MiB");
+            assert_eq!(got, mb << 20);
+            let e = fs_size_bytes(&m.path, FsType::Xfs).unwrap_err();
+            assert!(matches!(e, Error::WrongFs { .. }), "{e}");
+        }
+    }
+
+    #[test]
+    fn refuses_an_ext4_with_errors() {
+        if !root_or_skip("refuses_an_ext4_with_errors") {
+            return;
+        }
+        let disk = LoopDisk::new(64, Some("ext4"));
+        let m = Mounted::new(&disk.device, "ext4", "errors=continue");
+        std::fs::write(
+            format!("/sys/fs/ext4/{}/trigger_fs_error", disk.name()),
+            "1",
+        )
+        .unwrap();
+        disk.resize(256);
+        // The error is recorded by a work item: give it a moment.
+        let mut e = None;
+        for _ in 0..100 {
+            match grow(&m.path, FsType::Ext4, 256 << 20) {
+                Err(err @ Error::HasErrors { .. }) => {
+                    e = Some(err);
+                    break;
+                }
+                _ => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+        let e = e.expect("grow did not notice the ext4 errors");
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        assert!(e.to_string().contains("e2fsck"), "{e}");
     }
 }

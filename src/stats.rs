@@ -1,18 +1,481 @@
-//! (stats: to be written)
+//! Usage and health of a published volume: statfs for the numbers, and the
+//! checks that tell kubelet a volume is abnormal (semantics.md §5). Reads only;
+//! a failing check becomes a message, never an error, so usage still flows.
 
-use crate::errors::Code;
+use std::path::Path;
 
-/// What can go wrong in stats.
+use crate::device::{disk_state, Device, DiskState, Sysfs};
+use crate::errors::{Code, SysError};
+use crate::mountinfo;
+use crate::probe::FsType;
+
+/// Bytes and inodes of a mounted filesystem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    /// f_blocks × f_frsize.
+    pub bytes_total: u64,
+    /// f_bavail × f_frsize: what an unprivileged writer can still use.
+    pub bytes_available: u64,
+    /// (f_blocks − f_bfree) × f_frsize.
+    pub bytes_used: u64,
+    /// f_files.
+    pub inodes_total: u64,
+    /// f_ffree.
+    pub inodes_available: u64,
+    /// f_files − f_ffree.
+    pub inodes_used: u64,
+}
+
+/// What a published volume should look like.
+#[derive(Clone, Copy, Debug)]
+pub struct Expected<'a> {
+    /// Where it is mounted (`<root>/volumes/<id>`).
+    pub path: &'a Path,
+    /// The disk it was mounted from.
+    pub device: &'a Device,
+    /// Whether it was published read-only.
+    pub read_only: bool,
+    /// Its filesystem.
+    pub fs: FsType,
+}
+
+/// The CSI VolumeCondition: abnormal or not, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Condition {
+    /// True when any check failed.
+    pub abnormal: bool,
+    /// "ok", or every failed check, separated by "; ".
+    pub message: String,
+}
+
+/// What can go wrong reading usage.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// Placeholder until the module is written.
-    #[error("stats is not written yet")]
-    NotWritten,
+    /// statfs failed.
+    #[error(transparent)]
+    Sys(#[from] SysError),
 }
 
 impl Error {
     /// The wire code of this error.
     pub fn code(&self) -> Code {
-        Code::Unimplemented
+        match self {
+            Error::Sys(_) => Code::Internal,
+        }
+    }
+}
+
+fn usage_of(st: &rustix::fs::StatVfs) -> Usage {
+    // f_frsize is the unit of the block counts; very old kernels left it 0.
+    let unit = if st.f_frsize != 0 {
+        st.f_frsize
+    } else {
+        st.f_bsize
+    };
+    Usage {
+        bytes_total: st.f_blocks.saturating_mul(unit),
+        bytes_available: st.f_bavail.saturating_mul(unit),
+        bytes_used: st.f_blocks.saturating_sub(st.f_bfree).saturating_mul(unit),
+        inodes_total: st.f_files,
+        inodes_available: st.f_ffree,
+        inodes_used: st.f_files.saturating_sub(st.f_ffree),
+    }
+}
+
+/// The usage of the filesystem mounted at `path`.
+pub fn usage(path: &Path) -> Result<Usage, Error> {
+    let st = rustix::fs::statvfs(path).map_err(|e| SysError::new("statfs", path.display(), e))?;
+    Ok(usage_of(&st))
+}
+
+/// Errnos that mean the filesystem or its disk is failing, not that the request was odd.
+fn failing(e: rustix::io::Errno) -> bool {
+    use rustix::io::Errno;
+    [
+        Errno::IO,
+        Errno::NODEV,
+        Errno::NOTCONN,
+        Errno::STALE,
+        Errno::NXIO,
+    ]
+    .contains(&e)
+}
+
+fn errno_name(e: rustix::io::Errno) -> String {
+    use rustix::io::Errno;
+    let name = match e {
+        Errno::IO => "EIO",
+        Errno::NODEV => "ENODEV",
+        Errno::NOTCONN => "ENOTCONN",
+        Errno::STALE => "ESTALE",
+        Errno::NXIO => "ENXIO",
+        Errno::NOENT => "ENOENT",
+        Errno::ACCESS => "EACCES",
+        _ => return format!("errno {}", e.raw_os_error()),
+    };
+    name.to_string()
+}
+
+/// Checks everything semantics.md §5 lists. Usage comes back whenever statfs
+/// works on the volume's own filesystem (not on whatever replaced its mount).
+pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
+    let path = e.path.display();
+    let dev = e.device;
+    let mut problems: Vec<String> = Vec::new();
+
+    let st = rustix::fs::statvfs(e.path);
+    let usage = st.as_ref().ok().map(usage_of);
+    if let Err(err) = &st {
+        problems.push(if failing(*err) {
+            format!(
+                "statfs on {path} fails with {}: the filesystem or its disk is failing",
+                errno_name(*err)
+            )
+        } else {
+            format!("statfs on {path} fails with {}", errno_name(*err))
+        });
+    }
+    // statfs can still answer from the superblock while lookups fail (a shut-down xfs).
+    if let Err(err) = rustix::fs::stat(e.path) {
+        if failing(err) {
+            problems.push(format!(
+                "stat on {path} fails with {}: the filesystem has shut down or its disk is failing",
+                errno_name(err)
+            ));
+        }
+    }
+
+    // mountinfo lists resolved paths; keep the given one if resolving fails (EIO).
+    let resolved = std::fs::canonicalize(e.path).unwrap_or_else(|_| e.path.to_path_buf());
+    // Usage of whatever is mounted there instead would be another filesystem's.
+    let mut ours = true;
+    match mountinfo::read() {
+        Err(err) => problems.push(format!(
+            "cannot tell whether {path} is still mounted: {err}"
+        )),
+        Ok(table) => match mountinfo::mount_at(&table, &resolved) {
+            None => {
+                ours = false;
+                problems.push(format!(
+                    "{path} is no longer a mount point: the volume was unmounted behind the agent's back"
+                ))
+            }
+            Some(m) if (m.major, m.minor) != (dev.major, dev.minor) => {
+                ours = false;
+                problems.push(format!(
+                "{path} is now a mount of device {}:{} ({}), not of the volume's disk {} ({}:{})",
+                m.major, m.minor, m.source, dev.name, dev.major, dev.minor
+                ))
+            }
+            Some(m) => {
+                if m.root != Path::new("/") {
+                    problems.push(format!(
+                        "{path} now shows {} inside the disk's filesystem, not its root",
+                        m.root.display()
+                    ));
+                }
+                if m.fs_type != e.fs.name() {
+                    problems.push(format!("{path} is now a {} mount, not {}", m.fs_type, e.fs));
+                }
+                let st_ro = st
+                    .as_ref()
+                    .is_ok_and(|s| s.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY));
+                if !e.read_only && (m.read_only() || m.super_read_only() || st_ro) {
+                    let hint = match e.fs {
+                        FsType::Ext4 => {
+                            " (ext4 remounts read-only after an error under errors=remount-ro)"
+                        }
+                        FsType::Xfs => "",
+                    };
+                    problems.push(format!(
+                        "{path} was published read-write but is now read-only{hint}"
+                    ));
+                }
+            }
+        },
+    }
+
+    if e.fs == FsType::Ext4 {
+        let attr = sysfs
+            .sys_fs()
+            .join("ext4")
+            .join(&dev.name)
+            .join("errors_count");
+        if let Some(n) = std::fs::read_to_string(&attr)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+        {
+            if n > 0 {
+                problems.push(format!(
+                    "ext4 on {} has recorded {n} error(s) ({}); check the filesystem with e2fsck on the host",
+                    dev.name,
+                    attr.display()
+                ));
+            }
+        }
+    }
+
+    match disk_state(sysfs, dev) {
+        DiskState::Present { .. } => {}
+        DiskState::Gone => problems.push(format!(
+            "disk {} ({}:{}) is gone from {}: the host detached it",
+            dev.name,
+            dev.major,
+            dev.minor,
+            sysfs.sys_block.display()
+        )),
+        DiskState::ZeroSize => problems.push(format!(
+            "disk {} ({}:{}) reports size 0: its backing storage is gone",
+            dev.name, dev.major, dev.minor
+        )),
+    }
+
+    let usage = if ours { usage } else { None };
+    let condition = if problems.is_empty() {
+        Condition {
+            abnormal: false,
+            message: "ok".to_string(),
+        }
+    } else {
+        Condition {
+            abnormal: true,
+            message: problems.join("; "),
+        }
+    };
+    (usage, condition)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::testutil::{root_or_skip, run, LoopDisk, Mounted};
+    use std::time::{Duration, Instant};
+
+    fn expected<'a>(m: &'a Mounted, dev: &'a Device, fs: FsType) -> Expected<'a> {
+        Expected {
+            path: &m.path,
+            device: dev,
+            read_only: false,
+            fs,
+        }
+    }
+
+    fn assert_ok(cond: &Condition) {
+        assert_eq!(
+            cond,
+            &Condition {
+                abnormal: false,
+                message: "ok".into()
+            }
+        );
+    }
+
+    fn assert_abnormal(cond: &Condition, says: &str) {
+        assert!(cond.abnormal, "expected abnormal ({says}), got {cond:?}");
+        assert!(
+            cond.message.contains(says),
+            "{:?} does not say {says:?}",
+            cond.message
+        );
+    }
+
+    #[test]
+    fn computes_usage_from_statfs_fields() {
+        // SAFETY: StatVfs is plain integers and a bitflags integer; all zeroes is valid.
+        let mut st: rustix::fs::StatVfs = unsafe { std::mem::zeroed() };
+        st.f_frsize = 4096;
+        st.f_bsize = 1 << 20;
+        st.f_blocks = 1000;
+        st.f_bfree = 300;
+        st.f_bavail = 250;
+        st.f_files = 64;
+        st.f_ffree = 60;
+        let u = usage_of(&st);
+        assert_eq!(
+            u,
+            Usage {
+                bytes_total: 4096 * 1000,
+                bytes_available: 4096 * 250,
+                bytes_used: 4096 * 700,
+                inodes_total: 64,
+                inodes_available: 60,
+                inodes_used: 4,
+            }
+        );
+        st.f_frsize = 0;
+        assert_eq!(usage_of(&st).bytes_total, 1000 << 20);
+    }
+
+    #[test]
+    fn healthy_volumes_are_ok_and_usage_follows_writes() {
+        if !root_or_skip("healthy_volumes_are_ok_and_usage_follows_writes") {
+            return;
+        }
+        for fs in [FsType::Ext4, FsType::Xfs] {
+            let disk = LoopDisk::new(320, Some(fs.name()));
+            let m = Mounted::new(&disk.device, fs.name(), "");
+            let dev = disk.dev();
+            let (before, cond) = check(&Sysfs::system(), &expected(&m, &dev, fs));
+            assert_ok(&cond);
+            // Through a symlink to the mount point, as a path with a linked component would be.
+            let links = tempfile::tempdir().unwrap();
+            let link = links.path().join("vol");
+            std::os::unix::fs::symlink(&m.path, &link).unwrap();
+            let e = Expected {
+                path: &link,
+                ..expected(&m, &dev, fs)
+            };
+            assert_ok(&check(&Sysfs::system(), &e).1);
+            let before = before.unwrap();
+            let raw = rustix::fs::statvfs(&m.path).unwrap();
+            assert_eq!(before.bytes_total, raw.f_blocks * raw.f_frsize);
+            assert_eq!(before.bytes_available, raw.f_bavail * raw.f_frsize);
+            assert!(
+                before.bytes_available < before.bytes_total - before.bytes_used
+                    || fs == FsType::Xfs
+            );
+            std::fs::write(m.path.join("data"), vec![7u8; 16 << 20]).unwrap();
+            run("sync", &["-f", m.path.join("data").to_str().unwrap()]);
+            let after = usage(&m.path).unwrap();
+            assert_eq!(after.bytes_total, before.bytes_total, "{fs}");
+            assert!(
+                after.bytes_used >= before.bytes_used + (16 << 20),
+                "{fs}: {before:?} → {after:?}"
+            );
+            assert!(
+                after.bytes_available + (16 << 20) <= before.bytes_available,
+                "{fs}"
+            );
+            assert_eq!(after.inodes_used, before.inodes_used + 1, "{fs}");
+        }
+    }
+
+    #[test]
+    fn notices_an_unmount_behind_the_agents_back() {
+        if !root_or_skip("notices_an_unmount_behind_the_agents_back") {
+            return;
+        }
+        let disk = LoopDisk::new(64, Some("ext4"));
+        let m = Mounted::new(&disk.device, "ext4", "");
+        let dev = disk.dev();
+        run("umount", &[m.path.to_str().unwrap()]);
+        let (usage, cond) = check(&Sysfs::system(), &expected(&m, &dev, FsType::Ext4));
+        assert_abnormal(&cond, "no longer a mount point");
+        assert_eq!(
+            usage, None,
+            "the bare directory's usage is another filesystem's"
+        );
+        // Another disk mounted in its place.
+        let other = LoopDisk::new(64, Some("ext4"));
+        run(
+            "mount",
+            &[other.device.to_str().unwrap(), m.path.to_str().unwrap()],
+        );
+        let (usage, cond) = check(&Sysfs::system(), &expected(&m, &dev, FsType::Ext4));
+        assert_eq!(usage, None);
+        assert_abnormal(
+            &cond,
+            &format!("is now a mount of device 7:{}", other.dev().minor),
+        );
+        run("umount", &[m.path.to_str().unwrap()]);
+    }
+
+    #[test]
+    fn notices_a_read_only_remount() {
+        if !root_or_skip("notices_a_read_only_remount") {
+            return;
+        }
+        let disk = LoopDisk::new(320, Some("xfs"));
+        let m = Mounted::new(&disk.device, "xfs", "");
+        let dev = disk.dev();
+        run("mount", &["-o", "remount,ro", m.path.to_str().unwrap()]);
+        let (usage, cond) = check(&Sysfs::system(), &expected(&m, &dev, FsType::Xfs));
+        assert_abnormal(&cond, "published read-write but is now read-only");
+        assert!(usage.is_some());
+        // Published read-only, read-only is what it should be.
+        let (_, cond) = check(
+            &Sysfs::system(),
+            &Expected {
+                read_only: true,
+                ..expected(&m, &dev, FsType::Xfs)
+            },
+        );
+        assert_ok(&cond);
+    }
+
+    #[test]
+    fn notices_ext4_errors() {
+        if !root_or_skip("notices_ext4_errors") {
+            return;
+        }
+        let disk = LoopDisk::new(64, Some("ext4"));
+        let m = Mounted::new(&disk.device, "ext4", "errors=remount-ro");
+        let dev = disk.dev();
+        assert_ok(&check(&Sysfs::system(), &expected(&m, &dev, FsType::Ext4)).1);
+        std::fs::write(format!("/sys/fs/ext4/{}/trigger_fs_error", dev.name), "1").unwrap();
+        // The error count is bumped by a work item: give it a moment.
+        let started = Instant::now();
+        let cond = loop {
+            let (_, cond) = check(&Sysfs::system(), &expected(&m, &dev, FsType::Ext4));
+            if cond.abnormal || started.elapsed() > Duration::from_secs(5) {
+                break cond;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert_abnormal(
+            &cond,
+            &format!("ext4 on {} has recorded 1 error(s)", dev.name),
+        );
+        // Kernels since 6.12 make the fs refuse writes without flagging the mount
+        // read-only (EXT4_FLAGS_EMERGENCY_RO): the errors_count check is what sees it.
+        let write = std::fs::write(m.path.join("after-error"), b"x");
+        assert!(
+            write.is_err(),
+            "ext4 accepted a write after an error under errors=remount-ro"
+        );
+    }
+
+    #[test]
+    fn notices_a_shut_down_xfs() {
+        if !root_or_skip("notices_a_shut_down_xfs") {
+            return;
+        }
+        let disk = LoopDisk::new(320, Some("xfs"));
+        let m = Mounted::new(&disk.device, "xfs", "");
+        let dev = disk.dev();
+        run(
+            "xfs_io",
+            &["-x", "-c", "shutdown", m.path.to_str().unwrap()],
+        );
+        let (usage, cond) = check(&Sysfs::system(), &expected(&m, &dev, FsType::Xfs));
+        assert_abnormal(&cond, "stat on");
+        assert_abnormal(&cond, "fails with EIO");
+        assert!(usage.is_some(), "xfs still answers statfs after a shutdown");
+    }
+
+    #[test]
+    fn notices_a_detached_disk() {
+        if !root_or_skip("notices_a_detached_disk") {
+            return;
+        }
+        let disk = LoopDisk::new(64, Some("ext4"));
+        let m = Mounted::new(&disk.device, "ext4", "");
+        let dev = disk.dev();
+        // Detach while mounted (the loop driver defers it), then lose the backing storage.
+        run("losetup", &["-d", disk.device.to_str().unwrap()]);
+        disk.resize(0);
+        let (_, cond) = check(&Sysfs::system(), &expected(&m, &dev, FsType::Ext4));
+        assert_abnormal(
+            &cond,
+            &format!("disk {} (7:{}) reports size 0", dev.name, dev.minor),
+        );
+        // Unplugged altogether: /sys/block no longer lists it.
+        let empty = tempfile::tempdir().unwrap();
+        let gone = Sysfs {
+            sys_block: empty.path().join("block"),
+            dev_dir: "/dev".into(),
+        };
+        let (_, cond) = check(&gone, &expected(&m, &dev, FsType::Ext4));
+        assert_abnormal(&cond, "is gone from");
     }
 }

@@ -1,1 +1,22 @@
+//! crust-client: the host side of crust-agent's contract. Parse an agent
+//! [`Address`], [`connect`] to it (Unix, vsock, or hybrid vsock through a
+//! VMM's socket), and call it through the typed [`CrustClient`].
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use crust_client::{Address, CrustClient};
+//!
+//! let addr: Address = "hvsock:///run/vm/vsock.sock:1024".parse()?;
+//! let agent = CrustClient::connect(&addr, Duration::from_secs(10))?;
+//! println!("{}", agent.get_agent_info()?.version);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
+mod address;
+mod client;
+mod connect;
+
+pub use address::{Address, AddressError, VSOCK_CID_ANY};
+pub use client::{code_name, CallError, CrustClient};
+pub use connect::{connect, connect_stream, ConnectError};
+pub use crust_protocols::{crust as proto, protobuf, ttrpc};

@@ -1,0 +1,466 @@
+//! crustctl's default output: what happened, in a sentence or an aligned
+//! table. Pure functions from responses to text, so they are tested here.
+
+use crust_client::proto::{self, volume_usage::Unit};
+use crust_client::protobuf::{Enum, EnumOrUnknown};
+
+/// The name of an enum value, or its number when this build does not know it.
+fn enum_name<E: Enum + std::fmt::Debug>(v: EnumOrUnknown<E>) -> String {
+    match v.enum_value() {
+        Ok(e) => format!("{e:?}"),
+        Err(n) => format!("UNKNOWN({n})"),
+    }
+}
+
+/// Bytes in binary units, one decimal: `512 B`, `1.5 KiB`, `10.0 GiB`.
+pub fn size(bytes: i64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if bytes.unsigned_abs() < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut v = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while v.abs() >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
+/// Milliseconds as seconds with millisecond precision: `1.234s`.
+fn seconds(ms: u64) -> String {
+    format!("{}.{:03}s", ms / 1000, ms % 1000)
+}
+
+/// Rows of cells as left-aligned columns two spaces apart.
+fn table(rows: &[Vec<String>]) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            if c + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<w$}  ", w = widths[c]));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+pub fn capabilities(r: &proto::GetCapabilitiesResponse) -> String {
+    if r.capabilities.is_empty() {
+        return "the agent reports no optional capabilities\n".into();
+    }
+    r.capabilities
+        .iter()
+        .map(|c| format!("{}\n", enum_name(*c).trim_start_matches("CAPABILITY_")))
+        .collect()
+}
+
+pub fn filesystems(r: &proto::GetSupportedFileSystemsResponse) -> String {
+    r.file_systems.iter().map(|f| format!("{f}\n")).collect()
+}
+
+pub fn info(r: &proto::GetAgentInfoResponse) -> String {
+    let mut rows = vec![
+        vec!["version".into(), r.version.clone()],
+        vec!["kernel".into(), r.kernel_release.clone()],
+        vec![
+            "init mode".into(),
+            if r.init_mode {
+                "yes (PID 1)".into()
+            } else {
+                "no".into()
+            },
+        ],
+        vec!["uptime".into(), seconds(r.uptime_ms)],
+        vec![
+            "memory (RSS)".into(),
+            size(r.rss_bytes.min(i64::MAX as u64) as i64),
+        ],
+    ];
+    match r.boot.as_ref() {
+        Some(b) => {
+            rows.push(vec![
+                "boot timeline".into(),
+                "(since the kernel started)".into(),
+            ]);
+            for (name, ms) in [
+                ("agent start", b.agent_start_ms),
+                ("mounts done", b.mounts_done_ms),
+                ("modules loaded", b.modules_loaded_ms),
+                ("listening", b.listening_ms),
+            ] {
+                rows.push(vec![format!("  {name}"), seconds(ms)]);
+            }
+        }
+        None => rows.push(vec!["boot timeline".into(), "not reported".into()]),
+    }
+    table(&rows)
+}
+
+pub fn list(r: &proto::ListVolumesResponse) -> String {
+    if r.volumes.is_empty() {
+        return "no volumes published\n".into();
+    }
+    let mut rows = vec![
+        ["VOLUME", "DEVICE", "SERIAL", "FS", "MODE", "PATH", "BINDS"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for v in &r.volumes {
+        let binds = if v.bind_targets.is_empty() {
+            "-".to_string()
+        } else {
+            v.bind_targets.join(",")
+        };
+        let serial = if v.serial.is_empty() {
+            "-".to_string()
+        } else {
+            v.serial.clone()
+        };
+        rows.push(vec![
+            v.volume_id.clone(),
+            v.device.clone(),
+            serial,
+            v.fs_type.clone(),
+            if v.read_only { "ro" } else { "rw" }.into(),
+            v.guest_path.clone(),
+            binds,
+        ]);
+    }
+    table(&rows)
+}
+
+pub fn publish(volume_id: &str, r: &proto::PublishVolumeResponse) -> String {
+    let mut out = if r.already_published {
+        format!(
+            "{volume_id} was already published at {} (device {})\n",
+            r.guest_path, r.device
+        )
+    } else {
+        format!(
+            "published {volume_id} at {} (device {})\n",
+            r.guest_path, r.device
+        )
+    };
+    if let Some(o) = r.ownership.as_ref() {
+        if o.skipped {
+            out.push_str(
+                "ownership: the root already had the right group; walk skipped (OnRootMismatch)\n",
+            );
+        } else {
+            out.push_str(&format!(
+                "ownership: visited {} entries, changed {}, {} errors, in {}\n",
+                o.visited,
+                o.changed,
+                o.errors,
+                seconds(o.duration_us / 1000)
+            ));
+        }
+    }
+    out
+}
+
+pub fn unpublish(volume_id: &str, r: &proto::UnpublishVolumeResponse) -> String {
+    if r.was_published {
+        format!("unpublished {volume_id}\n")
+    } else {
+        format!("{volume_id} was not published; nothing to do\n")
+    }
+}
+
+pub fn stats(volume_id: &str, r: &proto::GetVolumeStatsResponse) -> String {
+    let mut rows = vec![["", "USED", "TOTAL", "AVAILABLE", "USE%"]
+        .map(String::from)
+        .to_vec()];
+    for u in &r.usage {
+        let (name, fmt): (String, fn(i64) -> String) = match u.unit.enum_value() {
+            Ok(Unit::BYTES) => ("bytes".into(), size),
+            Ok(Unit::INODES) => ("inodes".into(), |n| n.to_string()),
+            _ => (enum_name(u.unit).to_lowercase(), |n| n.to_string()),
+        };
+        let pct = if u.total > 0 {
+            format!("{}%", (u.used as f64 * 100.0 / u.total as f64).round())
+        } else {
+            "-".into()
+        };
+        rows.push(vec![name, fmt(u.used), fmt(u.total), fmt(u.available), pct]);
+    }
+    let condition = match r.condition.as_ref() {
+        None => "not reported".to_string(),
+        Some(c) if c.abnormal => format!("ABNORMAL: {}", c.message),
+        Some(c) if c.message.is_empty() => "normal".to_string(),
+        Some(c) => format!("normal ({})", c.message),
+    };
+    let mut out = format!("volume {volume_id}\n");
+    if r.usage.is_empty() {
+        out.push_str("usage: not reported\n");
+    } else {
+        out.push_str(&table(&rows));
+    }
+    out.push_str(&format!("condition: {condition}\n"));
+    out
+}
+
+pub fn expand(volume_id: &str, r: &proto::ExpandVolumeResponse) -> String {
+    format!(
+        "{volume_id}: filesystem is {} ({} bytes) on a device of {} ({} bytes)\n",
+        size(r.capacity_bytes),
+        r.capacity_bytes,
+        size(r.device_bytes),
+        r.device_bytes
+    )
+}
+
+pub fn bind(req: &proto::BindMountRequest, r: &proto::BindMountResponse) -> String {
+    let source = if req.subpath.is_empty() {
+        req.volume_id.clone()
+    } else {
+        format!("{}/{}", req.volume_id, req.subpath)
+    };
+    let mode = match (req.read_only, r.recursive_read_only_applied) {
+        (false, _) => "read-write",
+        (true, false) => "read-only",
+        (true, true) => "recursively read-only",
+    };
+    if r.already_mounted {
+        format!("{source} was already bound at {} ({mode})\n", req.target)
+    } else {
+        format!("bound {source} at {} ({mode})\n", req.target)
+    }
+}
+
+pub fn unmount(target: &str, r: &proto::UnmountResponse) -> String {
+    if r.was_mounted {
+        format!("unmounted {target}\n")
+    } else {
+        format!("{target} was not mounted; nothing to do\n")
+    }
+}
+
+pub fn shutdown(r: &proto::ShutdownResponse) -> String {
+    format!(
+        "the agent is shutting down; {} volumes unmounted\n",
+        r.volumes_unmounted
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_use_binary_units() {
+        let table = [
+            (0, "0 B"),
+            (1023, "1023 B"),
+            (1024, "1.0 KiB"),
+            (1536, "1.5 KiB"),
+            (10 << 30, "10.0 GiB"),
+            ((1 << 40) - 1, "1024.0 GiB"),
+            (1 << 40, "1.0 TiB"),
+            (i64::MAX, "8.0 EiB"),
+            (-2048, "-2.0 KiB"),
+        ];
+        for (n, want) in table {
+            assert_eq!(size(n), want, "{n}");
+        }
+    }
+
+    #[test]
+    fn stats_table_is_aligned_and_names_the_condition() {
+        let r = proto::GetVolumeStatsResponse {
+            usage: vec![
+                proto::VolumeUsage {
+                    available: 3 << 30,
+                    total: 4 << 30,
+                    used: 1 << 30,
+                    unit: Unit::BYTES.into(),
+                    ..Default::default()
+                },
+                proto::VolumeUsage {
+                    available: 262_133,
+                    total: 262_144,
+                    used: 11,
+                    unit: Unit::INODES.into(),
+                    ..Default::default()
+                },
+            ],
+            condition: Some(proto::VolumeCondition {
+                abnormal: true,
+                message: "ext4 recorded 2 errors".into(),
+                ..Default::default()
+            })
+            .into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            stats("vol-1", &r),
+            "volume vol-1\n\
+             \x20       USED     TOTAL    AVAILABLE  USE%\n\
+             bytes   1.0 GiB  4.0 GiB  3.0 GiB    25%\n\
+             inodes  11       262144   262133     0%\n\
+             condition: ABNORMAL: ext4 recorded 2 errors\n"
+        );
+        let empty = proto::GetVolumeStatsResponse::new();
+        assert_eq!(
+            stats("v", &empty),
+            "volume v\nusage: not reported\ncondition: not reported\n"
+        );
+    }
+
+    #[test]
+    fn publish_says_where_and_reports_ownership() {
+        let mut r = proto::PublishVolumeResponse {
+            guest_path: "/run/crust/volumes/vol-1".into(),
+            device: "/dev/vdb".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            publish("vol-1", &r),
+            "published vol-1 at /run/crust/volumes/vol-1 (device /dev/vdb)\n"
+        );
+        r.already_published = true;
+        r.ownership = Some(proto::OwnershipReport {
+            skipped: true,
+            ..Default::default()
+        })
+        .into();
+        assert_eq!(
+            publish("vol-1", &r),
+            "vol-1 was already published at /run/crust/volumes/vol-1 (device /dev/vdb)\n\
+             ownership: the root already had the right group; walk skipped (OnRootMismatch)\n"
+        );
+        r.ownership = Some(proto::OwnershipReport {
+            visited: 102_400,
+            changed: 102_399,
+            errors: 1,
+            duration_us: 1_234_567,
+            ..Default::default()
+        })
+        .into();
+        assert!(publish("vol-1", &r)
+            .ends_with("ownership: visited 102400 entries, changed 102399, 1 errors, in 1.234s\n"));
+    }
+
+    #[test]
+    fn bind_names_the_mode_actually_obtained() {
+        let mut req = proto::BindMountRequest {
+            volume_id: "v".into(),
+            target: "/run/crust/binds/t".into(),
+            ..Default::default()
+        };
+        let mut r = proto::BindMountResponse::new();
+        assert_eq!(
+            bind(&req, &r),
+            "bound v at /run/crust/binds/t (read-write)\n"
+        );
+        req.read_only = true;
+        req.subpath = "data/logs".into();
+        assert_eq!(
+            bind(&req, &r),
+            "bound v/data/logs at /run/crust/binds/t (read-only)\n"
+        );
+        r.recursive_read_only_applied = true;
+        r.already_mounted = true;
+        assert_eq!(
+            bind(&req, &r),
+            "v/data/logs was already bound at /run/crust/binds/t (recursively read-only)\n"
+        );
+    }
+
+    #[test]
+    fn list_is_a_table_or_says_none() {
+        assert_eq!(
+            list(&proto::ListVolumesResponse::new()),
+            "no volumes published\n"
+        );
+        let r = proto::ListVolumesResponse {
+            volumes: vec![
+                proto::VolumeInfo {
+                    volume_id: "vol-1".into(),
+                    device: "/dev/vdb".into(),
+                    serial: "s1".into(),
+                    fs_type: "ext4".into(),
+                    guest_path: "/run/crust/volumes/vol-1".into(),
+                    bind_targets: vec!["/run/crust/b/1".into(), "/run/crust/b/2".into()],
+                    ..Default::default()
+                },
+                proto::VolumeInfo {
+                    volume_id: "data".into(),
+                    device: "/dev/vdc".into(),
+                    fs_type: "xfs".into(),
+                    guest_path: "/run/crust/volumes/data".into(),
+                    read_only: true,
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        assert_eq!(
+            list(&r),
+            "VOLUME  DEVICE    SERIAL  FS    MODE  PATH                      BINDS\n\
+             vol-1   /dev/vdb  s1      ext4  rw    /run/crust/volumes/vol-1  /run/crust/b/1,/run/crust/b/2\n\
+             data    /dev/vdc  -       xfs   ro    /run/crust/volumes/data   -\n"
+        );
+    }
+
+    #[test]
+    fn info_shows_the_boot_timeline() {
+        let r = proto::GetAgentInfoResponse {
+            version: "0.1.0".into(),
+            kernel_release: "6.12.0".into(),
+            init_mode: true,
+            uptime_ms: 61_002,
+            rss_bytes: 1_572_864,
+            boot: Some(proto::BootTimeline {
+                agent_start_ms: 312,
+                mounts_done_ms: 314,
+                modules_loaded_ms: 350,
+                listening_ms: 351,
+                ..Default::default()
+            })
+            .into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            info(&r),
+            "version           0.1.0\n\
+             kernel            6.12.0\n\
+             init mode         yes (PID 1)\n\
+             uptime            61.002s\n\
+             memory (RSS)      1.5 MiB\n\
+             boot timeline     (since the kernel started)\n\
+             \x20 agent start     0.312s\n\
+             \x20 mounts done     0.314s\n\
+             \x20 modules loaded  0.350s\n\
+             \x20 listening       0.351s\n"
+        );
+    }
+
+    #[test]
+    fn capabilities_drop_the_prefix() {
+        let r = proto::GetCapabilitiesResponse {
+            capabilities: vec![
+                proto::Capability::CAPABILITY_VOLUME_STATS.into(),
+                EnumOrUnknown::from_i32(42),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(capabilities(&r), "VOLUME_STATS\nUNKNOWN(42)\n");
+    }
+}

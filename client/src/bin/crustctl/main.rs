@@ -1,0 +1,598 @@
+//! crustctl: talk to a crust-agent from the host (api.md §4). Flags become one
+//! request, the response is printed for people or as canonical JSON, and the
+//! exit status says who failed: 1 the agent, 2 the command line, 3 the connection.
+
+mod human;
+mod json;
+
+use std::{io::Write, process::ExitCode, time::Duration};
+
+use clap::{error::ErrorKind, Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use crust_client::{
+    proto::{self, publish_volume_request::Source},
+    protobuf::MessageDyn,
+    Address, CallError, ConnectError, CrustClient,
+};
+
+/// Talk to a crust-agent: publish, inspect, grow and bind volumes in a microVM.
+#[derive(Debug, Parser)]
+#[command(name = "crustctl", version)]
+struct Cli {
+    /// The agent: unix:///PATH | vsock://CID:PORT | hvsock://PATH:PORT (the VMM's
+    /// hybrid vsock socket; "CONNECT PORT" is sent first).
+    #[arg(long, env = "CRUST_ADDR", value_name = "ADDR", global = true, value_parser = parse_addr)]
+    addr: Option<Address>,
+    /// Seconds to wait for the connection and for each answer. Publish and
+    /// expand wait at least their --wait plus 10 s.
+    #[arg(long, value_name = "SECS", default_value = "10", global = true, value_parser = parse_seconds)]
+    timeout: Duration,
+    /// Print the response as protobuf canonical JSON, all fields included.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The optional features this agent has (stats, resize, RRO…).
+    Capabilities,
+    /// The filesystems the agent can publish.
+    Filesystems,
+    /// Version, kernel, memory and the boot timeline.
+    Info,
+    /// The published volumes and their bind targets.
+    List,
+    /// Mount a disk (found by serial or path) at <root>/volumes/VOLUME_ID.
+    Publish(PublishArgs),
+    /// Unmount a volume and its binds.
+    Unpublish { volume_id: String },
+    /// Bytes and inodes used, and the filesystem's condition.
+    Stats { volume_id: String },
+    /// Grow a volume's filesystem online to the device's (or a given) size.
+    Expand {
+        volume_id: String,
+        /// Size to reach, in bytes or with a binary suffix (512M, 20G, 1Ti);
+        /// default: the whole device.
+        #[arg(long, value_name = "N", value_parser = parse_size)]
+        bytes: Option<i64>,
+        /// Seconds the agent waits for the guest to see the grown disk.
+        #[arg(long, value_name = "SECS", value_parser = parse_wait)]
+        wait: Option<u32>,
+    },
+    /// Bind a volume, or a subpath of it, at TARGET.
+    Bind(BindArgs),
+    /// Unmount a bind target.
+    Unmount { target: String },
+    /// Unmount everything and power the VM off (when the agent is PID 1).
+    Shutdown,
+}
+
+#[derive(Debug, Args)]
+struct PublishArgs {
+    /// The host's name for the volume: [A-Za-z0-9][A-Za-z0-9._-]{0,127}.
+    volume_id: String,
+    /// The virtio-blk serial the host gave the disk.
+    #[arg(
+        long,
+        value_name = "S",
+        required_unless_present = "device",
+        conflicts_with = "device"
+    )]
+    serial: Option<String>,
+    /// The disk's block device, e.g. /dev/vdb.
+    #[arg(long, value_name = "PATH")]
+    device: Option<String>,
+    /// The filesystem on the disk (ext4 or xfs); it is never formatted.
+    #[arg(long, value_name = "T")]
+    fs_type: String,
+    /// Mount options; repeat or separate with commas (-o noatime,discard).
+    #[arg(short = 'o', long = "option", value_name = "OPT")]
+    options: Vec<String>,
+    /// Mount the filesystem read-only.
+    #[arg(long)]
+    read_only: bool,
+    /// Make the volume's files belong to this group (the pod's fsGroup).
+    #[arg(long, value_name = "GID")]
+    fs_group: Option<u32>,
+    #[arg(
+        long,
+        value_name = "POLICY",
+        requires = "fs_group",
+        default_value = "always"
+    )]
+    fs_group_policy: FsGroupPolicy,
+    /// Seconds the agent waits for the disk to appear (default 10).
+    #[arg(long, value_name = "SECS", value_parser = parse_wait)]
+    wait: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum FsGroupPolicy {
+    Always,
+    OnRootMismatch,
+}
+
+#[derive(Debug, Args)]
+struct BindArgs {
+    volume_id: String,
+    /// Absolute path beneath the agent's root.
+    target: String,
+    /// A directory inside the volume, relative to its root.
+    #[arg(long, value_name = "P", default_value = "")]
+    subpath: String,
+    /// Make the bind read-only.
+    #[arg(long)]
+    read_only: bool,
+    /// Make submounts read-only too (needs --read-only).
+    #[arg(long, value_name = "MODE", default_value = "disabled")]
+    recursive_read_only: Rro,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Rro {
+    Disabled,
+    IfPossible,
+    Enabled,
+}
+
+fn parse_addr(s: &str) -> Result<Address, String> {
+    let addr: Address = s
+        .parse()
+        .map_err(|e: crust_client::AddressError| e.to_string())?;
+    addr.check_connectable().map_err(|e| e.to_string())?;
+    Ok(addr)
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() && v <= 86_400.0 => Ok(Duration::from_secs_f64(v)),
+        _ => Err(format!(
+            "'{s}' is not a number of seconds between 0 and 86400"
+        )),
+    }
+}
+
+/// A --wait in seconds, as the request's timeout_ms.
+fn parse_wait(s: &str) -> Result<u32, String> {
+    match s.parse::<f64>() {
+        // Below 1 ms would read as 0, which the agent takes as "its default".
+        Ok(v) if v >= 0.001 && v <= f64::from(u32::MAX) / 1000.0 => Ok((v * 1000.0).round() as u32),
+        _ => Err(format!(
+            "'{s}' is not a number of seconds between 0.001 and 4294967"
+        )),
+    }
+}
+
+/// Bytes: a plain integer, or one with a binary suffix K/M/G/T/P (KiB…; 1G = 2^30).
+fn parse_size(s: &str) -> Result<i64, String> {
+    let bad = || {
+        format!("'{s}' is not a size: write bytes (1073741824) or use K, M, G, T, P (binary: 1G = 1024M)")
+    };
+    let digits_end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, suffix) = s.split_at(digits_end);
+    if digits.is_empty() {
+        return Err(bad());
+    }
+    let shift = match suffix.to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KI" | "KIB" => 10,
+        "M" | "MI" | "MIB" => 20,
+        "G" | "GI" | "GIB" => 30,
+        "T" | "TI" | "TIB" => 40,
+        "P" | "PI" | "PIB" => 50,
+        "KB" | "MB" | "GB" | "TB" | "PB" => {
+            return Err(format!(
+                "'{s}' is ambiguous (1000 or 1024?): write {}{} for binary units, or plain bytes",
+                digits,
+                &suffix[..1]
+            ))
+        }
+        _ => return Err(bad()),
+    };
+    let n: i64 = digits.parse().map_err(|_| bad())?;
+    n.checked_mul(1i64 << shift)
+        .ok_or_else(|| format!("'{s}' is larger than the largest size, 8 EiB"))
+}
+
+/// Why crustctl failed after parsing its arguments.
+enum Failure {
+    Connect(ConnectError),
+    Call(CallError),
+}
+
+impl Failure {
+    /// The exit status of api.md §4.
+    fn exit_code(&self) -> u8 {
+        match self {
+            Failure::Call(CallError::Status { .. }) => 1,
+            Failure::Call(_) | Failure::Connect(_) => 3,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let Some(addr) = cli.addr.clone() else {
+        Cli::command()
+            .error(
+                ErrorKind::MissingRequiredArgument,
+                "no agent address: give --addr ADDR or set CRUST_ADDR",
+            )
+            .exit();
+    };
+    match run(&cli, &addr) {
+        Ok(out) => {
+            print(&out);
+            ExitCode::SUCCESS
+        }
+        Err(failure) => {
+            match &failure {
+                Failure::Call(CallError::Status { code, message }) => {
+                    eprintln!("error: {code}: {message}");
+                    if cli.json {
+                        print(&format!("{}\n", json::error(code, message)));
+                    }
+                }
+                Failure::Call(e) => eprintln!("error: {e}"),
+                Failure::Connect(e) => eprintln!("error: {e}"),
+            }
+            ExitCode::from(failure.exit_code())
+        }
+    }
+}
+
+/// Writes to stdout; a closed pipe (`crustctl list | head -0`) is not worth a panic.
+fn print(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout
+        .write_all(text.as_bytes())
+        .and_then(|_| stdout.flush());
+}
+
+/// The response as JSON or as text for people.
+fn render<M: MessageDyn>(as_json: bool, resp: &M, human: impl FnOnce(&M) -> String) -> String {
+    if as_json {
+        format!("{}\n", json::message(resp))
+    } else {
+        human(resp)
+    }
+}
+
+fn run(cli: &Cli, addr: &Address) -> Result<String, Failure> {
+    let agent = CrustClient::connect(addr, cli.timeout).map_err(Failure::Connect)?;
+    let j = cli.json;
+    let out = match &cli.command {
+        Command::Capabilities => render(
+            j,
+            &agent.get_capabilities().map_err(Failure::Call)?,
+            human::capabilities,
+        ),
+        Command::Filesystems => render(
+            j,
+            &agent.get_supported_file_systems().map_err(Failure::Call)?,
+            human::filesystems,
+        ),
+        Command::Info => render(
+            j,
+            &agent.get_agent_info().map_err(Failure::Call)?,
+            human::info,
+        ),
+        Command::List => render(
+            j,
+            &agent.list_volumes().map_err(Failure::Call)?,
+            human::list,
+        ),
+        Command::Publish(a) => {
+            let req = publish_request(a);
+            let resp = agent.publish_volume(&req).map_err(Failure::Call)?;
+            render(j, &resp, |r| human::publish(&a.volume_id, r))
+        }
+        Command::Unpublish { volume_id } => {
+            let req = proto::UnpublishVolumeRequest {
+                volume_id: volume_id.clone(),
+                ..Default::default()
+            };
+            let resp = agent.unpublish_volume(&req).map_err(Failure::Call)?;
+            render(j, &resp, |r| human::unpublish(volume_id, r))
+        }
+        Command::Stats { volume_id } => {
+            let req = proto::GetVolumeStatsRequest {
+                volume_id: volume_id.clone(),
+                ..Default::default()
+            };
+            let resp = agent.get_volume_stats(&req).map_err(Failure::Call)?;
+            render(j, &resp, |r| human::stats(volume_id, r))
+        }
+        Command::Expand {
+            volume_id,
+            bytes,
+            wait,
+        } => {
+            let req = proto::ExpandVolumeRequest {
+                volume_id: volume_id.clone(),
+                required_bytes: bytes.unwrap_or(0),
+                timeout_ms: wait.unwrap_or(0),
+                ..Default::default()
+            };
+            let resp = agent.expand_volume(&req).map_err(Failure::Call)?;
+            render(j, &resp, |r| human::expand(volume_id, r))
+        }
+        Command::Bind(a) => {
+            let req = bind_request(a);
+            let resp = agent.bind_mount(&req).map_err(Failure::Call)?;
+            render(j, &resp, |r| human::bind(&req, r))
+        }
+        Command::Unmount { target } => {
+            let req = proto::UnmountRequest {
+                target: target.clone(),
+                ..Default::default()
+            };
+            let resp = agent.unmount(&req).map_err(Failure::Call)?;
+            render(j, &resp, |r| human::unmount(target, r))
+        }
+        Command::Shutdown => render(
+            j,
+            &agent.shutdown().map_err(Failure::Call)?,
+            human::shutdown,
+        ),
+    };
+    Ok(out)
+}
+
+fn publish_request(a: &PublishArgs) -> proto::PublishVolumeRequest {
+    let source = match (&a.serial, &a.device) {
+        (Some(s), _) => Some(Source::Serial(s.clone())),
+        (None, Some(d)) => Some(Source::DevicePath(d.clone())),
+        // clap requires one of them; sending none lets the agent say so.
+        (None, None) => None,
+    };
+    let fs_group = a.fs_group.map(|gid| proto::FsGroup {
+        gid,
+        change_policy: match a.fs_group_policy {
+            FsGroupPolicy::Always => proto::FsGroupChangePolicy::ALWAYS,
+            FsGroupPolicy::OnRootMismatch => proto::FsGroupChangePolicy::ON_ROOT_MISMATCH,
+        }
+        .into(),
+        ..Default::default()
+    });
+    proto::PublishVolumeRequest {
+        volume_id: a.volume_id.clone(),
+        source,
+        fs_type: a.fs_type.clone(),
+        mount_options: a
+            .options
+            .iter()
+            .flat_map(|o| o.split(','))
+            .filter(|o| !o.is_empty())
+            .map(String::from)
+            .collect(),
+        read_only: a.read_only,
+        fs_group: fs_group.into(),
+        timeout_ms: a.wait.unwrap_or(0),
+        ..Default::default()
+    }
+}
+
+fn bind_request(a: &BindArgs) -> proto::BindMountRequest {
+    proto::BindMountRequest {
+        volume_id: a.volume_id.clone(),
+        subpath: a.subpath.clone(),
+        target: a.target.clone(),
+        read_only: a.read_only,
+        recursive_read_only: match a.recursive_read_only {
+            Rro::Disabled => proto::RecursiveReadOnly::DISABLED,
+            Rro::IfPossible => proto::RecursiveReadOnly::IF_POSSIBLE,
+            Rro::Enabled => proto::RecursiveReadOnly::ENABLED,
+        }
+        .into(),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("crustctl").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn sizes_accept_bytes_and_binary_suffixes() {
+        let table: &[(&str, Result<i64, &str>)] = &[
+            ("0", Ok(0)),
+            ("1073741824", Ok(1 << 30)),
+            ("512M", Ok(512 << 20)),
+            ("1g", Ok(1 << 30)),
+            ("1GiB", Ok(1 << 30)),
+            ("2Ti", Ok(2 << 40)),
+            ("7B", Ok(7)),
+            ("1GB", Err("ambiguous")),
+            ("", Err("not a size")),
+            ("G", Err("not a size")),
+            ("-1", Err("not a size")),
+            ("1.5G", Err("not a size")),
+            ("1X", Err("not a size")),
+            ("9223372036854775808", Err("not a size")),
+            ("8192P", Err("larger than")),
+        ];
+        for (s, want) in table {
+            match (parse_size(s), want) {
+                (Ok(n), Ok(w)) => assert_eq!(n, *w, "{s}"),
+                (Err(e), Err(w)) => assert!(e.contains(w), "{s}: {e}"),
+                (got, _) => panic!("{s}: {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn waits_become_milliseconds() {
+        assert_eq!(parse_wait("30"), Ok(30_000));
+        assert_eq!(parse_wait("0.25"), Ok(250));
+        assert!(parse_wait("0").is_err(), "0 would mean the agent's default");
+        assert!(parse_wait("-1").is_err());
+        assert!(parse_wait("1e10").is_err());
+        assert!(parse_seconds("0").is_err());
+        assert_eq!(parse_seconds("1.5"), Ok(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn publish_flags_become_the_request() {
+        let cli = parse(&[
+            "--addr",
+            "unix:///x",
+            "publish",
+            "vol-1",
+            "--serial",
+            "s1",
+            "--fs-type",
+            "xfs",
+            "-o",
+            "noatime,discard",
+            "-o",
+            "nouuid",
+            "--read-only",
+            "--fs-group",
+            "2000",
+            "--fs-group-policy",
+            "on-root-mismatch",
+            "--wait",
+            "30",
+        ])
+        .unwrap();
+        let Command::Publish(a) = &cli.command else {
+            panic!("{cli:?}")
+        };
+        let req = publish_request(a);
+        assert_eq!(req.volume_id, "vol-1");
+        assert_eq!(req.serial(), "s1");
+        assert!(!req.has_device_path());
+        assert_eq!(req.fs_type, "xfs");
+        assert_eq!(req.mount_options, ["noatime", "discard", "nouuid"]);
+        assert!(req.read_only);
+        assert_eq!(req.fs_group.gid, 2000);
+        assert_eq!(
+            req.fs_group.change_policy,
+            proto::FsGroupChangePolicy::ON_ROOT_MISMATCH.into()
+        );
+        assert_eq!(req.timeout_ms, 30_000);
+
+        let cli = parse(&[
+            "--addr",
+            "unix:///x",
+            "publish",
+            "v",
+            "--device",
+            "/dev/vdb",
+            "--fs-type",
+            "ext4",
+        ])
+        .unwrap();
+        let Command::Publish(a) = &cli.command else {
+            panic!()
+        };
+        let req = publish_request(a);
+        assert_eq!(req.device_path(), "/dev/vdb");
+        assert!(
+            req.fs_group.is_none(),
+            "no --fs-group leaves ownership alone"
+        );
+        assert_eq!(req.timeout_ms, 0);
+    }
+
+    #[test]
+    fn bind_flags_become_the_request() {
+        let cli = parse(&[
+            "bind",
+            "v",
+            "/run/crust/binds/t",
+            "--subpath",
+            "a/b",
+            "--read-only",
+            "--recursive-read-only",
+            "if-possible",
+            "--json",
+            "--addr",
+            "vsock://3:1024",
+        ])
+        .unwrap();
+        assert!(cli.json);
+        assert_eq!(cli.addr, Some(Address::Vsock { cid: 3, port: 1024 }));
+        let Command::Bind(a) = &cli.command else {
+            panic!()
+        };
+        let req = bind_request(a);
+        assert_eq!(
+            (req.subpath.as_str(), req.target.as_str(), req.read_only),
+            ("a/b", "/run/crust/binds/t", true)
+        );
+        assert_eq!(
+            req.recursive_read_only,
+            proto::RecursiveReadOnly::IF_POSSIBLE.into()
+        );
+    }
+
+    #[test]
+    fn usage_errors_are_refused_by_the_parser() {
+        let table: &[&[&str]] = &[
+            &["publish", "v", "--fs-type", "ext4"], // no source
+            &[
+                "publish",
+                "v",
+                "--serial",
+                "s",
+                "--device",
+                "/dev/vdb",
+                "--fs-type",
+                "ext4",
+            ], // two sources
+            &["publish", "v", "--serial", "s"],     // no fs type
+            &[
+                "publish",
+                "v",
+                "--serial",
+                "s",
+                "--fs-type",
+                "ext4",
+                "--fs-group-policy",
+                "always",
+            ],
+            &["bind", "v", "/t", "--recursive-read-only", "sometimes"],
+            &["expand", "v", "--bytes", "1GB"],
+            &["--addr", "tcp://x:1", "info"],
+            &["--addr", "vsock://-1:1024", "info"],
+            &["--timeout", "0", "info"],
+            &["frobnicate"],
+            &[],
+        ];
+        for args in table {
+            let err = parse(args).expect_err(&format!("{args:?} parsed"));
+            assert_eq!(err.exit_code(), 2, "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn exit_codes_say_who_failed() {
+        let status = Failure::Call(CallError::Status {
+            code: "NOT_FOUND".into(),
+            message: "m".into(),
+        });
+        assert_eq!(status.exit_code(), 1);
+        let timed_out = Failure::Call(CallError::TimedOut {
+            method: "Info",
+            timeout: Duration::from_secs(1),
+        });
+        assert_eq!(timed_out.exit_code(), 3);
+        let broken = Failure::Call(CallError::Connection {
+            method: "Info",
+            detail: "eof".into(),
+        });
+        assert_eq!(broken.exit_code(), 3);
+        let refused = Failure::Connect(ConnectError::Unreachable {
+            addr: "unix:///x".into(),
+            source: std::io::Error::from_raw_os_error(libc::ECONNREFUSED),
+        });
+        assert_eq!(refused.exit_code(), 3);
+    }
+}

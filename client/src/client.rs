@@ -1,0 +1,305 @@
+//! A typed client for the crust.v1 `Agent` service: one method per RPC, a
+//! per-call deadline, and ttrpc's errors sorted into "the agent said no"
+//! (a status code and message) and "the conversation broke".
+
+use std::time::Duration;
+
+use crust_protocols::{crust::*, crust_ttrpc::AgentClient, ttrpc};
+use thiserror::Error;
+
+use crate::{
+    address::Address,
+    connect::{connect, ConnectError},
+};
+
+/// What the agent waits for a device when `timeout_ms` is 0 (api.md §1).
+const DEFAULT_AGENT_WAIT: Duration = Duration::from_millis(10_000);
+/// Time allowed beyond the agent's own wait, for the work after it.
+const WAIT_MARGIN: Duration = Duration::from_secs(10);
+
+/// Why a call did not return a response.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum CallError {
+    /// The agent answered with an error status.
+    #[error("{code}: {message}")]
+    Status {
+        /// The canonical gRPC code name, e.g. `NOT_FOUND`.
+        code: String,
+        /// The agent's explanation.
+        message: String,
+    },
+    /// No answer within the call's deadline.
+    #[error("{method} got no answer within {:.1}s: the agent may be stuck or gone; retry with a longer --timeout", .timeout.as_secs_f64())]
+    TimedOut {
+        method: &'static str,
+        timeout: Duration,
+    },
+    /// The connection broke (closed, reset) or carried garbage.
+    #[error("{method} failed: the connection to the agent broke ({detail})")]
+    Connection {
+        method: &'static str,
+        detail: String,
+    },
+}
+
+impl CallError {
+    /// Sorts a ttrpc error of `method` (which was given `timeout`).
+    pub fn from_ttrpc(method: &'static str, timeout: Duration, err: ttrpc::Error) -> Self {
+        match err {
+            ttrpc::Error::RpcStatus(status) => CallError::Status {
+                code: code_name(status.code.value()),
+                message: status.message,
+            },
+            // ttrpc's sync client reports its own deadline only as this text.
+            ttrpc::Error::Others(text) if text.contains("timeout") => {
+                CallError::TimedOut { method, timeout }
+            }
+            other => CallError::Connection {
+                method,
+                detail: other.to_string(),
+            },
+        }
+    }
+}
+
+/// The canonical upper-case name of a gRPC status code number.
+pub fn code_name(code: i32) -> String {
+    use crust_protocols::protobuf::Enum;
+    match ttrpc::Code::from_i32(code) {
+        Some(c) => format!("{c:?}"),
+        None => format!("CODE_{code}"),
+    }
+}
+
+/// The deadline for a call in which the agent itself waits `agent_wait_ms`
+/// (0 = its default): never shorter than that wait plus a margin, so the
+/// client does not give up while the agent is still within its rights.
+fn deadline_for_wait(timeout: Duration, agent_wait_ms: u32) -> Duration {
+    let wait = match agent_wait_ms {
+        0 => DEFAULT_AGENT_WAIT,
+        ms => Duration::from_millis(u64::from(ms)),
+    };
+    timeout.max(wait + WAIT_MARGIN)
+}
+
+/// A connection to one agent. Cloning shares the connection.
+#[derive(Clone)]
+pub struct CrustClient {
+    inner: AgentClient,
+    timeout: Duration,
+}
+
+impl CrustClient {
+    /// Wraps an established ttrpc connection; each call waits at most `timeout`.
+    pub fn new(client: ttrpc::Client, timeout: Duration) -> Self {
+        CrustClient {
+            inner: AgentClient::new(client),
+            timeout,
+        }
+    }
+
+    /// Connects to `addr` (within `timeout`) and uses `timeout` per call too.
+    pub fn connect(addr: &Address, timeout: Duration) -> Result<Self, ConnectError> {
+        Ok(Self::new(connect(addr, timeout)?, timeout))
+    }
+
+    /// The per-call deadline.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Changes the per-call deadline.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    fn call<Req, Resp>(
+        &self,
+        method: &'static str,
+        timeout: Duration,
+        req: &Req,
+        f: impl FnOnce(&AgentClient, ttrpc::context::Context, &Req) -> ttrpc::Result<Resp>,
+    ) -> Result<Resp, CallError> {
+        let ctx = ttrpc::context::with_duration(timeout);
+        f(&self.inner, ctx, req).map_err(|e| CallError::from_ttrpc(method, timeout, e))
+    }
+
+    /// The optional features the agent has (`CAPABILITY_*`).
+    pub fn get_capabilities(&self) -> Result<GetCapabilitiesResponse, CallError> {
+        let req = GetCapabilitiesRequest::new();
+        self.call("GetCapabilities", self.timeout, &req, |c, x, r| {
+            c.get_capabilities(x, r)
+        })
+    }
+
+    /// The filesystems the agent can publish, e.g. `["ext4", "xfs"]`.
+    pub fn get_supported_file_systems(&self) -> Result<GetSupportedFileSystemsResponse, CallError> {
+        let req = GetSupportedFileSystemsRequest::new();
+        self.call("GetSupportedFileSystems", self.timeout, &req, |c, x, r| {
+            c.get_supported_file_systems(x, r)
+        })
+    }
+
+    /// Publishes a volume; the call deadline covers the agent's `timeout_ms` wait.
+    pub fn publish_volume(
+        &self,
+        req: &PublishVolumeRequest,
+    ) -> Result<PublishVolumeResponse, CallError> {
+        let timeout = deadline_for_wait(self.timeout, req.timeout_ms);
+        self.call("PublishVolume", timeout, req, |c, x, r| {
+            c.publish_volume(x, r)
+        })
+    }
+
+    /// Unmounts a volume and its binds; succeeds when it was not published.
+    pub fn unpublish_volume(
+        &self,
+        req: &UnpublishVolumeRequest,
+    ) -> Result<UnpublishVolumeResponse, CallError> {
+        self.call("UnpublishVolume", self.timeout, req, |c, x, r| {
+            c.unpublish_volume(x, r)
+        })
+    }
+
+    /// Bytes and inodes of a published volume, and its condition.
+    pub fn get_volume_stats(
+        &self,
+        req: &GetVolumeStatsRequest,
+    ) -> Result<GetVolumeStatsResponse, CallError> {
+        self.call("GetVolumeStats", self.timeout, req, |c, x, r| {
+            c.get_volume_stats(x, r)
+        })
+    }
+
+    /// Grows a volume; the call deadline covers the agent's `timeout_ms` wait.
+    pub fn expand_volume(
+        &self,
+        req: &ExpandVolumeRequest,
+    ) -> Result<ExpandVolumeResponse, CallError> {
+        let timeout = deadline_for_wait(self.timeout, req.timeout_ms);
+        self.call("ExpandVolume", timeout, req, |c, x, r| {
+            c.expand_volume(x, r)
+        })
+    }
+
+    /// Binds a volume (or a subpath) at a target, optionally (recursively) read-only.
+    pub fn bind_mount(&self, req: &BindMountRequest) -> Result<BindMountResponse, CallError> {
+        self.call("BindMount", self.timeout, req, |c, x, r| c.bind_mount(x, r))
+    }
+
+    /// Unmounts a bind target; succeeds when nothing was mounted there.
+    pub fn unmount(&self, req: &UnmountRequest) -> Result<UnmountResponse, CallError> {
+        self.call("Unmount", self.timeout, req, |c, x, r| c.unmount(x, r))
+    }
+
+    /// The published volumes and their bind targets.
+    pub fn list_volumes(&self) -> Result<ListVolumesResponse, CallError> {
+        let req = ListVolumesRequest::new();
+        self.call("ListVolumes", self.timeout, &req, |c, x, r| {
+            c.list_volumes(x, r)
+        })
+    }
+
+    /// Version, kernel, memory and boot timeline of the agent.
+    pub fn get_agent_info(&self) -> Result<GetAgentInfoResponse, CallError> {
+        let req = GetAgentInfoRequest::new();
+        self.call("GetAgentInfo", self.timeout, &req, |c, x, r| {
+            c.get_agent_info(x, r)
+        })
+    }
+
+    /// Asks the agent to unmount everything and power off (when it is PID 1).
+    pub fn shutdown(&self) -> Result<ShutdownResponse, CallError> {
+        let req = ShutdownRequest::new();
+        self.call("Shutdown", self.timeout, &req, |c, x, r| c.shutdown(x, r))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waiting_calls_outlast_the_agents_wait() {
+        let s = Duration::from_secs;
+        let table = [
+            (s(5), 0, s(20)),      // the agent's default 10 s wait + margin
+            (s(60), 0, s(60)),     // a longer --timeout wins
+            (s(5), 30_000, s(40)), // --wait 30
+            (s(100), 30_000, s(100)),
+            (s(5), 1, Duration::from_millis(10_001)),
+        ];
+        for (timeout, wait_ms, want) in table {
+            assert_eq!(
+                deadline_for_wait(timeout, wait_ms),
+                want,
+                "{timeout:?} {wait_ms}"
+            );
+        }
+    }
+
+    #[test]
+    fn code_names_are_canonical() {
+        let table = [
+            (0, "OK"),
+            (3, "INVALID_ARGUMENT"),
+            (4, "DEADLINE_EXCEEDED"),
+            (5, "NOT_FOUND"),
+            (6, "ALREADY_EXISTS"),
+            (9, "FAILED_PRECONDITION"),
+            (11, "OUT_OF_RANGE"),
+            (13, "INTERNAL"),
+            (16, "UNAUTHENTICATED"),
+            (99, "CODE_99"),
+            (-1, "CODE_-1"),
+        ];
+        for (n, name) in table {
+            assert_eq!(code_name(n), name, "{n}");
+        }
+    }
+
+    #[test]
+    fn ttrpc_errors_sort_into_status_timeout_connection() {
+        let t = Duration::from_secs(2);
+        let status = ttrpc::Error::RpcStatus(ttrpc::get_status(
+            ttrpc::Code::NOT_FOUND,
+            "volume vol-1 is not published",
+        ));
+        assert_eq!(
+            CallError::from_ttrpc("GetVolumeStats", t, status),
+            CallError::Status {
+                code: "NOT_FOUND".into(),
+                message: "volume vol-1 is not published".into()
+            }
+        );
+        let timeout = ttrpc::Error::Others(
+            "Receive packet from Receiver timeout: timed out waiting on channel".into(),
+        );
+        assert_eq!(
+            CallError::from_ttrpc("GetVolumeStats", t, timeout),
+            CallError::TimedOut {
+                method: "GetVolumeStats",
+                timeout: t
+            }
+        );
+        for broken in [
+            ttrpc::Error::Socket("socket disconnected".into()),
+            ttrpc::Error::Others(
+                "Receive packet from Receiver error: receiving on a closed channel".into(),
+            ),
+            ttrpc::Error::Eof,
+        ] {
+            let e = CallError::from_ttrpc("Unmount", t, broken);
+            assert!(
+                matches!(
+                    e,
+                    CallError::Connection {
+                        method: "Unmount",
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+        }
+    }
+}
