@@ -73,50 +73,64 @@ impl Drain for StderrDrain {
 }
 
 fn format_line(format: Format, ts: &str, record: &Record, values: &OwnedKVList) -> String {
-    let mut ser = LineSerializer {
-        format,
-        out: String::new(),
-    };
-    let _ = record.kv().serialize(record, &mut ser);
-    let _ = values.serialize(record, &mut ser);
-    let level = record.level().as_str();
+    // slog hands key-values over last-first; collect and reverse so lines read as written.
+    let mut rec = Pairs(Vec::new());
+    let _ = record.kv().serialize(record, &mut rec);
+    rec.0.reverse();
+    let mut ctx = Pairs(Vec::new());
+    let _ = values.serialize(record, &mut ctx);
+    ctx.0.reverse();
+    let level = level_name(record.level());
+    let msg = record.msg().to_string();
+    let mut out = String::new();
     match format {
-        Format::Text => format!("{ts} {level} {}{}\n", record.msg(), ser.out),
-        Format::Json => {
-            let mut msg = String::new();
-            json_escape(&mut msg, &record.msg().to_string());
-            format!(
-                "{{\"ts\":\"{ts}\",\"level\":\"{level}\",\"msg\":\"{msg}\"{}}}\n",
-                ser.out
-            )
+        Format::Text => {
+            let _ = write!(out, "{ts} {level} {msg}");
+            for (k, v) in rec.0.iter().chain(ctx.0.iter()) {
+                if v.is_empty() || v.contains([' ', '"', '=']) {
+                    let _ = write!(out, " {k}={v:?}");
+                } else {
+                    let _ = write!(out, " {k}={v}");
+                }
+            }
         }
+        Format::Json => {
+            out.push_str("{\"ts\":\"");
+            json_escape(&mut out, ts);
+            let _ = write!(out, "\",\"level\":\"{level}\",\"msg\":\"");
+            json_escape(&mut out, &msg);
+            out.push('"');
+            for (k, v) in rec.0.iter().chain(ctx.0.iter()) {
+                out.push_str(",\"");
+                json_escape(&mut out, k);
+                out.push_str("\":\"");
+                json_escape(&mut out, v);
+                out.push('"');
+            }
+            out.push('}');
+        }
+    }
+    out.push('\n');
+    out
+}
+
+fn level_name(l: Level) -> &'static str {
+    match l {
+        Level::Critical => "CRIT",
+        Level::Error => "ERROR",
+        Level::Warning => "WARN",
+        Level::Info => "INFO",
+        Level::Debug => "DEBUG",
+        Level::Trace => "TRACE",
     }
 }
 
-struct LineSerializer {
-    format: Format,
-    out: String,
-}
+/// Key-value pairs of one line, as strings.
+struct Pairs(Vec<(String, String)>);
 
-impl slog::Serializer for LineSerializer {
+impl slog::Serializer for Pairs {
     fn emit_arguments(&mut self, key: slog::Key, val: &fmt::Arguments) -> slog::Result {
-        let val = val.to_string();
-        match self.format {
-            Format::Text => {
-                if val.is_empty() || val.contains([' ', '"', '=']) {
-                    let _ = write!(self.out, " {key}={val:?}");
-                } else {
-                    let _ = write!(self.out, " {key}={val}");
-                }
-            }
-            Format::Json => {
-                self.out.push_str(",\"");
-                json_escape(&mut self.out, key);
-                self.out.push_str("\":\"");
-                json_escape(&mut self.out, &val);
-                self.out.push('"');
-            }
-        }
+        self.0.push((key.to_string(), val.to_string()));
         Ok(())
     }
 }
@@ -204,12 +218,12 @@ mod tests {
         let text = format_line(Format::Text, "T", &rec, &values);
         assert_eq!(
             text,
-            "T INFO request \"done\" code=OK volume=\"vol 1\" method=PublishVolume\n"
+            "T INFO request \"done\" method=PublishVolume volume=\"vol 1\" code=OK\n"
         );
         let json = format_line(Format::Json, "T", &rec, &values);
         assert_eq!(
             json,
-            "{\"ts\":\"T\",\"level\":\"INFO\",\"msg\":\"request \\\"done\\\"\",\"code\":\"OK\",\"volume\":\"vol 1\",\"method\":\"PublishVolume\"}\n"
+            "{\"ts\":\"T\",\"level\":\"INFO\",\"msg\":\"request \\\"done\\\"\",\"method\":\"PublishVolume\",\"volume\":\"vol 1\",\"code\":\"OK\"}\n"
         );
     }
 }
