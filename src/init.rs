@@ -386,6 +386,15 @@ fn load(modules_dir: &Path, extra: &[String], with_boot_list: bool) -> ModuleRep
             failed_names.insert(name);
             continue;
         }
+        // Loaded by an earlier call (the agent loads the vsock stack first, the rest after listening).
+        if Path::new("/sys/module")
+            .join(&name)
+            .join("initstate")
+            .exists()
+        {
+            report.loaded.push(name);
+            continue;
+        }
         match finit(&modules_dir.join(&rel)) {
             Ok(()) => report.loaded.push(name),
             Err(e) => {

@@ -10,11 +10,15 @@ use std::time::{Duration, Instant};
 
 use crust_agent::device::Sysfs;
 use crust_agent::server::Service;
-use crust_agent::system::{self, Timeline};
+use crust_agent::system::{self, Gate, Timeline};
 use crust_agent::volumes::Volumes;
 use crust_agent::{init, logging};
 use crust_protocols::{crust_ttrpc, ttrpc};
 use slog::{error, info, warn};
+
+/// Loaded before listening: PCI virtio and the vsock transport. Everything
+/// else the initrd lists loads in the background once the agent listens.
+const EARLY_MODULES: [&str; 2] = ["virtio_pci", "vmw_vsock_virtio_transport"];
 
 const USAGE: &str = "\
 usage: crust-agent [--listen ADDR]... [--root DIR] [--log-level LEVEL] [--log-format text|json]
@@ -178,17 +182,44 @@ fn main() -> ExitCode {
     for w in &early_warnings {
         warn!(log, "{}", w);
     }
+    let timeline = Arc::new(Mutex::new(timeline));
+    let modules = Arc::new(Gate::new(!pid1));
+    let mut after_listening: Option<Box<dyn FnOnce() + Send>> = None;
     if pid1 {
         let dir = Path::new("/lib/modules").join(system::kernel_release());
-        let report = init::load_modules(&dir, &cfg.modules);
+        // The vsock stack first, so the agent listens as early as it can;
+        // disks and filesystems (virtio_blk, xfs: the slow one) load after.
+        let early: Vec<String> = EARLY_MODULES.iter().map(|m| m.to_string()).collect();
+        let report = init::load_named(&dir, &early);
         for (m, why) in &report.failed {
             warn!(log, "module not loaded"; "module" => m, "error" => why);
         }
-        info!(log, "modules loaded"; "count" => report.loaded.len());
-        timeline.modules_loaded_ms = system::boottime_ms();
+        let (log, timeline, modules, extra) = (
+            log.clone(),
+            timeline.clone(),
+            modules.clone(),
+            cfg.modules.clone(),
+        );
+        after_listening =
+            Some(Box::new(move || {
+                let spawned = std::thread::Builder::new().name("modules".into()).spawn(move || {
+                let report = init::load_modules(&dir, &extra);
+                for (m, why) in &report.failed {
+                    warn!(log, "module not loaded"; "module" => m, "error" => why);
+                }
+                let now = system::boottime_ms();
+                timeline.lock().unwrap_or_else(|p| p.into_inner()).modules_loaded_ms = now;
+                info!(log, "modules loaded"; "count" => report.loaded.len(), "boot_ms" => now);
+                modules.open();
+            });
+                if spawned.is_err() {
+                    // Without the thread nothing would open the gate: requests then wait their bound and go on.
+                    eprintln!("crust-agent: cannot start the module loader thread");
+                }
+            }));
     }
 
-    let code = run(&cfg, &log, started, timeline);
+    let code = run(&cfg, &log, started, timeline, modules, after_listening);
     if pid1 {
         info!(log, "powering off");
         init::power_off();
@@ -196,7 +227,14 @@ fn main() -> ExitCode {
     code
 }
 
-fn run(cfg: &Config, log: &slog::Logger, started: Instant, timeline: Timeline) -> ExitCode {
+fn run(
+    cfg: &Config,
+    log: &slog::Logger,
+    started: Instant,
+    timeline: Arc<Mutex<Timeline>>,
+    modules: Arc<Gate>,
+    after_listening: Option<Box<dyn FnOnce() + Send>>,
+) -> ExitCode {
     let volumes = match Volumes::open(&cfg.root, Sysfs::system(), log.clone()) {
         Ok(v) => Arc::new(v),
         Err(e) => {
@@ -204,7 +242,6 @@ fn run(cfg: &Config, log: &slog::Logger, started: Instant, timeline: Timeline) -
             return ExitCode::FAILURE;
         }
     };
-    let timeline = Arc::new(Mutex::new(timeline));
     let (tx, rx) = mpsc::channel::<()>();
     let service: Arc<dyn crust_ttrpc::Agent + Send + Sync> = Arc::new(Service::new(
         volumes.clone(),
@@ -212,6 +249,7 @@ fn run(cfg: &Config, log: &slog::Logger, started: Instant, timeline: Timeline) -
         started,
         timeline.clone(),
         tx.clone(),
+        modules,
     ));
     let mut servers = Vec::new();
     for addr in &cfg.listen {
@@ -247,6 +285,9 @@ fn run(cfg: &Config, log: &slog::Logger, started: Instant, timeline: Timeline) -
         t.listening_ms = listening_ms;
         info!(log, "listening"; "agent_ms" => listening_ms.saturating_sub(t.agent_start_ms),
               "boot_ms" => listening_ms);
+    }
+    if let Some(f) = after_listening {
+        f();
     }
     let signal_tx = tx.clone();
     init::start_reaper_and_signals(move || {

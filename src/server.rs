@@ -8,7 +8,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crust_protocols::crust::{self as pb, publish_volume_request::Source as PbSource};
 use crust_protocols::crust_ttrpc;
@@ -19,7 +19,7 @@ use slog::{debug, info, warn, Logger};
 use crate::errors::{Code, Error, Result};
 use crate::mount::RecursiveReadOnly;
 use crate::ownership::Policy;
-use crate::system::{self, Capability, Timeline};
+use crate::system::{self, Capability, Gate, Timeline};
 use crate::validate::{self, Invalid};
 use crate::volumes::{self, BindRequest, FsGroup, PublishRequest, Source, Volumes};
 
@@ -31,16 +31,23 @@ pub struct Service {
     timeline: Arc<Mutex<Timeline>>,
     /// Told once a Shutdown request has unmounted everything.
     shutdown: Mutex<Option<Sender<()>>>,
+    /// Open once the kernel modules for disks and filesystems are loaded.
+    modules: Arc<Gate>,
 }
 
+/// How long a request waits for the boot's module loading before going on anyway.
+const MODULES_WAIT: Duration = Duration::from_secs(60);
+
 impl Service {
-    /// A service over `volumes`; `shutdown` is signalled after a Shutdown request.
+    /// A service over `volumes`; `shutdown` is signalled after a Shutdown
+    /// request; disk operations wait for `modules` to open.
     pub fn new(
         volumes: Arc<Volumes>,
         log: Logger,
         started: Instant,
         timeline: Arc<Mutex<Timeline>>,
         shutdown: Sender<()>,
+        modules: Arc<Gate>,
     ) -> Service {
         Service {
             volumes,
@@ -48,6 +55,7 @@ impl Service {
             started,
             timeline,
             shutdown: Mutex::new(Some(shutdown)),
+            modules,
         }
     }
 
@@ -228,6 +236,7 @@ impl crust_ttrpc::Agent for Service {
         _: pb::GetSupportedFileSystemsRequest,
     ) -> ttrpc::Result<pb::GetSupportedFileSystemsResponse> {
         self.handle("GetSupportedFileSystems", "", || {
+            self.modules.wait(MODULES_WAIT);
             Ok(pb::GetSupportedFileSystemsResponse {
                 file_systems: system::supported_filesystems()?,
                 ..Default::default()
@@ -241,6 +250,8 @@ impl crust_ttrpc::Agent for Service {
         req: pb::PublishVolumeRequest,
     ) -> ttrpc::Result<pb::PublishVolumeResponse> {
         self.handle("PublishVolume", &req.volume_id, || {
+            // Device lookup needs virtio_blk, an xfs mount needs xfs: both may still be loading.
+            self.modules.wait(MODULES_WAIT);
             let out = self.volumes.publish(&publish_request(&req)?)?;
             Ok(pb::PublishVolumeResponse {
                 guest_path: out.guest_path.display().to_string(),

@@ -2,8 +2,8 @@
 //! about itself: feature probes (done once), the filesystems the kernel
 //! knows, capabilities, the boot timeline, memory use.
 
-use std::sync::OnceLock;
-use std::time::Instant;
+use std::sync::{Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use crate::errors::SysError;
 
@@ -149,6 +149,40 @@ pub fn rss_bytes() -> Result<u64, SysError> {
     Ok(pages * rustix::param::page_size() as u64)
 }
 
+/// A one-way latch: closed while kernel modules that volume operations need
+/// (virtio_blk, xfs) are still loading after the agent began listening.
+#[derive(Debug, Default)]
+pub struct Gate {
+    open: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Gate {
+    /// A gate, open or closed.
+    pub fn new(open: bool) -> Gate {
+        Gate {
+            open: Mutex::new(open),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// Opens the gate for good and wakes every waiter.
+    pub fn open(&self) {
+        *self.open.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.cv.notify_all();
+    }
+
+    /// Waits until the gate is open, at most `timeout`; true if it is.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let g = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let (g, _) = self
+            .cv
+            .wait_timeout_while(g, timeout, |open| !*open)
+            .unwrap_or_else(|p| p.into_inner());
+        *g
+    }
+}
+
 /// The boot timeline, in CLOCK_BOOTTIME milliseconds (0: the step did not happen).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Timeline {
@@ -210,6 +244,23 @@ mod tests {
         let caps = capabilities();
         assert!(caps.contains(&Capability::RecursiveReadOnly));
         assert_eq!(caps.contains(&Capability::VolumeResize), has_sys_resource());
+    }
+
+    #[test]
+    fn gate_opens_once_for_all_waiters() {
+        let g = std::sync::Arc::new(Gate::new(false));
+        assert!(!g.wait(Duration::from_millis(10)));
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let g = g.clone();
+                std::thread::spawn(move || g.wait(Duration::from_secs(10)))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(20));
+        g.open();
+        assert!(waiters.into_iter().all(|w| w.join().unwrap()));
+        assert!(g.wait(Duration::ZERO));
+        assert!(Gate::new(true).wait(Duration::ZERO));
     }
 
     #[test]
