@@ -5,6 +5,7 @@
 #   CRUST_KERNEL_DEB=path.deb  pins the kernel package (else the current
 #                              linux-image-cloud-amd64 dependency, cached in build/)
 #   CRUST_MODULES=a,b          the boot module list (default: crust-vm's list)
+#   CRUST_ON_DEMAND_MODULES=a  shipped but loaded by the agent on first use
 set -eu
 cd "$(dirname "$0")/.."
 BUILD=build
@@ -49,5 +50,6 @@ AGENT=target/x86_64-unknown-linux-gnu/release/crust-agent
 cargo build -q -p crust-vm
 set -- --agent "$AGENT" --kernel-root "$BUILD/kernel" --version "$VER" --out "$BUILD/initrd.img"
 [ -n "${CRUST_MODULES:-}" ] && set -- "$@" --modules "$CRUST_MODULES"
+[ -n "${CRUST_ON_DEMAND_MODULES:-}" ] && set -- "$@" --on-demand "$CRUST_ON_DEMAND_MODULES"
 target/x86_64-unknown-linux-gnu/debug/crust-vm initrd "$@"
 echo "kernel $VER: $BUILD/vmlinuz, $BUILD/initrd.img ($(stat -c %s "$BUILD/initrd.img") bytes, agent $(stat -c %s "$AGENT") bytes)"

@@ -56,8 +56,16 @@ pub struct SysError {
 
 impl SysError {
     /// Wraps an errno from `call` on `path`.
-    pub fn new(call: &'static str, path: impl std::fmt::Display, source: impl Into<io::Error>) -> Self {
-        SysError { call, path: path.to_string(), source: source.into() }
+    pub fn new(
+        call: &'static str,
+        path: impl std::fmt::Display,
+        source: impl Into<io::Error>,
+    ) -> Self {
+        SysError {
+            call,
+            path: path.to_string(),
+            source: source.into(),
+        }
     }
 
     /// The raw errno, if the error came from the kernel.

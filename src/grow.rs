@@ -147,26 +147,32 @@ const XFS_MIN_AG_BLOCKS: u64 = 64;
 const _: () = assert!(std::mem::size_of::<XfsGeom>() == 256);
 const _: () = assert!(std::mem::size_of::<XfsGrowfsData>() == 16);
 
-fn xfs_geometry(dir: &File, path: &Path) -> Result<XfsGeom, Error> {
-    for (op, name) in [
-        (XFS_IOC_FSGEOMETRY, "XFS_IOC_FSGEOMETRY"),
-        (XFS_IOC_FSGEOMETRY_V4, "XFS_IOC_FSGEOMETRY_V4"),
-    ] {
-        // SAFETY: all-zero bytes are a valid XfsGeom (integers and arrays of them).
-        let mut geom: XfsGeom = unsafe { std::mem::zeroed() };
-        // SAFETY: the buffer is a live, writable XfsGeom of 256 bytes; the v5 call
-        // writes 256 bytes and the v4 call 112, both within it.
-        let rc = unsafe { libc::ioctl(dir.as_raw_fd(), op as _, &mut geom as *mut XfsGeom) };
-        if rc == 0 {
-            return Ok(geom);
-        }
-        let err = io::Error::last_os_error();
-        // An older kernel without the v5 call: try v4.
-        if err.raw_os_error() != Some(libc::ENOTTY) || op == XFS_IOC_FSGEOMETRY_V4 {
-            return Err(SysError::new(name, path.display(), err).into());
-        }
+fn xfs_geometry_call(dir: &File, op: Opcode) -> io::Result<XfsGeom> {
+    // SAFETY: all-zero bytes are a valid XfsGeom (integers and arrays of them).
+    let mut geom: XfsGeom = unsafe { std::mem::zeroed() };
+    // SAFETY: the buffer is a live, writable XfsGeom of 256 bytes; the v5 call
+    // writes 256 bytes and the v4 call 112, both within it.
+    let rc = unsafe { libc::ioctl(dir.as_raw_fd(), op as _, &mut geom as *mut XfsGeom) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
     }
-    unreachable!("the loop returns on its last iteration")
+    // Every size below divides by it.
+    if geom.blocksize == 0 {
+        return Err(io::Error::other("the kernel reported block size 0"));
+    }
+    Ok(geom)
+}
+
+fn xfs_geometry(dir: &File, path: &Path) -> Result<XfsGeom, Error> {
+    match xfs_geometry_call(dir, XFS_IOC_FSGEOMETRY) {
+        Ok(g) => Ok(g),
+        // An older kernel without the v5 call: the v4 layout is its prefix.
+        Err(e) if e.raw_os_error() == Some(libc::ENOTTY) => {
+            xfs_geometry_call(dir, XFS_IOC_FSGEOMETRY_V4)
+                .map_err(|e| SysError::new("XFS_IOC_FSGEOMETRY_V4", path.display(), e).into())
+        }
+        Err(e) => Err(SysError::new("XFS_IOC_FSGEOMETRY", path.display(), e).into()),
+    }
 }
 
 /// The data size xfs will actually reach for `newblocks`: a trailing piece

@@ -1,1 +1,229 @@
-//! logging (to be written)
+//! The agent's log: one line per event on stderr (the console in a guest),
+//! as text or JSON, through slog. No terminal or serde machinery: the agent
+//! stays small, and a line is written with a single write so threads do not
+//! interleave.
+
+use std::fmt::{self, Write as _};
+use std::io::Write as _;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use slog::{Drain, Level, Never, OwnedKVList, Record, KV};
+
+/// How lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// `2026-11-22T03:49:16.123Z INFO message key=value …`
+    Text,
+    /// `{"ts":"…","level":"INFO","msg":"…","key":"value",…}`
+    Json,
+}
+
+impl Format {
+    /// Parses "text" or "json".
+    pub fn parse(s: &str) -> Option<Format> {
+        match s {
+            "text" => Some(Format::Text),
+            "json" => Some(Format::Json),
+            _ => None,
+        }
+    }
+}
+
+/// Parses a level name as the flags and kernel command line give it.
+pub fn parse_level(s: &str) -> Option<Level> {
+    match s {
+        "error" => Some(Level::Error),
+        "warn" | "warning" => Some(Level::Warning),
+        "info" => Some(Level::Info),
+        "debug" => Some(Level::Debug),
+        "trace" => Some(Level::Trace),
+        _ => None,
+    }
+}
+
+/// A drain writing whole lines to stderr.
+pub struct StderrDrain {
+    format: Format,
+    level: Level,
+}
+
+/// Builds the root logger.
+pub fn logger(format: Format, level: Level) -> slog::Logger {
+    slog::Logger::root(StderrDrain { format, level }.fuse(), slog::o!())
+}
+
+/// A logger that drops everything, for tests and library callers.
+pub fn discard() -> slog::Logger {
+    slog::Logger::root(slog::Discard, slog::o!())
+}
+
+impl Drain for StderrDrain {
+    type Ok = ();
+    type Err = Never;
+
+    fn log(&self, record: &Record, values: &OwnedKVList) -> Result<(), Never> {
+        if !record.level().is_at_least(self.level) {
+            return Ok(());
+        }
+        let line = format_line(self.format, &timestamp(SystemTime::now()), record, values);
+        // A failed write to the console cannot be reported anywhere; dropping it is all there is.
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+        Ok(())
+    }
+}
+
+fn format_line(format: Format, ts: &str, record: &Record, values: &OwnedKVList) -> String {
+    // slog hands key-values over last-first; collect and reverse so lines read as written.
+    let mut rec = Pairs(Vec::new());
+    let _ = record.kv().serialize(record, &mut rec);
+    rec.0.reverse();
+    let mut ctx = Pairs(Vec::new());
+    let _ = values.serialize(record, &mut ctx);
+    ctx.0.reverse();
+    let level = level_name(record.level());
+    let msg = record.msg().to_string();
+    let mut out = String::new();
+    match format {
+        Format::Text => {
+            let _ = write!(out, "{ts} {level} {msg}");
+            for (k, v) in rec.0.iter().chain(ctx.0.iter()) {
+                if v.is_empty() || v.contains([' ', '"', '=']) {
+                    let _ = write!(out, " {k}={v:?}");
+                } else {
+                    let _ = write!(out, " {k}={v}");
+                }
+            }
+        }
+        Format::Json => {
+            out.push_str("{\"ts\":\"");
+            json_escape(&mut out, ts);
+            let _ = write!(out, "\",\"level\":\"{level}\",\"msg\":\"");
+            json_escape(&mut out, &msg);
+            out.push('"');
+            for (k, v) in rec.0.iter().chain(ctx.0.iter()) {
+                out.push_str(",\"");
+                json_escape(&mut out, k);
+                out.push_str("\":\"");
+                json_escape(&mut out, v);
+                out.push('"');
+            }
+            out.push('}');
+        }
+    }
+    out.push('\n');
+    out
+}
+
+fn level_name(l: Level) -> &'static str {
+    match l {
+        Level::Critical => "CRIT",
+        Level::Error => "ERROR",
+        Level::Warning => "WARN",
+        Level::Info => "INFO",
+        Level::Debug => "DEBUG",
+        Level::Trace => "TRACE",
+    }
+}
+
+/// Key-value pairs of one line, as strings.
+struct Pairs(Vec<(String, String)>);
+
+impl slog::Serializer for Pairs {
+    fn emit_arguments(&mut self, key: slog::Key, val: &fmt::Arguments) -> slog::Result {
+        self.0.push((key.to_string(), val.to_string()));
+        Ok(())
+    }
+}
+
+fn json_escape(out: &mut String, s: &str) {
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+}
+
+/// RFC 3339 UTC with milliseconds, computed without a date library
+/// (days-from-civil inverse, Howard Hinnant's algorithm).
+pub fn timestamp(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn timestamps() {
+        let at = |s: u64, ms: u64| timestamp(UNIX_EPOCH + Duration::from_millis(s * 1000 + ms));
+        assert_eq!(at(0, 0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(at(951_782_400, 5), "2000-02-29T00:00:00.005Z");
+        assert_eq!(at(1_795_319_356, 123), "2026-11-22T03:49:16.123Z");
+        assert_eq!(at(4_102_444_799, 999), "2099-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn levels_and_formats() {
+        assert_eq!(parse_level("debug"), Some(Level::Debug));
+        assert_eq!(parse_level("warn"), Some(Level::Warning));
+        assert_eq!(parse_level("loud"), None);
+        assert_eq!(Format::parse("json"), Some(Format::Json));
+        assert_eq!(Format::parse("yaml"), None);
+    }
+
+    #[test]
+    fn lines_in_both_formats() {
+        let kv = slog::o!("method" => "PublishVolume", "volume" => "vol 1", "code" => "OK");
+        let values = OwnedKVList::from(kv);
+        let rs = slog::RecordStatic {
+            location: &slog::RecordLocation {
+                file: "",
+                line: 0,
+                column: 0,
+                function: "",
+                module: "",
+            },
+            tag: "",
+            level: Level::Info,
+        };
+        let args = format_args!("request \"done\"");
+        let rec = Record::new(&rs, &args, slog::b!());
+        let text = format_line(Format::Text, "T", &rec, &values);
+        assert_eq!(
+            text,
+            "T INFO request \"done\" method=PublishVolume volume=\"vol 1\" code=OK\n"
+        );
+        let json = format_line(Format::Json, "T", &rec, &values);
+        assert_eq!(
+            json,
+            "{\"ts\":\"T\",\"level\":\"INFO\",\"msg\":\"request \\\"done\\\"\",\"method\":\"PublishVolume\",\"volume\":\"vol 1\",\"code\":\"OK\"}\n"
+        );
+    }
+}

@@ -49,8 +49,13 @@ fn unescape(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            let v = (b[i + 1] - b'0') as u32 * 64 + (b[i + 2] - b'0') as u32 * 8 + (b[i + 3] - b'0') as u32;
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') as u32 * 64
+                + (b[i + 2] - b'0') as u32 * 8
+                + (b[i + 3] - b'0') as u32;
             out.push(v as u8);
             i += 4;
         } else {
@@ -108,7 +113,10 @@ pub fn mount_at<'a>(table: &'a [MountEntry], path: &Path) -> Option<&'a MountEnt
 
 /// Every mount at or below `path`, deepest first: the order to unmount them in.
 pub fn mounts_under<'a>(table: &'a [MountEntry], path: &Path) -> Vec<&'a MountEntry> {
-    let mut v: Vec<&MountEntry> = table.iter().filter(|m| m.mount_point.starts_with(path)).collect();
+    let mut v: Vec<&MountEntry> = table
+        .iter()
+        .filter(|m| m.mount_point.starts_with(path))
+        .collect();
     v.sort_by_key(|m| std::cmp::Reverse(m.mount_point.components().count()));
     v
 }

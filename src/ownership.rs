@@ -3,8 +3,9 @@
 //! CPUs, through `*at()` calls on directory fds, never following symlinks
 //! and never crossing into other mounts; entries already right are only read.
 
-use std::ffi::{CStr, CString, OsStr};
+use std::ffi::{CStr, OsStr};
 use std::io;
+use std::ops::Range;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -183,8 +184,8 @@ fn wanted_mode(mode: u32, is_dir: bool) -> u32 {
 enum Item {
     /// A directory to open and list, relative to the root ("" is the root).
     Dir(PathBuf),
-    /// Non-directory entries of an open directory.
-    Batch(Arc<Listing>, Vec<CString>),
+    /// Non-directory entries of an open directory: indexes into its names.
+    Batch(Arc<Listing>, Range<usize>),
 }
 
 /// An open directory whose entries are being handled.
@@ -193,6 +194,36 @@ struct Listing {
     dir: Dir,
     /// Its path relative to the root, for messages.
     rel: PathBuf,
+    /// The non-directory entries' names, NUL-terminated, back to back (one
+    /// allocation per directory, not one per entry).
+    names: Vec<u8>,
+    /// Where each name starts in `names`, plus the end.
+    starts: Vec<usize>,
+}
+
+impl Listing {
+    fn name(&self, i: usize) -> Option<&CStr> {
+        CStr::from_bytes_with_nul(self.names.get(self.starts[i]..self.starts[i + 1])?).ok()
+    }
+}
+
+/// Counters of one item, added to the shared ones once per item: shared
+/// atomics bumped per entry would bounce their cache line between CPUs.
+#[derive(Default)]
+struct Counts {
+    visited: u64,
+    changed: u64,
+    errors: u64,
+}
+
+impl Counts {
+    fn outcome(&mut self, ok: bool) {
+        if ok {
+            self.changed += 1;
+        } else {
+            self.errors += 1;
+        }
+    }
 }
 
 struct Queue {
@@ -244,8 +275,8 @@ impl Walk<'_> {
             };
             let result = match item {
                 Item::Dir(rel) => self.directory(rel),
-                Item::Batch(listing, names) => {
-                    self.entries(&listing, &names);
+                Item::Batch(listing, range) => {
+                    self.entries(&listing, range);
                     Ok(())
                 }
             };
@@ -308,12 +339,17 @@ impl Walk<'_> {
         if st.st_dev != self.dev {
             return Ok(());
         }
-        self.visited.fetch_add(1, Ordering::Relaxed);
-        self.fix_dir(&fd, &st);
+        let mut counts = Counts {
+            visited: 1,
+            ..Counts::default()
+        };
+        self.fix_dir(&fd, &st, &mut counts);
+        self.add(&counts);
 
         let mut dir = Dir::new(fd).map_err(|e| self.read_dir_error(&rel, e))?;
         let mut subdirs = Vec::new();
-        let mut others = Vec::new();
+        let mut names = Vec::new();
+        let mut starts = vec![0];
         while let Some(entry) = dir.read() {
             let entry = entry.map_err(|e| self.read_dir_error(&rel, e))?;
             let name = entry.file_name();
@@ -324,23 +360,32 @@ impl Walk<'_> {
                 FileType::Directory => {
                     subdirs.push(Item::Dir(rel.join(OsStr::from_bytes(name.to_bytes()))))
                 }
-                _ => others.push(name.to_owned()),
+                _ => {
+                    names.extend_from_slice(name.to_bytes_with_nul());
+                    starts.push(names.len());
+                }
             }
         }
-        let listing = Arc::new(Listing { dir, rel });
+        let n = starts.len() - 1;
+        let listing = Arc::new(Listing {
+            dir,
+            rel,
+            names,
+            starts,
+        });
         let mut items = subdirs;
-        let mut chunks = others.chunks(BATCH);
-        let first = chunks.next().map(<[CString]>::to_vec);
-        items.extend(chunks.map(|c| Item::Batch(Arc::clone(&listing), c.to_vec())));
+        items.extend(
+            (BATCH..n)
+                .step_by(BATCH)
+                .map(|i| Item::Batch(Arc::clone(&listing), i..n.min(i + BATCH))),
+        );
         self.push(items);
-        if let Some(first) = first {
-            self.entries(&listing, &first);
-        }
+        self.entries(&listing, 0..n.min(BATCH));
         Ok(())
     }
 
     /// Fixes a directory through its own fd: immune to renames.
-    fn fix_dir(&self, fd: &OwnedFd, st: &Stat) {
+    fn fix_dir(&self, fd: &OwnedFd, st: &Stat, counts: &mut Counts) {
         let want = wanted_mode(st.st_mode, true);
         let chown = st.st_gid != self.gid;
         let mut ok = true;
@@ -355,31 +400,34 @@ impl Walk<'_> {
         } else if !chown {
             return;
         }
-        self.count(ok);
+        counts.outcome(ok);
     }
 
-    fn count(&self, ok: bool) {
-        if ok {
-            self.changed.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.errors.fetch_add(1, Ordering::Relaxed);
-        }
+    fn add(&self, c: &Counts) {
+        self.visited.fetch_add(c.visited, Ordering::Relaxed);
+        self.changed.fetch_add(c.changed, Ordering::Relaxed);
+        self.errors.fetch_add(c.errors, Ordering::Relaxed);
     }
 
     /// Non-directory entries (and directories of filesystems without d_type).
-    fn entries(&self, listing: &Listing, names: &[CString]) {
+    fn entries(&self, listing: &Listing, range: Range<usize>) {
         let Ok(dirfd) = listing.dir.fd() else {
-            self.errors.fetch_add(names.len() as u64, Ordering::Relaxed);
+            self.errors.fetch_add(range.len() as u64, Ordering::Relaxed);
             return;
         };
+        let mut counts = Counts::default();
         let mut subdirs = Vec::new();
-        for name in names {
-            let st = match rustix::fs::statat(dirfd, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
+        for i in range {
+            let Some(name) = listing.name(i) else {
+                counts.errors += 1;
+                continue;
+            };
+            let st = match rustix::fs::statat(dirfd, name, AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(st) => st,
                 // Removed since it was listed: nothing left to fix.
                 Err(Errno::NOENT) => continue,
                 Err(_) => {
-                    self.errors.fetch_add(1, Ordering::Relaxed);
+                    counts.errors += 1;
                     continue;
                 }
             };
@@ -394,16 +442,24 @@ impl Walk<'_> {
                     ));
                 }
                 kind => {
-                    self.visited.fetch_add(1, Ordering::Relaxed);
-                    self.fix_entry(dirfd, name, &st, kind == FileType::Symlink);
+                    counts.visited += 1;
+                    self.fix_entry(dirfd, name, &st, kind == FileType::Symlink, &mut counts);
                 }
             }
         }
+        self.add(&counts);
         self.push(subdirs);
     }
 
     /// Fixes a non-directory by name relative to its directory's fd.
-    fn fix_entry(&self, dirfd: BorrowedFd<'_>, name: &CStr, st: &Stat, symlink: bool) {
+    fn fix_entry(
+        &self,
+        dirfd: BorrowedFd<'_>,
+        name: &CStr,
+        st: &Stat,
+        symlink: bool,
+        counts: &mut Counts,
+    ) {
         let chown = st.st_gid != self.gid;
         let mut ok = true;
         if chown {
@@ -419,7 +475,7 @@ impl Walk<'_> {
         if symlink {
             // lchown and nothing more: a symlink's mode means nothing.
             if chown {
-                self.count(ok);
+                counts.outcome(ok);
             }
             return;
         }
@@ -431,7 +487,7 @@ impl Walk<'_> {
         } else if !chown {
             return;
         }
-        self.count(ok);
+        counts.outcome(ok);
     }
 }
 
@@ -645,6 +701,14 @@ mod tests {
         13
     }
 
+    /// Detaches a test mount even when an assertion fails first.
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
+        }
+    }
+
     fn mount_tmpfs(p: &Path) {
         rustix::mount::mount(
             "tmpfs",
@@ -664,6 +728,7 @@ mod tests {
         set_mode(&outside, 0o600);
         let want_visited = build_tree(root, &outside);
         mount_tmpfs(&root.join("mnt"));
+        let _guard = Unmount(root.join("mnt"));
 
         let r = apply(root, GID, Policy::Always, false).unwrap();
         assert!(!r.skipped);
@@ -763,8 +828,6 @@ mod tests {
                 .unwrap()
                 .skipped
         );
-
-        rustix::mount::unmount(&mnt, rustix::mount::UnmountFlags::empty()).unwrap();
     }
 
     #[test]
@@ -803,6 +866,28 @@ mod tests {
         assert_eq!(e.code(), Code::FailedPrecondition);
         let e = apply(&d.path().join("missing"), GID, Policy::Always, false).unwrap_err();
         assert_eq!(e.code(), Code::Internal);
+    }
+
+    #[test]
+    fn splits_a_big_directory_into_batches() {
+        if !is_root() {
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let n = BATCH * 4 + 17;
+        for i in 0..n {
+            fs::write(d.path().join(format!("f{i}")), b"").unwrap();
+            set_mode(&d.path().join(format!("f{i}")), 0o640);
+        }
+        let r = apply(d.path(), GID, Policy::Always, false).unwrap();
+        assert_eq!(
+            (r.visited, r.changed, r.errors),
+            (n as u64 + 1, n as u64 + 1, 0)
+        );
+        for i in 0..n {
+            let p = d.path().join(format!("f{i}"));
+            assert_eq!((gid_of(&p), mode_of(&p)), (GID, 0o660), "f{i}");
+        }
     }
 
     /// A small deterministic pseudo-random generator (no rand crate).
@@ -954,11 +1039,21 @@ mod tests {
         bench_tree(&b, entries);
         rustix::fs::sync();
 
-        let t = Instant::now();
+        let cpu = || {
+            let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+            Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+        };
+        let (t, c) = (Instant::now(), cpu());
         reference_walk(&a, GID);
         let serial_fresh = t.elapsed();
+        let serial_cpu = cpu() - c;
+        let c = cpu();
         let r = apply(&b, GID, Policy::Always, false).unwrap();
         let parallel_fresh = r.duration;
+        eprintln!(
+            "fresh: CPU time serial {serial_cpu:?}, parallel {:?}",
+            cpu() - c
+        );
         assert_eq!(r.changed, r.visited);
 
         let t = Instant::now();

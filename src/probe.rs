@@ -47,7 +47,7 @@ impl std::fmt::Display for FsType {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The disk holds another filesystem than the requested one.
-    #[error("{device} holds a {found} filesystem, not the requested {expected}; the agent never formats or mounts a mismatched disk")]
+    #[error("{device} holds {found}, not the requested {expected}; the agent never formats or mounts a mismatched disk")]
     Mismatch {
         /// The device path.
         device: String,
@@ -269,7 +269,7 @@ mod tests {
                     match want {
                         Some(other) => assert!(
                             msg.contains(&format!(
-                                "holds a {other} filesystem, not the requested {fs}"
+                                "holds {other}, not the requested {fs}"
                             )),
                             "{msg}"
                         ),

@@ -1,1 +1,274 @@
-//! system (to be written)
+//! What this kernel and this process can do, and what the agent reports
+//! about itself: feature probes (done once), the filesystems the kernel
+//! knows, capabilities, the boot timeline, memory use.
+
+use std::sync::{Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::errors::SysError;
+
+/// Milliseconds since the kernel started (CLOCK_BOOTTIME).
+pub fn boottime_ms() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
+}
+
+/// Whether a syscall exists: it is called with arguments it must reject,
+/// and only ENOSYS (or EPERM from a seccomp filter) means "absent".
+fn syscall_exists(nr: libc::c_long) -> bool {
+    // SAFETY: every pointer argument is null and the fd is -1: the kernel
+    // rejects the call (EBADF/EFAULT/EINVAL) without touching memory.
+    let r = unsafe {
+        libc::syscall(
+            nr,
+            -1 as libc::c_long,
+            0 as libc::c_long,
+            0 as libc::c_long,
+            0 as libc::c_long,
+            0 as libc::c_long,
+        )
+    };
+    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    !(r == -1 && (errno == libc::ENOSYS || errno == libc::EPERM))
+}
+
+/// Kernel features the agent depends on, probed once.
+#[derive(Clone, Copy, Debug)]
+pub struct Features {
+    /// mount_setattr(2) (Linux 5.12): recursive read-only binds.
+    pub mount_setattr: bool,
+    /// openat2(2) (Linux 5.6): subpaths resolved beneath the volume root.
+    pub openat2: bool,
+    /// open_tree(2)/move_mount(2) (Linux 5.2): binds with no writable window.
+    pub open_tree: bool,
+}
+
+/// The probed features of the running kernel.
+pub fn features() -> Features {
+    static F: OnceLock<Features> = OnceLock::new();
+    *F.get_or_init(|| Features {
+        mount_setattr: syscall_exists(libc::SYS_mount_setattr),
+        openat2: syscall_exists(libc::SYS_openat2),
+        open_tree: syscall_exists(libc::SYS_open_tree) && syscall_exists(libc::SYS_move_mount),
+    })
+}
+
+/// Whether this process holds CAP_SYS_RESOURCE, which ext4 online growth needs.
+pub fn has_sys_resource() -> bool {
+    caps::has_cap(
+        None,
+        caps::CapSet::Effective,
+        caps::Capability::CAP_SYS_RESOURCE,
+    )
+    .unwrap_or(false)
+}
+
+/// The capabilities of the wire contract, by their numbers in crust.proto.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Capability {
+    /// fsGroup with policy Always.
+    FsGroupAlways,
+    /// fsGroup with policy OnRootMismatch.
+    FsGroupOnRootMismatch,
+    /// Binds of a subpath.
+    Subpath,
+    /// GetVolumeStats usage.
+    VolumeStats,
+    /// ExpandVolume.
+    VolumeResize,
+    /// GetVolumeStats condition.
+    VolumeCondition,
+    /// Recursive read-only binds.
+    RecursiveReadOnly,
+}
+
+/// What the agent can do here: subpaths need openat2, RRO needs
+/// mount_setattr, and resize is offered only when every supported
+/// filesystem can grow (ext4 needs CAP_SYS_RESOURCE; xfs grows without it).
+pub fn capabilities() -> Vec<Capability> {
+    let f = features();
+    let mut caps = vec![Capability::FsGroupAlways, Capability::FsGroupOnRootMismatch];
+    if f.openat2 {
+        caps.push(Capability::Subpath);
+    }
+    caps.push(Capability::VolumeStats);
+    if has_sys_resource() {
+        caps.push(Capability::VolumeResize);
+    }
+    caps.push(Capability::VolumeCondition);
+    if f.mount_setattr && f.open_tree {
+        caps.push(Capability::RecursiveReadOnly);
+    }
+    caps
+}
+
+/// The filesystems the agent supports that this kernel knows, in /proc/filesystems order.
+pub fn supported_filesystems() -> Result<Vec<String>, SysError> {
+    let text = std::fs::read_to_string("/proc/filesystems")
+        .map_err(|e| SysError::new("read", "/proc/filesystems", e))?;
+    Ok(parse_filesystems(&text))
+}
+
+fn parse_filesystems(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            match (f.next(), f.next()) {
+                (Some(name), None) => Some(name),
+                _ => None, // "nodev <name>": not block-backed
+            }
+        })
+        .filter(|n| crate::probe::FsType::parse(n).is_some())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The kernel's release string (uname -r).
+pub fn kernel_release() -> String {
+    rustix::system::uname()
+        .release()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Resident memory of this process, from /proc/self/statm.
+pub fn rss_bytes() -> Result<u64, SysError> {
+    let text = std::fs::read_to_string("/proc/self/statm")
+        .map_err(|e| SysError::new("read", "/proc/self/statm", e))?;
+    let pages: u64 = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| {
+            SysError::new(
+                "parse",
+                "/proc/self/statm",
+                std::io::Error::from(std::io::ErrorKind::InvalidData),
+            )
+        })?;
+    Ok(pages * rustix::param::page_size() as u64)
+}
+
+/// A one-way latch: closed while kernel modules that volume operations need
+/// (virtio_blk, xfs) are still loading after the agent began listening.
+#[derive(Debug, Default)]
+pub struct Gate {
+    open: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Gate {
+    /// A gate, open or closed.
+    pub fn new(open: bool) -> Gate {
+        Gate {
+            open: Mutex::new(open),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// Opens the gate for good and wakes every waiter.
+    pub fn open(&self) {
+        *self.open.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.cv.notify_all();
+    }
+
+    /// Waits until the gate is open, at most `timeout`; true if it is.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let g = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let (g, _) = self
+            .cv
+            .wait_timeout_while(g, timeout, |open| !*open)
+            .unwrap_or_else(|p| p.into_inner());
+        *g
+    }
+}
+
+/// The boot timeline, in CLOCK_BOOTTIME milliseconds (0: the step did not happen).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Timeline {
+    /// When the agent's main() began.
+    pub agent_start_ms: u64,
+    /// When the early mounts were done (PID 1 only).
+    pub mounts_done_ms: u64,
+    /// When the kernel modules were loaded (PID 1 only).
+    pub modules_loaded_ms: u64,
+    /// When the first listener was bound.
+    pub listening_ms: u64,
+}
+
+/// What GetAgentInfo reports.
+#[derive(Clone, Debug)]
+pub struct AgentInfo {
+    /// The agent's version.
+    pub version: &'static str,
+    /// uname -r.
+    pub kernel_release: String,
+    /// Whether the agent runs as PID 1.
+    pub init_mode: bool,
+    /// Milliseconds since the agent started.
+    pub uptime_ms: u64,
+    /// Resident memory.
+    pub rss_bytes: u64,
+    /// The boot timeline.
+    pub boot: Timeline,
+}
+
+/// Gathers GetAgentInfo's answer.
+pub fn agent_info(started: Instant, boot: Timeline) -> Result<AgentInfo, SysError> {
+    Ok(AgentInfo {
+        version: env!("CARGO_PKG_VERSION"),
+        kernel_release: kernel_release(),
+        init_mode: rustix::process::getpid().is_init(),
+        uptime_ms: started.elapsed().as_millis() as u64,
+        rss_bytes: rss_bytes()?,
+        boot,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filesystems_are_filtered() {
+        let text = "nodev\tsysfs\nnodev\ttmpfs\n\text3\n\text4\n\txfs\n\tvfat\nnodev\tfuse\n";
+        assert_eq!(parse_filesystems(text), vec!["ext4", "xfs"]);
+        assert!(parse_filesystems("nodev\text4\n").is_empty());
+    }
+
+    #[test]
+    fn probes_match_this_kernel() {
+        // These hosts run 5.12+ kernels: every feature is present.
+        let f = features();
+        assert!(f.mount_setattr && f.openat2 && f.open_tree, "{f:?}");
+        let caps = capabilities();
+        assert!(caps.contains(&Capability::RecursiveReadOnly));
+        assert_eq!(caps.contains(&Capability::VolumeResize), has_sys_resource());
+    }
+
+    #[test]
+    fn gate_opens_once_for_all_waiters() {
+        let g = std::sync::Arc::new(Gate::new(false));
+        assert!(!g.wait(Duration::from_millis(10)));
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let g = g.clone();
+                std::thread::spawn(move || g.wait(Duration::from_secs(10)))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(20));
+        g.open();
+        assert!(waiters.into_iter().all(|w| w.join().unwrap()));
+        assert!(g.wait(Duration::ZERO));
+        assert!(Gate::new(true).wait(Duration::ZERO));
+    }
+
+    #[test]
+    fn info_reads_the_process() {
+        let i = agent_info(Instant::now(), Timeline::default()).unwrap();
+        assert!(i.rss_bytes > 0);
+        assert!(!i.kernel_release.is_empty());
+        assert!(!i.init_mode);
+        assert!(boottime_ms() > 0);
+    }
+}

@@ -1,7 +1,332 @@
 //! Request validation in one place: every malformed field of api.md §2 is
 //! refused here with INVALID_ARGUMENT, before anything touches the system.
+//! The checks are lexical; what needs the kernel (is it a block device, does
+//! the subpath escape through a symlink) is judged where the syscall is made.
+
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
 
 /// A malformed request: the message says which field and why.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{0}")]
 pub struct Invalid(pub String);
+
+fn invalid(msg: impl Into<String>) -> Invalid {
+    Invalid(msg.into())
+}
+
+/// Whether a path has `.` or `..` segments (checked on the string, since
+/// `Path::components` silently drops inner `.`).
+fn has_dots(s: &str) -> bool {
+    s.split('/').any(|seg| seg == "." || seg == "..")
+}
+
+/// How long to wait for a device when the request says 0.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(10_000);
+
+/// `volume_id`: `[A-Za-z0-9][A-Za-z0-9._-]{0,127}`.
+pub fn volume_id(id: &str) -> Result<(), Invalid> {
+    let b = id.as_bytes();
+    if b.is_empty() {
+        return Err(invalid(
+            "volume_id is empty; name the volume with 1 to 128 characters from [A-Za-z0-9._-]",
+        ));
+    }
+    if b.len() > 128 {
+        return Err(invalid(format!(
+            "volume_id is {} bytes long; at most 128 are allowed",
+            b.len()
+        )));
+    }
+    if !b[0].is_ascii_alphanumeric() {
+        return Err(invalid(format!(
+            "volume_id {id:?} must start with a letter or a digit"
+        )));
+    }
+    if let Some(c) = id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(invalid(format!(
+            "volume_id {id:?} contains {c:?}; only [A-Za-z0-9._-] are allowed"
+        )));
+    }
+    Ok(())
+}
+
+/// A virtio-blk serial: 1 to 20 bytes of `[A-Za-z0-9._-]`.
+pub fn serial(s: &str) -> Result<(), Invalid> {
+    if s.is_empty() {
+        return Err(invalid(
+            "serial is empty; give the virtio-blk serial the host set on the disk",
+        ));
+    }
+    if s.len() > 20 {
+        return Err(invalid(format!(
+            "serial {s:?} is {} bytes long; virtio-blk serials hold at most 20 bytes",
+            s.len()
+        )));
+    }
+    if let Some(c) = s
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(invalid(format!(
+            "serial {s:?} contains {c:?}; only [A-Za-z0-9._-] are allowed"
+        )));
+    }
+    Ok(())
+}
+
+/// `fs_type`: "ext4" or "xfs".
+pub fn fs_type(s: &str) -> Result<crate::probe::FsType, Invalid> {
+    crate::probe::FsType::parse(s).ok_or_else(|| {
+        if s.is_empty() {
+            invalid("fs_type is empty; say which filesystem the disk holds: ext4 or xfs")
+        } else {
+            invalid(format!(
+                "fs_type {s:?} is not supported; the agent mounts ext4 and xfs"
+            ))
+        }
+    })
+}
+
+/// `device_path`: an absolute, normalised path under /dev. Whether it is a
+/// block device is checked when it is opened.
+pub fn device_path(s: &str) -> Result<PathBuf, Invalid> {
+    let p = Path::new(s);
+    if s.is_empty() || !p.is_absolute() {
+        return Err(invalid(format!(
+            "device_path {s:?} must be an absolute path under /dev"
+        )));
+    }
+    if s.contains('\0') || has_dots(s) {
+        return Err(invalid(format!(
+            "device_path {s:?} must be a plain path under /dev, without . or .."
+        )));
+    }
+    if !p.starts_with("/dev") || p == Path::new("/dev") {
+        return Err(invalid(format!(
+            "device_path {s:?} is not under /dev; give the disk's device node"
+        )));
+    }
+    Ok(p.to_path_buf())
+}
+
+/// `subpath`: relative to the volume root, without `..`; "" is the root.
+/// Returns the normalised relative path ("." components dropped).
+pub fn subpath(s: &str) -> Result<PathBuf, Invalid> {
+    if s.contains('\0') {
+        return Err(invalid("subpath contains a NUL byte"));
+    }
+    let p = Path::new(s);
+    if p.is_absolute() {
+        return Err(invalid(format!(
+            "subpath {s:?} is absolute; give it relative to the volume's root"
+        )));
+    }
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::Normal(n) => out.push(n),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                return Err(invalid(format!(
+                    "subpath {s:?} contains '..'; it must stay inside the volume"
+                )))
+            }
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(invalid(format!(
+                    "subpath {s:?} is absolute; give it relative to the volume's root"
+                )))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A bind or unmount `target`: absolute, without `.`/`..`, strictly beneath
+/// the agent's root and outside the agent's own `volumes/` and `state/`.
+pub fn target(root: &Path, s: &str) -> Result<PathBuf, Invalid> {
+    let p = Path::new(s);
+    if s.is_empty() || !p.is_absolute() {
+        return Err(invalid(format!(
+            "target {s:?} must be an absolute path beneath the agent's root {}",
+            root.display()
+        )));
+    }
+    if s.contains('\0') || has_dots(s) {
+        return Err(invalid(format!(
+            "target {s:?} must be a plain path, without . or .."
+        )));
+    }
+    let p: PathBuf = p.components().collect();
+    if !p.starts_with(root) || p == root {
+        return Err(invalid(format!(
+            "target {s:?} is outside the agent's root {}; binds live beneath it",
+            root.display()
+        )));
+    }
+    for own in ["volumes", "state"] {
+        if p.starts_with(root.join(own)) {
+            return Err(invalid(format!(
+                "target {s:?} is inside the agent's own {}/ directory; choose another place beneath {}",
+                own,
+                root.display()
+            )));
+        }
+    }
+    Ok(p)
+}
+
+/// `recursive_read_only` other than DISABLED needs `read_only`.
+pub fn recursive_read_only(
+    read_only: bool,
+    rro: crate::mount::RecursiveReadOnly,
+) -> Result<(), Invalid> {
+    if rro != crate::mount::RecursiveReadOnly::Disabled && !read_only {
+        return Err(invalid(
+            "recursive_read_only needs read_only: a recursively read-only bind must be read-only itself",
+        ));
+    }
+    Ok(())
+}
+
+/// `required_bytes`: not negative (0 means the device's size).
+pub fn required_bytes(n: i64) -> Result<u64, Invalid> {
+    u64::try_from(n).map_err(|_| {
+        invalid(format!(
+            "required_bytes is {n}; it must be 0 (the device's size) or more"
+        ))
+    })
+}
+
+/// `fs_group.gid`: any gid but 4294967295, which chown reads as "leave alone".
+pub fn gid(g: u32) -> Result<u32, Invalid> {
+    if g == u32::MAX {
+        return Err(invalid(
+            "fs_group.gid 4294967295 is not a group id (chown reads it as 'no change')",
+        ));
+    }
+    Ok(g)
+}
+
+/// A `timeout_ms` field: 0 means the default.
+pub fn timeout(ms: u32) -> Duration {
+    if ms == 0 {
+        DEFAULT_TIMEOUT
+    } else {
+        Duration::from_millis(ms.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volume_ids() {
+        let long = "a".repeat(128);
+        for good in ["a", "A", "0", "vol-1", "pvc_1.2-x", long.as_str()] {
+            assert_eq!(volume_id(good), Ok(()), "{good}");
+        }
+        let too_long = "a".repeat(129);
+        for bad in [
+            "",
+            "-a",
+            ".a",
+            "_a",
+            "a/b",
+            "a b",
+            "ä",
+            "a\0",
+            "../x",
+            too_long.as_str(),
+        ] {
+            assert!(volume_id(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn serials() {
+        for good in [
+            "vol-0123456789abcdef",
+            "a",
+            "A.b_c-d",
+            "12345678901234567890",
+        ] {
+            assert_eq!(serial(good), Ok(()), "{good}");
+        }
+        for bad in ["", "123456789012345678901", "a b", "a/b", "a\n", "ü"] {
+            assert!(serial(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn device_paths() {
+        assert_eq!(device_path("/dev/vdb").unwrap(), PathBuf::from("/dev/vdb"));
+        assert!(device_path("/dev/disk/by-id/virtio-x").is_ok());
+        for bad in [
+            "",
+            "dev/vdb",
+            "vdb",
+            "/dev",
+            "/dev/",
+            "/tmp/disk",
+            "/dev/../etc/passwd",
+            "/dev/./vdb",
+            "/devx/vdb",
+        ] {
+            assert!(device_path(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn subpaths() {
+        assert_eq!(subpath("").unwrap(), PathBuf::new());
+        assert_eq!(subpath("a/b").unwrap(), PathBuf::from("a/b"));
+        assert_eq!(subpath("./a//b/.").unwrap(), PathBuf::from("a/b"));
+        for bad in ["/a", "..", "a/../b", "a/..", "a\0b"] {
+            assert!(subpath(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn targets() {
+        let root = Path::new("/run/crust");
+        assert_eq!(
+            target(root, "/run/crust/binds/a").unwrap(),
+            PathBuf::from("/run/crust/binds/a")
+        );
+        assert_eq!(
+            target(root, "/run/crust//pods/x/").unwrap(),
+            PathBuf::from("/run/crust/pods/x")
+        );
+        for bad in [
+            "",
+            "binds/a",
+            "/run/crust",
+            "/run/crust/",
+            "/run/crustx/a",
+            "/tmp/a",
+            "/run/crust/../etc",
+            "/run/crust/./a",
+            "/run/crust/volumes/v1",
+            "/run/crust/volumes",
+            "/run/crust/state/x",
+        ] {
+            assert!(target(root, bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn numbers() {
+        assert_eq!(required_bytes(0), Ok(0));
+        assert_eq!(required_bytes(1 << 40), Ok(1 << 40));
+        assert!(required_bytes(-1).is_err());
+        assert_eq!(gid(0), Ok(0));
+        assert!(gid(u32::MAX).is_err());
+        assert_eq!(timeout(0), DEFAULT_TIMEOUT);
+        assert_eq!(timeout(250), Duration::from_millis(250));
+    }
+}

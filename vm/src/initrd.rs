@@ -96,7 +96,7 @@ fn push_header(
 }
 
 fn pad4(out: &mut Vec<u8>) {
-    while out.len() % 4 != 0 {
+    while out.len() & 3 != 0 {
         out.push(0);
     }
 }
@@ -165,6 +165,9 @@ pub struct InitrdSpec {
     pub version: String,
     /// The modules to load at boot; dependencies are added.
     pub modules: Vec<String>,
+    /// Modules shipped (with their dependencies) but left out of the boot
+    /// list, for the agent to load on first use (`init::load_named`).
+    pub on_demand: Vec<String>,
     /// gzip the archive.
     pub compress: bool,
 }
@@ -176,7 +179,13 @@ pub fn build(spec: &InitrdSpec) -> Result<Vec<u8>, Error> {
     let rel_dir = format!("lib/modules/{}", spec.version);
     let mod_dir = spec.kernel_root.join(&rel_dir);
     let dep_text = String::from_utf8_lossy(&read(&mod_dir.join("modules.dep"))?).into_owned();
-    let closure = module_closure(&dep_text, &spec.modules).map_err(|m| {
+    let all: Vec<String> = spec
+        .modules
+        .iter()
+        .chain(&spec.on_demand)
+        .cloned()
+        .collect();
+    let closure = module_closure(&dep_text, &all).map_err(|m| {
         Error::Initrd(format!(
             "module {m} is not in {}/modules.dep: check the module list against this kernel ({} built in?)",
             mod_dir.display(),
@@ -338,7 +347,8 @@ mod tests {
     #[test]
     fn closure_adds_dependencies_and_names_the_missing() {
         let dep = "k/xfs.ko: k/libcrc32c.ko\nk/libcrc32c.ko:\nk/virtio-blk.ko: k/virtio.ko\nk/virtio.ko:\nk/bad.ko: k/gone.ko\n";
-        let cases: &[(&[&str], Result<&[&str], &str>)] = &[
+        type Case<'a> = (&'a [&'a str], Result<&'a [&'a str], &'a str>);
+        let cases: &[Case] = &[
             (&[], Ok(&[])),
             (&["xfs"], Ok(&["libcrc32c", "xfs"])),
             (
@@ -355,5 +365,60 @@ mod tests {
                 .map_err(|e| e.to_string());
             assert_eq!(got, want, "roots {roots:?}");
         }
+    }
+    #[test]
+    fn build_ships_the_closure_and_lists_the_boot_set() {
+        let root = tempfile::tempdir().unwrap();
+        let md = root.path().join("lib/modules/9.9-test");
+        fs::create_dir_all(md.join("k")).unwrap();
+        let dep = "k/xfs.ko: k/libcrc32c.ko\nk/libcrc32c.ko:\nk/virtio_blk.ko: k/virtio.ko\nk/virtio.ko:\nk/other.ko:\n";
+        fs::write(md.join("modules.dep"), dep).unwrap();
+        for m in ["xfs", "libcrc32c", "virtio_blk", "virtio", "other"] {
+            fs::write(md.join(format!("k/{m}.ko")), m).unwrap();
+        }
+        let agent = root.path().join("agent");
+        fs::write(&agent, b"\x7fELF").unwrap();
+        let spec = InitrdSpec {
+            agent,
+            kernel_root: root.path().to_path_buf(),
+            version: "9.9-test".into(),
+            modules: s(&["virtio_blk"]),
+            on_demand: s(&["xfs"]),
+            compress: false,
+        };
+        let img = build(&spec).unwrap();
+        assert_eq!(img, build(&spec).unwrap(), "reproducible");
+        let out = root.path().join("x");
+        fs::create_dir(&out).unwrap();
+        let mut child = std::process::Command::new("cpio")
+            .args(["-id", "--quiet"])
+            .current_dir(&out)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(&img).unwrap();
+        assert!(child.wait().unwrap().success());
+        let md = out.join("lib/modules/9.9-test");
+        assert_eq!(fs::read(out.join("init")).unwrap(), b"\x7fELF");
+        assert_eq!(
+            fs::read_to_string(md.join(MODULE_LIST)).unwrap(),
+            "virtio_blk\n"
+        );
+        assert_eq!(
+            fs::read_to_string(md.join("modules.dep")).unwrap(),
+            "k/xfs.ko: k/libcrc32c.ko\nk/libcrc32c.ko:\nk/virtio_blk.ko: k/virtio.ko\nk/virtio.ko:\n"
+        );
+        for m in ["xfs", "libcrc32c", "virtio_blk", "virtio"] {
+            assert_eq!(fs::read_to_string(md.join(format!("k/{m}.ko"))).unwrap(), m);
+        }
+        assert!(!md.join("k/other.ko").exists());
+
+        // A module this kernel lacks is named in the error.
+        let bad = InitrdSpec {
+            modules: s(&["zfs"]),
+            ..spec
+        };
+        let err = build(&bad).unwrap_err().to_string();
+        assert!(err.contains("module zfs is not in"), "{err}");
     }
 }

@@ -757,6 +757,12 @@ impl Vm {
         Ok(how)
     }
 
+    /// Waits up to `timeout` for QEMU to end on its own (the guest powered
+    /// off); true if it did.
+    pub fn wait_powered_off(&mut self, timeout: Duration) -> bool {
+        self.wait_exit(true, timeout)
+    }
+
     fn wait_exit(&mut self, qemu: bool, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         loop {

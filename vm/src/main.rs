@@ -85,6 +85,9 @@ enum Cmd {
         /// Modules to load at boot, comma-separated (dependencies are added).
         #[arg(long, value_delimiter = ',', default_values_t = initrd::DEFAULT_MODULES.iter().map(|s| s.to_string()))]
         modules: Vec<String>,
+        /// Modules to ship but not load at boot (the agent loads them on first use), comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        on_demand: Vec<String>,
         /// Write the cpio uncompressed.
         #[arg(long)]
         no_compress: bool,
@@ -132,6 +135,7 @@ fn run(cmd: Cmd) -> crust_vm::Result<()> {
             kernel_root,
             version,
             modules,
+            on_demand,
             no_compress,
             out,
         } => {
@@ -140,6 +144,7 @@ fn run(cmd: Cmd) -> crust_vm::Result<()> {
                 kernel_root,
                 version,
                 modules,
+                on_demand,
                 compress: !no_compress,
             };
             let bytes = initrd::build(&spec)?;

@@ -62,11 +62,24 @@ fn boot_info_hotplug_resize_unplug_down() {
         .unwrap()
         .file_name();
     assert_eq!(info.kernel_release, kernel.to_string_lossy());
-    let b = info.boot.clone().unwrap();
+    // The agent listens once the vsock stack is in; the other modules (virtio_blk, xfs)
+    // load after, so modules_loaded_ms is 0 until they are done, then later than listening.
+    let mut b = info.boot.clone().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while b.modules_loaded_ms == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        b = vm
+            .agent()
+            .unwrap()
+            .get_agent_info(hvsock::ctx(Duration::from_secs(10)), &GetAgentInfoRequest::new())
+            .unwrap()
+            .boot
+            .unwrap();
+    }
     assert!(b.agent_start_ms > 0, "{b:?}");
     assert!(b.agent_start_ms <= b.mounts_done_ms, "{b:?}");
-    assert!(b.mounts_done_ms <= b.modules_loaded_ms, "{b:?}");
-    assert!(b.modules_loaded_ms <= b.listening_ms, "{b:?}");
+    assert!(b.mounts_done_ms <= b.listening_ms, "{b:?}");
+    assert!(b.listening_ms <= b.modules_loaded_ms, "{b:?}");
     eprintln!(
         "boot timeline (ms since kernel start): agent {} mounts {} modules {} listening {}",
         b.agent_start_ms, b.mounts_done_ms, b.modules_loaded_ms, b.listening_ms
@@ -225,4 +238,111 @@ fn dropping_a_vm_that_was_not_brought_down_kills_it() {
     let dir = vm.dir().to_path_buf();
     drop(vm);
     assert!(gone(qemu, &dir) && gone(vhost, &dir));
+}
+
+#[test]
+#[ignore = "boots a VM: run make test-vm"]
+fn ctrl_alt_del_reaches_pid1_as_an_orderly_shutdown() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut vm = Vm::up(opts(&tmp.path().join("vm"))).unwrap();
+    // With Ctrl-Alt-Del turned into SIGINT for init, the agent's handler
+    // powers off; without it the kernel would restart at once.
+    let key = |k: &str| json!({"type": "qcode", "data": k});
+    vm.qmp_execute(
+        "send-key",
+        Some(json!({"keys": [key("ctrl"), key("alt"), key("delete")]})),
+    )
+    .unwrap();
+    assert!(
+        vm.wait_powered_off(Duration::from_secs(20)),
+        "QEMU still runs after Ctrl-Alt-Del"
+    );
+    let console = std::fs::read_to_string(vm.console_log()).unwrap();
+    assert!(console.contains("reboot: Power down"), "{console}");
+    assert!(!console.contains("Restarting system"), "{console}");
+    let how = vm.down().unwrap();
+    assert_eq!(how, "QEMU was not running");
+}
+
+#[test]
+#[ignore = "boots a VM: run make test-vm"]
+fn a_hotplugged_disk_is_found_by_serial_grown_online_and_released() {
+    use crust_protocols::crust::{
+        ExpandVolumeRequest, GetVolumeStatsRequest, PublishVolumeRequest, UnpublishVolumeRequest,
+        VolumeUsage,
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("ext4.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let mkfs = Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&img)
+        .status()
+        .unwrap();
+    assert!(mkfs.success());
+
+    let mut vm = Vm::up(opts(&tmp.path().join("vm"))).unwrap();
+    let agent = vm.agent().unwrap();
+    let ctx = || hvsock::ctx(Duration::from_secs(30));
+    vm.hotplug(&img, "vol-e2e", false).unwrap();
+
+    let mut req = PublishVolumeRequest::new();
+    req.volume_id = "v1".into();
+    req.set_serial("vol-e2e".into());
+    req.fs_type = "ext4".into();
+    let pubd = agent
+        .publish_volume(ctx(), &req)
+        .expect("the guest finds the disk by serial");
+    assert!(pubd.device.starts_with("/dev/vd"), "{pubd:?}");
+
+    let total = |agent: &crust_protocols::crust_ttrpc::AgentClient| {
+        let mut r = GetVolumeStatsRequest::new();
+        r.volume_id = "v1".into();
+        let st = agent.get_volume_stats(ctx(), &r).unwrap();
+        let bytes = st
+            .usage
+            .iter()
+            .find(|u| {
+                u.unit.enum_value_or_default() == crust_protocols::crust::volume_usage::Unit::BYTES
+            })
+            .map(|u: &VolumeUsage| u.total)
+            .unwrap();
+        bytes
+    };
+    let before = total(&agent);
+    assert!(before > 40 << 20 && before <= 64 << 20, "{before}");
+
+    // Grow on the host, then online in the guest (ext4 needs CAP_SYS_RESOURCE: the guest has it).
+    vm.resize("vol-e2e", 128 << 20).unwrap();
+    let mut ex = ExpandVolumeRequest::new();
+    ex.volume_id = "v1".into();
+    ex.required_bytes = 128 << 20;
+    ex.timeout_ms = 10_000;
+    let grown = agent
+        .expand_volume(ctx(), &ex)
+        .expect("online growth in the guest");
+    assert_eq!(grown.device_bytes, 128 << 20);
+    let after = total(&agent);
+    assert!(after > before + (50 << 20), "{before} -> {after}");
+
+    let mut un = UnpublishVolumeRequest::new();
+    un.volume_id = "v1".into();
+    assert!(agent.unpublish_volume(ctx(), &un).unwrap().was_published);
+    vm.unplug("vol-e2e").unwrap();
+    vm.down().unwrap();
+
+    // The filesystem on the host image is clean and grown.
+    let fsck = Command::new("e2fsck")
+        .args(["-fn"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(
+        fsck.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fsck.stdout)
+    );
 }

@@ -1,0 +1,131 @@
+#!/bin/bash
+# make demo: boots a sandbox VM with crust-agent as PID 1, hot-plugs an ext4
+# and an xfs disk, and walks through every operation with crustctl, showing
+# what each answers and how long it took. Then shuts the guest down and checks
+# the disks on the host. Needs root (loop mounts prepare the disk images).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BIN=target/x86_64-unknown-linux-gnu/release
+DEMO=build/demo
+CRUSTCTL="$BIN/crustctl"
+CRUSTVM="$BIN/crust-vm"
+
+bold=$'\e[1m' dim=$'\e[2m' green=$'\e[32m' red=$'\e[31m' off=$'\e[0m'
+[ -t 1 ] || { bold='' dim='' green='' red='' off=''; }
+
+section() { printf '\n%s== %s%s\n' "$bold" "$*" "$off"; }
+# run CMD...: prints the command, its output, and how long it took.
+run() {
+    printf '%s$ %s%s\n' "$dim" "${*/#$BIN\//}" "$off"
+    local t0 t1 rc=0
+    t0=$(date +%s%N)
+    "$@" 2>&1 | sed 's/^/  /' || rc=${PIPESTATUS[0]}
+    t1=$(date +%s%N)
+    printf '  %s(%d ms, exit %d)%s\n' "$dim" $(((t1 - t0) / 1000000)) "$rc" "$off"
+    return 0
+}
+ctl() { run "$CRUSTCTL" --addr "$ADDR" "$@"; }
+
+cleanup() {
+    "$CRUSTVM" down --dir "$DEMO/vm" >/dev/null 2>&1 || true
+    for m in "$DEMO"/mnt-*; do mountpoint -q "$m" 2>/dev/null && umount "$m"; done
+    return 0
+}
+trap cleanup EXIT
+
+# Two disk images, made on the host with content owned by someone else (uid/gid 1234, mode 0700/0600).
+make_image() { # file fs mib
+    local img=$1 fs=$2 mib=$3 m="$DEMO/mnt-$2"
+    rm -f "$img"; truncate -s "${mib}M" "$img"
+    if [ "$fs" = ext4 ]; then mkfs.ext4 -q -F "$img"; else mkfs.xfs -q -f "$img"; fi
+    mkdir -p "$m"; mount -o loop "$img" "$m"
+    mkdir -p "$m/app/logs" "$m/app/data"
+    for i in $(seq 1 200); do echo "record $i" > "$m/app/data/r$i"; done
+    echo "hello from the host" > "$m/app/README"
+    chown -R 1234:1234 "$m/app"; chmod -R go-rwx "$m/app"
+    umount "$m"
+}
+
+section "Preparing: two disk images on the host (ext4 256 MiB, xfs 512 MiB), owned by uid/gid 1234"
+cleanup
+rm -rf "$DEMO"; mkdir -p "$DEMO"
+make_image "$DEMO/ext4.img" ext4 256
+make_image "$DEMO/xfs.img" xfs 512
+ls -l "$DEMO"/*.img | sed 's/^/  /'
+
+section "Booting the sandbox: QEMU + vhost-user-vsock, the agent is /init ($(stat -c %s build/initrd.img) byte initrd)"
+t0=$(date +%s%N)
+ADDR=$("$CRUSTVM" up --dir "$DEMO/vm")
+printf '  agent answering at %s after %d ms (wall clock, QEMU start to first answer)\n' "$ADDR" $((($(date +%s%N) - t0) / 1000000))
+ctl info
+ctl capabilities
+ctl filesystems
+
+section "Publish by serial before the disk exists: the agent waits for the hot-plug"
+(
+    sleep 1
+    t=$(date +%s%N)
+    "$CRUSTVM" hotplug --dir "$DEMO/vm" --image "$DEMO/ext4.img" --serial vol-ext4-0001
+    echo "$t" > "$DEMO/plugged_at"
+) &
+ctl publish pvc-ext4 --serial vol-ext4-0001 --fs-type ext4 -o noatime --fs-group 2000 --wait 30
+wait
+done_at=$(date +%s%N)
+printf '  hot-plug (QMP device_add) to publish complete: %d ms\n' $(((done_at - $(cat "$DEMO/plugged_at")) / 1000000))
+
+section "Hot-plug the xfs disk, then publish it with fsGroup OnRootMismatch"
+run "$CRUSTVM" hotplug --dir "$DEMO/vm" --image "$DEMO/xfs.img" --serial vol-xfs-0002
+echo "  asking for the wrong filesystem is refused, and the disk is never written to:"
+ctl publish pvc-xfs --serial vol-xfs-0002 --fs-type ext4
+ctl publish pvc-xfs --serial vol-xfs-0002 --fs-type xfs --fs-group 2000 --fs-group-policy on-root-mismatch
+echo "  the same request again is idempotent:"
+ctl publish pvc-xfs --serial vol-xfs-0002 --fs-type xfs --fs-group 2000 --fs-group-policy on-root-mismatch
+echo "  the same id with other parameters is refused:"
+ctl publish pvc-xfs --serial vol-xfs-0002 --fs-type xfs --read-only
+echo "  the same disk under a second volume id is refused:"
+ctl publish pvc-twin --serial vol-xfs-0002 --fs-type xfs
+echo "  a serial that never appears:"
+ctl publish pvc-ghost --serial vol-missing --fs-type ext4 --wait 1
+ctl list
+
+section "Usage and health"
+ctl stats pvc-ext4
+ctl stats pvc-xfs
+
+section "Online growth: the host grows the disks (block_resize), ExpandVolume right after"
+run "$CRUSTVM" resize --dir "$DEMO/vm" --serial vol-ext4-0001 --bytes $((1024 << 20))
+ctl expand pvc-ext4 --bytes 1G --wait 30
+run "$CRUSTVM" resize --dir "$DEMO/vm" --serial vol-xfs-0002 --bytes $((2048 << 20))
+ctl expand pvc-xfs --bytes 2G --wait 30
+echo "  more than the disk has:"
+ctl expand pvc-xfs --bytes 8G --wait 1
+ctl stats pvc-ext4
+ctl stats pvc-xfs
+
+section "Surfacing volumes to containers: a subpath, read-only, recursively read-only"
+ctl bind pvc-ext4 /run/crust/pods/web/data --subpath app/data --read-only --recursive-read-only enabled
+ctl bind pvc-xfs /run/crust/pods/web/logs --subpath app/logs
+ctl bind pvc-xfs /run/crust/pods/web/escape --subpath app/../.. --read-only
+ctl bind pvc-xfs /run/crust/pods/web/ro --read-only --recursive-read-only if-possible
+ctl --json list
+ctl unmount /run/crust/pods/web/ro
+ctl unmount /run/crust/pods/web/ro
+
+section "Unpublish the ext4 volume (its bind goes with it); Shutdown takes care of the xfs one"
+ctl unpublish pvc-ext4
+ctl unpublish pvc-ext4
+ctl info
+run "$CRUSTVM" down --dir "$DEMO/vm"
+
+section "Back on the host: the filesystems are clean, grown, and carry the pod's group"
+run e2fsck -f -n "$DEMO/ext4.img"
+run sh -c "xfs_repair -n -f $DEMO/xfs.img 2>&1 | grep -v 'host filesystem geometry\|sector size mismatch\|image and the host\|agno =' | tail -4"
+for fs in ext4 xfs; do
+    m="$DEMO/mnt-$fs"
+    mount -o loop,ro "$DEMO/$fs.img" "$m"
+    printf '  %s: %s, %s\n' "$fs" "$(df -h --output=size "$m" | tail -1 | tr -d ' ') in all" \
+        "$(stat -c '%n %u:%g %A' "$m/app/data" "$m/app/README" | sed "s|$m/||" | paste -sd ';' | sed 's/;/, /')"
+    umount "$m"
+done
+printf '\n%sdone%s: every operation ran against the agent as PID 1 in a real VM.\n' "$green" "$off"

@@ -1,0 +1,314 @@
+//! Shared pieces of the host tests: loop disks with real filesystems, a
+//! running agent on a unix socket, and a raw ttrpc client to talk to it.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub use crust_protocols::crust as pb;
+use crust_protocols::crust_ttrpc::AgentClient;
+use crust_protocols::ttrpc;
+
+/// Runs a command and returns its stdout; panics with its stderr on failure.
+pub fn sh(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// True when the tests can make loop devices and mount (root with mkfs tools).
+pub fn privileged() -> bool {
+    let root = rustix::process::geteuid().is_root();
+    let tools = ["mkfs.ext4", "mkfs.xfs", "losetup"].iter().all(|t| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {t}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    if !root || !tools {
+        eprintln!("skipping: these tests need root, losetup, mkfs.ext4 and mkfs.xfs (root={root}, tools={tools})");
+    }
+    root && tools
+}
+
+/// A sparse image file attached to a loop device, optionally formatted.
+pub struct LoopDisk {
+    pub image: PathBuf,
+    pub device: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl LoopDisk {
+    pub fn new(size_mib: u64, fs: Option<&str>) -> LoopDisk {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("disk.img");
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(size_mib << 20)
+            .unwrap();
+        match fs {
+            Some("ext4") => {
+                sh("mkfs.ext4", &["-q", "-F", image.to_str().unwrap()]);
+            }
+            Some("xfs") => {
+                sh("mkfs.xfs", &["-q", "-f", image.to_str().unwrap()]);
+            }
+            Some(other) => panic!("no mkfs for {other}"),
+            None => {}
+        }
+        let device =
+            PathBuf::from(sh("losetup", &["--find", "--show", image.to_str().unwrap()]).trim());
+        LoopDisk {
+            image,
+            device,
+            _dir: dir,
+        }
+    }
+
+    pub fn dev(&self) -> String {
+        self.device.display().to_string()
+    }
+
+    /// Grows the image and tells the loop driver.
+    pub fn grow_to(&self, size_mib: u64) {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.image)
+            .unwrap()
+            .set_len(size_mib << 20)
+            .unwrap();
+        sh("losetup", &["-c", &self.dev()]);
+    }
+}
+
+impl Drop for LoopDisk {
+    fn drop(&mut self) {
+        // Anything still mounted from this disk goes first, then the loop device.
+        if let Ok(t) = std::fs::read_to_string("/proc/self/mountinfo") {
+            let dev = self.dev();
+            let mut points: Vec<String> = t
+                .lines()
+                .filter(|l| {
+                    l.split(" - ")
+                        .nth(1)
+                        .is_some_and(|r| r.split(' ').nth(1) == Some(dev.as_str()))
+                })
+                .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+                .collect();
+            points.reverse();
+            for p in points {
+                let _ = Command::new("umount").arg(&p).status();
+            }
+        }
+        let _ = Command::new("losetup").args(["-d", &self.dev()]).status();
+    }
+}
+
+/// A crust-agent process serving on a unix socket with its own root.
+pub struct Agent {
+    pub child: Child,
+    pub root: PathBuf,
+    pub sock: PathBuf,
+    pub dir: tempfile::TempDir,
+}
+
+pub fn agent_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_crust-agent")
+}
+
+impl Agent {
+    pub fn start() -> Agent {
+        let dir = tempfile::tempdir().unwrap();
+        Agent::start_in(dir)
+    }
+
+    /// Starts (or restarts) an agent whose root and socket live in `dir`.
+    pub fn start_in(dir: tempfile::TempDir) -> Agent {
+        let root = dir.path().join("root");
+        let sock = dir.path().join("agent.sock");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.path().join("agent.log"))
+            .unwrap();
+        let child = Command::new(agent_bin())
+            .args([
+                "--listen",
+                &format!("unix://{}", sock.display()),
+                "--root",
+                root.to_str().unwrap(),
+                "--log-level",
+                "debug",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let a = Agent {
+            child,
+            root,
+            sock,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if a.try_client().is_some() {
+                return a;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "agent did not listen on {}; log:\n{}",
+            a.sock.display(),
+            a.log()
+        );
+    }
+
+    pub fn addr(&self) -> String {
+        format!("unix://{}", self.sock.display())
+    }
+
+    fn try_client(&self) -> Option<AgentClient> {
+        std::os::unix::net::UnixStream::connect(&self.sock).ok()?;
+        ttrpc::Client::connect(&self.addr())
+            .ok()
+            .map(AgentClient::new)
+    }
+
+    pub fn client(&self) -> AgentClient {
+        AgentClient::new(ttrpc::Client::connect(&self.addr()).expect("connect to the agent"))
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
+    }
+
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// SIGKILL, leaving mounts and state behind; gives back the directory for a restart.
+    pub fn kill9(mut self) -> tempfile::TempDir {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::mem::replace(&mut self.dir, dir)
+    }
+
+    pub fn fd_count(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+            .unwrap()
+            .count()
+    }
+
+    pub fn rss_kib(&self) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        s.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+            .unwrap()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            // Ask for a clean shutdown so mounts go away with the agent.
+            if let Ok(c) = ttrpc::Client::connect(&self.addr()) {
+                let _ = AgentClient::new(c).shutdown(ctx(), &pb::ShutdownRequest::new());
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline && self.child.try_wait().ok().flatten().is_none() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A call context with a generous timeout.
+pub fn ctx() -> ttrpc::context::Context {
+    ttrpc::context::with_timeout(Duration::from_secs(60).as_nanos() as i64)
+}
+
+/// The gRPC code name of a failed call.
+pub fn code<T: std::fmt::Debug>(r: ttrpc::Result<T>) -> String {
+    match r {
+        Err(ttrpc::Error::RpcStatus(s)) => format!("{:?}", s.code()),
+        other => panic!("expected an error status, got {other:?}"),
+    }
+}
+
+/// The message of a failed call.
+pub fn message<T: std::fmt::Debug>(r: ttrpc::Result<T>) -> String {
+    match r {
+        Err(ttrpc::Error::RpcStatus(s)) => s.message().to_string(),
+        other => panic!("expected an error status, got {other:?}"),
+    }
+}
+
+pub fn publish_req(id: &str, device: &str, fs: &str) -> pb::PublishVolumeRequest {
+    let mut r = pb::PublishVolumeRequest::new();
+    r.volume_id = id.into();
+    r.set_device_path(device.into());
+    r.fs_type = fs.into();
+    r
+}
+
+pub fn fs_group(
+    gid: u32,
+    policy: pb::FsGroupChangePolicy,
+) -> crust_protocols::protobuf::MessageField<pb::FsGroup> {
+    let mut g = pb::FsGroup::new();
+    g.gid = gid;
+    g.change_policy = policy.into();
+    crust_protocols::protobuf::MessageField::some(g)
+}
+
+pub fn bind_req(
+    id: &str,
+    target: &Path,
+    subpath: &str,
+    ro: bool,
+    rro: pb::RecursiveReadOnly,
+) -> pb::BindMountRequest {
+    let mut r = pb::BindMountRequest::new();
+    r.volume_id = id.into();
+    r.target = target.display().to_string();
+    r.subpath = subpath.into();
+    r.read_only = ro;
+    r.recursive_read_only = rro.into();
+    r
+}
+
+/// Mount points in this namespace whose source is `dev`.
+pub fn mounts_of(dev: &str) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            l.split(" - ")
+                .nth(1)
+                .is_some_and(|r| r.split(' ').nth(1) == Some(dev))
+        })
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+        .collect()
+}
+
+/// Whether `path` is a mount point.
+pub fn is_mount(path: &Path) -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(path.to_str().unwrap()))
+}

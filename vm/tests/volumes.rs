@@ -1,0 +1,234 @@
+//! The agent as PID 1 in a real QEMU guest, driven over hybrid vsock while
+//! disks are hot-plugged, grown and pulled out over QMP: every volume
+//! operation on ext4 and xfs, with the result read back from the image on
+//! the host after the guest has shut down.
+//! Run with `make test` (these tests need `make initrd` output and root).
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crust_protocols::crust as pb;
+use crust_protocols::crust_ttrpc::AgentClient;
+use crust_protocols::protobuf::MessageField;
+use crust_protocols::ttrpc;
+use crust_vm::{hvsock, Vm, VmOptions};
+
+fn ctx() -> ttrpc::context::Context {
+    hvsock::ctx(Duration::from_secs(120))
+}
+
+fn sh(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn boot(dir: &Path) -> Vm {
+    let o = VmOptions::new(dir.join("vm"));
+    assert!(o.kernel.is_file() && o.initrd.is_file(), "run `make initrd` first ({} missing)", o.initrd.display());
+    Vm::up(o).expect("the VM boots and the agent answers")
+}
+
+/// A formatted image with some foreign-owned content, made on the host.
+fn image(dir: &Path, name: &str, fs: &str, mib: u64) -> PathBuf {
+    let img = dir.join(name);
+    std::fs::File::create(&img).unwrap().set_len(mib << 20).unwrap();
+    match fs {
+        "ext4" => sh("mkfs.ext4", &["-q", "-F", img.to_str().unwrap()]),
+        _ => sh("mkfs.xfs", &["-q", "-f", img.to_str().unwrap()]),
+    };
+    let m = dir.join(format!("{name}.mnt"));
+    std::fs::create_dir_all(&m).unwrap();
+    sh("mount", &["-o", "loop", img.to_str().unwrap(), m.to_str().unwrap()]);
+    std::fs::create_dir_all(m.join("data/deep/er")).unwrap();
+    for i in 0..20 {
+        std::fs::write(m.join(format!("data/deep/f{i}")), format!("file {i}")).unwrap();
+    }
+    std::fs::write(m.join("data/hello"), b"hello from the host").unwrap();
+    sh("chown", &["-R", "1234:1234", m.join("data").to_str().unwrap()]);
+    sh("chmod", &["-R", "go-rwx", m.join("data").to_str().unwrap()]);
+    sh("umount", &[m.to_str().unwrap()]);
+    img
+}
+
+/// Mounts the image read-only on the host and returns (gid, mode) of `rel`.
+fn owner_on_host(img: &Path, rel: &str) -> (u32, u32) {
+    let m = img.with_extension("check");
+    std::fs::create_dir_all(&m).unwrap();
+    sh("mount", &["-o", "loop,ro", img.to_str().unwrap(), m.to_str().unwrap()]);
+    let md = std::fs::symlink_metadata(m.join(rel));
+    sh("umount", &[m.to_str().unwrap()]);
+    let md = md.unwrap();
+    (md.gid(), md.mode() & 0o7777)
+}
+
+fn fsck_clean(img: &Path, fs: &str) {
+    match fs {
+        "ext4" => sh("e2fsck", &["-f", "-n", img.to_str().unwrap()]),
+        _ => sh("xfs_repair", &["-n", "-f", img.to_str().unwrap()]),
+    };
+}
+
+fn publish(c: &AgentClient, id: &str, serial: &str, fs: &str, gid: Option<u32>) -> ttrpc::Result<pb::PublishVolumeResponse> {
+    let mut r = pb::PublishVolumeRequest::new();
+    r.volume_id = id.into();
+    r.set_serial(serial.into());
+    r.fs_type = fs.into();
+    r.timeout_ms = 60_000;
+    if let Some(g) = gid {
+        let mut f = pb::FsGroup::new();
+        f.gid = g;
+        r.fs_group = MessageField::some(f);
+    }
+    c.publish_volume(ctx(), &r)
+}
+
+fn stats(c: &AgentClient, id: &str) -> pb::GetVolumeStatsResponse {
+    let mut r = pb::GetVolumeStatsRequest::new();
+    r.volume_id = id.into();
+    c.get_volume_stats(ctx(), &r).unwrap()
+}
+
+fn bytes_total(s: &pb::GetVolumeStatsResponse) -> i64 {
+    s.usage.iter().find(|u| u.unit.enum_value() == Ok(pb::volume_usage::Unit::BYTES)).unwrap().total
+}
+
+fn expand(c: &AgentClient, id: &str, bytes: i64) -> ttrpc::Result<pb::ExpandVolumeResponse> {
+    let mut r = pb::ExpandVolumeRequest::new();
+    r.volume_id = id.into();
+    r.required_bytes = bytes;
+    r.timeout_ms = 30_000;
+    c.expand_volume(ctx(), &r)
+}
+
+fn code<T: std::fmt::Debug>(r: ttrpc::Result<T>) -> String {
+    match r {
+        Err(ttrpc::Error::RpcStatus(s)) => format!("{:?}", s.code()),
+        other => panic!("expected an error status, got {other:?}"),
+    }
+}
+
+/// ext4 and xfs side by side: publish before and after the hot-plug, fsGroup,
+/// stats, online growth with ExpandVolume sent right after block_resize,
+/// binds with recursive read-only, Shutdown, then the images checked on the host.
+#[test]
+#[ignore = "boots a VM: run make test"]
+fn volumes_in_a_real_guest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ext4 = image(tmp.path(), "ext4.img", "ext4", 128);
+    let xfs = image(tmp.path(), "xfs.img", "xfs", 320);
+    let mut vm = boot(tmp.path());
+    let c = vm.agent().unwrap();
+
+    // ext4: the publish is waiting by serial before the disk exists.
+    let waiting = {
+        let c = vm.agent().unwrap();
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            (publish(&c, "vol-e", "ser-ext4", "ext4", Some(4321)), t)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let plugged = Instant::now();
+    vm.hotplug(&ext4, "ser-ext4", false).unwrap();
+    let (r, _) = waiting.join().unwrap();
+    let r = r.expect("publish by serial completes once the disk arrives");
+    eprintln!("hot-plug to publish complete: {:?}", plugged.elapsed());
+    assert!(r.device.starts_with("/dev/vd"), "{r:?}");
+    let own = r.ownership.as_ref().unwrap();
+    assert!(own.visited >= 24 && own.changed >= 24 && own.errors == 0, "{own:?}");
+
+    // xfs: hot-plugged first, then published.
+    vm.hotplug(&xfs, "ser-xfs", false).unwrap();
+    let r = publish(&c, "vol-x", "ser-xfs", "xfs", Some(4321)).unwrap();
+    assert!(r.device.starts_with("/dev/vd") && !r.already_published);
+    assert!(publish(&c, "vol-x", "ser-xfs", "xfs", Some(4321)).unwrap().already_published);
+    // Wrong filesystem for the disk: refused, nothing mounted.
+    assert_eq!(code(publish(&c, "vol-bad", "ser-xfs", "ext4", None)), "FAILED_PRECONDITION");
+
+    let list = c.list_volumes(ctx(), &pb::ListVolumesRequest::new()).unwrap();
+    let serials: Vec<&str> = list.volumes.iter().map(|v| v.serial.as_str()).collect();
+    assert_eq!(serials, vec!["ser-ext4", "ser-xfs"]);
+
+    // Stats before growth.
+    let e0 = bytes_total(&stats(&c, "vol-e"));
+    let x0 = bytes_total(&stats(&c, "vol-x"));
+    assert!(!stats(&c, "vol-e").condition.abnormal && !stats(&c, "vol-x").condition.abnormal);
+
+    // Growth: block_resize on the host, ExpandVolume at once; the agent waits for the guest to see it.
+    for (serial, id, size) in [("ser-ext4", "vol-e", 512u64 << 20), ("ser-xfs", "vol-x", 1u64 << 30)] {
+        vm.resize(serial, size).unwrap();
+        let t = Instant::now();
+        let r = expand(&c, id, size as i64).unwrap();
+        eprintln!("{id}: grown to {} bytes in {:?}", r.capacity_bytes, t.elapsed());
+        assert_eq!(r.device_bytes as u64, size);
+        assert!(r.capacity_bytes as u64 > size * 9 / 10 && r.capacity_bytes as u64 <= size, "{r:?}");
+    }
+    assert!(bytes_total(&stats(&c, "vol-e")) > 3 * e0);
+    assert!(bytes_total(&stats(&c, "vol-x")) > 2 * x0);
+    // Beyond the disk: OUT_OF_RANGE after the wait.
+    let mut r = pb::ExpandVolumeRequest::new();
+    r.volume_id = "vol-x".into();
+    r.required_bytes = 4 << 30;
+    r.timeout_ms = 500;
+    assert_eq!(code(c.expand_volume(ctx(), &r)), "OUT_OF_RANGE");
+
+    // Binds: recursive read-only is applied by this kernel.
+    let mut b = pb::BindMountRequest::new();
+    b.volume_id = "vol-e".into();
+    b.subpath = "data".into();
+    b.target = "/run/crust/pods/p1/data".into();
+    b.read_only = true;
+    b.recursive_read_only = pb::RecursiveReadOnly::ENABLED.into();
+    let br = c.bind_mount(ctx(), &b).unwrap();
+    assert!(br.recursive_read_only_applied && !br.already_mounted);
+    b.subpath = "data/../..".into();
+    assert_eq!(code(c.bind_mount(ctx(), &b)), "INVALID_ARGUMENT");
+    let list = c.list_volumes(ctx(), &pb::ListVolumesRequest::new()).unwrap();
+    assert_eq!(list.volumes[0].bind_targets, vec!["/run/crust/pods/p1/data"]);
+
+    // Unpublish ext4 explicitly; leave xfs mounted for Shutdown to take care of.
+    let mut u = pb::UnpublishVolumeRequest::new();
+    u.volume_id = "vol-e".into();
+    assert!(c.unpublish_volume(ctx(), &u).unwrap().was_published);
+    let how = vm.down().unwrap();
+    assert!(how.contains("1 volumes unmounted"), "{how}");
+
+    // On the host: both filesystems are clean, grown, and carry the ownership.
+    for (img, fs) in [(&ext4, "ext4"), (&xfs, "xfs")] {
+        fsck_clean(img, fs);
+        assert_eq!(owner_on_host(img, "data/hello"), (4321, 0o660), "{fs}");
+        let (gid, mode) = owner_on_host(img, "data/deep");
+        assert_eq!((gid, mode & 0o2770), (4321, 0o2770), "{fs}");
+    }
+}
+
+/// Pulling a mounted disk out turns the condition abnormal; the agent keeps serving.
+#[test]
+#[ignore = "boots a VM: run make test"]
+fn hot_unplug_turns_the_condition_abnormal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = image(tmp.path(), "gone.img", "ext4", 64);
+    let mut vm = boot(tmp.path());
+    let c = vm.agent().unwrap();
+    vm.hotplug(&img, "ser-gone", false).unwrap();
+    publish(&c, "vol-g", "ser-gone", "ext4", None).unwrap();
+    assert!(!stats(&c, "vol-g").condition.abnormal);
+    vm.unplug("ser-gone").unwrap();
+    let s = stats(&c, "vol-g");
+    assert!(s.condition.abnormal, "{:?}", s.condition);
+    eprintln!("condition after unplug: {}", s.condition.message);
+    let info = c.get_agent_info(ctx(), &pb::GetAgentInfoRequest::new()).unwrap();
+    assert!(info.init_mode);
+    let mut u = pb::UnpublishVolumeRequest::new();
+    u.volume_id = "vol-g".into();
+    let _ = c.unpublish_volume(ctx(), &u);
+    vm.down().unwrap();
+}
