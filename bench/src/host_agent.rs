@@ -182,6 +182,7 @@ fn capability_round_trips(c: &CrustClient, n: usize) -> R<Vec<f64>> {
 }
 
 const CALLS: usize = 10_000;
+const WARMUP: usize = 100;
 
 /// Figures 6, 8 (host), 10.
 pub fn figures(work: &Path) -> Vec<Figure> {
@@ -269,6 +270,10 @@ fn rtt_and_rss(work: &Path) -> R<(Figure, Figure)> {
     // Echo, agent, echo: both see the machine in the same moods.
     let mut echo_s = echo_round_trips(&echo.sock, CALLS / 2)?;
     let c = client(&agent.sock)?;
+    // A connected agent's RSS includes its connection thread and buffers:
+    // growth is counted from there, after a warm-up.
+    capability_round_trips(&c, WARMUP)?;
+    let connected = sys::vm_rss(agent.pid())?;
     let ours_s = capability_round_trips(&c, CALLS)?;
     let after_10k = sys::vm_rss(agent.pid())?;
     echo_s.extend(echo_round_trips(&echo.sock, CALLS / 2)?);
@@ -295,24 +300,26 @@ fn rtt_and_rss(work: &Path) -> R<(Figure, Figure)> {
             "note": "crust_client::CrustClient (ttrpc sync client) against the release agent; the echo is a blocking read/write server in its own process, same bytes each way",
         }),
     };
-    let growth = after_10k as i64 - idle as i64;
+    let growth = after_10k as i64 - connected as i64;
     let rss = Figure {
         key: "rss".into(),
-        title: "agent RSS (VmRSS): idle / after 10,000 / after 20,000 calls".into(),
+        title: "agent RSS (VmRSS): idle / connected / after 10,000 / after 20,000 calls".into(),
         ours: format!(
-            "{} / {} / {}",
+            "{} / {} / {} / {}",
             fmt_mib(idle),
+            fmt_mib(connected),
             fmt_mib(after_10k),
             fmt_mib(after_20k)
         ),
         baseline: "—".into(),
-        ratio: format!("{:+} KiB after 10,000 calls", growth / 1024),
-        target: "< 4 MiB idle, no growth (≤ 256 KiB)".into(),
-        verdict: Verdict::from(idle < 4 << 20 && growth <= 256 << 10),
+        ratio: format!("{:+} KiB over 10,000 calls", growth / 1024),
+        target: "< 4 MiB idle, no growth (≤ 64 KiB over 10,000 calls)".into(),
+        verdict: Verdict::from(idle < 4 << 20 && growth <= 64 << 10),
         data: json!({
-            "idle_bytes": idle, "after_10k_bytes": after_10k, "after_20k_bytes": after_20k,
+            "idle_bytes": idle, "connected_bytes": connected,
+            "after_10k_bytes": after_10k, "after_20k_bytes": after_20k,
             "agent_reported_rss_bytes": reported,
-            "note": "idle: listening, no client yet; 'no growth' allows 256 KiB for the first connection's thread and buffers, and after 20,000 calls is shown to see any trend",
+            "note": format!("idle: listening, no client yet; connected: one client, after {WARMUP} calls (the connection's thread and buffers); growth is counted from connected to after 10,000 more calls, allowing 16 pages; after 20,000 is shown for the trend"),
         }),
     };
     Ok((rtt, rss))

@@ -101,7 +101,13 @@ fn section(
     out
 }
 
-fn environment() -> serde_json::Value {
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn environment(load_start: &str) -> serde_json::Value {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     let cpu = read("/proc/cpuinfo")
         .lines()
@@ -126,6 +132,8 @@ fn environment() -> serde_json::Value {
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         "cpu_model": cpu,
         "commit": commit,
+        "loadavg_at_start": load_start,
+        "loadavg_at_end": loadavg(),
         "unix_time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
     })
 }
@@ -169,6 +177,7 @@ fn main() {
     }
     let work = std::fs::canonicalize(&work).unwrap_or(work);
     let started = Instant::now();
+    let load_start = loadavg();
     let mut figures = Vec::new();
     if want("fsgroup") {
         figures.extend(section(
@@ -269,12 +278,14 @@ fn main() {
     let total = started.elapsed().as_secs_f64();
     let preamble = format!(
         "Medians; every baseline measured on this machine in this run. Total bench time {}.\n\
+         Load average {} at the start (the machine may be shared: parallel speed-ups need idle CPUs).\n\
          Environment: {}.\n",
         report::fmt_secs(total),
-        environment()
+        load_start,
+        environment(&load_start)
     );
     let md = report::markdown(&figures, &preamble);
-    let js = report::json(&figures, environment());
+    let js = report::json(&figures, environment(&load_start));
     if let Err(e) = report::write(&args.out, &md, &js) {
         eprintln!("crust-bench: {e}");
         std::process::exit(1);
