@@ -52,6 +52,7 @@ impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        sys::unregister_child(self.child.id());
         let _ = fs::remove_file(&self.sock);
     }
 }
@@ -68,6 +69,7 @@ fn spawn_listening(mut cmd: Command, sock: &Path, log: &Path) -> R<(Proc, Durati
     let child = cmd
         .spawn()
         .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
+    sys::register_child(child.id());
     let mut p = Proc {
         child,
         sock: sock.to_path_buf(),

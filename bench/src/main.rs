@@ -11,7 +11,7 @@ mod sys;
 mod vm_figs;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde_json::json;
@@ -19,10 +19,11 @@ use serde_json::json;
 use report::{Figure, Verdict};
 
 const USAGE: &str =
-    "usage: crust-bench [--runs N] [--vm-disks N] [--only SECTION,...] [--out DIR] [--strict]
+    "usage: crust-bench [--runs N] [--vm-disks N] [--vm-boots N] [--only SECTION,...] [--out DIR] [--strict]
   SECTION: fsgroup, xfs, host, size, vm (default: all)
-  --runs N      runs per contender for the heavy figures (default 5)
-  --vm-disks N  disks hot-plugged (and grown) in the VM (default 3)
+  --runs N      runs per contender for the heavy figures (default 7)
+  --vm-disks N  disks hot-plugged (and grown) in the VM (default 5)
+  --vm-boots N  VM boots for the boot timeline (default 3)
   --out DIR     where report.md/report.json go (default <workspace>/target/bench)
   --strict      exit 1 when a target is not met or a figure not measured
 Needs root (loop devices, mounts, chown).";
@@ -30,6 +31,7 @@ Needs root (loop devices, mounts, chown).";
 struct Args {
     runs: usize,
     vm_disks: usize,
+    vm_boots: usize,
     only: Vec<String>,
     out: PathBuf,
     strict: bool,
@@ -37,8 +39,9 @@ struct Args {
 
 fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut a = Args {
-        runs: 5,
-        vm_disks: 3,
+        runs: 7,
+        vm_disks: 5,
+        vm_boots: 3,
         only: Vec::new(),
         out: sys::workspace_root().join("target/bench"),
         strict: false,
@@ -52,6 +55,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         match arg.as_str() {
             "--runs" => a.runs = num(it.next(), "--runs")?,
             "--vm-disks" => a.vm_disks = num(it.next(), "--vm-disks")?,
+            "--vm-boots" => a.vm_boots = num(it.next(), "--vm-boots")?,
             "--only" => {
                 let v = it.next().ok_or("--only needs sections")?;
                 for s in v.split(',') {
@@ -99,6 +103,52 @@ fn section(
         report::fmt_secs(t.elapsed().as_secs_f64())
     );
     out
+}
+
+/// Brings down a VM an earlier (interrupted) run left in `work/vm`.
+fn stop_stale_vm(work: &Path) {
+    let dir = work.join("vm");
+    if !dir.join("state.json").exists() {
+        return;
+    }
+    match crust_vm::Vm::attach(&dir).and_then(|mut vm| vm.down()) {
+        Ok(how) => eprintln!("bench: stopped the VM in {}: {how}", dir.display()),
+        Err(e) => eprintln!("bench: could not stop the VM in {}: {e}", dir.display()),
+    }
+}
+
+/// Leaves nothing behind: children, the VM, mounts, loop devices.
+fn cleanup_all(work: &Path) {
+    sys::kill_children();
+    stop_stale_vm(work);
+    sys::cleanup_stale(work);
+}
+
+/// On SIGINT, SIGTERM or SIGHUP, cleans up and exits. The signals are
+/// blocked in every thread (set here, before any thread starts, and
+/// inherited) and taken by one thread with sigwait; children get a clean
+/// mask from std's spawn.
+fn cleanup_on_signals(work: PathBuf) {
+    // SAFETY: an all-zero sigset_t is valid storage for sigemptyset to initialise.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is valid for these calls; pthread_sigmask changes only this
+    // thread's mask, and no other thread exists yet.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+    std::thread::spawn(move || {
+        let mut sig = 0;
+        // SAFETY: `set` is an initialised sigset and `sig` a valid out-pointer.
+        if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
+            eprintln!("bench: interrupted (signal {sig}): stopping children and the VM, unmounting, detaching loop devices");
+            cleanup_all(&work);
+            std::process::exit(128 + sig);
+        }
+    });
 }
 
 fn loadavg() -> String {
@@ -169,13 +219,14 @@ fn main() {
     }
     let want = |s: &str| args.only.is_empty() || args.only.iter().any(|o| o == s);
     let work = args.out.join("work");
-    sys::cleanup_stale(&work);
+    cleanup_all(&work);
     let _ = std::fs::remove_dir_all(&work);
     if let Err(e) = std::fs::create_dir_all(&work) {
         eprintln!("crust-bench: cannot create {}: {e}", work.display());
         std::process::exit(1);
     }
     let work = std::fs::canonicalize(&work).unwrap_or(work);
+    cleanup_on_signals(work.clone());
     let started = Instant::now();
     let load_start = loadavg();
     let mut figures = Vec::new();
@@ -269,10 +320,10 @@ fn main() {
                 ),
                 ("ext4_grow_vm", "ext4 online growth in the VM", "report"),
             ],
-            || vm_figs::figures(&work, args.vm_disks),
+            || vm_figs::figures(&work, args.vm_disks, args.vm_boots),
         ));
     }
-    sys::cleanup_stale(&work);
+    cleanup_all(&work);
     let _ = std::fs::remove_dir_all(&work);
 
     let total = started.elapsed().as_secs_f64();
