@@ -558,6 +558,35 @@ mod tests {
     }
 
     #[test]
+    fn a_panicking_handler_answers_internal_and_the_service_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let volumes = Volumes::open(
+            dir.path(),
+            crate::device::Sysfs::system(),
+            crate::logging::discard(),
+        )
+        .unwrap();
+        let (tx, _rx) = std::sync::mpsc::channel();
+        let svc = Service::new(
+            Arc::new(volumes),
+            crate::logging::discard(),
+            Instant::now(),
+            Arc::new(Mutex::new(Timeline::default())),
+            tx,
+            Arc::new(Gate::new(true)),
+        );
+        let r: ttrpc::Result<()> = svc.handle("Test", "v", || panic!("boom at {}", 42));
+        match r {
+            Err(ttrpc::Error::RpcStatus(s)) => {
+                assert_eq!(s.code(), ttrpc::Code::INTERNAL);
+                assert!(s.message().contains("boom at 42"), "{}", s.message());
+            }
+            other => panic!("expected INTERNAL, got {other:?}"),
+        }
+        assert_eq!(svc.handle("Test", "v", || Ok(7)).unwrap(), 7);
+    }
+
+    #[test]
     fn every_code_has_a_status() {
         for c in [
             Code::InvalidArgument,

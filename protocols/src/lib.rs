@@ -1,12 +1,34 @@
 //! crust.v1, the wire contract of crust-agent: protobuf messages and the
 //! ttrpc `Agent` service, generated from `crust.proto` at build time.
 
-#[allow(clippy::all, unused_imports, unused_qualifications, missing_docs, non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code, unused_mut, unused_results)]
+#[allow(
+    clippy::all,
+    unused_imports,
+    unused_qualifications,
+    missing_docs,
+    non_camel_case_types,
+    non_upper_case_globals,
+    non_snake_case,
+    dead_code,
+    unused_mut,
+    unused_results
+)]
 pub mod crust {
     include!(concat!(env!("OUT_DIR"), "/gen/crust.rs"));
 }
 
-#[allow(clippy::all, unused_imports, unused_qualifications, missing_docs, non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code, unused_mut, unused_results)]
+#[allow(
+    clippy::all,
+    unused_imports,
+    unused_qualifications,
+    missing_docs,
+    non_camel_case_types,
+    non_upper_case_globals,
+    non_snake_case,
+    dead_code,
+    unused_mut,
+    unused_results
+)]
 pub mod crust_ttrpc {
     include!(concat!(env!("OUT_DIR"), "/gen/crust_ttrpc.rs"));
 }

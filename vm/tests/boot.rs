@@ -71,7 +71,10 @@ fn boot_info_hotplug_resize_unplug_down() {
         b = vm
             .agent()
             .unwrap()
-            .get_agent_info(hvsock::ctx(Duration::from_secs(10)), &GetAgentInfoRequest::new())
+            .get_agent_info(
+                hvsock::ctx(Duration::from_secs(10)),
+                &GetAgentInfoRequest::new(),
+            )
             .unwrap()
             .boot
             .unwrap();

@@ -20,7 +20,10 @@ fn ctx() -> ttrpc::context::Context {
 }
 
 fn sh(cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
     assert!(
         out.status.success(),
         "{cmd} {args:?}: {}{}",
@@ -32,27 +35,40 @@ fn sh(cmd: &str, args: &[&str]) -> String {
 
 fn boot(dir: &Path) -> Vm {
     let o = VmOptions::new(dir.join("vm"));
-    assert!(o.kernel.is_file() && o.initrd.is_file(), "run `make initrd` first ({} missing)", o.initrd.display());
+    assert!(
+        o.kernel.is_file() && o.initrd.is_file(),
+        "run `make initrd` first ({} missing)",
+        o.initrd.display()
+    );
     Vm::up(o).expect("the VM boots and the agent answers")
 }
 
 /// A formatted image with some foreign-owned content, made on the host.
 fn image(dir: &Path, name: &str, fs: &str, mib: u64) -> PathBuf {
     let img = dir.join(name);
-    std::fs::File::create(&img).unwrap().set_len(mib << 20).unwrap();
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(mib << 20)
+        .unwrap();
     match fs {
         "ext4" => sh("mkfs.ext4", &["-q", "-F", img.to_str().unwrap()]),
         _ => sh("mkfs.xfs", &["-q", "-f", img.to_str().unwrap()]),
     };
     let m = dir.join(format!("{name}.mnt"));
     std::fs::create_dir_all(&m).unwrap();
-    sh("mount", &["-o", "loop", img.to_str().unwrap(), m.to_str().unwrap()]);
+    sh(
+        "mount",
+        &["-o", "loop", img.to_str().unwrap(), m.to_str().unwrap()],
+    );
     std::fs::create_dir_all(m.join("data/deep/er")).unwrap();
     for i in 0..20 {
         std::fs::write(m.join(format!("data/deep/f{i}")), format!("file {i}")).unwrap();
     }
     std::fs::write(m.join("data/hello"), b"hello from the host").unwrap();
-    sh("chown", &["-R", "1234:1234", m.join("data").to_str().unwrap()]);
+    sh(
+        "chown",
+        &["-R", "1234:1234", m.join("data").to_str().unwrap()],
+    );
     sh("chmod", &["-R", "go-rwx", m.join("data").to_str().unwrap()]);
     sh("umount", &[m.to_str().unwrap()]);
     img
@@ -62,7 +78,10 @@ fn image(dir: &Path, name: &str, fs: &str, mib: u64) -> PathBuf {
 fn owner_on_host(img: &Path, rel: &str) -> (u32, u32) {
     let m = img.with_extension("check");
     std::fs::create_dir_all(&m).unwrap();
-    sh("mount", &["-o", "loop,ro", img.to_str().unwrap(), m.to_str().unwrap()]);
+    sh(
+        "mount",
+        &["-o", "loop,ro", img.to_str().unwrap(), m.to_str().unwrap()],
+    );
     let md = std::fs::symlink_metadata(m.join(rel));
     sh("umount", &[m.to_str().unwrap()]);
     let md = md.unwrap();
@@ -76,7 +95,13 @@ fn fsck_clean(img: &Path, fs: &str) {
     };
 }
 
-fn publish(c: &AgentClient, id: &str, serial: &str, fs: &str, gid: Option<u32>) -> ttrpc::Result<pb::PublishVolumeResponse> {
+fn publish(
+    c: &AgentClient,
+    id: &str,
+    serial: &str,
+    fs: &str,
+    gid: Option<u32>,
+) -> ttrpc::Result<pb::PublishVolumeResponse> {
     let mut r = pb::PublishVolumeRequest::new();
     r.volume_id = id.into();
     r.set_serial(serial.into());
@@ -97,7 +122,11 @@ fn stats(c: &AgentClient, id: &str) -> pb::GetVolumeStatsResponse {
 }
 
 fn bytes_total(s: &pb::GetVolumeStatsResponse) -> i64 {
-    s.usage.iter().find(|u| u.unit.enum_value() == Ok(pb::volume_usage::Unit::BYTES)).unwrap().total
+    s.usage
+        .iter()
+        .find(|u| u.unit.enum_value() == Ok(pb::volume_usage::Unit::BYTES))
+        .unwrap()
+        .total
 }
 
 fn expand(c: &AgentClient, id: &str, bytes: i64) -> ttrpc::Result<pb::ExpandVolumeResponse> {
@@ -143,17 +172,29 @@ fn volumes_in_a_real_guest() {
     eprintln!("hot-plug to publish complete: {:?}", plugged.elapsed());
     assert!(r.device.starts_with("/dev/vd"), "{r:?}");
     let own = r.ownership.as_ref().unwrap();
-    assert!(own.visited >= 24 && own.changed >= 24 && own.errors == 0, "{own:?}");
+    assert!(
+        own.visited >= 24 && own.changed >= 24 && own.errors == 0,
+        "{own:?}"
+    );
 
     // xfs: hot-plugged first, then published.
     vm.hotplug(&xfs, "ser-xfs", false).unwrap();
     let r = publish(&c, "vol-x", "ser-xfs", "xfs", Some(4321)).unwrap();
     assert!(r.device.starts_with("/dev/vd") && !r.already_published);
-    assert!(publish(&c, "vol-x", "ser-xfs", "xfs", Some(4321)).unwrap().already_published);
+    assert!(
+        publish(&c, "vol-x", "ser-xfs", "xfs", Some(4321))
+            .unwrap()
+            .already_published
+    );
     // Wrong filesystem for the disk: refused, nothing mounted.
-    assert_eq!(code(publish(&c, "vol-bad", "ser-xfs", "ext4", None)), "FAILED_PRECONDITION");
+    assert_eq!(
+        code(publish(&c, "vol-bad", "ser-xfs", "ext4", None)),
+        "FAILED_PRECONDITION"
+    );
 
-    let list = c.list_volumes(ctx(), &pb::ListVolumesRequest::new()).unwrap();
+    let list = c
+        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
+        .unwrap();
     let serials: Vec<&str> = list.volumes.iter().map(|v| v.serial.as_str()).collect();
     assert_eq!(serials, vec!["ser-ext4", "ser-xfs"]);
 
@@ -163,13 +204,23 @@ fn volumes_in_a_real_guest() {
     assert!(!stats(&c, "vol-e").condition.abnormal && !stats(&c, "vol-x").condition.abnormal);
 
     // Growth: block_resize on the host, ExpandVolume at once; the agent waits for the guest to see it.
-    for (serial, id, size) in [("ser-ext4", "vol-e", 512u64 << 20), ("ser-xfs", "vol-x", 1u64 << 30)] {
+    for (serial, id, size) in [
+        ("ser-ext4", "vol-e", 512u64 << 20),
+        ("ser-xfs", "vol-x", 1u64 << 30),
+    ] {
         vm.resize(serial, size).unwrap();
         let t = Instant::now();
         let r = expand(&c, id, size as i64).unwrap();
-        eprintln!("{id}: grown to {} bytes in {:?}", r.capacity_bytes, t.elapsed());
+        eprintln!(
+            "{id}: grown to {} bytes in {:?}",
+            r.capacity_bytes,
+            t.elapsed()
+        );
         assert_eq!(r.device_bytes as u64, size);
-        assert!(r.capacity_bytes as u64 > size * 9 / 10 && r.capacity_bytes as u64 <= size, "{r:?}");
+        assert!(
+            r.capacity_bytes as u64 > size * 9 / 10 && r.capacity_bytes as u64 <= size,
+            "{r:?}"
+        );
     }
     assert!(bytes_total(&stats(&c, "vol-e")) > 3 * e0);
     assert!(bytes_total(&stats(&c, "vol-x")) > 2 * x0);
@@ -191,8 +242,13 @@ fn volumes_in_a_real_guest() {
     assert!(br.recursive_read_only_applied && !br.already_mounted);
     b.subpath = "data/../..".into();
     assert_eq!(code(c.bind_mount(ctx(), &b)), "INVALID_ARGUMENT");
-    let list = c.list_volumes(ctx(), &pb::ListVolumesRequest::new()).unwrap();
-    assert_eq!(list.volumes[0].bind_targets, vec!["/run/crust/pods/p1/data"]);
+    let list = c
+        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
+        .unwrap();
+    assert_eq!(
+        list.volumes[0].bind_targets,
+        vec!["/run/crust/pods/p1/data"]
+    );
 
     // Unpublish ext4 explicitly; leave xfs mounted for Shutdown to take care of.
     let mut u = pb::UnpublishVolumeRequest::new();
@@ -225,7 +281,9 @@ fn hot_unplug_turns_the_condition_abnormal() {
     let s = stats(&c, "vol-g");
     assert!(s.condition.abnormal, "{:?}", s.condition);
     eprintln!("condition after unplug: {}", s.condition.message);
-    let info = c.get_agent_info(ctx(), &pb::GetAgentInfoRequest::new()).unwrap();
+    let info = c
+        .get_agent_info(ctx(), &pb::GetAgentInfoRequest::new())
+        .unwrap();
     assert!(info.init_mode);
     let mut u = pb::UnpublishVolumeRequest::new();
     u.volume_id = "vol-g".into();
