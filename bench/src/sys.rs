@@ -163,7 +163,7 @@ pub fn cleanup_stale(work: &Path) {
             .collect();
         points.sort_by_key(|p| std::cmp::Reverse(p.len()));
         for p in points {
-            eprintln!("bench: unmounting {p}, left by an earlier run");
+            eprintln!("bench: unmounting {p}, left behind");
             if run("umount", &[&p]).is_err() {
                 let _ = run("umount", &["-l", &p]);
             }
@@ -174,7 +174,7 @@ pub fn cleanup_stale(work: &Path) {
             let mut it = line.split_whitespace();
             if let (Some(dev), Some(file)) = (it.next(), it.next()) {
                 if file.starts_with(&prefix) {
-                    eprintln!("bench: detaching {dev} ({file}), left by an earlier run");
+                    eprintln!("bench: detaching {dev} ({file}), left behind");
                     let _ = run("losetup", &["-d", dev]);
                 }
             }
