@@ -192,11 +192,15 @@ fn main() {
     let mut argv = std::env::args().skip(1).peekable();
     if argv.peek().map(String::as_str) == Some("echo-server") {
         argv.next();
-        let Some(sock) = argv.next() else {
-            eprintln!("usage: crust-bench echo-server SOCKET");
+        let (Some(sock), Some(req), Some(resp)) = (
+            argv.next(),
+            argv.next().and_then(|v| v.parse().ok()),
+            argv.next().and_then(|v| v.parse().ok()),
+        ) else {
+            eprintln!("usage: crust-bench echo-server SOCKET REQUEST_BYTES RESPONSE_BYTES");
             std::process::exit(2);
         };
-        if let Err(e) = host_agent::echo_server(std::path::Path::new(&sock)) {
+        if let Err(e) = host_agent::echo_server(Path::new(&sock), req, resp) {
             eprintln!("echo-server: {e}");
             std::process::exit(1);
         }
@@ -327,16 +331,21 @@ fn main() {
     let _ = std::fs::remove_dir_all(&work);
 
     let total = started.elapsed().as_secs_f64();
+    let env = environment(&load_start);
     let preamble = format!(
-        "Medians; every baseline measured on this machine in this run. Total bench time {}.\n\
-         Load average {} at the start (the machine may be shared: parallel speed-ups need idle CPUs).\n\
-         Environment: {}.\n",
+        "Medians; every baseline measured on this machine in this run. Total bench time {}.\n\n\
+         Machine: Linux {}, {} CPUs ({}); commit {}. Load average {} at the start, {} at the end \
+         (a shared machine: parallel speed-ups need idle CPUs).\n",
         report::fmt_secs(total),
+        env["kernel"].as_str().unwrap_or(""),
+        env["cpus"],
+        env["cpu_model"].as_str().unwrap_or(""),
+        env["commit"].as_str().unwrap_or(""),
         load_start,
-        environment(&load_start)
+        env["loadavg_at_end"].as_str().unwrap_or(""),
     );
     let md = report::markdown(&figures, &preamble);
-    let js = report::json(&figures, environment(&load_start));
+    let js = report::json(&figures, env);
     if let Err(e) = report::write(&args.out, &md, &js) {
         eprintln!("crust-bench: {e}");
         std::process::exit(1);
