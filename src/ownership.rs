@@ -529,18 +529,10 @@ mod tests {
     use super::*;
     use std::fs;
     use std::os::unix::fs::{lchown, symlink, MetadataExt, PermissionsExt};
-    use std::process::Command;
+
+    use crate::testutil::{root_only_or_skip, root_or_skip, LoopDisk, Mounted};
 
     const GID: u32 = 4321;
-
-    fn is_root() -> bool {
-        if rustix::process::geteuid().is_root() {
-            true
-        } else {
-            eprintln!("skipped: needs root (chown, mounts, loop devices)");
-            false
-        }
-    }
 
     #[test]
     fn wanted_modes() {
@@ -593,66 +585,6 @@ mod tests {
                 right,
                 "{mode:o} gid={gid} ro={ro}"
             );
-        }
-    }
-
-    /// A loop device with a fresh ext4, mounted in a tempdir.
-    struct LoopDisk {
-        dir: tempfile::TempDir,
-        device: PathBuf,
-        mnt: PathBuf,
-    }
-
-    impl LoopDisk {
-        fn new(size: u64, mkfs_args: &[&str]) -> LoopDisk {
-            let dir = tempfile::tempdir().unwrap();
-            let image = dir.path().join("disk.img");
-            fs::File::create(&image).unwrap().set_len(size).unwrap();
-            let out = Command::new("losetup")
-                .args(["--find", "--show"])
-                .arg(&image)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "losetup: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let device = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
-            let mnt = dir.path().canonicalize().unwrap().join("mnt");
-            let disk = LoopDisk { dir, device, mnt };
-            let out = Command::new("mkfs.ext4")
-                .args(["-q", "-F"])
-                .args(mkfs_args)
-                .arg(&disk.device)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "mkfs: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            fs::create_dir(&disk.mnt).unwrap();
-            rustix::mount::mount(
-                &disk.device,
-                &disk.mnt,
-                "ext4",
-                rustix::mount::MountFlags::empty(),
-                None,
-            )
-            .unwrap();
-            disk
-        }
-    }
-
-    impl Drop for LoopDisk {
-        fn drop(&mut self) {
-            let _ = Command::new("umount")
-                .args(["-R", "-l"])
-                .arg(&self.mnt)
-                .output();
-            let _ = Command::new("losetup").arg("-d").arg(&self.device).output();
-            let _ = self.dir.path();
         }
     }
 
@@ -832,7 +764,7 @@ mod tests {
 
     #[test]
     fn walks_a_tmpdir() {
-        if !is_root() {
+        if !root_only_or_skip("walks_a_tmpdir") {
             return;
         }
         let d = tempfile::tempdir().unwrap();
@@ -843,18 +775,19 @@ mod tests {
 
     #[test]
     fn walks_a_loop_ext4() {
-        if !is_root() {
+        if !root_or_skip("walks_a_loop_ext4") {
             return;
         }
-        let disk = LoopDisk::new(64 << 20, &[]);
-        let root = disk.mnt.join("vol");
+        let disk = LoopDisk::new(64, Some("ext4"));
+        let mnt = Mounted::new(&disk.device, "ext4", "");
+        let root = mnt.path.join("vol");
         fs::create_dir(&root).unwrap();
         check_tree(&root);
         // And the mount's own root, with lost+found.
-        let r = apply(&disk.mnt, GID, Policy::Always, false).unwrap();
+        let r = apply(&mnt.path, GID, Policy::Always, false).unwrap();
         assert_eq!(r.errors, 0);
-        assert_eq!(gid_of(&disk.mnt.join("lost+found")), GID);
-        assert_eq!(mode_of(&disk.mnt.join("lost+found")), 0o2770);
+        assert_eq!(gid_of(&mnt.path.join("lost+found")), GID);
+        assert_eq!(mode_of(&mnt.path.join("lost+found")), 0o2770);
     }
 
     #[test]
@@ -870,7 +803,7 @@ mod tests {
 
     #[test]
     fn splits_a_big_directory_into_batches() {
-        if !is_root() {
+        if !root_only_or_skip("splits_a_big_directory_into_batches") {
             return;
         }
         let d = tempfile::tempdir().unwrap();
@@ -978,7 +911,7 @@ mod tests {
 
     #[test]
     fn parallel_walk_matches_the_serial_reference() {
-        if !is_root() {
+        if !root_only_or_skip("parallel_walk_matches_the_serial_reference") {
             return;
         }
         let d = tempfile::tempdir().unwrap();
@@ -1024,15 +957,17 @@ mod tests {
     #[test]
     #[ignore]
     fn bench_against_serial_kubelet_walk() {
-        if !is_root() {
+        if !root_or_skip("bench_against_serial_kubelet_walk") {
             return;
         }
         let entries: usize = std::env::var("CRUST_BENCH_ENTRIES")
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(100_000);
-        let disk = LoopDisk::new(2 << 30, &["-N", &(entries * 2 + 10_000).to_string()]);
-        let (a, b) = (disk.mnt.join("a"), disk.mnt.join("b"));
+        let inodes = (entries * 2 + 10_000).to_string();
+        let disk = LoopDisk::with_mkfs(2 << 10, Some("ext4"), &["-N", &inodes]);
+        let mnt = Mounted::new(&disk.device, "ext4", "");
+        let (a, b) = (mnt.path.join("a"), mnt.path.join("b"));
         fs::create_dir(&a).unwrap();
         fs::create_dir(&b).unwrap();
         bench_tree(&a, entries);
