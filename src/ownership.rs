@@ -888,11 +888,7 @@ mod tests {
             return;
         }
         let d = tempfile::tempdir().unwrap();
-        let (a, b) = (d.path().join("a"), d.path().join("b"));
-        fs::create_dir(&a).unwrap();
-        fs::create_dir(&b).unwrap();
-        bench_tree(&a, 5000);
-        bench_tree(&b, 5000);
+        let (a, b) = twins(d.path(), |t| bench_tree(t, 5000));
         let every = Duration::from_millis(1);
         let calls = Mutex::new(Vec::new());
         let record = |p: &Report| calls.lock().unwrap().push(p.clone());
@@ -936,6 +932,16 @@ mod tests {
         if calls.len() > 1 {
             assert!(last.visited > first.visited, "{first:?} … {last:?}");
         }
+    }
+
+    /// Two trees `a` and `b` in `dir`, each made by `make`.
+    fn twins(dir: &Path, make: impl Fn(&Path)) -> (PathBuf, PathBuf) {
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        for t in [&a, &b] {
+            fs::create_dir(t).unwrap();
+            make(t);
+        }
+        (a, b)
     }
 
     /// A small deterministic pseudo-random generator (no rand crate).
@@ -1030,11 +1036,7 @@ mod tests {
             return;
         }
         let d = tempfile::tempdir().unwrap();
-        let (a, b) = (d.path().join("a"), d.path().join("b"));
-        fs::create_dir(&a).unwrap();
-        fs::create_dir(&b).unwrap();
-        random_tree(&a, 7, 600);
-        random_tree(&b, 7, 600);
+        let (a, b) = twins(d.path(), |t| random_tree(t, 7, 600));
         assert_eq!(snapshot(&a), snapshot(&b));
         let before = snapshot(&a);
         let r = apply(&a, GID, Policy::Always, false).unwrap();
@@ -1082,11 +1084,7 @@ mod tests {
         let inodes = (entries * 2 + 10_000).to_string();
         let disk = LoopDisk::with_mkfs(2 << 10, Some("ext4"), &["-N", &inodes]);
         let mnt = Mounted::new(&disk.device, "ext4", "");
-        let (a, b) = (mnt.path.join("a"), mnt.path.join("b"));
-        fs::create_dir(&a).unwrap();
-        fs::create_dir(&b).unwrap();
-        bench_tree(&a, entries);
-        bench_tree(&b, entries);
+        let (a, b) = twins(&mnt.path, |t| bench_tree(t, entries));
         rustix::fs::sync();
 
         let cpu = || {
