@@ -542,7 +542,7 @@ impl Walk<'_> {
         if ok
             && (want != st.st_mode & PERM_BITS || (chown && st.st_mode & (S_ISUID | S_ISGID) != 0))
         {
-            ok &= chmod_nofollow(dirfd, name, want).is_ok();
+            ok &= chmod_nofollow(dirfd, name, st, want).is_ok();
         } else if !chown {
             return;
         }
@@ -553,11 +553,14 @@ impl Walk<'_> {
 /// Whether fchmodat2 is known to be missing (Linux < 6.6).
 static NO_FCHMODAT2: AtomicBool = AtomicBool::new(false);
 
-/// chmod of `name` in `dirfd` without following a symlink: fchmodat2 with
-/// AT_SYMLINK_NOFOLLOW where the kernel has it. On older kernels plain
-/// fchmodat, which would follow a symlink; the entry was seen as a non-link
-/// just before, so only a swap in that instant could redirect it.
-fn chmod_nofollow(dirfd: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
+/// chmod of `name` in `dirfd` without following a symlink, and only if it is
+/// still the entry `seen` (fstatat'ed just before). fchmodat2 with
+/// AT_SYMLINK_NOFOLLOW where the kernel has it (Linux 6.6+). On older
+/// kernels (the Debian 6.1 guest) the inode is pinned with an O_PATH,
+/// O_NOFOLLOW fd, checked against `seen`, and changed through its
+/// /proc/self/fd link, which names that inode and nothing else: a symlink
+/// swapped in meanwhile can never redirect the chmod.
+fn chmod_nofollow(dirfd: BorrowedFd<'_>, name: &CStr, seen: &Stat, mode: u32) -> io::Result<()> {
     if !NO_FCHMODAT2.load(Ordering::Relaxed) {
         // SAFETY: `name` is a valid NUL-terminated string borrowed for the
         // call, `dirfd` a live directory fd; the kernel only reads them.
@@ -579,13 +582,60 @@ fn chmod_nofollow(dirfd: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<(
         }
         NO_FCHMODAT2.store(true, Ordering::Relaxed);
     }
-    rustix::fs::chmodat(dirfd, name, Mode::from_raw_mode(mode), AtFlags::empty())
-        .map_err(Into::into)
+    let fd = rustix::fs::openat(
+        dirfd,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let now = rustix::fs::fstat(&fd)?;
+    if (now.st_dev, now.st_ino) != (seen.st_dev, seen.st_ino)
+        || FileType::from_raw_mode(now.st_mode) == FileType::Symlink
+    {
+        return Err(io::Error::from_raw_os_error(libc::ESTALE));
+    }
+    rustix::fs::chmod(
+        format!("/proc/self/fd/{}", fd.as_raw_fd()),
+        Mode::from_raw_mode(mode),
+    )
+    .map_err(Into::into)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chmod_without_fchmodat2_pins_the_inode() {
+        use std::os::fd::AsFd;
+        // What the walk does on kernels before 6.6 (the guest's 6.1).
+        let d = tempfile::tempdir().unwrap();
+        let dir =
+            rustix::fs::open(d.path(), OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap();
+        let outside = tempfile::NamedTempFile::new().unwrap();
+        std::fs::set_permissions(outside.path(), std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(d.path().join("f"), b"x").unwrap();
+        std::fs::set_permissions(d.path().join("f"), std::fs::Permissions::from_mode(0o600))
+            .unwrap();
+        symlink(outside.path(), d.path().join("l")).unwrap();
+        NO_FCHMODAT2.store(true, Ordering::Relaxed);
+        let lst = |n: &CStr| rustix::fs::statat(&dir, n, AtFlags::SYMLINK_NOFOLLOW).unwrap();
+        let f_seen = lst(c"f");
+        chmod_nofollow(dir.as_fd(), c"f", &f_seen, 0o660).unwrap();
+        assert_eq!(
+            fs::metadata(d.path().join("f")).unwrap().mode() & 0o7777,
+            0o660
+        );
+        // A symlink is never followed, even when it is what was seen.
+        let l_seen = lst(c"l");
+        assert!(chmod_nofollow(dir.as_fd(), c"l", &l_seen, 0o666).is_err());
+        // An entry swapped for a symlink after it was examined is left alone.
+        fs::remove_file(d.path().join("f")).unwrap();
+        symlink(outside.path(), d.path().join("f")).unwrap();
+        let e = chmod_nofollow(dir.as_fd(), c"f", &f_seen, 0o666).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ESTALE));
+        assert_eq!(fs::metadata(outside.path()).unwrap().mode() & 0o7777, 0o600);
+    }
     use std::fs;
     use std::os::unix::fs::{lchown, symlink, MetadataExt, PermissionsExt};
 
