@@ -443,8 +443,8 @@ pub fn grow(mount_path: &Path, fs: FsType, device_bytes: u64) -> Result<u64, Err
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::testutil::{root_or_skip, run, LoopDisk, Mounted};
     use crate::device::{size_bytes, wait_for_size, Sysfs};
+    use crate::testutil::{root_or_skip, run, LoopDisk, Mounted};
     use std::time::Duration;
 
     #[test]

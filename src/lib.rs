@@ -16,5 +16,7 @@ pub mod probe;
 pub mod server;
 pub mod stats;
 pub mod system;
+#[cfg(test)]
+pub(crate) mod testutil;
 pub mod validate;
 pub mod volumes;

@@ -897,7 +897,7 @@ pub fn mount_setattr_supported() -> bool {
 #[allow(clippy::unnecessary_cast)]
 mod tests {
     use super::*;
-    use std::process::Command;
+    use crate::testutil::{root_or_skip, LoopDisk};
 
     fn opts(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()
@@ -1090,91 +1090,16 @@ mod tests {
     // -----------------------------------------------------------------------
     // Tests on real kernel objects (root only).
 
-    fn is_root() -> bool {
-        if rustix::process::geteuid().is_root() {
-            true
-        } else {
-            eprintln!("skipped: needs root (loop devices, mounts)");
-            false
-        }
+    /// A loop device with a fresh `fs` (xfs wants 300 MiB at least).
+    fn loop_disk(fs: &str) -> LoopDisk {
+        LoopDisk::new(if fs == "xfs" { 320 } else { 64 }, Some(fs))
     }
 
-    fn run(cmd: &str, args: &[&str]) {
-        let out = Command::new(cmd)
-            .args(args)
-            .output()
-            .unwrap_or_else(|e| panic!("{cmd}: {e}"));
-        assert!(
-            out.status.success(),
-            "{cmd} {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    /// A loop device with a fresh filesystem, and a tempdir to mount things in.
-    struct LoopDisk {
-        dir: tempfile::TempDir,
-        device: PathBuf,
-    }
-
-    impl LoopDisk {
-        fn new(fs: &str) -> LoopDisk {
-            let dir = tempfile::tempdir().unwrap();
-            let image = dir.path().join("disk.img");
-            let size = if fs == "xfs" { 320 << 20 } else { 64 << 20 };
-            std::fs::File::create(&image)
-                .unwrap()
-                .set_len(size)
-                .unwrap();
-            let out = Command::new("losetup")
-                .args(["--find", "--show"])
-                .arg(&image)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "losetup: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let device = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
-            let disk = LoopDisk { dir, device };
-            let dev = disk.device.to_str().unwrap();
-            match fs {
-                "xfs" => run("mkfs.xfs", &["-q", "-f", dev]),
-                _ => run("mkfs.ext4", &["-q", "-F", dev]),
-            }
-            disk
-        }
-
-        /// A fresh directory inside the tempdir (canonical, as mountinfo shows it).
-        fn path(&self, name: &str) -> PathBuf {
-            let p = self.dir.path().canonicalize().unwrap().join(name);
-            std::fs::create_dir_all(&p).unwrap();
-            p
-        }
-
-        fn mount_at(&self, name: &str, fs: &str) -> PathBuf {
-            let p = self.path(name);
-            mount_filesystem(&self.device, &p, fs, &parse_options(&[], false).unwrap()).unwrap();
-            p
-        }
-    }
-
-    impl Drop for LoopDisk {
-        fn drop(&mut self) {
-            if let Ok(p) = self.dir.path().canonicalize() {
-                let _ = Command::new("umount").args(["-R", "-l"]).arg(&p).output();
-                if let Ok(rd) = std::fs::read_dir(&p) {
-                    for e in rd.flatten() {
-                        let _ = Command::new("umount")
-                            .args(["-R", "-l"])
-                            .arg(e.path())
-                            .output();
-                    }
-                }
-            }
-            let _ = Command::new("losetup").arg("-d").arg(&self.device).output();
-        }
+    /// Mounts the disk's filesystem on a fresh scratch directory `name`.
+    fn mount_at(disk: &LoopDisk, name: &str, fs: &str) -> PathBuf {
+        let p = disk.scratch(name);
+        mount_filesystem(&disk.device, &p, fs, &parse_options(&[], false).unwrap()).unwrap();
+        p
     }
 
     fn entry(path: &Path) -> Option<crate::mountinfo::MountEntry> {
@@ -1196,8 +1121,8 @@ mod tests {
     }
 
     fn check_mount_options(fs: &str, data_opt: &str) {
-        let disk = LoopDisk::new(fs);
-        let target = disk.path("mnt");
+        let disk = loop_disk(fs);
+        let target = disk.scratch("mnt");
         let o = parse_options(&opts(&["noatime,nosuid", data_opt]), true).unwrap();
         mount_filesystem(&disk.device, &target, fs, &o).unwrap();
         let e = entry(&target).expect("mounted");
@@ -1219,7 +1144,7 @@ mod tests {
         // The same device again elsewhere: the kernel allows a second mount of the
         // same superblock with the same flags, so only the table catches that;
         // but a bad data option is the kernel's to refuse.
-        let other = disk.path("other");
+        let other = disk.scratch("other");
         let bad = parse_options(&opts(&["no_such_option_here"]), false).unwrap();
         let err = mount_filesystem(&disk.device, &other, fs, &bad).unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument, "{err}");
@@ -1232,27 +1157,27 @@ mod tests {
 
     #[test]
     fn mounts_ext4_with_options() {
-        if is_root() {
+        if root_or_skip("mounts_ext4_with_options") {
             check_mount_options("ext4", "errors=remount-ro");
         }
     }
 
     #[test]
     fn mounts_xfs_with_options() {
-        if is_root() {
+        if root_or_skip("mounts_xfs_with_options") {
             check_mount_options("xfs", "nouuid");
         }
     }
 
     #[test]
     fn mount_maps_busy_and_wrong_type() {
-        if !is_root() {
+        if !root_or_skip("mount_maps_busy_and_wrong_type") {
             return;
         }
-        let disk = LoopDisk::new("ext4");
-        let a = disk.mount_at("a", "ext4");
+        let disk = loop_disk("ext4");
+        let a = mount_at(&disk, "a", "ext4");
         // The device as xfs while ext4 holds it: EBUSY, FAILED_PRECONDITION.
-        let b = disk.path("b");
+        let b = disk.scratch("b");
         let err = mount_filesystem(&disk.device, &b, "xfs", &parse_options(&[], false).unwrap())
             .unwrap_err();
         assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
@@ -1262,11 +1187,11 @@ mod tests {
 
     #[test]
     fn unmount_tree_takes_submounts_and_is_idempotent() {
-        if !is_root() {
+        if !root_or_skip("unmount_tree_takes_submounts_and_is_idempotent") {
             return;
         }
-        let disk = LoopDisk::new("ext4");
-        let vol = disk.mount_at("vol", "ext4");
+        let disk = loop_disk("ext4");
+        let vol = mount_at(&disk, "vol", "ext4");
         std::fs::create_dir_all(vol.join("a/b")).unwrap();
         rustix::mount::mount("tmpfs", vol.join("a/b"), "tmpfs", MountFlags::empty(), None).unwrap();
         rustix::mount::mount("tmpfs", vol.join("a"), "tmpfs", MountFlags::empty(), None).unwrap();
@@ -1283,11 +1208,11 @@ mod tests {
 
     #[test]
     fn unmount_of_a_busy_mount_fails_precondition() {
-        if !is_root() {
+        if !root_or_skip("unmount_of_a_busy_mount_fails_precondition") {
             return;
         }
-        let disk = LoopDisk::new("ext4");
-        let vol = disk.mount_at("vol", "ext4");
+        let disk = loop_disk("ext4");
+        let vol = mount_at(&disk, "vol", "ext4");
         let open = std::fs::File::open(&vol).unwrap();
         let err = unmount_tree(&vol).unwrap_err();
         assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
@@ -1304,13 +1229,13 @@ mod tests {
     }
 
     fn fixture() -> Fixture {
-        let disk = LoopDisk::new("ext4");
-        let vol = disk.mount_at("vol", "ext4");
+        let disk = loop_disk("ext4");
+        let vol = mount_at(&disk, "vol", "ext4");
         std::fs::create_dir_all(vol.join("data/deep")).unwrap();
         std::fs::write(vol.join("data/file"), b"hello").unwrap();
         std::fs::create_dir(vol.join("sub")).unwrap();
         rustix::mount::mount("tmpfs", vol.join("sub"), "tmpfs", MountFlags::empty(), None).unwrap();
-        let root = disk.path("agent");
+        let root = disk.scratch("agent");
         Fixture { disk, vol, root }
     }
 
@@ -1333,7 +1258,7 @@ mod tests {
 
     #[test]
     fn binds_root_and_subpath_writable_and_read_only() {
-        if !is_root() {
+        if !root_or_skip("binds_root_and_subpath_writable_and_read_only") {
             return;
         }
         let f = fixture();
@@ -1372,7 +1297,7 @@ mod tests {
 
     #[test]
     fn recursive_read_only_makes_the_difference() {
-        if !is_root() {
+        if !root_or_skip("recursive_read_only_makes_the_difference") {
             return;
         }
         let f = fixture();
@@ -1412,7 +1337,7 @@ mod tests {
 
     #[test]
     fn classic_path_without_mount_setattr() {
-        if !is_root() {
+        if !root_or_skip("classic_path_without_mount_setattr") {
             return;
         }
         let f = fixture();
@@ -1445,7 +1370,7 @@ mod tests {
 
     #[test]
     fn subpath_escapes_are_refused() {
-        if !is_root() {
+        if !root_or_skip("subpath_escapes_are_refused") {
             return;
         }
         let f = fixture();
@@ -1498,18 +1423,18 @@ mod tests {
 
     #[test]
     fn target_escapes_are_refused() {
-        if !is_root() {
+        if !root_or_skip("target_escapes_are_refused") {
             return;
         }
         let f = fixture();
-        let outside = f.disk.path("outside");
+        let outside = f.disk.scratch("outside");
         std::os::unix::fs::symlink(&outside, f.root.join("abs")).unwrap();
         std::os::unix::fs::symlink("../outside", f.root.join("rel")).unwrap();
         for t in [
             f.root.join("abs/t"),
             f.root.join("rel/t"),
             f.root.join("rel"),
-            f.disk.path("elsewhere"),
+            f.disk.scratch("elsewhere"),
         ] {
             let err = bind(&spec(&f, "", &t, true, RecursiveReadOnly::Disabled)).unwrap_err();
             assert_eq!(err.code(), Code::InvalidArgument, "{}: {err}", t.display());
@@ -1546,7 +1471,7 @@ mod tests {
 
     #[test]
     fn binds_a_file_onto_a_new_file() {
-        if !is_root() {
+        if !root_or_skip("binds_a_file_onto_a_new_file") {
             return;
         }
         let f = fixture();

@@ -98,6 +98,21 @@ const MAX_WORKERS: usize = 16;
 /// filepath.Walk would change it and walk into it). A bind mount of this
 /// volume onto itself is skipped the same way (openat2 RESOLVE_NO_XDEV).
 pub fn apply(root: &Path, gid: u32, policy: Policy, read_only: bool) -> Result<Report, Error> {
+    apply_with_progress(root, gid, policy, read_only, Duration::MAX, &|_| {})
+}
+
+/// `apply`, calling `progress` with the counts so far (and the time since
+/// the start) roughly every `every` while it walks, from one worker at a
+/// time, so that the caller can log a long walk; the final report is the
+/// same as `apply`'s. `progress` runs on the walk's threads: keep it short.
+pub fn apply_with_progress(
+    root: &Path,
+    gid: u32,
+    policy: Policy,
+    read_only: bool,
+    every: Duration,
+    progress: &(dyn Fn(&Report) + Sync),
+) -> Result<Report, Error> {
     let start = Instant::now();
     let root_fd = rustix::fs::open(
         root,
@@ -133,6 +148,10 @@ pub fn apply(root: &Path, gid: u32, policy: Policy, read_only: bool) -> Result<R
         visited: AtomicU64::new(0),
         changed: AtomicU64::new(0),
         errors: AtomicU64::new(0),
+        start,
+        every: nanos(every),
+        next_progress: AtomicU64::new(nanos(every)),
+        progress,
     };
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -146,18 +165,16 @@ pub fn apply(root: &Path, gid: u32, policy: Policy, read_only: bool) -> Result<R
         }
         walk.work();
     });
-    // Hook for progress logging on long walks: the counters above are live.
     let failed = walk.lock().failed.take();
     if let Some(e) = failed {
         return Err(e);
     }
-    Ok(Report {
-        skipped: false,
-        visited: walk.visited.load(Ordering::Relaxed),
-        changed: walk.changed.load(Ordering::Relaxed),
-        errors: walk.errors.load(Ordering::Relaxed),
-        duration: start.elapsed(),
-    })
+    Ok(walk.report(start.elapsed()))
+}
+
+/// A duration in nanoseconds, `u64::MAX` (never) when it does not fit.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// kubelet's requiresPermissionChange, negated: a directory with the group,
@@ -245,9 +262,50 @@ struct Walk<'a> {
     visited: AtomicU64,
     changed: AtomicU64,
     errors: AtomicU64,
+    start: Instant,
+    /// Nanoseconds between progress calls.
+    every: u64,
+    /// When the next progress call is due, in nanoseconds since `start`
+    /// (`u64::MAX`: never); the worker that moves it on makes the call.
+    next_progress: AtomicU64,
+    progress: &'a (dyn Fn(&Report) + Sync),
 }
 
 impl Walk<'_> {
+    /// The counts so far.
+    fn report(&self, duration: Duration) -> Report {
+        Report {
+            skipped: false,
+            visited: self.visited.load(Ordering::Relaxed),
+            changed: self.changed.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+            duration,
+        }
+    }
+
+    /// Calls `progress` if it is due; checked after every item, which is
+    /// at most one directory listing or one batch of entries.
+    fn maybe_progress(&self) {
+        let due = self.next_progress.load(Ordering::Relaxed);
+        if due == u64::MAX {
+            return;
+        }
+        let elapsed = self.start.elapsed();
+        let now = nanos(elapsed);
+        if now < due {
+            return;
+        }
+        let next = now.saturating_add(self.every);
+        // Whoever moves the deadline on reports; the others go on walking.
+        if self
+            .next_progress
+            .compare_exchange(due, next, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            (self.progress)(&self.report(elapsed));
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Queue> {
         // A worker cannot panic while holding the lock (no code there panics);
         // take the data anyway rather than panic on a poisoned lock.
@@ -280,6 +338,7 @@ impl Walk<'_> {
                     Ok(())
                 }
             };
+            self.maybe_progress();
             let mut q = self.lock();
             q.busy -= 1;
             if let Err(e) = result {
@@ -483,7 +542,7 @@ impl Walk<'_> {
         if ok
             && (want != st.st_mode & PERM_BITS || (chown && st.st_mode & (S_ISUID | S_ISGID) != 0))
         {
-            ok &= chmod_nofollow(dirfd, name, want).is_ok();
+            ok &= chmod_nofollow(dirfd, name, st, want).is_ok();
         } else if !chown {
             return;
         }
@@ -494,11 +553,14 @@ impl Walk<'_> {
 /// Whether fchmodat2 is known to be missing (Linux < 6.6).
 static NO_FCHMODAT2: AtomicBool = AtomicBool::new(false);
 
-/// chmod of `name` in `dirfd` without following a symlink: fchmodat2 with
-/// AT_SYMLINK_NOFOLLOW where the kernel has it. On older kernels plain
-/// fchmodat, which would follow a symlink; the entry was seen as a non-link
-/// just before, so only a swap in that instant could redirect it.
-fn chmod_nofollow(dirfd: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
+/// chmod of `name` in `dirfd` without following a symlink, and only if it is
+/// still the entry `seen` (fstatat'ed just before). fchmodat2 with
+/// AT_SYMLINK_NOFOLLOW where the kernel has it (Linux 6.6+). On older
+/// kernels (the Debian 6.1 guest) the inode is pinned with an O_PATH,
+/// O_NOFOLLOW fd, checked against `seen`, and changed through its
+/// /proc/self/fd link, which names that inode and nothing else: a symlink
+/// swapped in meanwhile can never redirect the chmod.
+fn chmod_nofollow(dirfd: BorrowedFd<'_>, name: &CStr, seen: &Stat, mode: u32) -> io::Result<()> {
     if !NO_FCHMODAT2.load(Ordering::Relaxed) {
         // SAFETY: `name` is a valid NUL-terminated string borrowed for the
         // call, `dirfd` a live directory fd; the kernel only reads them.
@@ -520,27 +582,66 @@ fn chmod_nofollow(dirfd: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<(
         }
         NO_FCHMODAT2.store(true, Ordering::Relaxed);
     }
-    rustix::fs::chmodat(dirfd, name, Mode::from_raw_mode(mode), AtFlags::empty())
-        .map_err(Into::into)
+    let fd = rustix::fs::openat(
+        dirfd,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let now = rustix::fs::fstat(&fd)?;
+    if (now.st_dev, now.st_ino) != (seen.st_dev, seen.st_ino)
+        || FileType::from_raw_mode(now.st_mode) == FileType::Symlink
+    {
+        return Err(io::Error::from_raw_os_error(libc::ESTALE));
+    }
+    rustix::fs::chmod(
+        format!("/proc/self/fd/{}", fd.as_raw_fd()),
+        Mode::from_raw_mode(mode),
+    )
+    .map_err(Into::into)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chmod_without_fchmodat2_pins_the_inode() {
+        use std::os::fd::AsFd;
+        // What the walk does on kernels before 6.6 (the guest's 6.1).
+        let d = tempfile::tempdir().unwrap();
+        let dir =
+            rustix::fs::open(d.path(), OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap();
+        let outside = tempfile::NamedTempFile::new().unwrap();
+        std::fs::set_permissions(outside.path(), std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(d.path().join("f"), b"x").unwrap();
+        std::fs::set_permissions(d.path().join("f"), std::fs::Permissions::from_mode(0o600))
+            .unwrap();
+        symlink(outside.path(), d.path().join("l")).unwrap();
+        NO_FCHMODAT2.store(true, Ordering::Relaxed);
+        let lst = |n: &CStr| rustix::fs::statat(&dir, n, AtFlags::SYMLINK_NOFOLLOW).unwrap();
+        let f_seen = lst(c"f");
+        chmod_nofollow(dir.as_fd(), c"f", &f_seen, 0o660).unwrap();
+        assert_eq!(
+            fs::metadata(d.path().join("f")).unwrap().mode() & 0o7777,
+            0o660
+        );
+        // A symlink is never followed, even when it is what was seen.
+        let l_seen = lst(c"l");
+        assert!(chmod_nofollow(dir.as_fd(), c"l", &l_seen, 0o666).is_err());
+        // An entry swapped for a symlink after it was examined is left alone.
+        fs::remove_file(d.path().join("f")).unwrap();
+        symlink(outside.path(), d.path().join("f")).unwrap();
+        let e = chmod_nofollow(dir.as_fd(), c"f", &f_seen, 0o666).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ESTALE));
+        assert_eq!(fs::metadata(outside.path()).unwrap().mode() & 0o7777, 0o600);
+    }
     use std::fs;
     use std::os::unix::fs::{lchown, symlink, MetadataExt, PermissionsExt};
-    use std::process::Command;
+
+    use crate::testutil::{root_only_or_skip, root_or_skip, LoopDisk, Mounted};
 
     const GID: u32 = 4321;
-
-    fn is_root() -> bool {
-        if rustix::process::geteuid().is_root() {
-            true
-        } else {
-            eprintln!("skipped: needs root (chown, mounts, loop devices)");
-            false
-        }
-    }
 
     #[test]
     fn wanted_modes() {
@@ -593,66 +694,6 @@ mod tests {
                 right,
                 "{mode:o} gid={gid} ro={ro}"
             );
-        }
-    }
-
-    /// A loop device with a fresh ext4, mounted in a tempdir.
-    struct LoopDisk {
-        dir: tempfile::TempDir,
-        device: PathBuf,
-        mnt: PathBuf,
-    }
-
-    impl LoopDisk {
-        fn new(size: u64, mkfs_args: &[&str]) -> LoopDisk {
-            let dir = tempfile::tempdir().unwrap();
-            let image = dir.path().join("disk.img");
-            fs::File::create(&image).unwrap().set_len(size).unwrap();
-            let out = Command::new("losetup")
-                .args(["--find", "--show"])
-                .arg(&image)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "losetup: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let device = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
-            let mnt = dir.path().canonicalize().unwrap().join("mnt");
-            let disk = LoopDisk { dir, device, mnt };
-            let out = Command::new("mkfs.ext4")
-                .args(["-q", "-F"])
-                .args(mkfs_args)
-                .arg(&disk.device)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "mkfs: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            fs::create_dir(&disk.mnt).unwrap();
-            rustix::mount::mount(
-                &disk.device,
-                &disk.mnt,
-                "ext4",
-                rustix::mount::MountFlags::empty(),
-                None,
-            )
-            .unwrap();
-            disk
-        }
-    }
-
-    impl Drop for LoopDisk {
-        fn drop(&mut self) {
-            let _ = Command::new("umount")
-                .args(["-R", "-l"])
-                .arg(&self.mnt)
-                .output();
-            let _ = Command::new("losetup").arg("-d").arg(&self.device).output();
-            let _ = self.dir.path();
         }
     }
 
@@ -832,7 +873,7 @@ mod tests {
 
     #[test]
     fn walks_a_tmpdir() {
-        if !is_root() {
+        if !root_only_or_skip("walks_a_tmpdir") {
             return;
         }
         let d = tempfile::tempdir().unwrap();
@@ -843,18 +884,19 @@ mod tests {
 
     #[test]
     fn walks_a_loop_ext4() {
-        if !is_root() {
+        if !root_or_skip("walks_a_loop_ext4") {
             return;
         }
-        let disk = LoopDisk::new(64 << 20, &[]);
-        let root = disk.mnt.join("vol");
+        let disk = LoopDisk::new(64, Some("ext4"));
+        let mnt = Mounted::new(&disk.device, "ext4", "");
+        let root = mnt.path.join("vol");
         fs::create_dir(&root).unwrap();
         check_tree(&root);
         // And the mount's own root, with lost+found.
-        let r = apply(&disk.mnt, GID, Policy::Always, false).unwrap();
+        let r = apply(&mnt.path, GID, Policy::Always, false).unwrap();
         assert_eq!(r.errors, 0);
-        assert_eq!(gid_of(&disk.mnt.join("lost+found")), GID);
-        assert_eq!(mode_of(&disk.mnt.join("lost+found")), 0o2770);
+        assert_eq!(gid_of(&mnt.path.join("lost+found")), GID);
+        assert_eq!(mode_of(&mnt.path.join("lost+found")), 0o2770);
     }
 
     #[test]
@@ -870,7 +912,7 @@ mod tests {
 
     #[test]
     fn splits_a_big_directory_into_batches() {
-        if !is_root() {
+        if !root_only_or_skip("splits_a_big_directory_into_batches") {
             return;
         }
         let d = tempfile::tempdir().unwrap();
@@ -888,6 +930,68 @@ mod tests {
             let p = d.path().join(format!("f{i}"));
             assert_eq!((gid_of(&p), mode_of(&p)), (GID, 0o660), "f{i}");
         }
+    }
+
+    #[test]
+    fn reports_progress_without_changing_the_result() {
+        if !root_only_or_skip("reports_progress_without_changing_the_result") {
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = twins(d.path(), |t| bench_tree(t, 5000));
+        let every = Duration::from_millis(1);
+        let calls = Mutex::new(Vec::new());
+        let record = |p: &Report| calls.lock().unwrap().push(p.clone());
+        let r = apply_with_progress(&a, GID, Policy::Always, false, every, &record).unwrap();
+        let plain = apply(&b, GID, Policy::Always, false).unwrap();
+        assert_eq!(
+            (r.skipped, r.visited, r.changed, r.errors),
+            (plain.skipped, plain.visited, plain.changed, plain.errors)
+        );
+        // The root, d0..d9, and the 5000 below them.
+        assert_eq!((r.visited, r.changed, r.errors), (5011, 5011, 0), "{r:?}");
+        assert_eq!(snapshot(&a), snapshot(&b));
+
+        let calls = calls.into_inner().unwrap();
+        assert!(!calls.is_empty(), "no progress during {:?}", r.duration);
+        // At most one call per period.
+        let periods = r.duration.as_nanos() / every.as_nanos();
+        assert!(
+            calls.len() as u128 <= periods,
+            "{} calls in {:?}",
+            calls.len(),
+            r.duration
+        );
+        for c in &calls {
+            assert!(!c.skipped);
+            assert!(c.duration >= every, "{c:?}");
+            assert!(c.visited > 0 && c.visited <= r.visited, "{c:?}");
+            assert!(c.changed <= c.visited && c.errors == 0, "{c:?}");
+        }
+        for w in calls.windows(2) {
+            assert!(
+                w[0].visited <= w[1].visited
+                    && w[0].changed <= w[1].changed
+                    && w[0].duration + every <= w[1].duration,
+                "{:?} then {:?}",
+                w[0],
+                w[1]
+            );
+        }
+        let (first, last) = (&calls[0], &calls[calls.len() - 1]);
+        if calls.len() > 1 {
+            assert!(last.visited > first.visited, "{first:?} … {last:?}");
+        }
+    }
+
+    /// Two trees `a` and `b` in `dir`, each made by `make`.
+    fn twins(dir: &Path, make: impl Fn(&Path)) -> (PathBuf, PathBuf) {
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        for t in [&a, &b] {
+            fs::create_dir(t).unwrap();
+            make(t);
+        }
+        (a, b)
     }
 
     /// A small deterministic pseudo-random generator (no rand crate).
@@ -978,15 +1082,11 @@ mod tests {
 
     #[test]
     fn parallel_walk_matches_the_serial_reference() {
-        if !is_root() {
+        if !root_only_or_skip("parallel_walk_matches_the_serial_reference") {
             return;
         }
         let d = tempfile::tempdir().unwrap();
-        let (a, b) = (d.path().join("a"), d.path().join("b"));
-        fs::create_dir(&a).unwrap();
-        fs::create_dir(&b).unwrap();
-        random_tree(&a, 7, 600);
-        random_tree(&b, 7, 600);
+        let (a, b) = twins(d.path(), |t| random_tree(t, 7, 600));
         assert_eq!(snapshot(&a), snapshot(&b));
         let before = snapshot(&a);
         let r = apply(&a, GID, Policy::Always, false).unwrap();
@@ -1024,19 +1124,17 @@ mod tests {
     #[test]
     #[ignore]
     fn bench_against_serial_kubelet_walk() {
-        if !is_root() {
+        if !root_or_skip("bench_against_serial_kubelet_walk") {
             return;
         }
         let entries: usize = std::env::var("CRUST_BENCH_ENTRIES")
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(100_000);
-        let disk = LoopDisk::new(2 << 30, &["-N", &(entries * 2 + 10_000).to_string()]);
-        let (a, b) = (disk.mnt.join("a"), disk.mnt.join("b"));
-        fs::create_dir(&a).unwrap();
-        fs::create_dir(&b).unwrap();
-        bench_tree(&a, entries);
-        bench_tree(&b, entries);
+        let inodes = (entries * 2 + 10_000).to_string();
+        let disk = LoopDisk::with_mkfs(2 << 10, Some("ext4"), &["-N", &inodes]);
+        let mnt = Mounted::new(&disk.device, "ext4", "");
+        let (a, b) = twins(&mnt.path, |t| bench_tree(t, entries));
         rustix::fs::sync();
 
         let cpu = || {

@@ -189,7 +189,7 @@ pub fn check(device: &Path, expected: FsType) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::testutil::{root_or_skip, run, LoopDisk};
+    use crate::testutil::{root_or_skip, run, LoopDisk};
 
     fn with(patches: &[(usize, &[u8])]) -> Vec<u8> {
         let mut b = vec![0u8; PROBE_BYTES];
@@ -268,9 +268,7 @@ mod tests {
                     assert!(msg.contains(&disk.device.display().to_string()), "{msg}");
                     match want {
                         Some(other) => assert!(
-                            msg.contains(&format!(
-                                "holds {other}, not the requested {fs}"
-                            )),
+                            msg.contains(&format!("holds {other}, not the requested {fs}")),
                             "{msg}"
                         ),
                         None => assert!(msg.contains("unformatted"), "{msg}"),

@@ -248,7 +248,7 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::testutil::{root_or_skip, run, LoopDisk, Mounted};
+    use crate::testutil::{root_or_skip, run, LoopDisk, Mounted};
     use std::time::{Duration, Instant};
 
     fn expected<'a>(m: &'a Mounted, dev: &'a Device, fs: FsType) -> Expected<'a> {

@@ -431,8 +431,22 @@ impl Volumes {
         };
         let report = match (req.fs_group, req.read_only) {
             (Some(g), false) => {
-                let r = ownership::apply(&guest_path, g.gid, g.policy, false)
-                    .map_err(|e| undo(e.into()))?;
+                // semantics.md §4: a long walk says how far it got every 10 s.
+                let progress = |p: &ownership::Report| {
+                    info!(self.log, "fsGroup walk in progress"; "volume" => &req.volume_id,
+                          "visited" => p.visited, "changed" => p.changed, "errors" => p.errors,
+                          "elapsed_ms" => p.duration.as_millis() as u64);
+                };
+                let every = Duration::from_secs(10);
+                let r = ownership::apply_with_progress(
+                    &guest_path,
+                    g.gid,
+                    g.policy,
+                    false,
+                    every,
+                    &progress,
+                )
+                .map_err(|e| undo(e.into()))?;
                 info!(self.log, "fsGroup applied"; "volume" => &req.volume_id, "gid" => g.gid,
                       "skipped" => r.skipped, "visited" => r.visited, "changed" => r.changed,
                       "errors" => r.errors, "duration_us" => r.duration.as_micros() as u64);
