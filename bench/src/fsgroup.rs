@@ -454,6 +454,8 @@ fn fresh_figure(
     cache: Cache,
 ) -> Figure {
     let (ours, serial, coreutils) = (median(&s[0]), median(&s[1]), median(&s[2]));
+    // Each round's own ratio, for a look at the noise of a shared machine.
+    let per_round: Vec<f64> = s[0].iter().zip(&s[1]).map(|(c, k)| k / c).collect();
     Figure {
         key: key.into(),
         title: title.into(),
@@ -475,6 +477,7 @@ fn fresh_figure(
             "cache": match cache { Cache::Warm => "warm: one untimed lstat pass over the tree before each run", Cache::Cold => "cold: sync + echo 3 > /proc/sys/vm/drop_caches before each run" },
             "crust_s": s[0], "serial_s": s[1], "chgrp_chmod_s": s[2],
             "median_crust_s": ours, "median_serial_s": serial, "median_chgrp_chmod_s": coreutils,
+            "per_round_speedup_vs_serial": per_round,
             "note": "every run starts from a reset tree (group 0, 0755/0644, untimed, synced) and is verified afterwards",
         }),
     }
