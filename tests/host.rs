@@ -675,3 +675,35 @@ fn stats_condition_turns_abnormal() {
         .get_agent_info(ctx(), &pb::GetAgentInfoRequest::new())
         .is_ok());
 }
+
+#[test]
+fn sigterm_unmounts_and_exits() {
+    if !privileged() {
+        return;
+    }
+    let disk = LoopDisk::new(64, Some("ext4"));
+    let mut a = Agent::start();
+    a.client()
+        .publish_volume(ctx(), &publish_req("t", &disk.dev(), "ext4"))
+        .unwrap();
+    assert_eq!(mounts_of(&disk.dev()).len(), 1);
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(a.child.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while a.alive() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = a
+        .child
+        .try_wait()
+        .unwrap()
+        .expect("agent exited after SIGTERM");
+    assert!(status.success(), "{status:?}");
+    assert!(
+        mounts_of(&disk.dev()).is_empty(),
+        "SIGTERM left the volume mounted"
+    );
+}
