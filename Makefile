@@ -35,6 +35,10 @@ demo: deps initrd
 	cargo build --release -p crust-client -p crust-vm
 	scripts/demo.sh
 
+# Speed, size and memory against baselines in the same run: target/bench/report.md and report.json.
+bench:
+	sh bench/run.sh
+
 lint:
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings

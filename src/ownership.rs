@@ -153,9 +153,11 @@ pub fn apply_with_progress(
         next_progress: AtomicU64::new(nanos(every)),
         progress,
     };
-    let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(MAX_WORKERS);
+    // Two workers per CPU: with a cold cache each entry waits for its inode
+    // table block, and a second worker per CPU keeps the disk busy meanwhile
+    // (measured on 100k entries, 2 CPUs: cold 20% faster, warm no slower).
+    let workers =
+        (2 * std::thread::available_parallelism().map_or(1, |n| n.get())).min(MAX_WORKERS);
     std::thread::scope(|s| {
         for i in 1..workers {
             // Fewer threads than CPUs is slower, not wrong: go on with what started.
