@@ -294,8 +294,9 @@ fn run(
         let _ = signal_tx.send(());
     });
     let _ = rx.recv();
+    // After a Shutdown request this finds nothing left; after a signal it does the work.
     let n = volumes.shutdown();
-    info!(log, "shutting down"; "volumes_unmounted" => n);
+    info!(log, "shutting down"; "volumes_unmounted_now" => n);
     // Give a Shutdown response time to leave before the listeners close.
     std::thread::sleep(Duration::from_millis(100));
     for s in servers {
