@@ -69,6 +69,14 @@ pub enum Error {
         /// What holds it.
         what: String,
     },
+    /// FAILED_PRECONDITION: the volume's mount went away behind the agent's back.
+    #[error("volume {id} is published, but its mount at {path} is gone (unmounted behind the agent's back); unpublish it, then publish it again")]
+    MountGone {
+        /// The volume id.
+        id: String,
+        /// The guest path.
+        path: String,
+    },
     /// FAILED_PRECONDITION: the agent is shutting down.
     #[error("the agent is shutting down and accepts no new volumes or binds")]
     ShuttingDown,
@@ -84,6 +92,7 @@ impl Error {
             | Error::DeviceMounted { .. }
             | Error::GuestPathBusy { .. }
             | Error::ReadOnly(_)
+            | Error::MountGone { .. }
             | Error::ShuttingDown => Code::FailedPrecondition,
         }
     }
@@ -224,13 +233,21 @@ impl Volume {
             },
             fs_type: self.fs.name().to_string(),
             guest_path: self.guest_path.display().to_string(),
-            read_only: self.read_only,
+            read_only: self.mounted_read_only(),
             bind_targets: self
                 .binds
                 .iter()
                 .map(|b| b.target.display().to_string())
                 .collect(),
         }
+    }
+
+    /// Whether the volume is mounted read-only: `read_only`, or an `ro` that
+    /// the mount options leave in effect.
+    fn mounted_read_only(&self) -> bool {
+        self.read_only
+            || mount::parse_options(&self.options, false)
+                .is_ok_and(|o| o.flags & libc::MS_RDONLY as u64 != 0)
     }
 
     /// Which publish parameter differs from `req`, if any.
@@ -351,6 +368,18 @@ impl Volumes {
                 }
                 .into());
             }
+            // Idempotent only if it is still true: a mount taken away behind
+            // the agent's back is not "already published".
+            let table = mountinfo::read()?;
+            let live = mountinfo::mount_at(&table, &vol.guest_path)
+                .is_some_and(|m| (m.major, m.minor) == (vol.device.major, vol.device.minor));
+            if !live {
+                return Err(Error::MountGone {
+                    id: req.volume_id.clone(),
+                    path: vol.guest_path.display().to_string(),
+                }
+                .into());
+            }
             return Ok(Published {
                 guest_path: vol.guest_path.clone(),
                 device: vol.device.path.clone(),
@@ -429,7 +458,7 @@ impl Volumes {
             }
             e
         };
-        let report = match (req.fs_group, req.read_only) {
+        let report = match (req.fs_group, vol.mounted_read_only()) {
             (Some(g), false) => {
                 // semantics.md §4: a long walk says how far it got every 10 s.
                 let progress = |p: &ownership::Report| {
@@ -542,7 +571,7 @@ impl Volumes {
                 &stats::Expected {
                     path: &vol.guest_path,
                     device: &vol.device,
-                    read_only: vol.read_only,
+                    read_only: vol.mounted_read_only(),
                     fs: vol.fs,
                 },
             ))
@@ -553,7 +582,7 @@ impl Volumes {
     /// current size), then grow the filesystem to fill it.
     pub fn expand(&self, id: &str, required_bytes: u64, timeout: Duration) -> Result<Expanded> {
         self.with_volume(id, |vol| {
-            if vol.read_only {
+            if vol.mounted_read_only() {
                 return Err(Error::ReadOnly(id.to_string()).into());
             }
             let current = grow::fs_size_bytes(&vol.guest_path, vol.fs)?;

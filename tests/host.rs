@@ -661,6 +661,17 @@ fn stats_condition_turns_abnormal() {
     sh("umount", &[a.root.join("volumes/u").to_str().unwrap()]);
     let s = stats("u");
     assert!(s.condition.abnormal, "{:?}", s.condition);
+    // Publishing it again is not "already published": the mount is gone.
+    let again = c.publish_volume(ctx(), &publish_req("u", &d1.dev(), "ext4"));
+    assert_eq!(code(again), "FAILED_PRECONDITION");
+    let mut ur = pb::UnpublishVolumeRequest::new();
+    ur.volume_id = "u".into();
+    assert!(c.unpublish_volume(ctx(), &ur).unwrap().was_published);
+    let back = c
+        .publish_volume(ctx(), &publish_req("u", &d1.dev(), "ext4"))
+        .unwrap();
+    assert!(!back.already_published);
+    assert!(!stats("u").condition.abnormal);
     // ext4 errors: remounted read-only by errors=remount-ro, errors_count above zero.
     let d2 = LoopDisk::new(64, Some("ext4"));
     let mut req = publish_req("e", &d2.dev(), "ext4");
@@ -706,4 +717,34 @@ fn sigterm_unmounts_and_exits() {
         mounts_of(&disk.dev()).is_empty(),
         "SIGTERM left the volume mounted"
     );
+}
+
+#[test]
+fn an_ro_option_makes_the_volume_read_only() {
+    if !privileged() {
+        return;
+    }
+    let disk = LoopDisk::new(64, Some("ext4"));
+    let a = Agent::start();
+    let c = a.client();
+    let mut req = publish_req("ro-opt", &disk.dev(), "ext4");
+    req.mount_options = vec!["noatime,ro".into()];
+    req.fs_group = fs_group(777, pb::FsGroupChangePolicy::ALWAYS);
+    let r = c.publish_volume(ctx(), &req).unwrap();
+    assert!(
+        r.ownership.skipped,
+        "a read-only volume's ownership is left alone"
+    );
+    let gp = a.root.join("volumes/ro-opt");
+    assert_ne!(std::fs::metadata(&gp).unwrap().gid(), 777);
+    let list = c
+        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
+        .unwrap();
+    assert!(list.volumes[0].read_only);
+    let mut sr = pb::GetVolumeStatsRequest::new();
+    sr.volume_id = "ro-opt".into();
+    assert!(!c.get_volume_stats(ctx(), &sr).unwrap().condition.abnormal);
+    let mut er = pb::ExpandVolumeRequest::new();
+    er.volume_id = "ro-opt".into();
+    assert_eq!(code(c.expand_volume(ctx(), &er)), "FAILED_PRECONDITION");
 }
