@@ -247,7 +247,7 @@ impl Volume {
     fn mounted_read_only(&self) -> bool {
         self.read_only
             || mount::parse_options(&self.options, false)
-                .is_ok_and(|o| o.flags & libc::MS_RDONLY as u64 != 0)
+                .is_ok_and(|o| o.flags & libc::MS_RDONLY != 0)
     }
 
     /// Which publish parameter differs from `req`, if any.
