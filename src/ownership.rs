@@ -153,9 +153,11 @@ pub fn apply_with_progress(
         next_progress: AtomicU64::new(nanos(every)),
         progress,
     };
-    // Two workers per CPU: with a cold cache each entry waits for its inode
-    // table block, and a second worker per CPU keeps the disk busy meanwhile
-    // (measured on 100k entries, 2 CPUs: cold 20% faster, warm no slower).
+    // Two workers per CPU: a worker often sleeps in the kernel (an inode table
+    // block to read, a journal handle to wait for), and a second one per CPU
+    // keeps it busy meanwhile. Measured on 100k entries on a loop ext4 with
+    // 2 CPUs, warm: 1 worker 245 ms, 2 workers 175 ms, 4 workers 150 ms, 8 no
+    // better; cold about 20% faster with 4 than with 2.
     let workers =
         (2 * std::thread::available_parallelism().map_or(1, |n| n.get())).min(MAX_WORKERS);
     std::thread::scope(|s| {
