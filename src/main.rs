@@ -219,7 +219,15 @@ fn main() -> ExitCode {
             }));
     }
 
-    let code = run(&cfg, &log, started, timeline, modules, after_listening);
+    // As PID 1, exiting (or unwinding out of main) would panic the kernel:
+    // whatever happens, the guest ends in an orderly power-off.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run(&cfg, &log, started, timeline, modules, after_listening)
+    }));
+    let code = outcome.unwrap_or_else(|_| {
+        error!(log, "the agent failed unexpectedly (see the panic above)");
+        ExitCode::FAILURE
+    });
     if pid1 {
         info!(log, "powering off");
         init::power_off();
