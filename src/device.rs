@@ -868,7 +868,7 @@ mod tests {
             return;
         }
         let disk = LoopDisk::new(32, None);
-        let dev = disk.dev();
+        let dev = from_path(&disk.device).unwrap();
         let sysfs = Sysfs::system();
         assert_eq!(size_bytes(&disk.device).unwrap(), 32 << 20);
         assert_eq!(

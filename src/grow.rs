@@ -520,7 +520,7 @@ mod tests {
         disk.resize(1024);
         let dev_bytes = wait_for_size(
             &Sysfs::system(),
-            &disk.dev(),
+            &crate::device::from_path(&disk.device).unwrap(),
             1 << 30,
             Duration::from_secs(5),
         )

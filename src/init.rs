@@ -20,31 +20,6 @@ pub const MODULE_LIST: &str = "crust.modules";
 /// `finit_module` flag: the file is compressed and the kernel decompresses it.
 const MODULE_INIT_COMPRESSED_FILE: i32 = 4;
 
-/// Milliseconds since the kernel started, counting time suspended
-/// (CLOCK_BOOTTIME): the clock of the boot timeline.
-pub fn boottime_ms() -> u64 {
-    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
-    (ts.tv_sec as u64) * 1000 + (ts.tv_nsec as u64) / 1_000_000
-}
-
-/// True when this process is the kernel's init.
-pub fn is_pid1() -> bool {
-    rustix::process::getpid().is_init()
-}
-
-/// The kernel release (`uname -r`), which names the modules directory.
-pub fn kernel_release() -> String {
-    rustix::system::uname()
-        .release()
-        .to_string_lossy()
-        .into_owned()
-}
-
-/// The kernel command line, or "" when /proc cannot be read.
-pub fn read_cmdline() -> String {
-    fs::read_to_string("/proc/cmdline").unwrap_or_default()
-}
-
 /// One early mount: what, where, which filesystem, flags, options.
 struct EarlyMount {
     source: &'static str,
@@ -451,7 +426,7 @@ pub fn block_signals() {
 /// Ctrl-Alt-Del (or QEMU's `send-key ctrl-alt-delete`) then reaches us as
 /// SIGINT, an orderly shutdown, instead of an immediate reboot.
 pub fn start_reaper_and_signals(on_shutdown: impl Fn() + Send + 'static) {
-    if is_pid1() {
+    if rustix::process::getpid().is_init() {
         if let Err(e) = rustix::system::reboot(rustix::system::RebootCommand::CadOff) {
             console(&format!(
                 "crust-agent: cannot turn Ctrl-Alt-Del into SIGINT: {e}"
@@ -689,13 +664,5 @@ kernel/drivers/md/dm-mod.ko.xz:
         let failed: Vec<&str> = r.failed.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(failed, vec!["present"]);
         assert!(load_named(dir.path(), &[]).failed.is_empty());
-    }
-
-    #[test]
-    fn boottime_advances() {
-        let a = boottime_ms();
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        let b = boottime_ms();
-        assert!(a > 0 && b >= a + 20, "{a} {b}");
     }
 }

@@ -16,7 +16,10 @@ pub mod probe;
 pub mod server;
 pub mod stats;
 pub mod system;
+/// Loop devices and mkfs'd filesystems for the unit tests, shared with the
+/// host and VM tests. Test-only: the agent itself never runs a program.
 #[cfg(test)]
+#[path = "../tests/fixtures/disks.rs"]
 pub(crate) mod testutil;
 pub mod validate;
 pub mod volumes;

@@ -7,7 +7,6 @@ use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::{Component, Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
@@ -493,7 +492,8 @@ pub struct BindOutcome {
 /// detached, made read-only while detached, and only then moved into place,
 /// so the target is never writable when it should not be.
 pub fn bind(spec: &BindSpec) -> Result<BindOutcome, Error> {
-    bind_with(spec, mount_setattr_supported())
+    let f = crate::system::features();
+    bind_with(spec, f.mount_setattr && f.open_tree)
 }
 
 /// `bind`, with the kernel's mount_setattr support given (false forces the
@@ -874,25 +874,6 @@ fn mount_setattr(dir: RawFd, path: &CStr, flags: u32, attr: &MountAttr) -> io::R
     }
 }
 
-/// Whether this kernel has mount_setattr (Linux 5.12+), probed once: a call
-/// with an invalid fd fails with EBADF/EINVAL where it exists, ENOSYS where not.
-pub fn mount_setattr_supported() -> bool {
-    static SUPPORTED: OnceLock<bool> = OnceLock::new();
-    *SUPPORTED.get_or_init(|| {
-        let attr = MountAttr {
-            attr_set: 0,
-            attr_clr: 0,
-            propagation: 0,
-            userns_fd: 0,
-        };
-        // fd -1 is never a live fd, so the probe cannot change any mount.
-        match mount_setattr(-1, c"", libc::AT_EMPTY_PATH as u32, &attr) {
-            Err(e) => e.raw_os_error() != Some(libc::ENOSYS),
-            Ok(()) => true,
-        }
-    })
-}
-
 #[cfg(test)]
 #[allow(clippy::unnecessary_cast)]
 mod tests {
@@ -1068,23 +1049,6 @@ mod tests {
             .map(|p| p.display().to_string())
             .collect();
         assert_eq!(order, ["/v/a/c", "/v/a/c", "/v/a", "/v/a/b", "/v"]);
-    }
-
-    #[test]
-    fn probes_mount_setattr() {
-        // This host's kernel (6.x) has it; the probe must say so.
-        let release = rustix::system::uname()
-            .release()
-            .to_string_lossy()
-            .into_owned();
-        let major: u32 = release
-            .split('.')
-            .next()
-            .and_then(|m| m.parse().ok())
-            .unwrap_or(0);
-        if major >= 6 {
-            assert!(mount_setattr_supported());
-        }
     }
 
     // -----------------------------------------------------------------------

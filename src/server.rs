@@ -146,8 +146,7 @@ pub fn publish_request(req: &pb::PublishVolumeRequest) -> Result<PublishRequest,
         }
     };
     let fs = validate::fs_type(&req.fs_type)?;
-    // Parsed here only to refuse bad options before anything happens; the volume table parses again.
-    crate::mount::parse_options(&req.mount_options, req.read_only)?;
+    let mount = crate::mount::parse_options(&req.mount_options, req.read_only)?;
     let fs_group = match req.fs_group.as_ref() {
         None => None,
         Some(g) => Some(FsGroup {
@@ -163,6 +162,7 @@ pub fn publish_request(req: &pb::PublishVolumeRequest) -> Result<PublishRequest,
         source,
         fs,
         options: req.mount_options.clone(),
+        mount,
         read_only: req.read_only,
         fs_group,
         timeout: validate::timeout(req.timeout_ms),
@@ -471,6 +471,8 @@ mod tests {
             })
         );
         assert_eq!(d.timeout, validate::DEFAULT_TIMEOUT);
+        assert_eq!(d.mount.data, "discard");
+        assert_ne!(d.mount.flags & libc::MS_NOATIME, 0);
     }
 
     #[test]

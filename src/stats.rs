@@ -314,7 +314,7 @@ mod tests {
         for fs in [FsType::Ext4, FsType::Xfs] {
             let disk = LoopDisk::new(320, Some(fs.name()));
             let m = Mounted::new(&disk.device, fs.name(), "");
-            let dev = disk.dev();
+            let dev = crate::device::from_path(&disk.device).unwrap();
             let (before, cond) = check(&Sysfs::system(), &expected(&m, &dev, fs));
             assert_ok(&cond);
             // Through a symlink to the mount point, as a path with a linked component would be.
@@ -357,7 +357,7 @@ mod tests {
         }
         let disk = LoopDisk::new(64, Some("ext4"));
         let m = Mounted::new(&disk.device, "ext4", "");
-        let dev = disk.dev();
+        let dev = crate::device::from_path(&disk.device).unwrap();
         run("umount", &[m.path.to_str().unwrap()]);
         let (usage, cond) = check(&Sysfs::system(), &expected(&m, &dev, FsType::Ext4));
         assert_abnormal(&cond, "no longer a mount point");
@@ -375,7 +375,10 @@ mod tests {
         assert_eq!(usage, None);
         assert_abnormal(
             &cond,
-            &format!("is now a mount of device 7:{}", other.dev().minor),
+            &format!(
+                "is now a mount of device 7:{}",
+                crate::device::from_path(&other.device).unwrap().minor
+            ),
         );
         run("umount", &[m.path.to_str().unwrap()]);
     }
@@ -387,7 +390,7 @@ mod tests {
         }
         let disk = LoopDisk::new(320, Some("xfs"));
         let m = Mounted::new(&disk.device, "xfs", "");
-        let dev = disk.dev();
+        let dev = crate::device::from_path(&disk.device).unwrap();
         run("mount", &["-o", "remount,ro", m.path.to_str().unwrap()]);
         let (usage, cond) = check(&Sysfs::system(), &expected(&m, &dev, FsType::Xfs));
         assert_abnormal(&cond, "published read-write but is now read-only");
@@ -410,7 +413,7 @@ mod tests {
         }
         let disk = LoopDisk::new(64, Some("ext4"));
         let m = Mounted::new(&disk.device, "ext4", "errors=remount-ro");
-        let dev = disk.dev();
+        let dev = crate::device::from_path(&disk.device).unwrap();
         assert_ok(&check(&Sysfs::system(), &expected(&m, &dev, FsType::Ext4)).1);
         std::fs::write(format!("/sys/fs/ext4/{}/trigger_fs_error", dev.name), "1").unwrap();
         // The error count is bumped by a work item: give it a moment.
@@ -442,7 +445,7 @@ mod tests {
         }
         let disk = LoopDisk::new(320, Some("xfs"));
         let m = Mounted::new(&disk.device, "xfs", "");
-        let dev = disk.dev();
+        let dev = crate::device::from_path(&disk.device).unwrap();
         run(
             "xfs_io",
             &["-x", "-c", "shutdown", m.path.to_str().unwrap()],
@@ -460,7 +463,7 @@ mod tests {
         }
         let disk = LoopDisk::new(64, Some("ext4"));
         let m = Mounted::new(&disk.device, "ext4", "");
-        let dev = disk.dev();
+        let dev = crate::device::from_path(&disk.device).unwrap();
         // Detach while mounted (the loop driver defers it), then lose the backing storage.
         run("losetup", &["-d", disk.device.to_str().unwrap()]);
         disk.resize(0);

@@ -264,6 +264,14 @@ mod tests {
     }
 
     #[test]
+    fn boottime_advances() {
+        let a = boottime_ms();
+        std::thread::sleep(Duration::from_millis(20));
+        let b = boottime_ms();
+        assert!(a > 0 && b >= a + 20, "{a} {b}");
+    }
+
+    #[test]
     fn info_reads_the_process() {
         let i = agent_info(Instant::now(), Timeline::default()).unwrap();
         assert!(i.rss_bytes > 0);

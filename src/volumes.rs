@@ -14,7 +14,7 @@ use slog::{info, warn, Logger};
 
 use crate::device::{self, Device, Sysfs};
 use crate::errors::{Code, Result, SysError};
-use crate::mount::{self, BindSpec, RecursiveReadOnly};
+use crate::mount::{self, BindSpec, MountOptions, RecursiveReadOnly};
 use crate::ownership::{self, Policy};
 use crate::probe::{self, FsType};
 use crate::stats::{self, Condition, Usage};
@@ -125,8 +125,10 @@ pub struct PublishRequest {
     pub source: Source,
     /// The filesystem the disk must hold.
     pub fs: FsType,
-    /// Mount options as given (already checked by `mount::parse_options`).
+    /// Mount options as given: what a repeated request is compared with.
     pub options: Vec<String>,
+    /// The same options parsed, with `read_only` applied.
+    pub mount: MountOptions,
     /// Mount read-only.
     pub read_only: bool,
     /// fsGroup, if any.
@@ -216,6 +218,8 @@ struct Volume {
     device: Device,
     fs: FsType,
     options: Vec<String>,
+    /// `options` parsed with `read_only` applied: the flags it is mounted with.
+    mount: MountOptions,
     read_only: bool,
     fs_group: Option<FsGroup>,
     guest_path: PathBuf,
@@ -245,9 +249,7 @@ impl Volume {
     /// Whether the volume is mounted read-only: `read_only`, or an `ro` that
     /// the mount options leave in effect.
     fn mounted_read_only(&self) -> bool {
-        self.read_only
-            || mount::parse_options(&self.options, false)
-                .is_ok_and(|o| o.flags & libc::MS_RDONLY != 0)
+        self.mount.flags & libc::MS_RDONLY != 0
     }
 
     /// Which publish parameter differs from `req`, if any.
@@ -409,7 +411,6 @@ impl Volumes {
     }
 
     fn publish_new(&self, req: &PublishRequest) -> Result<(Volume, Option<ownership::Report>)> {
-        let opts = mount::parse_options(&req.options, req.read_only)?;
         let device = match &req.source {
             Source::Serial(s) => device::find_by_serial(&self.sysfs, s, req.timeout)?,
             Source::Path(p) => device::from_path(p)?,
@@ -435,7 +436,9 @@ impl Volumes {
         }
         probe::check(&device.path, req.fs)?;
         make_dir(&guest_path, 0o750)?;
-        if let Err(e) = mount::mount_filesystem(&device.path, &guest_path, req.fs.name(), &opts) {
+        if let Err(e) =
+            mount::mount_filesystem(&device.path, &guest_path, req.fs.name(), &req.mount)
+        {
             let _ = std::fs::remove_dir(&guest_path);
             return Err(e.into());
         }
@@ -445,6 +448,7 @@ impl Volumes {
             device: device.clone(),
             fs: req.fs,
             options: req.options.clone(),
+            mount: req.mount.clone(),
             read_only: req.read_only,
             fs_group: req.fs_group,
             guest_path: guest_path.clone(),
@@ -773,6 +777,7 @@ impl Volumes {
                 let _ = std::fs::remove_file(&path);
                 continue;
             }
+            let binds_before = vol.binds.len();
             vol.binds.retain(|b| {
                 let live = mountinfo::mount_at(&table, &b.target)
                     .is_some_and(|m| (m.major, m.minor) == (vol.device.major, vol.device.minor));
@@ -785,7 +790,10 @@ impl Volumes {
                 lock(&self.binds).insert(b.target.clone(), vol.id.clone());
             }
             lock(&self.devices).insert((vol.device.major, vol.device.minor), vol.id.clone());
-            self.save(&vol)?;
+            // Rewritten only when a bind was dropped: start-up does no needless I/O.
+            if vol.binds.len() != binds_before {
+                self.save(&vol)?;
+            }
             self.publish_snapshot(&vol);
             info!(self.log, "volume taken back from a previous run"; "volume" => &vol.id, "binds" => vol.binds.len());
             lock(&self.slots).insert(vol.id.clone(), Arc::new(Mutex::new(Some(vol))));
@@ -980,6 +988,7 @@ mod state {
                 serial: dserial,
             },
             fs: fs?,
+            mount: mount::parse_options(&options, read_only).ok()?,
             options,
             read_only,
             fs_group,
@@ -993,6 +1002,7 @@ mod tests {
     use super::*;
 
     fn sample() -> Volume {
+        let options = vec!["noatime".into(), "weird%opt\twith\nbreaks".into()];
         Volume {
             id: "vol-1".into(),
             source: Source::Serial("vol-0123".into()),
@@ -1004,7 +1014,8 @@ mod tests {
                 serial: Some("vol-0123".into()),
             },
             fs: FsType::Xfs,
-            options: vec!["noatime".into(), "weird%opt\twith\nbreaks".into()],
+            mount: mount::parse_options(&options, false).unwrap(),
+            options,
             read_only: false,
             fs_group: Some(FsGroup {
                 gid: 2000,
@@ -1027,6 +1038,7 @@ mod tests {
         let back = state::decode(&state::encode(&v), Path::new("/r")).unwrap();
         assert_eq!(back.info(), v.info());
         assert_eq!(back.options, v.options);
+        assert_eq!(back.mount, v.mount);
         assert_eq!(back.fs_group, v.fs_group);
         assert_eq!(back.binds, v.binds);
         assert_eq!(back.device, v.device);
@@ -1044,6 +1056,25 @@ mod tests {
             state::decode(&text, Path::new("/r")).is_none(),
             "an id that escapes the root must be refused"
         );
+        let text = state::encode(&sample()).replace("option=noatime", "option=remount");
+        assert!(
+            state::decode(&text, Path::new("/r")).is_none(),
+            "options publishing refuses are refused from a state file too"
+        );
+    }
+
+    #[test]
+    fn an_ro_option_counts_as_read_only() {
+        let mut v = sample();
+        assert!(!v.mounted_read_only());
+        v.options = vec!["noatime,ro".into()];
+        v.mount = mount::parse_options(&v.options, false).unwrap();
+        assert!(v.mounted_read_only() && v.info().read_only);
+        let back = state::decode(&state::encode(&v), Path::new("/r")).unwrap();
+        assert!(back.mounted_read_only());
+        v.options = vec!["ro".into(), "rw".into()];
+        v.mount = mount::parse_options(&v.options, false).unwrap();
+        assert!(!v.mounted_read_only(), "a later rw overrides ro");
     }
 
     #[test]
@@ -1054,6 +1085,7 @@ mod tests {
             source: Source::Serial("vol-0123".into()),
             fs: FsType::Xfs,
             options: v.options.clone(),
+            mount: v.mount.clone(),
             read_only: false,
             fs_group: v.fs_group,
             timeout: Duration::from_secs(1),

@@ -124,11 +124,7 @@ fn survives_garbage_closed_connections_and_load() {
                         c.list_volumes(ctx(), &pb::ListVolumesRequest::new())
                             .unwrap();
                     } else {
-                        let e = c.get_volume_stats(ctx(), &{
-                            let mut r = pb::GetVolumeStatsRequest::new();
-                            r.volume_id = "nope".into();
-                            r
-                        });
+                        let e = c.get_volume_stats(ctx(), &stats_req("nope"));
                         assert_eq!(code(e), "NOT_FOUND");
                     }
                 }
@@ -164,7 +160,7 @@ fn publish_fsgroup_stats_bind_unpublish_ext4_and_xfs() {
         // Put some content with foreign ownership on the disk first.
         {
             let m = tempfile::tempdir().unwrap();
-            sh("mount", &[&disk.dev(), m.path().to_str().unwrap()]);
+            run("mount", &[&disk.path(), m.path().to_str().unwrap()]);
             std::fs::create_dir_all(m.path().join("data/sub")).unwrap();
             std::fs::write(m.path().join("data/file"), b"hello").unwrap();
             std::fs::set_permissions(
@@ -173,25 +169,25 @@ fn publish_fsgroup_stats_bind_unpublish_ext4_and_xfs() {
             )
             .unwrap();
             std::os::unix::fs::symlink("/etc/passwd", m.path().join("data/link")).unwrap();
-            sh("umount", &[m.path().to_str().unwrap()]);
+            run("umount", &[m.path().to_str().unwrap()]);
         }
         let a = Agent::start();
         let c = a.client();
         let id = format!("vol-{fs}");
-        let mut req = publish_req(&id, &disk.dev(), fs);
+        let mut req = publish_req(&id, &disk.path(), fs);
         req.mount_options = vec!["noatime".into()];
         req.fs_group = fs_group(2345, pb::FsGroupChangePolicy::ALWAYS);
         let r = c.publish_volume(ctx(), &req).unwrap();
         let gp = a.root.join("volumes").join(&id);
         assert_eq!(Path::new(&r.guest_path), gp);
-        assert_eq!(r.device, disk.dev());
+        assert_eq!(r.device, disk.path());
         assert!(!r.already_published);
         let own = r.ownership.as_ref().expect("ownership report");
         assert!(
             !own.skipped && own.visited >= 5 && own.changed >= 4 && own.errors == 0,
             "{own:?}"
         );
-        assert_eq!(mounts_of(&disk.dev()), vec![gp.display().to_string()]);
+        assert_eq!(mounts_of(&disk.path()), vec![gp.display().to_string()]);
         assert_eq!(std::fs::metadata(gp.join("data/file")).unwrap().gid(), 2345);
         assert_eq!(
             std::fs::metadata(gp.join("data/file")).unwrap().mode() & 0o7777,
@@ -220,8 +216,7 @@ fn publish_fsgroup_stats_bind_unpublish_ext4_and_xfs() {
         // (Same id with another policy would conflict, so check via stats of behaviour below.)
 
         // Stats: usage follows a write; the condition is ok.
-        let mut sr = pb::GetVolumeStatsRequest::new();
-        sr.volume_id = id.clone();
+        let sr = stats_req(id.clone());
         let s0 = c.get_volume_stats(ctx(), &sr).unwrap();
         assert!(!s0.condition.abnormal, "{}", s0.condition.message);
         let bytes0 = s0
@@ -312,22 +307,21 @@ fn publish_fsgroup_stats_bind_unpublish_ext4_and_xfs() {
         assert_eq!(list.volumes[0].fs_type, fs);
 
         // Unpublish takes the binds with it; a second one is a no-op.
-        let mut ur = pb::UnpublishVolumeRequest::new();
-        ur.volume_id = id.clone();
+        let ur = unpublish_req(id.clone());
         assert!(c.unpublish_volume(ctx(), &ur).unwrap().was_published);
         assert!(!c.unpublish_volume(ctx(), &ur).unwrap().was_published);
-        assert!(mounts_of(&disk.dev()).is_empty());
+        assert!(mounts_of(&disk.path()).is_empty());
         assert!(!is_mount(&target));
 
         // Read back from the disk: data and ownership are there.
         let m = tempfile::tempdir().unwrap();
-        sh(
+        run(
             "mount",
-            &["-o", "ro", &disk.dev(), m.path().to_str().unwrap()],
+            &["-o", "ro", &disk.path(), m.path().to_str().unwrap()],
         );
         let md = std::fs::metadata(m.path().join("data/file")).unwrap();
         let big = std::fs::metadata(m.path().join("big")).map(|m| m.len());
-        sh("umount", &[m.path().to_str().unwrap()]);
+        run("umount", &[m.path().to_str().unwrap()]);
         assert_eq!((md.gid(), md.mode() & 0o777), (2345, 0o660));
         assert_eq!(big.unwrap(), 8 << 20);
     }
@@ -344,28 +338,43 @@ fn error_codes_have_their_triggers() {
     let ext4 = LoopDisk::new(64, Some("ext4"));
     // FAILED_PRECONDITION: no filesystem, and the wrong one. Nothing is written to either disk.
     let before = std::fs::read(&blank.image).unwrap();
-    let e = c.publish_volume(ctx(), &publish_req("blank", &blank.dev(), "ext4"));
+    let e = c.publish_volume(ctx(), &publish_req("blank", &blank.path(), "ext4"));
     assert_eq!(code(e.clone()), "FAILED_PRECONDITION");
-    assert!(message(e).contains(&blank.dev()));
+    assert!(message(e).contains(&blank.path()));
     assert_eq!(
         std::fs::read(&blank.image).unwrap(),
         before,
         "the blank disk was written to"
     );
     assert_eq!(
-        code(c.publish_volume(ctx(), &publish_req("wrong", &ext4.dev(), "xfs"))),
+        code(c.publish_volume(ctx(), &publish_req("wrong", &ext4.path(), "xfs"))),
         "FAILED_PRECONDITION"
     );
-    assert!(mounts_of(&ext4.dev()).is_empty());
+    assert!(mounts_of(&ext4.path()).is_empty());
+    // FAILED_PRECONDITION: the disk is mounted by someone else already.
+    let elsewhere = tempfile::tempdir().unwrap();
+    run("mount", &[&ext4.path(), elsewhere.path().to_str().unwrap()]);
+    let e = c.publish_volume(ctx(), &publish_req("taken", &ext4.path(), "ext4"));
+    run("umount", &[elsewhere.path().to_str().unwrap()]);
+    assert_eq!(code(e.clone()), "FAILED_PRECONDITION");
+    assert!(message(e).contains("already mounted"));
+    // FAILED_PRECONDITION: something else is mounted where the volume goes.
+    let squat = a.root.join("volumes/squat");
+    std::fs::create_dir_all(&squat).unwrap();
+    run("mount", &["-t", "tmpfs", "tmpfs", squat.to_str().unwrap()]);
+    let e = c.publish_volume(ctx(), &publish_req("squat", &ext4.path(), "ext4"));
+    run("umount", &[squat.to_str().unwrap()]);
+    assert_eq!(code(e), "FAILED_PRECONDITION");
+    assert!(mounts_of(&ext4.path()).is_empty());
     // INVALID_ARGUMENT: not a block device, bad option rejected by the kernel.
     assert_eq!(
         code(c.publish_volume(ctx(), &publish_req("v", "/dev/null", "ext4"))),
         "INVALID_ARGUMENT"
     );
-    let mut bad_opt = publish_req("v", &ext4.dev(), "ext4");
+    let mut bad_opt = publish_req("v", &ext4.path(), "ext4");
     bad_opt.mount_options = vec!["no_such_option_xyz".into()];
     assert_eq!(code(c.publish_volume(ctx(), &bad_opt)), "INVALID_ARGUMENT");
-    assert!(mounts_of(&ext4.dev()).is_empty());
+    assert!(mounts_of(&ext4.path()).is_empty());
     // DEADLINE_EXCEEDED: no disk has this serial.
     let mut by_serial = pb::PublishVolumeRequest::new();
     by_serial.volume_id = "s".into();
@@ -377,8 +386,7 @@ fn error_codes_have_their_triggers() {
         "DEADLINE_EXCEEDED"
     );
     // NOT_FOUND: stats, expand and bind of a volume that is not published.
-    let mut sr = pb::GetVolumeStatsRequest::new();
-    sr.volume_id = "ghost".into();
+    let sr = stats_req("ghost");
     assert_eq!(code(c.get_volume_stats(ctx(), &sr)), "NOT_FOUND");
     let mut er = pb::ExpandVolumeRequest::new();
     er.volume_id = "ghost".into();
@@ -397,11 +405,28 @@ fn error_codes_have_their_triggers() {
         "NOT_FOUND"
     );
     // FAILED_PRECONDITION: expand of a read-only volume.
-    let mut ro = publish_req("ro", &ext4.dev(), "ext4");
+    let mut ro = publish_req("ro", &ext4.path(), "ext4");
     ro.read_only = true;
     c.publish_volume(ctx(), &ro).unwrap();
     er.volume_id = "ro".into();
     assert_eq!(code(c.expand_volume(ctx(), &er)), "FAILED_PRECONDITION");
+    // ALREADY_EXISTS: the target is another volume's bind, or a mount of something else.
+    let other = LoopDisk::new(64, Some("ext4"));
+    c.publish_volume(ctx(), &publish_req("two", &other.path(), "ext4"))
+        .unwrap();
+    let shared = a.root.join("pods/shared");
+    let ro_bind = |id: &str, t: &Path| bind_req(id, t, "", true, pb::RecursiveReadOnly::DISABLED);
+    c.bind_mount(ctx(), &ro_bind("ro", &shared)).unwrap();
+    let e = c.bind_mount(ctx(), &ro_bind("two", &shared));
+    assert_eq!(code(e.clone()), "ALREADY_EXISTS");
+    assert!(message(e).contains("volume ro"));
+    let busy = a.root.join("pods/busy");
+    std::fs::create_dir_all(&busy).unwrap();
+    run("mount", &["-t", "tmpfs", "tmpfs", busy.to_str().unwrap()]);
+    let e = c.bind_mount(ctx(), &ro_bind("two", &busy));
+    run("umount", &[busy.to_str().unwrap()]);
+    assert_eq!(code(e), "ALREADY_EXISTS");
+    assert_eq!(mounts_of(&other.path()).len(), 1, "only the volume itself");
     // INVALID_ARGUMENT: RRO without read-only; a target outside the root.
     assert_eq!(
         code(c.bind_mount(
@@ -429,8 +454,7 @@ fn error_codes_have_their_triggers() {
         )),
         "INVALID_ARGUMENT"
     );
-    let mut un = pb::UnmountRequest::new();
-    un.target = "relative/path".into();
+    let mut un = unmount_req("relative/path");
     assert_eq!(code(c.unmount(ctx(), &un)), "INVALID_ARGUMENT");
     // Unmount of something not mounted is a no-op.
     un.target = a.root.join("never").display().to_string();
@@ -449,7 +473,7 @@ fn growth_xfs_for_real_ext4_by_capability() {
     let a = Agent::start();
     let c = a.client();
     let xfs = LoopDisk::new(300, Some("xfs"));
-    c.publish_volume(ctx(), &publish_req("x", &xfs.dev(), "xfs"))
+    c.publish_volume(ctx(), &publish_req("x", &xfs.path(), "xfs"))
         .unwrap();
     let mut er = pb::ExpandVolumeRequest::new();
     er.volume_id = "x".into();
@@ -464,7 +488,7 @@ fn growth_xfs_for_real_ext4_by_capability() {
     // The device grows while the agent waits.
     let grower = {
         let image = xfs.image.clone();
-        let dev = xfs.dev();
+        let dev = xfs.path();
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(300));
             std::fs::OpenOptions::new()
@@ -473,7 +497,7 @@ fn growth_xfs_for_real_ext4_by_capability() {
                 .unwrap()
                 .set_len(1 << 30)
                 .unwrap();
-            sh("losetup", &["-c", &dev]);
+            run("losetup", &["-c", &dev]);
         })
     };
     er.timeout_ms = 10_000;
@@ -491,9 +515,9 @@ fn growth_xfs_for_real_ext4_by_capability() {
     );
 
     let ext4 = LoopDisk::new(64, Some("ext4"));
-    c.publish_volume(ctx(), &publish_req("e", &ext4.dev(), "ext4"))
+    c.publish_volume(ctx(), &publish_req("e", &ext4.path(), "ext4"))
         .unwrap();
-    ext4.grow_to(128);
+    ext4.resize(128);
     er.volume_id = "e".into();
     er.required_bytes = 0;
     let caps = c
@@ -521,11 +545,11 @@ fn recursive_read_only_makes_the_difference() {
     let a = Agent::start();
     let c = a.client();
     let disk = LoopDisk::new(64, Some("ext4"));
-    c.publish_volume(ctx(), &publish_req("r", &disk.dev(), "ext4"))
+    c.publish_volume(ctx(), &publish_req("r", &disk.path(), "ext4"))
         .unwrap();
     let gp = a.root.join("volumes/r");
     std::fs::create_dir(gp.join("sub")).unwrap();
-    sh(
+    run(
         "mount",
         &["-t", "tmpfs", "tmpfs", gp.join("sub").to_str().unwrap()],
     );
@@ -566,16 +590,14 @@ fn recursive_read_only_makes_the_difference() {
         )
         .unwrap();
     assert!(r3.recursive_read_only_applied);
-    let mut un = pb::UnmountRequest::new();
-    un.target = rro.display().to_string();
+    let un = unmount_req(rro.display().to_string());
     assert!(c.unmount(ctx(), &un).unwrap().was_mounted);
     assert!(!c.unmount(ctx(), &un).unwrap().was_mounted);
     assert!(!is_mount(&rro));
-    let mut ur = pb::UnpublishVolumeRequest::new();
-    ur.volume_id = "r".into();
+    let ur = unpublish_req("r");
     // The tmpfs under the volume is unmounted with it.
     assert!(c.unpublish_volume(ctx(), &ur).unwrap().was_published);
-    assert!(mounts_of(&disk.dev()).is_empty());
+    assert!(mounts_of(&disk.path()).is_empty());
 }
 
 #[test]
@@ -586,7 +608,7 @@ fn restart_after_kill_takes_the_volumes_back() {
     let disk = LoopDisk::new(300, Some("xfs"));
     let a = Agent::start();
     let c = a.client();
-    c.publish_volume(ctx(), &publish_req("keep", &disk.dev(), "xfs"))
+    c.publish_volume(ctx(), &publish_req("keep", &disk.path(), "xfs"))
         .unwrap();
     let target = a.root.join("pods/k");
     c.bind_mount(
@@ -594,10 +616,18 @@ fn restart_after_kill_takes_the_volumes_back() {
         &bind_req("keep", &target, "", true, pb::RecursiveReadOnly::ENABLED),
     )
     .unwrap();
+    let lost = a.root.join("pods/lost");
+    c.bind_mount(
+        ctx(),
+        &bind_req("keep", &lost, "", false, pb::RecursiveReadOnly::DISABLED),
+    )
+    .unwrap();
     let dir = a.kill9();
+    // While the agent is down, one bind goes away behind its back.
+    run("umount", &[lost.to_str().unwrap()]);
     let b = Agent::start_in(dir);
-    let c = b.client();
-    let list = c
+    let list = b
+        .client()
         .list_volumes(ctx(), &pb::ListVolumesRequest::new())
         .unwrap();
     assert_eq!(list.volumes.len(), 1, "{}", b.log());
@@ -606,13 +636,21 @@ fn restart_after_kill_takes_the_volumes_back() {
         list.volumes[0].bind_targets,
         vec![target.display().to_string()]
     );
-    let mut sr = pb::GetVolumeStatsRequest::new();
-    sr.volume_id = "keep".into();
+    // The pruned table was written back: a second restart agrees.
+    let b = Agent::start_in(b.kill9());
+    let c = b.client();
+    let list = c
+        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
+        .unwrap();
+    assert_eq!(
+        list.volumes[0].bind_targets,
+        vec![target.display().to_string()]
+    );
+    let sr = stats_req("keep");
     assert!(!c.get_volume_stats(ctx(), &sr).unwrap().condition.abnormal);
-    let mut ur = pb::UnpublishVolumeRequest::new();
-    ur.volume_id = "keep".into();
+    let ur = unpublish_req("keep");
     assert!(c.unpublish_volume(ctx(), &ur).unwrap().was_published);
-    assert!(mounts_of(&disk.dev()).is_empty());
+    assert!(mounts_of(&disk.path()).is_empty());
 }
 
 #[test]
@@ -625,7 +663,7 @@ fn concurrent_publish_of_one_id_mounts_once() {
     let addr = a.addr();
     let threads: Vec<_> = (0..8)
         .map(|_| {
-            let (addr, dev) = (addr.clone(), disk.dev());
+            let (addr, dev) = (addr.clone(), disk.path());
             std::thread::spawn(move || {
                 let c = crust_protocols::crust_ttrpc::AgentClient::new(
                     crust_protocols::ttrpc::Client::connect(&addr).unwrap(),
@@ -638,7 +676,7 @@ fn concurrent_publish_of_one_id_mounts_once() {
         .collect();
     let already: Vec<bool> = threads.into_iter().map(|t| t.join().unwrap()).collect();
     assert_eq!(already.iter().filter(|a| !**a).count(), 1, "{already:?}");
-    assert_eq!(mounts_of(&disk.dev()).len(), 1);
+    assert_eq!(mounts_of(&disk.path()).len(), 1);
 }
 
 #[test]
@@ -649,32 +687,30 @@ fn stats_condition_turns_abnormal() {
     let a = Agent::start();
     let c = a.client();
     let stats = |id: &str| {
-        let mut sr = pb::GetVolumeStatsRequest::new();
-        sr.volume_id = id.into();
+        let sr = stats_req(id);
         c.get_volume_stats(ctx(), &sr).unwrap()
     };
     // Unmounted behind the agent's back.
     let d1 = LoopDisk::new(64, Some("ext4"));
-    c.publish_volume(ctx(), &publish_req("u", &d1.dev(), "ext4"))
+    c.publish_volume(ctx(), &publish_req("u", &d1.path(), "ext4"))
         .unwrap();
     assert!(!stats("u").condition.abnormal);
-    sh("umount", &[a.root.join("volumes/u").to_str().unwrap()]);
+    run("umount", &[a.root.join("volumes/u").to_str().unwrap()]);
     let s = stats("u");
     assert!(s.condition.abnormal, "{:?}", s.condition);
     // Publishing it again is not "already published": the mount is gone.
-    let again = c.publish_volume(ctx(), &publish_req("u", &d1.dev(), "ext4"));
+    let again = c.publish_volume(ctx(), &publish_req("u", &d1.path(), "ext4"));
     assert_eq!(code(again), "FAILED_PRECONDITION");
-    let mut ur = pb::UnpublishVolumeRequest::new();
-    ur.volume_id = "u".into();
+    let ur = unpublish_req("u");
     assert!(c.unpublish_volume(ctx(), &ur).unwrap().was_published);
     let back = c
-        .publish_volume(ctx(), &publish_req("u", &d1.dev(), "ext4"))
+        .publish_volume(ctx(), &publish_req("u", &d1.path(), "ext4"))
         .unwrap();
     assert!(!back.already_published);
     assert!(!stats("u").condition.abnormal);
     // ext4 errors: remounted read-only by errors=remount-ro, errors_count above zero.
     let d2 = LoopDisk::new(64, Some("ext4"));
-    let mut req = publish_req("e", &d2.dev(), "ext4");
+    let mut req = publish_req("e", &d2.path(), "ext4");
     req.mount_options = vec!["errors=remount-ro".into()];
     c.publish_volume(ctx(), &req).unwrap();
     let name = d2.device.file_name().unwrap().to_str().unwrap().to_string();
@@ -695,9 +731,9 @@ fn sigterm_unmounts_and_exits() {
     let disk = LoopDisk::new(64, Some("ext4"));
     let mut a = Agent::start();
     a.client()
-        .publish_volume(ctx(), &publish_req("t", &disk.dev(), "ext4"))
+        .publish_volume(ctx(), &publish_req("t", &disk.path(), "ext4"))
         .unwrap();
-    assert_eq!(mounts_of(&disk.dev()).len(), 1);
+    assert_eq!(mounts_of(&disk.path()).len(), 1);
     rustix::process::kill_process(
         rustix::process::Pid::from_raw(a.child.id() as i32).unwrap(),
         rustix::process::Signal::TERM,
@@ -714,7 +750,7 @@ fn sigterm_unmounts_and_exits() {
         .expect("agent exited after SIGTERM");
     assert!(status.success(), "{status:?}");
     assert!(
-        mounts_of(&disk.dev()).is_empty(),
+        mounts_of(&disk.path()).is_empty(),
         "SIGTERM left the volume mounted"
     );
 }
@@ -727,7 +763,7 @@ fn an_ro_option_makes_the_volume_read_only() {
     let disk = LoopDisk::new(64, Some("ext4"));
     let a = Agent::start();
     let c = a.client();
-    let mut req = publish_req("ro-opt", &disk.dev(), "ext4");
+    let mut req = publish_req("ro-opt", &disk.path(), "ext4");
     req.mount_options = vec!["noatime,ro".into()];
     req.fs_group = fs_group(777, pb::FsGroupChangePolicy::ALWAYS);
     let r = c.publish_volume(ctx(), &req).unwrap();
@@ -741,8 +777,7 @@ fn an_ro_option_makes_the_volume_read_only() {
         .list_volumes(ctx(), &pb::ListVolumesRequest::new())
         .unwrap();
     assert!(list.volumes[0].read_only);
-    let mut sr = pb::GetVolumeStatsRequest::new();
-    sr.volume_id = "ro-opt".into();
+    let sr = stats_req("ro-opt");
     assert!(!c.get_volume_stats(ctx(), &sr).unwrap().condition.abnormal);
     let mut er = pb::ExpandVolumeRequest::new();
     er.volume_id = "ro-opt".into();

@@ -2,7 +2,7 @@
 //! `grow::grow` (device size by BLKGETSIZE64, then the growfs ioctl, as
 //! ExpandVolume does) against `xfs_growfs` on an identical copy.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
@@ -23,7 +23,8 @@ struct Grown {
     lo: Loop,
 }
 
-fn prepare(work: &Path, pristine: &Path, name: &str) -> R<Grown> {
+/// A sparse copy of the pristine image, on a loop device, mounted.
+fn mounted_copy(work: &Path, pristine: &Path, name: &str) -> R<(PathBuf, Loop, Mount)> {
     let img = work.join(format!("{name}.img"));
     let _ = std::fs::remove_file(&img);
     sys::run(
@@ -37,6 +38,11 @@ fn prepare(work: &Path, pristine: &Path, name: &str) -> R<Grown> {
     let lo = Loop::attach(&img)?;
     // Copies share the pristine image's UUID, which xfs refuses twice without nouuid.
     let mount = Mount::new(&lo.dev, &work.join(name), "xfs", "nouuid")?;
+    Ok((img, lo, mount))
+}
+
+fn prepare(work: &Path, pristine: &Path, name: &str) -> R<Grown> {
+    let (img, lo, mount) = mounted_copy(work, pristine, name)?;
     let before = sys::statfs_total(&mount.path)?;
     if before > FROM {
         return Err(format!("{name}: the fresh copy is already {before} bytes"));
@@ -104,18 +110,7 @@ fn xfs_growfs(g: &Grown) -> R<f64> {
 
 /// crust asked to grow past the device must fail, not claim success.
 fn no_false_success(work: &Path, pristine: &Path) -> R<()> {
-    let img = work.join("xfs-false.img");
-    let _ = std::fs::remove_file(&img);
-    sys::run(
-        "cp",
-        &[
-            "--sparse=always",
-            &pristine.to_string_lossy(),
-            &img.to_string_lossy(),
-        ],
-    )?;
-    let lo = Loop::attach(&img)?;
-    let mount = Mount::new(&lo.dev, &work.join("xfs-false"), "xfs", "nouuid")?;
+    let (img, lo, mount) = mounted_copy(work, pristine, "xfs-false")?;
     let r = grow::grow(&mount.path, FsType::Xfs, TO);
     let total = sys::statfs_total(&mount.path)?;
     drop(mount);

@@ -6,23 +6,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "../fixtures/disks.rs"]
+mod disks;
+pub use disks::{mounts_of, run, LoopDisk};
+
 pub use crust_protocols::crust as pb;
 use crust_protocols::crust_ttrpc::AgentClient;
 use crust_protocols::ttrpc;
-
-/// Runs a command and returns its stdout; panics with its stderr on failure.
-pub fn sh(cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// True when the tests can make loop devices and mount (root with mkfs tools).
 pub fn privileged() -> bool {
@@ -37,79 +27,6 @@ pub fn privileged() -> bool {
         eprintln!("skipping: these tests need root, losetup, mkfs.ext4 and mkfs.xfs (root={root}, tools={tools})");
     }
     root && tools
-}
-
-/// A sparse image file attached to a loop device, optionally formatted.
-pub struct LoopDisk {
-    pub image: PathBuf,
-    pub device: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl LoopDisk {
-    pub fn new(size_mib: u64, fs: Option<&str>) -> LoopDisk {
-        let dir = tempfile::tempdir().unwrap();
-        let image = dir.path().join("disk.img");
-        std::fs::File::create(&image)
-            .unwrap()
-            .set_len(size_mib << 20)
-            .unwrap();
-        match fs {
-            Some("ext4") => {
-                sh("mkfs.ext4", &["-q", "-F", image.to_str().unwrap()]);
-            }
-            Some("xfs") => {
-                sh("mkfs.xfs", &["-q", "-f", image.to_str().unwrap()]);
-            }
-            Some(other) => panic!("no mkfs for {other}"),
-            None => {}
-        }
-        let device =
-            PathBuf::from(sh("losetup", &["--find", "--show", image.to_str().unwrap()]).trim());
-        LoopDisk {
-            image,
-            device,
-            _dir: dir,
-        }
-    }
-
-    pub fn dev(&self) -> String {
-        self.device.display().to_string()
-    }
-
-    /// Grows the image and tells the loop driver.
-    pub fn grow_to(&self, size_mib: u64) {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&self.image)
-            .unwrap()
-            .set_len(size_mib << 20)
-            .unwrap();
-        sh("losetup", &["-c", &self.dev()]);
-    }
-}
-
-impl Drop for LoopDisk {
-    fn drop(&mut self) {
-        // Anything still mounted from this disk goes first, then the loop device.
-        if let Ok(t) = std::fs::read_to_string("/proc/self/mountinfo") {
-            let dev = self.dev();
-            let mut points: Vec<String> = t
-                .lines()
-                .filter(|l| {
-                    l.split(" - ")
-                        .nth(1)
-                        .is_some_and(|r| r.split(' ').nth(1) == Some(dev.as_str()))
-                })
-                .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
-                .collect();
-            points.reverse();
-            for p in points {
-                let _ = Command::new("umount").arg(&p).status();
-            }
-        }
-        let _ = Command::new("losetup").args(["-d", &self.dev()]).status();
-    }
 }
 
 /// A crust-agent process serving on a unix socket with its own root.
@@ -265,6 +182,24 @@ pub fn publish_req(id: &str, device: &str, fs: &str) -> pb::PublishVolumeRequest
     r
 }
 
+pub fn unpublish_req(id: impl Into<String>) -> pb::UnpublishVolumeRequest {
+    let mut r = pb::UnpublishVolumeRequest::new();
+    r.volume_id = id.into();
+    r
+}
+
+pub fn stats_req(id: impl Into<String>) -> pb::GetVolumeStatsRequest {
+    let mut r = pb::GetVolumeStatsRequest::new();
+    r.volume_id = id.into();
+    r
+}
+
+pub fn unmount_req(target: impl Into<String>) -> pb::UnmountRequest {
+    let mut r = pb::UnmountRequest::new();
+    r.target = target.into();
+    r
+}
+
 pub fn fs_group(
     gid: u32,
     policy: pb::FsGroupChangePolicy,
@@ -289,20 +224,6 @@ pub fn bind_req(
     r.read_only = ro;
     r.recursive_read_only = rro.into();
     r
-}
-
-/// Mount points in this namespace whose source is `dev`.
-pub fn mounts_of(dev: &str) -> Vec<String> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter(|l| {
-            l.split(" - ")
-                .nth(1)
-                .is_some_and(|r| r.split(' ').nth(1) == Some(dev))
-        })
-        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
-        .collect()
 }
 
 /// Whether `path` is a mount point.

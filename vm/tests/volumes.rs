@@ -6,7 +6,6 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crust_protocols::crust as pb;
@@ -15,22 +14,12 @@ use crust_protocols::protobuf::MessageField;
 use crust_protocols::ttrpc;
 use crust_vm::{hvsock, Vm, VmOptions};
 
+#[path = "../../tests/fixtures/disks.rs"]
+mod disks;
+use disks::run;
+
 fn ctx() -> ttrpc::context::Context {
     hvsock::ctx(Duration::from_secs(120))
-}
-
-fn sh(cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn boot(dir: &Path) -> Vm {
@@ -51,12 +40,12 @@ fn image(dir: &Path, name: &str, fs: &str, mib: u64) -> PathBuf {
         .set_len(mib << 20)
         .unwrap();
     match fs {
-        "ext4" => sh("mkfs.ext4", &["-q", "-F", img.to_str().unwrap()]),
-        _ => sh("mkfs.xfs", &["-q", "-f", img.to_str().unwrap()]),
+        "ext4" => run("mkfs.ext4", &["-q", "-F", img.to_str().unwrap()]),
+        _ => run("mkfs.xfs", &["-q", "-f", img.to_str().unwrap()]),
     };
     let m = dir.join(format!("{name}.mnt"));
     std::fs::create_dir_all(&m).unwrap();
-    sh(
+    run(
         "mount",
         &["-o", "loop", img.to_str().unwrap(), m.to_str().unwrap()],
     );
@@ -65,12 +54,12 @@ fn image(dir: &Path, name: &str, fs: &str, mib: u64) -> PathBuf {
         std::fs::write(m.join(format!("data/deep/f{i}")), format!("file {i}")).unwrap();
     }
     std::fs::write(m.join("data/hello"), b"hello from the host").unwrap();
-    sh(
+    run(
         "chown",
         &["-R", "1234:1234", m.join("data").to_str().unwrap()],
     );
-    sh("chmod", &["-R", "go-rwx", m.join("data").to_str().unwrap()]);
-    sh("umount", &[m.to_str().unwrap()]);
+    run("chmod", &["-R", "go-rwx", m.join("data").to_str().unwrap()]);
+    run("umount", &[m.to_str().unwrap()]);
     img
 }
 
@@ -78,20 +67,20 @@ fn image(dir: &Path, name: &str, fs: &str, mib: u64) -> PathBuf {
 fn owner_on_host(img: &Path, rel: &str) -> (u32, u32) {
     let m = img.with_extension("check");
     std::fs::create_dir_all(&m).unwrap();
-    sh(
+    run(
         "mount",
         &["-o", "loop,ro", img.to_str().unwrap(), m.to_str().unwrap()],
     );
     let md = std::fs::symlink_metadata(m.join(rel));
-    sh("umount", &[m.to_str().unwrap()]);
+    run("umount", &[m.to_str().unwrap()]);
     let md = md.unwrap();
     (md.gid(), md.mode() & 0o7777)
 }
 
 fn fsck_clean(img: &Path, fs: &str) {
     match fs {
-        "ext4" => sh("e2fsck", &["-f", "-n", img.to_str().unwrap()]),
-        _ => sh("xfs_repair", &["-n", "-f", img.to_str().unwrap()]),
+        "ext4" => run("e2fsck", &["-f", "-n", img.to_str().unwrap()]),
+        _ => run("xfs_repair", &["-n", "-f", img.to_str().unwrap()]),
     };
 }
 
