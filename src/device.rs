@@ -477,29 +477,6 @@ pub fn from_path(path: &Path) -> Result<Device, Error> {
     })
 }
 
-/// The block device major:minor, found through /sys/dev/block (for callers
-/// that start from a mounted filesystem's st_dev).
-pub fn from_devnum(major: u32, minor: u32) -> Result<Device, Error> {
-    let uevent = PathBuf::from(format!("/sys/dev/block/{major}:{minor}/uevent"));
-    let text =
-        fs::read_to_string(&uevent).map_err(|e| SysError::new("read", uevent.display(), e))?;
-    let name = text
-        .lines()
-        .find_map(|l| l.strip_prefix("DEVNAME="))
-        .ok_or_else(|| SysError::new("read", uevent.display(), io::Error::other("no DEVNAME")))?;
-    let dev = from_path(&Path::new("/dev").join(name))?;
-    if (dev.major, dev.minor) != (major, minor) {
-        return Err(Error::NodeMismatch {
-            name: name.to_string(),
-            node: dev.path,
-            major,
-            minor,
-            found: format!("it is block device {}:{}", dev.major, dev.minor),
-        });
-    }
-    Ok(dev)
-}
-
 /// BLKGETSIZE64: the device's size in bytes, as the kernel sees it now.
 pub fn size_bytes(device: &Path) -> Result<u64, Error> {
     let file = File::options()
@@ -822,7 +799,6 @@ mod tests {
         assert_eq!(dev.path, disk.device);
         assert_eq!(dev.major, 7);
         assert_eq!(dev.serial, None);
-        assert_eq!(from_devnum(dev.major, dev.minor).unwrap(), dev);
         // Through a symlink that stays under /dev.
         let link = PathBuf::from(format!("/dev/crust-test-{}", disk.name()));
         let _ = fs::remove_file(&link);

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use rustix::ioctl::{opcode, Opcode};
 
-use crate::device;
+use crate::device::Device;
 use crate::errors::{Code, SysError};
 use crate::probe::FsType;
 
@@ -76,9 +76,20 @@ pub enum Error {
         /// The device size it should have filled, bytes.
         wanted: u64,
     },
-    /// Finding the filesystem's device failed.
-    #[error(transparent)]
-    Device(#[from] device::Error),
+    /// The path is not a mount of the volume's device.
+    #[error(
+        "{path} is not mounted from {device} ({major}:{minor}); refusing to grow what is there"
+    )]
+    NotOnDevice {
+        /// The mount path.
+        path: String,
+        /// The volume's device node.
+        device: String,
+        /// Its major number.
+        major: u32,
+        /// Its minor number.
+        minor: u32,
+    },
     /// An unexpected syscall failure.
     #[error(transparent)]
     Sys(#[from] SysError),
@@ -92,9 +103,9 @@ impl Error {
             | Error::WrongFs { .. }
             | Error::NeedsCapSysResource { .. }
             | Error::HasErrors { .. }
+            | Error::NotOnDevice { .. }
             | Error::Refused { .. } => Code::FailedPrecondition,
             Error::NotGrown { .. } | Error::Sys(_) => Code::Internal,
-            Error::Device(e) => e.code(),
         }
     }
 }
@@ -267,11 +278,9 @@ fn parse_ext4_super(sb: &[u8; 1024]) -> Option<Ext4Super> {
     })
 }
 
-/// Reads the superblock of the ext4 mounted at `path` from its block device
-/// (through the page cache, which the mounted ext4 keeps current).
-fn ext4_super(path: &Path) -> Result<(Ext4Super, device::Device), Error> {
-    let st = rustix::fs::stat(path).map_err(|e| SysError::new("stat", path.display(), e))?;
-    let dev = device::from_devnum(rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev))?;
+/// Reads the superblock of the ext4 on `dev` (mounted: through the page
+/// cache, which the mounted ext4 keeps current).
+fn ext4_super(dev: &Device) -> Result<Ext4Super, Error> {
     let file = File::options()
         .read(true)
         .custom_flags(libc::O_CLOEXEC)
@@ -280,18 +289,18 @@ fn ext4_super(path: &Path) -> Result<(Ext4Super, device::Device), Error> {
     let mut sb = [0u8; 1024];
     file.read_exact_at(&mut sb, 1024)
         .map_err(|e| SysError::new("pread", dev.path.display(), e))?;
-    let sup = parse_ext4_super(&sb).ok_or_else(|| {
+    parse_ext4_super(&sb).ok_or_else(|| {
         SysError::new(
             "read ext4 superblock",
             dev.path.display(),
             io::Error::other("no ext4 magic"),
         )
-    })?;
-    Ok((sup, dev))
+        .into()
+    })
 }
 
 /// An ext4's recorded errors: the superblock, and the live sysfs counter.
-fn ext4_has_errors(sup: &Ext4Super, dev: &device::Device) -> bool {
+fn ext4_has_errors(sup: &Ext4Super, dev: &Device) -> bool {
     let live = std::fs::read_to_string(format!("/sys/fs/ext4/{}/errors_count", dev.name))
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
@@ -302,26 +311,22 @@ fn ext4_has_errors(sup: &Ext4Super, dev: &device::Device) -> bool {
 /// EXT4_IOC_RESIZE_FS: `_IOW('f', 16, __u64)`.
 const EXT4_IOC_RESIZE_FS: Opcode = opcode::write::<u64>(b'f', 16);
 
-fn grow_ext4(dir: &File, path: &Path, device_bytes: u64) -> Result<u64, Error> {
-    let (sup, dev) = ext4_super(path)?;
+fn grow_ext4(dir: &File, path: &Path, dev: &Device, device_bytes: u64) -> Result<u64, Error> {
+    let sup = ext4_super(dev)?;
     let before = sup.blocks_count * sup.block_size;
     let target = device_bytes / sup.block_size;
     if target <= sup.blocks_count {
         return Ok(before);
     }
     let p = path.display().to_string();
-    if ext4_has_errors(&sup, &dev) {
+    if ext4_has_errors(&sup, dev) {
         return Err(Error::HasErrors {
             path: p,
             device: dev.path.display().to_string(),
         });
     }
     // Without the capability the kernel answers a bare EPERM; say what is missing.
-    if let Ok(false) = caps::has_cap(
-        None,
-        caps::CapSet::Effective,
-        caps::Capability::CAP_SYS_RESOURCE,
-    ) {
+    if !crate::system::has_sys_resource() {
         return Err(Error::NeedsCapSysResource { path: p });
     }
     let mut count: u64 = target;
@@ -341,7 +346,7 @@ fn grow_ext4(dir: &File, path: &Path, device_bytes: u64) -> Result<u64, Error> {
             io::Error::last_os_error(),
         ));
     }
-    let (after, _) = ext4_super(path)?;
+    let after = ext4_super(dev)?;
     // The kernel leaves out a last group too small for its metadata, so "full"
     // means within one group of the target (and no smaller than before).
     let full =
@@ -381,13 +386,22 @@ fn refused_or_sys(path: &Path, fs: FsType, call: &'static str, err: io::Error) -
     }
 }
 
-/// Opens the mount directory and checks it is a writable `fs`.
-fn open_checked(path: &Path, fs: FsType) -> Result<File, Error> {
+/// Opens the mount directory and checks it is `fs`, mounted from `dev`.
+fn open_checked(path: &Path, dev: &Device, fs: FsType) -> Result<File, Error> {
     let dir = File::options()
         .read(true)
         .custom_flags(libc::O_CLOEXEC | libc::O_DIRECTORY)
         .open(path)
         .map_err(|e| SysError::new("open", path.display(), e))?;
+    let st = rustix::fs::fstat(&dir).map_err(|e| SysError::new("stat", path.display(), e))?;
+    if (rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev)) != (dev.major, dev.minor) {
+        return Err(Error::NotOnDevice {
+            path: path.display().to_string(),
+            device: dev.path.display().to_string(),
+            major: dev.major,
+            minor: dev.minor,
+        });
+    }
     let st = rustix::fs::fstatfs(&dir).map_err(|e| SysError::new("statfs", path.display(), e))?;
     let magic = st.f_type as u64 & 0xffff_ffff;
     let want: u64 = match fs {
@@ -409,26 +423,27 @@ fn is_read_only(dir: &File, path: &Path) -> Result<bool, Error> {
     Ok(st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
 }
 
-/// The filesystem's own size in bytes (not the device's; not statfs's total,
-/// which leaves out metadata).
-pub fn fs_size_bytes(mount_path: &Path, fs: FsType) -> Result<u64, Error> {
-    let dir = open_checked(mount_path, fs)?;
+/// The size in bytes of the `fs` on `dev`, mounted at `mount_path` (the
+/// filesystem's own: not the device's, nor statfs's total, which leaves out
+/// metadata).
+pub fn fs_size_bytes(mount_path: &Path, dev: &Device, fs: FsType) -> Result<u64, Error> {
+    let dir = open_checked(mount_path, dev, fs)?;
     match fs {
         FsType::Xfs => {
             let g = xfs_geometry(&dir, mount_path)?;
             Ok(g.datablocks * u64::from(g.blocksize))
         }
         FsType::Ext4 => {
-            let (sup, _) = ext4_super(mount_path)?;
+            let sup = ext4_super(dev)?;
             Ok(sup.blocks_count * sup.block_size)
         }
     }
 }
 
-/// Grows the `fs` mounted at `mount_path` to fill `device_bytes` and returns
-/// its new size; when it already does, returns its size unchanged.
-pub fn grow(mount_path: &Path, fs: FsType, device_bytes: u64) -> Result<u64, Error> {
-    let dir = open_checked(mount_path, fs)?;
+/// Grows the `fs` on `dev`, mounted at `mount_path`, to fill `device_bytes`
+/// and returns its new size; when it already does, returns its size unchanged.
+pub fn grow(mount_path: &Path, dev: &Device, fs: FsType, device_bytes: u64) -> Result<u64, Error> {
+    let dir = open_checked(mount_path, dev, fs)?;
     if is_read_only(&dir, mount_path)? {
         return Err(Error::ReadOnly {
             path: mount_path.display().to_string(),
@@ -436,7 +451,7 @@ pub fn grow(mount_path: &Path, fs: FsType, device_bytes: u64) -> Result<u64, Err
     }
     match fs {
         FsType::Xfs => grow_xfs(&dir, mount_path, device_bytes),
-        FsType::Ext4 => grow_ext4(&dir, mount_path, device_bytes),
+        FsType::Ext4 => grow_ext4(&dir, mount_path, dev, device_bytes),
     }
 }
 
@@ -504,16 +519,23 @@ mod tests {
         }
         let disk = LoopDisk::new(300, Some("xfs"));
         let m = Mounted::new(&disk.device, "xfs", "");
-        let before = fs_size_bytes(&m.path, FsType::Xfs).unwrap();
+        let dev = crate::device::from_path(&disk.device).unwrap();
+        let before = fs_size_bytes(&m.path, &dev, FsType::Xfs).unwrap();
         let total_before = rustix::fs::statvfs(&m.path).unwrap();
         assert!(before <= 300 << 20 && before > 290 << 20, "{before}");
         // Not grown yet: a no-op that reports the current size.
         assert_eq!(
-            grow(&m.path, FsType::Xfs, size_bytes(&disk.device).unwrap()).unwrap(),
+            grow(
+                &m.path,
+                &dev,
+                FsType::Xfs,
+                size_bytes(&disk.device).unwrap()
+            )
+            .unwrap(),
             before
         );
         assert_eq!(
-            grow(&m.path, FsType::Xfs, 100 << 20).unwrap(),
+            grow(&m.path, &dev, FsType::Xfs, 100 << 20).unwrap(),
             before,
             "never shrinks"
         );
@@ -525,12 +547,12 @@ mod tests {
             Duration::from_secs(5),
         )
         .unwrap();
-        let after = grow(&m.path, FsType::Xfs, dev_bytes).unwrap();
+        let after = grow(&m.path, &dev, FsType::Xfs, dev_bytes).unwrap();
         assert!(
             after > (1 << 30) - (16 << 20) && after <= 1 << 30,
             "{after}"
         );
-        assert_eq!(fs_size_bytes(&m.path, FsType::Xfs).unwrap(), after);
+        assert_eq!(fs_size_bytes(&m.path, &dev, FsType::Xfs).unwrap(), after);
         let total_after = rustix::fs::statvfs(&m.path).unwrap();
         let grew = (total_after.f_blocks - total_before.f_blocks) * total_after.f_frsize;
         assert!(
@@ -538,7 +560,7 @@ mod tests {
             "statfs grew by {grew}"
         );
         // Again: already there.
-        assert_eq!(grow(&m.path, FsType::Xfs, dev_bytes).unwrap(), after);
+        assert_eq!(grow(&m.path, &dev, FsType::Xfs, dev_bytes).unwrap(), after);
         // What xfs_growfs (the reference tool) thinks, as a cross-check.
         let info = run("xfs_info", &[m.path.to_str().unwrap()]);
         let blocks = after / 4096;
@@ -552,17 +574,26 @@ mod tests {
         }
         let disk = LoopDisk::new(300, Some("xfs"));
         let m = Mounted::new(&disk.device, "xfs", "ro");
+        let dev = crate::device::from_path(&disk.device).unwrap();
         disk.resize(600);
-        let e = grow(&m.path, FsType::Xfs, 600 << 20).unwrap_err();
+        let e = grow(&m.path, &dev, FsType::Xfs, 600 << 20).unwrap_err();
         assert!(matches!(e, Error::ReadOnly { .. }), "{e}");
         assert_eq!(e.code(), Code::FailedPrecondition);
         assert!(
-            fs_size_bytes(&m.path, FsType::Xfs).unwrap() <= 300 << 20,
+            fs_size_bytes(&m.path, &dev, FsType::Xfs).unwrap() <= 300 << 20,
             "nothing grew"
         );
-        let e = grow(&m.path, FsType::Ext4, 600 << 20).unwrap_err();
+        let e = grow(&m.path, &dev, FsType::Ext4, 600 << 20).unwrap_err();
         assert!(matches!(e, Error::WrongFs { .. }), "{e}");
         assert!(e.to_string().contains("not an ext4 filesystem"), "{e}");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+        // Another device than the one mounted there: refused before any ioctl.
+        let elsewhere = Device {
+            minor: dev.minor + 1000,
+            ..dev.clone()
+        };
+        let e = grow(&m.path, &elsewhere, FsType::Xfs, 600 << 20).unwrap_err();
+        assert!(matches!(e, Error::NotOnDevice { .. }), "{e}");
     }
 
     #[test]
@@ -572,10 +603,11 @@ mod tests {
         }
         let disk = LoopDisk::new(64, Some("ext4"));
         let m = Mounted::new(&disk.device, "ext4", "");
-        let before = fs_size_bytes(&m.path, FsType::Ext4).unwrap();
+        let dev = crate::device::from_path(&disk.device).unwrap();
+        let before = fs_size_bytes(&m.path, &dev, FsType::Ext4).unwrap();
         assert_eq!(before, 64 << 20);
         // Nothing to do needs no capability.
-        assert_eq!(grow(&m.path, FsType::Ext4, 64 << 20).unwrap(), before);
+        assert_eq!(grow(&m.path, &dev, FsType::Ext4, 64 << 20).unwrap(), before);
         disk.resize(256);
         let has_cap = caps::has_cap(
             None,
@@ -583,11 +615,11 @@ mod tests {
             caps::Capability::CAP_SYS_RESOURCE,
         )
         .unwrap();
-        let r = grow(&m.path, FsType::Ext4, 256 << 20);
+        let r = grow(&m.path, &dev, FsType::Ext4, 256 << 20);
         if has_cap {
             let after = r.unwrap();
             assert!(after > 250 << 20 && after <= 256 << 20, "{after}");
-            assert_eq!(fs_size_bytes(&m.path, FsType::Ext4).unwrap(), after);
+            assert_eq!(fs_size_bytes(&m.path, &dev, FsType::Ext4).unwrap(), after);
             let st = rustix::fs::statvfs(&m.path).unwrap();
             assert!(st.f_blocks * st.f_frsize > 200 << 20, "statfs did not grow");
         } else {
@@ -595,7 +627,7 @@ mod tests {
             assert_eq!(e.code(), Code::FailedPrecondition);
             assert!(e.to_string().contains("needs CAP_SYS_RESOURCE"), "{e}");
             assert_eq!(
-                fs_size_bytes(&m.path, FsType::Ext4).unwrap(),
+                fs_size_bytes(&m.path, &dev, FsType::Ext4).unwrap(),
                 before,
                 "nothing grew"
             );
@@ -621,10 +653,11 @@ mod tests {
         for mb in [100, 700] {
             let disk = LoopDisk::new(mb, Some("ext4"));
             let m = Mounted::new(&disk.device, "ext4", "");
-            let got = fs_size_bytes(&m.path, FsType::Ext4).unwrap();
+            let dev = crate::device::from_path(&disk.device).unwrap();
+            let got = fs_size_bytes(&m.path, &dev, FsType::Ext4).unwrap();
             assert_eq!(got, dumpe2fs_bytes(&disk.device), "{mb} MiB");
             assert_eq!(got, mb << 20);
-            let e = fs_size_bytes(&m.path, FsType::Xfs).unwrap_err();
+            let e = fs_size_bytes(&m.path, &dev, FsType::Xfs).unwrap_err();
             assert!(matches!(e, Error::WrongFs { .. }), "{e}");
         }
     }
@@ -636,6 +669,7 @@ mod tests {
         }
         let disk = LoopDisk::new(64, Some("ext4"));
         let m = Mounted::new(&disk.device, "ext4", "errors=continue");
+        let dev = crate::device::from_path(&disk.device).unwrap();
         std::fs::write(
             format!("/sys/fs/ext4/{}/trigger_fs_error", disk.name()),
             "1",
@@ -645,7 +679,7 @@ mod tests {
         // The error is recorded by a work item: give it a moment.
         let mut e = None;
         for _ in 0..100 {
-            match grow(&m.path, FsType::Ext4, 256 << 20) {
+            match grow(&m.path, &dev, FsType::Ext4, 256 << 20) {
                 Err(err @ Error::HasErrors { .. }) => {
                     e = Some(err);
                     break;

@@ -589,13 +589,13 @@ impl Volumes {
             if vol.mounted_read_only() {
                 return Err(Error::ReadOnly(id.to_string()).into());
             }
-            let current = grow::fs_size_bytes(&vol.guest_path, vol.fs)?;
+            let current = grow::fs_size_bytes(&vol.guest_path, &vol.device, vol.fs)?;
             if required_bytes > 0 && required_bytes <= current {
                 let device_bytes = device::size_bytes(&vol.device.path)?;
                 return Ok(Expanded { capacity_bytes: current, device_bytes });
             }
             let device_bytes = device::wait_for_size(&self.sysfs, &vol.device, required_bytes, timeout)?;
-            let capacity_bytes = grow::grow(&vol.guest_path, vol.fs, device_bytes)?;
+            let capacity_bytes = grow::grow(&vol.guest_path, &vol.device, vol.fs, device_bytes)?;
             info!(self.log, "filesystem grown"; "volume" => id, "from" => current, "to" => capacity_bytes,
                   "device_bytes" => device_bytes);
             Ok(Expanded { capacity_bytes, device_bytes })

