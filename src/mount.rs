@@ -14,6 +14,7 @@ use rustix::io::Errno;
 use rustix::mount::{MountFlags, MoveMountFlags, OpenTreeFlags, UnmountFlags};
 
 use crate::errors::{Code, SysError};
+use crate::validate;
 
 /// What can go wrong while mounting, binding or unmounting.
 #[derive(Debug, thiserror::Error)]
@@ -57,14 +58,9 @@ pub enum Error {
         /// How many plain unmounts were tried.
         attempts: u32,
     },
-    /// A subpath that is absolute, has `..`, or a NUL byte.
-    #[error("subpath {subpath:?} is not valid: {why}")]
-    BadSubpath {
-        /// The subpath as given.
-        subpath: String,
-        /// What is wrong with it.
-        why: &'static str,
-    },
+    /// A malformed subpath, target or read-only combination (validate.rs says which).
+    #[error(transparent)]
+    Invalid(#[from] crate::validate::Invalid),
     /// A subpath that resolves outside the volume (through a symlink).
     #[error("subpath {subpath:?} leaves the volume at {root} (through a symlink or a magic link); use a path that stays inside the volume")]
     SubpathEscapes {
@@ -90,9 +86,6 @@ pub enum Error {
         /// What is wrong with it.
         why: String,
     },
-    /// recursive_read_only without read_only.
-    #[error("recursive_read_only needs read_only: a recursively read-only mount of a writable bind makes no sense; set read_only too")]
-    RecursiveWithoutReadOnly,
     /// RRO ENABLED on a kernel without mount_setattr.
     #[error("recursive read-only was required (ENABLED) for {target}, but this kernel lacks mount_setattr (Linux 5.12+); use IF_POSSIBLE or a newer guest kernel")]
     RecursiveUnsupported {
@@ -116,10 +109,9 @@ impl Error {
         match self {
             Error::BadOption { .. }
             | Error::KernelRefusedOptions { .. }
-            | Error::BadSubpath { .. }
+            | Error::Invalid(_)
             | Error::SubpathEscapes { .. }
-            | Error::BadTarget { .. }
-            | Error::RecursiveWithoutReadOnly => Code::InvalidArgument,
+            | Error::BadTarget { .. } => Code::InvalidArgument,
             Error::SubpathNotFound { .. } => Code::NotFound,
             Error::DeviceBusy { .. }
             | Error::Busy { .. }
@@ -499,11 +491,17 @@ pub fn bind(spec: &BindSpec) -> Result<BindOutcome, Error> {
 /// `bind`, with the kernel's mount_setattr support given (false forces the
 /// classic mount(2) path, which tests exercise).
 fn bind_with(spec: &BindSpec, have_setattr: bool) -> Result<BindOutcome, Error> {
-    if spec.recursive_read_only != RecursiveReadOnly::Disabled && !spec.read_only {
-        return Err(Error::RecursiveWithoutReadOnly);
-    }
-    check_subpath(spec.subpath)?;
-    let rel = target_below_root(spec.target, spec.agent_root)?;
+    // The same lexical rules as every request, before any syscall.
+    validate::recursive_read_only(spec.read_only, spec.recursive_read_only)?;
+    validate::subpath(spec.subpath)?;
+    let target = validate::target(spec.agent_root, &spec.target.to_string_lossy())?;
+    let rel = target
+        .strip_prefix(spec.agent_root)
+        .map(Path::to_path_buf)
+        .map_err(|_| Error::BadTarget {
+            target: target.display().to_string(),
+            why: format!("it is not beneath {}", spec.agent_root.display()),
+        })?;
     if spec.recursive_read_only == RecursiveReadOnly::Enabled && !have_setattr {
         return Err(Error::RecursiveUnsupported {
             target: spec.target.display().to_string(),
@@ -532,60 +530,6 @@ fn bind_with(spec: &BindSpec, have_setattr: bool) -> Result<BindOutcome, Error> 
         }
     }
     result
-}
-
-/// Refuses, before any syscall, subpaths that are absolute or climb.
-fn check_subpath(subpath: &str) -> Result<(), Error> {
-    let bad = |why| Error::BadSubpath {
-        subpath: subpath.to_string(),
-        why,
-    };
-    if subpath.contains('\0') {
-        return Err(bad("it contains a NUL byte"));
-    }
-    if subpath.starts_with('/') {
-        return Err(bad("it is absolute; give it relative to the volume's root"));
-    }
-    if Path::new(subpath)
-        .components()
-        .any(|c| c == Component::ParentDir)
-    {
-        return Err(bad("it contains a `..` component"));
-    }
-    Ok(())
-}
-
-/// The part of `target` below `agent_root`, checked lexically.
-fn target_below_root(target: &Path, agent_root: &Path) -> Result<PathBuf, Error> {
-    let bad = |why: &str| Error::BadTarget {
-        target: target.display().to_string(),
-        why: why.to_string(),
-    };
-    if !target.is_absolute() {
-        return Err(bad(
-            "it is relative; give an absolute path beneath the agent's root",
-        ));
-    }
-    if target.as_os_str().as_encoded_bytes().contains(&0) {
-        return Err(bad("it contains a NUL byte"));
-    }
-    if target.components().any(|c| c == Component::ParentDir) {
-        return Err(bad("it contains a `..` component"));
-    }
-    let rel = target.strip_prefix(agent_root).map_err(|_| {
-        bad(&format!(
-            "it is outside the agent's root {}",
-            agent_root.display()
-        ))
-    })?;
-    let rel: PathBuf = rel
-        .components()
-        .filter(|c| matches!(c, Component::Normal(_)))
-        .collect();
-    if rel.as_os_str().is_empty() {
-        return Err(bad("it is the agent's root itself"));
-    }
-    Ok(rel)
 }
 
 /// Resolution beneath a root: no escape through `..` or symlinks, no magic links.
@@ -994,40 +938,49 @@ mod tests {
     }
 
     #[test]
-    fn checks_subpaths_lexically() {
-        for ok in ["", "a", "a/b", "./a", "a/./b", "a..b", "..a"] {
-            assert!(check_subpath(ok).is_ok(), "{ok}");
-        }
-        for bad in ["/etc", "..", "a/../b", "a/..", "../x", "a\0b"] {
-            assert_eq!(
-                check_subpath(bad).unwrap_err().code(),
-                Code::InvalidArgument,
-                "{bad}"
-            );
-        }
-    }
-
-    #[test]
-    fn checks_targets_lexically() {
-        let root = Path::new("/run/crust");
-        assert_eq!(
-            target_below_root(Path::new("/run/crust/binds/a"), root).unwrap(),
-            PathBuf::from("binds/a")
-        );
-        assert_eq!(
-            target_below_root(Path::new("/run/crust/./b"), root).unwrap(),
-            PathBuf::from("b")
-        );
-        for bad in [
-            "binds/a",
-            "/run/crustx/a",
-            "/run/crust",
-            "/run/crust/",
-            "/etc",
-            "/run/crust/../etc",
-        ] {
-            let e = target_below_root(Path::new(bad), root).unwrap_err();
-            assert_eq!(e.code(), Code::InvalidArgument, "{bad}");
+    fn bind_refuses_malformed_requests_before_any_syscall() {
+        // Roots that do not exist: a syscall would fail INTERNAL, so
+        // INVALID_ARGUMENT shows the lexical rules ran first.
+        let root = Path::new("/nonexistent/crust");
+        let cases = [
+            (
+                "../up",
+                "/nonexistent/crust/t",
+                true,
+                RecursiveReadOnly::Disabled,
+            ),
+            (
+                "/abs",
+                "/nonexistent/crust/t",
+                true,
+                RecursiveReadOnly::Disabled,
+            ),
+            ("", "relative/t", true, RecursiveReadOnly::Disabled),
+            ("", "/elsewhere/t", true, RecursiveReadOnly::Disabled),
+            (
+                "",
+                "/nonexistent/crust/volumes/v",
+                true,
+                RecursiveReadOnly::Disabled,
+            ),
+            (
+                "",
+                "/nonexistent/crust/t",
+                false,
+                RecursiveReadOnly::Enabled,
+            ),
+        ];
+        for (subpath, target, read_only, rro) in cases {
+            let spec = BindSpec {
+                volume_root: Path::new("/nonexistent/vol"),
+                subpath,
+                agent_root: root,
+                target: Path::new(target),
+                read_only,
+                recursive_read_only: rro,
+            };
+            let e = bind_with(&spec, true).unwrap_err();
+            assert!(matches!(e, Error::Invalid(_)), "{subpath:?} {target}: {e}");
         }
     }
 
