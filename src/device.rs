@@ -32,12 +32,21 @@ impl Sysfs {
         }
     }
 
-    /// `/sys/fs` beside `sys_block` (where ext4 publishes `errors_count`).
-    pub fn sys_fs(&self) -> PathBuf {
+    /// Where ext4 publishes the live error count of the filesystem on disk
+    /// `name`: `/sys/fs/ext4/<name>/errors_count`, beside `sys_block`.
+    pub fn ext4_errors_count_file(&self, name: &str) -> PathBuf {
         self.sys_block
             .parent()
             .unwrap_or(Path::new("/sys"))
-            .join("fs")
+            .join("fs/ext4")
+            .join(name)
+            .join("errors_count")
+    }
+
+    /// The errors the ext4 on disk `name` has recorded since it was mounted;
+    /// None when it is not a mounted ext4 (no such file).
+    pub fn ext4_errors_count(&self, name: &str) -> Option<u64> {
+        read_attr(&self.ext4_errors_count_file(name)).and_then(|s| s.parse().ok())
     }
 }
 

@@ -301,11 +301,7 @@ fn ext4_super(dev: &Device) -> Result<Ext4Super, Error> {
 
 /// An ext4's recorded errors: the superblock, and the live sysfs counter.
 fn ext4_has_errors(sup: &Ext4Super, dev: &Device) -> bool {
-    let live = std::fs::read_to_string(format!("/sys/fs/ext4/{}/errors_count", dev.name))
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .unwrap_or(0);
-    sup.has_errors || live > 0
+    sup.has_errors || crate::device::Sysfs::system().ext4_errors_count(&dev.name) > Some(0)
 }
 
 /// EXT4_IOC_RESIZE_FS: `_IOW('f', 16, __u64)`.

@@ -196,22 +196,12 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
     }
 
     if e.fs == FsType::Ext4 {
-        let attr = sysfs
-            .sys_fs()
-            .join("ext4")
-            .join(&dev.name)
-            .join("errors_count");
-        if let Some(n) = std::fs::read_to_string(&attr)
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-        {
-            if n > 0 {
-                problems.push(format!(
-                    "ext4 on {} has recorded {n} error(s) ({}); check the filesystem with e2fsck on the host",
-                    dev.name,
-                    attr.display()
-                ));
-            }
+        if let Some(n) = sysfs.ext4_errors_count(&dev.name).filter(|n| *n > 0) {
+            problems.push(format!(
+                "ext4 on {} has recorded {n} error(s) ({}); check the filesystem with e2fsck on the host",
+                dev.name,
+                sysfs.ext4_errors_count_file(&dev.name).display()
+            ));
         }
     }
 
