@@ -1063,6 +1063,68 @@ mod tests {
         );
     }
 
+    fn table(root: &Path) -> Volumes {
+        Volumes::open(root, Sysfs::system(), crate::logging::discard()).unwrap()
+    }
+
+    #[test]
+    fn after_shutdown_nothing_new_is_accepted() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = table(dir.path());
+        assert_eq!(v.shutdown(), 0);
+        let s = sample();
+        let req = PublishRequest {
+            volume_id: "late".into(),
+            source: s.source.clone(),
+            fs: s.fs,
+            options: s.options.clone(),
+            mount: s.mount.clone(),
+            read_only: false,
+            fs_group: None,
+            timeout: Duration::from_millis(1),
+        };
+        let e = v.publish(&req).unwrap_err();
+        assert!(
+            matches!(e, crate::errors::Error::Volume(Error::ShuttingDown)),
+            "{e}"
+        );
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        let b = BindRequest {
+            volume_id: "late".into(),
+            subpath: PathBuf::new(),
+            target: dir.path().join("t"),
+            read_only: false,
+            recursive_read_only: RecursiveReadOnly::Disabled,
+        };
+        assert!(matches!(
+            v.bind(&b),
+            Err(crate::errors::Error::Volume(Error::ShuttingDown))
+        ));
+    }
+
+    #[test]
+    fn recovery_forgets_what_is_no_longer_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(&state).unwrap();
+        // A record whose mount is gone, a malformed one, and a half-written temp file.
+        let gone = state.join("vol-1.vol");
+        std::fs::write(&gone, state::encode(&sample())).unwrap();
+        std::fs::write(state.join("bad.vol"), "no equals sign").unwrap();
+        std::fs::write(state.join("vol-2.tmp"), "half").unwrap();
+        let v = table(dir.path());
+        assert!(v.list().is_empty());
+        assert!(
+            !gone.exists(),
+            "the record of an unmounted volume is dropped"
+        );
+        assert!(!state.join("vol-2.tmp").exists());
+        assert!(
+            state.join("bad.vol").exists(),
+            "an unreadable record is left for a human"
+        );
+    }
+
     #[test]
     fn an_ro_option_counts_as_read_only() {
         let mut v = sample();
