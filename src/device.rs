@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::net::{netlink, AddressFamily, RecvFlags, SocketFlags, SocketType};
 
+use crate::cancel::{Cancel, Stopped};
 use crate::errors::{Code, SysError};
 
 /// Where block devices are listed and where their nodes live; tests point it at a fake tree.
@@ -157,6 +158,9 @@ pub enum Error {
         /// Its minor number.
         minor: u32,
     },
+    /// The wait was stopped (shutdown, the caller's deadline or disconnect).
+    #[error(transparent)]
+    Stopped(#[from] Stopped),
     /// An unexpected syscall failure.
     #[error(transparent)]
     Sys(#[from] SysError),
@@ -166,6 +170,7 @@ impl Error {
     /// The wire code of this error.
     pub fn code(&self) -> Code {
         match self {
+            Error::Stopped(s) => s.code(),
             Error::SerialNotFound { .. } | Error::NodeMissing { .. } => Code::DeadlineExceeded,
             Error::NodeMismatch { .. } | Error::DuplicateSerial { .. } | Error::Gone { .. } => {
                 Code::FailedPrecondition
@@ -406,14 +411,22 @@ fn check_node(node: &Path, major: u32, minor: u32) -> Result<(), Option<String>>
 }
 
 /// Finds the whole disk whose serial is `serial`, waiting up to `timeout` for it to appear.
-pub fn find_by_serial(sysfs: &Sysfs, serial: &str, timeout: Duration) -> Result<Device, Error> {
+/// `cancel` stops the wait early (its deadline, the agent's shutdown).
+pub fn find_by_serial(
+    sysfs: &Sysfs,
+    serial: &str,
+    timeout: Duration,
+    cancel: &Cancel,
+) -> Result<Device, Error> {
     if serial.is_empty() {
         return Err(Error::EmptySerial);
     }
     let start = Instant::now();
     let deadline = deadline_after(start, timeout);
     let events = Uevents::open();
+    let during = || format!("waiting for the disk with serial {serial}");
     loop {
+        cancel.check(during)?;
         let pending = match scan(sysfs, serial)? {
             Scan::Found(dev) => return Ok(dev),
             Scan::NoNode(name, node) => Some((name, node)),
@@ -431,7 +444,7 @@ pub fn find_by_serial(sysfs: &Sysfs, serial: &str, timeout: Duration) -> Result<
                 None => Error::SerialNotFound { serial, waited },
             });
         }
-        events.wait(until(deadline, RESCAN), |ev| {
+        events.wait(cancel.slice(until(deadline, RESCAN)), |ev| {
             ev.subsystem == "block" && (ev.action == "add" || ev.action == "change")
         });
     }
@@ -507,12 +520,14 @@ fn blk_size(file: &File, device: &Path) -> Result<u64, SysError> {
 }
 
 /// Waits until `dev` is at least `min_bytes` (the host grows disks, the guest
-/// notices a little later) and returns its size; OUT_OF_RANGE after `timeout`.
+/// notices a little later) and returns its size; OUT_OF_RANGE after
+/// `timeout`. `cancel` stops the wait early.
 pub fn wait_for_size(
     sysfs: &Sysfs,
     dev: &Device,
     min_bytes: u64,
     timeout: Duration,
+    cancel: &Cancel,
 ) -> Result<u64, Error> {
     let start = Instant::now();
     let deadline = deadline_after(start, timeout);
@@ -522,7 +537,14 @@ pub fn wait_for_size(
         .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(&dev.path)
         .map_err(|e| SysError::new("open", dev.path.display(), e))?;
+    let during = || {
+        format!(
+            "waiting for {} to grow to {min_bytes} bytes",
+            dev.path.display()
+        )
+    };
     loop {
+        cancel.check(during)?;
         let size = blk_size(&file, &dev.path)?;
         if size >= min_bytes {
             return Ok(size);
@@ -542,7 +564,7 @@ pub fn wait_for_size(
                 waited: start.elapsed(),
             });
         }
-        events.wait(until(deadline, SIZE_POLL), |ev| {
+        events.wait(cancel.slice(until(deadline, SIZE_POLL)), |ev| {
             ev.subsystem == "block" && ev.action == "change" && ev.devname == dev.name
         });
     }
@@ -666,6 +688,41 @@ mod tests {
     }
 
     #[test]
+    fn a_wait_for_a_serial_stops_when_cancelled() {
+        use crate::cancel::{Token, Why};
+        let t = FakeTree::new();
+        let token = Token::new(Why::Shutdown);
+        let fire = token.clone();
+        let firer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            fire.fire();
+        });
+        let started = Instant::now();
+        let cancel = Cancel::never().with_token(&token);
+        let e =
+            find_by_serial(&t.sysfs, "vol-never", Duration::from_secs(30), &cancel).unwrap_err();
+        firer.join().unwrap();
+        assert!(matches!(e, Error::Stopped(_)), "{e}");
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        // The caller's deadline, earlier than timeout_ms, ends the wait as DEADLINE_EXCEEDED.
+        let started = Instant::now();
+        let cancel = Cancel::never().with_timeout(Duration::from_millis(150));
+        let e =
+            find_by_serial(&t.sysfs, "vol-never", Duration::from_secs(30), &cancel).unwrap_err();
+        assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
     fn finds_a_disk_listed_at_start() {
         if !root_or_skip("finds_a_disk_listed_at_start") {
             return;
@@ -678,7 +735,8 @@ mod tests {
         t.add("vdb1", "vol-a", (7, 202), Some((7, 202)));
         fs::write(part.join("partition"), "1\n").unwrap();
         let started = Instant::now();
-        let dev = find_by_serial(&t.sysfs, "vol-a", Duration::from_secs(5)).unwrap();
+        let dev =
+            find_by_serial(&t.sysfs, "vol-a", Duration::from_secs(5), &Cancel::never()).unwrap();
         assert!(started.elapsed() < Duration::from_millis(400));
         assert_eq!(
             dev,
@@ -702,13 +760,24 @@ mod tests {
         t.add("vdd", "vol-pad", (7, 210), Some((7, 210)));
         fs::write(t.sysfs.sys_block.join("vdd/serial"), b"vol-pad \0\0\0\n").unwrap();
         assert_eq!(
-            find_by_serial(&t.sysfs, "vol-pad", Duration::from_secs(1))
-                .unwrap()
-                .name,
+            find_by_serial(
+                &t.sysfs,
+                "vol-pad",
+                Duration::from_secs(1),
+                &Cancel::never()
+            )
+            .unwrap()
+            .name,
             "vdd"
         );
         // A prefix of a serial is not that serial.
-        let e = find_by_serial(&t.sysfs, "vol-p", Duration::from_millis(50)).unwrap_err();
+        let e = find_by_serial(
+            &t.sysfs,
+            "vol-p",
+            Duration::from_millis(50),
+            &Cancel::never(),
+        )
+        .unwrap_err();
         assert_eq!(e.code(), Code::DeadlineExceeded);
     }
 
@@ -725,7 +794,8 @@ mod tests {
             t
         });
         let started = Instant::now();
-        let dev = find_by_serial(&sysfs, "vol-late", Duration::from_secs(5)).unwrap();
+        let dev =
+            find_by_serial(&sysfs, "vol-late", Duration::from_secs(5), &Cancel::never()).unwrap();
         let took = started.elapsed();
         let _t = adder.join().unwrap();
         assert_eq!((dev.name.as_str(), dev.major, dev.minor), ("vde", 7, 220));
@@ -741,7 +811,13 @@ mod tests {
         let t = FakeTree::new();
         t.add("vdf", "vol-other", (7, 230), None);
         let started = Instant::now();
-        let e = find_by_serial(&t.sysfs, "vol-never", Duration::from_millis(700)).unwrap_err();
+        let e = find_by_serial(
+            &t.sysfs,
+            "vol-never",
+            Duration::from_millis(700),
+            &Cancel::never(),
+        )
+        .unwrap_err();
         let took = started.elapsed();
         assert!(
             took >= Duration::from_millis(700) && took < Duration::from_millis(1300),
@@ -759,7 +835,13 @@ mod tests {
     fn reports_a_listed_disk_whose_node_never_appears() {
         let t = FakeTree::new();
         t.add("vdg", "vol-nonode", (7, 240), None);
-        let e = find_by_serial(&t.sysfs, "vol-nonode", Duration::from_millis(200)).unwrap_err();
+        let e = find_by_serial(
+            &t.sysfs,
+            "vol-nonode",
+            Duration::from_millis(200),
+            &Cancel::never(),
+        )
+        .unwrap_err();
         assert!(matches!(e, Error::NodeMissing { .. }), "{e}");
         assert_eq!(e.code(), Code::DeadlineExceeded);
         assert!(e.to_string().contains("devtmpfs"), "{e}");
@@ -772,14 +854,26 @@ mod tests {
         }
         let t = FakeTree::new();
         t.add("vdh", "vol-wrong", (7, 250), Some((7, 251)));
-        let e = find_by_serial(&t.sysfs, "vol-wrong", Duration::from_secs(2)).unwrap_err();
+        let e = find_by_serial(
+            &t.sysfs,
+            "vol-wrong",
+            Duration::from_secs(2),
+            &Cancel::never(),
+        )
+        .unwrap_err();
         assert!(matches!(e, Error::NodeMismatch { .. }), "{e}");
         assert_eq!(e.code(), Code::FailedPrecondition);
         assert!(e.to_string().contains("7:251"), "{e}");
         // A regular file where the node should be is refused too.
         t.add("vdi", "vol-file", (7, 252), None);
         fs::write(t.sysfs.dev_dir.join("vdi"), b"").unwrap();
-        let e = find_by_serial(&t.sysfs, "vol-file", Duration::from_secs(2)).unwrap_err();
+        let e = find_by_serial(
+            &t.sysfs,
+            "vol-file",
+            Duration::from_secs(2),
+            &Cancel::never(),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("not a block device"), "{e}");
     }
 
@@ -788,12 +882,18 @@ mod tests {
         let t = FakeTree::new();
         t.add("vdj", "vol-dup", (7, 260), None);
         t.add("vdk", "vol-dup", (7, 261), None);
-        let e = find_by_serial(&t.sysfs, "vol-dup", Duration::from_secs(2)).unwrap_err();
+        let e = find_by_serial(
+            &t.sysfs,
+            "vol-dup",
+            Duration::from_secs(2),
+            &Cancel::never(),
+        )
+        .unwrap_err();
         assert_eq!(e.code(), Code::FailedPrecondition);
         assert!(e.to_string().contains("vdj, vdk"), "{e}");
         // A disk without a serial has an empty `serial` file: "" must not find it.
         t.add("vdm", "", (7, 262), None);
-        let e = find_by_serial(&t.sysfs, "", Duration::from_secs(2)).unwrap_err();
+        let e = find_by_serial(&t.sysfs, "", Duration::from_secs(2), &Cancel::never()).unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument);
     }
 
@@ -864,7 +964,14 @@ mod tests {
         );
         // Already big enough: immediately.
         assert_eq!(
-            wait_for_size(&sysfs, &dev, 16 << 20, Duration::from_secs(1)).unwrap(),
+            wait_for_size(
+                &sysfs,
+                &dev,
+                16 << 20,
+                Duration::from_secs(1),
+                &Cancel::never()
+            )
+            .unwrap(),
             32 << 20
         );
         // Grown by "the host" while the agent waits.
@@ -877,12 +984,26 @@ mod tests {
             })
         };
         let started = Instant::now();
-        let got = wait_for_size(&sysfs, &dev, 64 << 20, Duration::from_secs(10)).unwrap();
+        let got = wait_for_size(
+            &sysfs,
+            &dev,
+            64 << 20,
+            Duration::from_secs(10),
+            &Cancel::never(),
+        )
+        .unwrap();
         grower.join().unwrap();
         assert_eq!(got, 64 << 20);
         assert!(started.elapsed() < Duration::from_secs(5));
         // Never grown: OUT_OF_RANGE naming both sizes.
-        let e = wait_for_size(&sysfs, &dev, 128 << 20, Duration::from_millis(300)).unwrap_err();
+        let e = wait_for_size(
+            &sysfs,
+            &dev,
+            128 << 20,
+            Duration::from_millis(300),
+            &Cancel::never(),
+        )
+        .unwrap_err();
         assert_eq!(e.code(), Code::OutOfRange);
         let msg = e.to_string();
         assert!(

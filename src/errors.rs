@@ -23,6 +23,10 @@ pub enum Code {
     Internal,
     /// The operation is not implemented by this agent.
     Unimplemented,
+    /// The caller went away; the work was stopped.
+    Cancelled,
+    /// A bound of the agent was reached (connections, requests in flight, request size).
+    ResourceExhausted,
 }
 
 impl Code {
@@ -37,6 +41,8 @@ impl Code {
             Code::OutOfRange => "OUT_OF_RANGE",
             Code::Internal => "INTERNAL",
             Code::Unimplemented => "UNIMPLEMENTED",
+            Code::Cancelled => "CANCELLED",
+            Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
         }
     }
 }
@@ -101,6 +107,9 @@ pub enum Error {
     /// The volume table refused the operation.
     #[error(transparent)]
     Volume(#[from] crate::volumes::Error),
+    /// The work was stopped (shutdown, deadline, caller gone) and undone.
+    #[error(transparent)]
+    Stopped(#[from] crate::cancel::Stopped),
     /// An unexpected syscall failure outside the modules above.
     #[error(transparent)]
     Sys(#[from] SysError),
@@ -121,6 +130,7 @@ impl Error {
             Error::Stats(e) => e.code(),
             Error::Grow(e) => e.code(),
             Error::Volume(e) => e.code(),
+            Error::Stopped(e) => e.code(),
             Error::Sys(_) | Error::Panic(..) => Code::Internal,
         }
     }

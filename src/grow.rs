@@ -541,6 +541,7 @@ mod tests {
             &crate::device::from_path(&disk.device).unwrap(),
             1 << 30,
             Duration::from_secs(5),
+            &crate::cancel::Cancel::never(),
         )
         .unwrap();
         let after = grow(&m.path, &dev, FsType::Xfs, dev_bytes).unwrap();

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use rustix::fs::{AtFlags, Dir, FileType, Gid, Mode, OFlags, ResolveFlags, Stat};
 use rustix::io::Errno;
 
+use crate::cancel::{Cancel, Stopped};
 use crate::errors::{Code, SysError};
 
 /// What can go wrong in the walk as a whole (single entries only count as `errors`).
@@ -38,6 +39,9 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// The walk was stopped (shutdown, the caller's deadline or disconnect).
+    #[error(transparent)]
+    Stopped(#[from] Stopped),
     /// An unexpected syscall failure.
     #[error(transparent)]
     Sys(#[from] SysError),
@@ -47,6 +51,7 @@ impl Error {
     /// The wire code of this error.
     pub fn code(&self) -> Code {
         match self {
+            Error::Stopped(s) => s.code(),
             Error::RootNotDirectory { .. } => Code::FailedPrecondition,
             Error::ReadDir { .. } | Error::Sys(_) => Code::Internal,
         }
@@ -98,13 +103,22 @@ const MAX_WORKERS: usize = 16;
 /// filepath.Walk would change it and walk into it). A bind mount of this
 /// volume onto itself is skipped the same way (openat2 RESOLVE_NO_XDEV).
 pub fn apply(root: &Path, gid: u32, policy: Policy, read_only: bool) -> Result<Report, Error> {
-    apply_with_progress(root, gid, policy, read_only, Duration::MAX, &|_| {})
+    apply_with_progress(
+        root,
+        gid,
+        policy,
+        read_only,
+        Duration::MAX,
+        &|_| {},
+        &Cancel::never(),
+    )
 }
 
 /// `apply`, calling `progress` with the counts so far (and the time since
 /// the start) roughly every `every` while it walks, from one worker at a
 /// time, so that the caller can log a long walk; the final report is the
 /// same as `apply`'s. `progress` runs on the walk's threads: keep it short.
+/// `cancel` stops the walk between two items; what was changed stays changed.
 pub fn apply_with_progress(
     root: &Path,
     gid: u32,
@@ -112,6 +126,7 @@ pub fn apply_with_progress(
     read_only: bool,
     every: Duration,
     progress: &(dyn Fn(&Report) + Sync),
+    cancel: &Cancel,
 ) -> Result<Report, Error> {
     let start = Instant::now();
     let root_fd = rustix::fs::open(
@@ -152,6 +167,7 @@ pub fn apply_with_progress(
         every: nanos(every),
         next_progress: AtomicU64::new(nanos(every)),
         progress,
+        cancel,
     };
     // Two workers per CPU: a worker often sleeps in the kernel (an inode table
     // block to read, a journal handle to wait for), and a second one per CPU
@@ -273,6 +289,8 @@ struct Walk<'a> {
     /// (`u64::MAX`: never); the worker that moves it on makes the call.
     next_progress: AtomicU64,
     progress: &'a (dyn Fn(&Report) + Sync),
+    /// Checked before every item.
+    cancel: &'a Cancel,
 }
 
 impl Walk<'_> {
@@ -322,6 +340,13 @@ impl Walk<'_> {
                 let mut q = self.lock();
                 loop {
                     if q.failed.is_some() {
+                        return;
+                    }
+                    if let Err(e) = self.cancel.check(|| {
+                        format!("applying fsGroup {} to {}", self.gid, self.root.display())
+                    }) {
+                        q.failed = Some(e.into());
+                        self.wake.notify_all();
                         return;
                     }
                     if let Some(item) = q.items.pop() {
@@ -946,7 +971,16 @@ mod tests {
         let every = Duration::from_millis(1);
         let calls = Mutex::new(Vec::new());
         let record = |p: &Report| calls.lock().unwrap().push(p.clone());
-        let r = apply_with_progress(&a, GID, Policy::Always, false, every, &record).unwrap();
+        let r = apply_with_progress(
+            &a,
+            GID,
+            Policy::Always,
+            false,
+            every,
+            &record,
+            &Cancel::never(),
+        )
+        .unwrap();
         let plain = apply(&b, GID, Policy::Always, false).unwrap();
         assert_eq!(
             (r.skipped, r.visited, r.changed, r.errors),

@@ -16,6 +16,7 @@ use crust_protocols::protobuf::{EnumOrUnknown, MessageField};
 use crust_protocols::ttrpc::{self, TtrpcContext};
 use slog::{debug, info, warn, Logger};
 
+use crate::cancel::Cancel;
 use crate::errors::{Code, Error, Result};
 use crate::mount::RecursiveReadOnly;
 use crate::ownership::Policy;
@@ -91,6 +92,14 @@ impl Service {
     }
 }
 
+/// The request's cancellation: the caller's ttrpc deadline, if it sent one.
+fn cancel_of(ctx: &TtrpcContext) -> Cancel {
+    match u64::try_from(ctx.timeout_nano) {
+        Ok(n) if n > 0 => Cancel::never().with_timeout(Duration::from_nanos(n)),
+        _ => Cancel::never(),
+    }
+}
+
 /// The ttrpc status code of an error class.
 pub fn status_code(c: Code) -> ttrpc::Code {
     match c {
@@ -102,6 +111,8 @@ pub fn status_code(c: Code) -> ttrpc::Code {
         Code::OutOfRange => ttrpc::Code::OUT_OF_RANGE,
         Code::Internal => ttrpc::Code::INTERNAL,
         Code::Unimplemented => ttrpc::Code::UNIMPLEMENTED,
+        Code::Cancelled => ttrpc::Code::CANCELLED,
+        Code::ResourceExhausted => ttrpc::Code::RESOURCE_EXHAUSTED,
     }
 }
 
@@ -232,11 +243,11 @@ impl crust_ttrpc::Agent for Service {
 
     fn get_supported_file_systems(
         &self,
-        _: &TtrpcContext,
+        ctx: &TtrpcContext,
         _: pb::GetSupportedFileSystemsRequest,
     ) -> ttrpc::Result<pb::GetSupportedFileSystemsResponse> {
         self.handle("GetSupportedFileSystems", "", || {
-            self.modules.wait(MODULES_WAIT);
+            self.modules.wait(MODULES_WAIT, &cancel_of(ctx));
             Ok(pb::GetSupportedFileSystemsResponse {
                 file_systems: system::supported_filesystems()?,
                 ..Default::default()
@@ -246,13 +257,15 @@ impl crust_ttrpc::Agent for Service {
 
     fn publish_volume(
         &self,
-        _: &TtrpcContext,
+        ctx: &TtrpcContext,
         req: pb::PublishVolumeRequest,
     ) -> ttrpc::Result<pb::PublishVolumeResponse> {
         self.handle("PublishVolume", &req.volume_id, || {
+            let domain = publish_request(&req)?;
+            let cancel = cancel_of(ctx);
             // Device lookup needs virtio_blk, an xfs mount needs xfs: both may still be loading.
-            self.modules.wait(MODULES_WAIT);
-            let out = self.volumes.publish(&publish_request(&req)?)?;
+            self.modules.wait(MODULES_WAIT, &cancel);
+            let out = self.volumes.publish(&domain, &cancel)?;
             Ok(pb::PublishVolumeResponse {
                 guest_path: out.guest_path.display().to_string(),
                 device: out.device.display().to_string(),
@@ -275,12 +288,12 @@ impl crust_ttrpc::Agent for Service {
 
     fn unpublish_volume(
         &self,
-        _: &TtrpcContext,
+        ctx: &TtrpcContext,
         req: pb::UnpublishVolumeRequest,
     ) -> ttrpc::Result<pb::UnpublishVolumeResponse> {
         self.handle("UnpublishVolume", &req.volume_id, || {
             validate::volume_id(&req.volume_id)?;
-            let was_published = self.volumes.unpublish(&req.volume_id)?;
+            let was_published = self.volumes.unpublish(&req.volume_id, &cancel_of(ctx))?;
             Ok(pb::UnpublishVolumeResponse {
                 was_published,
                 ..Default::default()
@@ -290,12 +303,12 @@ impl crust_ttrpc::Agent for Service {
 
     fn get_volume_stats(
         &self,
-        _: &TtrpcContext,
+        ctx: &TtrpcContext,
         req: pb::GetVolumeStatsRequest,
     ) -> ttrpc::Result<pb::GetVolumeStatsResponse> {
         self.handle("GetVolumeStats", &req.volume_id, || {
             validate::volume_id(&req.volume_id)?;
-            let (u, c) = self.volumes.stats(&req.volume_id)?;
+            let (u, c) = self.volumes.stats(&req.volume_id, &cancel_of(ctx))?;
             let usage = match u {
                 None => Vec::new(),
                 Some(u) => vec![
@@ -327,15 +340,18 @@ impl crust_ttrpc::Agent for Service {
 
     fn expand_volume(
         &self,
-        _: &TtrpcContext,
+        ctx: &TtrpcContext,
         req: pb::ExpandVolumeRequest,
     ) -> ttrpc::Result<pb::ExpandVolumeResponse> {
         self.handle("ExpandVolume", &req.volume_id, || {
             validate::volume_id(&req.volume_id)?;
             let required = validate::required_bytes(req.required_bytes)?;
-            let out =
-                self.volumes
-                    .expand(&req.volume_id, required, validate::timeout(req.timeout_ms))?;
+            let out = self.volumes.expand(
+                &req.volume_id,
+                required,
+                validate::timeout(req.timeout_ms),
+                &cancel_of(ctx),
+            )?;
             Ok(pb::ExpandVolumeResponse {
                 capacity_bytes: i64::try_from(out.capacity_bytes).unwrap_or(i64::MAX),
                 device_bytes: i64::try_from(out.device_bytes).unwrap_or(i64::MAX),
@@ -346,13 +362,13 @@ impl crust_ttrpc::Agent for Service {
 
     fn bind_mount(
         &self,
-        _: &TtrpcContext,
+        ctx: &TtrpcContext,
         req: pb::BindMountRequest,
     ) -> ttrpc::Result<pb::BindMountResponse> {
         self.handle("BindMount", &req.volume_id, || {
             let out = self
                 .volumes
-                .bind(&bind_request(self.volumes.root(), &req)?)?;
+                .bind(&bind_request(self.volumes.root(), &req)?, &cancel_of(ctx))?;
             Ok(pb::BindMountResponse {
                 recursive_read_only_applied: out.recursive_read_only_applied,
                 already_mounted: out.already_mounted,
@@ -363,12 +379,12 @@ impl crust_ttrpc::Agent for Service {
 
     fn unmount(
         &self,
-        _: &TtrpcContext,
+        ctx: &TtrpcContext,
         req: pb::UnmountRequest,
     ) -> ttrpc::Result<pb::UnmountResponse> {
         self.handle("Unmount", "", || {
             let target = validate::target(self.volumes.root(), &req.target)?;
-            let was_mounted = self.volumes.unmount(&target)?;
+            let was_mounted = self.volumes.unmount(&target, &cancel_of(ctx))?;
             Ok(pb::UnmountResponse {
                 was_mounted,
                 ..Default::default()
@@ -599,6 +615,8 @@ mod tests {
             Code::OutOfRange,
             Code::Internal,
             Code::Unimplemented,
+            Code::Cancelled,
+            Code::ResourceExhausted,
         ] {
             assert_eq!(format!("{:?}", status_code(c)), c.name());
         }

@@ -173,12 +173,21 @@ impl Gate {
     }
 
     /// Waits until the gate is open, at most `timeout`; true if it is.
-    pub fn wait(&self, timeout: Duration) -> bool {
-        let g = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        let (g, _) = self
-            .cv
-            .wait_timeout_while(g, timeout, |open| !*open)
-            .unwrap_or_else(|p| p.into_inner());
+    /// Stops early, with the gate still closed, when `cancel` fires.
+    pub fn wait(&self, timeout: Duration, cancel: &crate::cancel::Cancel) -> bool {
+        let end = Instant::now().checked_add(timeout);
+        let mut g = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        while !*g && cancel.why().is_none() {
+            let left = end.map_or(timeout, |e| e.saturating_duration_since(Instant::now()));
+            if left.is_zero() {
+                break;
+            }
+            g = self
+                .cv
+                .wait_timeout(g, cancel.slice(left))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
         *g
     }
 }
@@ -228,6 +237,7 @@ pub fn agent_info(started: Instant, boot: Timeline) -> Result<AgentInfo, SysErro
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cancel::Cancel;
 
     #[test]
     fn filesystems_are_filtered() {
@@ -249,18 +259,18 @@ mod tests {
     #[test]
     fn gate_opens_once_for_all_waiters() {
         let g = std::sync::Arc::new(Gate::new(false));
-        assert!(!g.wait(Duration::from_millis(10)));
+        assert!(!g.wait(Duration::from_millis(10), &Cancel::never()));
         let waiters: Vec<_> = (0..3)
             .map(|_| {
                 let g = g.clone();
-                std::thread::spawn(move || g.wait(Duration::from_secs(10)))
+                std::thread::spawn(move || g.wait(Duration::from_secs(10), &Cancel::never()))
             })
             .collect();
         std::thread::sleep(Duration::from_millis(20));
         g.open();
         assert!(waiters.into_iter().all(|w| w.join().unwrap()));
-        assert!(g.wait(Duration::ZERO));
-        assert!(Gate::new(true).wait(Duration::ZERO));
+        assert!(g.wait(Duration::ZERO, &Cancel::never()));
+        assert!(Gate::new(true).wait(Duration::ZERO, &Cancel::never()));
     }
 
     #[test]

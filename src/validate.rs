@@ -24,6 +24,10 @@ fn has_dots(s: &str) -> bool {
 /// How long to wait for a device when the request says 0.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(10_000);
 
+/// The longest wait a request can ask for: a larger `timeout_ms` is capped
+/// here, so no request holds a worker and a volume for days.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// `volume_id`: `[A-Za-z0-9][A-Za-z0-9._-]{0,127}`.
 pub fn volume_id(id: &str) -> Result<(), Invalid> {
     let b = id.as_bytes();
@@ -211,12 +215,12 @@ pub fn gid(g: u32) -> Result<u32, Invalid> {
     Ok(g)
 }
 
-/// A `timeout_ms` field: 0 means the default.
+/// A `timeout_ms` field: 0 means the default; anything above `MAX_TIMEOUT` is capped.
 pub fn timeout(ms: u32) -> Duration {
     if ms == 0 {
         DEFAULT_TIMEOUT
     } else {
-        Duration::from_millis(ms.into())
+        Duration::from_millis(ms.into()).min(MAX_TIMEOUT)
     }
 }
 
@@ -328,5 +332,6 @@ mod tests {
         assert!(gid(u32::MAX).is_err());
         assert_eq!(timeout(0), DEFAULT_TIMEOUT);
         assert_eq!(timeout(250), Duration::from_millis(250));
+        assert_eq!(timeout(u32::MAX), MAX_TIMEOUT, "49 days is capped");
     }
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use slog::{info, warn, Logger};
 
+use crate::cancel::{Cancel, Token, Why};
 use crate::device::{self, Device, Sysfs};
 use crate::errors::{Code, Result, SysError};
 use crate::mount::{self, BindSpec, MountOptions, RecursiveReadOnly};
@@ -295,12 +296,35 @@ pub struct Volumes {
     /// What ListVolumes answers, updated whenever a volume changes.
     snapshot: Mutex<BTreeMap<String, VolumeInfo>>,
     shutting_down: AtomicBool,
+    /// Fired by `shutdown`: stops every wait and walk in flight.
+    stop: Token,
 }
 
 /// Locks a mutex even if a panicking request poisoned it: every update below
 /// leaves the data consistent before anything can panic.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Locks a volume's slot, giving up when `cancel` fires: a request waiting
+/// behind a long operation on the same volume ends at its own deadline.
+fn lock_slot<'a>(
+    slot: &'a Mutex<Option<Volume>>,
+    id: &str,
+    cancel: &Cancel,
+) -> Result<MutexGuard<'a, Option<Volume>>> {
+    let mut pause = Duration::from_micros(200);
+    loop {
+        match slot.try_lock() {
+            Ok(g) => return Ok(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Ok(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                cancel.check(|| format!("waiting for another operation on volume {id} to end"))?;
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(5));
+            }
+        }
+    }
 }
 
 impl Volumes {
@@ -323,6 +347,7 @@ impl Volumes {
             binds: Mutex::new(HashMap::new()),
             snapshot: Mutex::new(BTreeMap::new()),
             shutting_down: AtomicBool::new(false),
+            stop: Token::new(Why::Shutdown),
         };
         v.recover()?;
         Ok(v)
@@ -355,13 +380,26 @@ impl Volumes {
         lock(&self.snapshot).insert(vol.id.clone(), vol.info());
     }
 
+    /// The request's cancellation joined with the agent's shutdown.
+    fn stop_with(&self, cancel: &Cancel) -> Cancel {
+        cancel.clone().with_token(&self.stop)
+    }
+
     /// PublishVolume: find the disk, check its filesystem, mount it, apply fsGroup.
-    pub fn publish(&self, req: &PublishRequest) -> Result<Published> {
+    pub fn publish(&self, req: &PublishRequest, cancel: &Cancel) -> Result<Published> {
         if self.shutting_down.load(Ordering::SeqCst) {
             return Err(Error::ShuttingDown.into());
         }
+        let cancel = &self.stop_with(cancel);
         let slot = self.slot(&req.volume_id);
-        let mut guard = lock(&slot);
+        let locked = lock_slot(&slot, &req.volume_id, cancel);
+        let mut guard = match locked {
+            Ok(g) => g,
+            Err(e) => {
+                self.forget_slot(&req.volume_id);
+                return Err(e);
+            }
+        };
         if let Some(vol) = guard.as_ref() {
             if let Some(differs) = vol.differs_from(req) {
                 return Err(Error::Conflict {
@@ -389,7 +427,7 @@ impl Volumes {
                 ownership: None,
             });
         }
-        let result = self.publish_new(req);
+        let result = self.publish_new(req, cancel);
         match result {
             Ok((vol, report)) => {
                 let out = Published {
@@ -410,9 +448,13 @@ impl Volumes {
         }
     }
 
-    fn publish_new(&self, req: &PublishRequest) -> Result<(Volume, Option<ownership::Report>)> {
+    fn publish_new(
+        &self,
+        req: &PublishRequest,
+        cancel: &Cancel,
+    ) -> Result<(Volume, Option<ownership::Report>)> {
         let device = match &req.source {
-            Source::Serial(s) => device::find_by_serial(&self.sysfs, s, req.timeout)?,
+            Source::Serial(s) => device::find_by_serial(&self.sysfs, s, req.timeout, cancel)?,
             Source::Path(p) => device::from_path(p)?,
         };
         let claim = self.claim_device(&device, &req.volume_id)?;
@@ -478,6 +520,7 @@ impl Volumes {
                     false,
                     every,
                     &progress,
+                    cancel,
                 )
                 .map_err(|e| undo(e.into()))?;
                 info!(self.log, "fsGroup applied"; "volume" => &req.volume_id, "gid" => g.gid,
@@ -518,11 +561,13 @@ impl Volumes {
     }
 
     /// UnpublishVolume: unmount the binds, sync, unmount. Idempotent.
-    pub fn unpublish(&self, id: &str) -> Result<bool> {
+    /// `cancel` bounds only the wait for the volume's lock: once unmounting
+    /// has begun it goes to the end.
+    pub fn unpublish(&self, id: &str, cancel: &Cancel) -> Result<bool> {
         let Some(slot) = self.existing_slot(id) else {
             return Ok(false);
         };
-        let mut guard = lock(&slot);
+        let mut guard = lock_slot(&slot, id, cancel)?;
         let Some(vol) = guard.as_mut() else {
             drop(guard);
             self.forget_slot(id);
@@ -556,11 +601,16 @@ impl Volumes {
         Ok(true)
     }
 
-    fn with_volume<T>(&self, id: &str, f: impl FnOnce(&mut Volume) -> Result<T>) -> Result<T> {
+    fn with_volume<T>(
+        &self,
+        id: &str,
+        cancel: &Cancel,
+        f: impl FnOnce(&mut Volume) -> Result<T>,
+    ) -> Result<T> {
         let slot = self
             .existing_slot(id)
             .ok_or_else(|| Error::NotPublished(id.to_string()))?;
-        let mut guard = lock(&slot);
+        let mut guard = lock_slot(&slot, id, cancel)?;
         let vol = guard
             .as_mut()
             .ok_or_else(|| Error::NotPublished(id.to_string()))?;
@@ -568,8 +618,8 @@ impl Volumes {
     }
 
     /// GetVolumeStats: usage (whenever statfs works) and the condition.
-    pub fn stats(&self, id: &str) -> Result<(Option<Usage>, Condition)> {
-        self.with_volume(id, |vol| {
+    pub fn stats(&self, id: &str, cancel: &Cancel) -> Result<(Option<Usage>, Condition)> {
+        self.with_volume(id, cancel, |vol| {
             Ok(stats::check(
                 &self.sysfs,
                 &stats::Expected {
@@ -584,8 +634,15 @@ impl Volumes {
 
     /// ExpandVolume: wait for the device to reach `required_bytes` (0: its
     /// current size), then grow the filesystem to fill it.
-    pub fn expand(&self, id: &str, required_bytes: u64, timeout: Duration) -> Result<Expanded> {
-        self.with_volume(id, |vol| {
+    pub fn expand(
+        &self,
+        id: &str,
+        required_bytes: u64,
+        timeout: Duration,
+        cancel: &Cancel,
+    ) -> Result<Expanded> {
+        let cancel = &self.stop_with(cancel);
+        self.with_volume(id, cancel, |vol| {
             if vol.mounted_read_only() {
                 return Err(Error::ReadOnly(id.to_string()).into());
             }
@@ -594,7 +651,13 @@ impl Volumes {
                 let device_bytes = device::size_bytes(&vol.device.path)?;
                 return Ok(Expanded { capacity_bytes: current, device_bytes });
             }
-            let device_bytes = device::wait_for_size(&self.sysfs, &vol.device, required_bytes, timeout)?;
+            let device_bytes = device::wait_for_size(
+                &self.sysfs,
+                &vol.device,
+                required_bytes,
+                timeout,
+                cancel,
+            )?;
             let capacity_bytes = grow::grow(&vol.guest_path, &vol.device, vol.fs, device_bytes)?;
             info!(self.log, "filesystem grown"; "volume" => id, "from" => current, "to" => capacity_bytes,
                   "device_bytes" => device_bytes);
@@ -603,11 +666,12 @@ impl Volumes {
     }
 
     /// BindMount: the volume (or a subpath) at a target beneath the root.
-    pub fn bind(&self, req: &BindRequest) -> Result<BindOutcome> {
+    pub fn bind(&self, req: &BindRequest, cancel: &Cancel) -> Result<BindOutcome> {
         if self.shutting_down.load(Ordering::SeqCst) {
             return Err(Error::ShuttingDown.into());
         }
-        self.with_volume(&req.volume_id, |vol| {
+        let cancel = &self.stop_with(cancel);
+        self.with_volume(&req.volume_id, cancel, |vol| {
             if let Some(b) = vol.binds.iter().find(|b| b.target == req.target) {
                 if b.subpath == req.subpath
                     && b.read_only == req.read_only
@@ -670,10 +734,10 @@ impl Volumes {
     }
 
     /// Unmount: a bind target, recursively. Idempotent.
-    pub fn unmount(&self, target: &Path) -> Result<bool> {
+    pub fn unmount(&self, target: &Path, cancel: &Cancel) -> Result<bool> {
         let owner = lock(&self.binds).get(target).cloned();
         if let Some(id) = owner {
-            let r = self.with_volume(&id, |vol| {
+            let r = self.with_volume(&id, cancel, |vol| {
                 let was = mount::unmount_tree(target)?;
                 if was {
                     remove_target_node(target);
@@ -711,10 +775,13 @@ impl Volumes {
     /// many were unmounted; failures are logged and the rest go on.
     pub fn shutdown(&self) -> u32 {
         self.shutting_down.store(true, Ordering::SeqCst);
+        // Waits and walks in flight stop within a slice and undo their work,
+        // releasing their volumes' locks for the unmounts below.
+        self.stop.fire();
         let ids: Vec<String> = lock(&self.slots).keys().cloned().collect();
         let mut n = 0;
         for id in ids {
-            match self.unpublish(&id) {
+            match self.unpublish(&id, &Cancel::never()) {
                 Ok(true) => n += 1,
                 Ok(false) => {}
                 Err(e) => {
@@ -1083,7 +1150,7 @@ mod tests {
             fs_group: None,
             timeout: Duration::from_millis(1),
         };
-        let e = v.publish(&req).unwrap_err();
+        let e = v.publish(&req, &Cancel::never()).unwrap_err();
         assert!(
             matches!(e, crate::errors::Error::Volume(Error::ShuttingDown)),
             "{e}"
@@ -1097,7 +1164,7 @@ mod tests {
             recursive_read_only: RecursiveReadOnly::Disabled,
         };
         assert!(matches!(
-            v.bind(&b),
+            v.bind(&b, &Cancel::never()),
             Err(crate::errors::Error::Volume(Error::ShuttingDown))
         ));
     }
