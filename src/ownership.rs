@@ -1,22 +1,77 @@
 //! The fsGroup walk (kubelet's SetVolumeOwnership, done better): every entry
-//! of a volume gets the pod's group and group access, in parallel on all
-//! CPUs, through `*at()` calls on directory fds, never following symlinks
-//! and never crossing into other mounts; entries already right are only read.
+//! of a volume gets the pod's group and group access, in parallel, through
+//! `*at()` calls relative to each directory's own fd, never following
+//! symlinks and never crossing into other mounts; entries already right are
+//! only read. docs/semantics.md §4 has the rules; this says how.
+//!
+//! # Depth and length do not matter
+//!
+//! No path is ever handed to the kernel below the root: a subdirectory is
+//! opened by its one-component name from its parent's fd, with
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV)` (so a
+//! symlink swapped in is refused, a mount point — another filesystem or a
+//! bind of this one — is skipped, and a rename cannot lead a lookup
+//! elsewhere), and every entry is changed by name relative to its
+//! directory's fd. A tree 100,000 levels deep or with paths far beyond
+//! PATH_MAX is walked like any other. Paths appear only in messages, built
+//! lossily for display (`/proc/self/fd`).
+//!
+//! # What a failed or stopped walk leaves behind
+//!
+//! The entries changed before the walk failed (an unreadable directory, no
+//! file descriptor left) or was stopped (the caller's deadline, its
+//! disconnect, shutdown) keep their new group and mode: a chown cannot be
+//! undone safely (the old owners may have been changed since by someone
+//! else, and undoing would mean a second walk that can fail the same way).
+//! The walk is idempotent, so a retry completes it and only reads what is
+//! already right. Publish undoes the mount of a volume whose walk failed.
+//!
+//! # Bounds
+//!
+//! - File descriptors: a directory's fd is closed as soon as its last
+//!   pending item (a subdirectory to open, a batch of entries) is done, so a
+//!   pure chain of any depth holds O(1) fds. What stays open is the
+//!   directories with pending siblings; when all walks of the process hold
+//!   [`DIR_FD_BUDGET`] of them, a worker that lists a directory with
+//!   subdirectories finishes that subtree alone, depth first, with at most
+//!   three fds (going back up by `..`, checked against the inode it left).
+//!   So all walks together hold at most `DIR_FD_BUDGET` + 4 per thread. If
+//!   the process runs out of fds anyway (EMFILE/ENFILE), the walk fails with
+//!   RESOURCE_EXHAUSTED naming the directory, never skipping silently.
+//! - Threads: a walk uses its caller's thread plus up to [`WORKERS_PER_CPU`]
+//!   × CPUs − 1 helpers, and all walks of the process together at most
+//!   [`HELPERS_PER_CPU`] × CPUs helpers: a walk that finds none free runs on
+//!   its caller's thread alone, and several publishes at once cannot
+//!   multiply threads.
+//! - Memory: the names of one directory at a time per worker, plus one
+//!   pending name per level of the deepest comb-shaped subtree.
+//!
+//! # Speed
+//!
+//! Measured with `make bench` (bench/src/fsgroup.rs) on a 2-CPU VM, loop
+//! ext4, 1,000 directories × 100 files + 1,000 symlinks, against kubelet's
+//! serial walk (lstat + lchown + chmod by full path per entry):
+//! (filled in below by the measurements of this change)
+//!
+//! Per entry the walk does what cannot be avoided — one stat, and a chown
+//! and a chmod only when needed — each by a one-component name from the
+//! directory's fd (kubelet's calls each resolve the whole path). Directory
+//! listings use a 32 KiB getdents64 buffer per worker.
 
-use std::ffi::{CStr, OsStr};
+use std::ffi::CStr;
 use std::io;
+use std::mem::MaybeUninit;
 use std::ops::Range;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use rustix::fs::{AtFlags, Dir, FileType, Gid, Mode, OFlags, ResolveFlags, Stat};
+use rustix::fs::{AtFlags, FileType, Gid, Mode, OFlags, RawDir, ResolveFlags, StatxFlags};
 use rustix::io::Errno;
 
-use crate::cancel::{Cancel, Stopped};
+use crate::cancel::{Cancel, Stopped, Why};
 use crate::errors::{Code, SysError};
 
 /// What can go wrong in the walk as a whole (single entries only count as `errors`).
@@ -29,22 +84,42 @@ pub enum Error {
         root: String,
     },
     /// A directory could not be opened or read: the walk stopped there.
-    #[error("applying fsGroup {gid} stopped: directory {dir} could not be read: {source}; check the filesystem's health (GetVolumeStats)")]
+    #[error("applying fsGroup {gid} stopped: directory {dir} could not be read: {source}; entries changed before that keep their new group and mode; check the filesystem's health (GetVolumeStats)")]
     ReadDir {
         /// The fsGroup being applied.
         gid: u32,
-        /// The directory.
+        /// The directory, for display.
+        dir: String,
+        /// The errno.
+        #[source]
+        source: io::Error,
+    },
+    /// The process has no file descriptor left (EMFILE or ENFILE).
+    #[error("applying fsGroup {gid} stopped at {dir}: the agent ran out of file descriptors ({source}); entries changed before that keep their new group and mode, and a retry completes the walk")]
+    OutOfFds {
+        /// The fsGroup being applied.
+        gid: u32,
+        /// The directory being opened, for display.
         dir: String,
         /// The errno.
         #[source]
         source: io::Error,
     },
     /// The walk was stopped (shutdown, the caller's deadline or disconnect).
-    #[error(transparent)]
+    #[error("{why} while {during}: stopped; entries changed before that keep their new group and mode (a chown cannot be undone safely), and a retry completes the walk", why = why_text(.0.why), during = .0.during)]
     Stopped(#[from] Stopped),
     /// An unexpected syscall failure.
     #[error(transparent)]
     Sys(#[from] SysError),
+}
+
+/// Why a walk stopped, as the start of a sentence.
+fn why_text(why: Why) -> &'static str {
+    match why {
+        Why::Shutdown => "the agent is shutting down",
+        Why::CallerGone => "the caller closed its connection",
+        Why::Deadline => "the caller's deadline passed",
+    }
 }
 
 impl Error {
@@ -53,6 +128,7 @@ impl Error {
         match self {
             Error::Stopped(s) => s.code(),
             Error::RootNotDirectory { .. } => Code::FailedPrecondition,
+            Error::OutOfFds { .. } => Code::ResourceExhausted,
             Error::ReadDir { .. } | Error::Sys(_) => Code::Internal,
         }
     }
@@ -93,15 +169,88 @@ const PERM_BITS: u32 = 0o7777;
 /// Non-directory entries of one directory are handed out in batches this big,
 /// so that a single huge directory still keeps every CPU busy.
 const BATCH: usize = 256;
-/// Upper bound on worker threads (each holds at most one directory open at a time).
+/// The getdents64 buffer of each worker: about a thousand entries per call.
+const READDIR_BUF: usize = 32 << 10;
+/// Directory fds that pending items of all walks may keep open together;
+/// past it, a subtree with subdirectories is finished by one worker with
+/// three fds (see the module doc).
+pub const DIR_FD_BUDGET: usize = 256;
+/// Workers of one walk per CPU, its caller's thread included.
+pub const WORKERS_PER_CPU: usize = 2;
+/// Helper threads of all walks together, per CPU.
+pub const HELPERS_PER_CPU: usize = 4;
+/// Upper bound on one walk's workers, whatever the CPU count.
 const MAX_WORKERS: usize = 16;
+
+/// Directory fds kept open for pending items, all walks of the process together.
+static HELD_DIRS: AtomicUsize = AtomicUsize::new(0);
+/// Helper threads running, all walks of the process together.
+static HELPERS: AtomicUsize = AtomicUsize::new(0);
+
+/// How wide and how deep a walk may spread.
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    /// Workers of this walk, its caller's thread included.
+    workers: usize,
+    /// Helper threads of all walks together.
+    helpers: usize,
+    /// See [`DIR_FD_BUDGET`].
+    dir_fds: usize,
+}
+
+impl Limits {
+    fn for_this_machine() -> Limits {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Limits {
+            workers: (WORKERS_PER_CPU * cpus).clamp(1, MAX_WORKERS),
+            helpers: HELPERS_PER_CPU * cpus,
+            dir_fds: DIR_FD_BUDGET,
+        }
+    }
+}
+
+/// Helper threads taken from the process-wide allowance; given back on drop.
+struct Helpers(usize);
+
+impl Helpers {
+    /// Up to `want` helpers, fewer (maybe none) when other walks hold them.
+    fn take(want: usize, cap: usize) -> Helpers {
+        let mut now = HELPERS.load(Ordering::Relaxed);
+        loop {
+            let n = want.min(cap.saturating_sub(now));
+            if n == 0 {
+                return Helpers(0);
+            }
+            match HELPERS.compare_exchange_weak(now, now + n, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return Helpers(n),
+                Err(seen) => now = seen,
+            }
+        }
+    }
+
+    /// Gives one back early (its thread could not be started).
+    fn give_back_one(&mut self) {
+        if self.0 > 0 {
+            self.0 -= 1;
+            HELPERS.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for Helpers {
+    fn drop(&mut self) {
+        HELPERS.fetch_sub(self.0, Ordering::AcqRel);
+    }
+}
 
 /// Applies fsGroup `gid` to the tree at `root` (the mounted volume's root).
 ///
 /// The mount point directory of another filesystem below `root` is neither
 /// changed nor counted: its inode belongs to the other filesystem (kubelet's
 /// filepath.Walk would change it and walk into it). A bind mount of this
-/// volume onto itself is skipped the same way (openat2 RESOLVE_NO_XDEV).
+/// volume onto itself is skipped the same way (openat2 RESOLVE_NO_XDEV), and
+/// so is a file mounted over an entry.
 pub fn apply(root: &Path, gid: u32, policy: Policy, read_only: bool) -> Result<Report, Error> {
     apply_with_progress(
         root,
@@ -118,7 +267,8 @@ pub fn apply(root: &Path, gid: u32, policy: Policy, read_only: bool) -> Result<R
 /// the start) roughly every `every` while it walks, from one worker at a
 /// time, so that the caller can log a long walk; the final report is the
 /// same as `apply`'s. `progress` runs on the walk's threads: keep it short.
-/// `cancel` stops the walk between two items; what was changed stays changed.
+/// `cancel` stops the walk between two items (within milliseconds); what
+/// was changed stays changed (see the module doc).
 pub fn apply_with_progress(
     root: &Path,
     gid: u32,
@@ -127,6 +277,29 @@ pub fn apply_with_progress(
     every: Duration,
     progress: &(dyn Fn(&Report) + Sync),
     cancel: &Cancel,
+) -> Result<Report, Error> {
+    walk(
+        root,
+        gid,
+        policy,
+        read_only,
+        every,
+        progress,
+        cancel,
+        Limits::for_this_machine(),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn walk(
+    root: &Path,
+    gid: u32,
+    policy: Policy,
+    read_only: bool,
+    every: Duration,
+    progress: &(dyn Fn(&Report) + Sync),
+    cancel: &Cancel,
+    limits: Limits,
 ) -> Result<Report, Error> {
     let start = Instant::now();
     let root_fd = rustix::fs::open(
@@ -141,7 +314,7 @@ pub fn apply_with_progress(
         e => SysError::new("open", root.display(), e).into(),
     })?;
     let st = rustix::fs::fstat(&root_fd).map_err(|e| SysError::new("fstat", root.display(), e))?;
-    if policy == Policy::OnRootMismatch && root_is_right(&st, gid, read_only) {
+    if policy == Policy::OnRootMismatch && root_is_right(st.st_mode, st.st_gid, gid, read_only) {
         return Ok(Report {
             skipped: true,
             duration: start.elapsed(),
@@ -151,15 +324,16 @@ pub fn apply_with_progress(
 
     let walk = Walk {
         root,
-        root_fd,
         gid,
         dev: st.st_dev,
+        limits,
         queue: Mutex::new(Queue {
-            items: vec![Item::Dir(PathBuf::new())],
+            items: vec![Item::Opened(root_fd)],
             busy: 0,
             failed: None,
         }),
         wake: Condvar::new(),
+        stopping: AtomicBool::new(false),
         visited: AtomicU64::new(0),
         changed: AtomicU64::new(0),
         errors: AtomicU64::new(0),
@@ -171,20 +345,21 @@ pub fn apply_with_progress(
     };
     // Two workers per CPU: a worker often sleeps in the kernel (an inode table
     // block to read, a journal handle to wait for), and a second one per CPU
-    // keeps it busy meanwhile. Measured on 100k entries on a loop ext4 with
-    // 2 CPUs, warm: 1 worker 245 ms, 2 workers 175 ms, 4 workers 150 ms, 8 no
-    // better; cold about 20% faster with 4 than with 2.
-    let workers =
-        (2 * std::thread::available_parallelism().map_or(1, |n| n.get())).min(MAX_WORKERS);
+    // keeps it busy meanwhile.
+    let mut helpers = Helpers::take(limits.workers.saturating_sub(1), limits.helpers);
     std::thread::scope(|s| {
-        for i in 1..workers {
-            // Fewer threads than CPUs is slower, not wrong: go on with what started.
-            let _ = std::thread::Builder::new()
-                .name(format!("fsgroup-{i}"))
+        for i in 0..helpers.0 {
+            let spawned = std::thread::Builder::new()
+                .name(format!("fsgroup-{}", i + 1))
                 .spawn_scoped(s, || walk.work());
+            // Fewer threads is slower, not wrong: go on with what started.
+            if spawned.is_err() {
+                helpers.give_back_one();
+            }
         }
         walk.work();
     });
+    drop(helpers);
     let failed = walk.lock().failed.take();
     if let Some(e) = failed {
         return Err(e);
@@ -199,12 +374,12 @@ fn nanos(d: Duration) -> u64 {
 
 /// kubelet's requiresPermissionChange, negated: a directory with the group,
 /// setgid, and group+owner rwx (r-x when read-only).
-fn root_is_right(st: &Stat, gid: u32, read_only: bool) -> bool {
+fn root_is_right(mode: u32, has_gid: u32, gid: u32, read_only: bool) -> bool {
     let mask = if read_only { 0o550 } else { 0o770 };
-    FileType::from_raw_mode(st.st_mode) == FileType::Directory
-        && st.st_gid == gid
-        && st.st_mode & S_ISGID != 0
-        && st.st_mode & mask == mask
+    FileType::from_raw_mode(mode) == FileType::Directory
+        && has_gid == gid
+        && mode & S_ISGID != 0
+        && mode & mask == mask
 }
 
 /// The mode an entry should end with: nothing removed, group access added.
@@ -217,31 +392,96 @@ fn wanted_mode(mode: u32, is_dir: bool) -> u32 {
     }
 }
 
+/// Whether a chmod to `want` is due after a chown (`chown`) of an entry
+/// whose mode was `mode`: the mode is not yet right, or the chown may have
+/// cleared a setuid/setgid bit that must be put back.
+fn chmod_due(mode: u32, want: u32, chown: bool) -> bool {
+    want != mode & PERM_BITS || (chown && mode & (S_ISUID | S_ISGID) != 0)
+}
+
+/// A directory kept open while items that need it are pending; the last
+/// item done closes it.
+struct DirFd {
+    fd: OwnedFd,
+    /// Levels below the root, for messages.
+    depth: u64,
+}
+
+impl DirFd {
+    fn new(fd: OwnedFd, depth: u64) -> DirFd {
+        HELD_DIRS.fetch_add(1, Ordering::Relaxed);
+        DirFd { fd, depth }
+    }
+}
+
+impl Drop for DirFd {
+    fn drop(&mut self) {
+        HELD_DIRS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// A unit of work.
 enum Item {
-    /// A directory to open and list, relative to the root ("" is the root).
-    Dir(PathBuf),
-    /// Non-directory entries of an open directory: indexes into its names.
+    /// A directory already open (the root): fix it and list it.
+    Opened(OwnedFd),
+    /// A subdirectory to open, by its one-component name, from its parent's fd.
+    Dir {
+        parent: Arc<DirFd>,
+        name: Box<CStr>,
+    },
+    /// Non-directory entries of a listed directory: indexes into its names.
     Batch(Arc<Listing>, Range<usize>),
 }
 
-/// An open directory whose entries are being handled.
+/// The non-directory entries of a listed directory, shared by its batches.
 struct Listing {
-    /// The directory stream, whose fd the `*at()` calls are relative to.
-    dir: Dir,
-    /// Its path relative to the root, for messages.
-    rel: PathBuf,
-    /// The non-directory entries' names, NUL-terminated, back to back (one
-    /// allocation per directory, not one per entry).
-    names: Vec<u8>,
-    /// Where each name starts in `names`, plus the end.
+    dir: Arc<DirFd>,
+    names: Names,
+}
+
+/// Entry names, NUL-terminated, back to back: one allocation per directory,
+/// not one per entry.
+#[derive(Default)]
+struct Names {
+    bytes: Vec<u8>,
+    /// Where each name starts in `bytes`, plus the end.
     starts: Vec<usize>,
 }
 
-impl Listing {
-    fn name(&self, i: usize) -> Option<&CStr> {
-        CStr::from_bytes_with_nul(self.names.get(self.starts[i]..self.starts[i + 1])?).ok()
+impl Names {
+    fn push(&mut self, name: &CStr) {
+        if self.starts.is_empty() {
+            self.starts.push(0);
+        }
+        self.bytes.extend_from_slice(name.to_bytes_with_nul());
+        self.starts.push(self.bytes.len());
     }
+
+    fn len(&self) -> usize {
+        self.starts.len().saturating_sub(1)
+    }
+
+    fn get(&self, i: usize) -> Option<&CStr> {
+        let range = *self.starts.get(i)?..*self.starts.get(i + 1)?;
+        CStr::from_bytes_with_nul(self.bytes.get(range)?).ok()
+    }
+}
+
+/// What a directory holds: its subdirectories (by d_type) and the rest.
+#[derive(Default)]
+struct Contents {
+    subdirs: Vec<Box<CStr>>,
+    others: Names,
+}
+
+/// What the walk needs to know of an entry.
+struct Seen {
+    mode: u32,
+    gid: u32,
+    dev: u64,
+    ino: u64,
+    /// A mount sits on the entry (a file bind-mounted over it).
+    mount_root: bool,
 }
 
 /// Counters of one item, added to the shared ones once per item: shared
@@ -272,13 +512,25 @@ struct Queue {
     failed: Option<Error>,
 }
 
+/// A directory of a subtree one worker finishes alone (past the fd budget).
+struct Frame {
+    /// Its name in its parent, to find it again if `..` does not lead back.
+    name: Box<CStr>,
+    /// Its inode, which `..` must lead back to.
+    ino: u64,
+    /// Subdirectories not walked yet.
+    subdirs: Vec<Box<CStr>>,
+}
+
 struct Walk<'a> {
     root: &'a Path,
-    root_fd: OwnedFd,
     gid: u32,
     dev: u64,
+    limits: Limits,
     queue: Mutex<Queue>,
     wake: Condvar,
+    /// Set with `failed`: workers deep in a subtree of their own stop too.
+    stopping: AtomicBool,
     visited: AtomicU64,
     changed: AtomicU64,
     errors: AtomicU64,
@@ -334,7 +586,20 @@ impl Walk<'_> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn check_cancel(&self) -> Result<(), Error> {
+        Ok(self.cancel.check(|| {
+            format!("applying fsGroup {} to {}", self.gid, self.root.display())
+        })?)
+    }
+
+    fn fail(&self, q: &mut Queue, e: Error) {
+        q.failed.get_or_insert(e);
+        self.stopping.store(true, Ordering::Relaxed);
+        self.wake.notify_all();
+    }
+
     fn work(&self) {
+        let mut buf = vec![MaybeUninit::<u8>::uninit(); READDIR_BUF];
         loop {
             let item = {
                 let mut q = self.lock();
@@ -342,11 +607,8 @@ impl Walk<'_> {
                     if q.failed.is_some() {
                         return;
                     }
-                    if let Err(e) = self.cancel.check(|| {
-                        format!("applying fsGroup {} to {}", self.gid, self.root.display())
-                    }) {
-                        q.failed = Some(e.into());
-                        self.wake.notify_all();
+                    if let Err(e) = self.check_cancel() {
+                        self.fail(&mut q, e);
                         return;
                     }
                     if let Some(item) = q.items.pop() {
@@ -361,18 +623,15 @@ impl Walk<'_> {
                 }
             };
             let result = match item {
-                Item::Dir(rel) => self.directory(rel),
-                Item::Batch(listing, range) => {
-                    self.entries(&listing, range);
-                    Ok(())
-                }
+                Item::Opened(fd) => self.opened(fd, 0, &mut buf),
+                Item::Dir { parent, name } => self.directory(parent, &name, &mut buf),
+                Item::Batch(listing, range) => self.batch(&listing, range),
             };
             self.maybe_progress();
             let mut q = self.lock();
             q.busy -= 1;
             if let Err(e) = result {
-                q.failed.get_or_insert(e);
-                self.wake.notify_all();
+                self.fail(&mut q, e);
             } else if q.busy == 0 && q.items.is_empty() {
                 self.wake.notify_all();
             }
@@ -392,98 +651,315 @@ impl Walk<'_> {
         }
     }
 
-    fn read_dir_error(&self, rel: &Path, e: impl Into<io::Error>) -> Error {
+    /// A directory for a message: where `dir` is now (lossily, from
+    /// /proc/self/fd), then `name` in it if given.
+    fn shown(&self, dir: BorrowedFd<'_>, depth: u64, name: Option<&CStr>) -> String {
+        let link = format!("/proc/self/fd/{}", dir.as_raw_fd());
+        let base = match rustix::fs::readlink(link, Vec::new()) {
+            Ok(p) => p.to_string_lossy().into_owned(),
+            // Longer than PATH_MAX, or no /proc.
+            Err(_) => format!("{}/…({depth} levels down)…", self.root.display()),
+        };
+        match name {
+            Some(n) => format!("{base}/{}", n.to_string_lossy()),
+            None => base,
+        }
+    }
+
+    fn read_dir_error(
+        &self,
+        dir: BorrowedFd<'_>,
+        depth: u64,
+        name: Option<&CStr>,
+        e: Errno,
+    ) -> Error {
+        let dir = self.shown(dir, depth, name);
+        if e == Errno::MFILE || e == Errno::NFILE {
+            return Error::OutOfFds {
+                gid: self.gid,
+                dir,
+                source: e.into(),
+            };
+        }
         Error::ReadDir {
             gid: self.gid,
-            dir: self.root.join(rel).display().to_string(),
+            dir,
             source: e.into(),
         }
     }
 
-    /// Opens a directory, fixes it through its fd, lists it, hands out its
-    /// subdirectories and batches of its other entries, and does the first batch.
-    fn directory(&self, rel: PathBuf) -> Result<(), Error> {
+    /// Opens subdirectory `name` of `dir` (at `depth`): one component, no
+    /// symlink, no mount crossing. `None`: not ours (a mount point), or gone
+    /// or replaced since it was listed (counted as an error).
+    fn open_child(
+        &self,
+        dir: BorrowedFd<'_>,
+        depth: u64,
+        name: &CStr,
+    ) -> Result<Option<OwnedFd>, Error> {
         let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let opened = if rel.as_os_str().is_empty() {
-            rustix::fs::openat(&self.root_fd, c".", flags, Mode::empty())
-        } else {
-            // From the root, by a path that may cross neither a symlink nor a
-            // mount: a concurrent rename cannot lead the walk outside.
-            let how = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_XDEV;
-            rustix::fs::openat2(&self.root_fd, &rel, flags, Mode::empty(), how)
-        };
-        let fd = match opened {
-            Ok(fd) => fd,
-            // A mount point: another filesystem, or a bind; not ours to change.
-            Err(Errno::XDEV) => return Ok(()),
-            // Gone, or replaced by a symlink or a file since it was listed.
-            Err(Errno::NOENT | Errno::LOOP | Errno::NOTDIR) => {
-                self.errors.fetch_add(1, Ordering::Relaxed);
-                return Ok(());
+        let how = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_XDEV;
+        let mut again = 0;
+        loop {
+            match rustix::fs::openat2(dir, name, flags, Mode::empty(), how) {
+                Ok(fd) => return Ok(Some(fd)),
+                // A mount point: another filesystem, or a bind; not ours to change.
+                Err(Errno::XDEV) => return Ok(None),
+                // Gone, or replaced by a symlink or a file since it was listed.
+                Err(Errno::NOENT | Errno::LOOP | Errno::NOTDIR) => {
+                    self.errors.fetch_add(1, Ordering::Relaxed);
+                    return Ok(None);
+                }
+                // openat2 asks for a retry when a rename raced with the lookup.
+                Err(Errno::AGAIN) if again < 3 => again += 1,
+                Err(e) => return Err(self.read_dir_error(dir, depth, Some(name), e)),
             }
-            Err(e) => return Err(self.read_dir_error(&rel, e)),
-        };
-        let st = rustix::fs::fstat(&fd).map_err(|e| self.read_dir_error(&rel, e))?;
-        if st.st_dev != self.dev {
+        }
+    }
+
+    /// Opens subdirectory `name` of `parent`, then fixes and lists it.
+    fn directory(
+        &self,
+        parent: Arc<DirFd>,
+        name: &CStr,
+        buf: &mut [MaybeUninit<u8>],
+    ) -> Result<(), Error> {
+        let depth = parent.depth + 1;
+        let Some(fd) = self.open_child(parent.fd.as_fd(), parent.depth, name)? else {
             return Ok(());
+        };
+        // Before going on: a pure chain keeps only the directory at hand open.
+        drop(parent);
+        self.opened(fd, depth, buf)
+    }
+
+    /// Fixes directory `fd` and reads its entries. `None`: not ours (another filesystem).
+    fn fix_and_list(
+        &self,
+        fd: &OwnedFd,
+        depth: u64,
+        buf: &mut [MaybeUninit<u8>],
+    ) -> Result<Option<(u64, Contents)>, Error> {
+        let st = rustix::fs::fstat(fd)
+            .map_err(|e| self.read_dir_error(fd.as_fd(), depth, None, e))?;
+        if st.st_dev != self.dev {
+            return Ok(None);
         }
         let mut counts = Counts {
             visited: 1,
             ..Counts::default()
         };
-        self.fix_dir(&fd, &st, &mut counts);
+        self.fix_dir(fd, st.st_mode, st.st_gid, &mut counts);
         self.add(&counts);
-
-        let mut dir = Dir::new(fd).map_err(|e| self.read_dir_error(&rel, e))?;
-        let mut subdirs = Vec::new();
-        let mut names = Vec::new();
-        let mut starts = vec![0];
-        while let Some(entry) = dir.read() {
-            let entry = entry.map_err(|e| self.read_dir_error(&rel, e))?;
+        let mut contents = Contents::default();
+        let mut dir = RawDir::new(fd, buf);
+        while let Some(entry) = dir.next() {
+            let entry = entry.map_err(|e| self.read_dir_error(fd.as_fd(), depth, None, e))?;
             let name = entry.file_name();
             if name == c"." || name == c".." {
                 continue;
             }
             match entry.file_type() {
-                FileType::Directory => {
-                    subdirs.push(Item::Dir(rel.join(OsStr::from_bytes(name.to_bytes()))))
-                }
-                _ => {
-                    names.extend_from_slice(name.to_bytes_with_nul());
-                    starts.push(names.len());
-                }
+                FileType::Directory => contents.subdirs.push(name.into()),
+                _ => contents.others.push(name),
             }
         }
-        let n = starts.len() - 1;
+        Ok(Some((st.st_ino, contents)))
+    }
+
+    /// Fixes and lists an open directory, hands out its subdirectories and
+    /// batches of its other entries, and does the first batch.
+    fn opened(&self, fd: OwnedFd, depth: u64, buf: &mut [MaybeUninit<u8>]) -> Result<(), Error> {
+        let Some((ino, contents)) = self.fix_and_list(&fd, depth, buf)? else {
+            return Ok(());
+        };
+        if !contents.subdirs.is_empty()
+            && HELD_DIRS.load(Ordering::Relaxed) >= self.limits.dir_fds
+        {
+            return self.alone(fd, depth, ino, contents, buf);
+        }
+        let dir = Arc::new(DirFd::new(fd, depth));
+        let n = contents.others.len();
         let listing = Arc::new(Listing {
-            dir,
-            rel,
-            names,
-            starts,
+            dir: Arc::clone(&dir),
+            names: contents.others,
         });
-        let mut items = subdirs;
+        let mut items: Vec<Item> = contents
+            .subdirs
+            .into_iter()
+            .map(|name| Item::Dir {
+                parent: Arc::clone(&dir),
+                name,
+            })
+            .collect();
+        drop(dir);
         items.extend(
             (BATCH..n)
                 .step_by(BATCH)
                 .map(|i| Item::Batch(Arc::clone(&listing), i..n.min(i + BATCH))),
         );
         self.push(items);
-        self.entries(&listing, 0..n.min(BATCH));
+        self.batch(&listing, 0..n.min(BATCH))
+    }
+
+    /// A batch of non-directory entries; directories found among them
+    /// (filesystems without d_type) become items of their own.
+    fn batch(&self, listing: &Arc<Listing>, range: Range<usize>) -> Result<(), Error> {
+        let dir = &listing.dir;
+        let mut subdirs = Vec::new();
+        let done = self.entries(dir.fd.as_fd(), dir.depth, &listing.names, range, &mut subdirs);
+        self.push(
+            subdirs
+                .into_iter()
+                .map(|name| Item::Dir {
+                    parent: Arc::clone(&listing.dir),
+                    name,
+                })
+                .collect(),
+        );
+        done
+    }
+
+    /// Finishes the subtree of `top` (at `depth`, inode `ino`, already fixed
+    /// and listed as `contents`) on this worker alone, depth first, with at
+    /// most three fds: `top`, the directory at hand, and its child being
+    /// opened. Going back up is by `..`, which must lead to the inode left;
+    /// if it does not (a directory was moved meanwhile), the directory is
+    /// found again by name from `top`, and what cannot be found is counted
+    /// as errors.
+    fn alone(
+        &self,
+        top: OwnedFd,
+        depth: u64,
+        ino: u64,
+        contents: Contents,
+        buf: &mut [MaybeUninit<u8>],
+    ) -> Result<(), Error> {
+        let mut subdirs = contents.subdirs;
+        self.all_entries(top.as_fd(), depth, &contents.others, &mut subdirs)?;
+        let mut stack = vec![Frame {
+            name: c"".into(),
+            ino,
+            subdirs,
+        }];
+        // The directory at hand when below `top`.
+        let mut here: Option<OwnedFd> = None;
+        loop {
+            self.check_cancel()?;
+            if self.stopping.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            self.maybe_progress();
+            let level = depth + stack.len() as u64 - 1;
+            let Some(frame) = stack.last_mut() else {
+                return Ok(());
+            };
+            if let Some(name) = frame.subdirs.pop() {
+                let at = here.as_ref().unwrap_or(&top).as_fd();
+                let Some(fd) = self.open_child(at, level, &name)? else {
+                    continue;
+                };
+                let Some((ino, contents)) = self.fix_and_list(&fd, level + 1, buf)? else {
+                    continue;
+                };
+                let mut subdirs = contents.subdirs;
+                self.all_entries(fd.as_fd(), level + 1, &contents.others, &mut subdirs)?;
+                if !subdirs.is_empty() {
+                    stack.push(Frame { name, ino, subdirs });
+                    here = Some(fd);
+                }
+                continue;
+            }
+            stack.pop();
+            here = match stack.len() {
+                0 => return Ok(()),
+                1 => None,
+                _ => self.up(here.take(), &top, depth, &mut stack)?,
+            };
+        }
+    }
+
+    /// From `from` (just left) to the directory of the last frame of
+    /// `stack`: by `..`, if it leads to that inode; else by name from `top`.
+    /// Frames that cannot be found again are dropped, their pending
+    /// subdirectories counted as errors. `None`: back at `top`.
+    fn up(
+        &self,
+        from: Option<OwnedFd>,
+        top: &OwnedFd,
+        depth: u64,
+        stack: &mut Vec<Frame>,
+    ) -> Result<Option<OwnedFd>, Error> {
+        let want = stack.last().map_or(0, |f| f.ino);
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let level = depth + stack.len() as u64;
+        if let Some(from) = from {
+            match rustix::fs::openat(&from, c"..", flags, Mode::empty()) {
+                Ok(fd) => {
+                    if let Ok(st) = rustix::fs::fstat(&fd) {
+                        if (st.st_dev, st.st_ino) == (self.dev, want) {
+                            return Ok(Some(fd));
+                        }
+                    }
+                }
+                Err(e @ (Errno::MFILE | Errno::NFILE)) => {
+                    return Err(self.read_dir_error(from.as_fd(), level, Some(c".."), e))
+                }
+                Err(_) => {}
+            }
+        }
+        // Down again from `top`, each step checked against the inode seen.
+        let mut at: Option<OwnedFd> = None;
+        for i in 1..stack.len() {
+            let here = at.as_ref().unwrap_or(top).as_fd();
+            let found = match self.open_child(here, depth + i as u64 - 1, &stack[i].name)? {
+                Some(fd) => match rustix::fs::fstat(&fd) {
+                    Ok(st) if (st.st_dev, st.st_ino) == (self.dev, stack[i].ino) => Some(fd),
+                    _ => None,
+                },
+                None => None,
+            };
+            match found {
+                Some(fd) => at = Some(fd),
+                None => {
+                    let lost: usize = stack[i..].iter().map(|f| f.subdirs.len()).sum();
+                    self.errors.fetch_add(lost as u64, Ordering::Relaxed);
+                    stack.truncate(i);
+                    return Ok(at);
+                }
+            }
+        }
+        Ok(at)
+    }
+
+    /// All non-directory entries of a directory, in batches with a look at
+    /// the cancel token between them.
+    fn all_entries(
+        &self,
+        dir: BorrowedFd<'_>,
+        depth: u64,
+        names: &Names,
+        subdirs: &mut Vec<Box<CStr>>,
+    ) -> Result<(), Error> {
+        let n = names.len();
+        for i in (0..n).step_by(BATCH) {
+            if i > 0 {
+                self.check_cancel()?;
+            }
+            self.entries(dir, depth, names, i..n.min(i + BATCH), subdirs)?;
+        }
         Ok(())
     }
 
     /// Fixes a directory through its own fd: immune to renames.
-    fn fix_dir(&self, fd: &OwnedFd, st: &Stat, counts: &mut Counts) {
-        let want = wanted_mode(st.st_mode, true);
-        let chown = st.st_gid != self.gid;
+    fn fix_dir(&self, fd: &OwnedFd, mode: u32, has_gid: u32, counts: &mut Counts) {
+        let want = wanted_mode(mode, true);
+        let chown = has_gid != self.gid;
         let mut ok = true;
         if chown {
             ok &= rustix::fs::fchown(fd, None, Some(Gid::from_raw(self.gid))).is_ok();
         }
-        // A chown can clear setuid/setgid: put back what was there.
-        if ok
-            && (want != st.st_mode & PERM_BITS || (chown && st.st_mode & (S_ISUID | S_ISGID) != 0))
-        {
+        if ok && chmod_due(mode, want, chown) {
             ok &= rustix::fs::fchmod(fd, Mode::from_raw_mode(want)).is_ok();
         } else if !chown {
             return;
@@ -497,21 +973,24 @@ impl Walk<'_> {
         self.errors.fetch_add(c.errors, Ordering::Relaxed);
     }
 
-    /// Non-directory entries (and directories of filesystems without d_type).
-    fn entries(&self, listing: &Listing, range: Range<usize>) {
-        let Ok(dirfd) = listing.dir.fd() else {
-            self.errors.fetch_add(range.len() as u64, Ordering::Relaxed);
-            return;
-        };
+    /// Non-directory entries `range` of `names` in `dir`; directories among
+    /// them (filesystems without d_type) go to `subdirs`.
+    fn entries(
+        &self,
+        dir: BorrowedFd<'_>,
+        depth: u64,
+        names: &Names,
+        range: Range<usize>,
+        subdirs: &mut Vec<Box<CStr>>,
+    ) -> Result<(), Error> {
         let mut counts = Counts::default();
-        let mut subdirs = Vec::new();
         for i in range {
-            let Some(name) = listing.name(i) else {
+            let Some(name) = names.get(i) else {
                 counts.errors += 1;
                 continue;
             };
-            let st = match rustix::fs::statat(dirfd, name, AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(st) => st,
+            let seen = match look(dir, name) {
+                Ok(seen) => seen,
                 // Removed since it was listed: nothing left to fix.
                 Err(Errno::NOENT) => continue,
                 Err(_) => {
@@ -519,40 +998,41 @@ impl Walk<'_> {
                     continue;
                 }
             };
-            if st.st_dev != self.dev {
-                continue; // a file bind-mounted from another filesystem
+            if seen.mount_root || seen.dev != self.dev {
+                continue; // a file mounted over the entry: not this volume's
             }
-            match FileType::from_raw_mode(st.st_mode) {
+            match FileType::from_raw_mode(seen.mode) {
                 // d_type was unknown; the directory gets its turn like any other.
-                FileType::Directory => {
-                    subdirs.push(Item::Dir(
-                        listing.rel.join(OsStr::from_bytes(name.to_bytes())),
-                    ));
-                }
+                FileType::Directory => subdirs.push(name.into()),
                 kind => {
                     counts.visited += 1;
-                    self.fix_entry(dirfd, name, &st, kind == FileType::Symlink, &mut counts);
+                    let fixed = self.fix_entry(dir, depth, name, &seen, kind, &mut counts);
+                    if fixed.is_err() {
+                        self.add(&counts);
+                        return fixed;
+                    }
                 }
             }
         }
         self.add(&counts);
-        self.push(subdirs);
+        Ok(())
     }
 
     /// Fixes a non-directory by name relative to its directory's fd.
     fn fix_entry(
         &self,
-        dirfd: BorrowedFd<'_>,
+        dir: BorrowedFd<'_>,
+        depth: u64,
         name: &CStr,
-        st: &Stat,
-        symlink: bool,
+        seen: &Seen,
+        kind: FileType,
         counts: &mut Counts,
-    ) {
-        let chown = st.st_gid != self.gid;
+    ) -> Result<(), Error> {
+        let chown = seen.gid != self.gid;
         let mut ok = true;
         if chown {
             ok &= rustix::fs::chownat(
-                dirfd,
+                dir,
                 name,
                 None,
                 Some(Gid::from_raw(self.gid)),
@@ -560,43 +1040,73 @@ impl Walk<'_> {
             )
             .is_ok();
         }
-        if symlink {
+        if kind == FileType::Symlink {
             // lchown and nothing more: a symlink's mode means nothing.
             if chown {
                 counts.outcome(ok);
             }
-            return;
+            return Ok(());
         }
-        let want = wanted_mode(st.st_mode, false);
-        if ok
-            && (want != st.st_mode & PERM_BITS || (chown && st.st_mode & (S_ISUID | S_ISGID) != 0))
-        {
-            ok &= chmod_nofollow(dirfd, name, st, want).is_ok();
+        let want = wanted_mode(seen.mode, false);
+        if ok && chmod_due(seen.mode, want, chown) {
+            match chmod_nofollow(dir, name, seen, want) {
+                Ok(()) => {}
+                // The pre-6.6 way needs an fd: out of them is the walk's failure, not the entry's.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                    return Err(Error::OutOfFds {
+                        gid: self.gid,
+                        dir: self.shown(dir, depth, Some(name)),
+                        source: e,
+                    });
+                }
+                Err(_) => ok = false,
+            }
         } else if !chown {
-            return;
+            return Ok(());
         }
         counts.outcome(ok);
+        Ok(())
     }
+}
+
+/// The stat of `name` in `dir`, not following a symlink nor an automount.
+fn look(dir: BorrowedFd<'_>, name: &CStr) -> Result<Seen, Errno> {
+    let want = StatxFlags::TYPE | StatxFlags::MODE | StatxFlags::GID | StatxFlags::INO;
+    let st = rustix::fs::statx(
+        dir,
+        name,
+        AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT,
+        want,
+    )?;
+    Ok(Seen {
+        mode: u32::from(st.stx_mode),
+        gid: st.stx_gid,
+        dev: rustix::fs::makedev(st.stx_dev_major, st.stx_dev_minor),
+        ino: st.stx_ino,
+        mount_root: st
+            .stx_attributes
+            .contains(rustix::fs::StatxAttributes::MOUNT_ROOT),
+    })
 }
 
 /// Whether fchmodat2 is known to be missing (Linux < 6.6).
 static NO_FCHMODAT2: AtomicBool = AtomicBool::new(false);
 
-/// chmod of `name` in `dirfd` without following a symlink, and only if it is
-/// still the entry `seen` (fstatat'ed just before). fchmodat2 with
+/// chmod of `name` in `dir` without following a symlink, and only if it is
+/// still the entry `seen` (looked at just before). fchmodat2 with
 /// AT_SYMLINK_NOFOLLOW where the kernel has it (Linux 6.6+). On older
 /// kernels (the Debian 6.1 guest) the inode is pinned with an O_PATH,
 /// O_NOFOLLOW fd, checked against `seen`, and changed through its
 /// /proc/self/fd link, which names that inode and nothing else: a symlink
 /// swapped in meanwhile can never redirect the chmod.
-fn chmod_nofollow(dirfd: BorrowedFd<'_>, name: &CStr, seen: &Stat, mode: u32) -> io::Result<()> {
+fn chmod_nofollow(dir: BorrowedFd<'_>, name: &CStr, seen: &Seen, mode: u32) -> io::Result<()> {
     if !NO_FCHMODAT2.load(Ordering::Relaxed) {
         // SAFETY: `name` is a valid NUL-terminated string borrowed for the
-        // call, `dirfd` a live directory fd; the kernel only reads them.
+        // call, `dir` a live directory fd; the kernel only reads them.
         let r = unsafe {
             libc::syscall(
                 libc::SYS_fchmodat2,
-                dirfd.as_raw_fd(),
+                dir.as_raw_fd(),
                 name.as_ptr(),
                 mode as libc::c_uint,
                 libc::AT_SYMLINK_NOFOLLOW as libc::c_uint,
@@ -612,13 +1122,13 @@ fn chmod_nofollow(dirfd: BorrowedFd<'_>, name: &CStr, seen: &Stat, mode: u32) ->
         NO_FCHMODAT2.store(true, Ordering::Relaxed);
     }
     let fd = rustix::fs::openat(
-        dirfd,
+        dir,
         name,
         OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
     let now = rustix::fs::fstat(&fd)?;
-    if (now.st_dev, now.st_ino) != (seen.st_dev, seen.st_ino)
+    if (now.st_dev, now.st_ino) != (seen.dev, seen.ino)
         || FileType::from_raw_mode(now.st_mode) == FileType::Symlink
     {
         return Err(io::Error::from_raw_os_error(libc::ESTALE));
@@ -648,7 +1158,7 @@ mod tests {
             .unwrap();
         symlink(outside.path(), d.path().join("l")).unwrap();
         NO_FCHMODAT2.store(true, Ordering::Relaxed);
-        let lst = |n: &CStr| rustix::fs::statat(&dir, n, AtFlags::SYMLINK_NOFOLLOW).unwrap();
+        let lst = |n: &CStr| look(dir.as_fd(), n).unwrap();
         let f_seen = lst(c"f");
         chmod_nofollow(dir.as_fd(), c"f", &f_seen, 0o660).unwrap();
         assert_eq!(
@@ -666,6 +1176,7 @@ mod tests {
         assert_eq!(fs::metadata(outside.path()).unwrap().mode() & 0o7777, 0o600);
     }
     use std::fs;
+    use std::path::PathBuf;
     use std::os::unix::fs::{lchown, symlink, MetadataExt, PermissionsExt};
 
     use crate::testutil::{root_only_or_skip, root_or_skip, LoopDisk, Mounted};
@@ -694,15 +1205,8 @@ mod tests {
         }
     }
 
-    fn stat_of(p: &Path) -> Stat {
-        rustix::fs::stat(p).unwrap()
-    }
-
     #[test]
     fn root_mismatch_test() {
-        let d = tempfile::tempdir().unwrap();
-        let mut st = stat_of(d.path());
-        st.st_gid = GID;
         let dir = 0o040000;
         let table = [
             (dir | 0o2770, GID, false, true),
@@ -716,10 +1220,8 @@ mod tests {
             (0o100000 | 0o2770, GID, false, false),
         ];
         for (mode, gid, ro, right) in table {
-            st.st_mode = mode;
-            st.st_gid = gid;
             assert_eq!(
-                root_is_right(&st, GID, ro),
+                root_is_right(mode, gid, GID, ro),
                 right,
                 "{mode:o} gid={gid} ro={ro}"
             );
