@@ -221,8 +221,7 @@ impl Helpers {
             if n == 0 {
                 return Helpers(0);
             }
-            match HELPERS.compare_exchange_weak(now, now + n, Ordering::AcqRel, Ordering::Relaxed)
-            {
+            match HELPERS.compare_exchange_weak(now, now + n, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => return Helpers(n),
                 Err(seen) => now = seen,
             }
@@ -278,7 +277,7 @@ pub fn apply_with_progress(
     progress: &(dyn Fn(&Report) + Sync),
     cancel: &Cancel,
 ) -> Result<Report, Error> {
-    walk(
+    let (report, _threads) = walk(
         root,
         gid,
         policy,
@@ -287,7 +286,8 @@ pub fn apply_with_progress(
         progress,
         cancel,
         Limits::for_this_machine(),
-    )
+    )?;
+    Ok(report)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -300,7 +300,7 @@ fn walk(
     progress: &(dyn Fn(&Report) + Sync),
     cancel: &Cancel,
     limits: Limits,
-) -> Result<Report, Error> {
+) -> Result<(Report, usize), Error> {
     let start = Instant::now();
     let root_fd = rustix::fs::open(
         root,
@@ -315,11 +315,12 @@ fn walk(
     })?;
     let st = rustix::fs::fstat(&root_fd).map_err(|e| SysError::new("fstat", root.display(), e))?;
     if policy == Policy::OnRootMismatch && root_is_right(st.st_mode, st.st_gid, gid, read_only) {
-        return Ok(Report {
+        let skipped = Report {
             skipped: true,
             duration: start.elapsed(),
             ..Report::default()
-        });
+        };
+        return Ok((skipped, 0));
     }
 
     let walk = Walk {
@@ -334,12 +335,14 @@ fn walk(
         }),
         wake: Condvar::new(),
         stopping: AtomicBool::new(false),
+        threads: AtomicUsize::new(0),
         visited: AtomicU64::new(0),
         changed: AtomicU64::new(0),
         errors: AtomicU64::new(0),
         start,
         every: nanos(every),
         next_progress: AtomicU64::new(nanos(every)),
+        progress_lock: Mutex::new(0),
         progress,
         cancel,
     };
@@ -364,7 +367,10 @@ fn walk(
     if let Some(e) = failed {
         return Err(e);
     }
-    Ok(walk.report(start.elapsed()))
+    Ok((
+        walk.report(start.elapsed()),
+        walk.threads.load(Ordering::Relaxed),
+    ))
 }
 
 /// A duration in nanoseconds, `u64::MAX` (never) when it does not fit.
@@ -425,10 +431,7 @@ enum Item {
     /// A directory already open (the root): fix it and list it.
     Opened(OwnedFd),
     /// A subdirectory to open, by its one-component name, from its parent's fd.
-    Dir {
-        parent: Arc<DirFd>,
-        name: Box<CStr>,
-    },
+    Dir { parent: Arc<DirFd>, name: Box<CStr> },
     /// Non-directory entries of a listed directory: indexes into its names.
     Batch(Arc<Listing>, Range<usize>),
 }
@@ -531,6 +534,8 @@ struct Walk<'a> {
     wake: Condvar,
     /// Set with `failed`: workers deep in a subtree of their own stop too.
     stopping: AtomicBool,
+    /// Threads that worked on this walk, its caller's included.
+    threads: AtomicUsize,
     visited: AtomicU64,
     changed: AtomicU64,
     errors: AtomicU64,
@@ -540,6 +545,8 @@ struct Walk<'a> {
     /// When the next progress call is due, in nanoseconds since `start`
     /// (`u64::MAX`: never); the worker that moves it on makes the call.
     next_progress: AtomicU64,
+    /// Held during a progress call; the time of the last one, in nanoseconds since `start`.
+    progress_lock: Mutex<u64>,
     progress: &'a (dyn Fn(&Report) + Sync),
     /// Checked before every item.
     cancel: &'a Cancel,
@@ -574,10 +581,21 @@ impl Walk<'_> {
         if self
             .next_progress
             .compare_exchange(due, next, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
+            .is_err()
         {
-            (self.progress)(&self.report(elapsed));
+            return;
         }
+        // One call at a time, in order: a worker that won an earlier period
+        // but comes late (preempted) skips its stale call. The counts are
+        // read under the lock, so they never go backwards either.
+        let Ok(mut last) = self.progress_lock.try_lock() else {
+            return;
+        };
+        if now <= *last {
+            return;
+        }
+        *last = now;
+        (self.progress)(&self.report(elapsed));
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {
@@ -587,9 +605,9 @@ impl Walk<'_> {
     }
 
     fn check_cancel(&self) -> Result<(), Error> {
-        Ok(self.cancel.check(|| {
-            format!("applying fsGroup {} to {}", self.gid, self.root.display())
-        })?)
+        Ok(self
+            .cancel
+            .check(|| format!("applying fsGroup {} to {}", self.gid, self.root.display()))?)
     }
 
     fn fail(&self, q: &mut Queue, e: Error) {
@@ -599,6 +617,7 @@ impl Walk<'_> {
     }
 
     fn work(&self) {
+        self.threads.fetch_add(1, Ordering::Relaxed);
         let mut buf = vec![MaybeUninit::<u8>::uninit(); READDIR_BUF];
         loop {
             let item = {
@@ -740,8 +759,8 @@ impl Walk<'_> {
         depth: u64,
         buf: &mut [MaybeUninit<u8>],
     ) -> Result<Option<(u64, Contents)>, Error> {
-        let st = rustix::fs::fstat(fd)
-            .map_err(|e| self.read_dir_error(fd.as_fd(), depth, None, e))?;
+        let st =
+            rustix::fs::fstat(fd).map_err(|e| self.read_dir_error(fd.as_fd(), depth, None, e))?;
         if st.st_dev != self.dev {
             return Ok(None);
         }
@@ -773,8 +792,7 @@ impl Walk<'_> {
         let Some((ino, contents)) = self.fix_and_list(&fd, depth, buf)? else {
             return Ok(());
         };
-        if !contents.subdirs.is_empty()
-            && HELD_DIRS.load(Ordering::Relaxed) >= self.limits.dir_fds
+        if !contents.subdirs.is_empty() && HELD_DIRS.load(Ordering::Relaxed) >= self.limits.dir_fds
         {
             return self.alone(fd, depth, ino, contents, buf);
         }
@@ -807,7 +825,13 @@ impl Walk<'_> {
     fn batch(&self, listing: &Arc<Listing>, range: Range<usize>) -> Result<(), Error> {
         let dir = &listing.dir;
         let mut subdirs = Vec::new();
-        let done = self.entries(dir.fd.as_fd(), dir.depth, &listing.names, range, &mut subdirs);
+        let done = self.entries(
+            dir.fd.as_fd(),
+            dir.depth,
+            &listing.names,
+            range,
+            &mut subdirs,
+        );
         self.push(
             subdirs
                 .into_iter()
@@ -1177,6 +1201,8 @@ mod tests {
     }
     use std::fs;
     use std::path::PathBuf;
+
+    use crate::cancel::Token;
     use std::os::unix::fs::{lchown, symlink, MetadataExt, PermissionsExt};
 
     use crate::testutil::{root_only_or_skip, root_or_skip, LoopDisk, Mounted};
@@ -1713,5 +1739,468 @@ mod tests {
             serial_again.as_secs_f64() / r2.duration.as_secs_f64(),
             r3.duration
         );
+    }
+
+    /// A tmpfs of the test's own: fds into it can be told from the fds of
+    /// the tests running alongside in this process.
+    struct Tmpfs {
+        dir: tempfile::TempDir,
+        dev: u64,
+    }
+
+    impl Tmpfs {
+        fn new() -> Tmpfs {
+            let dir = tempfile::tempdir().unwrap();
+            rustix::mount::mount(
+                "tmpfs",
+                dir.path(),
+                "tmpfs",
+                rustix::mount::MountFlags::empty(),
+                c"mode=0755,nr_inodes=0",
+            )
+            .unwrap();
+            let dev = rustix::fs::stat(dir.path()).unwrap().st_dev;
+            Tmpfs { dir, dev }
+        }
+
+        fn path(&self) -> &Path {
+            self.dir.path()
+        }
+    }
+
+    impl Drop for Tmpfs {
+        fn drop(&mut self) {
+            let _ = rustix::mount::unmount(self.dir.path(), rustix::mount::UnmountFlags::DETACH);
+        }
+    }
+
+    /// How many of this process's fds are open on filesystem `dev`.
+    fn fds_on(dev: u64) -> usize {
+        fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| rustix::fs::stat(e.ok()?.path()).ok())
+            .filter(|st| st.st_dev == dev)
+            .count()
+    }
+
+    fn open_dir(p: &Path) -> OwnedFd {
+        rustix::fs::open(p, OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap()
+    }
+
+    /// `levels` nested directories `name` below `root`, built by fd (the
+    /// paths outgrow PATH_MAX). Each level (the root included) also holds a
+    /// file `f` (0600) and, for a comb, an empty directory `s` (0700), so
+    /// that every level has a pending sibling while the walk goes deeper.
+    /// Returns the entries below and including `root`.
+    fn deep_tree(root: &Path, levels: usize, name: &CStr, comb: bool) -> u64 {
+        let mut dir = open_dir(root);
+        for _ in 0..levels {
+            rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o755)).unwrap();
+            let flags = OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC;
+            drop(rustix::fs::openat(&dir, c"f", flags, Mode::from_raw_mode(0o600)).unwrap());
+            if comb {
+                rustix::fs::mkdirat(&dir, c"s", Mode::from_raw_mode(0o700)).unwrap();
+            }
+            dir = rustix::fs::openat(&dir, name, OFlags::DIRECTORY, Mode::empty()).unwrap();
+        }
+        1 + levels as u64 * if comb { 3 } else { 2 }
+    }
+
+    /// Every entry below and including `root`, read back by fd (any depth):
+    /// how many there are, and the first few not right for fsGroup `gid`.
+    fn read_back(root: &Path, gid: u32) -> (u64, Vec<String>) {
+        let mut n = 0;
+        let mut bad = Vec::new();
+        let mut check = |what: String, st: &rustix::fs::Stat| {
+            n += 1;
+            let kind = FileType::from_raw_mode(st.st_mode);
+            let mode = st.st_mode & PERM_BITS;
+            let ok = st.st_gid == gid
+                && match kind {
+                    FileType::Symlink => true,
+                    FileType::Directory => mode & 0o2770 == 0o2770,
+                    _ => mode & 0o660 == 0o660,
+                };
+            if !ok && bad.len() < 5 {
+                bad.push(format!("{what}: gid {} mode {mode:o}", st.st_gid));
+            }
+        };
+        let top = open_dir(root);
+        check("root".into(), &rustix::fs::fstat(&top).unwrap());
+        // Depth first by fd: (directory, its depth).
+        let mut stack = vec![(top, 0u64)];
+        while let Some((dir, depth)) = stack.pop() {
+            let mut subdirs = Vec::new();
+            for e in rustix::fs::Dir::read_from(&dir).unwrap() {
+                let e = e.unwrap();
+                let name = e.file_name().to_owned();
+                if name.as_bytes() == b"." || name.as_bytes() == b".." {
+                    continue;
+                }
+                let st = rustix::fs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW).unwrap();
+                check(format!("{name:?} at depth {}", depth + 1), &st);
+                if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+                    subdirs.push(name);
+                }
+            }
+            for name in subdirs {
+                let sub =
+                    rustix::fs::openat(&dir, &name, OFlags::DIRECTORY, Mode::empty()).unwrap();
+                stack.push((sub, depth + 1));
+            }
+        }
+        (n, bad)
+    }
+
+    /// `walk` with a progress call after every item, which records the most
+    /// fds open on `dev` at any of them.
+    fn walk_counting_fds(root: &Path, dev: u64, limits: Limits) -> (Report, usize) {
+        let most = AtomicUsize::new(0);
+        let count = |_: &Report| {
+            most.fetch_max(fds_on(dev), Ordering::Relaxed);
+        };
+        let (r, _) = walk(
+            root,
+            GID,
+            Policy::Always,
+            false,
+            Duration::ZERO,
+            &count,
+            &Cancel::never(),
+            limits,
+        )
+        .unwrap();
+        (r, most.into_inner())
+    }
+
+    #[test]
+    fn depth_and_path_length_do_not_matter() {
+        if !root_only_or_skip("depth_and_path_length_do_not_matter") {
+            return;
+        }
+        let t = Tmpfs::new();
+        let root = t.path().join("vol");
+        fs::create_dir(&root).unwrap();
+        // 3,000 levels of "dir/": paths of 12,000 bytes, three times PATH_MAX.
+        let entries = deep_tree(&root, 3000, c"dir", false);
+        let limits = Limits::for_this_machine();
+        let (r, most) = walk_counting_fds(&root, t.dev, limits);
+        assert_eq!(
+            (r.visited, r.changed, r.errors),
+            (entries, entries, 0),
+            "{r:?}"
+        );
+        let (n, bad) = read_back(&root, GID);
+        assert_eq!((n, bad), (entries, vec![]));
+        // A pure chain holds O(1) fds however deep it is: per worker, the
+        // directory it lists, the child it opens, and (before Linux 6.6) an
+        // entry pinned for chmod; none once done.
+        assert!(
+            most <= 3 * limits.workers,
+            "{most} fds open at once on a chain with {} workers",
+            limits.workers
+        );
+        assert_eq!(fds_on(t.dev), 0);
+        // Again: only reads.
+        let r = apply(&root, GID, Policy::Always, false).unwrap();
+        assert_eq!((r.visited, r.changed, r.errors), (entries, 0, 0), "{r:?}");
+    }
+
+    #[test]
+    fn a_deep_comb_stays_within_the_fd_budget() {
+        if !root_only_or_skip("a_deep_comb_stays_within_the_fd_budget") {
+            return;
+        }
+        let t = Tmpfs::new();
+        let root = t.path().join("vol");
+        fs::create_dir(&root).unwrap();
+        // Every level has a pending sibling: without the budget, one fd per level.
+        let entries = deep_tree(&root, 1500, c"d", true);
+        let limits = Limits {
+            workers: 4,
+            helpers: 64,
+            dir_fds: 8,
+        };
+        let (r, most) = walk_counting_fds(&root, t.dev, limits);
+        assert_eq!(
+            (r.visited, r.changed, r.errors),
+            (entries, entries, 0),
+            "{r:?}"
+        );
+        let (n, bad) = read_back(&root, GID);
+        assert_eq!((n, bad), (entries, vec![]));
+        // The budget, plus what each worker may hold on its own: the
+        // directory at hand, its child, and the top of a subtree walked alone,
+        // or a directory it is listing.
+        assert!(most <= 8 + 4 * 4, "{most} fds open at once");
+        assert_eq!(fds_on(t.dev), 0);
+    }
+
+    #[test]
+    fn a_directory_moved_during_a_lone_walk_is_found_again() {
+        if !root_only_or_skip("a_directory_moved_during_a_lone_walk_is_found_again") {
+            return;
+        }
+        let t = Tmpfs::new();
+        let root = t.path().join("vol");
+        fs::create_dir(&root).unwrap();
+        let entries = deep_tree(&root, 60, c"d", true);
+        // A budget of 0: the root's subtree is walked alone, depth first,
+        // going back up by "..", one progress call per directory.
+        let limits = Limits {
+            workers: 2,
+            helpers: 64,
+            dir_fds: 0,
+        };
+        let calls = AtomicUsize::new(0);
+        let mover = |_: &Report| {
+            // Well below level 3 by now: move level 3 (and all below it)
+            // to the root, so ".." from level 3 leads to the root, not level 2.
+            if calls.fetch_add(1, Ordering::Relaxed) == 40 {
+                fs::rename(root.join("d/d/d"), root.join("moved")).unwrap();
+            }
+        };
+        let (r, _) = walk(
+            &root,
+            GID,
+            Policy::Always,
+            false,
+            Duration::ZERO,
+            &mover,
+            &Cancel::never(),
+            limits,
+        )
+        .unwrap();
+        assert!(calls.load(Ordering::Relaxed) > 40);
+        assert!(root.join("moved").is_dir());
+        // Nothing lost: the moved subtree was walked through its fds, the
+        // rest found again by name from the top.
+        assert_eq!(
+            (r.visited, r.changed, r.errors),
+            (entries, entries, 0),
+            "{r:?}"
+        );
+        let (n, bad) = read_back(&root, GID);
+        assert_eq!((n, bad), (entries, vec![]));
+    }
+
+    #[test]
+    fn stops_within_a_second_of_a_token_firing() {
+        if !root_only_or_skip("stops_within_a_second_of_a_token_firing") {
+            return;
+        }
+        let t = Tmpfs::new();
+        let wide = t.path().join("wide");
+        let comb = t.path().join("comb");
+        fs::create_dir(&wide).unwrap();
+        fs::create_dir(&comb).unwrap();
+        bench_tree(&wide, 30_000);
+        let comb_entries = deep_tree(&comb, 2000, c"d", true);
+        let lone = Limits {
+            dir_fds: 0,
+            ..Limits::for_this_machine()
+        };
+        for (root, total, limits) in [
+            (&wide, 30_011, Limits::for_this_machine()),
+            (&comb, comb_entries, lone),
+        ] {
+            let token = Token::new(Why::Shutdown);
+            let cancel = Cancel::never().with_token(&token);
+            let fired = Mutex::new(None);
+            // Fire on the first progress call: the walk is under way then.
+            let fire = |_: &Report| {
+                let mut f = fired.lock().unwrap();
+                if f.is_none() {
+                    token.fire();
+                    *f = Some(Instant::now());
+                }
+            };
+            let every = Duration::from_millis(2);
+            let e = walk(
+                root,
+                GID,
+                Policy::Always,
+                false,
+                every,
+                &fire,
+                &cancel,
+                limits,
+            )
+            .unwrap_err();
+            let after = fired.lock().unwrap().expect("fired").elapsed();
+            assert!(
+                after < Duration::from_secs(1),
+                "stopped {after:?} after the token fired"
+            );
+            let Error::Stopped(s) = &e else {
+                panic!("not stopped: {e}")
+            };
+            assert_eq!(s.why, Why::Shutdown);
+            assert_eq!(e.code(), Code::FailedPrecondition);
+            assert!(e.to_string().contains("keep their new group"), "{e}");
+            // What was changed stays changed; the rest was left alone.
+            let (n, bad) = read_back(root, GID);
+            assert_eq!(n, total);
+            let right = n - bad.len() as u64;
+            assert!(!bad.is_empty(), "the walk finished before it was stopped");
+            assert!(right > 0 || gid_of(root) == GID, "nothing changed");
+            // A retry completes it.
+            let r = apply(root, GID, Policy::Always, false).unwrap();
+            assert_eq!((r.visited, r.errors), (total, 0));
+            assert_eq!(read_back(root, GID), (total, vec![]));
+        }
+    }
+
+    #[test]
+    fn helper_threads_are_capped_across_walks() {
+        if !root_only_or_skip("helper_threads_are_capped_across_walks") {
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = twins(d.path(), |t| bench_tree(t, 3000));
+        let limits = Limits {
+            workers: 4,
+            helpers: 4,
+            dir_fds: DIR_FD_BUDGET,
+        };
+        // Walk A holds its helpers (its first progress call waits) until walk
+        // B is done: B gets only what is left of the cap of 4 helpers.
+        let b_done = (Mutex::new(false), Condvar::new());
+        let wait_for_b = |_: &Report| {
+            let mut done = b_done.0.lock().unwrap();
+            while !*done {
+                done = b_done.1.wait(done).unwrap();
+            }
+        };
+        let (ra, rb) = std::thread::scope(|s| {
+            let ta = s.spawn(|| {
+                walk(
+                    &a,
+                    GID,
+                    Policy::Always,
+                    false,
+                    Duration::ZERO,
+                    &wait_for_b,
+                    &Cancel::never(),
+                    limits,
+                )
+                .unwrap()
+            });
+            // B starts once A is under way (has made its first progress call).
+            while HELPERS.load(Ordering::Relaxed) == 0 && !ta.is_finished() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            let rb = walk(
+                &b,
+                GID,
+                Policy::Always,
+                false,
+                Duration::MAX,
+                &|_| {},
+                &Cancel::never(),
+                limits,
+            )
+            .unwrap();
+            *b_done.0.lock().unwrap() = true;
+            b_done.1.notify_all();
+            (ta.join().unwrap(), rb)
+        });
+        let (helpers_a, helpers_b) = (ra.1 - 1, rb.1 - 1);
+        assert!(
+            helpers_a + helpers_b <= 4,
+            "{helpers_a} + {helpers_b} helpers"
+        );
+        for (t, r) in [(&a, &ra.0), (&b, &rb.0)] {
+            assert_eq!((r.visited, r.errors), (3011, 0), "{r:?}");
+            assert_eq!(read_back(t, GID), (3011, vec![]));
+        }
+        // No helper free at all: the walk runs on its caller's thread alone.
+        let none = Limits {
+            helpers: 0,
+            ..limits
+        };
+        let c = d.path().join("c");
+        fs::create_dir(&c).unwrap();
+        bench_tree(&c, 1000);
+        let (r, threads) = walk(
+            &c,
+            GID,
+            Policy::Always,
+            false,
+            Duration::MAX,
+            &|_| {},
+            &Cancel::never(),
+            none,
+        )
+        .unwrap();
+        assert_eq!((threads, r.visited, r.errors), (1, 1011, 0));
+        assert_eq!(read_back(&c, GID), (1011, vec![]));
+    }
+
+    /// Run in a child process by `fails_clearly_when_out_of_fds`, with a
+    /// small RLIMIT_NOFILE that must not hit the tests running alongside.
+    #[test]
+    #[ignore]
+    fn out_of_fds_child() {
+        let Ok(root) = std::env::var("CRUST_OUT_OF_FDS_ROOT") else {
+            return;
+        };
+        let root = PathBuf::from(root);
+        let open_now = fs::read_dir("/proc/self/fd").unwrap().count() as u64;
+        let lim = rustix::process::Rlimit {
+            current: Some(open_now + 20),
+            maximum: rustix::process::getrlimit(rustix::process::Resource::Nofile).maximum,
+        };
+        rustix::process::setrlimit(rustix::process::Resource::Nofile, lim).unwrap();
+        // A budget far above the limit: the comb needs one fd per level.
+        let limits = Limits {
+            workers: 1,
+            helpers: 0,
+            dir_fds: 100_000,
+        };
+        let e = walk(
+            &root,
+            GID,
+            Policy::Always,
+            false,
+            Duration::MAX,
+            &|_| {},
+            &Cancel::never(),
+            limits,
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+        println!("CHILD-ERROR: {e}");
+    }
+
+    #[test]
+    fn fails_clearly_when_out_of_fds() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("vol");
+        fs::create_dir(&root).unwrap();
+        deep_tree(&root, 200, c"d", true);
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "ownership::tests::out_of_fds_child",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env("CRUST_OUT_OF_FDS_ROOT", &root)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with("CHILD-ERROR: "))
+            .unwrap_or_else(|| panic!("the child did not run: {stdout}"));
+        assert!(line.contains("ran out of file descriptors"), "{line}");
+        assert!(line.contains("/d/d/d/"), "names the directory: {line}");
     }
 }
