@@ -43,20 +43,43 @@
 //!   [`HELPERS_PER_CPU`] × CPUs helpers: a walk that finds none free runs on
 //!   its caller's thread alone, and several publishes at once cannot
 //!   multiply threads.
-//! - Memory: the names of one directory at a time per worker, plus one
-//!   pending name per level of the deepest comb-shaped subtree.
+//! - Memory: the names of the directories being worked on and of the
+//!   subdirectories waiting their turn, plus, in a subtree walked alone, a
+//!   name and an inode number per level.
 //!
 //! # Speed
 //!
-//! Measured with `make bench` (bench/src/fsgroup.rs) on a 2-CPU VM, loop
-//! ext4, 1,000 directories × 100 files + 1,000 symlinks, against kubelet's
-//! serial walk (lstat + lchown + chmod by full path per entry):
-//! (filled in below by the measurements of this change)
-//!
-//! Per entry the walk does what cannot be avoided — one stat, and a chown
+//! Per entry the walk does what cannot be avoided — one statx, and a chown
 //! and a chmod only when needed — each by a one-component name from the
-//! directory's fd (kubelet's calls each resolve the whole path). Directory
-//! listings use a 32 KiB getdents64 buffer per worker.
+//! directory's fd (kubelet's calls each resolve the whole path). Entries go
+//! in batches of up to 256, in inode order (neighbours share an inode
+//! table block), in three passes (statx, chown, chmod); directories are read
+//! with a 32 KiB getdents64 buffer (rustix's `Dir` reads ~30 entries a call).
+//!
+//! `make bench` (bench/src/fsgroup.rs: a loop ext4 with 1,000 directories ×
+//! 100 files + 1,000 symlinks, against kubelet's serial walk), 2-CPU
+//! development VM, Linux 6.18, two quiet runs: fresh tree warm 2.29x and
+//! 2.00x, cold 2.13x and 2.31x; already-correct tree 12.2x and 13.2x (it
+//! only reads). The path-relative walk before measured the same within the
+//! noise in the same conditions (2.24x, 2.16x, 11.0x). A fresh tree is
+//! CPU-bound in the kernel: a chown and a chmod cost about 4–5 µs each on
+//! ext4 (three journal handles between them) for either walk, and what the
+//! serial walk spends more is its path lookups — 12 µs of CPU per entry
+//! against 10 µs warm, 19 against 15–18 cold. So 2 CPUs allow at best
+//! about 2.2–2.5x (the bench prints this bound from each run's CPU time),
+//! and the walk reaches 90–95% of it: issue 9's 3x needs more CPUs or fewer
+//! syscalls per entry than chown + chmod + stat, which Linux does not offer.
+//!
+//! Tried, with CPU time per entry as the measure (wall time on a shared
+//! 2-CPU machine varies ±30%): one worker per CPU against two (alike warm,
+//! two 8% faster cold), four and eight per CPU (no better); inode order and
+//! passes (3–6% less CPU on one worker, within the noise on two); fstatat
+//! against statx (alike; statx also tells a file mount point); an O_PATH
+//! fd per entry with fd-based calls (10% more: an open and a close cost
+//! more than the two lookups they save). Before Linux 6.6, opening a
+//! regular file read-only and fchmod'ing it would be 18% cheaper than the
+//! O_PATH + /proc/self/fd chmod, but an entry swapped for a device node in
+//! between would have the agent open a device (a watchdog, say): not done.
 
 use std::ffi::CStr;
 use std::io;
