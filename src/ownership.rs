@@ -337,6 +337,11 @@ fn walk(
         Errno::NOTDIR => Error::RootNotDirectory {
             root: root.display().to_string(),
         },
+        e @ (Errno::MFILE | Errno::NFILE) => Error::OutOfFds {
+            gid,
+            dir: root.display().to_string(),
+            source: e.into(),
+        },
         e => SysError::new("open", root.display(), e).into(),
     })?;
     let st = rustix::fs::fstat(&root_fd).map_err(|e| SysError::new("fstat", root.display(), e))?;
@@ -1832,6 +1837,72 @@ mod tests {
         1 + levels as u64 * if comb { 3 } else { 2 }
     }
 
+    /// The names of the subdirectories of `dir`, in the order it lists them.
+    fn listed_subdirs(dir: &OwnedFd) -> Vec<std::ffi::CString> {
+        rustix::fs::Dir::read_from(dir)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| e.file_type() == FileType::Directory && e.file_name().to_bytes()[0] != b'.')
+            .map(|e| e.file_name().to_owned())
+            .collect()
+    }
+
+    /// One level of `comb_holding_fds` in `dir`: an empty sibling and the
+    /// next level, named and made in an order that lists the next level
+    /// last. Returns its name; `newest_first` says which order worked, to
+    /// try it first at the next level.
+    fn comb_level(dir: &OwnedFd, newest_first: &mut bool) -> std::ffi::CString {
+        let mk = |n: &CStr| rustix::fs::mkdirat(dir, n, Mode::from_raw_mode(0o755)).unwrap();
+        let rm = |n: &CStr| rustix::fs::unlinkat(dir, n, AtFlags::REMOVEDIR).unwrap();
+        let name = |s: String| std::ffi::CString::new(s).unwrap();
+        for newest in [*newest_first, !*newest_first] {
+            *newest_first = newest;
+            if newest {
+                // Listed newest first: the next level, then a sibling.
+                let next = name("d".into());
+                mk(&next);
+                for k in 0..64 {
+                    let sibling = name(format!("s{k}"));
+                    mk(&sibling);
+                    if listed_subdirs(dir).last() == Some(&next) {
+                        return next;
+                    }
+                    rm(&sibling);
+                }
+                rm(&next);
+            } else {
+                // In creation order, or hashed: the sibling, then names for
+                // the next level until one is listed last.
+                mk(c"s");
+                for k in 0..64 {
+                    let next = name(format!("d{k}"));
+                    mk(&next);
+                    if listed_subdirs(dir).last() == Some(&next) {
+                        return next;
+                    }
+                    rm(&next);
+                }
+                rm(c"s");
+            }
+        }
+        panic!("this filesystem lists no name after another");
+    }
+
+    /// A comb `levels` deep that makes a walk hold one fd per level unless
+    /// it bounds them: each level has an empty sibling directory and the
+    /// next level, which is listed last — so the walk takes it first (LIFO)
+    /// and leaves the sibling pending, holding the level open — whatever the
+    /// filesystem's listing order. Returns the entries below and including `root`.
+    fn comb_holding_fds(root: &Path, levels: usize) -> u64 {
+        let mut dir = open_dir(root);
+        let mut newest_first = false;
+        for _ in 0..levels {
+            let next = comb_level(&dir, &mut newest_first);
+            dir = rustix::fs::openat(&dir, &next, OFlags::DIRECTORY, Mode::empty()).unwrap();
+        }
+        1 + 2 * levels as u64
+    }
+
     /// Every entry below and including `root`, read back by fd (any depth):
     /// how many there are, and the first few not right for fsGroup `gid`.
     fn read_back(root: &Path, gid: u32) -> (u64, Vec<String>) {
@@ -1878,19 +1949,29 @@ mod tests {
         (n, bad)
     }
 
-    /// `walk` with a progress call after every item, which records the most
-    /// fds open on `dev` at any of them.
-    fn walk_counting_fds(root: &Path, dev: u64, limits: Limits) -> (Report, usize) {
+    /// `walk` with a progress call every `every`, which records the most fds
+    /// open on `dev` at any of them (`None`: all fds of the process, which
+    /// is cheaper to count and, with other tests running, only more).
+    fn walk_counting_fds(
+        root: &Path,
+        dev: Option<u64>,
+        limits: Limits,
+        every: Duration,
+    ) -> (Report, usize) {
         let most = AtomicUsize::new(0);
         let count = |_: &Report| {
-            most.fetch_max(fds_on(dev), Ordering::Relaxed);
+            let n = match dev {
+                Some(dev) => fds_on(dev),
+                None => fs::read_dir("/proc/self/fd").unwrap().count(),
+            };
+            most.fetch_max(n, Ordering::Relaxed);
         };
         let (r, _) = walk(
             root,
             GID,
             Policy::Always,
             false,
-            Duration::ZERO,
+            every,
             &count,
             &Cancel::never(),
             limits,
@@ -1910,7 +1991,7 @@ mod tests {
         // 3,000 levels of "dir/": paths of 12,000 bytes, three times PATH_MAX.
         let entries = deep_tree(&root, 3000, c"dir", false);
         let limits = Limits::for_this_machine();
-        let (r, most) = walk_counting_fds(&root, t.dev, limits);
+        let (r, most) = walk_counting_fds(&root, Some(t.dev), limits, Duration::ZERO);
         assert_eq!(
             (r.visited, r.changed, r.errors),
             (entries, entries, 0),
@@ -1940,26 +2021,43 @@ mod tests {
         let t = Tmpfs::new();
         let root = t.path().join("vol");
         fs::create_dir(&root).unwrap();
-        // Every level has a pending sibling: without the budget, one fd per level.
-        let entries = deep_tree(&root, 1500, c"d", true);
-        let limits = Limits {
-            workers: 4,
+        let entries = comb_holding_fds(&root, 1500);
+        // Without the budget the comb costs an fd per level (one worker: no
+        // other takes the pending siblings meanwhile)…
+        let one = Limits {
+            workers: 1,
             helpers: 64,
-            dir_fds: 8,
+            dir_fds: usize::MAX,
         };
-        let (r, most) = walk_counting_fds(&root, t.dev, limits);
+        let (r, most) = walk_counting_fds(&root, None, one, Duration::from_millis(2));
         assert_eq!(
             (r.visited, r.changed, r.errors),
             (entries, entries, 0),
             "{r:?}"
         );
-        let (n, bad) = read_back(&root, GID);
-        assert_eq!((n, bad), (entries, vec![]));
-        // The budget, plus what each worker may hold on its own: the
-        // directory at hand, its child, and the top of a subtree walked alone,
-        // or a directory it is listing.
-        assert!(most <= 8 + 4 * 4, "{most} fds open at once");
+        assert!(
+            most > 500,
+            "only {most} fds open at once without the budget"
+        );
         assert_eq!(fds_on(t.dev), 0);
+        // …with it, the budget plus what each worker may hold on its own: the
+        // directory at hand, its child, and the top of a subtree walked alone
+        // or a directory it is listing, and an entry pinned for chmod.
+        for workers in [1, 4] {
+            let limits = Limits {
+                workers,
+                dir_fds: 8,
+                ..one
+            };
+            let (r, most) = walk_counting_fds(&root, Some(t.dev), limits, Duration::ZERO);
+            assert_eq!((r.visited, r.errors), (entries, 0), "{r:?}");
+            assert!(
+                most <= 8 + 4 * workers,
+                "{most} fds open at once, {workers} workers"
+            );
+            assert_eq!(fds_on(t.dev), 0);
+        }
+        assert_eq!(read_back(&root, GID), (entries, vec![]));
     }
 
     #[test]
@@ -2082,7 +2180,7 @@ mod tests {
         if !root_only_or_skip("helper_threads_are_capped_across_walks") {
             return;
         }
-        let d = tempfile::tempdir().unwrap();
+        let d = Tmpfs::new();
         let (a, b) = twins(d.path(), |t| bench_tree(t, 3000));
         let limits = Limits {
             workers: 4,
@@ -2205,7 +2303,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let root = d.path().join("vol");
         fs::create_dir(&root).unwrap();
-        deep_tree(&root, 200, c"d", true);
+        comb_holding_fds(&root, 200);
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
@@ -2227,6 +2325,6 @@ mod tests {
             .find(|l| l.starts_with("CHILD-ERROR: "))
             .unwrap_or_else(|| panic!("the child did not run: {stdout}"));
         assert!(line.contains("ran out of file descriptors"), "{line}");
-        assert!(line.contains("/d/d/d/"), "names the directory: {line}");
+        assert!(line.contains("/vol/d"), "names the directory: {line}");
     }
 }
