@@ -58,17 +58,24 @@
 //!
 //! `make bench` (bench/src/fsgroup.rs: a loop ext4 with 1,000 directories ×
 //! 100 files + 1,000 symlinks, against kubelet's serial walk), 2-CPU
-//! development VM, Linux 6.18, two quiet runs: fresh tree warm 2.29x and
-//! 2.00x, cold 2.13x and 2.31x; already-correct tree 12.2x and 13.2x (it
-//! only reads). The path-relative walk before measured the same within the
-//! noise in the same conditions (2.24x, 2.16x, 11.0x). A fresh tree is
-//! CPU-bound in the kernel: a chown and a chmod cost about 4–5 µs each on
-//! ext4 (three journal handles between them) for either walk, and what the
-//! serial walk spends more is its path lookups — 12 µs of CPU per entry
-//! against 10 µs warm, 19 against 15–18 cold. So 2 CPUs allow at best
-//! about 2.2–2.5x (the bench prints this bound from each run's CPU time),
-//! and the walk reaches 90–95% of it: issue 9's 3x needs more CPUs or fewer
-//! syscalls per entry than chown + chmod + stat, which Linux does not offer.
+//! development VM, Linux 6.18, the two quietest runs of 7 rounds each
+//! (medians; each round's own ratio in brackets):
+//!
+//! | tree | this walk | the path-relative walk before, same conditions |
+//! | --- | --- | --- |
+//! | fresh, warm | 2.39x, 2.39x (2.32–2.45) | 2.36x |
+//! | fresh, cold | 2.29x, 2.33x (2.15–2.42) | 2.19x |
+//! | already right | 13.1x, 13.2x (12.8–13.8) | 10.4x |
+//!
+//! Busier runs on the shared machine gave 2.0–2.3x warm and 2.1–2.3x cold.
+//! A fresh tree is CPU-bound in the kernel: a chown and a chmod cost about
+//! 4–5 µs each on ext4 (three journal handles between them) for either
+//! walk, and what the serial walk spends more is its path lookups — CPU per
+//! entry 8.9 µs against 11.4 warm, 14.0 against 17.3 cold. So 2 CPUs allow
+//! at best 2.58x warm and 2.48x cold (the bench prints this bound from each
+//! run's CPU time), and the walk reaches 92–94% of it. Issue 9's 3x needs
+//! more CPUs, or fewer syscalls per entry than stat + chown + chmod, which
+//! Linux does not offer (io_uring has no chown or chmod).
 //!
 //! Tried, with CPU time per entry as the measure (wall time on a shared
 //! 2-CPU machine varies ±30%): one worker per CPU against two (alike warm,
