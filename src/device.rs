@@ -22,6 +22,9 @@ pub struct Sysfs {
     pub sys_block: PathBuf,
     /// `/dev`: the device nodes (devtmpfs in the guest).
     pub dev_dir: PathBuf,
+    /// `/sys/dev/block`: one link per block device, disks and partitions
+    /// alike, named by its numbers ("253:16").
+    pub dev_block: PathBuf,
 }
 
 impl Sysfs {
@@ -30,6 +33,7 @@ impl Sysfs {
         Sysfs {
             sys_block: PathBuf::from("/sys/block"),
             dev_dir: PathBuf::from("/dev"),
+            dev_block: PathBuf::from("/sys/dev/block"),
         }
     }
 
@@ -570,12 +574,19 @@ pub fn wait_for_size(
     }
 }
 
-/// Whether `dev` is still attached, from /sys/block/<name>/{dev,size}.
+/// Whether `dev` is still attached: `/sys/dev/block/<major>:<minor>`, which
+/// lists partitions as well as whole disks, must still be the device of that
+/// kernel name, with a size above zero.
 pub fn disk_state(sysfs: &Sysfs, dev: &Device) -> DiskState {
-    let dir = sysfs.sys_block.join(&dev.name);
-    match read_attr(&dir.join("dev")).and_then(|s| parse_devnum(&s)) {
-        Some(num) if num == (dev.major, dev.minor) => {}
-        _ => return DiskState::Gone,
+    let dir = sysfs.dev_block.join(format!("{}:{}", dev.major, dev.minor));
+    // The numbers may since have gone to another disk: the name must still match.
+    let named = fs::read_link(&dir)
+        .ok()
+        .is_some_and(|l| l.file_name() == Some(std::ffi::OsStr::new(&dev.name)));
+    let numbered =
+        read_attr(&dir.join("dev")).and_then(|s| parse_devnum(&s)) == Some((dev.major, dev.minor));
+    if !named || !numbered {
+        return DiskState::Gone;
     }
     match read_attr(&dir.join("size")).and_then(|s| s.parse::<u64>().ok()) {
         None => DiskState::Gone,
@@ -653,9 +664,11 @@ mod tests {
             let sysfs = Sysfs {
                 sys_block: root.path().join("sys/block"),
                 dev_dir: root.path().join("dev"),
+                dev_block: root.path().join("sys/dev/block"),
             };
             fs::create_dir_all(&sysfs.sys_block).unwrap();
             fs::create_dir_all(&sysfs.dev_dir).unwrap();
+            fs::create_dir_all(&sysfs.dev_block).unwrap();
             FakeTree { root, sysfs }
         }
 
@@ -672,6 +685,10 @@ mod tests {
             fs::write(dir.join("serial"), format!("{serial}\n")).unwrap();
             fs::write(dir.join("size"), "2048\n").unwrap();
             fs::write(dir.join("dev"), format!("{major}:{minor}\n")).unwrap();
+            let _ = std::os::unix::fs::symlink(
+                format!("../../block/{name}"),
+                self.sysfs.dev_block.join(format!("{major}:{minor}")),
+            );
             if let Some((ma, mi)) = node {
                 let path = self.sysfs.dev_dir.join(name);
                 run(

@@ -4,7 +4,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -90,6 +90,16 @@ pub enum Error {
         /// Its minor number.
         minor: u32,
     },
+    /// The filesystem's geometry gives a size beyond 64 bits: a corrupt superblock.
+    #[error("the filesystem at {path} claims {blocks} blocks of {block_size} bytes, more than 2^64 bytes; its superblock is corrupt: check it on the host")]
+    Overflow {
+        /// The mount path.
+        path: String,
+        /// The block count.
+        blocks: u64,
+        /// The block size.
+        block_size: u64,
+    },
     /// An unexpected syscall failure.
     #[error(transparent)]
     Sys(#[from] SysError),
@@ -105,7 +115,7 @@ impl Error {
             | Error::HasErrors { .. }
             | Error::NotOnDevice { .. }
             | Error::Refused { .. } => Code::FailedPrecondition,
-            Error::NotGrown { .. } | Error::Sys(_) => Code::Internal,
+            Error::NotGrown { .. } | Error::Overflow { .. } | Error::Sys(_) => Code::Internal,
         }
     }
 }
@@ -203,7 +213,7 @@ fn xfs_reachable_blocks(newblocks: u64, agblocks: u64) -> u64 {
 fn grow_xfs(dir: &File, path: &Path, device_bytes: u64) -> Result<u64, Error> {
     let g = xfs_geometry(dir, path)?;
     let bs = u64::from(g.blocksize);
-    let before = g.datablocks * bs;
+    let before = bytes(g.datablocks, bs, path)?;
     let target = xfs_reachable_blocks(device_bytes / bs, u64::from(g.agblocks));
     if target <= g.datablocks {
         return Ok(before);
@@ -234,11 +244,11 @@ fn grow_xfs(dir: &File, path: &Path, device_bytes: u64) -> Result<u64, Error> {
             path: path.display().to_string(),
             fs: FsType::Xfs,
             before,
-            after: after * bs,
+            after: after.saturating_mul(bs),
             wanted: device_bytes,
         });
     }
-    Ok(after * bs)
+    bytes(after, bs, path)
 }
 
 // ---- ext4 ----
@@ -309,7 +319,7 @@ const EXT4_IOC_RESIZE_FS: Opcode = opcode::write::<u64>(b'f', 16);
 
 fn grow_ext4(dir: &File, path: &Path, dev: &Device, device_bytes: u64) -> Result<u64, Error> {
     let sup = ext4_super(dev)?;
-    let before = sup.blocks_count * sup.block_size;
+    let before = bytes(sup.blocks_count, sup.block_size, path)?;
     let target = device_bytes / sup.block_size;
     if target <= sup.blocks_count {
         return Ok(before);
@@ -352,11 +362,11 @@ fn grow_ext4(dir: &File, path: &Path, dev: &Device, device_bytes: u64) -> Result
             path: p,
             fs: FsType::Ext4,
             before,
-            after: after.blocks_count * after.block_size,
+            after: after.blocks_count.saturating_mul(after.block_size),
             wanted: device_bytes,
         });
     }
-    Ok(after.blocks_count * after.block_size)
+    bytes(after.blocks_count, after.block_size, path)
 }
 
 // ---- both ----
@@ -382,12 +392,14 @@ fn refused_or_sys(path: &Path, fs: FsType, call: &'static str, err: io::Error) -
     }
 }
 
-/// Opens the mount directory and checks it is `fs`, mounted from `dev`.
-fn open_checked(path: &Path, dev: &Device, fs: FsType) -> Result<File, Error> {
+/// Opens the mount directory `at` names (an O_PATH fd resolved by the
+/// caller; reopened for the ioctls) and checks it is `fs`, mounted from `dev`.
+/// `path` is for messages.
+fn open_checked(at: BorrowedFd<'_>, path: &Path, dev: &Device, fs: FsType) -> Result<File, Error> {
     let dir = File::options()
         .read(true)
         .custom_flags(libc::O_CLOEXEC | libc::O_DIRECTORY)
-        .open(path)
+        .open(crate::beneath::proc_path(at))
         .map_err(|e| SysError::new("open", path.display(), e))?;
     let st = rustix::fs::fstat(&dir).map_err(|e| SysError::new("stat", path.display(), e))?;
     if (rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev)) != (dev.major, dev.minor) {
@@ -419,27 +431,51 @@ fn is_read_only(dir: &File, path: &Path) -> Result<bool, Error> {
     Ok(st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
 }
 
-/// The size in bytes of the `fs` on `dev`, mounted at `mount_path` (the
-/// filesystem's own: not the device's, nor statfs's total, which leaves out
-/// metadata).
-pub fn fs_size_bytes(mount_path: &Path, dev: &Device, fs: FsType) -> Result<u64, Error> {
-    let dir = open_checked(mount_path, dev, fs)?;
+/// The size in bytes of the `fs` on `dev`, mounted at the directory `at`
+/// names (`mount_path` in messages): the filesystem's own, not the device's,
+/// nor statfs's total, which leaves out metadata.
+pub fn fs_size_bytes(
+    at: BorrowedFd<'_>,
+    mount_path: &Path,
+    dev: &Device,
+    fs: FsType,
+) -> Result<u64, Error> {
+    let dir = open_checked(at, mount_path, dev, fs)?;
     match fs {
         FsType::Xfs => {
             let g = xfs_geometry(&dir, mount_path)?;
-            Ok(g.datablocks * u64::from(g.blocksize))
+            bytes(g.datablocks, u64::from(g.blocksize), mount_path)
         }
         FsType::Ext4 => {
             let sup = ext4_super(dev)?;
-            Ok(sup.blocks_count * sup.block_size)
+            bytes(sup.blocks_count, sup.block_size, mount_path)
         }
     }
 }
 
-/// Grows the `fs` on `dev`, mounted at `mount_path`, to fill `device_bytes`
-/// and returns its new size; when it already does, returns its size unchanged.
-pub fn grow(mount_path: &Path, dev: &Device, fs: FsType, device_bytes: u64) -> Result<u64, Error> {
-    let dir = open_checked(mount_path, dev, fs)?;
+/// `blocks × block_size`, refusing a product that does not fit in 64 bits
+/// (a corrupt superblock, not a real filesystem).
+fn bytes(blocks: u64, block_size: u64, path: &Path) -> Result<u64, Error> {
+    blocks
+        .checked_mul(block_size)
+        .ok_or_else(|| Error::Overflow {
+            path: path.display().to_string(),
+            blocks,
+            block_size,
+        })
+}
+
+/// Grows the `fs` on `dev`, mounted at the directory `at` names
+/// (`mount_path` in messages), to fill `device_bytes` and returns its new
+/// size; when it already does, returns its size unchanged.
+pub fn grow(
+    at: BorrowedFd<'_>,
+    mount_path: &Path,
+    dev: &Device,
+    fs: FsType,
+    device_bytes: u64,
+) -> Result<u64, Error> {
+    let dir = open_checked(at, mount_path, dev, fs)?;
     if is_read_only(&dir, mount_path)? {
         return Err(Error::ReadOnly {
             path: mount_path.display().to_string(),
@@ -456,7 +492,17 @@ mod tests {
     use super::*;
     use crate::device::{size_bytes, wait_for_size, Sysfs};
     use crate::testutil::{root_or_skip, run, LoopDisk, Mounted};
+    use std::os::fd::{AsFd, OwnedFd};
     use std::time::Duration;
+
+    fn fd(p: &Path) -> OwnedFd {
+        rustix::fs::open(
+            p,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap()
+    }
 
     #[test]
     fn rounds_like_xfs() {
@@ -516,12 +562,13 @@ mod tests {
         let disk = LoopDisk::new(300, Some("xfs"));
         let m = Mounted::new(&disk.device, "xfs", "");
         let dev = crate::device::from_path(&disk.device).unwrap();
-        let before = fs_size_bytes(&m.path, &dev, FsType::Xfs).unwrap();
+        let before = fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs).unwrap();
         let total_before = rustix::fs::statvfs(&m.path).unwrap();
         assert!(before <= 300 << 20 && before > 290 << 20, "{before}");
         // Not grown yet: a no-op that reports the current size.
         assert_eq!(
             grow(
+                fd(&m.path).as_fd(),
                 &m.path,
                 &dev,
                 FsType::Xfs,
@@ -531,7 +578,7 @@ mod tests {
             before
         );
         assert_eq!(
-            grow(&m.path, &dev, FsType::Xfs, 100 << 20).unwrap(),
+            grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs, 100 << 20).unwrap(),
             before,
             "never shrinks"
         );
@@ -544,12 +591,15 @@ mod tests {
             &crate::cancel::Cancel::never(),
         )
         .unwrap();
-        let after = grow(&m.path, &dev, FsType::Xfs, dev_bytes).unwrap();
+        let after = grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs, dev_bytes).unwrap();
         assert!(
             after > (1 << 30) - (16 << 20) && after <= 1 << 30,
             "{after}"
         );
-        assert_eq!(fs_size_bytes(&m.path, &dev, FsType::Xfs).unwrap(), after);
+        assert_eq!(
+            fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs).unwrap(),
+            after
+        );
         let total_after = rustix::fs::statvfs(&m.path).unwrap();
         let grew = (total_after.f_blocks - total_before.f_blocks) * total_after.f_frsize;
         assert!(
@@ -557,7 +607,10 @@ mod tests {
             "statfs grew by {grew}"
         );
         // Again: already there.
-        assert_eq!(grow(&m.path, &dev, FsType::Xfs, dev_bytes).unwrap(), after);
+        assert_eq!(
+            grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs, dev_bytes).unwrap(),
+            after
+        );
         // What xfs_growfs (the reference tool) thinks, as a cross-check.
         let info = run("xfs_info", &[m.path.to_str().unwrap()]);
         let blocks = after / 4096;
@@ -573,14 +626,14 @@ mod tests {
         let m = Mounted::new(&disk.device, "xfs", "ro");
         let dev = crate::device::from_path(&disk.device).unwrap();
         disk.resize(600);
-        let e = grow(&m.path, &dev, FsType::Xfs, 600 << 20).unwrap_err();
+        let e = grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs, 600 << 20).unwrap_err();
         assert!(matches!(e, Error::ReadOnly { .. }), "{e}");
         assert_eq!(e.code(), Code::FailedPrecondition);
         assert!(
-            fs_size_bytes(&m.path, &dev, FsType::Xfs).unwrap() <= 300 << 20,
+            fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs).unwrap() <= 300 << 20,
             "nothing grew"
         );
-        let e = grow(&m.path, &dev, FsType::Ext4, 600 << 20).unwrap_err();
+        let e = grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Ext4, 600 << 20).unwrap_err();
         assert!(matches!(e, Error::WrongFs { .. }), "{e}");
         assert!(e.to_string().contains("not an ext4 filesystem"), "{e}");
         assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
@@ -589,7 +642,14 @@ mod tests {
             minor: dev.minor + 1000,
             ..dev.clone()
         };
-        let e = grow(&m.path, &elsewhere, FsType::Xfs, 600 << 20).unwrap_err();
+        let e = grow(
+            fd(&m.path).as_fd(),
+            &m.path,
+            &elsewhere,
+            FsType::Xfs,
+            600 << 20,
+        )
+        .unwrap_err();
         assert!(matches!(e, Error::NotOnDevice { .. }), "{e}");
     }
 
@@ -601,10 +661,13 @@ mod tests {
         let disk = LoopDisk::new(64, Some("ext4"));
         let m = Mounted::new(&disk.device, "ext4", "");
         let dev = crate::device::from_path(&disk.device).unwrap();
-        let before = fs_size_bytes(&m.path, &dev, FsType::Ext4).unwrap();
+        let before = fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, FsType::Ext4).unwrap();
         assert_eq!(before, 64 << 20);
         // Nothing to do needs no capability.
-        assert_eq!(grow(&m.path, &dev, FsType::Ext4, 64 << 20).unwrap(), before);
+        assert_eq!(
+            grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Ext4, 64 << 20).unwrap(),
+            before
+        );
         disk.resize(256);
         let has_cap = caps::has_cap(
             None,
@@ -612,11 +675,14 @@ mod tests {
             caps::Capability::CAP_SYS_RESOURCE,
         )
         .unwrap();
-        let r = grow(&m.path, &dev, FsType::Ext4, 256 << 20);
+        let r = grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Ext4, 256 << 20);
         if has_cap {
             let after = r.unwrap();
             assert!(after > 250 << 20 && after <= 256 << 20, "{after}");
-            assert_eq!(fs_size_bytes(&m.path, &dev, FsType::Ext4).unwrap(), after);
+            assert_eq!(
+                fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, FsType::Ext4).unwrap(),
+                after
+            );
             let st = rustix::fs::statvfs(&m.path).unwrap();
             assert!(st.f_blocks * st.f_frsize > 200 << 20, "statfs did not grow");
         } else {
@@ -624,7 +690,7 @@ mod tests {
             assert_eq!(e.code(), Code::FailedPrecondition);
             assert!(e.to_string().contains("needs CAP_SYS_RESOURCE"), "{e}");
             assert_eq!(
-                fs_size_bytes(&m.path, &dev, FsType::Ext4).unwrap(),
+                fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, FsType::Ext4).unwrap(),
                 before,
                 "nothing grew"
             );
@@ -651,10 +717,10 @@ mod tests {
             let disk = LoopDisk::new(mb, Some("ext4"));
             let m = Mounted::new(&disk.device, "ext4", "");
             let dev = crate::device::from_path(&disk.device).unwrap();
-            let got = fs_size_bytes(&m.path, &dev, FsType::Ext4).unwrap();
+            let got = fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, FsType::Ext4).unwrap();
             assert_eq!(got, dumpe2fs_bytes(&disk.device), "{mb} MiB");
             assert_eq!(got, mb << 20);
-            let e = fs_size_bytes(&m.path, &dev, FsType::Xfs).unwrap_err();
+            let e = fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs).unwrap_err();
             assert!(matches!(e, Error::WrongFs { .. }), "{e}");
         }
     }
@@ -676,7 +742,7 @@ mod tests {
         // The error is recorded by a work item: give it a moment.
         let mut e = None;
         for _ in 0..100 {
-            match grow(&m.path, &dev, FsType::Ext4, 256 << 20) {
+            match grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Ext4, 256 << 20) {
                 Err(err @ Error::HasErrors { .. }) => {
                     e = Some(err);
                     break;

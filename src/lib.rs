@@ -4,6 +4,7 @@
 //! → volumes.rs (the volume table, one lock per volume) → the capability
 //! modules, each of which owns its syscalls.
 
+pub mod beneath;
 pub mod cancel;
 pub mod device;
 pub mod errors;

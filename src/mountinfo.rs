@@ -111,6 +111,28 @@ pub fn mount_at<'a>(table: &'a [MountEntry], path: &Path) -> Option<&'a MountEnt
     table.iter().rev().find(|m| m.mount_point == path)
 }
 
+/// The mount with id `id` (as statx's stx_mnt_id gives it).
+pub fn by_id(table: &[MountEntry], id: u64) -> Option<&MountEntry> {
+    table.iter().find(|m| u64::from(m.mount_id) == id)
+}
+
+/// Every mount below the mount `id` in the mount tree (its children, their
+/// children, …), by parent ids, not by path: the mounts that must come off
+/// before it can.
+pub fn descendants(table: &[MountEntry], id: u32) -> Vec<&MountEntry> {
+    let mut out: Vec<&MountEntry> = Vec::new();
+    let mut frontier = vec![id];
+    while let Some(p) = frontier.pop() {
+        for m in table.iter().filter(|m| m.parent_id == p && m.mount_id != p) {
+            if !out.iter().any(|o| o.mount_id == m.mount_id) {
+                out.push(m);
+                frontier.push(m.mount_id);
+            }
+        }
+    }
+    out
+}
+
 /// Every mount at or below `path`, deepest first: the order to unmount them in.
 pub fn mounts_under<'a>(table: &'a [MountEntry], path: &Path) -> Vec<&'a MountEntry> {
     let mut v: Vec<&MountEntry> = table
@@ -161,6 +183,11 @@ mod tests {
         assert!(mount_at(&t, Path::new("/run/crust")).is_none());
         let under: Vec<u32> = mounts_under(&t, root).iter().map(|m| m.mount_id).collect();
         assert_eq!(under, vec![38, 36]);
+        assert_eq!(by_id(&t, 37).unwrap().root, PathBuf::from("/data"));
+        assert!(by_id(&t, 99).is_none());
+        let below: Vec<u32> = descendants(&t, 36).iter().map(|m| m.mount_id).collect();
+        assert_eq!(below, vec![37, 38]);
+        assert!(descendants(&t, 38).is_empty());
     }
 
     #[test]

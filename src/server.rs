@@ -5,7 +5,7 @@
 //! taking PID 1 down, and logs one line with method, volume, code and time.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -180,11 +180,15 @@ pub fn publish_request(req: &pb::PublishVolumeRequest) -> Result<PublishRequest,
     })
 }
 
-/// BindMountRequest → a validated domain request.
-pub fn bind_request(root: &Path, req: &pb::BindMountRequest) -> Result<BindRequest, Error> {
+/// BindMountRequest → a validated domain request; `target` validates the
+/// target and gives its canonical spelling (`Volumes::target`).
+pub fn bind_request(
+    target: &dyn Fn(&str) -> Result<PathBuf, Invalid>,
+    req: &pb::BindMountRequest,
+) -> Result<BindRequest, Error> {
     validate::volume_id(&req.volume_id)?;
     let subpath = validate::subpath(&req.subpath)?;
-    let target = validate::target(root, &req.target)?;
+    let target = target(&req.target)?;
     let rro = match known("recursive_read_only", req.recursive_read_only)? {
         pb::RecursiveReadOnly::DISABLED => RecursiveReadOnly::Disabled,
         pb::RecursiveReadOnly::IF_POSSIBLE => RecursiveReadOnly::IfPossible,
@@ -366,9 +370,10 @@ impl crust_ttrpc::Agent for Service {
         req: pb::BindMountRequest,
     ) -> ttrpc::Result<pb::BindMountResponse> {
         self.handle("BindMount", &req.volume_id, || {
-            let out = self
-                .volumes
-                .bind(&bind_request(self.volumes.root(), &req)?, &cancel_of(ctx))?;
+            let out = self.volumes.bind(
+                &bind_request(&|t| self.volumes.target(t), &req)?,
+                &cancel_of(ctx),
+            )?;
             Ok(pb::BindMountResponse {
                 recursive_read_only_applied: out.recursive_read_only_applied,
                 already_mounted: out.already_mounted,
@@ -383,7 +388,7 @@ impl crust_ttrpc::Agent for Service {
         req: pb::UnmountRequest,
     ) -> ttrpc::Result<pb::UnmountResponse> {
         self.handle("Unmount", "", || {
-            let target = validate::target(self.volumes.root(), &req.target)?;
+            let target = self.volumes.target(&req.target)?;
             let was_mounted = self.volumes.unmount(&target, &cancel_of(ctx))?;
             Ok(pb::UnmountResponse {
                 was_mounted,
@@ -549,14 +554,14 @@ mod tests {
 
     #[test]
     fn bind_requests_are_checked() {
-        let root = Path::new("/run/crust");
+        let root = std::path::Path::new("/run/crust");
         let mut r = pb::BindMountRequest::new();
         r.volume_id = "v".into();
         r.target = "/run/crust/pods/a".into();
         r.subpath = "data".into();
         r.read_only = true;
         r.recursive_read_only = pb::RecursiveReadOnly::ENABLED.into();
-        let d = bind_request(root, &r).unwrap();
+        let d = bind_request(&|t| validate::target(root, t), &r).unwrap();
         assert_eq!(d.recursive_read_only, RecursiveReadOnly::Enabled);
         let bad: Vec<Mutation<pb::BindMountRequest>> = vec![
             Box::new(|r| r.read_only = false),
@@ -570,7 +575,8 @@ mod tests {
         for (i, mutate) in bad.iter().enumerate() {
             let mut r2 = r.clone();
             mutate(&mut r2);
-            let e = bind_request(root, &r2).expect_err(&format!("case {i}"));
+            let e =
+                bind_request(&|t| validate::target(root, t), &r2).expect_err(&format!("case {i}"));
             assert_eq!(e.code(), Code::InvalidArgument, "case {i}: {e}");
         }
     }

@@ -2,8 +2,13 @@
 //! checks that tell kubelet a volume is abnormal (semantics.md §5). Reads only;
 //! a failing check becomes a message, never an error, so usage still flows.
 
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::Path;
 
+use rustix::fs::AtFlags;
+use rustix::io::Errno;
+
+use crate::beneath;
 use crate::device::{disk_state, Device, DiskState, Sysfs};
 use crate::errors::{Code, SysError};
 use crate::mountinfo;
@@ -29,8 +34,14 @@ pub struct Usage {
 /// What a published volume should look like.
 #[derive(Clone, Copy, Debug)]
 pub struct Expected<'a> {
-    /// Where it is mounted (`<root>/volumes/<id>`).
+    /// Where it is mounted (`<root>/volumes/<id>`), for messages.
     pub path: &'a Path,
+    /// The directory the mount point is resolved beneath, strictly.
+    pub base: BorrowedFd<'a>,
+    /// The mount point relative to `base`.
+    pub rel: &'a Path,
+    /// The id of the mount the agent made, when it recorded one.
+    pub mount_id: Option<u64>,
     /// The disk it was mounted from.
     pub device: &'a Device,
     /// Whether it was published read-only.
@@ -116,71 +127,125 @@ fn errno_name(e: rustix::io::Errno) -> String {
     name.to_string()
 }
 
-/// Checks everything semantics.md §5 lists. Usage comes back whenever statfs
-/// works on the volume's own filesystem (not on whatever replaced its mount).
+/// The mountinfo entry of the mount `fd` is on (its id from
+/// /proc/self/fdinfo, which does not touch the filesystem).
+fn mount_of_fd(fd: BorrowedFd<'_>) -> Option<crate::mountinfo::MountEntry> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
+    let id: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("mnt_id:"))?
+        .trim()
+        .parse()
+        .ok()?;
+    let table = crate::mountinfo::read().ok()?;
+    crate::mountinfo::by_id(&table, id).cloned()
+}
+
+/// Checks everything semantics.md §5 lists. The mount point is resolved
+/// beneath `e.base` (no symlinks) and judged by what it is (mount id,
+/// device), not by its spelling. Usage comes back whenever statfs works on
+/// the volume's own filesystem (not on whatever replaced its mount).
 pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
     let path = e.path.display();
     let dev = e.device;
     let mut problems: Vec<String> = Vec::new();
-
-    let st = rustix::fs::statvfs(e.path);
-    let usage = st.as_ref().ok().map(usage_of);
-    if let Err(err) = &st {
-        problems.push(if failing(*err) {
+    let failing_fs = |call: &str, err: Errno| {
+        if failing(err) {
             format!(
-                "statfs on {path} fails with {}: the filesystem or its disk is failing",
-                errno_name(*err)
+                "{call} on {path} fails with {}: the filesystem has shut down or its disk is failing",
+                errno_name(err)
             )
         } else {
-            format!("statfs on {path} fails with {}", errno_name(*err))
-        });
-    }
-    // statfs can still answer from the superblock while lookups fail (a shut-down xfs).
-    if let Err(err) = rustix::fs::stat(e.path) {
-        if failing(err) {
-            problems.push(format!(
-                "stat on {path} fails with {}: the filesystem has shut down or its disk is failing",
-                errno_name(err)
-            ));
+            format!("{call} on {path} fails with {}", errno_name(err))
         }
-    }
+    };
 
-    // mountinfo lists resolved paths; keep the given one if resolving fails (EIO).
-    let resolved = std::fs::canonicalize(e.path).unwrap_or_else(|_| e.path.to_path_buf());
-    // Usage of whatever is mounted there instead would be another filesystem's.
-    let mut ours = true;
-    match mountinfo::read() {
-        Err(err) => problems.push(format!(
-            "cannot tell whether {path} is still mounted: {err}"
+    let mut usage = None;
+    match beneath::open_path(e.base, e.rel) {
+        Err(Errno::NOENT) => problems.push(format!(
+            "{path} is gone: the volume was unmounted and removed behind the agent's back"
         )),
-        Ok(table) => match mountinfo::mount_at(&table, &resolved) {
-            None => {
-                ours = false;
-                problems.push(format!(
-                    "{path} is no longer a mount point: the volume was unmounted behind the agent's back"
-                ))
-            }
-            Some(m) if (m.major, m.minor) != (dev.major, dev.minor) => {
-                ours = false;
-                problems.push(format!(
-                "{path} is now a mount of device {}:{} ({}), not of the volume's disk {} ({}:{})",
-                m.major, m.minor, m.source, dev.name, dev.major, dev.minor
-                ))
-            }
-            Some(m) => {
-                if m.root != Path::new("/") {
+        Err(Errno::LOOP | Errno::XDEV) => problems.push(format!(
+            "{path} is now a symlink or leads outside the agent's root: the volume was unmounted behind the agent's back"
+        )),
+        Err(err) => problems.push(failing_fs("open", err)),
+        Ok(fd) => {
+            let mp = beneath::mount_point(fd.as_fd());
+            let ours = match &mp {
+                Err(err) => {
+                    problems.push(failing_fs("statx", *err));
+                    // A filesystem that fails statx (a shut-down xfs) is
+                    // still told apart by the mount its fd is on, which the
+                    // kernel reports without asking the filesystem.
+                    mount_of_fd(fd.as_fd()).is_some_and(|m| {
+                        e.mount_id.is_none_or(|id| id == u64::from(m.mount_id))
+                            && (m.major, m.minor) == (dev.major, dev.minor)
+                            && m.root == Path::new("/")
+                    })
+                }
+                Ok(mp) if !mp.is_root => {
                     problems.push(format!(
-                        "{path} now shows {} inside the disk's filesystem, not its root",
-                        m.root.display()
+                        "{path} is no longer a mount point: the volume was unmounted behind the agent's back"
                     ));
+                    false
                 }
-                if m.fs_type != e.fs.name() {
-                    problems.push(format!("{path} is now a {} mount, not {}", m.fs_type, e.fs));
+                Ok(mp) if mp.dev != (dev.major, dev.minor) => {
+                    problems.push(format!(
+                        "{path} is now a mount of device {}:{}, not of the volume's disk {} ({}:{})",
+                        mp.dev.0, mp.dev.1, dev.name, dev.major, dev.minor
+                    ));
+                    false
                 }
+                Ok(mp) if e.mount_id.is_some_and(|id| id != mp.mount_id) => {
+                    problems.push(format!(
+                        "{path} is now another mount of the volume's disk {} than the agent made (mount {} instead of {})",
+                        dev.name,
+                        mp.mount_id,
+                        e.mount_id.unwrap_or_default()
+                    ));
+                    true
+                }
+                Ok(_) => true,
+            };
+            let st = rustix::fs::fstatvfs(&fd);
+            if let Err(err) = &st {
+                problems.push(failing_fs("statfs", *err));
+            }
+            // statfs can still answer from the superblock while lookups fail (a shut-down xfs).
+            if let Err(err) = rustix::fs::statat(&fd, c".", AtFlags::empty()) {
+                if failing(err) {
+                    problems.push(failing_fs("stat", err));
+                }
+            }
+            if ours {
+                usage = st.as_ref().ok().map(usage_of);
                 let st_ro = st
                     .as_ref()
                     .is_ok_and(|s| s.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY));
-                if !e.read_only && (m.read_only() || m.super_read_only() || st_ro) {
+                let entry = match (mountinfo::read(), &mp) {
+                    (Ok(table), Ok(mp)) => mountinfo::by_id(&table, mp.mount_id).cloned(),
+                    (Err(err), _) => {
+                        problems.push(format!(
+                            "cannot tell how {path} is mounted: {err}"
+                        ));
+                        None
+                    }
+                    _ => None,
+                };
+                let mut ro = st_ro;
+                if let Some(m) = &entry {
+                    if m.root != Path::new("/") {
+                        problems.push(format!(
+                            "{path} now shows {} inside the disk's filesystem, not its root",
+                            m.root.display()
+                        ));
+                    }
+                    if m.fs_type != e.fs.name() {
+                        problems.push(format!("{path} is now a {} mount, not {}", m.fs_type, e.fs));
+                    }
+                    ro |= m.read_only() || m.super_read_only();
+                }
+                if !e.read_only && ro {
                     let hint = match e.fs {
                         FsType::Ext4 => {
                             " (ext4 remounts read-only after an error under errors=remount-ro)"
@@ -192,7 +257,7 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
                     ));
                 }
             }
-        },
+        }
     }
 
     if e.fs == FsType::Ext4 {
@@ -212,7 +277,7 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
             dev.name,
             dev.major,
             dev.minor,
-            sysfs.sys_block.display()
+            sysfs.dev_block.display()
         )),
         DiskState::ZeroSize => problems.push(format!(
             "disk {} ({}:{}) reports size 0: its backing storage is gone",
@@ -220,7 +285,6 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
         )),
     }
 
-    let usage = if ours { usage } else { None };
     let condition = if problems.is_empty() {
         Condition {
             abnormal: false,
@@ -239,15 +303,36 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
 mod tests {
     use super::*;
     use crate::testutil::{root_or_skip, run, LoopDisk, Mounted};
+    use std::os::fd::AsFd;
     use std::time::{Duration, Instant};
 
-    fn expected<'a>(m: &'a Mounted, dev: &'a Device, fs: FsType) -> Expected<'a> {
-        Expected {
-            path: &m.path,
-            device: dev,
-            read_only: false,
-            fs,
-        }
+    /// `check` of the mount at `m`, resolved from its parent's fd.
+    fn check_m(
+        sysfs: &Sysfs,
+        m: &Mounted,
+        dev: &Device,
+        fs: FsType,
+        read_only: bool,
+    ) -> (Option<Usage>, Condition) {
+        let parent = m.path.parent().unwrap();
+        let fd = rustix::fs::open(
+            parent,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+        check(
+            sysfs,
+            &Expected {
+                path: &m.path,
+                base: fd.as_fd(),
+                rel: Path::new(m.path.file_name().unwrap()),
+                mount_id: None,
+                device: dev,
+                read_only,
+                fs,
+            },
+        )
     }
 
     fn assert_ok(cond: &Condition) {
@@ -305,17 +390,8 @@ mod tests {
             let disk = LoopDisk::new(320, Some(fs.name()));
             let m = Mounted::new(&disk.device, fs.name(), "");
             let dev = crate::device::from_path(&disk.device).unwrap();
-            let (before, cond) = check(&Sysfs::system(), &expected(&m, &dev, fs));
+            let (before, cond) = check_m(&Sysfs::system(), &m, &dev, fs, false);
             assert_ok(&cond);
-            // Through a symlink to the mount point, as a path with a linked component would be.
-            let links = tempfile::tempdir().unwrap();
-            let link = links.path().join("vol");
-            std::os::unix::fs::symlink(&m.path, &link).unwrap();
-            let e = Expected {
-                path: &link,
-                ..expected(&m, &dev, fs)
-            };
-            assert_ok(&check(&Sysfs::system(), &e).1);
             let before = before.unwrap();
             let raw = rustix::fs::statvfs(&m.path).unwrap();
             assert_eq!(before.bytes_total, raw.f_blocks * raw.f_frsize);
@@ -349,7 +425,7 @@ mod tests {
         let m = Mounted::new(&disk.device, "ext4", "");
         let dev = crate::device::from_path(&disk.device).unwrap();
         run("umount", &[m.path.to_str().unwrap()]);
-        let (usage, cond) = check(&Sysfs::system(), &expected(&m, &dev, FsType::Ext4));
+        let (usage, cond) = check_m(&Sysfs::system(), &m, &dev, FsType::Ext4, false);
         assert_abnormal(&cond, "no longer a mount point");
         assert_eq!(
             usage, None,
@@ -361,7 +437,7 @@ mod tests {
             "mount",
             &[other.device.to_str().unwrap(), m.path.to_str().unwrap()],
         );
-        let (usage, cond) = check(&Sysfs::system(), &expected(&m, &dev, FsType::Ext4));
+        let (usage, cond) = check_m(&Sysfs::system(), &m, &dev, FsType::Ext4, false);
         assert_eq!(usage, None);
         assert_abnormal(
             &cond,
@@ -382,17 +458,11 @@ mod tests {
         let m = Mounted::new(&disk.device, "xfs", "");
         let dev = crate::device::from_path(&disk.device).unwrap();
         run("mount", &["-o", "remount,ro", m.path.to_str().unwrap()]);
-        let (usage, cond) = check(&Sysfs::system(), &expected(&m, &dev, FsType::Xfs));
+        let (usage, cond) = check_m(&Sysfs::system(), &m, &dev, FsType::Xfs, false);
         assert_abnormal(&cond, "published read-write but is now read-only");
         assert!(usage.is_some());
         // Published read-only, read-only is what it should be.
-        let (_, cond) = check(
-            &Sysfs::system(),
-            &Expected {
-                read_only: true,
-                ..expected(&m, &dev, FsType::Xfs)
-            },
-        );
+        let (_, cond) = check_m(&Sysfs::system(), &m, &dev, FsType::Xfs, true);
         assert_ok(&cond);
     }
 
@@ -404,12 +474,12 @@ mod tests {
         let disk = LoopDisk::new(64, Some("ext4"));
         let m = Mounted::new(&disk.device, "ext4", "errors=remount-ro");
         let dev = crate::device::from_path(&disk.device).unwrap();
-        assert_ok(&check(&Sysfs::system(), &expected(&m, &dev, FsType::Ext4)).1);
+        assert_ok(&check_m(&Sysfs::system(), &m, &dev, FsType::Ext4, false).1);
         std::fs::write(format!("/sys/fs/ext4/{}/trigger_fs_error", dev.name), "1").unwrap();
         // The error count is bumped by a work item: give it a moment.
         let started = Instant::now();
         let cond = loop {
-            let (_, cond) = check(&Sysfs::system(), &expected(&m, &dev, FsType::Ext4));
+            let (_, cond) = check_m(&Sysfs::system(), &m, &dev, FsType::Ext4, false);
             if cond.abnormal || started.elapsed() > Duration::from_secs(5) {
                 break cond;
             }
@@ -440,7 +510,7 @@ mod tests {
             "xfs_io",
             &["-x", "-c", "shutdown", m.path.to_str().unwrap()],
         );
-        let (usage, cond) = check(&Sysfs::system(), &expected(&m, &dev, FsType::Xfs));
+        let (usage, cond) = check_m(&Sysfs::system(), &m, &dev, FsType::Xfs, false);
         assert_abnormal(&cond, "stat on");
         assert_abnormal(&cond, "fails with EIO");
         assert!(usage.is_some(), "xfs still answers statfs after a shutdown");
@@ -457,7 +527,7 @@ mod tests {
         // Detach while mounted (the loop driver defers it), then lose the backing storage.
         run("losetup", &["-d", disk.device.to_str().unwrap()]);
         disk.resize(0);
-        let (_, cond) = check(&Sysfs::system(), &expected(&m, &dev, FsType::Ext4));
+        let (_, cond) = check_m(&Sysfs::system(), &m, &dev, FsType::Ext4, false);
         assert_abnormal(
             &cond,
             &format!("disk {} (7:{}) reports size 0", dev.name, dev.minor),
@@ -467,8 +537,9 @@ mod tests {
         let gone = Sysfs {
             sys_block: empty.path().join("block"),
             dev_dir: "/dev".into(),
+            dev_block: empty.path().join("dev/block"),
         };
-        let (_, cond) = check(&gone, &expected(&m, &dev, FsType::Ext4));
+        let (_, cond) = check_m(&gone, &m, &dev, FsType::Ext4, false);
         assert_abnormal(&cond, "is gone from");
     }
 }

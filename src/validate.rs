@@ -21,6 +21,35 @@ fn has_dots(s: &str) -> bool {
     s.split('/').any(|seg| seg == "." || seg == "..")
 }
 
+/// The kernel's PATH_MAX, terminating NUL included: longer paths cannot be
+/// named to a syscall at all.
+pub const PATH_MAX: usize = 4096;
+/// The kernel's NAME_MAX: the longest single path component.
+pub const NAME_MAX: usize = 255;
+
+/// Refuses a path the kernel could not take: PATH_MAX or longer, or with a
+/// component longer than NAME_MAX.
+fn fits_the_kernel(field: &str, s: &str) -> Result<(), Invalid> {
+    if s.len() >= PATH_MAX {
+        return Err(invalid(format!(
+            "{field} is {} bytes long; paths must be shorter than {PATH_MAX} bytes",
+            s.len()
+        )));
+    }
+    if let Some(long) = s.split('/').find(|c| c.len() > NAME_MAX) {
+        let mut end = 32.min(long.len());
+        while !long.is_char_boundary(end) {
+            end -= 1;
+        }
+        return Err(invalid(format!(
+            "{field} has a component of {} bytes ({:?}…); each may be at most {NAME_MAX}",
+            long.len(),
+            &long[..end]
+        )));
+    }
+    Ok(())
+}
+
 /// How long to wait for a device when the request says 0.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(10_000);
 
@@ -104,6 +133,7 @@ pub fn device_path(s: &str) -> Result<PathBuf, Invalid> {
             "device_path {s:?} must be an absolute path under /dev"
         )));
     }
+    fits_the_kernel("device_path", s)?;
     if s.contains('\0') || has_dots(s) {
         return Err(invalid(format!(
             "device_path {s:?} must be a plain path under /dev, without . or .."
@@ -123,6 +153,7 @@ pub fn subpath(s: &str) -> Result<PathBuf, Invalid> {
     if s.contains('\0') {
         return Err(invalid("subpath contains a NUL byte"));
     }
+    fits_the_kernel("subpath", s)?;
     let p = Path::new(s);
     if p.is_absolute() {
         return Err(invalid(format!(
@@ -159,6 +190,7 @@ pub fn target(root: &Path, s: &str) -> Result<PathBuf, Invalid> {
             root.display()
         )));
     }
+    fits_the_kernel("target", s)?;
     if s.contains('\0') || has_dots(s) {
         return Err(invalid(format!(
             "target {s:?} must be a plain path, without . or .."
@@ -321,6 +353,17 @@ mod tests {
         ] {
             assert!(target(root, bad).is_err(), "{bad:?} accepted");
         }
+        // Too long for the kernel: refused here, before anything is created.
+        let long = format!("/run/crust/{}", "d/".repeat(2100));
+        let e = target(root, &long).unwrap_err();
+        assert!(e.0.contains("shorter than 4096"), "{e}");
+        let five_k = format!("/run/crust/{}", "x".repeat(5000));
+        assert!(target(root, &five_k).is_err());
+        let name = format!("/run/crust/{}", "n".repeat(256));
+        assert!(target(root, &name).unwrap_err().0.contains("at most 255"));
+        assert!(target(root, &format!("/run/crust/{}", "n".repeat(255))).is_ok());
+        assert!(subpath(&"s/".repeat(2100)).is_err());
+        assert!(device_path(&format!("/dev/{}", "x".repeat(300))).is_err());
     }
 
     #[test]

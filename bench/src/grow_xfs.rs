@@ -2,6 +2,7 @@
 //! `grow::grow` (device size by BLKGETSIZE64, then the growfs ioctl, as
 //! ExpandVolume does) against `xfs_growfs` on an identical copy.
 
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -79,12 +80,13 @@ fn crust(g: &Grown) -> R<f64> {
     let t = Instant::now();
     let dev = crust_agent::device::size_bytes(&device.path)
         .map_err(|e| format!("device::size_bytes: {e}"))?;
-    let size = grow::grow(&g.mount.path, &device, FsType::Xfs, dev)
+    let dir = std::fs::File::open(&g.mount.path).map_err(|e| e.to_string())?;
+    let size = grow::grow(dir.as_fd(), &g.mount.path, &device, FsType::Xfs, dev)
         .map_err(|e| format!("grow::grow: {e}"))?;
     let d = secs(t.elapsed());
     let total = check_grown(&g.mount.path, "grow::grow")?;
-    let own =
-        grow::fs_size_bytes(&g.mount.path, &device, FsType::Xfs).map_err(|e| e.to_string())?;
+    let own = grow::fs_size_bytes(dir.as_fd(), &g.mount.path, &device, FsType::Xfs)
+        .map_err(|e| e.to_string())?;
     if own != size || total > size {
         return Err(format!(
             "grow::grow said {size} bytes; the filesystem says {own}, statfs {total}"
@@ -117,7 +119,8 @@ fn no_false_success(work: &Path, pristine: &Path) -> R<()> {
     let (img, lo, mount) = mounted_copy(work, pristine, "xfs-false")?;
     let device = crust_agent::device::from_path(Path::new(&lo.dev))
         .map_err(|e| format!("device::from_path: {e}"))?;
-    let r = grow::grow(&mount.path, &device, FsType::Xfs, TO);
+    let dir = std::fs::File::open(&mount.path).map_err(|e| e.to_string())?;
+    let r = grow::grow(dir.as_fd(), &mount.path, &device, FsType::Xfs, TO);
     let total = sys::statfs_total(&mount.path)?;
     drop(mount);
     drop(lo);

@@ -1,0 +1,232 @@
+//! Unmounting by identity: the mount to take off is found from a directory
+//! fd (strictly beneath it, no symlinks), checked to be the very mount the
+//! caller recorded (statx mount id, or its device), and unmounted through
+//! its parent's fd; whatever is mounted below it comes off first, each
+//! checked the same way. A path swapped for a symlink, or a mount that is not
+//! the one expected, is refused: the agent never unmounts what is not its own.
+
+use std::ffi::CStr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rustix::fs::{AtFlags, FileType, OFlags};
+use rustix::io::Errno;
+use rustix::mount::UnmountFlags;
+
+use super::Error;
+use crate::beneath::{self, MountPoint};
+use crate::errors::SysError;
+use crate::mountinfo::{self, MountEntry};
+
+/// Which mount the caller means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// The mount with this id (recorded when it was made).
+    Mount(u64),
+    /// A mount of the filesystem on this device (major, minor): for mounts
+    /// of the agent's own making whose id was not recorded.
+    Device(u32, u32),
+}
+
+impl Expect {
+    fn matches(self, mp: &MountPoint) -> bool {
+        match self {
+            Expect::Mount(id) => mp.mount_id == id,
+            Expect::Device(ma, mi) => mp.dev == (ma, mi),
+        }
+    }
+}
+
+/// How often a busy mount is retried, and how long between tries.
+const UNMOUNT_ATTEMPTS: u32 = 5;
+const UNMOUNT_PAUSE: Duration = Duration::from_millis(100);
+/// Passes over the mounts below a target (a mount over an ancestor can hide
+/// a deeper one until it is gone).
+const PASSES: usize = 8;
+
+/// Unmounts the mount at `rel` beneath `base` and everything mounted below
+/// it, children first. `base_path` names `base` in messages. Returns whether
+/// the expected mount was there: false when nothing is mounted at `rel`, or
+/// the expected mount is gone from the system. A different mount in its
+/// place, or one stacked over it, is an error and nothing is unmounted.
+pub fn unmount_tree(
+    base: BorrowedFd<'_>,
+    base_path: &Path,
+    rel: &Path,
+    expect: Expect,
+) -> Result<bool, Error> {
+    let shown = base_path.join(rel);
+    let (parent, name) = match beneath::open_parent(base, rel) {
+        Ok(p) => p,
+        Err(Errno::NOENT | Errno::NOTDIR) => return Ok(false),
+        Err(Errno::LOOP | Errno::XDEV) => {
+            return Err(Error::Unsafe {
+                path: shown.display().to_string(),
+            })
+        }
+        Err(e) => return Err(SysError::new("openat2", shown.display(), e).into()),
+    };
+    let mp = match beneath::mount_point_at(parent.as_fd(), &name) {
+        Ok(mp) => mp,
+        Err(Errno::NOENT) => return Ok(false),
+        Err(e) => return Err(SysError::new("statx", shown.display(), e).into()),
+    };
+    if mp.kind == FileType::Symlink || !mp.is_root {
+        // Not a mount point (any more). If the expected mount still exists
+        // somewhere, it was moved or is hidden: not something to guess about.
+        return match expect {
+            Expect::Mount(id) if mountinfo::by_id(&read_table()?, id).is_some() => {
+                Err(Error::Moved {
+                    path: shown.display().to_string(),
+                })
+            }
+            _ => Ok(false),
+        };
+    }
+    if !expect.matches(&mp) {
+        let table = read_table()?;
+        let what = mountinfo::by_id(&table, mp.mount_id)
+            .map(|m| format!("{} ({})", m.source, m.fs_type))
+            .unwrap_or_else(|| format!("mount {}", mp.mount_id));
+        return match expect {
+            // Ours is gone and something else is there now: not ours to touch.
+            Expect::Mount(id) if mountinfo::by_id(&table, id).is_none() => Ok(false),
+            Expect::Mount(_) => Err(Error::Covered {
+                path: shown.display().to_string(),
+                what,
+            }),
+            Expect::Device(..) => Err(Error::NotOurs {
+                path: shown.display().to_string(),
+                what,
+            }),
+        };
+    }
+    unmount_children(&parent, &name, &mp, &shown)?;
+    // Checked again right before: the mount to take off is still the one examined.
+    match beneath::mount_point_at(parent.as_fd(), &name) {
+        Ok(now) if now.mount_id == mp.mount_id && now.is_root => {}
+        Ok(_) | Err(Errno::NOENT) => return Ok(true),
+        Err(e) => return Err(SysError::new("statx", shown.display(), e).into()),
+    }
+    unmount_one(parent.as_fd(), &name, &shown)?;
+    Ok(true)
+}
+
+fn read_table() -> Result<Vec<MountEntry>, Error> {
+    Ok(mountinfo::read()?)
+}
+
+/// Unmounts every mount below the mount `top` (at `name` in `parent`),
+/// deepest first. Each is reached from an fd of `top`'s root, strictly, and
+/// unmounted only if it is still the mount mountinfo listed.
+fn unmount_children(
+    parent: &OwnedFd,
+    name: &CStr,
+    top: &MountPoint,
+    shown: &Path,
+) -> Result<(), Error> {
+    for _ in 0..PASSES {
+        let table = read_table()?;
+        let Some(top_entry) = mountinfo::by_id(&table, top.mount_id) else {
+            return Ok(());
+        };
+        let below = mountinfo::descendants(&table, top_entry.mount_id);
+        if below.is_empty() {
+            return Ok(());
+        }
+        // An fd of the top mount's root pins it; it is closed before the top comes off.
+        let top_root = beneath::open_with(
+            parent.as_fd(),
+            Path::new(std::ffi::OsStr::from_bytes(name.to_bytes())),
+            OFlags::PATH | OFlags::DIRECTORY,
+            beneath::strict(),
+        )
+        .map_err(|e| SysError::new("openat2", shown.display(), e))?;
+        let mut progress = false;
+        // Leaves first: a mount with no descendant left in the set.
+        for m in below
+            .iter()
+            .filter(|m| !below.iter().any(|c| c.parent_id == m.mount_id))
+        {
+            let Ok(rel) = m.mount_point.strip_prefix(&top_entry.mount_point) else {
+                continue;
+            };
+            let Ok((cp, cname)) = beneath::open_parent(top_root.as_fd(), rel) else {
+                continue;
+            };
+            match beneath::mount_point_at(cp.as_fd(), &cname) {
+                Ok(now) if now.is_root && now.mount_id == u64::from(m.mount_id) => {
+                    unmount_one(cp.as_fd(), &cname, &shown.join(rel))?;
+                    progress = true;
+                }
+                // Hidden under a mount over it or over an ancestor: a later pass.
+                _ => {}
+            }
+        }
+        if !progress {
+            break;
+        }
+    }
+    let table = read_table()?;
+    match mountinfo::by_id(&table, top.mount_id) {
+        Some(t) if !mountinfo::descendants(&table, t.mount_id).is_empty() => Err(Error::Busy {
+            path: shown.display().to_string(),
+            attempts: PASSES as u32,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// umount2 of `name` in `parent`, through the parent's fd (the last
+/// component is not followed); EBUSY is retried a few times, then reported.
+fn unmount_one(parent: BorrowedFd<'_>, name: &CStr, shown: &Path) -> Result<(), Error> {
+    let path: PathBuf = beneath::proc_path_at(parent, name);
+    let mut attempt = 1;
+    loop {
+        match rustix::mount::unmount(&path, UnmountFlags::NOFOLLOW) {
+            // Already gone (someone else unmounted it, or a parent took it along).
+            Ok(()) | Err(Errno::INVAL) | Err(Errno::NOENT) => return Ok(()),
+            Err(Errno::BUSY) if attempt < UNMOUNT_ATTEMPTS => {
+                attempt += 1;
+                std::thread::sleep(UNMOUNT_PAUSE);
+            }
+            Err(Errno::BUSY) => {
+                return Err(Error::Busy {
+                    path: shown.display().to_string(),
+                    attempts: attempt,
+                });
+            }
+            Err(e) => return Err(SysError::new("umount", shown.display(), e).into()),
+        }
+    }
+}
+
+/// Removes the empty directory or empty file at `rel` beneath `base` that a
+/// bind or publish created, once nothing is mounted there. Best effort: a
+/// node that is not empty, is a mount point, or is not there is left alone.
+pub fn remove_node(base: BorrowedFd<'_>, rel: &Path) {
+    let Ok((parent, name)) = beneath::open_parent(base, rel) else {
+        return;
+    };
+    let Ok(mp) = beneath::mount_point_at(parent.as_fd(), &name) else {
+        return;
+    };
+    if mp.is_root {
+        return;
+    }
+    match mp.kind {
+        FileType::Directory => {
+            let _ = rustix::fs::unlinkat(&parent, name.as_c_str(), AtFlags::REMOVEDIR);
+        }
+        FileType::RegularFile => {
+            let empty = rustix::fs::statat(&parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+                .is_ok_and(|st| st.st_size == 0);
+            if empty {
+                let _ = rustix::fs::unlinkat(&parent, name.as_c_str(), AtFlags::empty());
+            }
+        }
+        _ => {}
+    }
+}

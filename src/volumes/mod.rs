@@ -1,0 +1,1339 @@
+//! The volume table: publish, unpublish, stats, expand, bind and unmount as
+//! steps over the capability modules, one lock per volume so operations on
+//! one volume are serialized while different volumes proceed in parallel.
+//!
+//! Everything the table acts on is beneath the agent's root and reached from
+//! its fds (`crate::beneath`): a volume is mounted on the directory fd of
+//! `<root>/volumes/<id>`, binds and unmounts resolve their targets with no
+//! symlinks, and mounts are recognised by their mount id and device, never by
+//! their spelling. Bind targets are reserved atomically, so two binds never
+//! share or nest. The table is mirrored in `<root>/state/` before anything is
+//! mounted (`state`), so a restarted agent accounts for every mount it made
+//! (`recover`): it takes back what it can and takes down what it cannot.
+
+mod recover;
+mod state;
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use rustix::fs::OFlags;
+use rustix::io::Errno;
+use slog::{info, warn, Logger};
+
+use crate::beneath::{self, Leaf, Root};
+use crate::cancel::{Cancel, Token, Why};
+use crate::device::{self, Device, Sysfs};
+use crate::errors::{Code, Result, SysError};
+use crate::mount::{self, BindSpec, Expect, MountOptions, RecursiveReadOnly};
+use crate::ownership::{self, Policy};
+use crate::probe::{self, FsType};
+use crate::stats::{self, Condition, Usage};
+use crate::validate::{self, Invalid};
+use crate::{grow, mountinfo};
+
+/// What the volume table refuses.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// NOT_FOUND: stats, expand or bind of an unknown volume.
+    #[error("volume {0} is not published; publish it first")]
+    NotPublished(String),
+    /// ALREADY_EXISTS: the id is taken by a publish with other parameters.
+    #[error("volume {id} is already published with different parameters ({differs}); unpublish it first, or repeat the original request")]
+    Conflict {
+        /// The volume id.
+        id: String,
+        /// Which parameter differs.
+        differs: String,
+    },
+    /// FAILED_PRECONDITION: the device is published under another id.
+    #[error("device {device} is already published as volume {other}; a disk is mounted once, under one volume id")]
+    DeviceInUse {
+        /// The device node.
+        device: String,
+        /// The volume that holds it.
+        other: String,
+    },
+    /// FAILED_PRECONDITION: the device is mounted by someone else.
+    #[error("device {device} is already mounted at {at}; the agent never mounts one disk twice")]
+    DeviceMounted {
+        /// The device node.
+        device: String,
+        /// Where it is mounted.
+        at: String,
+    },
+    /// FAILED_PRECONDITION: something is already mounted where the volume goes.
+    #[error(
+        "{path} is already a mount point, though no volume is published there; unmount it first"
+    )]
+    GuestPathBusy {
+        /// The volume's guest path.
+        path: String,
+    },
+    /// FAILED_PRECONDITION: expand of a read-only volume.
+    #[error("volume {0} is published read-only; a read-only filesystem cannot grow online")]
+    ReadOnly(String),
+    /// ALREADY_EXISTS: the bind target is already a mount of something else.
+    #[error("bind target {target} is already {what}; unmount it first or choose another target")]
+    TargetTaken {
+        /// The target path.
+        target: String,
+        /// What holds it.
+        what: String,
+    },
+    /// FAILED_PRECONDITION: the volume's mount went away behind the agent's back.
+    #[error("volume {id} is published, but its mount at {path} is gone (unmounted behind the agent's back); unpublish it, then publish it again")]
+    MountGone {
+        /// The volume id.
+        id: String,
+        /// The guest path.
+        path: String,
+    },
+    /// FAILED_PRECONDITION: the agent is shutting down.
+    #[error("the agent is shutting down and accepts no new volumes or binds")]
+    ShuttingDown,
+    /// FAILED_PRECONDITION: the guest path is a symlink or not a directory.
+    #[error("{path} is not a plain directory of the agent's (a symlink or something else was put there); remove it, then publish again")]
+    GuestPathUnsafe {
+        /// The volume's guest path.
+        path: String,
+    },
+    /// INVALID_ARGUMENT: the bind target lies inside another bind.
+    #[error("bind target {target} lies inside {inner_of}, the bind of volume {volume}; a bind there would be created inside that volume: choose a target outside every bind")]
+    TargetNested {
+        /// The target asked for.
+        target: String,
+        /// The bind it lies in.
+        inner_of: String,
+        /// That bind's volume.
+        volume: String,
+    },
+    /// FAILED_PRECONDITION: the bind target holds other binds below it.
+    #[error("bind target {target} holds {inner}, the bind of volume {volume}, beneath it; a bind over it would hide that bind: unmount it first or choose another target")]
+    TargetCovers {
+        /// The target asked for.
+        target: String,
+        /// The bind beneath it.
+        inner: String,
+        /// That bind's volume.
+        volume: String,
+    },
+    /// INVALID_ARGUMENT: the bind target's directory is on a volume's filesystem.
+    #[error("bind target {target} would be created on the filesystem of volume {volume}; binds go outside the volumes")]
+    TargetInVolume {
+        /// The target asked for.
+        target: String,
+        /// The volume whose filesystem holds the target's directory.
+        volume: String,
+    },
+}
+
+impl Error {
+    /// The wire code of this error.
+    pub fn code(&self) -> Code {
+        match self {
+            Error::NotPublished(_) => Code::NotFound,
+            Error::Conflict { .. } | Error::TargetTaken { .. } => Code::AlreadyExists,
+            Error::TargetNested { .. } | Error::TargetInVolume { .. } => Code::InvalidArgument,
+            Error::GuestPathUnsafe { .. } | Error::TargetCovers { .. } => Code::FailedPrecondition,
+            Error::DeviceInUse { .. }
+            | Error::DeviceMounted { .. }
+            | Error::GuestPathBusy { .. }
+            | Error::ReadOnly(_)
+            | Error::MountGone { .. }
+            | Error::ShuttingDown => Code::FailedPrecondition,
+        }
+    }
+}
+
+/// Where the disk comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The virtio-blk serial the host gave the disk.
+    Serial(String),
+    /// A device node under /dev.
+    Path(PathBuf),
+}
+
+/// fsGroup settings of a publish.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FsGroup {
+    /// The pod's fsGroup.
+    pub gid: u32,
+    /// When to walk.
+    pub policy: Policy,
+}
+
+/// A validated PublishVolume request.
+#[derive(Clone, Debug)]
+pub struct PublishRequest {
+    /// The host's volume id.
+    pub volume_id: String,
+    /// Where the disk comes from.
+    pub source: Source,
+    /// The filesystem the disk must hold.
+    pub fs: FsType,
+    /// Mount options as given: what a repeated request is compared with.
+    pub options: Vec<String>,
+    /// The same options parsed, with `read_only` applied.
+    pub mount: MountOptions,
+    /// Mount read-only.
+    pub read_only: bool,
+    /// fsGroup, if any.
+    pub fs_group: Option<FsGroup>,
+    /// How long to wait for the device to appear.
+    pub timeout: Duration,
+}
+
+/// The answer to a publish.
+#[derive(Clone, Debug)]
+pub struct Published {
+    /// `<root>/volumes/<id>`.
+    pub guest_path: PathBuf,
+    /// The device node.
+    pub device: PathBuf,
+    /// The same request had already been served.
+    pub already_published: bool,
+    /// The fsGroup walk's report, when one was asked for (and the volume is writable).
+    pub ownership: Option<ownership::Report>,
+}
+
+/// A validated BindMount request.
+#[derive(Clone, Debug)]
+pub struct BindRequest {
+    /// The volume to bind.
+    pub volume_id: String,
+    /// Relative to the volume root; empty for the root.
+    pub subpath: PathBuf,
+    /// Absolute, beneath the agent's root.
+    pub target: PathBuf,
+    /// Read-only bind.
+    pub read_only: bool,
+    /// KEP-3857 mode.
+    pub recursive_read_only: RecursiveReadOnly,
+}
+
+/// The answer to a bind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BindOutcome {
+    /// Whether the bind is recursively read-only.
+    pub recursive_read_only_applied: bool,
+    /// The same bind already existed.
+    pub already_mounted: bool,
+}
+
+/// What ListVolumes reports of one volume.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeInfo {
+    /// The volume id.
+    pub volume_id: String,
+    /// The device node.
+    pub device: String,
+    /// The serial, when published by serial.
+    pub serial: String,
+    /// "ext4" or "xfs".
+    pub fs_type: String,
+    /// Where it is mounted.
+    pub guest_path: String,
+    /// Mounted read-only.
+    pub read_only: bool,
+    /// Its binds.
+    pub bind_targets: Vec<String>,
+}
+
+/// The answer to an expand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expanded {
+    /// The filesystem's size after the call.
+    pub capacity_bytes: u64,
+    /// The device's size.
+    pub device_bytes: u64,
+}
+
+/// One bind of a volume, as recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Bind {
+    /// Absolute and canonical (beneath the canonical root).
+    target: PathBuf,
+    /// The same, relative to the root: what the agent resolves.
+    rel: PathBuf,
+    subpath: PathBuf,
+    read_only: bool,
+    rro: RecursiveReadOnly,
+    rro_applied: bool,
+    /// The bind's mount id; 0 when a record from an older agent had none.
+    mount_id: u64,
+}
+
+impl Bind {
+    fn expect(&self, dev: &Device) -> Expect {
+        if self.mount_id != 0 {
+            Expect::Mount(self.mount_id)
+        } else {
+            Expect::Device(dev.major, dev.minor)
+        }
+    }
+}
+
+/// A published volume.
+#[derive(Clone, Debug)]
+struct Volume {
+    id: String,
+    source: Source,
+    device: Device,
+    fs: FsType,
+    options: Vec<String>,
+    mount: MountOptions,
+    read_only: bool,
+    fs_group: Option<FsGroup>,
+    /// `<canonical root>/volumes/<id>`.
+    guest_path: PathBuf,
+    /// The mount's id (statx); 0 until it is mounted, or from an older record.
+    mount_id: u64,
+    /// False while the publish is not finished (mounted, fsGroup walk pending).
+    complete: bool,
+    binds: Vec<Bind>,
+}
+
+impl Volume {
+    fn info(&self) -> VolumeInfo {
+        VolumeInfo {
+            volume_id: self.id.clone(),
+            device: self.device.path.display().to_string(),
+            serial: match &self.source {
+                Source::Serial(s) => s.clone(),
+                Source::Path(_) => self.device.serial.clone().unwrap_or_default(),
+            },
+            fs_type: self.fs.name().to_string(),
+            guest_path: self.guest_path.display().to_string(),
+            read_only: self.mounted_read_only(),
+            bind_targets: self
+                .binds
+                .iter()
+                .map(|b| b.target.display().to_string())
+                .collect(),
+        }
+    }
+
+    /// Read-only as mounted: `read_only`, or an `ro` among the options.
+    fn mounted_read_only(&self) -> bool {
+        self.mount.flags & libc::MS_RDONLY != 0
+    }
+
+    /// `volumes/<id>`, relative to the root.
+    fn rel(&self) -> PathBuf {
+        guest_rel(&self.id)
+    }
+
+    fn expect(&self) -> Expect {
+        if self.mount_id != 0 {
+            Expect::Mount(self.mount_id)
+        } else {
+            Expect::Device(self.device.major, self.device.minor)
+        }
+    }
+
+    /// Names the first parameter in which `req` differs from this volume.
+    fn differs_from(&self, req: &PublishRequest) -> Option<String> {
+        if self.source != req.source {
+            return Some(format!("source {:?} vs {:?}", self.source, req.source));
+        }
+        if self.fs != req.fs {
+            return Some(format!("fs_type {} vs {}", self.fs.name(), req.fs.name()));
+        }
+        if self.options != req.options {
+            return Some(format!(
+                "mount_options {:?} vs {:?}",
+                self.options, req.options
+            ));
+        }
+        if self.read_only != req.read_only {
+            return Some(format!("read_only {} vs {}", self.read_only, req.read_only));
+        }
+        if self.fs_group != req.fs_group {
+            return Some(format!(
+                "fs_group {:?} vs {:?}",
+                self.fs_group, req.fs_group
+            ));
+        }
+        None
+    }
+}
+
+/// `volumes/<id>`.
+fn guest_rel(id: &str) -> PathBuf {
+    Path::new("volumes").join(id)
+}
+
+type Slot = Arc<Mutex<Option<Volume>>>;
+
+/// The agent's volumes.
+pub struct Volumes {
+    root: Root,
+    store: state::Store,
+    sysfs: Sysfs,
+    log: Logger,
+    /// One slot per volume id; its lock serializes operations on the volume.
+    slots: Mutex<HashMap<String, Slot>>,
+    /// Which volume holds each device (major, minor), including publishes in flight.
+    devices: Mutex<HashMap<(u32, u32), String>>,
+    /// Bind targets (relative to the root), reserved or bound, and their volume.
+    targets: Mutex<BTreeMap<PathBuf, String>>,
+    /// What ListVolumes answers, updated when an operation ends, so a list
+    /// never waits behind a long walk.
+    snapshot: Mutex<BTreeMap<String, VolumeInfo>>,
+    shutting_down: AtomicBool,
+    /// Fired by Shutdown: stops every wait and walk in flight.
+    stop: Token,
+}
+
+/// A poisoned lock still guards consistent data here (every update is a
+/// single insert/remove), so it is taken over rather than propagated.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Locks a volume's slot, giving up when `cancel` fires (the caller left,
+/// its deadline passed, or the agent is shutting down).
+fn lock_slot<'a>(
+    slot: &'a Mutex<Option<Volume>>,
+    id: &str,
+    cancel: &Cancel,
+) -> Result<MutexGuard<'a, Option<Volume>>> {
+    let mut pause = Duration::from_micros(200);
+    loop {
+        match slot.try_lock() {
+            Ok(g) => return Ok(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Ok(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                cancel.check(|| format!("waiting for another operation on volume {id} to end"))?;
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(5));
+            }
+        }
+    }
+}
+
+/// What an openat2 failure on a path the agent resolves means.
+fn unsafe_or_sys(e: Errno, call: &'static str, path: &Path) -> crate::errors::Error {
+    match e {
+        Errno::LOOP | Errno::XDEV | Errno::NOTDIR => mount::Error::Unsafe {
+            path: path.display().to_string(),
+        }
+        .into(),
+        _ => SysError::new(call, path.display(), e).into(),
+    }
+}
+
+impl Volumes {
+    /// Opens the table at `root` (created if missing; canonicalized, so a
+    /// root given through a symlink is the same root) and takes back the
+    /// volumes of a previous run.
+    pub fn open(root: &Path, sysfs: Sysfs, log: Logger) -> Result<Volumes> {
+        let root = Root::open(root)?;
+        root.own_dir("volumes", 0o750)?;
+        let store = state::Store::open(&root)?;
+        let v = Volumes {
+            root,
+            store,
+            sysfs,
+            log,
+            slots: Mutex::new(HashMap::new()),
+            devices: Mutex::new(HashMap::new()),
+            targets: Mutex::new(BTreeMap::new()),
+            snapshot: Mutex::new(BTreeMap::new()),
+            shutting_down: AtomicBool::new(false),
+            stop: Token::new(Why::Shutdown),
+        };
+        v.recover()?;
+        Ok(v)
+    }
+
+    /// The agent's root, canonical.
+    pub fn root(&self) -> &Path {
+        self.root.path()
+    }
+
+    /// Validates a bind or unmount target (validate.rs's rules) given under
+    /// either spelling of the root, and returns its canonical spelling.
+    pub fn target(&self, s: &str) -> std::result::Result<PathBuf, Invalid> {
+        match validate::target(self.root.path(), s) {
+            Ok(p) => Ok(p),
+            Err(e) if self.root.given() == self.root.path() => Err(e),
+            Err(e) => {
+                let p = validate::target(self.root.given(), s).map_err(|_| e)?;
+                let rel = p.strip_prefix(self.root.given()).unwrap_or(&p);
+                Ok(self.root.join(rel))
+            }
+        }
+    }
+
+    /// `target` (canonical, validated) relative to the root.
+    fn rel_of<'a>(&self, target: &'a Path) -> Result<&'a Path> {
+        self.root.relative(target).ok_or_else(|| {
+            validate::Invalid(format!(
+                "target {} is not beneath the agent's root {}",
+                target.display(),
+                self.root.path().display()
+            ))
+            .into()
+        })
+    }
+
+    fn slot(&self, id: &str) -> Slot {
+        lock(&self.slots).entry(id.to_string()).or_default().clone()
+    }
+
+    fn existing_slot(&self, id: &str) -> Option<Slot> {
+        lock(&self.slots).get(id).cloned()
+    }
+
+    /// Drops an empty slot nobody else holds.
+    fn forget_slot(&self, id: &str) {
+        let mut slots = lock(&self.slots);
+        if let Some(s) = slots.get(id) {
+            if Arc::strong_count(s) == 1 && matches!(s.try_lock().as_deref(), Ok(None)) {
+                slots.remove(id);
+            }
+        }
+    }
+
+    fn publish_snapshot(&self, vol: &Volume) {
+        lock(&self.snapshot).insert(vol.id.clone(), vol.info());
+    }
+
+    fn stop_with(&self, cancel: &Cancel) -> Cancel {
+        cancel.clone().with_token(&self.stop)
+    }
+
+    /// An fd of the volume's mount root, checked to be the very mount the
+    /// agent made (resolved beneath the root with no symlinks; its mount id,
+    /// or its device where no id was recorded).
+    fn open_mount(&self, vol: &Volume) -> Result<OwnedFd> {
+        let gone = || -> crate::errors::Error {
+            Error::MountGone {
+                id: vol.id.clone(),
+                path: vol.guest_path.display().to_string(),
+            }
+            .into()
+        };
+        let fd = match beneath::open_with(
+            self.root.fd(),
+            &vol.rel(),
+            OFlags::PATH | OFlags::DIRECTORY,
+            beneath::strict(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT | Errno::LOOP | Errno::XDEV | Errno::NOTDIR) => return Err(gone()),
+            Err(e) => return Err(SysError::new("openat2", vol.guest_path.display(), e).into()),
+        };
+        let mp = beneath::mount_point(fd.as_fd())
+            .map_err(|e| SysError::new("statx", vol.guest_path.display(), e))?;
+        let ours = mp.is_root
+            && mp.dev == (vol.device.major, vol.device.minor)
+            && (vol.mount_id == 0 || vol.mount_id == mp.mount_id);
+        if ours {
+            Ok(fd)
+        } else {
+            Err(gone())
+        }
+    }
+
+    /// Publishes a volume (semantics.md §1): idempotent for the same
+    /// request, refused for another.
+    pub fn publish(&self, req: &PublishRequest, cancel: &Cancel) -> Result<Published> {
+        if self.shutting_down.load(Ordering::SeqCst) {
+            return Err(Error::ShuttingDown.into());
+        }
+        let cancel = &self.stop_with(cancel);
+        let result = {
+            let slot = self.slot(&req.volume_id);
+            let locked = lock_slot(&slot, &req.volume_id, cancel);
+            locked.and_then(|mut guard| self.publish_locked(&mut guard, req, cancel))
+        };
+        if result.is_err() {
+            // A publish that failed leaves no trace, not even an empty slot.
+            self.forget_slot(&req.volume_id);
+        }
+        result
+    }
+
+    fn publish_locked(
+        &self,
+        guard: &mut Option<Volume>,
+        req: &PublishRequest,
+        cancel: &Cancel,
+    ) -> Result<Published> {
+        if let Some(vol) = guard.as_mut() {
+            if let Some(differs) = vol.differs_from(req) {
+                return Err(Error::Conflict {
+                    id: req.volume_id.clone(),
+                    differs,
+                }
+                .into());
+            }
+            // An idempotent answer is only given while it is still true.
+            let fd = self.open_mount(vol)?;
+            let already = vol.complete;
+            let ownership = if vol.complete {
+                None
+            } else {
+                // Taken back from a run that stopped before the fsGroup walk ended: finish it.
+                let report = self.walk(vol, &fd, cancel)?;
+                vol.complete = true;
+                self.store.save(vol)?;
+                self.publish_snapshot(vol);
+                report
+            };
+            return Ok(Published {
+                guest_path: vol.guest_path.clone(),
+                device: vol.device.path.clone(),
+                already_published: already,
+                ownership,
+            });
+        }
+        let (vol, report) = self.publish_new(req, cancel)?;
+        let out = Published {
+            guest_path: vol.guest_path.clone(),
+            device: vol.device.path.clone(),
+            already_published: false,
+            ownership: report,
+        };
+        self.publish_snapshot(&vol);
+        *guard = Some(vol);
+        Ok(out)
+    }
+
+    /// The fsGroup walk of a freshly mounted volume (if asked for and writable).
+    fn walk(
+        &self,
+        vol: &Volume,
+        fd: &OwnedFd,
+        cancel: &Cancel,
+    ) -> Result<Option<ownership::Report>> {
+        let Some(g) = vol.fs_group else {
+            return Ok(None);
+        };
+        if vol.mounted_read_only() {
+            return Ok(Some(ownership::Report {
+                skipped: true,
+                ..Default::default()
+            }));
+        }
+        let progress = |p: &ownership::Report| {
+            info!(self.log, "fsGroup walk in progress"; "volume" => &vol.id,
+                  "visited" => p.visited, "changed" => p.changed, "errors" => p.errors,
+                  "elapsed_ms" => u64::try_from(p.duration.as_millis()).unwrap_or(u64::MAX));
+        };
+        // The walk starts from the mount's own fd (through its /proc link), not its name.
+        let r = ownership::apply_with_progress(
+            &beneath::proc_path(fd.as_fd()),
+            g.gid,
+            g.policy,
+            false,
+            Duration::from_secs(10),
+            &progress,
+            cancel,
+        )?;
+        info!(self.log, "fsGroup applied"; "volume" => &vol.id, "gid" => g.gid,
+              "skipped" => r.skipped, "visited" => r.visited, "changed" => r.changed,
+              "errors" => r.errors,
+              "duration_us" => u64::try_from(r.duration.as_micros()).unwrap_or(u64::MAX));
+        Ok(Some(r))
+    }
+
+    fn publish_new(
+        &self,
+        req: &PublishRequest,
+        cancel: &Cancel,
+    ) -> Result<(Volume, Option<ownership::Report>)> {
+        let device = match &req.source {
+            Source::Serial(s) => device::find_by_serial(&self.sysfs, s, req.timeout, cancel)?,
+            Source::Path(p) => device::from_path(p)?,
+        };
+        // Claimed for the whole publish: a concurrent publish of the same disk is refused.
+        let claim = self.claim_device(&device, &req.volume_id)?;
+        let rel = guest_rel(&req.volume_id);
+        let guest_path = self.root.join(&rel);
+        let table = mountinfo::read()?;
+        if let Some(m) = table
+            .iter()
+            .find(|m| (m.major, m.minor) == (device.major, device.minor))
+        {
+            return Err(Error::DeviceMounted {
+                device: device.path.display().to_string(),
+                at: m.mount_point.display().to_string(),
+            }
+            .into());
+        }
+        let mut created = Vec::new();
+        let dir =
+            match beneath::make_path(self.root.fd(), &rel, 0o750, Leaf::Dir(0o750), &mut created) {
+                Ok(fd) => fd,
+                Err(Errno::LOOP | Errno::XDEV | Errno::NOTDIR) => {
+                    return Err(Error::GuestPathUnsafe {
+                        path: guest_path.display().to_string(),
+                    }
+                    .into())
+                }
+                Err(e) => return Err(SysError::new("mkdir", guest_path.display(), e).into()),
+            };
+        let undo_dir = |created: &mut Vec<beneath::Created>| beneath::remove_created(created);
+        let here = beneath::mount_point(dir.as_fd())
+            .map_err(|e| SysError::new("statx", guest_path.display(), e))?;
+        if here.is_root {
+            return Err(Error::GuestPathBusy {
+                path: guest_path.display().to_string(),
+            }
+            .into());
+        }
+        if let Err(e) = probe::check(&device.path, req.fs) {
+            undo_dir(&mut created);
+            return Err(e.into());
+        }
+        let mut vol = Volume {
+            id: req.volume_id.clone(),
+            source: req.source.clone(),
+            device: device.clone(),
+            fs: req.fs,
+            options: req.options.clone(),
+            mount: req.mount.clone(),
+            read_only: req.read_only,
+            fs_group: req.fs_group,
+            guest_path: guest_path.clone(),
+            mount_id: 0,
+            complete: false,
+            binds: Vec::new(),
+        };
+        // Recorded before anything is mounted: a crash from here on leaves a
+        // record that recovery adopts or clears, never an unknown mount.
+        if let Err(e) = self.store.save(&vol) {
+            undo_dir(&mut created);
+            return Err(e.into());
+        }
+        if let Err(e) = mount::mount_filesystem(
+            &device.path,
+            dir.as_fd(),
+            &guest_path,
+            req.fs.name(),
+            &req.mount,
+        ) {
+            self.drop_record(&vol.id, &mut created);
+            return Err(e.into());
+        }
+        drop(dir);
+        // What is mounted at the guest path now must be the device just mounted.
+        let fd = match beneath::open_with(
+            self.root.fd(),
+            &rel,
+            OFlags::PATH | OFlags::DIRECTORY,
+            beneath::strict(),
+        ) {
+            Ok(fd) => fd,
+            Err(e) => {
+                warn!(self.log, "the guest path changed during publish; recovery at the next start takes the mount down";
+                      "volume" => &vol.id, "error" => %e);
+                return Err(unsafe_or_sys(e, "openat2", &guest_path));
+            }
+        };
+        let mp = beneath::mount_point(fd.as_fd())
+            .map_err(|e| SysError::new("statx", guest_path.display(), e))?;
+        if !mp.is_root || mp.dev != (device.major, device.minor) {
+            warn!(self.log, "the guest path changed during publish; recovery at the next start takes the mount down";
+                  "volume" => &vol.id);
+            return Err(mount::Error::Moved {
+                path: guest_path.display().to_string(),
+            }
+            .into());
+        }
+        vol.mount_id = mp.mount_id;
+        vol.complete = vol.fs_group.is_none() || vol.mounted_read_only();
+        let undo = |e: crate::errors::Error, created: &mut Vec<beneath::Created>| {
+            match mount::unmount_tree(
+                self.root.fd(),
+                self.root.path(),
+                &rel,
+                Expect::Mount(mp.mount_id),
+            ) {
+                Ok(_) => self.drop_record(&req.volume_id, created),
+                Err(u) => {
+                    warn!(self.log, "could not undo a failed publish"; "volume" => &req.volume_id, "error" => %u)
+                }
+            }
+            e
+        };
+        if let Err(e) = self.store.save(&vol) {
+            return Err(undo(e.into(), &mut created));
+        }
+        let report = match self.walk(&vol, &fd, cancel) {
+            Ok(r) => r,
+            Err(e) => return Err(undo(e, &mut created)),
+        };
+        if !vol.complete {
+            vol.complete = true;
+            if let Err(e) = self.store.save(&vol) {
+                return Err(undo(e.into(), &mut created));
+            }
+        }
+        claim.keep();
+        Ok((vol, report))
+    }
+
+    /// Undoes the first steps of a failed publish: its record, then the
+    /// nodes it created.
+    fn drop_record(&self, id: &str, created: &mut Vec<beneath::Created>) {
+        if let Err(e) = self.store.remove(id) {
+            warn!(self.log, "could not remove the record of a failed publish"; "volume" => id, "error" => %e);
+        }
+        beneath::remove_created(created);
+    }
+
+    fn claim_device(&self, device: &Device, id: &str) -> Result<DeviceClaim<'_>> {
+        let mut devices = lock(&self.devices);
+        let key = (device.major, device.minor);
+        if let Some(other) = devices.get(&key) {
+            if other != id {
+                return Err(Error::DeviceInUse {
+                    device: device.path.display().to_string(),
+                    other: other.clone(),
+                }
+                .into());
+            }
+        }
+        devices.insert(key, id.to_string());
+        Ok(DeviceClaim {
+            table: self,
+            key,
+            kept: false,
+        })
+    }
+
+    /// Reserves `rel` as a bind target of volume `id`: refused when it is
+    /// another bind's target, lies inside one, or holds one beneath it.
+    fn reserve(&self, rel: &Path, target: &Path, id: &str) -> Result<Reservation<'_>> {
+        let mut targets = lock(&self.targets);
+        for (t, owner) in targets.iter() {
+            let shown = || self.root.join(t).display().to_string();
+            if t == rel {
+                return Err(Error::TargetTaken {
+                    target: target.display().to_string(),
+                    what: format!("a bind of volume {owner}"),
+                }
+                .into());
+            }
+            if rel.starts_with(t) {
+                return Err(Error::TargetNested {
+                    target: target.display().to_string(),
+                    inner_of: shown(),
+                    volume: owner.clone(),
+                }
+                .into());
+            }
+            if t.starts_with(rel) {
+                return Err(Error::TargetCovers {
+                    target: target.display().to_string(),
+                    inner: shown(),
+                    volume: owner.clone(),
+                }
+                .into());
+            }
+        }
+        targets.insert(rel.to_path_buf(), id.to_string());
+        Ok(Reservation {
+            table: self,
+            rel: rel.to_path_buf(),
+            kept: false,
+        })
+    }
+
+    /// Unpublishes a volume: its binds, then its mount (flushed first), its
+    /// directory and its record. False when it was not published.
+    pub fn unpublish(&self, id: &str, cancel: &Cancel) -> Result<bool> {
+        let Some(slot) = self.existing_slot(id) else {
+            return Ok(false);
+        };
+        let result = {
+            let locked = lock_slot(&slot, id, cancel);
+            locked.and_then(|mut guard| self.unpublish_locked(&mut guard))
+        };
+        drop(slot);
+        if result.is_ok() {
+            self.forget_slot(id);
+        }
+        result
+    }
+
+    fn unpublish_locked(&self, guard: &mut Option<Volume>) -> Result<bool> {
+        let Some(vol) = guard.as_mut() else {
+            return Ok(false);
+        };
+        while let Some(b) = vol.binds.last().cloned() {
+            if mount::unmount_tree(
+                self.root.fd(),
+                self.root.path(),
+                &b.rel,
+                b.expect(&vol.device),
+            )? {
+                mount::remove_node(self.root.fd(), &b.rel);
+            }
+            vol.binds.pop();
+            lock(&self.targets).remove(&b.rel);
+            self.store.save(vol)?;
+            self.publish_snapshot(vol);
+        }
+        // Flushed while it is certainly the volume's own mount.
+        if let Ok(fd) = self.open_mount(vol) {
+            mount::sync_filesystem(fd.as_fd(), &vol.guest_path)?;
+        }
+        mount::unmount_tree(self.root.fd(), self.root.path(), &vol.rel(), vol.expect())?;
+        mount::remove_node(self.root.fd(), &vol.rel());
+        self.store.remove(&vol.id)?;
+        lock(&self.devices).remove(&(vol.device.major, vol.device.minor));
+        lock(&self.snapshot).remove(&vol.id);
+        *guard = None;
+        Ok(true)
+    }
+
+    /// Runs `f` on a published volume under its lock.
+    fn with_volume<T>(
+        &self,
+        id: &str,
+        cancel: &Cancel,
+        f: impl FnOnce(&mut Volume) -> Result<T>,
+    ) -> Result<T> {
+        let slot = self
+            .existing_slot(id)
+            .ok_or_else(|| Error::NotPublished(id.to_string()))?;
+        let mut guard = lock_slot(&slot, id, cancel)?;
+        let vol = guard
+            .as_mut()
+            .ok_or_else(|| Error::NotPublished(id.to_string()))?;
+        f(vol)
+    }
+
+    /// Usage and condition of a volume (semantics.md §5).
+    pub fn stats(&self, id: &str, cancel: &Cancel) -> Result<(Option<Usage>, Condition)> {
+        self.with_volume(id, cancel, |vol| {
+            let rel = vol.rel();
+            Ok(stats::check(
+                &self.sysfs,
+                &stats::Expected {
+                    path: &vol.guest_path,
+                    base: self.root.fd(),
+                    rel: &rel,
+                    mount_id: (vol.mount_id != 0).then_some(vol.mount_id),
+                    device: &vol.device,
+                    read_only: vol.mounted_read_only(),
+                    fs: vol.fs,
+                },
+            ))
+        })
+    }
+
+    /// Grows a volume's filesystem to its device (semantics.md §4).
+    pub fn expand(
+        &self,
+        id: &str,
+        required_bytes: u64,
+        timeout: Duration,
+        cancel: &Cancel,
+    ) -> Result<Expanded> {
+        let cancel = &self.stop_with(cancel);
+        self.with_volume(id, cancel, |vol| {
+            if vol.mounted_read_only() {
+                return Err(Error::ReadOnly(id.to_string()).into());
+            }
+            let fd = self.open_mount(vol)?;
+            let current = grow::fs_size_bytes(fd.as_fd(), &vol.guest_path, &vol.device, vol.fs)?;
+            if required_bytes > 0 && required_bytes <= current {
+                let device_bytes = device::size_bytes(&vol.device.path)?;
+                return Ok(Expanded {
+                    capacity_bytes: current,
+                    device_bytes,
+                });
+            }
+            let device_bytes =
+                device::wait_for_size(&self.sysfs, &vol.device, required_bytes, timeout, cancel)?;
+            let capacity_bytes =
+                grow::grow(fd.as_fd(), &vol.guest_path, &vol.device, vol.fs, device_bytes)?;
+            info!(self.log, "filesystem grown"; "volume" => id, "from" => current, "to" => capacity_bytes,
+                  "device_bytes" => device_bytes);
+            Ok(Expanded {
+                capacity_bytes,
+                device_bytes,
+            })
+        })
+    }
+
+    /// Whether bind `b` of `vol` is still mounted, as the agent made it.
+    fn bind_is_live(&self, vol: &Volume, b: &Bind) -> bool {
+        let Ok((parent, name)) = beneath::open_parent(self.root.fd(), &b.rel) else {
+            return false;
+        };
+        beneath::mount_point_at(parent.as_fd(), &name).is_ok_and(|mp| {
+            mp.is_root
+                && mp.dev == (vol.device.major, vol.device.minor)
+                && (b.mount_id == 0 || b.mount_id == mp.mount_id)
+        })
+    }
+
+    /// Refuses a target whose nearest existing node is already a mount, or
+    /// lies on a volume's filesystem (a bind there would write into it).
+    fn check_target(&self, rel: &Path, target: &Path) -> Result<()> {
+        let mut at = Some(rel);
+        while let Some(p) = at {
+            let found = if p.as_os_str().is_empty() {
+                Ok(rustix::io::fcntl_dupfd_cloexec(self.root.fd(), 0)
+                    .map_err(|e| SysError::new("dup", self.root.path().display(), e))?)
+            } else {
+                beneath::open_path(self.root.fd(), p)
+            };
+            match found {
+                Ok(fd) => {
+                    let mp = beneath::mount_point(fd.as_fd())
+                        .map_err(|e| SysError::new("statx", self.root.join(p).display(), e))?;
+                    if p == rel && mp.is_root {
+                        let table = mountinfo::read()?;
+                        let what = mountinfo::by_id(&table, mp.mount_id)
+                            .map(|m| format!("a mount of {} ({})", m.source, m.fs_type))
+                            .unwrap_or_else(|| "a mount point".to_string());
+                        return Err(Error::TargetTaken {
+                            target: target.display().to_string(),
+                            what,
+                        }
+                        .into());
+                    }
+                    if let Some(volume) = lock(&self.devices).get(&mp.dev) {
+                        return Err(Error::TargetInVolume {
+                            target: target.display().to_string(),
+                            volume: volume.clone(),
+                        }
+                        .into());
+                    }
+                    return Ok(());
+                }
+                Err(Errno::NOENT) => at = p.parent(),
+                Err(e) => return Err(unsafe_or_sys(e, "openat2", &self.root.join(p))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Binds a volume (or a subpath) at a target beneath the root
+    /// (semantics.md §6). A repeat of a live bind answers `already_mounted`.
+    pub fn bind(&self, req: &BindRequest, cancel: &Cancel) -> Result<BindOutcome> {
+        if self.shutting_down.load(Ordering::SeqCst) {
+            return Err(Error::ShuttingDown.into());
+        }
+        let cancel = &self.stop_with(cancel);
+        let rel = self.rel_of(&req.target)?.to_path_buf();
+        self.with_volume(&req.volume_id, cancel, |vol| {
+            if let Some(i) = vol.binds.iter().position(|b| b.rel == rel) {
+                let b = &vol.binds[i];
+                if b.subpath != req.subpath
+                    || b.read_only != req.read_only
+                    || b.rro != req.recursive_read_only
+                {
+                    return Err(Error::TargetTaken {
+                        target: req.target.display().to_string(),
+                        what: format!("a bind of volume {} with other parameters", vol.id),
+                    }
+                    .into());
+                }
+                if self.bind_is_live(vol, b) {
+                    return Ok(BindOutcome {
+                        recursive_read_only_applied: b.rro_applied,
+                        already_mounted: true,
+                    });
+                }
+                // Unmounted behind the agent's back: forget it and bind again.
+                warn!(self.log, "bind was gone; binding again"; "volume" => &vol.id, "target" => %req.target.display());
+                vol.binds.remove(i);
+                lock(&self.targets).remove(&rel);
+                self.store.save(vol)?;
+                self.publish_snapshot(vol);
+            }
+            let reservation = self.reserve(&rel, &req.target, &vol.id)?;
+            self.check_target(&rel, &req.target)?;
+            let source = self.open_mount(vol)?;
+            let out = mount::bind(&BindSpec {
+                source_root: source.as_fd(),
+                source_path: &vol.guest_path,
+                subpath: &req.subpath,
+                target_base: self.root.fd(),
+                target_rel: &rel,
+                target_path: &req.target,
+                read_only: req.read_only,
+                recursive_read_only: req.recursive_read_only,
+            })?;
+            vol.binds.push(Bind {
+                target: self.root.join(&rel),
+                rel: rel.clone(),
+                subpath: req.subpath.clone(),
+                read_only: req.read_only,
+                rro: req.recursive_read_only,
+                rro_applied: out.recursive_read_only_applied,
+                mount_id: out.mount_id,
+            });
+            if let Err(e) = self.store.save(vol) {
+                vol.binds.pop();
+                let mut created = out.created;
+                match mount::unmount_tree(
+                    self.root.fd(),
+                    self.root.path(),
+                    &rel,
+                    Expect::Mount(out.mount_id),
+                ) {
+                    Ok(_) => beneath::remove_created(&mut created),
+                    Err(u) => {
+                        warn!(self.log, "could not undo a bind whose record failed"; "target" => %req.target.display(), "error" => %u)
+                    }
+                }
+                return Err(e.into());
+            }
+            reservation.keep();
+            self.publish_snapshot(vol);
+            Ok(BindOutcome {
+                recursive_read_only_applied: out.recursive_read_only_applied,
+                already_mounted: false,
+            })
+        })
+    }
+
+    /// Takes down a bind the agent made at `target` (canonical, validated).
+    /// False when nothing is mounted there; a mount the agent did not make is
+    /// refused and left alone.
+    pub fn unmount(&self, target: &Path, cancel: &Cancel) -> Result<bool> {
+        let rel = self.rel_of(target)?.to_path_buf();
+        let owner = lock(&self.targets).get(&rel).cloned();
+        if let Some(id) = owner {
+            let r = self.with_volume(&id, cancel, |vol| {
+                let Some(i) = vol.binds.iter().position(|b| b.rel == rel) else {
+                    return Ok(None);
+                };
+                let b = vol.binds[i].clone();
+                let was = mount::unmount_tree(
+                    self.root.fd(),
+                    self.root.path(),
+                    &rel,
+                    b.expect(&vol.device),
+                )?;
+                if was {
+                    mount::remove_node(self.root.fd(), &rel);
+                }
+                vol.binds.remove(i);
+                lock(&self.targets).remove(&rel);
+                self.store.save(vol)?;
+                self.publish_snapshot(vol);
+                Ok(Some(was))
+            });
+            match r {
+                Ok(Some(was)) => return Ok(was),
+                Ok(None) => {}
+                Err(crate::errors::Error::Volume(Error::NotPublished(_))) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        // Not a bind of the agent's: say whether something is there, touch nothing.
+        let (parent, name) = match beneath::open_parent(self.root.fd(), &rel) {
+            Ok(p) => p,
+            Err(Errno::NOENT | Errno::NOTDIR) => return Ok(false),
+            Err(e) => return Err(unsafe_or_sys(e, "openat2", target)),
+        };
+        match beneath::mount_point_at(parent.as_fd(), &name) {
+            Ok(mp) if mp.is_root => {
+                let table = mountinfo::read()?;
+                let what = mountinfo::by_id(&table, mp.mount_id)
+                    .map(|m| format!("{} ({})", m.source, m.fs_type))
+                    .unwrap_or_else(|| format!("mount {}", mp.mount_id));
+                Err(mount::Error::NotOurs {
+                    path: target.display().to_string(),
+                    what,
+                }
+                .into())
+            }
+            Ok(_) | Err(Errno::NOENT) => Ok(false),
+            Err(e) => Err(SysError::new("statx", target.display(), e).into()),
+        }
+    }
+
+    /// Every published volume, without waiting for operations in flight.
+    pub fn list(&self) -> Vec<VolumeInfo> {
+        lock(&self.snapshot).values().cloned().collect()
+    }
+
+    /// Stops work in flight, refuses new volumes and binds, and unpublishes
+    /// every volume. Returns how many were unpublished.
+    pub fn shutdown(&self) -> u32 {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        self.stop.fire();
+        let ids: Vec<String> = lock(&self.slots).keys().cloned().collect();
+        let mut n = 0;
+        for id in ids {
+            match self.unpublish(&id, &Cancel::never()) {
+                Ok(true) => n += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    warn!(self.log, "could not unpublish at shutdown"; "volume" => &id, "error" => %e)
+                }
+            }
+        }
+        n
+    }
+}
+
+/// A device held by a publish in flight; released unless kept.
+struct DeviceClaim<'a> {
+    table: &'a Volumes,
+    key: (u32, u32),
+    kept: bool,
+}
+
+impl DeviceClaim<'_> {
+    fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for DeviceClaim<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            lock(&self.table.devices).remove(&self.key);
+        }
+    }
+}
+
+/// A bind target held by a bind in flight; released unless kept.
+struct Reservation<'a> {
+    table: &'a Volumes,
+    rel: PathBuf,
+    kept: bool,
+}
+
+impl Reservation<'_> {
+    fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            lock(&self.table.targets).remove(&self.rel);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use state::tests::sample;
+
+    fn table(root: &Path) -> Volumes {
+        Volumes::open(root, Sysfs::system(), crate::logging::discard()).unwrap()
+    }
+
+    #[test]
+    fn after_shutdown_nothing_new_is_accepted() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = table(dir.path());
+        assert_eq!(v.shutdown(), 0);
+        let s = sample();
+        let req = PublishRequest {
+            volume_id: "late".into(),
+            source: s.source.clone(),
+            fs: s.fs,
+            options: s.options.clone(),
+            mount: s.mount.clone(),
+            read_only: false,
+            fs_group: None,
+            timeout: Duration::from_millis(1),
+        };
+        let e = v.publish(&req, &Cancel::never()).unwrap_err();
+        assert!(
+            matches!(e, crate::errors::Error::Volume(Error::ShuttingDown)),
+            "{e}"
+        );
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        let b = BindRequest {
+            volume_id: "late".into(),
+            subpath: PathBuf::new(),
+            target: dir.path().join("t"),
+            read_only: false,
+            recursive_read_only: RecursiveReadOnly::Disabled,
+        };
+        assert!(matches!(
+            v.bind(&b, &Cancel::never()),
+            Err(crate::errors::Error::Volume(Error::ShuttingDown))
+        ));
+    }
+
+    #[test]
+    fn recovery_forgets_what_is_no_longer_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(&state).unwrap();
+        // A record whose mount is gone, a malformed one, and a half-written temp file.
+        let gone = state.join("vol-1.vol");
+        std::fs::write(&gone, state::encode(&sample())).unwrap();
+        std::fs::write(state.join("bad.vol"), "no equals sign").unwrap();
+        std::fs::write(state.join("vol-2.tmp"), "half").unwrap();
+        let v = table(dir.path());
+        assert!(v.list().is_empty());
+        assert!(
+            !gone.exists(),
+            "the record of an unmounted volume is dropped"
+        );
+        assert!(!state.join("vol-2.tmp").exists());
+        assert!(
+            !state.join("bad.vol").exists() && state.join("bad.vol.bad").exists(),
+            "an unreadable record is set aside for a human"
+        );
+    }
+
+    #[test]
+    fn an_ro_option_counts_as_read_only() {
+        let mut v = sample();
+        assert!(!v.mounted_read_only());
+        v.options = vec!["noatime,ro".into()];
+        v.mount = mount::parse_options(&v.options, false).unwrap();
+        assert!(v.mounted_read_only() && v.info().read_only);
+        let back = state::decode(&state::encode(&v), Path::new("/r")).unwrap();
+        assert!(back.mounted_read_only());
+        v.options = vec!["ro".into(), "rw".into()];
+        v.mount = mount::parse_options(&v.options, false).unwrap();
+        assert!(!v.mounted_read_only(), "a later rw overrides ro");
+    }
+
+    #[test]
+    fn differences_are_named() {
+        let v = sample();
+        let mut req = PublishRequest {
+            volume_id: "vol-1".into(),
+            source: Source::Serial("vol-0123".into()),
+            fs: FsType::Xfs,
+            options: v.options.clone(),
+            mount: v.mount.clone(),
+            read_only: false,
+            fs_group: v.fs_group,
+            timeout: Duration::from_secs(1),
+        };
+        assert_eq!(v.differs_from(&req), None);
+        req.timeout = Duration::from_secs(9);
+        assert_eq!(
+            v.differs_from(&req),
+            None,
+            "the wait is not a parameter of the volume"
+        );
+        req.read_only = true;
+        assert!(v.differs_from(&req).unwrap().contains("read_only"));
+        req.read_only = false;
+        req.fs = FsType::Ext4;
+        assert!(v.differs_from(&req).unwrap().contains("fs_type"));
+    }
+}

@@ -1,0 +1,164 @@
+//! Taking back a previous run's volumes: every record is checked against
+//! what is mounted, by identity (the mount at `<root>/volumes/<id>` must be
+//! the recorded disk, and the recorded mount where an id was kept); what is
+//! still there is adopted, and every other mount the agent could have made
+//! beneath its root is taken down: anything mounted directly in `volumes/`
+//! that no record explains, and any mount of a volume's disk beneath the
+//! root that is not a recorded bind. A crash at any point of any request
+//! thus leaves nothing that no RPC can remove.
+
+use std::collections::HashSet;
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use slog::{info, warn};
+
+use super::state::Record;
+use super::{lock, Volume, Volumes};
+use crate::beneath;
+use crate::errors::Result;
+use crate::mount::{self, Expect};
+use crate::mountinfo;
+
+impl Volumes {
+    /// Adopts or clears everything a previous run left (see the module doc).
+    pub(super) fn recover(&self) -> Result<()> {
+        // Disks the agent mounted (recorded or found in volumes/): their
+        // mounts beneath the root must all be accounted for.
+        let mut own_devices: HashSet<(u32, u32)> = HashSet::new();
+        // Mounts that are accounted for.
+        let mut kept: HashSet<u64> = HashSet::new();
+        for record in self.store.load(self.root.path())? {
+            let vol = match record {
+                Record::Bad(id, why) => {
+                    let aside = self.store.set_aside(&id);
+                    warn!(self.log, "state record does not decode; set aside, and its mounts are taken down";
+                          "volume" => &id, "why" => why, "kept_at" => %aside.display());
+                    continue;
+                }
+                Record::Good(vol) => *vol,
+            };
+            own_devices.insert((vol.device.major, vol.device.minor));
+            if let Some(vol) = self.adopt(vol)? {
+                kept.insert(vol.mount_id);
+                kept.extend(vol.binds.iter().map(|b| b.mount_id));
+                lock(&self.devices).insert((vol.device.major, vol.device.minor), vol.id.clone());
+                self.publish_snapshot(&vol);
+                info!(self.log, "volume taken back from a previous run"; "volume" => &vol.id,
+                      "binds" => vol.binds.len(), "complete" => vol.complete);
+                lock(&self.slots).insert(vol.id.clone(), Arc::new(Mutex::new(Some(vol))));
+            }
+        }
+        self.sweep(&mut own_devices, &kept)
+    }
+
+    /// Adopts `vol` if its mount is still there (updating what changed), or
+    /// forgets it. Returns the adopted volume.
+    fn adopt(&self, mut vol: Volume) -> Result<Option<Volume>> {
+        let rel = vol.rel();
+        let here = beneath::open_parent(self.root.fd(), &rel)
+            .ok()
+            .and_then(|(parent, name)| beneath::mount_point_at(parent.as_fd(), &name).ok());
+        let live = here.filter(|mp| {
+            mp.is_root
+                && mp.dev == (vol.device.major, vol.device.minor)
+                && (vol.mount_id == 0 || vol.mount_id == mp.mount_id)
+        });
+        let Some(mp) = live else {
+            warn!(self.log, "volume from a previous run is not mounted (as recorded) any more; forgetting it";
+                  "volume" => &vol.id, "guest_path" => %vol.guest_path.display());
+            self.store.remove(&vol.id)?;
+            mount::remove_node(self.root.fd(), &rel);
+            return Ok(None);
+        };
+        let mut changed = vol.mount_id != mp.mount_id;
+        vol.mount_id = mp.mount_id;
+        let binds = std::mem::take(&mut vol.binds);
+        for mut b in binds {
+            let live = beneath::open_parent(self.root.fd(), &b.rel)
+                .ok()
+                .and_then(|(parent, name)| beneath::mount_point_at(parent.as_fd(), &name).ok())
+                .filter(|m| {
+                    m.is_root
+                        && m.dev == (vol.device.major, vol.device.minor)
+                        && (b.mount_id == 0 || b.mount_id == m.mount_id)
+                });
+            let Some(m) = live else {
+                warn!(self.log, "bind from a previous run is gone"; "volume" => &vol.id, "target" => %b.target.display());
+                mount::remove_node(self.root.fd(), &b.rel);
+                changed = true;
+                continue;
+            };
+            // Targets from state are reserved like a request's: a record
+            // naming a taken, nested or covering target loses that bind
+            // (the sweep then takes its mount down).
+            match self.reserve(&b.rel, &b.target, &vol.id) {
+                Ok(r) => r.keep(),
+                Err(e) => {
+                    warn!(self.log, "bind from a previous run conflicts with another; dropped"; "volume" => &vol.id,
+                          "target" => %b.target.display(), "error" => %e);
+                    changed = true;
+                    continue;
+                }
+            }
+            changed |= b.mount_id != m.mount_id;
+            b.mount_id = m.mount_id;
+            vol.binds.push(b);
+        }
+        if changed {
+            self.store.save(&vol)?;
+        }
+        Ok(Some(vol))
+    }
+
+    /// Takes down what no adopted record explains: mounts directly in
+    /// `volumes/`, then every mount beneath the root of a disk in
+    /// `own_devices` that is not in `kept`, deepest first.
+    fn sweep(&self, own_devices: &mut HashSet<(u32, u32)>, kept: &HashSet<u64>) -> Result<()> {
+        let root = self.root.path();
+        let volumes = root.join("volumes");
+        let table = mountinfo::read()?;
+        let mut doomed: Vec<(PathBuf, u64)> = Vec::new();
+        for m in &table {
+            let id = u64::from(m.mount_id);
+            if kept.contains(&id) {
+                continue;
+            }
+            if m.mount_point.parent() == Some(volumes.as_path()) {
+                own_devices.insert((m.major, m.minor));
+            }
+        }
+        for m in &table {
+            let id = u64::from(m.mount_id);
+            let Ok(rel) = m.mount_point.strip_prefix(root) else {
+                continue;
+            };
+            if kept.contains(&id) || rel.as_os_str().is_empty() {
+                continue;
+            }
+            let in_volumes = m.mount_point.parent() == Some(volumes.as_path());
+            if in_volumes || own_devices.contains(&(m.major, m.minor)) {
+                doomed.push((rel.to_path_buf(), id));
+            }
+        }
+        // Deepest first, so a mount is not taken down under one of ours still to go.
+        doomed.sort_by_key(|(p, _)| std::cmp::Reverse(p.components().count()));
+        for (rel, id) in doomed {
+            let shown = root.join(&rel);
+            match mount::unmount_tree(self.root.fd(), root, &rel, Expect::Mount(id)) {
+                Ok(true) => {
+                    warn!(self.log, "mount left by a previous run that no record explains; taken down";
+                          "path" => %shown.display());
+                    mount::remove_node(self.root.fd(), &rel);
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    warn!(self.log, "could not take down a mount left by a previous run";
+                          "path" => %shown.display(), "error" => %e)
+                }
+            }
+        }
+        Ok(())
+    }
+}
