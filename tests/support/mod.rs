@@ -8,13 +8,15 @@ use std::time::{Duration, Instant};
 
 #[path = "../fixtures/disks.rs"]
 mod disks;
-pub use disks::{mounts_of, run, LoopDisk};
+pub use disks::{cannot_run, mounts_of, run, LoopDisk};
 
 pub use crust_protocols::crust as pb;
 use crust_protocols::crust_ttrpc::AgentClient;
 use crust_protocols::ttrpc;
 
-/// True when the tests can make loop devices and mount (root with mkfs tools).
+/// True when the tests can make loop devices and mount (root with mkfs
+/// tools); otherwise says why the test skips, or fails it when
+/// `CRUST_REQUIRE_PRIVILEGED=1` (the Makefile's test targets, CI).
 pub fn privileged() -> bool {
     let root = rustix::process::geteuid().is_root();
     let tools = ["mkfs.ext4", "mkfs.xfs", "losetup"].iter().all(|t| {
@@ -23,10 +25,15 @@ pub fn privileged() -> bool {
             .output()
             .is_ok_and(|o| o.status.success())
     });
-    if !root || !tools {
-        eprintln!("skipping: these tests need root, losetup, mkfs.ext4 and mkfs.xfs (root={root}, tools={tools})");
-    }
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("this test")
+        .to_string();
     root && tools
+        || cannot_run(
+            &test,
+            &format!("needs root, losetup, mkfs.ext4 and mkfs.xfs (root={root}, tools={tools})"),
+        )
 }
 
 /// A crust-agent process serving on a unix socket with its own root.
