@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 #[path = "../fixtures/disks.rs"]
 mod disks;
+#[allow(unused_imports)]
 pub use disks::{cannot_run, mounts_of, run, LoopDisk};
+
+pub mod rig;
 
 pub use crust_protocols::crust as pb;
 use crust_protocols::crust_ttrpc::AgentClient;
@@ -163,6 +166,18 @@ impl Drop for Agent {
 /// A call context with a generous timeout.
 pub fn ctx() -> ttrpc::context::Context {
     ttrpc::context::with_timeout(Duration::from_secs(60).as_nanos() as i64)
+}
+
+/// A call's result in one line: `OK {fields}` or `CODE: message`.
+pub fn said<M: crust_protocols::protobuf::MessageFull>(r: &ttrpc::Result<M>) -> String {
+    match r {
+        Ok(m) => format!(
+            "OK {{{}}}",
+            crust_protocols::protobuf::text_format::print_to_string(m).trim()
+        ),
+        Err(ttrpc::Error::RpcStatus(s)) => format!("{:?}: {}", s.code(), s.message()),
+        Err(e) => format!("transport error: {e}"),
+    }
 }
 
 /// The gRPC code name of a failed call.
