@@ -61,7 +61,7 @@ fn a_symlink_at_the_guest_path_does_not_lead_outside() {
     req.fs_group = fs_group(4242, pb::FsGroupChangePolicy::ALWAYS);
     let r = c.publish_volume(ctx(), &req);
     // Whatever the answer: nothing mounted or chowned outside the root.
-    let bad = rig.problems(&c, &[d.clone()], &["atk-evil"], None);
+    let bad = rig.problems(&c, std::slice::from_ref(&d), &["atk-evil"], None);
     assert!(
         bad.is_empty(),
         "publish over a symlinked guest path answered {}; {}",
@@ -558,7 +558,7 @@ fn a_state_file_naming_a_target_outside_the_root_is_not_trusted() {
     // Adopted or cleaned up, but nothing unaccounted and nothing listed outside.
     // (Which file says what is the agent's business after a tampered state:
     // the state directory is not compared here.)
-    assert_clean(&rig, "after the restart", &c, &[d.clone()], &[]);
+    assert_clean(&rig, "after the restart", &c, std::slice::from_ref(&d), &[]);
     let listed = c
         .list_volumes(ctx(), &pb::ListVolumesRequest::new())
         .unwrap()
@@ -615,7 +615,7 @@ fn an_undecodable_state_file_leaves_the_volume_manageable() {
         .any(|v| v.volume_id == "atk-garbled");
     // Taken back from mountinfo or cleaned up: either way, nothing orphaned
     // (an undecodable file names no volume the test could check against).
-    let bad = rig.problems(&c, &[d.clone()], &[], None);
+    let bad = rig.problems(&c, std::slice::from_ref(&d), &[], None);
     assert!(
         bad.is_empty(),
         "after a restart with an undecodable state file (volume listed: {listed}): {}",

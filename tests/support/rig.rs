@@ -462,9 +462,16 @@ impl Rig {
             }
             let point = m.mount_point.to_string_lossy();
             let as_guest = list.iter().find(|v| v.guest_path == point);
-            let as_bind = list
+            // Several owners of one target are reported below as (b).
+            let owners: Vec<&pb::VolumeInfo> = list
                 .iter()
-                .find(|v| v.bind_targets.iter().any(|t| *t == point));
+                .filter(|v| v.bind_targets.iter().any(|t| *t == point))
+                .collect();
+            let as_bind = owners
+                .iter()
+                .find(|v| v.device == d.path)
+                .or(owners.first())
+                .copied();
             match (as_guest, as_bind) {
                 (Some(v), _) => {
                     if v.device != d.path {
