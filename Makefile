@@ -27,7 +27,7 @@ initrd: deps
 test: deps initrd test-host test-vm
 
 test-host: deps
-	CRUST_REQUIRE_PRIVILEGED=1 cargo test --workspace
+	CRUST_REQUIRE_PRIVILEGED=1 cargo test --workspace --no-fail-fast
 
 test-vm: deps initrd
 	CRUST_REQUIRE_PRIVILEGED=1 cargo test -p crust-vm --tests -- --ignored --test-threads=1
