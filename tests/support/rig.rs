@@ -273,6 +273,10 @@ impl Rig {
     /// Starts the agent and waits until it answers (recovery is done by then).
     pub fn start(&mut self) {
         assert!(self.child.is_none(), "the agent is already running");
+        // A soak logs a line per request: keep the last 16 MiB or so.
+        if std::fs::metadata(&self.log).is_ok_and(|m| m.len() > 16 << 20) {
+            let _ = std::fs::rename(&self.log, self.log.with_extension("log.old"));
+        }
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
