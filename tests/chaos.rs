@@ -294,10 +294,10 @@ enum Ending {
 }
 
 /// ListVolumes, in an order that compares.
-fn table(c: &AgentClient) -> Vec<String> {
+fn table(c: &AgentClient) -> Result<Vec<String>, String> {
     let mut v: Vec<String> = c
         .list_volumes(ctx(), &pb::ListVolumesRequest::new())
-        .expect("ListVolumes")
+        .map_err(|e| format!("ListVolumes failed: {e:?}"))?
         .volumes
         .iter()
         .map(|v| {
@@ -310,7 +310,7 @@ fn table(c: &AgentClient) -> Vec<String> {
         })
         .collect();
     v.sort();
-    v
+    Ok(v)
 }
 
 #[test]
@@ -483,12 +483,13 @@ fn chaos_rounds_keep_the_invariant() {
             fail(&rig, &bad);
         }
         // The state directory carries the table: an idle restart serves the same.
-        let before = table(&c);
+        let before = table(&c).unwrap_or_else(|e| fail(&rig, &[e]));
         drop(c);
         rig.kill9();
         rig.start();
         let c = rig.client();
-        let after = table(&c);
+        let after =
+            table(&c).unwrap_or_else(|e| fail(&rig, &[format!("after an idle restart: {e}")]));
         if before != after {
             fail(
                 &rig,
@@ -512,6 +513,10 @@ fn chaos_rounds_keep_the_invariant() {
                 let _ = c.unpublish_volume(ctx(), &unpublish_req(*id));
             }
         }
+        eprintln!(
+            "chaos: round {round} ({ending:?}) holds, {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
     }
 
     // The end: unpublish all, stop, nothing left mounted or attached.

@@ -916,5 +916,19 @@ impl Drop for Rig {
     fn drop(&mut self) {
         self.kill9();
         detach_all_beneath(&self.work);
+        // A failed test keeps the agent's log (the scratch directory goes).
+        if std::thread::panicking() {
+            let keep = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+                "crust-agent-{}-{}.log",
+                std::thread::current()
+                    .name()
+                    .unwrap_or("test")
+                    .replace("::", "-"),
+                std::process::id()
+            ));
+            if std::fs::copy(&self.log, &keep).is_ok() {
+                eprintln!("the agent's log is kept in {}", keep.display());
+            }
+        }
     }
 }
