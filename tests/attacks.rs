@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 
 use crust_protocols::crust_ttrpc::AgentClient;
-use crust_protocols::ttrpc;
 use support::rig::{disk_with_tree, mount_table, Disk, Rig};
 use support::*;
 
@@ -269,7 +268,7 @@ fn two_volumes_racing_for_one_target_never_both_win() {
         .map(|id| {
             let (barrier, addr, root) = (barrier.clone(), rig.addr(), rig.root.clone());
             std::thread::spawn(move || {
-                let c = AgentClient::new(ttrpc::Client::connect(&addr).unwrap());
+                let c = connect(&addr).unwrap();
                 (0..TRIES)
                     .map(|i| {
                         let t = root.join(format!("race/t{i}"));

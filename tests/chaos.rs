@@ -242,8 +242,8 @@ fn client(
     let mut conn: Option<AgentClient> = None;
     while !shared.stop.load(Ordering::SeqCst) {
         let Some(c) = conn.as_ref() else {
-            match ttrpc::Client::connect(&addr) {
-                Ok(t) => conn = Some(AgentClient::new(t)),
+            match connect(&addr) {
+                Ok(c) => conn = Some(c),
                 Err(_) => std::thread::sleep(Duration::from_millis(10)),
             }
             continue;
@@ -421,7 +421,7 @@ fn chaos_rounds_keep_the_invariant() {
                 req.fs_group = fs_group(4001 + round, pb::FsGroupChangePolicy::ALWAYS);
                 let addr = rig.addr();
                 let crash = std::thread::spawn(move || {
-                    let c = AgentClient::new(ttrpc::Client::connect(&addr).unwrap());
+                    let c = connect(&addr).unwrap();
                     let t = Instant::now();
                     let r = c.publish_volume(op_ctx(), &req);
                     (

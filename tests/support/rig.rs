@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use super::{agent_bin, ctx, pb, publish_req, run, unpublish_req, LoopDisk};
 use crust_protocols::crust_ttrpc::AgentClient;
-use crust_protocols::ttrpc;
 
 /// One line of the mount table, as the procfs crate reads it.
 pub type Mount = procfs::process::MountInfo;
@@ -302,9 +301,8 @@ impl Rig {
             if !self.alive() {
                 panic!("the agent exited at start-up; log:\n{}", self.log_tail(40));
             }
-            if std::os::unix::net::UnixStream::connect(&self.sock).is_ok()
-                && ttrpc::Client::connect(&self.addr()).is_ok()
-            {
+            // The agent listens only once recovery is done.
+            if std::os::unix::net::UnixStream::connect(&self.sock).is_ok() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -321,7 +319,7 @@ impl Rig {
     }
 
     pub fn client(&self) -> AgentClient {
-        AgentClient::new(ttrpc::Client::connect(&self.addr()).expect("connect to the agent"))
+        super::connect(&self.addr()).expect("connect to the agent")
     }
 
     pub fn pid(&self) -> Option<u32> {
