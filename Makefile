@@ -4,7 +4,7 @@
 TRIPLE := x86_64-unknown-linux-gnu
 RELEASE := target/$(TRIPLE)/release
 
-.PHONY: all build deps initrd test test-host test-vm demo bench lint
+.PHONY: all build deps initrd test test-host test-vm stress demo bench lint
 
 all: build
 
@@ -21,14 +21,22 @@ initrd: deps
 	sh initrd/build.sh
 
 # Everything: unit tests, host tests on loop devices (root), then the VM tests
-# (the agent as PID 1 under QEMU, hot-plug over QMP). Nothing is skipped here.
+# (the agent as PID 1 under QEMU, hot-plug over QMP). Nothing is skipped here:
+# CRUST_REQUIRE_PRIVILEGED=1 makes a test that cannot run (not root, no
+# losetup or mkfs) fail instead of skipping.
 test: deps initrd test-host test-vm
 
 test-host: deps
-	cargo test --workspace
+	CRUST_REQUIRE_PRIVILEGED=1 cargo test --workspace --no-fail-fast
 
 test-vm: deps initrd
-	cargo test -p crust-vm --tests -- --ignored --test-threads=1
+	CRUST_REQUIRE_PRIVILEGED=1 cargo test -p crust-vm --tests -- --ignored --test-threads=1
+
+# The concurrency and crash suite (tests/chaos.rs) as a soak: STRESS_SECS of
+# random rounds (make test runs about 20 s of them). CRUST_CHAOS_SEED=N replays a seed.
+STRESS_SECS ?= 600
+stress: deps
+	CRUST_REQUIRE_PRIVILEGED=1 CRUST_STRESS_SECS=$(STRESS_SECS) cargo test -p crust-agent --test chaos -- --nocapture
 
 # Boots a sandbox, hot-plugs an ext4 and an xfs disk, and walks through every operation.
 demo: deps initrd

@@ -113,9 +113,7 @@ fn survives_garbage_closed_connections_and_load() {
         .map(|_| {
             let sock = sock.clone();
             std::thread::spawn(move || {
-                let c = crust_protocols::crust_ttrpc::AgentClient::new(
-                    crust_protocols::ttrpc::Client::connect(&sock).unwrap(),
-                );
+                let c = connect(&sock).unwrap();
                 for i in 0..63 {
                     if i % 3 == 0 {
                         c.get_agent_info(ctx(), &pb::GetAgentInfoRequest::new())
@@ -665,9 +663,7 @@ fn concurrent_publish_of_one_id_mounts_once() {
         .map(|_| {
             let (addr, dev) = (addr.clone(), disk.path());
             std::thread::spawn(move || {
-                let c = crust_protocols::crust_ttrpc::AgentClient::new(
-                    crust_protocols::ttrpc::Client::connect(&addr).unwrap(),
-                );
+                let c = connect(&addr).unwrap();
                 c.publish_volume(ctx(), &publish_req("same", &dev, "ext4"))
                     .unwrap()
                     .already_published

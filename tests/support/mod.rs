@@ -8,13 +8,18 @@ use std::time::{Duration, Instant};
 
 #[path = "../fixtures/disks.rs"]
 mod disks;
-pub use disks::{mounts_of, run, LoopDisk};
+#[allow(unused_imports)]
+pub use disks::{cannot_run, mounts_of, run, LoopDisk};
+
+pub mod rig;
 
 pub use crust_protocols::crust as pb;
 use crust_protocols::crust_ttrpc::AgentClient;
 use crust_protocols::ttrpc;
 
-/// True when the tests can make loop devices and mount (root with mkfs tools).
+/// True when the tests can make loop devices and mount (root with mkfs
+/// tools); otherwise says why the test skips, or fails it when
+/// `CRUST_REQUIRE_PRIVILEGED=1` (the Makefile's test targets, CI).
 pub fn privileged() -> bool {
     let root = rustix::process::geteuid().is_root();
     let tools = ["mkfs.ext4", "mkfs.xfs", "losetup"].iter().all(|t| {
@@ -23,10 +28,67 @@ pub fn privileged() -> bool {
             .output()
             .is_ok_and(|o| o.status.success())
     });
-    if !root || !tools {
-        eprintln!("skipping: these tests need root, losetup, mkfs.ext4 and mkfs.xfs (root={root}, tools={tools})");
-    }
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("this test")
+        .to_string();
     root && tools
+        || cannot_run(
+            &test,
+            &format!("needs root, losetup, mkfs.ext4 and mkfs.xfs (root={root}, tools={tools})"),
+        )
+}
+
+/// A ttrpc client of the agent at `addr` (`unix:///path`), on a socket
+/// whose fd number no other client of this process had recently.
+///
+/// ttrpc 0.10's sync client reads its socket from a thread that can outlive
+/// the client: a client dropped just as its connection sees data or EOF (the
+/// agent killed, say) can still read once from its old fd number, and if a
+/// new client (of this test or of one running beside it) got that number,
+/// that read swallows the new client's response and its call times out.
+/// Seen about once in 500 kill-and-restart cycles with plain
+/// `ttrpc::Client::connect`. A fresh fd number for every socket makes such a
+/// stray read miss.
+pub fn connect(addr: &str) -> ttrpc::Result<AgentClient> {
+    use std::os::fd::IntoRawFd;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static RANGE: OnceLock<(u64, u64)> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let (lo, hi) = *RANGE.get_or_init(|| {
+        use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+        let lim = getrlimit(Resource::Nofile);
+        let hard = lim.maximum.unwrap_or(1 << 20);
+        let want = hard.min(1 << 16);
+        let soft = match lim.current {
+            Some(cur) if cur < want => {
+                let raised = Rlimit {
+                    current: Some(want),
+                    maximum: lim.maximum,
+                };
+                if setrlimit(Resource::Nofile, raised).is_ok() {
+                    want
+                } else {
+                    cur
+                }
+            }
+            Some(cur) => cur,
+            None => want,
+        };
+        // Low numbers stay for everything else the process opens.
+        (soft / 2, soft.saturating_sub(16).max(soft / 2 + 1))
+    });
+    let path = addr
+        .strip_prefix("unix://")
+        .ok_or_else(|| ttrpc::Error::Others(format!("{addr} is not unix:///path")))?;
+    let stream = std::os::unix::net::UnixStream::connect(path)
+        .map_err(|e| ttrpc::Error::Others(format!("connect {path}: {e}")))?;
+    let n = lo + NEXT.fetch_add(1, Ordering::Relaxed) % (hi - lo);
+    let fd = rustix::io::fcntl_dupfd_cloexec(&stream, n as i32)
+        .map_err(|e| ttrpc::Error::Others(format!("dup the socket of {path}: {e}")))?;
+    drop(stream);
+    ttrpc::Client::new(fd.into_raw_fd()).map(AgentClient::new)
 }
 
 /// A crust-agent process serving on a unix socket with its own root.
@@ -96,13 +158,11 @@ impl Agent {
 
     fn try_client(&self) -> Option<AgentClient> {
         std::os::unix::net::UnixStream::connect(&self.sock).ok()?;
-        ttrpc::Client::connect(&self.addr())
-            .ok()
-            .map(AgentClient::new)
+        connect(&self.addr()).ok()
     }
 
     pub fn client(&self) -> AgentClient {
-        AgentClient::new(ttrpc::Client::connect(&self.addr()).expect("connect to the agent"))
+        connect(&self.addr()).expect("connect to the agent")
     }
 
     pub fn log(&self) -> String {
@@ -140,8 +200,8 @@ impl Drop for Agent {
     fn drop(&mut self) {
         if self.child.try_wait().ok().flatten().is_none() {
             // Ask for a clean shutdown so mounts go away with the agent.
-            if let Ok(c) = ttrpc::Client::connect(&self.addr()) {
-                let _ = AgentClient::new(c).shutdown(ctx(), &pb::ShutdownRequest::new());
+            if let Ok(c) = connect(&self.addr()) {
+                let _ = c.shutdown(ctx(), &pb::ShutdownRequest::new());
             }
             let deadline = Instant::now() + Duration::from_secs(10);
             while Instant::now() < deadline && self.child.try_wait().ok().flatten().is_none() {
@@ -156,6 +216,18 @@ impl Drop for Agent {
 /// A call context with a generous timeout.
 pub fn ctx() -> ttrpc::context::Context {
     ttrpc::context::with_timeout(Duration::from_secs(60).as_nanos() as i64)
+}
+
+/// A call's result in one line: `OK {fields}` or `CODE: message`.
+pub fn said<M: crust_protocols::protobuf::MessageFull>(r: &ttrpc::Result<M>) -> String {
+    match r {
+        Ok(m) => format!(
+            "OK {{{}}}",
+            crust_protocols::protobuf::text_format::print_to_string(m).trim()
+        ),
+        Err(ttrpc::Error::RpcStatus(s)) => format!("{:?}: {}", s.code(), s.message()),
+        Err(e) => format!("transport error: {e}"),
+    }
 }
 
 /// The gRPC code name of a failed call.
