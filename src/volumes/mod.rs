@@ -872,14 +872,7 @@ impl Volumes {
             return Ok(false);
         };
         while let Some(b) = vol.binds.last().cloned() {
-            if mount::unmount_tree(
-                self.root.fd(),
-                self.root.path(),
-                &b.rel,
-                b.expect(&vol.device),
-            )? {
-                mount::remove_node(self.root.fd(), &b.rel);
-            }
+            self.take_down(&b.rel, b.expect(&vol.device))?;
             vol.binds.pop();
             lock(&self.targets).remove(&b.rel);
             self.store.save(vol)?;
@@ -889,13 +882,46 @@ impl Volumes {
         if let Ok(fd) = self.open_mount(vol) {
             mount::sync_filesystem(fd.as_fd(), &vol.guest_path)?;
         }
-        mount::unmount_tree(self.root.fd(), self.root.path(), &vol.rel(), vol.expect())?;
-        mount::remove_node(self.root.fd(), &vol.rel());
+        self.take_down(&vol.rel(), vol.expect())?;
         self.store.remove(&vol.id)?;
         lock(&self.devices).remove(&(vol.device.major, vol.device.minor));
         lock(&self.snapshot).remove(&vol.id);
         *guard = None;
         Ok(true)
+    }
+
+    /// Takes down the agent's mount `expect` made at `rel` and removes the
+    /// node it was made on. A mount moved away from `rel` behind the agent's
+    /// back (its parent renamed, say) is still the agent's own: it is found
+    /// by its id and taken down where it is now, if that is beneath the root.
+    fn take_down(&self, rel: &Path, expect: Expect) -> Result<bool> {
+        let (root_fd, root) = (self.root.fd(), self.root.path());
+        match mount::unmount_tree(root_fd, root, rel, expect) {
+            Ok(was) => {
+                if was {
+                    mount::remove_node(root_fd, rel);
+                }
+                Ok(was)
+            }
+            Err(e @ (mount::Error::Moved { .. } | mount::Error::Unsafe { .. })) => {
+                let Expect::Mount(id) = expect else {
+                    return Err(e.into());
+                };
+                let table = mountinfo::read()?;
+                let Some(now) = mountinfo::by_id(&table, id) else {
+                    return Ok(false);
+                };
+                match now.mount_point.strip_prefix(root) {
+                    Ok(moved) if moved != rel && !moved.as_os_str().is_empty() => {
+                        warn!(self.log, "mount moved behind the agent's back; taken down where it is now";
+                              "was" => %root.join(rel).display(), "now" => %now.mount_point.display());
+                        Ok(mount::unmount_tree(root_fd, root, moved, expect)?)
+                    }
+                    _ => Err(e.into()),
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Runs `f` on a published volume under its lock.
@@ -1116,15 +1142,7 @@ impl Volumes {
                     return Ok(None);
                 };
                 let b = vol.binds[i].clone();
-                let was = mount::unmount_tree(
-                    self.root.fd(),
-                    self.root.path(),
-                    &rel,
-                    b.expect(&vol.device),
-                )?;
-                if was {
-                    mount::remove_node(self.root.fd(), &rel);
-                }
+                let was = self.take_down(&rel, b.expect(&vol.device))?;
                 vol.binds.remove(i);
                 lock(&self.targets).remove(&rel);
                 self.store.save(vol)?;
