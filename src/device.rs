@@ -2,6 +2,10 @@
 //! /sys/block, woken by kernel uevents), or by a path under /dev; and its size,
 //! now or once the host has grown it. Reads only: nothing here opens a disk for writing.
 
+// Sizes come from disks and superblocks the agent does not control: every
+// sum and product of them is checked.
+#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
+
 use std::fs::{self, File};
 use std::io;
 use std::os::fd::OwnedFd;
@@ -216,7 +220,8 @@ fn until(deadline: Instant, cap: Duration) -> Duration {
 fn deadline_after(start: Instant, timeout: Duration) -> Instant {
     start
         .checked_add(timeout)
-        .unwrap_or_else(|| start + Duration::from_secs(365 * 24 * 3600))
+        .or_else(|| start.checked_add(Duration::from_secs(365 * 24 * 3600)))
+        .unwrap_or(start)
 }
 
 /// One kernel uevent, the fields the agent cares about.
@@ -290,7 +295,7 @@ impl Uevents {
             std::thread::sleep(timeout);
             return false;
         };
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(Instant::now(), timeout);
         let mut buf = vec![0u8; 8192];
         loop {
             let left = until(deadline, timeout);

@@ -2,9 +2,13 @@
 //! the kernel's own resize ioctls: no resize2fs or xfs_growfs. Growth is only
 //! reported once the filesystem's size, read back afterwards, shows it.
 
+// Sizes come from disks and superblocks the agent does not control: every
+// sum and product of them is checked.
+#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
+
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -168,15 +172,14 @@ const XFS_MIN_AG_BLOCKS: u64 = 64;
 const _: () = assert!(std::mem::size_of::<XfsGeom>() == 256);
 const _: () = assert!(std::mem::size_of::<XfsGrowfsData>() == 16);
 
-fn xfs_geometry_call(dir: &File, op: Opcode) -> io::Result<XfsGeom> {
+fn xfs_geometry_call<const OP: Opcode>(dir: &File) -> io::Result<XfsGeom> {
     // SAFETY: all-zero bytes are a valid XfsGeom (integers and arrays of them).
     let mut geom: XfsGeom = unsafe { std::mem::zeroed() };
-    // SAFETY: the buffer is a live, writable XfsGeom of 256 bytes; the v5 call
-    // writes 256 bytes and the v4 call 112, both within it.
-    let rc = unsafe { libc::ioctl(dir.as_raw_fd(), op as _, &mut geom as *mut XfsGeom) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    // SAFETY: OP is one of the two FSGEOMETRY opcodes; the kernel writes its
+    // answer into the live XfsGeom of 256 bytes (the v5 call all of it, the v4
+    // call its first 112), which starts initialized, so a shorter answer
+    // leaves nothing undefined.
+    unsafe { rustix::ioctl::ioctl(dir, rustix::ioctl::Updater::<OP, XfsGeom>::new(&mut geom)) }?;
     // Every size below divides by it.
     if geom.blocksize == 0 {
         return Err(io::Error::other("the kernel reported block size 0"));
@@ -185,11 +188,11 @@ fn xfs_geometry_call(dir: &File, op: Opcode) -> io::Result<XfsGeom> {
 }
 
 fn xfs_geometry(dir: &File, path: &Path) -> Result<XfsGeom, Error> {
-    match xfs_geometry_call(dir, XFS_IOC_FSGEOMETRY) {
+    match xfs_geometry_call::<XFS_IOC_FSGEOMETRY>(dir) {
         Ok(g) => Ok(g),
         // An older kernel without the v5 call: the v4 layout is its prefix.
         Err(e) if e.raw_os_error() == Some(libc::ENOTTY) => {
-            xfs_geometry_call(dir, XFS_IOC_FSGEOMETRY_V4)
+            xfs_geometry_call::<XFS_IOC_FSGEOMETRY_V4>(dir)
                 .map_err(|e| SysError::new("XFS_IOC_FSGEOMETRY_V4", path.display(), e).into())
         }
         Err(e) => Err(SysError::new("XFS_IOC_FSGEOMETRY", path.display(), e).into()),
@@ -202,9 +205,9 @@ fn xfs_reachable_blocks(newblocks: u64, agblocks: u64) -> u64 {
     if agblocks == 0 {
         return newblocks;
     }
-    let rem = newblocks % agblocks;
+    let rem = newblocks.checked_rem(agblocks).unwrap_or(0);
     if rem != 0 && rem < XFS_MIN_AG_BLOCKS {
-        newblocks - rem
+        newblocks.saturating_sub(rem)
     } else {
         newblocks
     }
@@ -214,28 +217,27 @@ fn grow_xfs(dir: &File, path: &Path, device_bytes: u64) -> Result<u64, Error> {
     let g = xfs_geometry(dir, path)?;
     let bs = u64::from(g.blocksize);
     let before = bytes(g.datablocks, bs, path)?;
-    let target = xfs_reachable_blocks(device_bytes / bs, u64::from(g.agblocks));
+    let target = xfs_reachable_blocks(blocks_in(device_bytes, bs), u64::from(g.agblocks));
     if target <= g.datablocks {
         return Ok(before);
     }
-    let mut arg = XfsGrowfsData {
+    let arg = XfsGrowfsData {
         newblocks: target,
         imaxpct: g.imaxpct,
     };
-    // SAFETY: XFS_IOC_FSGROWFSDATA reads one xfs_growfs_data, which `arg` is, alive for the call.
+    // SAFETY: XFS_IOC_FSGROWFSDATA reads one xfs_growfs_data, which `arg` is.
     let rc = unsafe {
-        libc::ioctl(
-            dir.as_raw_fd(),
-            XFS_IOC_FSGROWFSDATA as _,
-            &mut arg as *mut XfsGrowfsData,
+        rustix::ioctl::ioctl(
+            dir,
+            rustix::ioctl::Setter::<XFS_IOC_FSGROWFSDATA, XfsGrowfsData>::new(arg),
         )
     };
-    if rc != 0 {
+    if let Err(e) = rc {
         return Err(refused_or_sys(
             path,
             FsType::Xfs,
             "XFS_IOC_FSGROWFSDATA",
-            io::Error::last_os_error(),
+            e.into(),
         ));
     }
     let after = xfs_geometry(dir, path)?.datablocks;
@@ -265,7 +267,10 @@ struct Ext4Super {
 
 /// Parses the 1024-byte ext4 superblock; None if the magic is wrong.
 fn parse_ext4_super(sb: &[u8; 1024]) -> Option<Ext4Super> {
+    // Offsets are constants well inside the 1 KiB superblock read.
+    #[allow(clippy::arithmetic_side_effects)]
     let u16_at = |o: usize| u16::from_le_bytes([sb[o], sb[o + 1]]);
+    #[allow(clippy::arithmetic_side_effects)]
     let u32_at = |o: usize| u32::from_le_bytes([sb[o], sb[o + 1], sb[o + 2], sb[o + 3]]);
     if u16_at(0x38) != 0xEF53 {
         return None;
@@ -320,7 +325,7 @@ const EXT4_IOC_RESIZE_FS: Opcode = opcode::write::<u64>(b'f', 16);
 fn grow_ext4(dir: &File, path: &Path, dev: &Device, device_bytes: u64) -> Result<u64, Error> {
     let sup = ext4_super(dev)?;
     let before = bytes(sup.blocks_count, sup.block_size, path)?;
-    let target = device_bytes / sup.block_size;
+    let target = blocks_in(device_bytes, sup.block_size);
     if target <= sup.blocks_count {
         return Ok(before);
     }
@@ -335,28 +340,26 @@ fn grow_ext4(dir: &File, path: &Path, dev: &Device, device_bytes: u64) -> Result
     if !crate::system::has_sys_resource() {
         return Err(Error::NeedsCapSysResource { path: p });
     }
-    let mut count: u64 = target;
-    // SAFETY: EXT4_IOC_RESIZE_FS reads one u64 block count from the pointer, alive for the call.
+    // SAFETY: EXT4_IOC_RESIZE_FS reads one u64 block count.
     let rc = unsafe {
-        libc::ioctl(
-            dir.as_raw_fd(),
-            EXT4_IOC_RESIZE_FS as _,
-            &mut count as *mut u64,
+        rustix::ioctl::ioctl(
+            dir,
+            rustix::ioctl::Setter::<EXT4_IOC_RESIZE_FS, u64>::new(target),
         )
     };
-    if rc != 0 {
+    if let Err(e) = rc {
         return Err(refused_or_sys(
             path,
             FsType::Ext4,
             "EXT4_IOC_RESIZE_FS",
-            io::Error::last_os_error(),
+            e.into(),
         ));
     }
     let after = ext4_super(dev)?;
     // The kernel leaves out a last group too small for its metadata, so "full"
     // means within one group of the target (and no smaller than before).
-    let full =
-        after.blocks_count <= target && target - after.blocks_count < after.blocks_per_group.max(1);
+    let full = after.blocks_count <= target
+        && target.saturating_sub(after.blocks_count) < after.blocks_per_group.max(1);
     if after.blocks_count < sup.blocks_count || !full {
         return Err(Error::NotGrown {
             path: p,
@@ -463,6 +466,12 @@ fn bytes(blocks: u64, block_size: u64, path: &Path) -> Result<u64, Error> {
             blocks,
             block_size,
         })
+}
+
+/// How many whole blocks of `block_size` fit in `bytes` (none for a
+/// block size of 0, which no real superblock has).
+fn blocks_in(bytes: u64, block_size: u64) -> u64 {
+    bytes.checked_div(block_size).unwrap_or(0)
 }
 
 /// Grows the `fs` on `dev`, mounted at the directory `at` names

@@ -4,6 +4,9 @@
 //! → volumes.rs (the volume table, one lock per volume) → the capability
 //! modules, each of which owns its syscalls.
 
+// The shared test fixtures name this crate as the integration tests do.
+extern crate self as crust_agent;
+
 pub mod beneath;
 pub mod cancel;
 pub mod device;

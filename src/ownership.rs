@@ -312,6 +312,39 @@ pub fn apply_with_progress(
 ) -> Result<Report, Error> {
     let (report, _threads) = walk(
         root,
+        root,
+        gid,
+        policy,
+        read_only,
+        every,
+        progress,
+        cancel,
+        Limits::for_this_machine(),
+    )?;
+    Ok(report)
+}
+
+/// `apply_with_progress` on the directory `dir` names (resolved once by
+/// the caller, beneath its root), `shown` naming it in messages.
+#[allow(clippy::too_many_arguments)]
+pub fn apply_at(
+    dir: std::os::fd::BorrowedFd<'_>,
+    shown: &Path,
+    gid: u32,
+    policy: Policy,
+    read_only: bool,
+    every: Duration,
+    progress: &(dyn Fn(&Report) + Sync),
+    cancel: &Cancel,
+) -> Result<Report, Error> {
+    // The kernel follows /proc/self/fd/N to exactly what `dir` names.
+    let open_at = std::path::PathBuf::from(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&dir)
+    ));
+    let (report, _threads) = walk(
+        &open_at,
+        shown,
         gid,
         policy,
         read_only,
@@ -325,6 +358,7 @@ pub fn apply_with_progress(
 
 #[allow(clippy::too_many_arguments)]
 fn walk(
+    open_at: &Path,
     root: &Path,
     gid: u32,
     policy: Policy,
@@ -336,7 +370,7 @@ fn walk(
 ) -> Result<(Report, usize), Error> {
     let start = Instant::now();
     let root_fd = rustix::fs::open(
-        root,
+        open_at,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )
@@ -1203,6 +1237,8 @@ fn chmod_nofollow(dir: BorrowedFd<'_>, name: &CStr, seen: &Seen, mode: u32) -> i
 }
 
 #[cfg(test)]
+// Random test trees index small arrays with small numbers.
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
 
@@ -1995,6 +2031,7 @@ mod tests {
         };
         let (r, _) = walk(
             root,
+            root,
             GID,
             Policy::Always,
             false,
@@ -2113,6 +2150,7 @@ mod tests {
         };
         let (r, _) = walk(
             &root,
+            &root,
             GID,
             Policy::Always,
             false,
@@ -2167,6 +2205,7 @@ mod tests {
         };
         let (r, _) = walk(
             &root,
+            &root,
             GID,
             Policy::Always,
             false,
@@ -2218,6 +2257,7 @@ mod tests {
             };
             let every = Duration::from_millis(2);
             let e = walk(
+                root,
                 root,
                 GID,
                 Policy::Always,
@@ -2277,6 +2317,7 @@ mod tests {
             let ta = s.spawn(|| {
                 walk(
                     &a,
+                    &a,
                     GID,
                     Policy::Always,
                     false,
@@ -2293,6 +2334,7 @@ mod tests {
             }
             std::thread::sleep(Duration::from_millis(20));
             let rb = walk(
+                &b,
                 &b,
                 GID,
                 Policy::Always,
@@ -2325,6 +2367,7 @@ mod tests {
         fs::create_dir(&c).unwrap();
         bench_tree(&c, 1000);
         let (r, threads) = walk(
+            &c,
             &c,
             GID,
             Policy::Always,
@@ -2361,6 +2404,7 @@ mod tests {
             dir_fds: 100_000,
         };
         let e = walk(
+            &root,
             &root,
             GID,
             Policy::Always,

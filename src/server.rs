@@ -76,7 +76,7 @@ impl Service {
                 .unwrap_or_else(|| "unknown panic".to_string());
             Err(Error::Panic(method, what))
         });
-        let us = start.elapsed().as_micros() as u64;
+        let us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
         match &result {
             Ok(_) => {
                 info!(self.log, "request"; "method" => method, "volume" => volume, "code" => "OK", "duration_us" => us)
@@ -281,7 +281,7 @@ impl crust_ttrpc::Agent for Service {
                         visited: r.visited,
                         changed: r.changed,
                         errors: r.errors,
-                        duration_us: r.duration.as_micros() as u64,
+                        duration_us: u64::try_from(r.duration.as_micros()).unwrap_or(u64::MAX),
                         ..Default::default()
                     }),
                 },

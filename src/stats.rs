@@ -2,6 +2,10 @@
 //! checks that tell kubelet a volume is abnormal (semantics.md §5). Reads only;
 //! a failing check becomes a message, never an error, so usage still flows.
 
+// Sizes come from disks and superblocks the agent does not control: every
+// sum and product of them is checked.
+#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
+
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::Path;
 

@@ -228,7 +228,7 @@ pub fn agent_info(started: Instant, boot: Timeline) -> Result<AgentInfo, SysErro
         version: env!("CARGO_PKG_VERSION"),
         kernel_release: kernel_release(),
         init_mode: rustix::process::getpid().is_init(),
-        uptime_ms: started.elapsed().as_millis() as u64,
+        uptime_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         rss_bytes: rss_bytes()?,
         boot,
     })

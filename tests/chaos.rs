@@ -47,7 +47,7 @@ fn env_u64(name: &str) -> Option<u64> {
 
 /// Short calls: a kill ends them at once, and a hang shows as a slow call.
 fn op_ctx() -> ttrpc::context::Context {
-    ttrpc::context::with_timeout(Duration::from_secs(20).as_nanos() as i64)
+    ttrpc::context::with_timeout(20_000_000_000)
 }
 
 /// What the clients of a round share: the stop flag and what happened.
@@ -361,7 +361,7 @@ fn chaos_rounds_keep_the_invariant() {
         let took = t.elapsed();
         let own = r.ownership.as_ref().expect("an ownership report");
         assert!(
-            own.changed as usize >= TREE_FILES,
+            own.changed >= TREE_FILES as u64,
             "the walk changed only {own:?}"
         );
         assert!(
@@ -429,7 +429,7 @@ fn chaos_rounds_keep_the_invariant() {
                         t.elapsed(),
                     )
                 });
-                let wait = walk.as_micros() as u64 * 13 / 10;
+                let wait = u64::try_from(walk.as_micros()).unwrap_or(u64::MAX / 2) * 13 / 10;
                 std::thread::sleep(Duration::from_micros(rng.u64(0..=wait)));
                 rig.kill9();
                 let (o, took) = crash.join().unwrap();

@@ -145,7 +145,9 @@ fn survives_garbage_closed_connections_and_load() {
 }
 
 fn ttrpc_ctx_ms(ms: u64) -> crust_protocols::ttrpc::context::Context {
-    crust_protocols::ttrpc::context::with_timeout(Duration::from_millis(ms).as_nanos() as i64)
+    crust_protocols::ttrpc::context::with_timeout(
+        i64::try_from(Duration::from_millis(ms).as_nanos()).unwrap_or(i64::MAX),
+    )
 }
 
 #[test]

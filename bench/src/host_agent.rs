@@ -66,7 +66,8 @@ impl RawCaps {
         use crust_protocols::protobuf::Message;
         self.stream_id = self.stream_id.wrapping_add(2);
         let mut frame = Vec::with_capacity(self.req_len());
-        frame.extend_from_slice(&(self.body.len() as u32).to_be_bytes());
+        let len = u32::try_from(self.body.len()).unwrap_or(u32::MAX);
+        frame.extend_from_slice(&len.to_be_bytes());
         frame.extend_from_slice(&self.stream_id.to_be_bytes());
         frame.extend_from_slice(&[TYPE_REQUEST, 0]);
         frame.extend_from_slice(&self.body);
@@ -459,9 +460,10 @@ fn rtt_and_rss(work: &Path) -> R<[Figure; 3]> {
 fn percentile(s: &[f64], p: f64) -> f64 {
     let mut v = s.to_vec();
     v.sort_by(|a, b| a.total_cmp(b));
-    v.get(((v.len() as f64 - 1.0) * p) as usize)
-        .copied()
-        .unwrap_or(f64::NAN)
+    // A rank in 0..len: the product is non-negative and below len.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let rank = ((v.len() as f64 - 1.0) * p) as usize;
+    v.get(rank).copied().unwrap_or(f64::NAN)
 }
 
 /// Figure 9: the release agent, checked static and stripped from its ELF headers.
@@ -544,8 +546,12 @@ fn elf_facts(path: &Path) -> R<(u64, bool, bool)> {
             .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
     };
     let u64_at = |o: usize| {
-        b.get(o..o + 8)
-            .map(|s| u64::from_le_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]) as usize)
+        b.get(o..o + 8).map(|s| {
+            usize::try_from(u64::from_le_bytes([
+                s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7],
+            ]))
+            .unwrap_or(usize::MAX)
+        })
     };
     let bad = || format!("{}: truncated ELF headers", path.display());
     let (phoff, phentsize, phnum) = (

@@ -154,14 +154,11 @@ impl Drop for Mount {
 /// (deepest first) and loop devices backed by files there.
 pub fn cleanup_stale(work: &Path) {
     let prefix = work.to_string_lossy().into_owned();
-    if let Ok(info) = fs::read_to_string("/proc/self/mountinfo") {
-        let mut points: Vec<String> = info
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .map(|p| p.replace("\\040", " "))
-            .filter(|p| p.starts_with(&prefix))
+    if let Ok(table) = crust_agent::mountinfo::read() {
+        let points: Vec<String> = crust_agent::mountinfo::mounts_under(&table, work)
+            .into_iter()
+            .map(|m| m.mount_point.display().to_string())
             .collect();
-        points.sort_by_key(|p| std::cmp::Reverse(p.len()));
         for p in points {
             eprintln!("bench: unmounting {p}, left behind");
             if run("umount", &[&p]).is_err() {

@@ -77,7 +77,10 @@ pub fn connect_stream(addr: &Address, timeout: Duration) -> Result<OwnedFd, Conn
         Address::Vsock { cid, port } => {
             // SAFETY: sockaddr_vm is plain old data; all-zero is a valid value.
             let mut sa: libc::sockaddr_vm = unsafe { mem::zeroed() };
-            sa.svm_family = libc::AF_VSOCK as libc::sa_family_t;
+            #[allow(clippy::cast_possible_truncation)] // AF_VSOCK (40) fits sa_family_t.
+            {
+                sa.svm_family = libc::AF_VSOCK as libc::sa_family_t;
+            }
             sa.svm_cid = *cid;
             sa.svm_port = *port;
             connect_raw(&name, libc::AF_VSOCK, &sa, deadline, timeout)?
@@ -104,7 +107,10 @@ fn connect_unix(
 ) -> Result<OwnedFd, ConnectError> {
     // SAFETY: sockaddr_un is plain old data; all-zero is a valid value.
     let mut sa: libc::sockaddr_un = unsafe { mem::zeroed() };
-    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    #[allow(clippy::cast_possible_truncation)] // AF_UNIX (1) fits sa_family_t.
+    {
+        sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    }
     let bytes = path.as_os_str().as_bytes();
     // Address parsing bounds the length; keep one byte for the NUL anyway.
     if bytes.len() >= sa.sun_path.len() {
@@ -153,7 +159,7 @@ fn connect_raw<T>(
             libc::connect(
                 fd.as_raw_fd(),
                 sa as *const T as *const libc::sockaddr,
-                mem::size_of::<T>() as libc::socklen_t,
+                socklen::<T>(),
             )
         };
         if rc == 0 {
@@ -188,7 +194,7 @@ fn connect_raw<T>(
         });
     }
     let mut so_error: libc::c_int = 0;
-    let mut len = mem::size_of::<libc::c_int>() as libc::socklen_t;
+    let mut len = socklen::<libc::c_int>();
     // SAFETY: SO_ERROR writes one c_int into `so_error`, whose size is in `len`.
     let rc = unsafe {
         libc::getsockopt(
@@ -227,7 +233,7 @@ fn wait_for(fd: &OwnedFd, events: libc::c_short, deadline: Instant) -> io::Resul
             events,
             revents: 0,
         };
-        let ms = left.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
+        let ms = libc::c_int::try_from(left.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
         // SAFETY: one valid pollfd, count 1.
         let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
         if rc < 0 {
@@ -361,6 +367,12 @@ fn describe_reply(line: &[u8], closed: bool) -> String {
         (false, true) => format!("answered {text:?} and closed the connection"),
         (_, false) => format!("answered {text:?}"),
     }
+}
+
+/// The size of a socket address or option type, as the kernel takes it.
+fn socklen<T>() -> libc::socklen_t {
+    // Socket types are a few hundred bytes at most.
+    libc::socklen_t::try_from(mem::size_of::<T>()).unwrap_or(libc::socklen_t::MAX)
 }
 
 #[cfg(test)]

@@ -44,7 +44,7 @@ const UNMOUNT_ATTEMPTS: u32 = 5;
 const UNMOUNT_PAUSE: Duration = Duration::from_millis(100);
 /// Passes over the mounts below a target (a mount over an ancestor can hide
 /// a deeper one until it is gone).
-const PASSES: usize = 8;
+const PASSES: u32 = 8;
 
 /// Unmounts the mount at `rel` beneath `base` and everything mounted below
 /// it, children first. `base_path` names `base` in messages. Returns whether
@@ -173,7 +173,7 @@ fn unmount_children(
     match mountinfo::by_id(&table, top.mount_id) {
         Some(t) if !mountinfo::descendants(&table, t.mount_id).is_empty() => Err(Error::Busy {
             path: shown.display().to_string(),
-            attempts: PASSES as u32,
+            attempts: PASSES,
         }),
         _ => Ok(()),
     }

@@ -553,7 +553,15 @@ impl Volumes {
         let result = {
             let slot = self.slot(&req.volume_id);
             let locked = lock_slot(&slot, &req.volume_id, cancel);
-            locked.and_then(|mut guard| self.publish_locked(&mut guard, req, cancel))
+            locked.and_then(|mut guard| {
+                // Checked again now that the slot exists: a Shutdown that
+                // listed the slots before this one was made set the flag
+                // first, so no publish can slip past it.
+                if self.shutting_down.load(Ordering::SeqCst) {
+                    return Err(Error::ShuttingDown.into());
+                }
+                self.publish_locked(&mut guard, req, cancel)
+            })
         };
         if result.is_err() {
             // A publish that failed leaves no trace, not even an empty slot.
@@ -629,9 +637,10 @@ impl Volumes {
                   "visited" => p.visited, "changed" => p.changed, "errors" => p.errors,
                   "elapsed_ms" => u64::try_from(p.duration.as_millis()).unwrap_or(u64::MAX));
         };
-        // The walk starts from the mount's own fd (through its /proc link), not its name.
-        let r = ownership::apply_with_progress(
-            &beneath::proc_path(fd.as_fd()),
+        // The walk starts from the mount's own fd, not its name.
+        let r = ownership::apply_at(
+            fd.as_fd(),
+            &vol.guest_path,
             g.gid,
             g.policy,
             false,
@@ -767,9 +776,14 @@ impl Volumes {
             e
         };
         if let Err(e) = self.store.save(&vol) {
+            drop(fd);
             return Err(undo(e.into(), &mut created));
         }
-        let report = match self.walk(&vol, &fd, cancel) {
+        let walked = self.walk(&vol, &fd, cancel);
+        // Nothing of the agent's may hold the mount when it is taken down
+        // (an fd on it, even O_PATH, makes umount fail with EBUSY).
+        drop(fd);
+        let report = match walked {
             Ok(r) => r,
             Err(e) => return Err(undo(e, &mut created)),
         };
@@ -1189,9 +1203,9 @@ impl Volumes {
     pub fn shutdown(&self) -> u32 {
         self.shutting_down.store(true, Ordering::SeqCst);
         self.stop.fire();
-        let ids: Vec<String> = lock(&self.slots).keys().cloned().collect();
+        let mut ids: Vec<String> = lock(&self.slots).keys().cloned().collect();
         let mut n = 0;
-        for id in ids {
+        while let Some(id) = ids.pop() {
             match self.unpublish(&id, &Cancel::never()) {
                 Ok(true) => n += 1,
                 Ok(false) => {}

@@ -85,7 +85,7 @@ pub fn connect(addr: &str) -> ttrpc::Result<AgentClient> {
     let stream = std::os::unix::net::UnixStream::connect(path)
         .map_err(|e| ttrpc::Error::Others(format!("connect {path}: {e}")))?;
     let n = lo + NEXT.fetch_add(1, Ordering::Relaxed) % (hi - lo);
-    let fd = rustix::io::fcntl_dupfd_cloexec(&stream, n as i32)
+    let fd = rustix::io::fcntl_dupfd_cloexec(&stream, i32::try_from(n).unwrap_or(i32::MAX))
         .map_err(|e| ttrpc::Error::Others(format!("dup the socket of {path}: {e}")))?;
     drop(stream);
     ttrpc::Client::new(fd.into_raw_fd()).map(AgentClient::new)
@@ -215,7 +215,7 @@ impl Drop for Agent {
 
 /// A call context with a generous timeout.
 pub fn ctx() -> ttrpc::context::Context {
-    ttrpc::context::with_timeout(Duration::from_secs(60).as_nanos() as i64)
+    ttrpc::context::with_timeout(60_000_000_000)
 }
 
 /// A call's result in one line: `OK {fields}` or `CODE: message`.
@@ -300,8 +300,6 @@ pub fn bind_req(
 
 /// Whether `path` is a mount point.
 pub fn is_mount(path: &Path) -> bool {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .any(|l| l.split(' ').nth(4) == Some(path.to_str().unwrap()))
+    let table = crust_agent::mountinfo::read().unwrap();
+    crust_agent::mountinfo::mount_at(&table, path).is_some()
 }

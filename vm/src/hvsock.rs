@@ -61,5 +61,5 @@ pub fn agent_client(uds: &Path, port: u32, timeout: Duration) -> io::Result<Agen
 
 /// A ttrpc context that gives up after `d`.
 pub fn ctx(d: Duration) -> crust_protocols::ttrpc::context::Context {
-    crust_protocols::ttrpc::context::with_timeout(d.as_nanos() as i64)
+    crust_protocols::ttrpc::context::with_timeout(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
 }

@@ -45,10 +45,10 @@ pub fn write_newc(entries: &BTreeMap<String, Entry>) -> Vec<u8> {
         };
         push_header(
             &mut out,
-            i as u32 + 1,
+            newc(i + 1),
             mode,
             nlink,
-            data.len() as u32,
+            newc(data.len()),
             rmaj,
             rmin,
             path,
@@ -58,6 +58,12 @@ pub fn write_newc(entries: &BTreeMap<String, Entry>) -> Vec<u8> {
     }
     push_header(&mut out, 0, 0, 1, 0, 0, 0, "TRAILER!!!");
     out
+}
+
+/// A count in a newc header: 32 bits. The initrd holds a few files of a
+/// few MiB; anything that does not fit is a bug in what was put in.
+fn newc(n: usize) -> u32 {
+    u32::try_from(n).expect("a cpio newc field holds at most 32 bits")
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -83,7 +89,7 @@ fn push_header(
         0,
         rmaj,
         rmin,
-        name.len() as u32 + 1,
+        newc(name.len() + 1),
         0,
     ];
     out.extend_from_slice(b"070701");

@@ -157,7 +157,12 @@ fn parse_seconds(s: &str) -> Result<Duration, String> {
 fn parse_wait(s: &str) -> Result<u32, String> {
     match s.parse::<f64>() {
         // Below 1 ms would read as 0, which the agent takes as "its default".
-        Ok(v) if v >= 0.001 && v <= f64::from(u32::MAX) / 1000.0 => Ok((v * 1000.0).round() as u32),
+        Ok(v) if v >= 0.001 && v <= f64::from(u32::MAX) / 1000.0 => {
+            // In range by the guard: the product is within 1..=u32::MAX.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let ms = (v * 1000.0).round() as u32;
+            Ok(ms)
+        }
         _ => Err(format!(
             "'{s}' is not a number of seconds between 0.001 and 4294967"
         )),
