@@ -514,6 +514,15 @@ mod tests {
     }
 
     #[test]
+    fn sizes_that_do_not_fit_64_bits_are_refused() {
+        let p = Path::new("/v");
+        assert_eq!(bytes(1 << 20, 4096, p).unwrap(), 1 << 32);
+        let e = bytes(u64::MAX / 2, 4096, p).unwrap_err();
+        assert!(matches!(e, Error::Overflow { .. }), "{e}");
+        assert_eq!(blocks_in(10_000, 0), 0, "a zero block size divides nothing");
+    }
+
+    #[test]
     fn rounds_like_xfs() {
         for (newblocks, agblocks, want) in [
             (1000, 100, 1000),

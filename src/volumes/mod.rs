@@ -1270,6 +1270,57 @@ mod tests {
         Volumes::open(root, Sysfs::system(), crate::logging::discard()).unwrap()
     }
 
+    fn publish_loop(v: &Volumes, id: &str, disk: &crate::testutil::LoopDisk) {
+        let options: Vec<String> = Vec::new();
+        let req = PublishRequest {
+            volume_id: id.into(),
+            source: Source::Path(disk.device.clone()),
+            fs: FsType::Ext4,
+            mount: mount::parse_options(&options, false).unwrap(),
+            options,
+            read_only: false,
+            fs_group: None,
+            timeout: Duration::from_secs(1),
+        };
+        v.publish(&req, &Cancel::never()).unwrap();
+    }
+
+    #[test]
+    fn a_bind_whose_record_cannot_be_written_leaves_nothing() {
+        if !crate::testutil::root_or_skip("a_bind_whose_record_cannot_be_written_leaves_nothing") {
+            return;
+        }
+        let disk = crate::testutil::LoopDisk::new(32, Some("ext4"));
+        let dir = tempfile::tempdir().unwrap();
+        let v = table(dir.path());
+        publish_loop(&v, "rec", &disk);
+        // A directory where the record's temp file goes: the next save fails.
+        let tmp = v.root().join("state/rec.tmp");
+        std::fs::create_dir(&tmp).unwrap();
+        let target = v.root().join("pods/p/data");
+        let req = BindRequest {
+            volume_id: "rec".into(),
+            subpath: PathBuf::new(),
+            target: target.clone(),
+            read_only: false,
+            recursive_read_only: RecursiveReadOnly::Disabled,
+        };
+        assert!(v.bind(&req, &Cancel::never()).is_err());
+        assert!(
+            !v.root().join("pods").exists(),
+            "the directories the bind created are gone"
+        );
+        let table = mountinfo::read().unwrap();
+        assert!(mountinfo::mounts_under(&table, &v.root().join("pods")).is_empty());
+        assert!(v.list()[0].bind_targets.is_empty());
+        // The target is free again: once the record can be written, the bind works.
+        std::fs::remove_dir(&tmp).unwrap();
+        let out = v.bind(&req, &Cancel::never()).unwrap();
+        assert!(!out.already_mounted);
+        assert!(v.unpublish("rec", &Cancel::never()).unwrap());
+        assert!(!target.exists());
+    }
+
     #[test]
     fn after_shutdown_nothing_new_is_accepted() {
         let dir = tempfile::tempdir().unwrap();
