@@ -122,6 +122,14 @@ pub enum Error {
         /// That bind's volume.
         volume: String,
     },
+    /// RESOURCE_EXHAUSTED: the volume has as many binds as the agent keeps.
+    #[error("volume {id} already has {max} binds, as many as the agent keeps for one volume; unmount some first")]
+    TooManyBinds {
+        /// The volume id.
+        id: String,
+        /// The bound.
+        max: usize,
+    },
     /// INVALID_ARGUMENT: the bind target's directory is on a volume's filesystem.
     #[error("bind target {target} would be created on the filesystem of volume {volume}; binds go outside the volumes")]
     TargetInVolume {
@@ -137,6 +145,7 @@ impl Error {
     pub fn code(&self) -> Code {
         match self {
             Error::NotPublished(_) => Code::NotFound,
+            Error::TooManyBinds { .. } => Code::ResourceExhausted,
             Error::Conflict { .. } | Error::TargetTaken { .. } => Code::AlreadyExists,
             Error::TargetNested { .. } | Error::TargetInVolume { .. } => Code::InvalidArgument,
             Error::GuestPathUnsafe { .. } | Error::TargetCovers { .. } => Code::FailedPrecondition,
@@ -364,6 +373,10 @@ impl Volume {
     }
 }
 
+/// Binds one volume may have: a pod's containers need a handful; the bound
+/// keeps one client from filling the mount table and the state file.
+pub const MAX_BINDS: usize = 1024;
+
 /// `volumes/<id>`.
 fn guest_rel(id: &str) -> PathBuf {
     Path::new("volumes").join(id)
@@ -389,6 +402,8 @@ pub struct Volumes {
     shutting_down: AtomicBool,
     /// Fired by Shutdown: stops every wait and walk in flight.
     stop: Token,
+    /// MAX_BINDS (smaller in tests).
+    max_binds: usize,
 }
 
 /// A poisoned lock still guards consistent data here (every update is a
@@ -448,6 +463,7 @@ impl Volumes {
             snapshot: Mutex::new(BTreeMap::new()),
             shutting_down: AtomicBool::new(false),
             stop: Token::new(Why::Shutdown),
+            max_binds: MAX_BINDS,
         };
         v.recover()?;
         Ok(v)
@@ -1097,6 +1113,13 @@ impl Volumes {
                 self.store.save(vol)?;
                 self.publish_snapshot(vol);
             }
+            if vol.binds.len() >= self.max_binds {
+                return Err(Error::TooManyBinds {
+                    id: vol.id.clone(),
+                    max: self.max_binds,
+                }
+                .into());
+            }
             let reservation = self.reserve(&rel, &req.target, &vol.id)?;
             self.check_target(&rel, &req.target)?;
             let source = self.open_mount(vol)?;
@@ -1317,6 +1340,17 @@ mod tests {
         std::fs::remove_dir(&tmp).unwrap();
         let out = v.bind(&req, &Cancel::never()).unwrap();
         assert!(!out.already_mounted);
+        // Binds per volume are bounded (MAX_BINDS; 2 here).
+        let mut v = v;
+        v.max_binds = 2;
+        let mut second = req.clone();
+        second.target = v.root().join("pods/p/two");
+        v.bind(&second, &Cancel::never()).unwrap();
+        let mut third = req.clone();
+        third.target = v.root().join("pods/p/three");
+        let e = v.bind(&third, &Cancel::never()).unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+        assert!(!third.target.exists(), "a refused bind creates nothing");
         assert!(v.unpublish("rec", &Cancel::never()).unwrap());
         assert!(!target.exists());
     }
