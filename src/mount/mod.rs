@@ -15,7 +15,7 @@ use std::path::Path;
 use rustix::io::Errno;
 use rustix::mount::MountFlags;
 
-pub use bind::{bind, BindOutcome, BindSpec, RecursiveReadOnly};
+pub use bind::{bind, bind_node, BindOutcome, BindSpec, RecursiveReadOnly};
 pub use options::{parse_options, MountOptions};
 pub use unmount::{remove_node, unmount_tree, Expect};
 

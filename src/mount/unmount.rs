@@ -25,8 +25,9 @@ use crate::mountinfo::{self, MountEntry};
 pub enum Expect {
     /// The mount with this id (recorded when it was made).
     Mount(u64),
-    /// A mount of the filesystem on this device (major, minor): for mounts
-    /// of the agent's own making whose id was not recorded.
+    /// A mount of the filesystem on this device (major, minor), or a bind
+    /// of its node (a block volume): for mounts of the agent's own making
+    /// whose id was not recorded.
     Device(u32, u32),
 }
 
@@ -34,7 +35,7 @@ impl Expect {
     fn matches(self, mp: &MountPoint) -> bool {
         match self {
             Expect::Mount(id) => mp.mount_id == id,
-            Expect::Device(ma, mi) => mp.dev == (ma, mi),
+            Expect::Device(ma, mi) => mp.dev == (ma, mi) || mp.is_block_node((ma, mi)),
         }
     }
 }

@@ -84,8 +84,12 @@ struct PublishArgs {
     #[arg(long, value_name = "PATH")]
     device: Option<String>,
     /// The filesystem on the disk (ext4 or xfs); it is never formatted.
-    #[arg(long, value_name = "T")]
-    fs_type: String,
+    #[arg(long, value_name = "T", required_unless_present = "block")]
+    fs_type: Option<String>,
+    /// Publish the disk itself as a raw block volume (volumeMode: Block):
+    /// its node appears at the guest path; no filesystem, options or fsGroup.
+    #[arg(long, conflicts_with_all = ["fs_type", "options", "fs_group"])]
+    block: bool,
     /// Mount options; repeat or separate with commas (-o noatime,discard).
     #[arg(short = 'o', long = "option", value_name = "OPT")]
     options: Vec<String>,
@@ -364,7 +368,13 @@ fn publish_request(a: &PublishArgs) -> proto::PublishVolumeRequest {
     proto::PublishVolumeRequest {
         volume_id: a.volume_id.clone(),
         source,
-        fs_type: a.fs_type.clone(),
+        fs_type: a.fs_type.clone().unwrap_or_default(),
+        volume_mode: if a.block {
+            proto::VolumeMode::BLOCK
+        } else {
+            proto::VolumeMode::FILESYSTEM
+        }
+        .into(),
         mount_options: a
             .options
             .iter()
@@ -504,6 +514,29 @@ mod tests {
             "no --fs-group leaves ownership alone"
         );
         assert_eq!(req.timeout_ms, 0);
+        assert_eq!(req.volume_mode, proto::VolumeMode::FILESYSTEM.into());
+    }
+
+    #[test]
+    fn block_publishes_name_no_filesystem() {
+        let cli = parse(&["publish", "raw", "--serial", "s1", "--block", "--read-only"]).unwrap();
+        let Command::Publish(a) = &cli.command else {
+            panic!()
+        };
+        let req = publish_request(a);
+        assert_eq!(req.volume_mode, proto::VolumeMode::BLOCK.into());
+        assert_eq!(req.fs_type, "");
+        assert!(req.mount_options.is_empty() && req.fs_group.is_none() && req.read_only);
+        for extra in [
+            &["--fs-type", "ext4"][..],
+            &["-o", "noatime"][..],
+            &["--fs-group", "5"][..],
+        ] {
+            let mut args = vec!["publish", "raw", "--serial", "s1", "--block"];
+            args.extend_from_slice(extra);
+            let err = parse(&args).expect_err(&format!("{extra:?} with --block"));
+            assert_eq!(err.exit_code(), 2, "{err}");
+        }
     }
 
     #[test]
