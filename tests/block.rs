@@ -13,8 +13,7 @@ use std::path::{Path, PathBuf};
 use support::*;
 
 fn block_req(id: &str, device: &str, read_only: bool) -> pb::PublishVolumeRequest {
-    let mut r = publish_req(id, device, "");
-    r.volume_mode = pb::VolumeMode::BLOCK.into();
+    let mut r = publish_req(id, device, "block");
     r.read_only = read_only;
     r
 }
