@@ -567,13 +567,53 @@ mod tests {
                 }),
             ),
         ];
-        for (what, mutate) in cases {
+        let block = |r: &mut pb::PublishVolumeRequest| {
+            r.volume_mode = pb::VolumeMode::BLOCK.into();
+            r.fs_type.clear();
+        };
+        let more: Vec<(&str, Mutation<pb::PublishVolumeRequest>)> = vec![
+            (
+                "BLOCK with fs_type",
+                Box::new(|r| r.volume_mode = pb::VolumeMode::BLOCK.into()),
+            ),
+            (
+                "BLOCK with mount options",
+                Box::new(move |r| {
+                    block(r);
+                    r.mount_options = vec!["noatime".into()];
+                }),
+            ),
+            (
+                "BLOCK with fs_group",
+                Box::new(move |r| {
+                    block(r);
+                    r.fs_group = MessageField::some(pb::FsGroup::new());
+                }),
+            ),
+            (
+                "unknown mode",
+                Box::new(|r| r.volume_mode = EnumOrUnknown::from_i32(5)),
+            ),
+        ];
+        for (what, mutate) in cases.into_iter().chain(more) {
             let mut r = publish();
             mutate(&mut r);
             let e = publish_request(&r).expect_err(what);
             assert_eq!(e.code(), Code::InvalidArgument, "{what}: {e}");
             assert!(!e.to_string().is_empty());
         }
+    }
+
+    #[test]
+    fn block_publish_requests_name_no_filesystem() {
+        let mut r = publish();
+        r.volume_mode = pb::VolumeMode::BLOCK.into();
+        r.fs_type.clear();
+        r.read_only = true;
+        let d = publish_request(&r).unwrap();
+        assert_eq!(d.mode, VolumeMode::Block);
+        assert!(d.read_only && d.options.is_empty() && d.fs_group.is_none());
+        assert_ne!(d.mount.flags & libc::MS_RDONLY, 0);
     }
 
     #[test]

@@ -316,3 +316,57 @@ pub(super) fn guest_path_kind(mode: VolumeMode) -> OFlags {
         VolumeMode::Block => OFlags::empty(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::errors::Code;
+    use crate::volumes::state::tests::block_sample;
+
+    fn bind(subpath: &str, read_only: bool, rro: RecursiveReadOnly) -> BindRequest {
+        BindRequest {
+            volume_id: "blk-1".into(),
+            subpath: PathBuf::from(subpath),
+            target: "/r/pods/p/dev".into(),
+            read_only,
+            recursive_read_only: rro,
+        }
+    }
+
+    #[test]
+    fn binds_of_a_block_volume_take_no_subpath_rro_or_per_bind_read_only() {
+        let mut ro = block_sample();
+        ro.binds.clear();
+        let mut rw = ro.clone();
+        rw.read_only = false;
+        let code = |v: &Volume, b: &BindRequest| check_bind(v, b).map_err(|e| e.code());
+        let plain = bind("", false, RecursiveReadOnly::Disabled);
+        let read_only = bind("", true, RecursiveReadOnly::Disabled);
+        assert_eq!(code(&rw, &plain), Ok(()));
+        assert_eq!(
+            code(&ro, &plain),
+            Ok(()),
+            "a read-only volume's binds are read-only anyway"
+        );
+        assert_eq!(code(&ro, &read_only), Ok(()));
+        assert_eq!(code(&rw, &read_only), Err(Code::FailedPrecondition));
+        for v in [&ro, &rw] {
+            assert_eq!(
+                code(v, &bind("data", false, RecursiveReadOnly::Disabled)),
+                Err(Code::InvalidArgument)
+            );
+            assert_eq!(
+                code(v, &bind("", true, RecursiveReadOnly::IfPossible)),
+                Err(Code::InvalidArgument)
+            );
+            assert_eq!(
+                code(v, &bind("", true, RecursiveReadOnly::Enabled)),
+                Err(Code::InvalidArgument)
+            );
+        }
+        let msg = check_bind(&rw, &read_only).unwrap_err().to_string();
+        assert!(msg.contains("publish the volume read-only"), "{msg}");
+    }
+}

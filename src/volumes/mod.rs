@@ -52,7 +52,7 @@ pub enum Error {
         differs: String,
     },
     /// FAILED_PRECONDITION: the device is published under another id.
-    #[error("device {device} is already published as volume {other}; a disk is mounted once, under one volume id")]
+    #[error("device {device} is already published as volume {other}; a disk is published once, under one volume id (as a filesystem or as a block volume, not both)")]
     DeviceInUse {
         /// The device node.
         device: String,
