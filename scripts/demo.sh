@@ -1,6 +1,7 @@
 #!/bin/bash
 # make demo: boots a sandbox VM with crust-agent as PID 1, hot-plugs an ext4
-# and an xfs disk, and walks through every operation with crustctl, showing
+# and an xfs disk and a raw block volume's disk, and walks through every
+# operation with crustctl, showing
 # what each answers and how long it took. Then shuts the guest down and checks
 # the disks on the host. Needs root (loop mounts prepare the disk images).
 set -euo pipefail
@@ -52,6 +53,10 @@ cleanup
 rm -rf "$DEMO"; mkdir -p "$DEMO"
 make_image "$DEMO/ext4.img" ext4 256
 make_image "$DEMO/xfs.img" xfs 512
+# A raw disk for a block volume (volumeMode: Block): no filesystem, 8 MiB of random bytes.
+truncate -s 64M "$DEMO/raw.img"
+dd if=/dev/urandom of="$DEMO/raw.img" bs=1M count=8 conv=notrunc status=none
+raw_sha=$(sha256sum "$DEMO/raw.img" | cut -d' ' -f1)
 ls -l "$DEMO"/*.img | sed 's/^/  /'
 
 section "Booting the sandbox: QEMU + vhost-user-vsock, the agent is /init ($(stat -c %s build/initrd.img) byte initrd)"
@@ -112,6 +117,26 @@ ctl --json list
 ctl unmount /run/crust/pods/web/ro
 ctl unmount /run/crust/pods/web/ro
 
+section "A raw block volume (KEP-565 volumeMode: Block): the disk itself, never read or written by the agent"
+run "$CRUSTVM" hotplug --dir "$DEMO/vm" --image "$DEMO/raw.img" --serial vol-raw-0003
+echo "  read-only for real: the kernel's device flag (BLKROSET), not a mount flag, which does not stop writes to a device:"
+ctl publish pvc-raw --serial vol-raw-0003 --block --read-only
+ctl bind pvc-raw /run/crust/pods/db/volumeDevices/raw --read-only
+ctl list
+ctl stats pvc-raw
+echo "  a block volume has no filesystem to name, and its disk is not a filesystem volume's too:"
+ctl publish pvc-raw2 --serial vol-raw-0003 --block -o noatime
+ctl publish pvc-raw-fs --serial vol-raw-0003 --fs-type ext4
+ctl unpublish pvc-raw
+echo "  read-write, grown by the host; a read-only bind of a read-write block volume is refused:"
+ctl publish pvc-raw --serial vol-raw-0003 --block
+ctl bind pvc-raw /run/crust/pods/db/volumeDevices/raw --read-only
+ctl bind pvc-raw /run/crust/pods/db/volumeDevices/raw
+run "$CRUSTVM" resize --dir "$DEMO/vm" --serial vol-raw-0003 --bytes $((128 << 20))
+ctl expand pvc-raw --bytes 128M --wait 30
+ctl --json list
+ctl unpublish pvc-raw
+
 section "Unpublish the ext4 volume (its bind goes with it); Shutdown takes care of the xfs one"
 ctl unpublish pvc-ext4
 ctl unpublish pvc-ext4
@@ -128,4 +153,10 @@ for fs in ext4 xfs; do
         "$(stat -c '%n %u:%g %A' "$m/app/data" "$m/app/README" | sed "s|$m/||" | paste -sd ';' | sed 's/;/, /')"
     umount "$m"
 done
+now_sha=$(head -c $((64 << 20)) "$DEMO/raw.img" | sha256sum | cut -d' ' -f1)
+if [ "$now_sha" = "$raw_sha" ]; then
+    printf '  raw.img: sha256 of its first 64 MiB unchanged (%s…): the agent never touched the block volume\n' "${raw_sha:0:16}"
+else
+    printf '  %sraw.img changed%s: %s → %s\n' "$red" "$off" "$raw_sha" "$now_sha"
+fi
 printf '\n%sdone%s: every operation ran against the agent as PID 1 in a real VM.\n' "$green" "$off"

@@ -197,6 +197,16 @@ pub struct MountPoint {
     pub dev: (u32, u32),
     /// Its file type.
     pub kind: FileType,
+    /// The device it is the node of (major, minor), for a device node; (0, 0) otherwise.
+    pub rdev: (u32, u32),
+}
+
+impl MountPoint {
+    /// Whether this is the node of block device `dev`: what a bind of a
+    /// block volume's device node shows (its `dev` is devtmpfs's, not the disk's).
+    pub fn is_block_node(&self, dev: (u32, u32)) -> bool {
+        self.kind == FileType::BlockDevice && self.rdev == dev
+    }
 }
 
 fn mount_point_of(st: &rustix::fs::Statx) -> MountPoint {
@@ -206,6 +216,7 @@ fn mount_point_of(st: &rustix::fs::Statx) -> MountPoint {
             && st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT),
         dev: (st.stx_dev_major, st.stx_dev_minor),
         kind: FileType::from_raw_mode(u32::from(st.stx_mode)),
+        rdev: (st.stx_rdev_major, st.stx_rdev_minor),
     }
 }
 

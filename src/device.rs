@@ -398,10 +398,11 @@ pub fn size_bytes(device: &Path) -> Result<u64, Error> {
         .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(device)
         .map_err(|e| SysError::new("open", device.display(), e))?;
-    Ok(blk_size(&file, device)?)
+    Ok(size_of(&file, device)?)
 }
 
-fn blk_size(file: &File, device: &Path) -> Result<u64, SysError> {
+/// BLKGETSIZE64 of an open device; `device` names it in messages.
+pub fn size_of(file: &File, device: &Path) -> Result<u64, SysError> {
     const BLKGETSIZE64: rustix::ioctl::Opcode = rustix::ioctl::opcode::read::<u64>(0x12, 114);
     // SAFETY: BLKGETSIZE64 writes exactly one u64 (size_t on 64-bit Linux) into the output.
     unsafe {
@@ -437,7 +438,7 @@ pub fn wait_for_size(
     };
     loop {
         cancel.check(during)?;
-        let size = blk_size(&file, &dev.path)?;
+        let size = size_of(&file, &dev.path)?;
         if size >= min_bytes {
             return Ok(size);
         }

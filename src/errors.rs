@@ -89,6 +89,9 @@ pub enum Error {
     /// Finding or sizing the disk failed.
     #[error(transparent)]
     Device(#[from] crate::device::Error),
+    /// A block volume's device refused or went away.
+    #[error(transparent)]
+    BlockDevice(#[from] crate::blockdev::Error),
     /// The disk's filesystem could not be identified or does not match.
     #[error(transparent)]
     Probe(#[from] crate::probe::Error),
@@ -124,6 +127,7 @@ impl Error {
         match self {
             Error::Request(_) => Code::InvalidArgument,
             Error::Device(e) => e.code(),
+            Error::BlockDevice(e) => e.code(),
             Error::Probe(e) => e.code(),
             Error::Mount(e) => e.code(),
             Error::Ownership(e) => e.code(),

@@ -8,6 +8,7 @@
 extern crate self as crust_agent;
 
 pub mod beneath;
+pub mod blockdev;
 pub mod cancel;
 pub mod device;
 pub mod errors;

@@ -20,9 +20,10 @@ use crate::cancel::Cancel;
 use crate::errors::{Code, Error, Result};
 use crate::mount::RecursiveReadOnly;
 use crate::ownership::Policy;
+use crate::stats::Measured;
 use crate::system::{self, Capability, Gate, Timeline};
 use crate::validate::{self, Invalid};
-use crate::volumes::{self, BindRequest, FsGroup, PublishRequest, Source, Volumes};
+use crate::volumes::{self, BindRequest, FsGroup, PublishRequest, Source, VolumeMode, Volumes};
 
 /// The service state shared by all connections.
 pub struct Service {
@@ -127,6 +128,7 @@ fn capability(c: Capability) -> pb::Capability {
         Capability::VolumeResize => pb::Capability::CAPABILITY_VOLUME_RESIZE,
         Capability::VolumeCondition => pb::Capability::CAPABILITY_VOLUME_CONDITION,
         Capability::RecursiveReadOnly => pb::Capability::CAPABILITY_RECURSIVE_READ_ONLY,
+        Capability::BlockVolume => pb::Capability::CAPABILITY_BLOCK_VOLUME,
     }
 }
 
@@ -156,7 +158,18 @@ pub fn publish_request(req: &pb::PublishVolumeRequest) -> Result<PublishRequest,
             .into())
         }
     };
-    let fs = validate::fs_type(&req.fs_type)?;
+    let mode = match known("volume_mode", req.volume_mode)? {
+        pb::VolumeMode::FILESYSTEM => VolumeMode::Filesystem(validate::fs_type(&req.fs_type)?),
+        pb::VolumeMode::BLOCK => {
+            validate::block_publish(
+                &req.volume_id,
+                &req.fs_type,
+                &req.mount_options,
+                req.fs_group.is_some(),
+            )?;
+            VolumeMode::Block
+        }
+    };
     let mount = crate::mount::parse_options(&req.mount_options, req.read_only)?;
     let fs_group = match req.fs_group.as_ref() {
         None => None,
@@ -171,7 +184,7 @@ pub fn publish_request(req: &pb::PublishVolumeRequest) -> Result<PublishRequest,
     Ok(PublishRequest {
         volume_id: req.volume_id.clone(),
         source,
-        fs,
+        mode,
         options: req.mount_options.clone(),
         mount,
         read_only: req.read_only,
@@ -224,6 +237,13 @@ fn volume_info(v: volumes::VolumeInfo) -> pb::VolumeInfo {
         guest_path: v.guest_path,
         read_only: v.read_only,
         bind_targets: v.bind_targets,
+        volume_mode: if v.block {
+            pb::VolumeMode::BLOCK
+        } else {
+            pb::VolumeMode::FILESYSTEM
+        }
+        .into(),
+        device_bytes: v.device_bytes,
         ..Default::default()
     }
 }
@@ -315,7 +335,11 @@ impl crust_ttrpc::Agent for Service {
             let (u, c) = self.volumes.stats(&req.volume_id, &cancel_of(ctx))?;
             let usage = match u {
                 None => Vec::new(),
-                Some(u) => vec![
+                // A device has no used or available bytes, as CSI plugins report block volumes.
+                Some(Measured::Block { device_bytes }) => {
+                    vec![usage(0, device_bytes, 0, pb::volume_usage::Unit::BYTES)]
+                }
+                Some(Measured::Filesystem(u)) => vec![
                     usage(
                         u.bytes_available,
                         u.bytes_total,
@@ -543,13 +567,53 @@ mod tests {
                 }),
             ),
         ];
-        for (what, mutate) in cases {
+        let block = |r: &mut pb::PublishVolumeRequest| {
+            r.volume_mode = pb::VolumeMode::BLOCK.into();
+            r.fs_type.clear();
+        };
+        let more: Vec<(&str, Mutation<pb::PublishVolumeRequest>)> = vec![
+            (
+                "BLOCK with fs_type",
+                Box::new(|r| r.volume_mode = pb::VolumeMode::BLOCK.into()),
+            ),
+            (
+                "BLOCK with mount options",
+                Box::new(move |r| {
+                    block(r);
+                    r.mount_options = vec!["noatime".into()];
+                }),
+            ),
+            (
+                "BLOCK with fs_group",
+                Box::new(move |r| {
+                    block(r);
+                    r.fs_group = MessageField::some(pb::FsGroup::new());
+                }),
+            ),
+            (
+                "unknown mode",
+                Box::new(|r| r.volume_mode = EnumOrUnknown::from_i32(5)),
+            ),
+        ];
+        for (what, mutate) in cases.into_iter().chain(more) {
             let mut r = publish();
             mutate(&mut r);
             let e = publish_request(&r).expect_err(what);
             assert_eq!(e.code(), Code::InvalidArgument, "{what}: {e}");
             assert!(!e.to_string().is_empty());
         }
+    }
+
+    #[test]
+    fn block_publish_requests_name_no_filesystem() {
+        let mut r = publish();
+        r.volume_mode = pb::VolumeMode::BLOCK.into();
+        r.fs_type.clear();
+        r.read_only = true;
+        let d = publish_request(&r).unwrap();
+        assert_eq!(d.mode, VolumeMode::Block);
+        assert!(d.read_only && d.options.is_empty() && d.fs_group.is_none());
+        assert_ne!(d.mount.flags & libc::MS_RDONLY, 0);
     }
 
     #[test]

@@ -54,6 +54,35 @@ pub struct Expected<'a> {
     pub fs: FsType,
 }
 
+/// What a block volume should look like.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockExpected<'a> {
+    /// Its guest path (`<root>/volumes/<id>`), for messages.
+    pub path: &'a Path,
+    /// The directory the guest path is resolved beneath, strictly.
+    pub base: BorrowedFd<'a>,
+    /// The guest path relative to `base`.
+    pub rel: &'a Path,
+    /// The id of the bind the agent made, when it recorded one.
+    pub mount_id: Option<u64>,
+    /// The disk whose node is bound there.
+    pub device: &'a Device,
+    /// Whether it was published read-only.
+    pub read_only: bool,
+}
+
+/// The size GetVolumeStats reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Measured {
+    /// A filesystem's bytes and inodes.
+    Filesystem(Usage),
+    /// A block volume: the device's size (BLKGETSIZE64); nothing is "used".
+    Block {
+        /// The device's size in bytes.
+        device_bytes: u64,
+    },
+}
+
 /// The CSI VolumeCondition: abnormal or not, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Condition {
@@ -289,7 +318,85 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
         )),
     }
 
-    let condition = if problems.is_empty() {
+    (usage, condition_of(problems))
+}
+
+/// The condition of a block volume (semantics.md §5) and its device's size:
+/// abnormal when the guest path is no longer the bind of the device's node
+/// the agent made (removed or replaced behind its back), when the disk is
+/// gone or its node is another device now, or when the kernel's read-only
+/// flag disagrees with how it was published. Reads nothing of the disk.
+pub fn check_block(sysfs: &Sysfs, e: &BlockExpected) -> (Option<u64>, Condition) {
+    let path = e.path.display();
+    let dev = e.device;
+    let mut problems: Vec<String> = Vec::new();
+    let here = beneath::open_parent(e.base, e.rel)
+        .and_then(|(parent, name)| beneath::mount_point_at(parent.as_fd(), &name));
+    match here {
+        Err(Errno::NOENT) => problems.push(format!(
+            "{path} is gone: the block volume's bind was removed behind the agent's back"
+        )),
+        Err(Errno::LOOP | Errno::XDEV) => problems.push(format!(
+            "{path} now leads through a symlink or outside the agent's root: the block volume's bind was removed behind the agent's back"
+        )),
+        Err(err) => problems.push(format!("statx on {path} fails with {}", errno_name(err))),
+        Ok(mp) if !mp.is_root => problems.push(format!(
+            "{path} is no longer bound to disk {} ({}:{}): the bind was removed behind the agent's back",
+            dev.name, dev.major, dev.minor
+        )),
+        Ok(mp) if !mp.is_block_node((dev.major, dev.minor)) => problems.push(format!(
+            "{path} is now a mount of something else than disk {} ({}:{})",
+            dev.name, dev.major, dev.minor
+        )),
+        Ok(mp) if e.mount_id.is_some_and(|id| id != mp.mount_id) => problems.push(format!(
+            "{path} is now another bind of disk {} than the agent made (mount {} instead of {})",
+            dev.name,
+            mp.mount_id,
+            e.mount_id.unwrap_or_default()
+        )),
+        Ok(_) => {}
+    }
+    let mut bytes = None;
+    match crate::blockdev::open(dev) {
+        Err(err) => problems.push(err.to_string()),
+        Ok(f) => {
+            match crate::blockdev::size(&f, dev) {
+                Ok(n) => bytes = Some(n),
+                Err(err) => problems.push(err.to_string()),
+            }
+            match crate::blockdev::read_only(&f, dev) {
+                Ok(true) if !e.read_only => problems.push(format!(
+                    "disk {} was published read-write but the kernel now refuses writes to it (its read-only flag was set behind the agent's back, or the host made the disk read-only)",
+                    dev.name
+                )),
+                Ok(false) if e.read_only => problems.push(format!(
+                    "disk {} was published read-only but the kernel accepts writes to it again (its read-only flag was cleared behind the agent's back)",
+                    dev.name
+                )),
+                Ok(_) => {}
+                Err(err) => problems.push(err.to_string()),
+            }
+        }
+    }
+    match disk_state(sysfs, dev) {
+        DiskState::Present { .. } => {}
+        DiskState::Gone => problems.push(format!(
+            "disk {} ({}:{}) is gone from {}: the host detached it",
+            dev.name,
+            dev.major,
+            dev.minor,
+            sysfs.dev_block.display()
+        )),
+        DiskState::ZeroSize => problems.push(format!(
+            "disk {} ({}:{}) reports size 0: its backing storage is gone",
+            dev.name, dev.major, dev.minor
+        )),
+    }
+    (bytes, condition_of(problems))
+}
+
+fn condition_of(problems: Vec<String>) -> Condition {
+    if problems.is_empty() {
         Condition {
             abnormal: false,
             message: "ok".to_string(),
@@ -299,8 +406,7 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
             abnormal: true,
             message: problems.join("; "),
         }
-    };
-    (usage, condition)
+    }
 }
 
 #[cfg(test)]

@@ -80,6 +80,8 @@ pub enum Capability {
     VolumeCondition,
     /// Recursive read-only binds.
     RecursiveReadOnly,
+    /// Block volumes (volume_mode BLOCK).
+    BlockVolume,
 }
 
 /// What the agent can do here: subpaths need openat2, RRO needs
@@ -99,6 +101,7 @@ pub fn capabilities() -> Vec<Capability> {
     if f.mount_setattr && f.open_tree {
         caps.push(Capability::RecursiveReadOnly);
     }
+    caps.push(Capability::BlockVolume);
     caps
 }
 

@@ -87,6 +87,29 @@ pub fn volume_id(id: &str) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// A BLOCK publish carries none of a filesystem's parameters: `fs_type`,
+/// `mount_options` and `fs_group` must be empty (a device has no
+/// filesystem to name, mount or chown).
+pub fn block_publish(
+    volume_id: &str,
+    fs_type: &str,
+    mount_options: &[String],
+    fs_group: bool,
+) -> Result<(), Invalid> {
+    let field = if !fs_type.is_empty() {
+        format!("fs_type {fs_type:?}")
+    } else if !mount_options.is_empty() {
+        format!("mount_options {mount_options:?}")
+    } else if fs_group {
+        "fs_group".to_string()
+    } else {
+        return Ok(());
+    };
+    Err(invalid(format!(
+        "volume {volume_id} is published as a BLOCK volume, which has no filesystem: {field} must be empty"
+    )))
+}
+
 /// A virtio-blk serial: 1 to 20 bytes of `[A-Za-z0-9._-]`.
 pub fn serial(s: &str) -> Result<(), Invalid> {
     if s.is_empty() {

@@ -1,6 +1,6 @@
 //! The concurrency and crash suite: several clients, each on its own
 //! connection, do random publish/unpublish/bind/unmount/stats/expand/list
-//! over a few ext4 and xfs loop volumes while the agent is killed (SIGKILL,
+//! over a few ext4 and xfs loop volumes and a block volume while the agent is killed (SIGKILL,
 //! at random moments, some in the middle of a publish whose fsGroup walk has
 //! thousands of entries to change) or stopped (SIGTERM: everything unmounted,
 //! exit 0), and restarted on the same root. After every round, with the
@@ -24,12 +24,14 @@ use std::time::{Duration, Instant};
 
 use crust_protocols::crust_ttrpc::AgentClient;
 use crust_protocols::ttrpc;
-use support::rig::{disk_with_tree, mount_table, Disk, Rig};
+use support::rig::{disk_majmin, disk_with_tree, mount_table, Disk, Rig};
 use support::*;
 
 /// Volume ids: one per disk, plus one with no disk of its own (it takes
 /// another's, which the agent must refuse while that disk is published).
-const IDS: [&str; 5] = ["chaos-0", "chaos-1", "chaos-2", "chaos-3", "chaos-4"];
+const IDS: [&str; 6] = [
+    "chaos-0", "chaos-1", "chaos-2", "chaos-3", "chaos-4", "chaos-5",
+];
 /// Subpaths every disk has, and the mountinfo roots their binds show.
 const SUBPATHS: [&str; 3] = ["", "a", "b/c"];
 const BIND_ROOTS: [&str; 3] = ["/", "/a", "/b/c"];
@@ -328,12 +330,15 @@ fn chaos_rounds_keep_the_invariant() {
     );
     let mut rng = fastrand::Rng::with_seed(seed);
 
-    // Disk 0 holds the long tree; two ext4, two xfs.
+    // Disk 0 holds the long tree; two ext4, two xfs, and a raw disk that
+    // chaos-4 publishes as a block volume (the others try it as a filesystem,
+    // and binds try subpaths on it: refusals with their codes).
     let loops = [
         (disk_with_tree(64, "ext4", TREE_FILES), "ext4"),
         (disk_with_tree(64, "ext4", 0), "ext4"),
         (disk_with_tree(300, "xfs", 0), "xfs"),
         (disk_with_tree(300, "xfs", 0), "xfs"),
+        (LoopDisk::new(16, None), "block"),
     ];
     let disks: Vec<Disk> = loops.iter().map(|(d, fs)| Disk::of(d, fs)).collect();
     let own: Vec<(&str, &Disk)> = IDS.iter().copied().zip(&disks).collect();
@@ -540,7 +545,7 @@ fn chaos_rounds_keep_the_invariant() {
     assert!(bad.is_empty(), "{}", rig.report("at the end", &bad));
     let left: Vec<String> = mount_table()
         .iter()
-        .filter(|m| disks.iter().any(|d| d.majmin == m.majmin))
+        .filter(|m| disks.iter().any(|d| d.majmin == disk_majmin(m)))
         .map(|m| m.mount_point.display().to_string())
         .collect();
     assert!(left.is_empty(), "test disks still mounted at {left:?}");

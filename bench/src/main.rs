@@ -323,6 +323,11 @@ fn main() {
                     "report",
                 ),
                 ("ext4_grow_vm", "ext4 online growth in the VM", "report"),
+                (
+                    "hotplug_to_block_publish",
+                    "hot-plug to BLOCK publish complete in the VM",
+                    "report",
+                ),
             ],
             || vm_figs::figures(&work, args.vm_disks, args.vm_boots),
         ));

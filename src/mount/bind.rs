@@ -78,12 +78,11 @@ pub(crate) fn bind_with(spec: &BindSpec, have_setattr: bool) -> Result<BindOutco
         });
     }
     let source = open_source(spec)?;
-    let source_is_dir = beneath::file_type(source.as_fd())
-        .map_err(|e| SysError::new("fstat", spec.source_path.join(spec.subpath).display(), e))?
-        == FileType::Directory;
+    let source_kind = beneath::file_type(source.as_fd())
+        .map_err(|e| SysError::new("fstat", spec.source_path.join(spec.subpath).display(), e))?;
 
     let mut created = Vec::new();
-    let result = open_target(spec, source_is_dir, &mut created)
+    let result = open_target(spec, source_kind, &mut created)
         .and_then(|target| attach(spec, &source, &target, have_setattr));
     match result {
         Ok((recursive_read_only_applied, mount_id)) => Ok(BindOutcome {
@@ -99,9 +98,26 @@ pub(crate) fn bind_with(spec: &BindSpec, have_setattr: bool) -> Result<BindOutco
     }
 }
 
+/// Binds the device node `spec.source_root` names (an O_PATH fd the caller
+/// checked is the disk's node) onto the empty file `target` (an O_PATH fd
+/// of `spec.target_rel`), read-only if `spec.read_only`: a block volume's
+/// guest path. Returns the new mount's id.
+pub fn bind_node(spec: &BindSpec, target: &OwnedFd) -> Result<u64, Error> {
+    let f = crate::system::features();
+    let source = rustix::io::fcntl_dupfd_cloexec(spec.source_root, 0)
+        .map_err(|e| SysError::new("dup", spec.source_path.display(), e))?;
+    Ok(attach(spec, &source, target, f.mount_setattr && f.open_tree)?.1)
+}
+
 /// The source: the volume root, or the subpath resolved beneath it (symlinks
-/// inside the volume are followed only while they stay inside).
+/// inside the volume are followed only while they stay inside). The root
+/// itself is the fd given (a block volume's root is a device node, which
+/// has no "." to resolve).
 fn open_source(spec: &BindSpec) -> Result<OwnedFd, Error> {
+    if spec.subpath.as_os_str().is_empty() {
+        return rustix::io::fcntl_dupfd_cloexec(spec.source_root, 0)
+            .map_err(|e| SysError::new("dup", spec.source_path.display(), e).into());
+    }
     let how = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
     beneath::open_with(spec.source_root, spec.subpath, OFlags::PATH, how).map_err(|e| {
         let subpath = spec.subpath.display().to_string();
@@ -118,10 +134,11 @@ fn open_source(spec: &BindSpec) -> Result<OwnedFd, Error> {
 }
 
 /// The target, created where missing (0750 directories; the last component
-/// a directory, or an empty 0640 file when the source is a file).
+/// a directory, an empty 0640 file when the source is a file, or an empty
+/// 0600 file when it is a block volume's device node).
 fn open_target(
     spec: &BindSpec,
-    source_is_dir: bool,
+    source_kind: FileType,
     created: &mut Vec<Created>,
 ) -> Result<OwnedFd, Error> {
     let target = spec.target_path.display().to_string();
@@ -129,10 +146,11 @@ fn open_target(
         target: target.clone(),
         why,
     };
-    let leaf = if source_is_dir {
-        Leaf::Dir(0o750)
-    } else {
-        Leaf::File(0o640)
+    let source_is_dir = source_kind == FileType::Directory;
+    let leaf = match source_kind {
+        FileType::Directory => Leaf::Dir(0o750),
+        FileType::BlockDevice => Leaf::File(0o600),
+        _ => Leaf::File(0o640),
     };
     beneath::make_path(spec.target_base, spec.target_rel, 0o750, leaf, created).map_err(|e| match e {
         Errno::XDEV | Errno::LOOP => bad(
@@ -143,6 +161,10 @@ fn open_target(
             bad("it, or a directory on the way, exists and is not a directory, but the source is one".into())
         }
         Errno::NOTDIR => bad("a directory on the way exists and is not a directory".into()),
+        Errno::ISDIR if source_kind == FileType::BlockDevice => bad(
+            "it exists and is a directory, but the volume is a block device: a block volume binds onto a file"
+                .into(),
+        ),
         Errno::ISDIR => bad("it exists and is a directory, but the source is a file".into()),
         Errno::NOSYS => Error::NoOpenat2 {
             path: target.clone(),
@@ -225,12 +247,12 @@ fn attach(
     let dst = beneath::proc_path(target.as_fd());
     rustix::mount::mount_bind_recursive(&src, &dst)
         .map_err(|e| SysError::new("mount(MS_BIND|MS_REC)", &tname, e))?;
-    let undo = |id: u64| {
+    let undo = |id: u64, (ma, mi): (u32, u32)| {
         let _ = super::unmount_tree(
             spec.target_base,
             Path::new("/"),
             spec.target_rel,
-            super::Expect::Mount(id),
+            super::Expect::Mount(id, ma, mi),
         );
     };
     let mounted = beneath::open_path(spec.target_base, spec.target_rel)
@@ -254,7 +276,7 @@ fn attach(
             "",
         ) {
             drop(fd);
-            undo(mp.mount_id);
+            undo(mp.mount_id, mp.dev);
             return Err(SysError::new("mount(MS_REMOUNT|MS_BIND|MS_RDONLY)", &tname, e).into());
         }
     }

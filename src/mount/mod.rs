@@ -15,9 +15,9 @@ use std::path::Path;
 use rustix::io::Errno;
 use rustix::mount::MountFlags;
 
-pub use bind::{bind, BindOutcome, BindSpec, RecursiveReadOnly};
+pub use bind::{bind, bind_node, BindOutcome, BindSpec, RecursiveReadOnly};
 pub use options::{parse_options, MountOptions};
-pub use unmount::{remove_node, unmount_tree, Expect};
+pub use unmount::{listed, remove_node, unmount_tree, Expect};
 
 use crate::beneath;
 use crate::errors::{Code, SysError};
@@ -444,21 +444,22 @@ mod tests {
             dir_fd(parent).as_fd(),
             parent,
             Path::new(t.file_name().unwrap()),
-            Expect::Mount(u64::MAX),
+            Expect::Mount(u64::MAX, 0, 0),
         )
         .unwrap();
         assert!(!gone);
         assert!(entry(&t).is_some(), "the tmpfs stays");
         // A mount over ours: refused, both stay.
         let vol = mount_at(&disk, "vol", "ext4");
-        let id = beneath::mount_point(dir_fd(&vol).as_fd()).unwrap().mount_id;
+        let here = beneath::mount_point(dir_fd(&vol).as_fd()).unwrap();
+        let (id, (ma, mi)) = (here.mount_id, here.dev);
         rustix::mount::mount("tmpfs", &vol, "tmpfs", MountFlags::empty(), None).unwrap();
         let vparent = vol.parent().unwrap();
         let e = unmount_tree(
             dir_fd(vparent).as_fd(),
             vparent,
             Path::new(vol.file_name().unwrap()),
-            Expect::Mount(id),
+            Expect::Mount(id, ma, mi),
         )
         .unwrap_err();
         assert!(matches!(e, Error::Covered { .. }), "{e}");
@@ -469,7 +470,7 @@ mod tests {
             dir_fd(vparent).as_fd(),
             vparent,
             Path::new(vol.file_name().unwrap()),
-            Expect::Mount(id),
+            Expect::Mount(id, ma, mi),
         )
         .unwrap());
     }
@@ -582,12 +583,10 @@ mod tests {
         }
 
         fn unbind(&self, target: &str, id: u64) -> bool {
-            unmount_tree(
-                self.root_fd.as_fd(),
-                &self.root,
-                Path::new(target),
-                Expect::Mount(id),
-            )
+            unmount_tree(self.root_fd.as_fd(), &self.root, Path::new(target), {
+                let (ma, mi) = beneath::mount_point(self.vol_fd.as_fd()).unwrap().dev;
+                Expect::Mount(id, ma, mi)
+            })
             .unwrap()
         }
     }

@@ -23,18 +23,34 @@ use crate::mountinfo::{self, MountEntry};
 /// Which mount the caller means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Expect {
-    /// The mount with this id (recorded when it was made).
-    Mount(u64),
-    /// A mount of the filesystem on this device (major, minor): for mounts
-    /// of the agent's own making whose id was not recorded.
+    /// The mount with this id (recorded when it was made) of this disk
+    /// (major, minor): its filesystem, or a bind of its node. The kernel
+    /// recycles mount ids, so an id alone does not name a mount for ever.
+    Mount(u64, u32, u32),
+    /// A mount of the filesystem on this device (major, minor), or a bind
+    /// of its node (a block volume): for mounts of the agent's own making
+    /// whose id was not recorded.
     Device(u32, u32),
+}
+
+/// Whether the listed mount `id` still is the expected one: a mount of the
+/// disk, or a bind of a node on devtmpfs (a block volume's; its entry shows
+/// devtmpfs's numbers, not the disk's). None when it is gone or recycled.
+pub fn listed(table: &[MountEntry], expect: Expect) -> Option<&MountEntry> {
+    let Expect::Mount(id, ma, mi) = expect else {
+        return None;
+    };
+    mountinfo::by_id(table, id)
+        .filter(|m| (m.major, m.minor) == (ma, mi) || m.fs_type == "devtmpfs")
 }
 
 impl Expect {
     fn matches(self, mp: &MountPoint) -> bool {
         match self {
-            Expect::Mount(id) => mp.mount_id == id,
-            Expect::Device(ma, mi) => mp.dev == (ma, mi),
+            Expect::Mount(id, ma, mi) => {
+                mp.mount_id == id && (mp.dev == (ma, mi) || mp.is_block_node((ma, mi)))
+            }
+            Expect::Device(ma, mi) => mp.dev == (ma, mi) || mp.is_block_node((ma, mi)),
         }
     }
 }
@@ -77,11 +93,9 @@ pub fn unmount_tree(
         // Not a mount point (any more). If the expected mount still exists
         // somewhere, it was moved or is hidden: not something to guess about.
         return match expect {
-            Expect::Mount(id) if mountinfo::by_id(&read_table()?, id).is_some() => {
-                Err(Error::Moved {
-                    path: shown.display().to_string(),
-                })
-            }
+            Expect::Mount(..) if listed(&read_table()?, expect).is_some() => Err(Error::Moved {
+                path: shown.display().to_string(),
+            }),
             _ => Ok(false),
         };
     }
@@ -92,8 +106,8 @@ pub fn unmount_tree(
             .unwrap_or_else(|| format!("mount {}", mp.mount_id));
         return match expect {
             // Ours is gone and something else is there now: not ours to touch.
-            Expect::Mount(id) if mountinfo::by_id(&table, id).is_none() => Ok(false),
-            Expect::Mount(_) => Err(Error::Covered {
+            Expect::Mount(..) if listed(&table, expect).is_none() => Ok(false),
+            Expect::Mount(..) => Err(Error::Covered {
                 path: shown.display().to_string(),
                 what,
             }),

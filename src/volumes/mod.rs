@@ -11,6 +11,7 @@
 //! mounted (`state`), so a restarted agent accounts for every mount it made
 //! (`recover`): it takes back what it can and takes down what it cannot.
 
+mod block;
 mod recover;
 mod state;
 
@@ -25,14 +26,14 @@ use rustix::fs::OFlags;
 use rustix::io::Errno;
 use slog::{info, warn, Logger};
 
-use crate::beneath::{self, Leaf, Root};
+use crate::beneath::{self, Leaf, MountPoint, Root};
 use crate::cancel::{Cancel, Token, Why};
 use crate::device::{self, Device, Sysfs};
 use crate::errors::{Code, Result, SysError};
 use crate::mount::{self, BindSpec, Expect, MountOptions, RecursiveReadOnly};
 use crate::ownership::{self, Policy};
 use crate::probe::{self, FsType};
-use crate::stats::{self, Condition, Usage};
+use crate::stats::{self, Condition, Measured};
 use crate::validate::{self, Invalid};
 use crate::{grow, mountinfo};
 
@@ -51,7 +52,7 @@ pub enum Error {
         differs: String,
     },
     /// FAILED_PRECONDITION: the device is published under another id.
-    #[error("device {device} is already published as volume {other}; a disk is mounted once, under one volume id")]
+    #[error("device {device} is already published as volume {other}; a disk is published once, under one volume id (as a filesystem or as a block volume, not both)")]
     DeviceInUse {
         /// The device node.
         device: String,
@@ -96,11 +97,28 @@ pub enum Error {
     /// FAILED_PRECONDITION: the agent is shutting down.
     #[error("the agent is shutting down and accepts no new volumes or binds")]
     ShuttingDown,
-    /// FAILED_PRECONDITION: the guest path is a symlink or not a directory.
-    #[error("{path} is not a plain directory of the agent's (a symlink or something else was put there); remove it, then publish again")]
+    /// FAILED_PRECONDITION: the guest path is a symlink or not what the
+    /// agent makes there (a directory; an empty file for a block volume).
+    #[error("{path} is not {what} of the agent's (a symlink or something else was put there); remove it, then publish again")]
     GuestPathUnsafe {
         /// The volume's guest path.
         path: String,
+        /// What the agent expected there.
+        what: &'static str,
+    },
+    /// INVALID_ARGUMENT: a bind of a block volume with a subpath or recursive read-only.
+    #[error("volume {id} is a block volume: {why}")]
+    BlockBindInvalid {
+        /// The volume id.
+        id: String,
+        /// What the request asked that a device cannot do.
+        why: &'static str,
+    },
+    /// FAILED_PRECONDITION: a read-only bind of a read-write block volume.
+    #[error("volume {id} is a read-write block volume: a read-only bind of it is impossible, since a device node's mount flags do not stop writes and the device's own read-only flag is shared by every bind of it; publish the volume read-only instead")]
+    BlockBindReadOnly {
+        /// The volume id.
+        id: String,
     },
     /// INVALID_ARGUMENT: the bind target lies inside another bind.
     #[error("bind target {target} lies inside {inner_of}, the bind of volume {volume}; a bind there would be created inside that volume: choose a target outside every bind")]
@@ -147,8 +165,12 @@ impl Error {
             Error::NotPublished(_) => Code::NotFound,
             Error::TooManyBinds { .. } => Code::ResourceExhausted,
             Error::Conflict { .. } | Error::TargetTaken { .. } => Code::AlreadyExists,
-            Error::TargetNested { .. } | Error::TargetInVolume { .. } => Code::InvalidArgument,
-            Error::GuestPathUnsafe { .. } | Error::TargetCovers { .. } => Code::FailedPrecondition,
+            Error::TargetNested { .. }
+            | Error::TargetInVolume { .. }
+            | Error::BlockBindInvalid { .. } => Code::InvalidArgument,
+            Error::GuestPathUnsafe { .. }
+            | Error::TargetCovers { .. }
+            | Error::BlockBindReadOnly { .. } => Code::FailedPrecondition,
             Error::DeviceInUse { .. }
             | Error::DeviceMounted { .. }
             | Error::GuestPathBusy { .. }
@@ -168,6 +190,26 @@ pub enum Source {
     Path(PathBuf),
 }
 
+/// What a volume is published as (KEP-565's volumeMode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VolumeMode {
+    /// The disk's filesystem, mounted on a directory.
+    Filesystem(FsType),
+    /// The disk itself: its node bound onto an empty file. The agent never
+    /// reads or writes its contents.
+    Block,
+}
+
+impl VolumeMode {
+    /// "ext4", "xfs", or "block".
+    pub fn name(self) -> &'static str {
+        match self {
+            VolumeMode::Filesystem(fs) => fs.name(),
+            VolumeMode::Block => "block",
+        }
+    }
+}
+
 /// fsGroup settings of a publish.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FsGroup {
@@ -184,8 +226,8 @@ pub struct PublishRequest {
     pub volume_id: String,
     /// Where the disk comes from.
     pub source: Source,
-    /// The filesystem the disk must hold.
-    pub fs: FsType,
+    /// Filesystem (and which one the disk must hold) or block.
+    pub mode: VolumeMode,
     /// Mount options as given: what a repeated request is compared with.
     pub options: Vec<String>,
     /// The same options parsed, with `read_only` applied.
@@ -244,14 +286,19 @@ pub struct VolumeInfo {
     pub device: String,
     /// The serial, when published by serial.
     pub serial: String,
-    /// "ext4" or "xfs".
+    /// "ext4" or "xfs"; empty for a block volume.
     pub fs_type: String,
     /// Where it is mounted.
     pub guest_path: String,
-    /// Mounted read-only.
+    /// Mounted read-only; for a block volume, whether the kernel refuses
+    /// writes to the device (BLKROGET) when it was last asked.
     pub read_only: bool,
     /// Its binds.
     pub bind_targets: Vec<String>,
+    /// A block volume (volumeMode: Block).
+    pub block: bool,
+    /// The device's size in bytes when it was last asked (0 if unknown).
+    pub device_bytes: u64,
 }
 
 /// The answer to an expand.
@@ -281,7 +328,7 @@ struct Bind {
 impl Bind {
     fn expect(&self, dev: &Device) -> Expect {
         if self.mount_id != 0 {
-            Expect::Mount(self.mount_id)
+            Expect::Mount(self.mount_id, dev.major, dev.minor)
         } else {
             Expect::Device(dev.major, dev.minor)
         }
@@ -294,7 +341,7 @@ struct Volume {
     id: String,
     source: Source,
     device: Device,
-    fs: FsType,
+    mode: VolumeMode,
     options: Vec<String>,
     mount: MountOptions,
     read_only: bool,
@@ -305,6 +352,9 @@ struct Volume {
     mount_id: u64,
     /// False while the publish is not finished (mounted, fsGroup walk pending).
     complete: bool,
+    /// A block volume whose device the agent set read-only (BLKROSET): it
+    /// clears the flag when the volume is unpublished.
+    ro_set: bool,
     binds: Vec<Bind>,
 }
 
@@ -317,7 +367,10 @@ impl Volume {
                 Source::Serial(s) => s.clone(),
                 Source::Path(_) => self.device.serial.clone().unwrap_or_default(),
             },
-            fs_type: self.fs.name().to_string(),
+            fs_type: match self.mode {
+                VolumeMode::Filesystem(fs) => fs.name().to_string(),
+                VolumeMode::Block => String::new(),
+            },
             guest_path: self.guest_path.display().to_string(),
             read_only: self.mounted_read_only(),
             bind_targets: self
@@ -325,7 +378,30 @@ impl Volume {
                 .iter()
                 .map(|b| b.target.display().to_string())
                 .collect(),
+            block: self.mode == VolumeMode::Block,
+            device_bytes: 0,
         }
+    }
+
+    /// Whether `mp` is a mount of this volume's disk: of its filesystem,
+    /// or, for a block volume, a bind of its node.
+    fn of_disk(&self, mp: &MountPoint) -> bool {
+        let dev = (self.device.major, self.device.minor);
+        match self.mode {
+            VolumeMode::Filesystem(_) => mp.dev == dev,
+            VolumeMode::Block => mp.is_block_node(dev),
+        }
+    }
+
+    /// Whether `mp` is the mount the agent made at the guest path: a mount
+    /// root of the disk, with the recorded mount id where one was kept.
+    fn is_own_mount(&self, mp: &MountPoint) -> bool {
+        mp.is_root && self.of_disk(mp) && (self.mount_id == 0 || self.mount_id == mp.mount_id)
+    }
+
+    /// Whether `mp` is bind `b` of this volume, as the agent made it.
+    fn is_own_bind(&self, b: &Bind, mp: &MountPoint) -> bool {
+        mp.is_root && self.of_disk(mp) && (b.mount_id == 0 || b.mount_id == mp.mount_id)
     }
 
     /// Read-only as mounted: `read_only`, or an `ro` among the options.
@@ -340,7 +416,7 @@ impl Volume {
 
     fn expect(&self) -> Expect {
         if self.mount_id != 0 {
-            Expect::Mount(self.mount_id)
+            Expect::Mount(self.mount_id, self.device.major, self.device.minor)
         } else {
             Expect::Device(self.device.major, self.device.minor)
         }
@@ -351,8 +427,13 @@ impl Volume {
         if self.source != req.source {
             return Some(format!("source {:?} vs {:?}", self.source, req.source));
         }
-        if self.fs != req.fs {
-            return Some(format!("fs_type {} vs {}", self.fs.name(), req.fs.name()));
+        if self.mode != req.mode {
+            return Some(match (self.mode, req.mode) {
+                (VolumeMode::Filesystem(a), VolumeMode::Filesystem(b)) => {
+                    format!("fs_type {a} vs {b}")
+                }
+                (a, b) => format!("volume_mode {} vs {}", a.name(), b.name()),
+            });
         }
         if self.options != req.options {
             return Some(format!(
@@ -398,7 +479,7 @@ pub struct Volumes {
     targets: Mutex<BTreeMap<PathBuf, String>>,
     /// What ListVolumes answers, updated when an operation ends, so a list
     /// never waits behind a long walk.
-    snapshot: Mutex<BTreeMap<String, VolumeInfo>>,
+    snapshot: Mutex<BTreeMap<String, (VolumeInfo, Device)>>,
     shutting_down: AtomicBool,
     /// Fired by Shutdown: stops every wait and walk in flight.
     stop: Token,
@@ -519,7 +600,7 @@ impl Volumes {
     }
 
     fn publish_snapshot(&self, vol: &Volume) {
-        lock(&self.snapshot).insert(vol.id.clone(), vol.info());
+        lock(&self.snapshot).insert(vol.id.clone(), (vol.info(), vol.device.clone()));
     }
 
     fn stop_with(&self, cancel: &Cancel) -> Cancel {
@@ -540,7 +621,7 @@ impl Volumes {
         let fd = match beneath::open_with(
             self.root.fd(),
             &vol.rel(),
-            OFlags::PATH | OFlags::DIRECTORY,
+            OFlags::PATH | block::guest_path_kind(vol.mode),
             beneath::strict(),
         ) {
             Ok(fd) => fd,
@@ -549,10 +630,7 @@ impl Volumes {
         };
         let mp = beneath::mount_point(fd.as_fd())
             .map_err(|e| SysError::new("statx", vol.guest_path.display(), e))?;
-        let ours = mp.is_root
-            && mp.dev == (vol.device.major, vol.device.minor)
-            && (vol.mount_id == 0 || vol.mount_id == mp.mount_id);
-        if ours {
+        if vol.is_own_mount(&mp) {
             Ok(fd)
         } else {
             Err(gone())
@@ -695,6 +773,14 @@ impl Volumes {
             }
             .into());
         }
+        let fs = match req.mode {
+            VolumeMode::Filesystem(fs) => fs,
+            VolumeMode::Block => {
+                let vol = self.publish_block(req, device)?;
+                claim.keep();
+                return Ok((vol, None));
+            }
+        };
         let mut created = Vec::new();
         let dir =
             match beneath::make_path(self.root.fd(), &rel, 0o750, Leaf::Dir(0o750), &mut created) {
@@ -702,6 +788,7 @@ impl Volumes {
                 Err(Errno::LOOP | Errno::XDEV | Errno::NOTDIR) => {
                     return Err(Error::GuestPathUnsafe {
                         path: guest_path.display().to_string(),
+                        what: "a plain directory",
                     }
                     .into())
                 }
@@ -716,7 +803,7 @@ impl Volumes {
             }
             .into());
         }
-        if let Err(e) = probe::check(&device.path, req.fs) {
+        if let Err(e) = probe::check(&device.path, fs) {
             undo_dir(&mut created);
             return Err(e.into());
         }
@@ -724,7 +811,7 @@ impl Volumes {
             id: req.volume_id.clone(),
             source: req.source.clone(),
             device: device.clone(),
-            fs: req.fs,
+            mode: req.mode,
             options: req.options.clone(),
             mount: req.mount.clone(),
             read_only: req.read_only,
@@ -732,6 +819,7 @@ impl Volumes {
             guest_path: guest_path.clone(),
             mount_id: 0,
             complete: false,
+            ro_set: false,
             binds: Vec::new(),
         };
         // Recorded before anything is mounted: a crash from here on leaves a
@@ -744,7 +832,7 @@ impl Volumes {
             &device.path,
             dir.as_fd(),
             &guest_path,
-            req.fs.name(),
+            fs.name(),
             &req.mount,
         ) {
             self.drop_record(&vol.id, &mut created);
@@ -782,7 +870,7 @@ impl Volumes {
                 self.root.fd(),
                 self.root.path(),
                 &rel,
-                Expect::Mount(mp.mount_id),
+                Expect::Mount(mp.mount_id, device.major, device.minor),
             ) {
                 Ok(_) => self.drop_record(&req.volume_id, created),
                 Err(u) => {
@@ -908,11 +996,16 @@ impl Volumes {
             self.store.save(vol)?;
             self.publish_snapshot(vol);
         }
-        // Flushed while it is certainly the volume's own mount.
-        if let Ok(fd) = self.open_mount(vol) {
-            mount::sync_filesystem(fd.as_fd(), &vol.guest_path)?;
+        match vol.mode {
+            // Flushed while it is certainly the volume's own mount.
+            VolumeMode::Filesystem(_) => {
+                if let Ok(fd) = self.open_mount(vol) {
+                    mount::sync_filesystem(fd.as_fd(), &vol.guest_path)?;
+                }
+                self.take_down(&vol.rel(), vol.expect())?;
+            }
+            VolumeMode::Block => self.unpublish_block(vol)?,
         }
-        self.take_down(&vol.rel(), vol.expect())?;
         self.store.remove(&vol.id)?;
         lock(&self.devices).remove(&(vol.device.major, vol.device.minor));
         lock(&self.snapshot).remove(&vol.id);
@@ -934,11 +1027,11 @@ impl Volumes {
                 Ok(was)
             }
             Err(e @ (mount::Error::Moved { .. } | mount::Error::Unsafe { .. })) => {
-                let Expect::Mount(id) = expect else {
+                if !matches!(expect, Expect::Mount(..)) {
                     return Err(e.into());
-                };
+                }
                 let table = mountinfo::read()?;
-                let Some(now) = mountinfo::by_id(&table, id) else {
+                let Some(now) = mount::listed(&table, expect) else {
                     return Ok(false);
                 };
                 match now.mount_point.strip_prefix(root) {
@@ -972,10 +1065,14 @@ impl Volumes {
     }
 
     /// Usage and condition of a volume (semantics.md §5).
-    pub fn stats(&self, id: &str, cancel: &Cancel) -> Result<(Option<Usage>, Condition)> {
+    pub fn stats(&self, id: &str, cancel: &Cancel) -> Result<(Option<Measured>, Condition)> {
         self.with_volume(id, cancel, |vol| {
             let rel = vol.rel();
-            Ok(stats::check(
+            let fs = match vol.mode {
+                VolumeMode::Filesystem(fs) => fs,
+                VolumeMode::Block => return Ok(self.stats_block(vol)),
+            };
+            let (usage, condition) = stats::check(
                 &self.sysfs,
                 &stats::Expected {
                     path: &vol.guest_path,
@@ -984,9 +1081,10 @@ impl Volumes {
                     mount_id: (vol.mount_id != 0).then_some(vol.mount_id),
                     device: &vol.device,
                     read_only: vol.mounted_read_only(),
-                    fs: vol.fs,
+                    fs,
                 },
-            ))
+            );
+            Ok((usage.map(Measured::Filesystem), condition))
         })
     }
 
@@ -1000,11 +1098,15 @@ impl Volumes {
     ) -> Result<Expanded> {
         let cancel = &self.stop_with(cancel);
         self.with_volume(id, cancel, |vol| {
+            let fs = match vol.mode {
+                VolumeMode::Filesystem(fs) => fs,
+                VolumeMode::Block => return self.expand_block(vol, required_bytes, timeout, cancel),
+            };
             if vol.mounted_read_only() {
                 return Err(Error::ReadOnly(id.to_string()).into());
             }
             let fd = self.open_mount(vol)?;
-            let current = grow::fs_size_bytes(fd.as_fd(), &vol.guest_path, &vol.device, vol.fs)?;
+            let current = grow::fs_size_bytes(fd.as_fd(), &vol.guest_path, &vol.device, fs)?;
             if required_bytes > 0 && required_bytes <= current {
                 let device_bytes = device::size_bytes(&vol.device.path)?;
                 return Ok(Expanded {
@@ -1015,7 +1117,7 @@ impl Volumes {
             let device_bytes =
                 device::wait_for_size(&self.sysfs, &vol.device, required_bytes, timeout, cancel)?;
             let capacity_bytes =
-                grow::grow(fd.as_fd(), &vol.guest_path, &vol.device, vol.fs, device_bytes)?;
+                grow::grow(fd.as_fd(), &vol.guest_path, &vol.device, fs, device_bytes)?;
             info!(self.log, "filesystem grown"; "volume" => id, "from" => current, "to" => capacity_bytes,
                   "device_bytes" => device_bytes);
             Ok(Expanded {
@@ -1030,11 +1132,7 @@ impl Volumes {
         let Ok((parent, name)) = beneath::open_parent(self.root.fd(), &b.rel) else {
             return false;
         };
-        beneath::mount_point_at(parent.as_fd(), &name).is_ok_and(|mp| {
-            mp.is_root
-                && mp.dev == (vol.device.major, vol.device.minor)
-                && (b.mount_id == 0 || b.mount_id == mp.mount_id)
-        })
+        beneath::mount_point_at(parent.as_fd(), &name).is_ok_and(|mp| vol.is_own_bind(b, &mp))
     }
 
     /// Refuses a target whose nearest existing node is already a mount, or
@@ -1088,6 +1186,9 @@ impl Volumes {
         let cancel = &self.stop_with(cancel);
         let rel = self.rel_of(&req.target)?.to_path_buf();
         self.with_volume(&req.volume_id, cancel, |vol| {
+            if vol.mode == VolumeMode::Block {
+                block::check_bind(vol, req)?;
+            }
             if let Some(i) = vol.binds.iter().position(|b| b.rel == rel) {
                 let b = &vol.binds[i];
                 if b.subpath != req.subpath
@@ -1149,7 +1250,7 @@ impl Volumes {
                     self.root.fd(),
                     self.root.path(),
                     &rel,
-                    Expect::Mount(out.mount_id),
+                    Expect::Mount(out.mount_id, vol.device.major, vol.device.minor),
                 ) {
                     Ok(_) => beneath::remove_created(&mut created),
                     Err(u) => {
@@ -1217,8 +1318,14 @@ impl Volumes {
     }
 
     /// Every published volume, without waiting for operations in flight.
+    /// The device's size, and a block volume's read-only flag, are the
+    /// kernel's now.
     pub fn list(&self) -> Vec<VolumeInfo> {
-        lock(&self.snapshot).values().cloned().collect()
+        let mut list: Vec<(VolumeInfo, Device)> = lock(&self.snapshot).values().cloned().collect();
+        for (info, dev) in &mut list {
+            block::refresh(info, dev);
+        }
+        list.into_iter().map(|(info, _)| info).collect()
     }
 
     /// Stops work in flight, refuses new volumes and binds, and unpublishes
@@ -1298,7 +1405,7 @@ mod tests {
         let req = PublishRequest {
             volume_id: id.into(),
             source: Source::Path(disk.device.clone()),
-            fs: FsType::Ext4,
+            mode: VolumeMode::Filesystem(FsType::Ext4),
             mount: mount::parse_options(&options, false).unwrap(),
             options,
             read_only: false,
@@ -1364,7 +1471,7 @@ mod tests {
         let req = PublishRequest {
             volume_id: "late".into(),
             source: s.source.clone(),
-            fs: s.fs,
+            mode: s.mode,
             options: s.options.clone(),
             mount: s.mount.clone(),
             read_only: false,
@@ -1433,7 +1540,7 @@ mod tests {
         let mut req = PublishRequest {
             volume_id: "vol-1".into(),
             source: Source::Serial("vol-0123".into()),
-            fs: FsType::Xfs,
+            mode: VolumeMode::Filesystem(FsType::Xfs),
             options: v.options.clone(),
             mount: v.mount.clone(),
             read_only: false,
@@ -1450,7 +1557,12 @@ mod tests {
         req.read_only = true;
         assert!(v.differs_from(&req).unwrap().contains("read_only"));
         req.read_only = false;
-        req.fs = FsType::Ext4;
+        req.mode = VolumeMode::Filesystem(FsType::Ext4);
         assert!(v.differs_from(&req).unwrap().contains("fs_type"));
+        req.mode = VolumeMode::Block;
+        assert!(v
+            .differs_from(&req)
+            .unwrap()
+            .contains("volume_mode xfs vs block"));
     }
 }

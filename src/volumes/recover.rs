@@ -4,12 +4,16 @@
 //! still there is adopted, and every other mount the agent could have made
 //! beneath its root is taken down: anything mounted directly in `volumes/`
 //! that no record explains, and any mount of a volume's disk beneath the
-//! root that is not a recorded bind. A crash at any point of any request
-//! thus leaves nothing that no RPC can remove.
+//! root that is not a recorded bind. A block volume's mounts are binds of
+//! its disk's node (their mountinfo device is devtmpfs's): they are told by
+//! the node's device number (statx), not by mountinfo's. A crash at any
+//! point of any request thus leaves nothing that no RPC can remove.
 
 use std::collections::HashSet;
 use std::os::fd::AsFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::FileType;
 use std::sync::{Arc, Mutex};
 
 use slog::{info, warn};
@@ -60,14 +64,13 @@ impl Volumes {
         let here = beneath::open_parent(self.root.fd(), &rel)
             .ok()
             .and_then(|(parent, name)| beneath::mount_point_at(parent.as_fd(), &name).ok());
-        let live = here.filter(|mp| {
-            mp.is_root
-                && mp.dev == (vol.device.major, vol.device.minor)
-                && (vol.mount_id == 0 || vol.mount_id == mp.mount_id)
-        });
+        let live = here.filter(|mp| vol.is_own_mount(mp));
         let Some(mp) = live else {
             warn!(self.log, "volume from a previous run is not mounted (as recorded) any more; forgetting it";
                   "volume" => &vol.id, "guest_path" => %vol.guest_path.display());
+            // Its binds come down in the sweep; a flag the agent set on the
+            // device goes with the volume.
+            self.release_block(&vol);
             self.store.remove(&vol.id)?;
             mount::remove_node(self.root.fd(), &rel);
             return Ok(None);
@@ -79,11 +82,7 @@ impl Volumes {
             let live = beneath::open_parent(self.root.fd(), &b.rel)
                 .ok()
                 .and_then(|(parent, name)| beneath::mount_point_at(parent.as_fd(), &name).ok())
-                .filter(|m| {
-                    m.is_root
-                        && m.dev == (vol.device.major, vol.device.minor)
-                        && (b.mount_id == 0 || b.mount_id == m.mount_id)
-                });
+                .filter(|m| vol.is_own_bind(&b, m));
             let Some(m) = live else {
                 warn!(self.log, "bind from a previous run is gone"; "volume" => &vol.id, "target" => %b.target.display());
                 mount::remove_node(self.root.fd(), &b.rel);
@@ -112,41 +111,61 @@ impl Volumes {
         Ok(Some(vol))
     }
 
+    /// The disk the mount `id` at `rel` is of: the device of its filesystem,
+    /// or, for a bind of a block device's node, that device.
+    fn disk_of(&self, rel: &Path, id: u64, fs_dev: (u32, u32)) -> (u32, u32) {
+        beneath::open_parent(self.root.fd(), rel)
+            .and_then(|(parent, name)| beneath::mount_point_at(parent.as_fd(), &name))
+            .ok()
+            .filter(|mp| mp.is_root && mp.mount_id == id && mp.kind == FileType::BlockDevice)
+            .map_or(fs_dev, |mp| mp.rdev)
+    }
+
     /// Takes down what no adopted record explains: mounts directly in
     /// `volumes/`, then every mount beneath the root of a disk in
     /// `own_devices` that is not in `kept`, deepest first.
     fn sweep(&self, own_devices: &mut HashSet<(u32, u32)>, kept: &HashSet<u64>) -> Result<()> {
         let root = self.root.path();
-        let volumes = root.join("volumes");
         let table = mountinfo::read()?;
-        let mut doomed: Vec<(PathBuf, u64)> = Vec::new();
-        for m in &table {
-            let id = u64::from(m.mount_id);
-            if kept.contains(&id) {
-                continue;
-            }
-            if m.mount_point.parent() == Some(volumes.as_path()) {
-                own_devices.insert((m.major, m.minor));
+        let mut doomed: Vec<(PathBuf, u64, (u32, u32))> = Vec::new();
+        // Mounts beneath the root that no record explains, with the disk
+        // each is of.
+        let unexplained: Vec<(PathBuf, u64, (u32, u32))> = table
+            .iter()
+            .filter_map(|m| {
+                let id = u64::from(m.mount_id);
+                let rel = m.mount_point.strip_prefix(root).ok()?;
+                if kept.contains(&id) || rel.as_os_str().is_empty() {
+                    return None;
+                }
+                Some((
+                    rel.to_path_buf(),
+                    id,
+                    self.disk_of(rel, id, (m.major, m.minor)),
+                ))
+            })
+            .collect();
+        for (rel, _, disk) in &unexplained {
+            if rel.parent() == Some(Path::new("volumes")) {
+                own_devices.insert(*disk);
             }
         }
-        for m in &table {
-            let id = u64::from(m.mount_id);
-            let Ok(rel) = m.mount_point.strip_prefix(root) else {
-                continue;
-            };
-            if kept.contains(&id) || rel.as_os_str().is_empty() {
-                continue;
-            }
-            let in_volumes = m.mount_point.parent() == Some(volumes.as_path());
-            if in_volumes || own_devices.contains(&(m.major, m.minor)) {
-                doomed.push((rel.to_path_buf(), id));
+        for (rel, id, disk) in unexplained {
+            let in_volumes = rel.parent() == Some(Path::new("volumes"));
+            if in_volumes || own_devices.contains(&disk) {
+                doomed.push((rel, id, disk));
             }
         }
         // Deepest first, so a mount is not taken down under one of ours still to go.
-        doomed.sort_by_key(|(p, _)| std::cmp::Reverse(p.components().count()));
-        for (rel, id) in doomed {
+        doomed.sort_by_key(|(p, _, _)| std::cmp::Reverse(p.components().count()));
+        for (rel, id, disk) in doomed {
             let shown = root.join(&rel);
-            match mount::unmount_tree(self.root.fd(), root, &rel, Expect::Mount(id)) {
+            match mount::unmount_tree(
+                self.root.fd(),
+                root,
+                &rel,
+                Expect::Mount(id, disk.0, disk.1),
+            ) {
                 Ok(true) => {
                     warn!(self.log, "mount left by a previous run that no record explains; taken down";
                           "path" => %shown.display());

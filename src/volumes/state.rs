@@ -4,6 +4,12 @@
 //! A record is not trusted: decoding applies the same rules as a request
 //! (ids, options, targets beneath the root, subpaths), and anything that
 //! does not pass is refused whole.
+//!
+//! Versions: 1 had no mount ids; 2 added them; 3 is a block volume's record
+//! (`mode=block`, `ro_set=`). A filesystem volume is still written as
+//! version 2, so an older agent reads it; an older agent refuses a block
+//! record whole (it sets it aside and takes its bind down) rather than
+//! misread it as a filesystem. Every older version still reads.
 
 use std::ffi::OsStr;
 use std::io::Write;
@@ -13,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, Mode, OFlags};
 
-use super::{Bind, FsGroup, Source, Volume};
+use super::{Bind, FsGroup, Source, Volume, VolumeMode};
 use crate::beneath;
 use crate::device::Device;
 use crate::errors::SysError;
@@ -204,7 +210,10 @@ fn rro_parse(s: &str) -> Option<RecursiveReadOnly> {
 
 /// The record of `v`.
 pub(super) fn encode(v: &Volume) -> String {
-    let mut o = String::from("version=2\n");
+    let mut o = match v.mode {
+        VolumeMode::Filesystem(_) => String::from("version=2\n"),
+        VolumeMode::Block => String::from("version=3\nmode=block\n"),
+    };
     o += &format!("id={}\n", esc(&v.id));
     match &v.source {
         Source::Serial(s) => o += &format!("serial={}\n", esc(s)),
@@ -216,7 +225,10 @@ pub(super) fn encode(v: &Volume) -> String {
     if let Some(s) = &v.device.serial {
         o += &format!("device_serial={}\n", esc(s));
     }
-    o += &format!("fs={}\n", v.fs.name());
+    match v.mode {
+        VolumeMode::Filesystem(fs) => o += &format!("fs={}\n", fs.name()),
+        VolumeMode::Block => o += &format!("ro_set={}\n", v.ro_set),
+    }
     for opt in &v.options {
         o += &format!("option={}\n", esc(opt));
     }
@@ -260,6 +272,7 @@ pub(super) fn decode(text: &str, root: &Path) -> Result<Volume, String> {
     let (mut options, mut read_only, mut fs_group, mut binds) =
         (Vec::new(), false, None, Vec::new());
     let (mut version, mut mount_id, mut complete) = (0, 0u64, true);
+    let (mut block, mut ro_set) = (false, false);
     for line in text.lines() {
         let (k, v) = line
             .split_once('=')
@@ -269,6 +282,7 @@ pub(super) fn decode(text: &str, root: &Path) -> Result<Volume, String> {
                 version = match v {
                     "1" => 1,
                     "2" => 2,
+                    "3" => 3,
                     _ => return Err(format!("version {v} is not one this agent knows")),
                 }
             }
@@ -306,13 +320,21 @@ pub(super) fn decode(text: &str, root: &Path) -> Result<Volume, String> {
                     policy,
                 });
             }
+            "mode" => {
+                block = match v {
+                    "block" => true,
+                    "filesystem" => false,
+                    _ => return Err(format!("mode {v:?}")),
+                }
+            }
+            "ro_set" => ro_set = boolean(v)?,
             "mount_id" => mount_id = v.parse().map_err(|_| format!("mount_id {v:?}"))?,
             "complete" => complete = boolean(v)?,
             "bind" => {
                 let f: Vec<&str> = v.split('\t').collect();
                 let (ro, rro, applied, sub, target, id) = match (version, f.as_slice()) {
                     (1, [a, b, c, d, e]) => (*a, *b, *c, *d, *e, "0"),
-                    (2, [a, b, c, d, e, g]) => (*a, *b, *c, *d, *e, *g),
+                    (2 | 3, [a, b, c, d, e, g]) => (*a, *b, *c, *d, *e, *g),
                     _ => return Err(format!("bind {v:?} has the wrong number of fields")),
                 };
                 let target = validate::target(root, &unesc(target)).map_err(|e| e.0)?;
@@ -346,6 +368,26 @@ pub(super) fn decode(text: &str, root: &Path) -> Result<Volume, String> {
     if name.is_empty() || name.contains('/') {
         return Err(format!("device name {name:?}"));
     }
+    // A block record has none of a filesystem's parameters, as a request would not.
+    let mode = match (block, fs) {
+        (false, Some(fs)) => VolumeMode::Filesystem(fs),
+        (false, None) => return Err("no fs".into()),
+        (true, None) if options.is_empty() && fs_group.is_none() => VolumeMode::Block,
+        (true, _) => {
+            return Err("a block volume with a filesystem, mount options or an fsGroup".into())
+        }
+    };
+    if block && version < 3 {
+        return Err(format!("a block volume in a version {version} record"));
+    }
+    if ro_set && !(block && read_only) {
+        return Err("ro_set on a volume that is not a read-only block volume".into());
+    }
+    for b in &binds {
+        if block && (!b.subpath.as_os_str().is_empty() || b.rro != RecursiveReadOnly::Disabled) {
+            return Err("a block volume's bind with a subpath or recursive read-only".into());
+        }
+    }
     Ok(Volume {
         guest_path: root.join("volumes").join(&id),
         id,
@@ -357,13 +399,14 @@ pub(super) fn decode(text: &str, root: &Path) -> Result<Volume, String> {
             minor,
             serial: dserial,
         },
-        fs: fs.ok_or("no fs")?,
+        mode,
         mount: mount::parse_options(&options, read_only).map_err(|e| e.to_string())?,
         options,
         read_only,
         fs_group,
         mount_id,
         complete,
+        ro_set,
         binds,
     })
 }
@@ -384,7 +427,7 @@ pub(super) mod tests {
                 minor: 16,
                 serial: Some("vol-0123".into()),
             },
-            fs: FsType::Xfs,
+            mode: VolumeMode::Filesystem(FsType::Xfs),
             mount: mount::parse_options(&options, false).unwrap(),
             options,
             read_only: false,
@@ -395,6 +438,7 @@ pub(super) mod tests {
             guest_path: "/r/volumes/vol-1".into(),
             mount_id: 77,
             complete: true,
+            ro_set: false,
             binds: vec![Bind {
                 target: "/r/pods/a b".into(),
                 rel: "pods/a b".into(),
@@ -424,6 +468,84 @@ pub(super) mod tests {
         assert!(!decode(&encode(&half), Path::new("/r")).unwrap().complete);
     }
 
+    /// A read-only block volume with one bind, as recorded.
+    pub(crate) fn block_sample() -> Volume {
+        let mut v = sample();
+        v.id = "blk-1".into();
+        v.guest_path = "/r/volumes/blk-1".into();
+        v.mode = VolumeMode::Block;
+        v.options = Vec::new();
+        v.read_only = true;
+        v.mount = mount::parse_options(&[], true).unwrap();
+        v.fs_group = None;
+        v.ro_set = true;
+        v.binds[0].subpath = PathBuf::new();
+        v.binds[0].rro = RecursiveReadOnly::Disabled;
+        v.binds[0].rro_applied = false;
+        v
+    }
+
+    #[test]
+    fn block_records_round_trip_and_say_so() {
+        let v = block_sample();
+        let text = encode(&v);
+        assert!(text.starts_with("version=3\nmode=block\n"), "{text}");
+        assert!(!text.contains("fs="), "{text}");
+        let back = decode(&text, Path::new("/r")).unwrap();
+        assert_eq!(back.mode, VolumeMode::Block);
+        assert!(back.ro_set && back.read_only && back.mounted_read_only());
+        assert_eq!(back.binds, v.binds);
+        assert_eq!(back.info(), v.info());
+        // A filesystem volume keeps the version older agents read.
+        assert!(encode(&sample()).starts_with("version=2\n"));
+    }
+
+    #[test]
+    fn block_records_are_checked_like_block_requests() {
+        let root = Path::new("/r");
+        let good = encode(&block_sample());
+        for (from, to, what) in [
+            (
+                "ro_set=true",
+                "ro_set=true\nfs=ext4",
+                "a block volume with a filesystem",
+            ),
+            (
+                "ro_set=true",
+                "ro_set=true\noption=noatime",
+                "a block volume with options",
+            ),
+            (
+                "ro_set=true",
+                "ro_set=true\nfs_group=5:always",
+                "a block volume with an fsGroup",
+            ),
+            (
+                "version=3",
+                "version=2",
+                "a block volume in an older version",
+            ),
+            ("mode=block", "mode=tape", "an unknown mode"),
+            (
+                "read_only=true",
+                "read_only=false",
+                "ro_set on a read-write volume",
+            ),
+            (
+                "bind=true\tdisabled\tfalse\t\t",
+                "bind=true\tdisabled\tfalse\tdata\t",
+                "a bind with a subpath",
+            ),
+        ] {
+            assert!(good.contains(from), "{from} in {good}");
+            let text = good.replacen(from, to, 1);
+            assert!(decode(&text, root).is_err(), "{what} must be refused");
+        }
+        // A filesystem record may not claim a flag only block volumes have.
+        let fs = encode(&sample()).replace("complete=true", "complete=true\nro_set=true");
+        assert!(decode(&fs, root).is_err());
+    }
+
     #[test]
     fn version_1_records_still_read() {
         let text = "version=1\nid=old\nserial=s1\ndevice=/dev/vdb\nname=vdb\ndevnum=254:16\n\
@@ -438,7 +560,7 @@ pub(super) mod tests {
     fn records_are_checked_like_requests() {
         let root = Path::new("/r");
         assert!(decode("", root).is_err());
-        assert!(decode("version=3\nid=a\n", root).is_err());
+        assert!(decode("version=4\nid=a\n", root).is_err());
         assert!(decode("no equals sign", root).is_err());
         let good = encode(&sample());
         for (from, to, what) in [

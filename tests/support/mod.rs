@@ -246,11 +246,16 @@ pub fn message<T: std::fmt::Debug>(r: ttrpc::Result<T>) -> String {
     }
 }
 
+/// A publish by device path; `fs` "block" asks for a block volume.
 pub fn publish_req(id: &str, device: &str, fs: &str) -> pb::PublishVolumeRequest {
     let mut r = pb::PublishVolumeRequest::new();
     r.volume_id = id.into();
     r.set_device_path(device.into());
-    r.fs_type = fs.into();
+    if fs == "block" {
+        r.volume_mode = pb::VolumeMode::BLOCK.into();
+    } else {
+        r.fs_type = fs.into();
+    }
     r
 }
 

@@ -34,6 +34,25 @@ pub fn majmin(device: &Path) -> String {
     )
 }
 
+/// "major:minor" of the disk a mount is of: its filesystem's device, or,
+/// for a bind of a block device's node (a block volume: mountinfo shows
+/// devtmpfs), the device the node is of.
+pub fn disk_majmin(m: &Mount) -> String {
+    use std::os::unix::fs::FileTypeExt;
+    if m.fs_type == "devtmpfs" {
+        if let Ok(md) = std::fs::metadata(&m.mount_point) {
+            if md.file_type().is_block_device() {
+                return format!(
+                    "{}:{}",
+                    rustix::fs::major(md.rdev()),
+                    rustix::fs::minor(md.rdev())
+                );
+            }
+        }
+    }
+    m.majmin.clone()
+}
+
 /// A test disk as the invariant knows it.
 #[derive(Clone, Debug)]
 pub struct Disk {
@@ -41,7 +60,7 @@ pub struct Disk {
     pub path: String,
     /// "7:3".
     pub majmin: String,
-    /// "ext4" or "xfs".
+    /// "ext4" or "xfs", or "block" for a disk published as a block volume.
     pub fs: String,
 }
 
@@ -423,7 +442,13 @@ impl Rig {
             Ok(l) => l.volumes,
             Err(e) => return vec![format!("ListVolumes failed: {e:?}")],
         };
-        let table = mount_table();
+        let table: Vec<Mount> = mount_table()
+            .into_iter()
+            .map(|mut m| {
+                m.majmin = disk_majmin(&m);
+                m
+            })
+            .collect();
         let by_majmin: BTreeMap<&str, &Disk> =
             disks.iter().map(|d| (d.majmin.as_str(), d)).collect();
         let describe = |m: &Mount| {
@@ -484,7 +509,7 @@ impl Rig {
                             v.device
                         ));
                     }
-                    if m.root != "/" {
+                    if m.root != "/" && !is_block(v) {
                         bad.push(format!(
                             "(a) guest path of volume {} is a mount of a subdirectory: {}",
                             v.volume_id,
@@ -501,7 +526,7 @@ impl Rig {
                             v.device
                         ));
                     }
-                    if let Some(roots) = bind_roots {
+                    if let Some(roots) = bind_roots.filter(|_| !is_block(v)) {
                         if !roots.contains(&m.root.as_str()) {
                             bad.push(format!(
                                 "(a) bind of volume {} has a root no request named (expected one of {roots:?}): {}",
@@ -799,7 +824,9 @@ impl Rig {
         for (id, d) in disks {
             let left: Vec<String> = table
                 .iter()
-                .filter(|m| m.majmin == d.majmin && !self.allowed_outside.contains(&m.mount_point))
+                .filter(|m| {
+                    disk_majmin(m) == d.majmin && !self.allowed_outside.contains(&m.mount_point)
+                })
                 .map(|m| format!("{} (root {})", m.mount_point.display(), m.root))
                 .collect();
             if !left.is_empty() {
@@ -829,7 +856,7 @@ impl Rig {
     pub fn exit_problems(&self, disks: &[Disk]) -> Vec<String> {
         let mut bad = Vec::new();
         for m in mount_table() {
-            let ours = disks.iter().find(|d| d.majmin == m.majmin);
+            let ours = disks.iter().find(|d| d.majmin == disk_majmin(&m));
             if let Some(d) = ours {
                 if !self.allowed_outside.contains(&m.mount_point) {
                     bad.push(format!(
@@ -850,6 +877,12 @@ impl Rig {
         }
         bad
     }
+}
+
+/// Whether a listed volume is a block volume (its mounts are binds of a
+/// device node, whose mountinfo root is the node's name, not "/").
+fn is_block(v: &pb::VolumeInfo) -> bool {
+    v.volume_mode == pb::VolumeMode::BLOCK.into()
 }
 
 /// Whether `text` names `id` as a whole token, not as part of a longer id

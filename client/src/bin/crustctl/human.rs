@@ -116,11 +116,11 @@ pub fn list(r: &proto::ListVolumesResponse) -> String {
     if r.volumes.is_empty() {
         return "no volumes published\n".into();
     }
-    let mut rows = vec![
-        ["VOLUME", "DEVICE", "SERIAL", "FS", "MODE", "PATH", "BINDS"]
-            .map(String::from)
-            .to_vec(),
-    ];
+    let mut rows = vec![[
+        "VOLUME", "DEVICE", "SERIAL", "MODE", "FS", "ACCESS", "SIZE", "PATH", "BINDS",
+    ]
+    .map(String::from)
+    .to_vec()];
     for v in &r.volumes {
         let binds = if v.bind_targets.is_empty() {
             "-".to_string()
@@ -136,8 +136,22 @@ pub fn list(r: &proto::ListVolumesResponse) -> String {
             v.volume_id.clone(),
             v.device.clone(),
             serial,
-            v.fs_type.clone(),
+            match v.volume_mode.enum_value() {
+                Ok(proto::VolumeMode::BLOCK) => "block".into(),
+                Ok(proto::VolumeMode::FILESYSTEM) => "filesystem".into(),
+                Err(_) => enum_name(v.volume_mode).to_lowercase(),
+            },
+            if v.fs_type.is_empty() {
+                "-".into()
+            } else {
+                v.fs_type.clone()
+            },
             if v.read_only { "ro" } else { "rw" }.into(),
+            if v.device_bytes > 0 {
+                size(i64::try_from(v.device_bytes).unwrap_or(i64::MAX))
+            } else {
+                "-".into()
+            },
             v.guest_path.clone(),
             binds,
         ]);
@@ -217,6 +231,13 @@ pub fn stats(volume_id: &str, r: &proto::GetVolumeStatsResponse) -> String {
 }
 
 pub fn expand(volume_id: &str, r: &proto::ExpandVolumeResponse) -> String {
+    if r.capacity_bytes == r.device_bytes {
+        return format!(
+            "{volume_id}: {} ({} bytes), the size of its device\n",
+            size(r.capacity_bytes),
+            r.capacity_bytes
+        );
+    }
     format!(
         "{volume_id}: filesystem is {} ({} bytes) on a device of {} ({} bytes)\n",
         size(r.capacity_bytes),
@@ -406,6 +427,15 @@ mod tests {
                     fs_type: "xfs".into(),
                     guest_path: "/run/crust/volumes/data".into(),
                     read_only: true,
+                    device_bytes: 1 << 30,
+                    ..Default::default()
+                },
+                proto::VolumeInfo {
+                    volume_id: "raw".into(),
+                    device: "/dev/vdd".into(),
+                    guest_path: "/run/crust/volumes/raw".into(),
+                    volume_mode: proto::VolumeMode::BLOCK.into(),
+                    device_bytes: 64 << 20,
                     ..Default::default()
                 },
             ],
@@ -413,9 +443,10 @@ mod tests {
         };
         assert_eq!(
             list(&r),
-            "VOLUME  DEVICE    SERIAL  FS    MODE  PATH                      BINDS\n\
-             vol-1   /dev/vdb  s1      ext4  rw    /run/crust/volumes/vol-1  /run/crust/b/1,/run/crust/b/2\n\
-             data    /dev/vdc  -       xfs   ro    /run/crust/volumes/data   -\n"
+"VOLUME  DEVICE    SERIAL  MODE        FS    ACCESS  SIZE      PATH                      BINDS\n\
+             vol-1   /dev/vdb  s1      filesystem  ext4  rw      -         /run/crust/volumes/vol-1  /run/crust/b/1,/run/crust/b/2\n\
+             data    /dev/vdc  -       filesystem  xfs   ro      1.0 GiB   /run/crust/volumes/data   -\n\
+             raw     /dev/vdd  -       block       -     rw      64.0 MiB  /run/crust/volumes/raw    -\n"
         );
     }
 

@@ -84,8 +84,14 @@ struct PublishArgs {
     #[arg(long, value_name = "PATH")]
     device: Option<String>,
     /// The filesystem on the disk (ext4 or xfs); it is never formatted.
-    #[arg(long, value_name = "T")]
-    fs_type: String,
+    #[arg(long, value_name = "T", required_unless_present = "block")]
+    fs_type: Option<String>,
+    /// Publish the disk itself as a raw block volume (volumeMode: Block):
+    /// its node appears at the guest path. A block volume takes no
+    /// filesystem, options or fsGroup: given anyway, they are sent, and the
+    /// agent refuses them (INVALID_ARGUMENT).
+    #[arg(long)]
+    block: bool,
     /// Mount options; repeat or separate with commas (-o noatime,discard).
     #[arg(short = 'o', long = "option", value_name = "OPT")]
     options: Vec<String>,
@@ -364,7 +370,13 @@ fn publish_request(a: &PublishArgs) -> proto::PublishVolumeRequest {
     proto::PublishVolumeRequest {
         volume_id: a.volume_id.clone(),
         source,
-        fs_type: a.fs_type.clone(),
+        fs_type: a.fs_type.clone().unwrap_or_default(),
+        volume_mode: if a.block {
+            proto::VolumeMode::BLOCK
+        } else {
+            proto::VolumeMode::FILESYSTEM
+        }
+        .into(),
         mount_options: a
             .options
             .iter()
@@ -504,6 +516,38 @@ mod tests {
             "no --fs-group leaves ownership alone"
         );
         assert_eq!(req.timeout_ms, 0);
+        assert_eq!(req.volume_mode, proto::VolumeMode::FILESYSTEM.into());
+    }
+
+    #[test]
+    fn block_publishes_name_no_filesystem() {
+        let cli = parse(&["publish", "raw", "--serial", "s1", "--block", "--read-only"]).unwrap();
+        let Command::Publish(a) = &cli.command else {
+            panic!()
+        };
+        let req = publish_request(a);
+        assert_eq!(req.volume_mode, proto::VolumeMode::BLOCK.into());
+        assert_eq!(req.fs_type, "");
+        assert!(req.mount_options.is_empty() && req.fs_group.is_none() && req.read_only);
+        // What a block volume cannot take is the agent's to refuse, with its code.
+        let cli = parse(&[
+            "publish",
+            "raw",
+            "--serial",
+            "s1",
+            "--block",
+            "--fs-type",
+            "ext4",
+            "-o",
+            "noatime",
+        ])
+        .unwrap();
+        let Command::Publish(a) = &cli.command else {
+            panic!()
+        };
+        let req = publish_request(a);
+        assert_eq!((req.fs_type.as_str(), req.mount_options.len()), ("ext4", 1));
+        assert_eq!(req.volume_mode, proto::VolumeMode::BLOCK.into());
     }
 
     #[test]

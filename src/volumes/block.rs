@@ -1,0 +1,372 @@
+//! Block volumes (KEP-565's `volumeMode: Block`): the disk itself, its node
+//! bound onto an empty file at `<root>/volumes/<id>` as kubelet's block
+//! publish does. Read-only is the kernel's device flag (BLKROSET) for as long
+//! as the volume is published, since a read-only mount of a device node does
+//! not stop writes to the device. The agent never reads or writes a block
+//! volume's contents: no probe, no walk, no filesystem.
+
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::time::Duration;
+
+use rustix::fs::{FileType, OFlags};
+use rustix::io::Errno;
+use slog::{info, warn};
+
+use super::{
+    guest_rel, BindRequest, Error, Expanded, PublishRequest, Volume, VolumeInfo, VolumeMode,
+};
+use super::{unsafe_or_sys, Volumes};
+use crate::beneath::{self, Leaf};
+use crate::blockdev;
+use crate::cancel::Cancel;
+use crate::device::{self, Device};
+use crate::errors::{Result, SysError};
+use crate::mount::{self, BindSpec, Expect, RecursiveReadOnly};
+use crate::stats::{self, Condition, Measured};
+
+/// Refuses what a bind of a block volume cannot be: a subpath, recursive
+/// read-only, or read-only on a read-write volume (BindMount, api.md §2).
+pub(super) fn check_bind(vol: &Volume, req: &BindRequest) -> Result<()> {
+    let invalid = |why| Error::BlockBindInvalid {
+        id: vol.id.clone(),
+        why,
+    };
+    if !req.subpath.as_os_str().is_empty() {
+        return Err(invalid(
+            "a subpath needs a filesystem; bind the whole device (an empty subpath)",
+        )
+        .into());
+    }
+    if req.recursive_read_only != RecursiveReadOnly::Disabled {
+        return Err(invalid(
+            "recursive read-only applies to a tree of mounts, and a device is none; use DISABLED",
+        )
+        .into());
+    }
+    if req.read_only && !vol.read_only {
+        return Err(Error::BlockBindReadOnly { id: vol.id.clone() }.into());
+    }
+    Ok(())
+}
+
+/// ListVolumes' live facts of a volume: the device's size, and for a block
+/// volume whether the kernel refuses writes to it (BLKROGET). Left as they
+/// are when the device cannot be opened (gone, or another disk now).
+pub(super) fn refresh(info: &mut VolumeInfo, dev: &Device) {
+    let Ok(f) = blockdev::open(dev) else {
+        return;
+    };
+    if let Ok(bytes) = blockdev::size(&f, dev) {
+        info.device_bytes = bytes;
+    }
+    if info.block {
+        if let Ok(ro) = blockdev::read_only(&f, dev) {
+            info.read_only = ro;
+        }
+    }
+}
+
+impl Volumes {
+    /// Publishes `device` as the block volume `req` asks for: records it,
+    /// sets the device read-only if asked, binds its node onto an empty
+    /// 0600 file at the guest path and records the bind's mount id. A
+    /// failure undoes every step; nothing reads or writes the disk.
+    pub(super) fn publish_block(&self, req: &PublishRequest, device: Device) -> Result<Volume> {
+        let rel = guest_rel(&req.volume_id);
+        let guest_path = self.root.join(&rel);
+        let not_ours = || -> crate::errors::Error {
+            Error::GuestPathUnsafe {
+                path: guest_path.display().to_string(),
+                what: "an empty file",
+            }
+            .into()
+        };
+        let node = blockdev::open_node(&device)?;
+        let mut created = Vec::new();
+        let file = match beneath::make_path(
+            self.root.fd(),
+            &rel,
+            0o750,
+            Leaf::File(0o600),
+            &mut created,
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::LOOP | Errno::XDEV | Errno::NOTDIR | Errno::ISDIR) => return Err(not_ours()),
+            Err(e) => return Err(SysError::new("open", guest_path.display(), e).into()),
+        };
+        let here = beneath::mount_point(file.as_fd())
+            .map_err(|e| SysError::new("statx", guest_path.display(), e))?;
+        if here.is_root {
+            return Err(Error::GuestPathBusy {
+                path: guest_path.display().to_string(),
+            }
+            .into());
+        }
+        let empty = rustix::fs::fstat(&file).is_ok_and(|st| st.st_size == 0);
+        if here.kind != FileType::RegularFile || !empty {
+            beneath::remove_created(&mut created);
+            return Err(not_ours());
+        }
+        let dev = match blockdev::open(&device) {
+            Ok(f) => f,
+            Err(e) => {
+                beneath::remove_created(&mut created);
+                return Err(e.into());
+            }
+        };
+        // Only a flag the agent set is the agent's to clear: a disk the host
+        // attached read-only stays read-only.
+        let ro_set = match blockdev::read_only(&dev, &device) {
+            Ok(ro) => req.read_only && !ro,
+            Err(e) => {
+                beneath::remove_created(&mut created);
+                return Err(e.into());
+            }
+        };
+        let mut vol = Volume {
+            id: req.volume_id.clone(),
+            source: req.source.clone(),
+            device: device.clone(),
+            mode: VolumeMode::Block,
+            options: Vec::new(),
+            mount: req.mount.clone(),
+            read_only: req.read_only,
+            fs_group: None,
+            guest_path: guest_path.clone(),
+            mount_id: 0,
+            complete: true,
+            ro_set,
+            binds: Vec::new(),
+        };
+        // Recorded before the device is touched: a crash from here on leaves
+        // a record that recovery adopts or clears (and its flag with it).
+        if let Err(e) = self.store.save(&vol) {
+            beneath::remove_created(&mut created);
+            return Err(e.into());
+        }
+        let undo_flag = || {
+            if ro_set {
+                if let Err(e) = blockdev::set_read_only(&dev, &device, false) {
+                    warn!(self.log, "could not clear the read-only flag of a failed publish"; "volume" => &req.volume_id, "error" => %e);
+                }
+            }
+        };
+        if ro_set {
+            if let Err(e) = blockdev::set_read_only(&dev, &device, true) {
+                self.drop_record(&vol.id, &mut created);
+                return Err(e.into());
+            }
+        }
+        let bound = mount::bind_node(
+            &BindSpec {
+                source_root: node.as_fd(),
+                source_path: &device.path,
+                subpath: Path::new(""),
+                target_base: self.root.fd(),
+                target_rel: &rel,
+                target_path: &guest_path,
+                read_only: req.read_only,
+                recursive_read_only: RecursiveReadOnly::Disabled,
+            },
+            &file,
+        );
+        drop(file);
+        drop(node);
+        if let Err(e) = bound {
+            undo_flag();
+            self.drop_record(&vol.id, &mut created);
+            return Err(e.into());
+        }
+        // What is mounted at the guest path now must be the device's node.
+        let mp = beneath::open_path(self.root.fd(), &rel)
+            .map_err(|e| unsafe_or_sys(e, "openat2", &guest_path))
+            .and_then(|fd| {
+                beneath::mount_point(fd.as_fd())
+                    .map_err(|e| SysError::new("statx", guest_path.display(), e).into())
+            });
+        let mp = match mp {
+            Ok(mp) if mp.is_root && mp.is_block_node((device.major, device.minor)) => mp,
+            Ok(_) | Err(_) => {
+                warn!(self.log, "the guest path changed during publish; recovery at the next start takes the bind down";
+                      "volume" => &vol.id);
+                return Err(mount::Error::Moved {
+                    path: guest_path.display().to_string(),
+                }
+                .into());
+            }
+        };
+        vol.mount_id = mp.mount_id;
+        if let Err(e) = self.store.save(&vol) {
+            match mount::unmount_tree(
+                self.root.fd(),
+                self.root.path(),
+                &rel,
+                Expect::Mount(mp.mount_id, device.major, device.minor),
+            ) {
+                Ok(_) => {
+                    undo_flag();
+                    self.drop_record(&vol.id, &mut created);
+                }
+                Err(u) => {
+                    warn!(self.log, "could not undo a failed publish"; "volume" => &vol.id, "error" => %u)
+                }
+            }
+            return Err(e.into());
+        }
+        info!(self.log, "block volume published"; "volume" => &vol.id, "device" => %device.path.display(),
+              "read_only" => vol.read_only, "ro_set" => ro_set);
+        Ok(vol)
+    }
+
+    /// Takes a block volume down once its binds are gone: the guest path's
+    /// bind, a flush of the device, its read-only flag if the agent set it,
+    /// the file. A disk already unplugged has nothing left to flush or clear.
+    pub(super) fn unpublish_block(&self, vol: &Volume) -> Result<()> {
+        self.take_down(&vol.rel(), vol.expect())?;
+        match blockdev::open(&vol.device) {
+            Ok(f) => {
+                blockdev::flush(&f, &vol.device)?;
+                if vol.ro_set {
+                    blockdev::set_read_only(&f, &vol.device, false)?;
+                }
+            }
+            Err(e @ (blockdev::Error::Gone { .. } | blockdev::Error::Replaced { .. })) => {
+                warn!(self.log, "block volume's disk is gone: nothing to flush or make writable again";
+                      "volume" => &vol.id, "error" => %e);
+            }
+            Err(e) => return Err(e.into()),
+        }
+        mount::remove_node(self.root.fd(), &vol.rel());
+        Ok(())
+    }
+
+    /// Clears the read-only flag of a block volume that recovery forgets
+    /// (its bind is gone): the agent set it, and nothing holds it now.
+    pub(super) fn release_block(&self, vol: &Volume) {
+        if !vol.ro_set {
+            return;
+        }
+        match blockdev::open(&vol.device)
+            .and_then(|f| blockdev::set_read_only(&f, &vol.device, false))
+        {
+            Ok(()) => {
+                info!(self.log, "read-only flag of a forgotten block volume cleared"; "volume" => &vol.id)
+            }
+            Err(e) => {
+                warn!(self.log, "could not clear the read-only flag of a forgotten block volume";
+                            "volume" => &vol.id, "error" => %e)
+            }
+        }
+    }
+
+    /// GetVolumeStats of a block volume: the device's size, and its condition.
+    pub(super) fn stats_block(&self, vol: &Volume) -> (Option<Measured>, Condition) {
+        let rel = vol.rel();
+        let (bytes, condition) = stats::check_block(
+            &self.sysfs,
+            &stats::BlockExpected {
+                path: &vol.guest_path,
+                base: self.root.fd(),
+                rel: &rel,
+                mount_id: (vol.mount_id != 0).then_some(vol.mount_id),
+                device: &vol.device,
+                read_only: vol.read_only,
+            },
+        );
+        (
+            bytes.map(|device_bytes| Measured::Block { device_bytes }),
+            condition,
+        )
+    }
+
+    /// ExpandVolume of a block volume: no filesystem to grow, so it waits
+    /// for the guest to see a device of at least `required_bytes` (0: as it
+    /// is) and answers its size.
+    pub(super) fn expand_block(
+        &self,
+        vol: &Volume,
+        required_bytes: u64,
+        timeout: Duration,
+        cancel: &Cancel,
+    ) -> Result<Expanded> {
+        drop(self.open_mount(vol)?);
+        let f = blockdev::open(&vol.device)?;
+        let now = blockdev::size(&f, &vol.device)?;
+        let bytes = if required_bytes <= now {
+            now
+        } else {
+            device::wait_for_size(&self.sysfs, &vol.device, required_bytes, timeout, cancel)?
+        };
+        if bytes != now {
+            info!(self.log, "block volume grew"; "volume" => &vol.id, "from" => now, "to" => bytes);
+        }
+        Ok(Expanded {
+            capacity_bytes: bytes,
+            device_bytes: bytes,
+        })
+    }
+}
+
+/// What a guest path is opened as: a directory, or (block) the device node
+/// bound onto a file.
+pub(super) fn guest_path_kind(mode: VolumeMode) -> OFlags {
+    match mode {
+        VolumeMode::Filesystem(_) => OFlags::DIRECTORY,
+        VolumeMode::Block => OFlags::empty(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::errors::Code;
+    use crate::volumes::state::tests::block_sample;
+
+    fn bind(subpath: &str, read_only: bool, rro: RecursiveReadOnly) -> BindRequest {
+        BindRequest {
+            volume_id: "blk-1".into(),
+            subpath: PathBuf::from(subpath),
+            target: "/r/pods/p/dev".into(),
+            read_only,
+            recursive_read_only: rro,
+        }
+    }
+
+    #[test]
+    fn binds_of_a_block_volume_take_no_subpath_rro_or_per_bind_read_only() {
+        let mut ro = block_sample();
+        ro.binds.clear();
+        let mut rw = ro.clone();
+        rw.read_only = false;
+        let code = |v: &Volume, b: &BindRequest| check_bind(v, b).map_err(|e| e.code());
+        let plain = bind("", false, RecursiveReadOnly::Disabled);
+        let read_only = bind("", true, RecursiveReadOnly::Disabled);
+        assert_eq!(code(&rw, &plain), Ok(()));
+        assert_eq!(
+            code(&ro, &plain),
+            Ok(()),
+            "a read-only volume's binds are read-only anyway"
+        );
+        assert_eq!(code(&ro, &read_only), Ok(()));
+        assert_eq!(code(&rw, &read_only), Err(Code::FailedPrecondition));
+        for v in [&ro, &rw] {
+            assert_eq!(
+                code(v, &bind("data", false, RecursiveReadOnly::Disabled)),
+                Err(Code::InvalidArgument)
+            );
+            assert_eq!(
+                code(v, &bind("", true, RecursiveReadOnly::IfPossible)),
+                Err(Code::InvalidArgument)
+            );
+            assert_eq!(
+                code(v, &bind("", true, RecursiveReadOnly::Enabled)),
+                Err(Code::InvalidArgument)
+            );
+        }
+        let msg = check_bind(&rw, &read_only).unwrap_err().to_string();
+        assert!(msg.contains("publish the volume read-only"), "{msg}");
+    }
+}
