@@ -14,6 +14,7 @@ pub mod mount;
 pub mod mountinfo;
 pub mod ownership;
 pub mod probe;
+pub mod rpc;
 pub mod server;
 pub mod stats;
 pub mod system;
