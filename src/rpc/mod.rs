@@ -47,9 +47,11 @@ pub struct Limits {
     pub workers: usize,
     /// Extra workers that run only the quick methods.
     pub quick_workers: usize,
-    /// Requests waiting for a worker; past it, RESOURCE_EXHAUSTED.
+    /// Requests waiting for a worker; past it, RESOURCE_EXHAUSTED — except
+    /// for a connection's only request, which always waits its turn (so the
+    /// excess is bounded by the connections). Served round-robin by connection.
     pub queue: usize,
-    /// Quick requests waiting for a worker; past it, RESOURCE_EXHAUSTED.
+    /// The same for the quick methods' own queue.
     pub quick_queue: usize,
     /// Requests of one connection queued or running: past it the agent
     /// stops reading that connection until answers go out (back-pressure,

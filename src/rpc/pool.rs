@@ -1,11 +1,12 @@
 //! A fixed set of worker threads fed by a bounded queue. Requests the
-//! event loop admits wait here; a full queue is refused at once (the loop
-//! answers RESOURCE_EXHAUSTED) instead of growing. Quick, lock-free methods
+//! event loop admits wait here, served round-robin by connection; a full
+//! queue is refused at once (the loop answers RESOURCE_EXHAUSTED) instead
+//! of growing. Quick, lock-free methods
 //! (capabilities, agent info, the volume list) have their own short queue
 //! and workers, so a health check is answered even while every regular
 //! worker waits for a disk.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 use super::dispatch::Job;
@@ -37,10 +38,52 @@ impl Lane {
     }
 }
 
+/// Jobs of one lane, taken round-robin by connection: a client's request
+/// waits behind at most one of each other client's, however many they sent.
+#[derive(Default)]
+struct Fair {
+    /// Connections with jobs waiting, in turn order.
+    turn: VecDeque<u64>,
+    /// Each such connection's jobs, oldest first.
+    jobs: HashMap<u64, VecDeque<Job>>,
+    /// Jobs waiting in all.
+    len: usize,
+}
+
+impl Fair {
+    fn push(&mut self, job: Job) {
+        let q = self.jobs.entry(job.conn).or_default();
+        if q.is_empty() {
+            self.turn.push_back(job.conn);
+        }
+        q.push_back(job);
+        self.len += 1;
+    }
+
+    fn pop(&mut self) -> Option<Job> {
+        let conn = self.turn.pop_front()?;
+        let q = self.jobs.get_mut(&conn)?;
+        let job = q.pop_front()?;
+        if q.is_empty() {
+            self.jobs.remove(&conn);
+        } else {
+            self.turn.push_back(conn);
+        }
+        self.len -= 1;
+        Some(job)
+    }
+
+    fn clear(&mut self) {
+        self.turn.clear();
+        self.jobs.clear();
+        self.len = 0;
+    }
+}
+
 #[derive(Default)]
 struct Lanes {
-    regular: VecDeque<Job>,
-    quick: VecDeque<Job>,
+    regular: Fair,
+    quick: Fair,
     closed: bool,
 }
 
@@ -51,9 +94,9 @@ pub(crate) struct Queue {
     any: Condvar,
     /// Quick workers wait here.
     quick: Condvar,
-    /// The most regular jobs waiting.
+    /// The most regular jobs waiting (beyond each connection's first).
     regular_cap: usize,
-    /// The most quick jobs waiting.
+    /// The most quick jobs waiting (beyond each connection's first).
     quick_cap: usize,
 }
 
@@ -73,36 +116,34 @@ impl Queue {
     }
 
     /// Queues `job`, or gives it back with the number waiting in its lane
-    /// when that lane is full (or the queue closed).
-    pub(crate) fn push(&self, job: Job, lane: Lane) -> Result<(), (Box<Job>, usize)> {
+    /// when that lane is full (or the queue closed). A connection's `first`
+    /// request (none of its others in flight) is always taken: so many
+    /// clients flooding cannot lock out one that sends a request at a time,
+    /// and the excess is bounded by the number of connections.
+    pub(crate) fn push(&self, job: Job, lane: Lane, first: bool) -> Result<(), (Box<Job>, usize)> {
         let mut l = self.lock();
         if l.closed {
             return Err((Box::new(job), 0));
         }
+        let (fair, cap) = match lane {
+            Lane::Regular => (&mut l.regular, self.regular_cap),
+            Lane::Quick => (&mut l.quick, self.quick_cap),
+        };
+        if fair.len >= cap && !first {
+            let n = fair.len;
+            return Err((Box::new(job), n));
+        }
+        fair.push(job);
+        drop(l);
         match lane {
-            Lane::Regular if l.regular.len() >= self.regular_cap => {
-                let n = l.regular.len();
-                Err((Box::new(job), n))
-            }
-            Lane::Quick if l.quick.len() >= self.quick_cap => {
-                let n = l.quick.len();
-                Err((Box::new(job), n))
-            }
-            Lane::Regular => {
-                l.regular.push_back(job);
-                drop(l);
-                self.any.notify_one();
-                Ok(())
-            }
+            Lane::Regular => self.any.notify_one(),
             Lane::Quick => {
-                l.quick.push_back(job);
-                drop(l);
                 // Whichever kind of worker is free first takes it.
                 self.quick.notify_one();
                 self.any.notify_one();
-                Ok(())
             }
         }
+        Ok(())
     }
 
     /// The next job for a worker of `lane`; `None` once the queue is closed.
@@ -112,11 +153,11 @@ impl Queue {
             if l.closed {
                 return None;
             }
-            if let Some(j) = l.quick.pop_front() {
+            if let Some(j) = l.quick.pop() {
                 return Some(j);
             }
             if lane == Lane::Regular {
-                if let Some(j) = l.regular.pop_front() {
+                if let Some(j) = l.regular.pop() {
                     return Some(j);
                 }
             }
@@ -146,10 +187,10 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    fn job(stream: u32) -> Job {
+    fn job(conn: u64, stream: u32) -> Job {
         let (_tx, gone) = crossbeam_channel::unbounded();
         Job {
-            conn: 1,
+            conn,
             fd: -1,
             stream,
             path: String::new(),
@@ -166,19 +207,35 @@ mod tests {
     }
 
     #[test]
-    fn full_lanes_refuse_and_the_other_lane_still_takes() {
+    fn full_lanes_refuse_but_a_connections_first_request_gets_in() {
         let q = Queue::new(2, 1);
-        q.push(job(1), Lane::Regular).ok().unwrap();
-        q.push(job(3), Lane::Regular).ok().unwrap();
-        let (back, waiting) = q.push(job(5), Lane::Regular).err().unwrap();
+        q.push(job(1, 1), Lane::Regular, true).ok().unwrap();
+        q.push(job(1, 3), Lane::Regular, false).ok().unwrap();
+        let (back, waiting) = q.push(job(1, 5), Lane::Regular, false).err().unwrap();
         assert_eq!((back.stream, waiting), (5, 2));
-        q.push(job(7), Lane::Quick).ok().unwrap();
-        assert!(q.push(job(9), Lane::Quick).is_err());
-        // Quick first, then regular in order; a quick worker never takes regular work.
-        assert_eq!(q.pop(Lane::Regular).unwrap().stream, 7);
-        assert_eq!(q.pop(Lane::Regular).unwrap().stream, 1);
-        q.push(job(11), Lane::Regular).ok().unwrap();
-        assert_eq!(q.pop(Lane::Regular).unwrap().stream, 3);
+        // Another client's only request is taken even so.
+        q.push(job(2, 1), Lane::Regular, true).ok().unwrap();
+        q.push(job(3, 7), Lane::Quick, true).ok().unwrap();
+        assert!(q.push(job(3, 9), Lane::Quick, false).is_err());
+        // Quick first; then regular, one per connection in turn.
+        assert_eq!(q.pop(Lane::Regular).unwrap().conn, 3);
+        let order: Vec<(u64, u32)> = (0..3)
+            .map(|_| q.pop(Lane::Regular).map(|j| (j.conn, j.stream)).unwrap())
+            .collect();
+        assert_eq!(order, vec![(1, 1), (2, 1), (1, 3)]);
+    }
+
+    #[test]
+    fn a_flooding_connection_takes_its_turn_like_any_other() {
+        let q = Queue::new(1000, 10);
+        for s in 0..100 {
+            q.push(job(1, 2 * s + 1), Lane::Regular, s == 0)
+                .ok()
+                .unwrap();
+        }
+        q.push(job(2, 1), Lane::Regular, true).ok().unwrap();
+        assert_eq!(q.pop(Lane::Regular).unwrap().conn, 1);
+        assert_eq!(q.pop(Lane::Regular).unwrap().conn, 2, "second, not 101st");
     }
 
     #[test]
@@ -188,10 +245,10 @@ mod tests {
         let quick = std::thread::spawn(move || q1.pop(Lane::Quick).map(|j| j.stream));
         let regular = std::thread::spawn(move || q2.pop(Lane::Regular).map(|j| j.stream));
         std::thread::sleep(Duration::from_millis(50));
-        q.push(job(1), Lane::Regular).ok().unwrap();
+        q.push(job(1, 1), Lane::Regular, true).ok().unwrap();
         assert_eq!(regular.join().unwrap(), Some(1));
         q.close();
         assert_eq!(quick.join().unwrap(), None);
-        assert!(q.push(job(3), Lane::Quick).is_err());
+        assert!(q.push(job(1, 3), Lane::Quick, true).is_err());
     }
 }

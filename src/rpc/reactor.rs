@@ -318,6 +318,7 @@ impl Reactor {
                 }
                 Admit::Run { stream, path, req } => {
                     let lane = Lane::of(&path);
+                    let first = c.in_flight == 0;
                     let job = Job {
                         conn: id,
                         fd: c.raw(),
@@ -326,7 +327,7 @@ impl Reactor {
                         req,
                         gone: c.gone_rx(),
                     };
-                    match self.queue.push(job, lane) {
+                    match self.queue.push(job, lane, first) {
                         Ok(()) => c.in_flight += 1,
                         Err((job, waiting)) => {
                             let msg = format!(
