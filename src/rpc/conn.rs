@@ -59,6 +59,8 @@ pub(crate) struct Conn {
     pub(crate) partial_since: Option<Instant>,
     /// Since when pending output has not moved.
     pub(crate) stalled_since: Option<Instant>,
+    /// What epoll watches for on it now.
+    pub(crate) registered: rustix::event::epoll::EventFlags,
 }
 
 impl Conn {
@@ -75,6 +77,7 @@ impl Conn {
             last_active: Instant::now(),
             partial_since: None,
             stalled_since: None,
+            registered: rustix::event::epoll::EventFlags::empty(),
         }
     }
 

@@ -7,7 +7,8 @@
 //! worker waits for a disk.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
+use std::thread::Thread;
 
 use super::dispatch::Job;
 
@@ -85,15 +86,17 @@ struct Lanes {
     regular: Fair,
     quick: Fair,
     closed: bool,
+    /// Idle regular workers, the most recently idle last.
+    idle_regular: Vec<Thread>,
+    /// Idle quick workers, the most recently idle last.
+    idle_quick: Vec<Thread>,
 }
 
-/// The bounded queue between the event loop and the workers.
+/// The bounded queue between the event loop and the workers. A job wakes
+/// the worker that went idle last: the few that are needed stay warm (their
+/// stacks, caches and allocator arenas), the rest stay asleep.
 pub(crate) struct Queue {
     lanes: Mutex<Lanes>,
-    /// Regular workers wait here (they also take quick jobs).
-    any: Condvar,
-    /// Quick workers wait here.
-    quick: Condvar,
     /// The most regular jobs waiting (beyond each connection's first).
     regular_cap: usize,
     /// The most quick jobs waiting (beyond each connection's first).
@@ -104,8 +107,6 @@ impl Queue {
     pub(crate) fn new(regular_cap: usize, quick_cap: usize) -> Queue {
         Queue {
             lanes: Mutex::new(Lanes::default()),
-            any: Condvar::new(),
-            quick: Condvar::new(),
             regular_cap,
             quick_cap,
         }
@@ -134,22 +135,26 @@ impl Queue {
             return Err((Box::new(job), n));
         }
         fair.push(job);
+        // Any worker takes quick jobs; regular ones only regular workers.
+        let waker = match lane {
+            Lane::Regular => l.idle_regular.pop(),
+            Lane::Quick => l.idle_quick.pop().or_else(|| l.idle_regular.pop()),
+        };
         drop(l);
-        match lane {
-            Lane::Regular => self.any.notify_one(),
-            Lane::Quick => {
-                // Whichever kind of worker is free first takes it.
-                self.quick.notify_one();
-                self.any.notify_one();
-            }
+        if let Some(t) = waker {
+            t.unpark();
         }
         Ok(())
     }
 
     /// The next job for a worker of `lane`; `None` once the queue is closed.
     pub(crate) fn pop(&self, lane: Lane) -> Option<Job> {
-        let mut l = self.lock();
+        let me = std::thread::current();
         loop {
+            let mut l = self.lock();
+            // Woken by a push (which took us off the idle list) or spuriously.
+            l.idle_regular.retain(|t| t.id() != me.id());
+            l.idle_quick.retain(|t| t.id() != me.id());
             if l.closed {
                 return None;
             }
@@ -161,11 +166,12 @@ impl Queue {
                     return Some(j);
                 }
             }
-            let cv = match lane {
-                Lane::Regular => &self.any,
-                Lane::Quick => &self.quick,
-            };
-            l = cv.wait(l).unwrap_or_else(|p| p.into_inner());
+            match lane {
+                Lane::Regular => l.idle_regular.push(me.clone()),
+                Lane::Quick => l.idle_quick.push(me.clone()),
+            }
+            drop(l);
+            std::thread::park();
         }
     }
 
@@ -175,9 +181,12 @@ impl Queue {
         l.closed = true;
         l.regular.clear();
         l.quick.clear();
+        let mut idle = std::mem::take(&mut l.idle_regular);
+        idle.append(&mut l.idle_quick);
         drop(l);
-        self.any.notify_all();
-        self.quick.notify_all();
+        for t in idle {
+            t.unpark();
+        }
     }
 }
 

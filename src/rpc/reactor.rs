@@ -394,7 +394,7 @@ impl Reactor {
     /// more, output while answers wait, hang-ups always.
     fn interest(&mut self, id: u64) {
         let stopping = self.stop.load(Ordering::Relaxed);
-        let Some(c) = self.conns.get(&id) else {
+        let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
         let mut want = EventFlags::RDHUP;
@@ -408,9 +408,11 @@ impl Reactor {
         if c.pending_out() > 0 {
             want |= EventFlags::OUT;
         }
-        // Level-triggered: modifying to the same set is harmless, and cheap
-        // next to the read or write that led here.
-        let _ = epoll::modify(&self.epoll, &c.fd, EventData::new_u64(id), want);
+        if want != c.registered
+            && epoll::modify(&self.epoll, &c.fd, EventData::new_u64(id), want).is_ok()
+        {
+            c.registered = want;
+        }
     }
 
     /// Closes connections that broke a time limit; resumes accepting.
