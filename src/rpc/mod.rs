@@ -16,6 +16,8 @@ mod listen;
 mod lograte;
 mod pool;
 mod reactor;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::io;
