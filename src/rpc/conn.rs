@@ -1,9 +1,12 @@
 //! One client connection: its bytes in (cut into frames), its answers out
-//! (a buffer written as the socket takes it), the ttrpc rules a request
-//! frame must follow before it runs, and the channel whose disconnection
-//! tells its requests that the caller is gone.
+//! (the [`Wire`], which the workers share to answer without a detour
+//! through the event loop), the ttrpc rules a request frame must follow
+//! before it runs, and the channel whose disconnection tells its requests
+//! that the caller is gone.
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use crust_protocols::protobuf::Message;
@@ -34,17 +37,105 @@ pub(crate) enum Admit {
     },
 }
 
-/// A client connection.
-pub(crate) struct Conn {
-    /// The socket (non-blocking).
+/// The sending side of a connection, shared by the event loop and the
+/// workers answering its requests: a worker writes its answer straight to
+/// the socket when nothing is queued before it, and queues it otherwise
+/// (the loop then writes it as the socket drains).
+pub(crate) struct Wire {
+    /// The socket (non-blocking). Closed when the last holder lets go.
     pub(crate) fd: OwnedFd,
+    /// Bytes to send: `buf[sent..]` is pending.
+    out: Mutex<Out>,
+    /// Requests queued or running whose answers are not yet sent or queued.
+    pub(crate) in_flight: AtomicUsize,
+    /// Set once the loop has closed the connection: answers are dropped.
+    pub(crate) closed: AtomicBool,
+}
+
+#[derive(Default)]
+struct Out {
+    buf: Vec<u8>,
+    sent: usize,
+}
+
+impl Wire {
+    fn out(&self) -> MutexGuard<'_, Out> {
+        self.out.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Bytes waiting to be sent.
+    pub(crate) fn pending(&self) -> usize {
+        let o = self.out();
+        o.buf.len() - o.sent
+    }
+
+    /// Queues a frame behind what is pending, without writing.
+    pub(crate) fn queue(&self, frame: &[u8]) {
+        let mut o = self.out();
+        if o.sent == o.buf.len() {
+            o.buf.clear();
+            o.sent = 0;
+        }
+        o.buf.extend_from_slice(frame);
+    }
+
+    /// Sends a frame now if nothing waits before it, as far as the socket
+    /// takes it; queues the rest. Returns the bytes left pending.
+    pub(crate) fn answer(&self, frame: &[u8]) -> Result<usize, Errno> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Ok(0);
+        }
+        let mut o = self.out();
+        if o.sent == o.buf.len() {
+            o.buf.clear();
+            o.sent = 0;
+            let mut done = 0;
+            while done < frame.len() {
+                match rustix::net::send(&self.fd, &frame[done..], SendFlags::NOSIGNAL) {
+                    Ok(n) => done += n,
+                    Err(Errno::INTR) => continue,
+                    Err(Errno::AGAIN) => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            o.buf.extend_from_slice(&frame[done..]);
+        } else {
+            o.buf.extend_from_slice(frame);
+        }
+        Ok(o.buf.len() - o.sent)
+    }
+
+    /// Writes what is pending as far as the socket takes it. Returns
+    /// (bytes written, bytes still pending).
+    pub(crate) fn flush(&self) -> Result<(usize, usize), Errno> {
+        let mut o = self.out();
+        let mut wrote = 0;
+        while o.sent < o.buf.len() {
+            match rustix::net::send(&self.fd, &o.buf[o.sent..], SendFlags::NOSIGNAL) {
+                Ok(n) => {
+                    o.sent += n;
+                    wrote += n;
+                }
+                Err(Errno::INTR) => continue,
+                Err(Errno::AGAIN) => return Ok((wrote, o.buf.len() - o.sent)),
+                Err(e) => return Err(e),
+            }
+        }
+        o.buf.clear();
+        o.sent = 0;
+        if o.buf.capacity() > 64 << 10 {
+            o.buf = Vec::new();
+        }
+        Ok((wrote, 0))
+    }
+}
+
+/// A client connection, as the event loop keeps it.
+pub(crate) struct Conn {
+    /// The socket and its answers, shared with the workers.
+    pub(crate) wire: Arc<Wire>,
     /// Frames being received.
     reader: Reader,
-    /// Bytes to send; `out[sent..]` is still pending.
-    out: Vec<u8>,
-    sent: usize,
-    /// Requests queued or running whose answers are not yet in `out`.
-    pub(crate) in_flight: usize,
     /// The highest stream id seen: ids must be odd and increase (ttrpc).
     last_stream: u32,
     /// Dropped when the connection closes: every request's `cancel_rx`
@@ -67,23 +158,37 @@ impl Conn {
     /// A connection on `fd`, accepting request payloads up to `max_request` bytes.
     pub(crate) fn new(fd: OwnedFd, max_request: usize) -> Conn {
         Conn {
-            fd,
+            wire: Arc::new(Wire {
+                fd,
+                out: Mutex::new(Out::default()),
+                in_flight: AtomicUsize::new(0),
+                closed: AtomicBool::new(false),
+            }),
             reader: Reader::new(max_request),
-            out: Vec::new(),
-            sent: 0,
-            in_flight: 0,
             last_stream: 0,
             gone: None,
             last_active: Instant::now(),
             partial_since: None,
             stalled_since: None,
-            registered: rustix::event::epoll::EventFlags::empty(),
+            // What the loop registers a new connection with.
+            registered: rustix::event::epoll::EventFlags::IN
+                | rustix::event::epoll::EventFlags::RDHUP,
         }
+    }
+
+    /// The socket.
+    pub(crate) fn fd(&self) -> &OwnedFd {
+        &self.wire.fd
+    }
+
+    /// Requests queued or running.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.wire.in_flight.load(Ordering::SeqCst)
     }
 
     /// The raw descriptor (for handler contexts and logs).
     pub(crate) fn raw(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        self.wire.fd.as_raw_fd()
     }
 
     /// Whether the reader wants more bytes (no whole frame waits in it).
@@ -93,7 +198,7 @@ impl Conn {
 
     /// Bytes waiting to be sent.
     pub(crate) fn pending_out(&self) -> usize {
-        self.out.len() - self.sent
+        self.wire.pending()
     }
 
     /// Bytes held for this connection, in and out.
@@ -103,7 +208,7 @@ impl Conn {
 
     /// Nothing in flight, nothing half-received, nothing to send.
     pub(crate) fn idle(&self) -> bool {
-        self.in_flight == 0 && !self.reader.mid_frame() && self.pending_out() == 0
+        self.in_flight() == 0 && !self.reader.mid_frame() && self.pending_out() == 0
     }
 
     /// One read from the socket into the reader. `Ok(0)` is the end of the
@@ -112,7 +217,7 @@ impl Conn {
         let buf = self.reader.spare();
         buf.reserve(READ_CHUNK);
         let (n, _) = rustix::net::recv(
-            &self.fd,
+            &self.wire.fd,
             rustix::buffer::spare_capacity(buf),
             RecvFlags::empty(),
         )?;
@@ -218,40 +323,38 @@ impl Conn {
             .clone()
     }
 
-    /// Appends a frame to send.
+    /// Appends a frame to send (the loop's own refusals).
     pub(crate) fn queue(&mut self, frame: &[u8]) {
-        if self.sent == self.out.len() {
-            self.out.clear();
-            self.sent = 0;
-        }
-        self.out.extend_from_slice(frame);
+        self.wire.queue(frame);
     }
 
-    /// Sends what the socket takes now. `Err` other than AGAIN: the
-    /// connection is broken.
+    /// Sends what the socket takes now. `Err`: the connection is broken.
     pub(crate) fn flush(&mut self, now: Instant) -> Result<(), Errno> {
-        while self.sent < self.out.len() {
-            match rustix::net::send(&self.fd, &self.out[self.sent..], SendFlags::NOSIGNAL) {
-                Ok(n) => {
-                    self.sent += n;
-                    self.last_active = now;
-                    self.stalled_since = None;
-                }
-                Err(Errno::INTR) => continue,
-                Err(Errno::AGAIN) => {
-                    self.stalled_since.get_or_insert(now);
-                    return Ok(());
-                }
-                Err(e) => return Err(e),
-            }
+        let (wrote, left) = self.wire.flush()?;
+        if wrote > 0 {
+            self.last_active = now;
         }
-        self.out.clear();
-        self.sent = 0;
-        if self.out.capacity() > 64 << 10 {
-            self.out = Vec::new();
+        if left == 0 || wrote > 0 {
+            self.stalled_since = None;
         }
-        self.stalled_since = None;
+        if left > 0 {
+            self.stalled_since.get_or_insert(now);
+        }
         Ok(())
+    }
+}
+
+/// A wire over one end of a socket pair, for tests that need a job.
+#[cfg(test)]
+pub(crate) fn test_wire() -> Arc<Wire> {
+    let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+    Conn::new(OwnedFd::from(a), 16).wire.clone()
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // Workers still holding the wire drop their answers.
+        self.wire.closed.store(true, Ordering::SeqCst);
     }
 }
 

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use crust_protocols::protobuf::Message;
 use crust_protocols::ttrpc::{self, Code, MessageHeader, MethodHandler, TtrpcContext};
 
+use super::conn::Wire;
 use super::frame;
 
 /// The generated service table: "/package.Service/Method" → handler.
@@ -37,14 +38,15 @@ pub(crate) struct Job {
     pub(crate) req: ttrpc::Request,
     /// Disconnects when the caller is gone (ttrpc's `cancel_rx`).
     pub(crate) gone: crossbeam_channel::Receiver<()>,
+    /// Where the answer goes.
+    pub(crate) wire: Arc<Wire>,
 }
 
-/// A finished request: the response frame for its connection.
+/// A finished request whose connection needs the event loop: answers left
+/// pending, or reading to resume after the in-flight limit.
 pub(crate) struct Done {
-    /// The connection to answer on.
+    /// The connection.
     pub(crate) conn: u64,
-    /// The whole response frame.
-    pub(crate) frame: Vec<u8>,
 }
 
 /// Where a generated handler sends its encoded response; one per worker.
@@ -177,6 +179,7 @@ mod tests {
             path: format!("/crust.v1.Agent/{method}"),
             req,
             gone,
+            wire: crate::rpc::conn::test_wire(),
         }
     }
 

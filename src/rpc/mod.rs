@@ -132,6 +132,7 @@ impl Server {
         let lanes = (0..limits.workers.max(1))
             .map(|_| Lane::Regular)
             .chain((0..limits.quick_workers).map(|_| Lane::Quick));
+        let cap = limits.in_flight_per_connection;
         for (i, lane) in lanes.enumerate() {
             let (queue, methods, done_tx, wake, log, rate) = (
                 queue.clone(),
@@ -149,6 +150,7 @@ impl Server {
                 let out = Outbox::new();
                 while let Some(job) = queue.pop(lane) {
                     let (conn, path, start) = (job.conn, job.path.clone(), Instant::now());
+                    let wire = job.wire.clone();
                     let (frame, failure) = dispatch::run(&methods, job, &out);
                     if let Some((code, why)) = failure {
                         if let Some(held) = rate.allow() {
@@ -157,10 +159,18 @@ impl Server {
                                   "error" => why, "lines_held_back" => held);
                         }
                     }
-                    if done_tx.send(dispatch::Done { conn, frame }).is_err() {
-                        return;
+                    // Answer straight away; the loop is needed only for what
+                    // the socket did not take, or to resume reading a
+                    // connection held at its in-flight limit.
+                    let pending = wire.answer(&frame).unwrap_or(1);
+                    let before = wire.in_flight.fetch_sub(1, Ordering::SeqCst);
+                    drop(wire);
+                    if pending > 0 || before >= cap {
+                        if done_tx.send(dispatch::Done { conn }).is_err() {
+                            return;
+                        }
+                        let _ = rustix::io::write(&*wake, &1u64.to_ne_bytes());
                     }
-                    let _ = rustix::io::write(&*wake, &1u64.to_ne_bytes());
                 }
             })?;
         }

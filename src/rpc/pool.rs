@@ -205,6 +205,7 @@ mod tests {
             path: String::new(),
             req: Default::default(),
             gone,
+            wire: crate::rpc::conn::test_wire(),
         }
     }
 

@@ -115,7 +115,7 @@ impl Reactor {
                 let busy = self
                     .conns
                     .values()
-                    .any(|c| c.in_flight > 0 || c.pending_out() > 0);
+                    .any(|c| c.in_flight() > 0 || c.pending_out() > 0);
                 if !busy || Instant::now() >= end {
                     break;
                 }
@@ -273,7 +273,8 @@ impl Reactor {
             return;
         }
         if flags.contains(EventFlags::OUT) {
-            self.flush(id, now);
+            // Writing may let frames held back by the output limit go.
+            self.pump(id, now);
         }
         if flags.contains(EventFlags::IN) {
             self.read(id, now);
@@ -297,16 +298,40 @@ impl Reactor {
         self.pump(id, now);
     }
 
-    /// Admits the frames a connection holds, as far as its in-flight
-    /// limit allows, then sets what to wait for on it.
+    /// Admits the frames a connection holds, as far as its in-flight and
+    /// output limits allow, writes what waits, and sets what to wait for.
     fn pump(&mut self, id: u64, now: Instant) {
+        loop {
+            let admitted = self.admit_frames(id, now);
+            let before = self.conns.get(&id).map_or(0, |c| c.pending_out());
+            self.flush(id, now);
+            let Some(c) = self.conns.get(&id) else {
+                return;
+            };
+            // Writing may have brought the output under its limit while
+            // frames still wait: admit them now, nothing else will wake us.
+            let drained = c.pending_out() < before;
+            if !(admitted || drained)
+                || c.wants_bytes()
+                || c.in_flight() >= self.limits.in_flight_per_connection
+                || c.pending_out() >= self.limits.out_pause
+            {
+                return;
+            }
+        }
+    }
+
+    /// Admits held frames while the limits allow; whether any was taken.
+    fn admit_frames(&mut self, id: u64, now: Instant) -> bool {
         let Some(c) = self.conns.get_mut(&id) else {
-            return;
+            return false;
         };
-        while c.in_flight < self.limits.in_flight_per_connection
+        let mut any = false;
+        while c.in_flight() < self.limits.in_flight_per_connection
             && c.pending_out() < self.limits.out_pause
         {
             let Some(frame) = c.next_frame() else { break };
+            any = true;
             c.last_active = now;
             match c.admit(frame, &self.methods, self.limits.max_request) {
                 Admit::Refuse(f, code, why) => {
@@ -318,7 +343,7 @@ impl Reactor {
                 }
                 Admit::Run { stream, path, req } => {
                     let lane = Lane::of(&path);
-                    let first = c.in_flight == 0;
+                    let first = c.in_flight() == 0;
                     let job = Job {
                         conn: id,
                         fd: c.raw(),
@@ -326,10 +351,14 @@ impl Reactor {
                         path,
                         req,
                         gone: c.gone_rx(),
+                        wire: c.wire.clone(),
                     };
+                    // Counted before the push: a worker may finish it at once.
+                    c.wire.in_flight.fetch_add(1, Ordering::SeqCst);
                     match self.queue.push(job, lane, first) {
-                        Ok(()) => c.in_flight += 1,
+                        Ok(()) => {}
                         Err((job, waiting)) => {
+                            c.wire.in_flight.fetch_sub(1, Ordering::SeqCst);
                             let msg = format!(
                                 "the agent is busy: {waiting} requests are already waiting for a worker; retry shortly"
                             );
@@ -349,17 +378,15 @@ impl Reactor {
             }
         }
         c.note_partial(now);
-        self.flush(id, now);
+        any
     }
 
-    /// Hands the workers' answers to their connections.
+    /// Takes up connections whose workers left answers pending or whose
+    /// reading may resume.
     fn deliver(&mut self, now: Instant) {
         let mut touched = Vec::new();
         while let Ok(d) = self.done.try_recv() {
-            if let Some(c) = self.conns.get_mut(&d.conn) {
-                c.in_flight = c.in_flight.saturating_sub(1);
-                c.queue(&d.frame);
-                c.last_active = now;
+            if self.conns.contains_key(&d.conn) {
                 touched.push(d.conn);
             }
         }
@@ -400,7 +427,7 @@ impl Reactor {
         let mut want = EventFlags::RDHUP;
         if !stopping
             && c.wants_bytes()
-            && c.in_flight < self.limits.in_flight_per_connection
+            && c.in_flight() < self.limits.in_flight_per_connection
             && c.pending_out() < self.limits.out_pause
         {
             want |= EventFlags::IN;
@@ -409,7 +436,7 @@ impl Reactor {
             want |= EventFlags::OUT;
         }
         if want != c.registered
-            && epoll::modify(&self.epoll, &c.fd, EventData::new_u64(id), want).is_ok()
+            && epoll::modify(&self.epoll, c.fd(), EventData::new_u64(id), want).is_ok()
         {
             c.registered = want;
         }
@@ -443,8 +470,8 @@ impl Reactor {
         let Some(c) = self.conns.remove(&id) else {
             return;
         };
-        let _ = epoll::delete(&self.epoll, &c.fd);
-        let (in_flight, held) = (c.in_flight, c.held());
+        let _ = epoll::delete(&self.epoll, c.fd());
+        let (in_flight, held) = (c.in_flight(), c.held());
         drop(c);
         match why {
             Close::HungUp | Close::Stopping => {
