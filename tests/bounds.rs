@@ -274,12 +274,19 @@ fn a_client_that_never_reads_is_held_back_not_buffered() {
     let mut stream = 1u32;
     let start = Instant::now();
     let mut closed = false;
-    while start.elapsed() < Duration::from_secs(20) {
+    let mut blocked_since: Option<Instant> = None;
+    // Until the agent has stopped reading us for a second (or closed us).
+    while start.elapsed() < Duration::from_secs(10)
+        && !matches!(blocked_since, Some(t) if t.elapsed() >= Duration::from_secs(1))
+    {
         let f = raw::request(stream, "GetVolumeStats", &stats_req(id.clone()));
-        stream += 2;
         match s.write(&f) {
-            Ok(_) => {}
+            Ok(_) => {
+                stream += 2;
+                blocked_since = None;
+            }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                blocked_since.get_or_insert_with(Instant::now);
                 std::thread::sleep(Duration::from_millis(5))
             }
             Err(_) => {
