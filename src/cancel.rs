@@ -67,10 +67,23 @@ impl Stopped {
 }
 
 /// A flag that fires once and stays fired.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Token {
     fired: Arc<AtomicBool>,
     why: Why,
+    /// A signal owned elsewhere that fires the token once it says so
+    /// (asked on every look): ttrpc's per-connection cancel channel.
+    watch: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Token")
+            .field("why", &self.why)
+            .field("fired", &self.fired.load(Ordering::SeqCst))
+            .field("watching", &self.watch.is_some())
+            .finish()
+    }
 }
 
 impl Token {
@@ -79,6 +92,17 @@ impl Token {
         Token {
             fired: Arc::new(AtomicBool::new(false)),
             why,
+            watch: None,
+        }
+    }
+
+    /// A token that also fires by itself once `gone()` returns true — for
+    /// a signal another layer owns, like the transport's "this caller
+    /// disconnected". `gone` must be cheap: waits ask it every slice.
+    pub fn watching(why: Why, gone: impl Fn() -> bool + Send + Sync + 'static) -> Token {
+        Token {
+            watch: Some(Arc::new(gone)),
+            ..Token::new(why)
         }
     }
 
@@ -89,7 +113,16 @@ impl Token {
 
     /// Whether it has fired.
     pub fn fired(&self) -> bool {
-        self.fired.load(Ordering::SeqCst)
+        if self.fired.load(Ordering::SeqCst) {
+            return true;
+        }
+        match &self.watch {
+            Some(gone) if gone() => {
+                self.fire();
+                true
+            }
+            _ => false,
+        }
     }
 }
 
@@ -219,6 +252,20 @@ mod tests {
         assert_eq!(c.check(String::new).unwrap_err().code(), Code::Cancelled);
         // An absurd timeout is no deadline, not an overflow.
         assert_eq!(Cancel::never().with_timeout(Duration::MAX).deadline(), None);
+    }
+
+    #[test]
+    fn a_watching_token_fires_when_its_signal_says_so_and_stays_fired() {
+        let gone = Arc::new(AtomicBool::new(false));
+        let g = gone.clone();
+        let t = Token::watching(Why::CallerGone, move || g.load(Ordering::SeqCst));
+        let c = Cancel::never().with_token(&t);
+        assert_eq!(c.why(), None);
+        gone.store(true, Ordering::SeqCst);
+        assert_eq!(c.why(), Some(Why::CallerGone));
+        gone.store(false, Ordering::SeqCst);
+        assert!(t.fired(), "once fired, always fired");
+        assert_eq!(c.check(String::new).unwrap_err().code(), Code::Cancelled);
     }
 
     #[test]

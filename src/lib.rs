@@ -19,6 +19,7 @@ pub mod mount;
 pub mod mountinfo;
 pub mod ownership;
 pub mod probe;
+pub mod rpc;
 pub mod server;
 pub mod stats;
 pub mod system;

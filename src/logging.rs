@@ -1,8 +1,13 @@
 //! The agent's log: one line per event on stderr (the console in a guest),
 //! as text or JSON, through slog. No terminal or serde machinery: the agent
 //! stays small, and a line is written with a single write so threads do not
-//! interleave.
+//! interleave. Values often come from clients (volume ids, paths, error
+//! texts quoting them): control and line-breaking characters are escaped in
+//! both formats, so a value cannot start a line of its own, and each message
+//! and value is cut at [`MAX_FIELD`] bytes, so one request cannot write a
+//! megabyte to the console.
 
+use std::borrow::Cow;
 use std::fmt::{self, Write as _};
 use std::io::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -72,6 +77,56 @@ impl Drain for StderrDrain {
     }
 }
 
+/// The most bytes of one message or value written; the rest is cut, and
+/// the cut says how many bytes it left out.
+pub const MAX_FIELD: usize = 1024;
+
+/// `s`, cut at [`MAX_FIELD`] bytes (on a character boundary) with a note.
+fn capped(s: &str) -> Cow<'_, str> {
+    if s.len() <= MAX_FIELD {
+        return Cow::Borrowed(s);
+    }
+    let mut end = MAX_FIELD;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    Cow::Owned(format!("{}…[{} more bytes]", &s[..end], s.len() - end))
+}
+
+/// Characters that would break a line or mislead its reader: controls
+/// (C0, DEL, C1), the Unicode line and paragraph separators, and the
+/// bidirectional overrides that reorder what a terminal shows.
+fn hazardous(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// Text format: backslash escapes for hazards and backslashes; quotes too
+/// when `quoted` (inside a quoted value).
+fn text_escape(out: &mut String, s: &str, quoted: bool) {
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' if quoted => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\0' => out.push_str("\\0"),
+            c if hazardous(c) => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+}
+
+/// Whether a text-format value needs quotes to read back as one value.
+fn needs_quotes(v: &str) -> bool {
+    v.is_empty()
+        || v.chars()
+            .any(|c| matches!(c, ' ' | '"' | '=' | '\\') || hazardous(c))
+}
+
 fn format_line(format: Format, ts: &str, record: &Record, values: &OwnedKVList) -> String {
     // slog hands key-values over last-first; collect and reverse so lines read as written.
     let mut rec = Pairs(Vec::new());
@@ -85,12 +140,19 @@ fn format_line(format: Format, ts: &str, record: &Record, values: &OwnedKVList) 
     let mut out = String::new();
     match format {
         Format::Text => {
-            let _ = write!(out, "{ts} {level} {msg}");
+            let _ = write!(out, "{ts} {level} ");
+            text_escape(&mut out, &capped(&msg), false);
             for (k, v) in rec.0.iter().chain(ctx.0.iter()) {
-                if v.is_empty() || v.contains([' ', '"', '=']) {
-                    let _ = write!(out, " {k}={v:?}");
+                out.push(' ');
+                text_escape(&mut out, &capped(k), false);
+                out.push('=');
+                let v = capped(v);
+                if needs_quotes(&v) {
+                    out.push('"');
+                    text_escape(&mut out, &v, true);
+                    out.push('"');
                 } else {
-                    let _ = write!(out, " {k}={v}");
+                    out.push_str(&v);
                 }
             }
         }
@@ -98,13 +160,13 @@ fn format_line(format: Format, ts: &str, record: &Record, values: &OwnedKVList) 
             out.push_str("{\"ts\":\"");
             json_escape(&mut out, ts);
             let _ = write!(out, "\",\"level\":\"{level}\",\"msg\":\"");
-            json_escape(&mut out, &msg);
+            json_escape(&mut out, &capped(&msg));
             out.push('"');
             for (k, v) in rec.0.iter().chain(ctx.0.iter()) {
                 out.push_str(",\"");
-                json_escape(&mut out, k);
+                json_escape(&mut out, &capped(k));
                 out.push_str("\":\"");
-                json_escape(&mut out, v);
+                json_escape(&mut out, &capped(v));
                 out.push('"');
             }
             out.push('}');
@@ -143,7 +205,7 @@ fn json_escape(out: &mut String, s: &str) {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
+            c if hazardous(c) => {
                 let _ = write!(out, "\\u{:04x}", c as u32);
             }
             c => out.push(c),
@@ -225,5 +287,67 @@ mod tests {
             json,
             "{\"ts\":\"T\",\"level\":\"INFO\",\"msg\":\"request \\\"done\\\"\",\"method\":\"PublishVolume\",\"volume\":\"vol 1\",\"code\":\"OK\"}\n"
         );
+    }
+
+    fn line(format: Format, msg: &str, volume: &str) -> String {
+        let values = OwnedKVList::from(slog::o!("volume" => volume.to_string()));
+        let rs = slog::RecordStatic {
+            location: &slog::RecordLocation {
+                file: "",
+                line: 0,
+                column: 0,
+                function: "",
+                module: "",
+            },
+            tag: "",
+            level: Level::Warning,
+        };
+        let args = format_args!("{}", msg);
+        let rec = Record::new(&rs, &args, slog::b!());
+        format_line(format, "T", &rec, &values)
+    }
+
+    #[test]
+    fn values_cannot_forge_lines() {
+        let evil = "v\n2026-11-22T00:00:00.000Z INFO forged code=OK\r\0\u{1b}[2J\u{7f}\u{85}\u{2028}\u{202e}";
+        for format in [Format::Text, Format::Json] {
+            let l = line(format, evil, evil);
+            // One line, and nothing in it a terminal would act on.
+            assert_eq!(l.matches('\n').count(), 1, "{l}");
+            assert!(l.ends_with('\n'));
+            assert!(!l.trim_end_matches('\n').chars().any(hazardous), "{l:?}");
+        }
+        assert_eq!(
+            line(Format::Text, "m", "a\nb\0c"),
+            "T WARN m volume=\"a\\nb\\0c\"\n"
+        );
+        assert_eq!(line(Format::Text, "a\nb", "v"), "T WARN a\\nb volume=v\n");
+        assert_eq!(
+            line(Format::Text, "m", "back\\slash \"q\""),
+            "T WARN m volume=\"back\\\\slash \\\"q\\\"\"\n"
+        );
+        assert_eq!(
+            line(Format::Json, "m", "a\u{85}\u{2028}"),
+            "{\"ts\":\"T\",\"level\":\"WARN\",\"msg\":\"m\",\"volume\":\"a\\u0085\\u2028\"}\n"
+        );
+    }
+
+    #[test]
+    fn long_values_and_messages_are_cut_and_say_so() {
+        let big = "x".repeat(4 << 20);
+        for format in [Format::Text, Format::Json] {
+            let l = line(format, &big, &big);
+            assert!(l.len() < 3 * MAX_FIELD, "{} bytes", l.len());
+            assert!(
+                l.contains(&format!("…[{} more bytes]", (4 << 20) - MAX_FIELD)),
+                "{l}"
+            );
+        }
+        // Cut on a character boundary.
+        let wide = "é".repeat(MAX_FIELD);
+        let c = capped(&wide);
+        assert!(c.starts_with(&"é".repeat(MAX_FIELD / 2)));
+        assert!(c.ends_with(&format!("…[{} more bytes]", 2 * MAX_FIELD - MAX_FIELD)));
+        assert_eq!(capped("short"), "short");
     }
 }

@@ -12,13 +12,16 @@ use crust_agent::device::Sysfs;
 use crust_agent::server::Service;
 use crust_agent::system::{self, Gate, Timeline};
 use crust_agent::volumes::Volumes;
-use crust_agent::{init, logging};
-use crust_protocols::{crust_ttrpc, ttrpc};
+use crust_agent::{init, logging, rpc};
+use crust_protocols::crust_ttrpc;
 use slog::{error, info, warn};
 
 /// Loaded before listening: PCI virtio and the vsock transport. Everything
 /// else the initrd lists loads in the background once the agent listens.
 const EARLY_MODULES: [&str; 2] = ["virtio_pci", "vmw_vsock_virtio_transport"];
+
+/// How long answers in flight may take to leave once the agent stops.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
 const USAGE: &str = "\
 usage: crust-agent [--listen ADDR]... [--root DIR] [--log-level LEVEL] [--log-format text|json]
@@ -50,28 +53,10 @@ impl Default for Config {
     }
 }
 
-fn check_listen(addr: &str) -> Result<(), String> {
-    if let Some(p) = addr.strip_prefix("unix://") {
-        if Path::new(p).is_absolute() {
-            return Ok(());
-        }
-    } else if let Some((cid, port)) = addr
-        .strip_prefix("vsock://")
-        .and_then(|r| r.split_once(':'))
-    {
-        if (cid == "-1" || cid.parse::<u32>().is_ok()) && port.parse::<u32>().is_ok() {
-            return Ok(());
-        }
-    }
-    Err(format!(
-        "listen address {addr:?} is not unix:///absolute/path or vsock://CID:PORT"
-    ))
-}
-
 fn apply(cfg: &mut Config, key: &str, value: &str) -> Result<(), String> {
     match key {
         "listen" => {
-            check_listen(value)?;
+            rpc::Address::parse(value)?;
             cfg.listen.push(value.to_string());
         }
         "root" => {
@@ -259,7 +244,7 @@ fn run(
         tx.clone(),
         modules,
     ));
-    let mut servers = Vec::new();
+    let mut listeners = Vec::new();
     for addr in &cfg.listen {
         if let Some(p) = unix_path(addr) {
             use std::os::unix::fs::FileTypeExt;
@@ -268,18 +253,12 @@ fn run(
                 let _ = std::fs::remove_file(p);
             }
         }
-        let server = ttrpc::Server::new()
-            .bind(addr)
-            .map(|s| s.register_service(crust_ttrpc::create_agent(service.clone())));
-        match server {
-            Ok(mut s) => match s.start() {
-                Ok(()) => servers.push(s),
-                Err(e) => error!(log, "cannot serve"; "listen" => addr, "error" => %e),
-            },
+        match rpc::Address::parse(addr).and_then(|a| rpc::listen(&a).map_err(|e| e.to_string())) {
+            Ok(fd) => listeners.push((addr.clone(), fd)),
             Err(e) => error!(log, "cannot listen"; "listen" => addr, "error" => %e),
         }
     }
-    if servers.is_empty() {
+    if listeners.is_empty() {
         error!(
             log,
             "no listener could be started; the agent cannot be reached"
@@ -287,6 +266,25 @@ fn run(
         volumes.shutdown();
         return ExitCode::FAILURE;
     }
+    let limits = rpc::Limits::default();
+    info!(log, "serving"; "max_connections" => limits.max_connections, "workers" => limits.workers,
+          "quick_workers" => limits.quick_workers, "queue" => limits.queue,
+          "in_flight_per_connection" => limits.in_flight_per_connection,
+          "max_request_bytes" => limits.max_request);
+    let server = match rpc::Server::start(
+        listeners,
+        crust_ttrpc::create_agent(service),
+        limits,
+        log.clone(),
+        SHUTDOWN_GRACE,
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            error!(log, "cannot serve"; "error" => %e);
+            volumes.shutdown();
+            return ExitCode::FAILURE;
+        }
+    };
     let listening_ms = system::boottime_ms();
     {
         let mut t = timeline.lock().unwrap_or_else(|p| p.into_inner());
@@ -305,11 +303,8 @@ fn run(
     // After a Shutdown request this finds nothing left; after a signal it does the work.
     let n = volumes.shutdown();
     info!(log, "shutting down"; "volumes_unmounted_now" => n);
-    // Give a Shutdown response time to leave before the listeners close.
-    std::thread::sleep(Duration::from_millis(100));
-    for s in servers {
-        s.shutdown();
-    }
+    // Answers in flight (the Shutdown response among them) leave within the grace.
+    server.shutdown();
     for addr in &cfg.listen {
         if let Some(p) = unix_path(addr) {
             let _ = std::fs::remove_file(p);

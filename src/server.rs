@@ -10,13 +10,14 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crossbeam_channel::TryRecvError;
 use crust_protocols::crust::{self as pb, publish_volume_request::Source as PbSource};
 use crust_protocols::crust_ttrpc;
 use crust_protocols::protobuf::{EnumOrUnknown, MessageField};
 use crust_protocols::ttrpc::{self, TtrpcContext};
 use slog::{debug, info, warn, Logger};
 
-use crate::cancel::Cancel;
+use crate::cancel::{Cancel, Token, Why};
 use crate::errors::{Code, Error, Result};
 use crate::mount::RecursiveReadOnly;
 use crate::ownership::Policy;
@@ -93,11 +94,17 @@ impl Service {
     }
 }
 
-/// The request's cancellation: the caller's ttrpc deadline, if it sent one.
+/// The request's cancellation: the caller's ttrpc deadline, if it sent one,
+/// and its connection — ttrpc disconnects `cancel_rx` when the caller goes.
 fn cancel_of(ctx: &TtrpcContext) -> Cancel {
+    let rx = ctx.cancel_rx.clone();
+    let gone = Token::watching(Why::CallerGone, move || {
+        matches!(rx.try_recv(), Err(TryRecvError::Disconnected))
+    });
+    let cancel = Cancel::never().with_token(&gone);
     match u64::try_from(ctx.timeout_nano) {
-        Ok(n) if n > 0 => Cancel::never().with_timeout(Duration::from_nanos(n)),
-        _ => Cancel::never(),
+        Ok(n) if n > 0 => cancel.with_timeout(Duration::from_nanos(n)),
+        _ => cancel,
     }
 }
 
@@ -672,6 +679,31 @@ mod tests {
             other => panic!("expected INTERNAL, got {other:?}"),
         }
         assert_eq!(svc.handle("Test", "v", || Ok(7)).unwrap(), 7);
+    }
+
+    #[test]
+    fn a_caller_that_disconnects_cancels_its_request() {
+        let (gone_tx, gone_rx) = crossbeam_channel::unbounded::<()>();
+        let (res_tx, _res_rx) = std::sync::mpsc::channel();
+        let ctx = TtrpcContext {
+            fd: -1,
+            cancel_rx: gone_rx,
+            mh: Default::default(),
+            res_tx,
+            metadata: Default::default(),
+            timeout_nano: 60_000_000_000,
+            conn_ctx: Default::default(),
+        };
+        let cancel = cancel_of(&ctx);
+        assert_eq!(cancel.why(), None);
+        assert!(
+            cancel.deadline().is_some(),
+            "the ttrpc timeout is the deadline"
+        );
+        drop(gone_tx);
+        let e = cancel.check(|| "waiting".into()).unwrap_err();
+        assert_eq!(e.why, Why::CallerGone);
+        assert_eq!(status_code(e.code()), ttrpc::Code::CANCELLED);
     }
 
     #[test]

@@ -111,6 +111,14 @@ impl RawCaps {
     }
 }
 
+/// The agent of an earlier commit to measure beside ours
+/// (`CRUST_BENCH_BASELINE_AGENT`, which `bench/run.sh` builds), and its name.
+pub fn baseline_agent() -> Option<(PathBuf, String)> {
+    let bin = PathBuf::from(std::env::var_os("CRUST_BENCH_BASELINE_AGENT")?);
+    let name = std::env::var("CRUST_BENCH_BASELINE_REV").unwrap_or_else(|_| "baseline".into());
+    bin.is_file().then_some((bin, name))
+}
+
 /// The release agent binary (what `make build` makes and the initrd holds).
 pub fn agent_bin() -> PathBuf {
     match std::env::var_os("CRUST_AGENT_BIN") {
@@ -192,7 +200,10 @@ fn spawn_listening(mut cmd: Command, sock: &Path, log: &Path) -> R<(Proc, Durati
 }
 
 fn spawn_agent(work: &Path, name: &str) -> R<(Proc, Duration)> {
-    let bin = agent_bin();
+    spawn_agent_bin(&agent_bin(), work, name)
+}
+
+fn spawn_agent_bin(bin: &Path, work: &Path, name: &str) -> R<(Proc, Duration)> {
     if !bin.is_file() {
         return Err(format!(
             "{} does not exist (cargo build --release -p crust-agent)",
@@ -203,7 +214,7 @@ fn spawn_agent(work: &Path, name: &str) -> R<(Proc, Duration)> {
     let root = work.join(format!("{name}-root"));
     let _ = fs::remove_dir_all(&root);
     fs::create_dir_all(&root).map_err(|e| format!("cannot create {}: {e}", root.display()))?;
-    let mut cmd = Command::new(&bin);
+    let mut cmd = Command::new(bin);
     cmd.arg("--listen")
         .arg(format!("unix://{}", sock.display()))
         .arg("--root")
@@ -294,14 +305,113 @@ pub fn figures(work: &Path) -> Vec<Figure> {
         Ok(f) => f,
         Err(e) => Figure::not_measured(start.0, start.1, start.2, e),
     });
-    match rtt_and_rss(work) {
+    let base = baseline_agent().map(|(bin, rev)| {
+        let m = measure(work, &bin, "base");
+        if let Err(e) = &m {
+            eprintln!("bench: the baseline agent ({rev}) could not be measured: {e}");
+        }
+        (rev, m.ok())
+    });
+    match measure(work, &agent_bin(), "rtt").and_then(|m| rtt_and_rss(m, base.as_ref())) {
         Ok(v) => out.extend(v),
         Err(e) => {
             out.push(Figure::not_measured(rtt.0, rtt.1, rtt.2, e.clone()));
             out.push(Figure::not_measured(rss.0, rss.1, rss.2, e));
         }
     }
+    out.push(match idle_connections(work, &agent_bin(), "idle") {
+        Ok(ours) => idle_figure(ours, base.as_ref().map(|(rev, _)| rev.as_str()), work),
+        Err(e) => Figure::not_measured(
+            "idle_connections",
+            "500 idle connections: threads and RSS",
+            "bounded threads; a working client still served",
+            e,
+        ),
+    });
     out
+}
+
+/// Threads and RSS of an agent with 500 idle connections open, and the
+/// round trip of a working client meanwhile.
+#[derive(Clone, Copy, Debug)]
+struct Idle {
+    threads_before: u64,
+    threads: u64,
+    rss_before: u64,
+    rss: u64,
+    call_s: f64,
+}
+
+fn threads(pid: u32) -> R<u64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|e| format!("cannot read /proc/{pid}/status: {e}"))?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| format!("no Threads in /proc/{pid}/status"))
+}
+
+const IDLE_CONNECTIONS: usize = 500;
+
+fn idle_connections(work: &Path, bin: &Path, name: &str) -> R<Idle> {
+    let (agent, _) = spawn_agent_bin(bin, work, name)?;
+    let c = client(&agent.sock)?;
+    capability_round_trips(&c, 10)?;
+    std::thread::sleep(Duration::from_millis(200));
+    let (threads_before, rss_before) = (threads(agent.pid())?, sys::vm_rss(agent.pid())?);
+    let mut held = Vec::with_capacity(IDLE_CONNECTIONS);
+    for _ in 0..IDLE_CONNECTIONS {
+        held.push(UnixStream::connect(&agent.sock).map_err(|e| format!("connect: {e}"))?);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let call_s = median(&capability_round_trips(&c, 100)?);
+    let (threads, rss) = (threads(agent.pid())?, sys::vm_rss(agent.pid())?);
+    drop(held);
+    Ok(Idle {
+        threads_before,
+        threads,
+        rss_before,
+        rss,
+        call_s,
+    })
+}
+
+fn idle_figure(ours: Idle, base_rev: Option<&str>, work: &Path) -> Figure {
+    let fmt = |i: &Idle| {
+        format!(
+            "{} → {} threads, {} → {}, call {}",
+            i.threads_before,
+            i.threads,
+            fmt_mib(i.rss_before),
+            fmt_mib(i.rss),
+            fmt_secs(i.call_s)
+        )
+    };
+    let base = base_rev.and_then(|rev| {
+        idle_connections(work, &baseline_agent()?.0, "idle-base")
+            .ok()
+            .map(|b| (rev.to_string(), b))
+    });
+    Figure {
+        key: "idle_connections".into(),
+        title: format!("{IDLE_CONNECTIONS} idle connections: threads and RSS before → after, a working client's GetCapabilities meanwhile"),
+        ours: fmt(&ours),
+        baseline: base
+            .as_ref()
+            .map(|(rev, b)| format!("{rev}: {}", fmt(b)))
+            .unwrap_or_else(|| "—".into()),
+        ratio: base
+            .as_ref()
+            .map(|(_, b)| format!("{} vs {} threads added", ours.threads.saturating_sub(ours.threads_before), b.threads.saturating_sub(b.threads_before)))
+            .unwrap_or_else(|| "—".into()),
+        target: "no thread per connection; idle connections cheap".into(),
+        verdict: Verdict::from(ours.threads == ours.threads_before && ours.rss < ours.rss_before + (8 << 20)),
+        data: json!({
+            "connections": IDLE_CONNECTIONS,
+            "ours": { "threads_before": ours.threads_before, "threads": ours.threads, "rss_before_bytes": ours.rss_before, "rss_bytes": ours.rss, "call_median_s": ours.call_s },
+            "baseline": base.as_ref().map(|(rev, b)| json!({ "rev": rev, "threads_before": b.threads_before, "threads": b.threads, "rss_before_bytes": b.rss_before, "rss_bytes": b.rss, "call_median_s": b.call_s })),
+        }),
+    }
 }
 
 fn start_to_listening(work: &Path) -> R<Figure> {
@@ -354,13 +464,29 @@ fn raw_round_trips(raw: &mut RawCaps, n: usize) -> R<Vec<f64>> {
 /// Calls made on the first connection before RSS is taken as warm.
 const WARM_UP: usize = 100;
 
-fn rtt_and_rss(work: &Path) -> R<[Figure; 3]> {
+/// What one agent binary measures: round trips (crust_client, the minimal
+/// client, the echo beside them) and its RSS along the way.
+#[derive(Clone, Debug)]
+struct Measured {
+    ours_s: Vec<f64>,
+    raw_s: Vec<f64>,
+    echo_s: Vec<f64>,
+    req_len: usize,
+    resp_len: usize,
+    idle: u64,
+    warm: u64,
+    after_10k: u64,
+    after_more: u64,
+    reported: u64,
+}
+
+fn measure(work: &Path, bin: &Path, name: &str) -> R<Measured> {
     // Agent A serves crust_client alone, so its RSS is that of one client's
     // use; agent B serves the minimal client.
-    let (agent, _) = spawn_agent(work, "rtt")?;
+    let (agent, _) = spawn_agent_bin(bin, work, name)?;
     std::thread::sleep(Duration::from_millis(300));
     let idle = sys::vm_rss(agent.pid())?;
-    let (agent_b, _) = spawn_agent(work, "rtt-raw")?;
+    let (agent_b, _) = spawn_agent_bin(bin, work, &format!("{name}-raw"))?;
 
     // The real frame sizes, from a real call; the echo moves as many bytes.
     let mut raw = RawCaps::connect(&agent_b.sock)?;
@@ -396,13 +522,67 @@ fn rtt_and_rss(work: &Path) -> R<[Figure; 3]> {
     drop(raw);
     drop(agent);
     drop(agent_b);
+    Ok(Measured {
+        ours_s,
+        raw_s,
+        echo_s,
+        req_len,
+        resp_len,
+        idle,
+        warm,
+        after_10k,
+        after_more,
+        reported,
+    })
+}
 
+fn rtt_and_rss(m: Measured, base: Option<&(String, Option<Measured>)>) -> R<[Figure; 3]> {
+    let Measured {
+        ours_s,
+        raw_s,
+        echo_s,
+        req_len,
+        resp_len,
+        idle,
+        warm,
+        after_10k,
+        after_more,
+        reported,
+    } = m;
+    // Today's figures beside ours: the baseline agent measured the same way in this run.
+    let (base_rtt, base_raw, base_rss) = match base {
+        Some((rev, Some(b))) => (
+            format!("; {rev}: {}", fmt_secs(median(&b.ours_s))),
+            format!("; {rev}: {}", fmt_secs(median(&b.raw_s))),
+            format!(
+                "{rev}: {} / {} / {} / {}",
+                fmt_mib(b.idle),
+                fmt_mib(b.warm),
+                fmt_mib(b.after_10k),
+                fmt_mib(b.after_more)
+            ),
+        ),
+        Some((rev, None)) => (
+            format!("; {rev}: not measured"),
+            format!("; {rev}: not measured"),
+            format!("{rev}: not measured"),
+        ),
+        None => (String::new(), String::new(), "—".into()),
+    };
+    let base_json = match base {
+        Some((rev, Some(b))) => json!({
+            "rev": rev, "median_s": median(&b.ours_s), "raw_median_s": median(&b.raw_s),
+            "echo_median_s": median(&b.echo_s), "idle_bytes": b.idle, "warm_bytes": b.warm,
+            "after_10k_bytes": b.after_10k, "after_30k_bytes": b.after_more,
+        }),
+        _ => Value::Null,
+    };
     let (ours, base, rawm) = (median(&ours_s), median(&echo_s), median(&raw_s));
     let rtt = Figure {
         key: "rtt_unix".into(),
         title: "GetCapabilities round trip, unix socket, crust_client (median of 10,000)".into(),
         ours: fmt_secs(ours),
-        baseline: format!("raw echo {}", fmt_secs(base)),
+        baseline: format!("raw echo {}{base_rtt}", fmt_secs(base)),
         ratio: format!("{:.2}x the echo", ours / base),
         target: "≤ 2x the raw echo".into(),
         verdict: Verdict::from(ours / base <= 2.0),
@@ -410,6 +590,7 @@ fn rtt_and_rss(work: &Path) -> R<[Figure; 3]> {
             "calls": CALLS, "median_s": ours, "echo_median_s": base,
             "p90_s": percentile(&ours_s, 0.9), "echo_p90_s": percentile(&echo_s, 0.9),
             "request_frame_bytes": req_len, "response_frame_bytes": resp_len,
+            "baseline_agent": base_json,
             "note": format!("crust_client::CrustClient (the ttrpc crate's sync client) against the release agent; the echo is a blocking read/write server in its own process moving the same bytes ({req_len} B request, {resp_len} B response frames)"),
         }),
     };
@@ -417,7 +598,7 @@ fn rtt_and_rss(work: &Path) -> R<[Figure; 3]> {
         key: "rtt_unix_raw_client".into(),
         title: "GetCapabilities round trip, unix socket, minimal blocking ttrpc client (median of 10,000)".into(),
         ours: fmt_secs(rawm),
-        baseline: format!("raw echo {}", fmt_secs(base)),
+        baseline: format!("raw echo {}{base_raw}", fmt_secs(base)),
         ratio: format!("{:.2}x the echo", rawm / base),
         target: "— (shows the agent's own share)".into(),
         verdict: Verdict::Report,
@@ -439,7 +620,7 @@ fn rtt_and_rss(work: &Path) -> R<[Figure; 3]> {
             fmt_mib(after_10k),
             fmt_mib(after_more)
         ),
-        baseline: "—".into(),
+        baseline: base_rss,
         ratio: format!(
             "{:+} KiB for the first connection; {:+} KiB over 10,000 calls; {:+} KiB over the next 20,000",
             first_client / 1024,

@@ -1,14 +1,19 @@
-//! Opening a stream to the agent within a deadline: a Unix socket, AF_VSOCK, or
-//! the hybrid vsock handshake (`CONNECT PORT\n` → `OK …\n`) over a VMM's Unix
-//! socket. The connected stream is handed to ttrpc, which owns it from then on.
+//! Opening a stream to the agent within a deadline: a Unix socket (std),
+//! AF_VSOCK (the `vsock` crate), or the hybrid vsock handshake
+//! (`CONNECT PORT\n` → `OK …\n`) over a VMM's Unix socket, as Firecracker,
+//! Cloud Hypervisor and vhost-device-vsock expect. No raw socket calls: the
+//! connect runs blockingly on a helper thread that the deadline outruns, and
+//! the handshake uses the stream's timeouts. The connected stream is handed
+//! to ttrpc, which owns it from then on.
 
 use std::{
-    io, mem,
+    io::{self, Read, Write},
     os::{
-        fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd},
-        unix::ffi::OsStrExt,
+        fd::{AsFd, IntoRawFd, OwnedFd},
+        unix::net::UnixStream,
     },
     path::{Path, PathBuf},
+    sync::mpsc,
     time::{Duration, Instant},
 };
 
@@ -19,6 +24,8 @@ use crust_protocols::ttrpc;
 
 /// The longest handshake answer we read before calling the backend broken.
 const MAX_HANDSHAKE_LINE: usize = 256;
+/// `sizeof(sockaddr_un.sun_path)`: a path must fit with its NUL.
+const MAX_SUN_PATH: usize = 108;
 
 /// Why no connection to the agent could be made.
 #[derive(Debug, Error)]
@@ -72,31 +79,34 @@ pub fn connect_stream(addr: &Address, timeout: Duration) -> Result<OwnedFd, Conn
     addr.check_connectable()?;
     let deadline = Instant::now() + timeout;
     let name = addr.to_string();
-    let fd = match addr {
-        Address::Unix(path) => connect_unix(&name, path, deadline, timeout)?,
+    let io_err = |call, source| ConnectError::Io {
+        call,
+        addr: name.clone(),
+        source,
+    };
+    match addr {
+        Address::Unix(path) => {
+            let s = connect_unix(&name, path, deadline, timeout)?;
+            Ok(OwnedFd::from(s))
+        }
         Address::Vsock { cid, port } => {
-            // SAFETY: sockaddr_vm is plain old data; all-zero is a valid value.
-            let mut sa: libc::sockaddr_vm = unsafe { mem::zeroed() };
-            #[allow(clippy::cast_possible_truncation)] // AF_VSOCK (40) fits sa_family_t.
-            {
-                sa.svm_family = libc::AF_VSOCK as libc::sa_family_t;
-            }
-            sa.svm_cid = *cid;
-            sa.svm_port = *port;
-            connect_raw(&name, libc::AF_VSOCK, &sa, deadline, timeout)?
+            let (cid, port) = (*cid, *port);
+            let s = within(&name, deadline, timeout, move || {
+                vsock::VsockStream::connect_with_cid_port(cid, port)
+            })?;
+            // The vsock crate hands its descriptor out raw only; a duplicate is an owned one.
+            s.as_fd().try_clone_to_owned().map_err(|e| io_err("dup", e))
         }
         Address::Hvsock { path, port } => {
-            let fd = connect_unix(&name, path, deadline, timeout)?;
-            handshake(&fd, path, *port, deadline, timeout)?;
-            fd
+            let mut s = connect_unix(&name, path, deadline, timeout)?;
+            handshake(&mut s, path, *port, deadline, timeout)?;
+            // Back to blocking without timeouts: ttrpc owns the stream from here.
+            s.set_read_timeout(None)
+                .and_then(|_| s.set_write_timeout(None))
+                .map_err(|e| io_err("setsockopt", e))?;
+            Ok(OwnedFd::from(s))
         }
-    };
-    set_nonblocking(&fd, false).map_err(|source| ConnectError::Io {
-        call: "fcntl",
-        addr: name,
-        source,
-    })?;
-    Ok(fd)
+    }
 }
 
 fn connect_unix(
@@ -104,173 +114,81 @@ fn connect_unix(
     path: &Path,
     deadline: Instant,
     timeout: Duration,
-) -> Result<OwnedFd, ConnectError> {
-    // SAFETY: sockaddr_un is plain old data; all-zero is a valid value.
-    let mut sa: libc::sockaddr_un = unsafe { mem::zeroed() };
-    #[allow(clippy::cast_possible_truncation)] // AF_UNIX (1) fits sa_family_t.
-    {
-        sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    }
-    let bytes = path.as_os_str().as_bytes();
-    // Address parsing bounds the length; keep one byte for the NUL anyway.
-    if bytes.len() >= sa.sun_path.len() {
+) -> Result<UnixStream, ConnectError> {
+    // Address parsing bounds the length; std checks it again.
+    if path.as_os_str().len() >= MAX_SUN_PATH {
         return Err(AddressError::PathTooLong {
             addr: name.to_string(),
-            len: bytes.len(),
+            len: path.as_os_str().len(),
         }
         .into());
     }
-    for (dst, src) in sa.sun_path.iter_mut().zip(bytes) {
-        *dst = *src as libc::c_char;
-    }
-    connect_raw(name, libc::AF_UNIX, &sa, deadline, timeout)
+    let path = path.to_path_buf();
+    within(name, deadline, timeout, move || UnixStream::connect(path))
 }
 
-/// socket + nonblocking connect, waiting for completion until `deadline`.
-fn connect_raw<T>(
+/// Runs a blocking `connect` on a helper thread and waits for it until
+/// `deadline`. std and the vsock crate connect only blockingly; a connect
+/// that outlives the deadline (a listener whose backlog is full, a guest
+/// that does not answer) is left to finish on its thread, and its stream,
+/// if it comes, is closed there.
+fn within<S: Send + 'static>(
     name: &str,
-    family: libc::c_int,
-    sa: &T,
     deadline: Instant,
     timeout: Duration,
-) -> Result<OwnedFd, ConnectError> {
-    let io_err = |call, source| ConnectError::Io {
-        call,
-        addr: name.to_string(),
-        source,
-    };
-    // SAFETY: plain syscall with constant arguments; the result is checked.
-    let raw = unsafe {
-        libc::socket(
-            family,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-            0,
-        )
-    };
-    if raw < 0 {
-        return Err(io_err("socket", io::Error::last_os_error()));
-    }
-    // SAFETY: `raw` is a fresh socket that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    loop {
-        // SAFETY: `sa` points to a fully initialised sockaddr of the family's
-        // type, and the length passed is exactly its size.
-        let rc = unsafe {
-            libc::connect(
-                fd.as_raw_fd(),
-                sa as *const T as *const libc::sockaddr,
-                socklen::<T>(),
-            )
-        };
-        if rc == 0 {
-            return Ok(fd);
-        }
-        let err = io::Error::last_os_error();
-        match err.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::EINPROGRESS) => break,
-            // A Unix listener with a full backlog: try again until the deadline.
-            Some(libc::EAGAIN) => {
-                if Instant::now() >= deadline {
-                    return Err(ConnectError::TimedOut {
-                        addr: name.to_string(),
-                        timeout,
-                    });
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            _ => {
-                return Err(ConnectError::Unreachable {
-                    addr: name.to_string(),
-                    source: err,
-                })
-            }
-        }
-    }
-    if !wait_for(&fd, libc::POLLOUT, deadline).map_err(|e| io_err("poll", e))? {
-        return Err(ConnectError::TimedOut {
+    connect: impl FnOnce() -> io::Result<S> + Send + 'static,
+) -> Result<S, ConnectError> {
+    let (tx, rx) = mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name("crust-connect".into())
+        .spawn(move || {
+            let _ = tx.send(connect());
+        })
+        .map_err(|source| ConnectError::Io {
+            call: "spawn",
             addr: name.to_string(),
-            timeout,
-        });
-    }
-    let mut so_error: libc::c_int = 0;
-    let mut len = socklen::<libc::c_int>();
-    // SAFETY: SO_ERROR writes one c_int into `so_error`, whose size is in `len`.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_ERROR,
-            &mut so_error as *mut _ as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    if rc < 0 {
-        return Err(io_err("getsockopt(SO_ERROR)", io::Error::last_os_error()));
-    }
-    match so_error {
-        0 => Ok(fd),
-        libc::ETIMEDOUT => Err(ConnectError::TimedOut {
+            source,
+        })?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    match rx.recv_timeout(left) {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(e)) if e.kind() == io::ErrorKind::TimedOut => Err(ConnectError::TimedOut {
             addr: name.to_string(),
             timeout,
         }),
-        e => Err(ConnectError::Unreachable {
+        Ok(Err(source)) => Err(ConnectError::Unreachable {
             addr: name.to_string(),
-            source: io::Error::from_raw_os_error(e),
+            source,
+        }),
+        Err(_) => Err(ConnectError::TimedOut {
+            addr: name.to_string(),
+            timeout,
         }),
     }
 }
 
-/// Polls `fd` for `events` until `deadline`; false when the deadline passed.
-fn wait_for(fd: &OwnedFd, events: libc::c_short, deadline: Instant) -> io::Result<bool> {
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Ok(false);
-        }
-        let mut pfd = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events,
-            revents: 0,
-        };
-        let ms = libc::c_int::try_from(left.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
-        // SAFETY: one valid pollfd, count 1.
-        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if rc < 0 {
-            let err = io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            return Err(err);
-        }
-        if rc > 0 {
-            // Errors and hang-ups count as ready: the following call reports them.
-            return Ok(true);
-        }
+/// Sets the stream's timeouts to what is left before `deadline`; false
+/// when nothing is left.
+fn bound(s: &UnixStream, deadline: Instant) -> io::Result<bool> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Ok(false);
     }
+    s.set_read_timeout(Some(left))?;
+    s.set_write_timeout(Some(left))?;
+    Ok(true)
 }
 
-fn set_nonblocking(fd: &OwnedFd, on: bool) -> io::Result<()> {
-    // SAFETY: F_GETFL on an fd we own.
-    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
-    if flags < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let flags = if on {
-        flags | libc::O_NONBLOCK
-    } else {
-        flags & !libc::O_NONBLOCK
-    };
-    // SAFETY: F_SETFL with flags derived from the fd's own.
-    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+fn timed_out(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }
 
-/// The hybrid vsock handshake on a connected, nonblocking Unix stream.
+/// The hybrid vsock handshake on a connected Unix stream.
 fn handshake(
-    fd: &OwnedFd,
+    s: &mut UnixStream,
     path: &Path,
     port: u32,
     deadline: Instant,
@@ -282,7 +200,7 @@ fn handshake(
         addr: name.clone(),
         source,
     };
-    let timed_out = || ConnectError::HandshakeTimedOut {
+    let timed_out_err = || ConnectError::HandshakeTimedOut {
         path: path.to_path_buf(),
         port,
         timeout,
@@ -293,61 +211,47 @@ fn handshake(
         reply,
     };
 
-    let request = format!("CONNECT {port}\n");
-    let mut sent = 0;
-    while sent < request.len() {
-        if !wait_for(fd, libc::POLLOUT, deadline).map_err(|e| io_err("poll", e))? {
-            return Err(timed_out());
+    if !bound(s, deadline).map_err(|e| io_err("setsockopt", e))? {
+        return Err(timed_out_err());
+    }
+    // std ignores SIGPIPE in Rust programs: a backend that hung up is EPIPE here.
+    match s.write_all(format!("CONNECT {port}\n").as_bytes()) {
+        Ok(()) => {}
+        Err(e) if timed_out(&e) => return Err(timed_out_err()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+            ) =>
+        {
+            return Err(failed(
+                "closed the connection before CONNECT was sent".into(),
+            ))
         }
-        // SAFETY: the pointer and length describe the unsent tail of `request`.
-        // MSG_NOSIGNAL: a backend that hung up is an error here, not a SIGPIPE.
-        let n = unsafe {
-            libc::send(
-                fd.as_raw_fd(),
-                request[sent..].as_ptr().cast(),
-                request.len() - sent,
-                libc::MSG_NOSIGNAL,
-            )
-        };
-        if n < 0 {
-            let err = io::Error::last_os_error();
-            match err.raw_os_error() {
-                Some(libc::EINTR) | Some(libc::EAGAIN) => continue,
-                Some(libc::EPIPE) | Some(libc::ECONNRESET) => {
-                    return Err(failed(
-                        "closed the connection before CONNECT was sent".into(),
-                    ))
-                }
-                _ => return Err(io_err("send", err)),
-            }
-        }
-        sent += n as usize;
+        Err(e) => return Err(io_err("send", e)),
     }
 
     // One byte at a time: whatever follows the newline is the agent's, for ttrpc.
     let mut line = Vec::new();
     loop {
-        if !wait_for(fd, libc::POLLIN, deadline).map_err(|e| io_err("poll", e))? {
-            return Err(timed_out());
+        if !bound(s, deadline).map_err(|e| io_err("setsockopt", e))? {
+            return Err(timed_out_err());
         }
-        let mut byte = 0u8;
-        // SAFETY: reads at most one byte into `byte`.
-        let n = unsafe { libc::recv(fd.as_raw_fd(), (&mut byte as *mut u8).cast(), 1, 0) };
-        if n < 0 {
-            let err = io::Error::last_os_error();
-            match err.raw_os_error() {
-                Some(libc::EINTR) | Some(libc::EAGAIN) => continue,
-                Some(libc::ECONNRESET) => return Err(failed(describe_reply(&line, true))),
-                _ => return Err(io_err("recv", err)),
+        let mut byte = [0u8; 1];
+        match s.read(&mut byte) {
+            Ok(0) => return Err(failed(describe_reply(&line, true))),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if timed_out(&e) => return Err(timed_out_err()),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                return Err(failed(describe_reply(&line, true)))
             }
+            Err(e) => return Err(io_err("recv", e)),
         }
-        if n == 0 {
-            return Err(failed(describe_reply(&line, true)));
-        }
-        if byte == b'\n' {
+        if byte[0] == b'\n' {
             break;
         }
-        line.push(byte);
+        line.push(byte[0]);
         if line.len() > MAX_HANDSHAKE_LINE {
             return Err(failed(describe_reply(&line, false)));
         }
@@ -369,18 +273,12 @@ fn describe_reply(line: &[u8], closed: bool) -> String {
     }
 }
 
-/// The size of a socket address or option type, as the kernel takes it.
-fn socklen<T>() -> libc::socklen_t {
-    // Socket types are a few hundred bytes at most.
-    libc::socklen_t::try_from(mem::size_of::<T>()).unwrap_or(libc::socklen_t::MAX)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::{
-        io::{BufRead, BufReader, Read, Write},
-        os::unix::net::{UnixListener, UnixStream},
+        io::{BufRead, BufReader},
+        os::unix::net::UnixListener,
         thread,
     };
 
@@ -492,9 +390,32 @@ mod tests {
         let path = dir.path().join("ok.sock");
         let _listener = UnixListener::bind(&path).unwrap();
         let fd = connect_stream(&Address::Unix(path), Duration::from_secs(1)).unwrap();
-        // SAFETY: F_GETFL on a valid fd.
-        let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
-        assert_eq!(flags & libc::O_NONBLOCK, 0);
+        let flags = rustix::fs::fcntl_getfl(&fd).unwrap();
+        assert!(!flags.contains(rustix::fs::OFlags::NONBLOCK));
+    }
+
+    #[test]
+    fn vsock_to_no_guest_fails_within_the_timeout() {
+        // No VM has this context id (or the host has no vsock at all): an
+        // error either way, and never later than the timeout.
+        let start = Instant::now();
+        let err = connect_stream(
+            &"vsock://123457:1024".parse().unwrap(),
+            Duration::from_millis(500),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConnectError::Unreachable { .. } | ConnectError::TimedOut { .. }
+            ),
+            "{err}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
     }
 
     #[test]

@@ -13,6 +13,8 @@ pub use disks::{cannot_run, mounts_of, run, LoopDisk};
 
 pub mod rig;
 
+pub mod raw;
+
 pub use crust_protocols::crust as pb;
 use crust_protocols::crust_ttrpc::AgentClient;
 use crust_protocols::ttrpc;
@@ -99,8 +101,11 @@ pub struct Agent {
     pub dir: tempfile::TempDir,
 }
 
-pub fn agent_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_crust-agent")
+/// The agent under test: this build's, or `CRUST_TEST_AGENT_BIN` (to replay
+/// the tests against another build, e.g. an older commit's).
+pub fn agent_bin() -> String {
+    std::env::var("CRUST_TEST_AGENT_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_crust-agent").to_string())
 }
 
 impl Agent {
@@ -109,8 +114,17 @@ impl Agent {
         Agent::start_in(dir)
     }
 
+    /// Starts an agent with extra flags (e.g. `--log-format json`).
+    pub fn start_with(extra: &[&str]) -> Agent {
+        Agent::start_in_with(tempfile::tempdir().unwrap(), extra)
+    }
+
     /// Starts (or restarts) an agent whose root and socket live in `dir`.
     pub fn start_in(dir: tempfile::TempDir) -> Agent {
+        Agent::start_in_with(dir, &[])
+    }
+
+    fn start_in_with(dir: tempfile::TempDir, extra: &[&str]) -> Agent {
         let root = dir.path().join("root");
         let sock = dir.path().join("agent.sock");
         let log = std::fs::OpenOptions::new()
@@ -127,6 +141,7 @@ impl Agent {
                 "--log-level",
                 "debug",
             ])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

@@ -1,0 +1,519 @@
+//! One client connection: its bytes in (cut into frames), its answers out
+//! (the [`Wire`], which the workers share to answer without a detour
+//! through the event loop), the ttrpc rules a request frame must follow
+//! before it runs, and the channel whose disconnection tells its requests
+//! that the caller is gone.
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use crust_protocols::protobuf::Message;
+use crust_protocols::ttrpc::{self, Code};
+use rustix::io::Errno;
+use rustix::net::{RecvFlags, SendFlags};
+
+use super::dispatch::{self, Methods};
+use super::frame::{Frame, Reader, TYPE_REQUEST};
+
+/// Bytes asked of the socket per read.
+const READ_CHUNK: usize = 16 << 10;
+
+/// What to do with a frame.
+#[derive(Debug)]
+pub(crate) enum Admit {
+    /// Answer at once with this frame (a refusal); the code and reason are
+    /// for the log.
+    Refuse(Vec<u8>, Code, String),
+    /// Run this request.
+    Run {
+        /// Its stream id.
+        stream: u32,
+        /// "/crust.v1.Agent/Method".
+        path: String,
+        /// The decoded envelope.
+        req: ttrpc::Request,
+    },
+}
+
+/// The sending side of a connection, shared by the event loop and the
+/// workers answering its requests: a worker writes its answer straight to
+/// the socket when nothing is queued before it, and queues it otherwise
+/// (the loop then writes it as the socket drains).
+pub(crate) struct Wire {
+    /// The socket (non-blocking). Closed when the last holder lets go.
+    pub(crate) fd: OwnedFd,
+    /// Bytes to send: `buf[sent..]` is pending.
+    out: Mutex<Out>,
+    /// Requests queued or running whose answers are not yet sent or queued.
+    pub(crate) in_flight: AtomicUsize,
+    /// Set once the loop has closed the connection: answers are dropped.
+    pub(crate) closed: AtomicBool,
+}
+
+#[derive(Default)]
+struct Out {
+    buf: Vec<u8>,
+    sent: usize,
+}
+
+impl Wire {
+    fn out(&self) -> MutexGuard<'_, Out> {
+        self.out.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Bytes waiting to be sent.
+    pub(crate) fn pending(&self) -> usize {
+        let o = self.out();
+        o.buf.len() - o.sent
+    }
+
+    /// Queues a frame behind what is pending, without writing.
+    pub(crate) fn queue(&self, frame: &[u8]) {
+        let mut o = self.out();
+        if o.sent == o.buf.len() {
+            o.buf.clear();
+            o.sent = 0;
+        }
+        o.buf.extend_from_slice(frame);
+    }
+
+    /// Sends a frame now if nothing waits before it, as far as the socket
+    /// takes it; queues the rest. Returns the bytes left pending.
+    pub(crate) fn answer(&self, frame: &[u8]) -> Result<usize, Errno> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Ok(0);
+        }
+        let mut o = self.out();
+        if o.sent == o.buf.len() {
+            o.buf.clear();
+            o.sent = 0;
+            let mut done = 0;
+            while done < frame.len() {
+                match rustix::net::send(&self.fd, &frame[done..], SendFlags::NOSIGNAL) {
+                    Ok(n) => done += n,
+                    Err(Errno::INTR) => continue,
+                    Err(Errno::AGAIN) => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            o.buf.extend_from_slice(&frame[done..]);
+        } else {
+            o.buf.extend_from_slice(frame);
+        }
+        Ok(o.buf.len() - o.sent)
+    }
+
+    /// Writes what is pending as far as the socket takes it. Returns
+    /// (bytes written, bytes still pending).
+    pub(crate) fn flush(&self) -> Result<(usize, usize), Errno> {
+        let mut o = self.out();
+        let mut wrote = 0;
+        while o.sent < o.buf.len() {
+            match rustix::net::send(&self.fd, &o.buf[o.sent..], SendFlags::NOSIGNAL) {
+                Ok(n) => {
+                    o.sent += n;
+                    wrote += n;
+                }
+                Err(Errno::INTR) => continue,
+                Err(Errno::AGAIN) => return Ok((wrote, o.buf.len() - o.sent)),
+                Err(e) => return Err(e),
+            }
+        }
+        o.buf.clear();
+        o.sent = 0;
+        if o.buf.capacity() > 64 << 10 {
+            o.buf = Vec::new();
+        }
+        Ok((wrote, 0))
+    }
+}
+
+/// A client connection, as the event loop keeps it.
+pub(crate) struct Conn {
+    /// The socket and its answers, shared with the workers.
+    pub(crate) wire: Arc<Wire>,
+    /// Frames being received.
+    reader: Reader,
+    /// The highest stream id seen: ids must be odd and increase (ttrpc).
+    last_stream: u32,
+    /// Dropped when the connection closes: every request's `cancel_rx`
+    /// then reports the caller gone. Made with the first request.
+    gone: Option<(
+        crossbeam_channel::Sender<()>,
+        crossbeam_channel::Receiver<()>,
+    )>,
+    /// The last time a byte moved either way or a request was admitted.
+    pub(crate) last_active: Instant,
+    /// Since when a frame has been partly received.
+    pub(crate) partial_since: Option<Instant>,
+    /// Since when pending output has not moved.
+    pub(crate) stalled_since: Option<Instant>,
+    /// What epoll watches for on it now.
+    pub(crate) registered: rustix::event::epoll::EventFlags,
+}
+
+impl Conn {
+    /// A connection on `fd`, accepting request payloads up to `max_request` bytes.
+    pub(crate) fn new(fd: OwnedFd, max_request: usize) -> Conn {
+        Conn {
+            wire: Arc::new(Wire {
+                fd,
+                out: Mutex::new(Out::default()),
+                in_flight: AtomicUsize::new(0),
+                closed: AtomicBool::new(false),
+            }),
+            reader: Reader::new(max_request),
+            last_stream: 0,
+            gone: None,
+            last_active: Instant::now(),
+            partial_since: None,
+            stalled_since: None,
+            // What the loop registers a new connection with.
+            registered: rustix::event::epoll::EventFlags::IN
+                | rustix::event::epoll::EventFlags::RDHUP,
+        }
+    }
+
+    /// The socket.
+    pub(crate) fn fd(&self) -> &OwnedFd {
+        &self.wire.fd
+    }
+
+    /// Requests queued or running.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.wire.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// The raw descriptor (for handler contexts and logs).
+    pub(crate) fn raw(&self) -> RawFd {
+        self.wire.fd.as_raw_fd()
+    }
+
+    /// Whether the reader wants more bytes (no whole frame waits in it).
+    pub(crate) fn wants_bytes(&self) -> bool {
+        self.reader.wants_bytes()
+    }
+
+    /// Bytes waiting to be sent.
+    pub(crate) fn pending_out(&self) -> usize {
+        self.wire.pending()
+    }
+
+    /// Bytes held for this connection, in and out.
+    pub(crate) fn held(&self) -> usize {
+        self.reader.held() + self.pending_out()
+    }
+
+    /// Nothing in flight, nothing half-received, nothing to send.
+    pub(crate) fn idle(&self) -> bool {
+        self.in_flight() == 0 && !self.reader.mid_frame() && self.pending_out() == 0
+    }
+
+    /// One read from the socket into the reader. `Ok(0)` is the end of the
+    /// stream; `Err(AGAIN)` means nothing to read now.
+    pub(crate) fn read(&mut self, now: Instant) -> Result<usize, Errno> {
+        let buf = self.reader.spare();
+        buf.reserve(READ_CHUNK);
+        let (n, _) = rustix::net::recv(
+            &self.wire.fd,
+            rustix::buffer::spare_capacity(buf),
+            RecvFlags::empty(),
+        )?;
+        self.reader.pushed();
+        if n > 0 {
+            self.last_active = now;
+        }
+        self.note_partial(now);
+        Ok(n)
+    }
+
+    /// Keeps `partial_since` current: set while the reader waits for the
+    /// rest of a frame (the client's turn), cleared otherwise.
+    pub(crate) fn note_partial(&mut self, now: Instant) {
+        if self.reader.wants_bytes() && self.reader.mid_frame() {
+            self.partial_since.get_or_insert(now);
+        } else {
+            self.partial_since = None;
+        }
+    }
+
+    /// The next whole frame received, if any.
+    pub(crate) fn next_frame(&mut self) -> Option<Frame> {
+        self.reader.next_frame()
+    }
+
+    /// Applies ttrpc's rules to a frame: what to answer, or what to run.
+    pub(crate) fn admit(&mut self, frame: Frame, methods: &Methods, max_request: usize) -> Admit {
+        let refuse = |stream: u32, code: Code, msg: String| {
+            Admit::Refuse(dispatch::status_frame(stream, code, &msg), code, msg)
+        };
+        let (h, body) = match frame {
+            Frame::TooLarge(h) => {
+                return refuse(
+                    h.stream,
+                    Code::RESOURCE_EXHAUSTED,
+                    format!(
+                        "message length {} exceeds the agent's maximum request size of {max_request} bytes",
+                        h.len
+                    ),
+                )
+            }
+            Frame::Whole(h, body) => (h, body),
+        };
+        if h.stream % 2 != 1 {
+            return refuse(
+                h.stream,
+                Code::INVALID_ARGUMENT,
+                format!(
+                    "stream id {} is even: client-initiated streams must be odd",
+                    h.stream
+                ),
+            );
+        }
+        if h.kind != TYPE_REQUEST {
+            return refuse(
+                h.stream,
+                Code::INVALID_ARGUMENT,
+                format!(
+                    "frame type {} on stream {} is not served: only unary requests (type 1) are",
+                    h.kind, h.stream
+                ),
+            );
+        }
+        if h.stream <= self.last_stream {
+            return refuse(
+                h.stream,
+                Code::INVALID_ARGUMENT,
+                format!(
+                    "stream id {} cannot be re-used and must increment (the last was {})",
+                    h.stream, self.last_stream
+                ),
+            );
+        }
+        self.last_stream = h.stream;
+        let req = match ttrpc::Request::parse_from_bytes(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                return refuse(
+                    h.stream,
+                    Code::INVALID_ARGUMENT,
+                    format!("the frame's payload is not a ttrpc Request: {e}"),
+                )
+            }
+        };
+        let path = format!("/{}/{}", req.service, req.method);
+        if !methods.contains_key(&path) {
+            let msg = dispatch::unknown_method(&path);
+            return refuse(h.stream, Code::UNIMPLEMENTED, msg);
+        }
+        Admit::Run {
+            stream: h.stream,
+            path,
+            req,
+        }
+    }
+
+    /// The receiver its requests watch (ttrpc's `cancel_rx`).
+    pub(crate) fn gone_rx(&mut self) -> crossbeam_channel::Receiver<()> {
+        self.gone
+            .get_or_insert_with(crossbeam_channel::unbounded)
+            .1
+            .clone()
+    }
+
+    /// Appends a frame to send (the loop's own refusals).
+    pub(crate) fn queue(&mut self, frame: &[u8]) {
+        self.wire.queue(frame);
+    }
+
+    /// Sends what the socket takes now. `Err`: the connection is broken.
+    pub(crate) fn flush(&mut self, now: Instant) -> Result<(), Errno> {
+        let (wrote, left) = self.wire.flush()?;
+        if wrote > 0 {
+            self.last_active = now;
+        }
+        if left == 0 || wrote > 0 {
+            self.stalled_since = None;
+        }
+        if left > 0 {
+            self.stalled_since.get_or_insert(now);
+        }
+        Ok(())
+    }
+}
+
+/// A wire over one end of a socket pair, for tests that need a job.
+#[cfg(test)]
+pub(crate) fn test_wire() -> Arc<Wire> {
+    let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+    Conn::new(OwnedFd::from(a), 16).wire.clone()
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // Workers still holding the wire drop their answers.
+        self.wire.closed.store(true, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rpc::frame::{Header, HEADER_LEN, TYPE_RESPONSE};
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+
+    fn methods() -> Methods {
+        struct Nothing;
+        impl crust_protocols::crust_ttrpc::Agent for Nothing {}
+        crust_protocols::crust_ttrpc::create_agent(std::sync::Arc::new(Nothing))
+    }
+
+    fn pair() -> (Conn, UnixStream) {
+        let (a, b) = UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        (Conn::new(OwnedFd::from(a), 64), b)
+    }
+
+    fn request(service: &str, method: &str) -> Vec<u8> {
+        let mut r = ttrpc::Request::new();
+        r.service = service.into();
+        r.method = method.into();
+        r.write_to_bytes().unwrap()
+    }
+
+    fn whole(stream: u32, kind: u8, body: Vec<u8>) -> Frame {
+        Frame::Whole(
+            Header {
+                len: u32::try_from(body.len()).unwrap_or(u32::MAX),
+                stream,
+                kind,
+                flags: 0,
+            },
+            body,
+        )
+    }
+
+    fn refused(a: Admit) -> (Code, String) {
+        match a {
+            Admit::Refuse(f, code, msg) => {
+                let h = Header::parse(f[..HEADER_LEN].try_into().unwrap());
+                assert_eq!(h.kind, TYPE_RESPONSE);
+                let r = ttrpc::Response::parse_from_bytes(&f[HEADER_LEN..]).unwrap();
+                assert_eq!(r.status.code.value(), code as i32);
+                (code, msg)
+            }
+            Admit::Run { path, .. } => panic!("ran {path}"),
+        }
+    }
+
+    #[test]
+    fn ttrpc_rules_for_request_frames() {
+        let (mut c, _peer) = pair();
+        let m = methods();
+        let caps = || request("crust.v1.Agent", "GetCapabilities");
+        assert!(matches!(
+            c.admit(whole(1, 1, caps()), &m, 64),
+            Admit::Run { stream: 1, .. }
+        ));
+        // Even, reused, decreasing, not a request, too large, garbage, unknown.
+        let (code, msg) = refused(c.admit(whole(4, 1, caps()), &m, 64));
+        assert_eq!(code, Code::INVALID_ARGUMENT);
+        assert!(msg.contains("must be odd"), "{msg}");
+        assert_eq!(
+            refused(c.admit(whole(1, 1, caps()), &m, 64)).0,
+            Code::INVALID_ARGUMENT
+        );
+        assert_eq!(
+            refused(c.admit(whole(5, 3, caps()), &m, 64)).0,
+            Code::INVALID_ARGUMENT
+        );
+        assert_eq!(
+            refused(c.admit(whole(7, 2, caps()), &m, 64)).0,
+            Code::INVALID_ARGUMENT
+        );
+        let big = Frame::TooLarge(Header {
+            len: 1 << 30,
+            stream: 9,
+            kind: 1,
+            flags: 0,
+        });
+        assert_eq!(refused(c.admit(big, &m, 64)).0, Code::RESOURCE_EXHAUSTED);
+        let (code, msg) = refused(c.admit(whole(11, 1, vec![0xff; 8]), &m, 64));
+        assert_eq!(code, Code::INVALID_ARGUMENT);
+        assert!(msg.contains("not a ttrpc Request"), "{msg}");
+        let (code, msg) = refused(c.admit(whole(13, 1, request("x.Y", "Z")), &m, 64));
+        assert_eq!(code, Code::UNIMPLEMENTED);
+        assert!(msg.contains("/x.Y/Z"), "{msg}");
+        // Refusals do not stop the stream: the next good request runs.
+        assert!(matches!(
+            c.admit(whole(15, 1, caps()), &m, 64),
+            Admit::Run { stream: 15, .. }
+        ));
+    }
+
+    #[test]
+    fn reads_cut_frames_and_output_waits_for_a_slow_reader() {
+        let (mut c, mut peer) = pair();
+        let now = Instant::now();
+        assert_eq!(c.read(now), Err(Errno::AGAIN));
+        let body = request("crust.v1.Agent", "GetCapabilities");
+        let mut f = Header {
+            len: u32::try_from(body.len()).unwrap_or(u32::MAX),
+            stream: 1,
+            kind: 1,
+            flags: 0,
+        }
+        .encode()
+        .to_vec();
+        f.extend(&body);
+        peer.write_all(&f[..5]).unwrap();
+        assert_eq!(c.read(now), Ok(5));
+        assert!(c.next_frame().is_none());
+        assert_eq!(
+            c.partial_since,
+            Some(now),
+            "half a frame: the client's turn"
+        );
+        peer.write_all(&f[5..]).unwrap();
+        c.read(now).unwrap();
+        assert!(matches!(c.next_frame(), Some(Frame::Whole(h, _)) if h.stream == 1));
+        c.note_partial(now);
+        assert_eq!(c.partial_since, None);
+        // Output beyond what the socket takes stays pending, then drains.
+        let chunk = vec![7u8; 64 << 10];
+        for _ in 0..32 {
+            c.queue(&chunk);
+        }
+        c.flush(now).unwrap();
+        assert!(c.pending_out() > 0 && c.stalled_since.is_some());
+        let total = 32 * chunk.len();
+        let reader = std::thread::spawn(move || {
+            let mut got = vec![0u8; total];
+            peer.read_exact(&mut got).unwrap();
+            got.iter().all(|b| *b == 7)
+        });
+        while c.pending_out() > 0 {
+            c.flush(Instant::now()).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(reader.join().unwrap());
+        assert!(c.stalled_since.is_none() && c.idle());
+        // The peer closed: reads see the end of the stream.
+        assert_eq!(c.read(now), Ok(0));
+    }
+
+    #[test]
+    fn dropping_the_connection_disconnects_its_requests_cancel_channel() {
+        let (mut c, _peer) = pair();
+        let rx = c.gone_rx();
+        assert_eq!(rx.try_recv(), Err(crossbeam_channel::TryRecvError::Empty));
+        drop(c);
+        assert_eq!(
+            rx.try_recv(),
+            Err(crossbeam_channel::TryRecvError::Disconnected)
+        );
+    }
+}
