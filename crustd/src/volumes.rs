@@ -230,15 +230,26 @@ impl Crustd {
         let prior = self.claim(&sb, r, &dev, &names)?;
         if prior.as_ref().is_some_and(|p| p.phase == Phase::Unplugging) {
             // A previous unpublish or undo did not finish: finish it first.
-            self.take_out(&sb, &r.host_volume_id, &names)?;
+            self.take_out(&sb, &r.host_volume_id, &names, false)?;
             self.claim(&sb, r, &dev, &names)?;
         }
         // Whether kubelet was ever told this volume is published: if not, a
         // failure below leaves nothing behind, whoever plugged it.
         let published_before = prior.as_ref().is_some_and(|p| p.phase == Phase::Published);
 
-        let plugged = self.with_qmp(&sb, |q| hotplug::plug(q, &names, &dev.path, r.read_only));
+        let mut reached_qemu = false;
+        let plugged = self.with_qmp(&sb, |q| {
+            reached_qemu = true;
+            hotplug::plug(q, &names, &dev.path, r.read_only)
+        });
         if let Err(e) = plugged {
+            if !reached_qemu && prior.is_none() {
+                // QEMU never heard of it: only the record made above to forget.
+                return Err(match self.forget(&sb, &r.host_volume_id) {
+                    Ok(()) => e,
+                    Err(e2) => e.and(e2),
+                });
+            }
             return Err(self.undo(&sb, r, &names, published_before, e));
         }
         if !published_before {
@@ -343,7 +354,7 @@ impl Crustd {
         if published_before {
             return err;
         }
-        match self.take_out(sb, &r.host_volume_id, names) {
+        match self.take_out(sb, &r.host_volume_id, names, true) {
             Ok(()) => err,
             Err(e2) => err.and(format!(
                 "undoing the hot-plug failed too ({e2}); RuntimeUnpublishVolume will finish it"
@@ -353,9 +364,21 @@ impl Crustd {
 
     /// Agent unpublish, device_del + DEVICE_DELETED, blockdev-del, forget.
     /// The record stays (as unplugging) until every step has succeeded.
-    fn take_out(&self, sb: &Sandbox, host_volume_id: &str, names: &Names) -> Result<()> {
+    /// `undoing`: the volume was never reported published, so an agent that
+    /// cannot be reached does not keep the disk in (nothing uses it yet);
+    /// an agent that answers no (e.g. busy) always does.
+    fn take_out(
+        &self,
+        sb: &Sandbox,
+        host_volume_id: &str,
+        names: &Names,
+        undoing: bool,
+    ) -> Result<()> {
         self.set_phase(sb, host_volume_id, Phase::Unplugging)?;
-        self.agent(sb).unpublish(&names.volume_id)?;
+        match self.agent(sb).unpublish(&names.volume_id) {
+            Err(e) if !(undoing && e.code == crate::error::Code::Unavailable) => return Err(e),
+            _ => {}
+        }
         let timeout = self.cfg.unplug_timeout;
         self.with_qmp(sb, |q| hotplug::unplug(q, names, timeout))?;
         self.forget(sb, host_volume_id)
@@ -371,7 +394,7 @@ impl Crustd {
         let _v = hold(&l);
         match self.record(&sb, host_volume_id)? {
             None => Ok(()),
-            Some(v) => self.take_out(&sb, host_volume_id, &names_of(&v)),
+            Some(v) => self.take_out(&sb, host_volume_id, &names_of(&v), false),
         }
     }
 
