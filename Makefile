@@ -11,10 +11,10 @@ all: build
 deps:
 	@scripts/deps.sh
 
-# Static, stripped binaries: crust-agent, crustctl, crust-vm.
+# Static, stripped binaries: crust-agent, crustctl, crust-vm, crustd, crustd-ctl.
 build:
 	cargo build --release --workspace
-	@ls -l $(RELEASE)/crust-agent $(RELEASE)/crustctl $(RELEASE)/crust-vm
+	@ls -l $(RELEASE)/crust-agent $(RELEASE)/crustctl $(RELEASE)/crust-vm $(RELEASE)/crustd $(RELEASE)/crustd-ctl
 
 # build/vmlinuz (Debian's cloud kernel) and build/initrd.img (the agent as /init + modules).
 initrd: deps
@@ -29,10 +29,12 @@ test-host: deps
 
 test-vm: deps initrd
 	cargo test -p crust-vm --tests -- --ignored --test-threads=1
+	cargo test -p crustd --test vm -- --ignored --test-threads=1
 
-# Boots a sandbox, hot-plugs an ext4 and an xfs disk, and walks through every operation.
+# Boots a sandbox, hot-plugs an ext4 and an xfs disk, and walks through every operation;
+# then "what kubelet sees": the same through crustd's CRUST socket.
 demo: deps initrd
-	cargo build --release -p crust-client -p crust-vm
+	cargo build --release -p crust-client -p crust-vm -p crustd -p crustd-ctl
 	scripts/demo.sh
 
 # Speed, size and memory against baselines in the same run: target/bench/report.md and report.json.
