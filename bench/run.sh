@@ -16,7 +16,7 @@ fi
 scripts/deps.sh
 export PATH="${HOME:-/root}/.cargo/bin:$PATH"
 
-cargo build --release -p crust-agent
+cargo build --release -p crust-agent -p crustd
 if [ "${CRUST_BENCH_NO_VM:-}" != 1 ]; then
     sh initrd/build.sh || echo "bench: make initrd failed; the VM figures will say not measured" >&2
 fi

@@ -169,7 +169,7 @@ echo "  refusals, each with its code:"
 kubelet publish pod-demo "$X" --block
 kubelet publish pod-gone "$E" --fs ext4
 kubelet publish pod-demo dev/loop0 --fs ext4
-kubelet publish pod-demo "$DEMO/k-ext4.img" --fs ext4
+kubelet publish pod-demo "$PWD/$DEMO/k-ext4.img" --fs ext4
 
 section "RuntimeGetVolumeStats"
 kubelet stats pod-demo "$E"

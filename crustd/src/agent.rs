@@ -1,9 +1,13 @@
-//! Calls to the crust-agent of one sandbox through crust-client: one
-//! connection per call (the agent is a few hundred microseconds away, and a
-//! connection that broke with its VM is never reused). An agent that cannot
-//! be reached or does not answer is UNAVAILABLE; an agent that answers with an
-//! error has its code and message passed through unchanged.
+//! Calls to the crust-agent of one sandbox through crust-client. The
+//! connection is kept per sandbox and shared by its calls (ttrpc multiplexes
+//! them); one that broke (the VM restarted, the agent was replaced) is
+//! dropped and the call tried once more on a fresh one; every agent call is
+//! idempotent, so the retry is safe. An agent that cannot be reached or does
+//! not answer is UNAVAILABLE; an agent that answers with an error has its
+//! code and message passed through unchanged.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use crust_client::proto as pb;
@@ -11,8 +15,13 @@ use crust_client::{protobuf::MessageField, Address, CallError, CrustClient};
 
 use crate::error::{Code, Error, Result};
 
+/// Open connections by sandbox id, with the address they were made to.
+pub type Connections = Mutex<HashMap<String, (String, CrustClient)>>;
+
 /// One agent, with the deadlines crustd gives it.
 pub struct Agent<'a> {
+    /// Where connections are kept between calls.
+    pub connections: &'a Connections,
     /// Where it listens.
     pub addr: &'a Address,
     /// The sandbox, for messages.
@@ -35,12 +44,50 @@ pub struct Publish<'a> {
 }
 
 impl Agent<'_> {
-    fn client(&self) -> Result<CrustClient> {
-        CrustClient::connect(self.addr, self.timeout).map_err(|e| {
+    /// The kept connection to this agent, or a new one.
+    fn client(&self, fresh: bool) -> Result<CrustClient> {
+        let addr = self.addr.to_string();
+        {
+            let mut map = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+            match map.get(self.sandbox) {
+                Some((a, c)) if *a == addr && !fresh => return Ok(c.clone()),
+                _ => {
+                    map.remove(self.sandbox);
+                }
+            }
+        }
+        let c = CrustClient::connect(self.addr, self.timeout).map_err(|e| {
             Error::unavailable(format!(
                 "cannot reach the agent of sandbox {} at {}: {e}",
                 self.sandbox, self.addr
             ))
+        })?;
+        self.connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(self.sandbox.to_string(), (addr, c.clone()));
+        Ok(c)
+    }
+
+    fn forget(&self) {
+        self.connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(self.sandbox);
+    }
+
+    /// Runs `f` on the kept connection; once more on a fresh one if it broke.
+    fn call<T>(&self, f: impl Fn(&CrustClient) -> std::result::Result<T, CallError>) -> Result<T> {
+        let first = f(&self.client(false)?);
+        let out = match first {
+            Err(CallError::Connection { .. }) => f(&self.client(true)?),
+            other => other,
+        };
+        out.map_err(|e| {
+            if !matches!(e, CallError::Status { .. }) {
+                self.forget();
+            }
+            self.sort(e)
         })
     }
 
@@ -78,29 +125,22 @@ impl Agent<'_> {
             .into();
             r.fs_group = MessageField::some(g);
         }
-        let c = self.client()?;
-        c.publish_volume(&r)
+        self.call(|c| c.publish_volume(&r))
             .map(|resp| resp.guest_path)
-            .map_err(|e| self.sort(e))
     }
 
     /// UnpublishVolume; OK when it was not published.
     pub fn unpublish(&self, volume_id: &str) -> Result<()> {
         let mut r = pb::UnpublishVolumeRequest::new();
         r.volume_id = volume_id.into();
-        self.client()?
-            .unpublish_volume(&r)
-            .map(|_| ())
-            .map_err(|e| self.sort(e))
+        self.call(|c| c.unpublish_volume(&r)).map(|_| ())
     }
 
     /// GetVolumeStats, as the agent answers it.
     pub fn stats(&self, volume_id: &str) -> Result<pb::GetVolumeStatsResponse> {
         let mut r = pb::GetVolumeStatsRequest::new();
         r.volume_id = volume_id.into();
-        self.client()?
-            .get_volume_stats(&r)
-            .map_err(|e| self.sort(e))
+        self.call(|c| c.get_volume_stats(&r))
     }
 
     /// ExpandVolume; answers the capacity in bytes.
@@ -109,9 +149,7 @@ impl Agent<'_> {
         r.volume_id = volume_id.into();
         r.required_bytes = required_bytes;
         r.timeout_ms = self.wait_ms();
-        self.client()?
-            .expand_volume(&r)
+        self.call(|c| c.expand_volume(&r))
             .map(|resp| resp.capacity_bytes)
-            .map_err(|e| self.sort(e))
     }
 }

@@ -98,6 +98,8 @@ pub struct Crustd {
     state_locks: KeyedLocks<String>,
     /// Node-wide: checking that a device is in no other sandbox and recording it.
     claims: Mutex<()>,
+    /// Agent connections kept per sandbox.
+    connections: agent::Connections,
 }
 
 /// Checks a publish request without looking at the host or the sandbox.
@@ -158,6 +160,7 @@ impl Crustd {
             qmp_locks: KeyedLocks::default(),
             state_locks: KeyedLocks::default(),
             claims: Mutex::new(()),
+            connections: agent::Connections::default(),
         }
     }
 
@@ -165,8 +168,9 @@ impl Crustd {
         &self.cfg
     }
 
-    fn agent<'a>(&self, sb: &'a Sandbox) -> Agent<'a> {
+    fn agent<'a>(&'a self, sb: &'a Sandbox) -> Agent<'a> {
         Agent {
+            connections: &self.connections,
             addr: &sb.agent,
             sandbox: &sb.id,
             timeout: self.cfg.agent_timeout,
