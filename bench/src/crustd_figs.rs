@@ -183,7 +183,7 @@ fn measure(work: &Path, reg: &Path, crustd: &Path, vm: &Vm, disks: usize) -> R<V
         title: PUBLISH.1.into(),
         ours: fmt_secs(ours),
         baseline: format!("{} (QMP + agent by hand)", fmt_secs(base)),
-        ratio: format!("+{}", fmt_secs(ours - base)),
+        ratio: signed(ours - base),
         target: PUBLISH.2.into(),
         verdict: Verdict::Report,
         data: json!({"crustd_s": through, "direct_s": direct,
@@ -199,7 +199,7 @@ fn measure(work: &Path, reg: &Path, crustd: &Path, vm: &Vm, disks: usize) -> R<V
             fmt_secs(s_kept),
             fmt_secs(s_conn)
         ),
-        ratio: format!("+{}", fmt_secs(s_ours - s_kept)),
+        ratio: signed(s_ours - s_kept),
         target: STATS.2.into(),
         verdict: Verdict::Report,
         data: json!({"crustd_s": s_ours, "direct_new_connection_s": s_conn, "direct_kept_connection_s": s_kept}),
@@ -248,4 +248,13 @@ fn crustd_volume_id(k: &Kubelet, dev: &str) -> R<String> {
         .next()
         .map(str::to_string)
         .ok_or_else(|| format!("odd guest path {}", p.guest_path))
+}
+
+/// A difference in seconds with its sign: "+596.3 µs", "-5.06 ms".
+fn signed(d: f64) -> String {
+    if d < 0.0 {
+        format!("-{}", fmt_secs(-d))
+    } else {
+        format!("+{}", fmt_secs(d))
+    }
 }
