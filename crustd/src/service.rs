@@ -78,7 +78,10 @@ fn log<T>(method: &str, sandbox: &str, host_volume: &str, out: &Result<T>, t0: I
     if let Err(e) = out {
         line["error"] = e.message.clone().into();
     }
-    eprintln!("{line}");
+    // One write per line, so lines from calls at once never interleave.
+    let mut text = line.to_string();
+    text.push('\n');
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), text.as_bytes());
 }
 
 /// crustd's error as a gRPC status.

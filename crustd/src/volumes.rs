@@ -295,12 +295,14 @@ impl Crustd {
     ) -> Result<Option<Volume>> {
         let _c = hold(&self.claims);
         for other in registry::all_ids(&self.cfg.sandboxes) {
-            if other == sb.id {
+            // A sandbox whose entry is gone (its VM is down) holds nothing.
+            let odir = self.cfg.sandboxes.join(&other);
+            if other == sb.id || !odir.join(registry::SANDBOX_FILE).exists() {
                 continue;
             }
             // A sandbox whose state cannot be read cannot claim anything here;
             // QEMU's own image locking still stands behind this check.
-            let Ok(st) = state::load(&self.cfg.sandboxes.join(&other)) else {
+            let Ok(st) = state::load(&odir) else {
                 continue;
             };
             if let Some((id, _)) = st.volumes.iter().find(|(_, v)| v.rdev == dev.rdev) {

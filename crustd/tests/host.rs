@@ -317,6 +317,11 @@ fn bad_input_is_refused_and_leaves_nothing() {
     assert_eq!(c, "FAILED_PRECONDITION", "{m}");
     k.unpublish("pod-a", &dev).unwrap();
     k.publish(req("pod-b", &dev, "ext4")).unwrap();
+    // A sandbox whose entry is gone (VM down, crustd.json left) claims nothing.
+    std::fs::rename(other.dir.join("sandbox.json"), other.dir.join("gone.json")).unwrap();
+    k.publish(req("pod-a", &dev, "ext4")).unwrap();
+    k.unpublish("pod-a", &dev).unwrap();
+    std::fs::rename(other.dir.join("gone.json"), other.dir.join("sandbox.json")).unwrap();
     k.unpublish("pod-b", &dev).unwrap();
 }
 
