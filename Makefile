@@ -11,10 +11,10 @@ all: build
 deps:
 	@scripts/deps.sh
 
-# Static, stripped binaries: crust-agent, crustctl, crust-vm.
+# Static, stripped binaries: crust-agent, crustctl, crust-vm, crustd, crustd-ctl.
 build:
 	cargo build --release --workspace
-	@ls -l $(RELEASE)/crust-agent $(RELEASE)/crustctl $(RELEASE)/crust-vm
+	@ls -l $(RELEASE)/crust-agent $(RELEASE)/crustctl $(RELEASE)/crust-vm $(RELEASE)/crustd $(RELEASE)/crustd-ctl
 
 # build/vmlinuz (Debian's cloud kernel) and build/initrd.img (the agent as /init + modules).
 initrd: deps
@@ -31,6 +31,7 @@ test-host: deps
 
 test-vm: deps initrd
 	CRUST_REQUIRE_PRIVILEGED=1 cargo test -p crust-vm --tests -- --ignored --test-threads=1
+	CRUST_REQUIRE_PRIVILEGED=1 cargo test -p crustd --test vm -- --ignored --test-threads=1
 
 # The concurrency and crash suite (tests/chaos.rs) as a soak: STRESS_SECS of
 # random rounds (make test runs about 20 s of them). CRUST_CHAOS_SEED=N replays a seed.
@@ -38,9 +39,10 @@ STRESS_SECS ?= 600
 stress: deps
 	CRUST_REQUIRE_PRIVILEGED=1 CRUST_STRESS_SECS=$(STRESS_SECS) cargo test -p crust-agent --test chaos -- --nocapture
 
-# Boots a sandbox, hot-plugs an ext4 and an xfs disk, and walks through every operation.
+# Boots a sandbox, hot-plugs an ext4 and an xfs disk, and walks through every operation;
+# then "what kubelet sees": the same through crustd's CRUST socket.
 demo: deps initrd
-	cargo build --release -p crust-client -p crust-vm
+	cargo build --release -p crust-client -p crust-vm -p crustd -p crustd-ctl
 	scripts/demo.sh
 
 # Speed, size and memory against baselines in the same run: target/bench/report.md and report.json.

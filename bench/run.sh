@@ -19,7 +19,7 @@ fi
 scripts/deps.sh
 export PATH="${HOME:-/root}/.cargo/bin:$PATH"
 
-cargo build --release -p crust-agent
+cargo build --release -p crust-agent -p crustd
 
 # Today's figures beside ours: the baseline commit's agent, built once into
 # target/bench/baseline/REV (its own target dir, so ours is untouched).

@@ -11,6 +11,8 @@ BIN=target/x86_64-unknown-linux-gnu/release
 DEMO=build/demo
 CRUSTCTL="$BIN/crustctl"
 CRUSTVM="$BIN/crust-vm"
+CRUSTD="$BIN/crustd"
+CRUSTDCTL="$BIN/crustd-ctl"
 
 bold=$'\e[1m' dim=$'\e[2m' green=$'\e[32m' red=$'\e[31m' off=$'\e[0m'
 [ -t 1 ] || { bold='' dim='' green='' red='' off=''; }
@@ -30,6 +32,9 @@ ctl() { run "$CRUSTCTL" --addr "$ADDR" "$@"; }
 
 cleanup() {
     "$CRUSTVM" down --dir "$DEMO/vm" >/dev/null 2>&1 || true
+    "$CRUSTVM" down --dir "$DEMO/sandboxes/pod-demo" >/dev/null 2>&1 || true
+    [ -n "${CRUSTD_PID:-}" ] && kill "$CRUSTD_PID" 2>/dev/null && wait "$CRUSTD_PID" 2>/dev/null
+    for l in ${LOOPS:-}; do losetup -d "$l" 2>/dev/null; done
     for m in "$DEMO"/mnt-*; do mountpoint -q "$m" 2>/dev/null && umount "$m"; done
     return 0
 }
@@ -159,4 +164,75 @@ if [ "$now_sha" = "$raw_sha" ]; then
 else
     printf '  %sraw.img changed%s: %s → %s\n' "$red" "$off" "$raw_sha" "$now_sha"
 fi
-printf '\n%sdone%s: every operation ran against the agent as PID 1 in a real VM.\n' "$green" "$off"
+
+# ---------------------------------------------------------------------------
+# What kubelet sees: KEP-2857's RuntimeAssistedStorageManagement on crustd's
+# unix socket. crustd finds the sandbox in its registry (crust-vm up wrote
+# DIR/pod-demo/sandbox.json), hot-plugs the host's block device over QMP and
+# has the agent mount it. crustd-ctl sends what kubelet would send.
+SOCK="$DEMO/crustd.sock"
+kubelet() { run "$CRUSTDCTL" --socket "$SOCK" "$@"; }
+start_crustd() {
+    "$CRUSTD" --socket "$SOCK" --sandboxes "$DEMO/sandboxes" 2>>"$DEMO/crustd.log" &
+    CRUSTD_PID=$!
+    while [ ! -S "$SOCK" ]; do sleep 0.05; done
+}
+
+section "What kubelet sees: a sandbox registered by crust-vm up, crustd serving CRUST on $SOCK"
+make_image "$DEMO/k-ext4.img" ext4 256
+make_image "$DEMO/k-xfs.img" xfs 512
+E=$(losetup --find --show "$DEMO/k-ext4.img"); X=$(losetup --find --show "$DEMO/k-xfs.img"); LOOPS="$E $X"
+echo "  host volumes (loop devices, as a CSI node plugin would attach them): $E (ext4), $X (xfs)"
+"$CRUSTVM" up --dir "$DEMO/sandboxes/pod-demo" >/dev/null
+run cat "$DEMO/sandboxes/pod-demo/sandbox.json"
+start_crustd
+kubelet capabilities
+kubelet filesystems
+
+section "RuntimePublishVolume: hot-plug + mount + fsGroup in one call"
+kubelet publish pod-demo "$E" --fs ext4 -o noatime --fs-group 3000 --target /var/lib/kubelet/pods/uid/volumes/kubernetes.io~csi/pvc-e/mount
+kubelet publish pod-demo "$X" --fs xfs --fs-group 3000 --fs-group-policy OnRootMismatch
+echo "  again: idempotent, nothing plugged twice:"
+kubelet publish pod-demo "$E" --fs ext4 -o noatime --fs-group 3000
+echo "  what the guest has now (crustctl straight to the agent):"
+run "$CRUSTCTL" --addr "$(sed 's/.*"agent":"\([^"]*\)".*/\1/' "$DEMO/sandboxes/pod-demo/sandbox.json")" list
+echo "  a raw block volume (volumeMode: Block): hot-plugged and published as a device, never mounted:"
+run truncate -s 64M "$DEMO/k-raw.img"
+R=$(losetup --find --show "$DEMO/k-raw.img"); LOOPS="$LOOPS $R"
+kubelet publish pod-demo "$R" --block
+kubelet stats pod-demo "$R"
+kubelet unpublish pod-demo "$R"
+echo "  refusals, each with its code:"
+kubelet publish pod-demo "$R" --block --fs ext4
+kubelet publish pod-gone "$E" --fs ext4
+kubelet publish pod-demo dev/loop0 --fs ext4
+kubelet publish pod-demo "$PWD/$DEMO/k-ext4.img" --fs ext4
+
+section "RuntimeGetVolumeStats"
+kubelet stats pod-demo "$E"
+
+section "crustd restarted between two calls carries on (its state: $DEMO/sandboxes/pod-demo/crustd.json)"
+kill "$CRUSTD_PID"; wait "$CRUSTD_PID" 2>/dev/null || true
+start_crustd
+kubelet stats pod-demo "$X"
+
+section "RuntimeExpandVolume: the host grows the device, crustd resizes QEMU's disk, the agent grows ext4"
+run truncate -s 1G "$DEMO/k-ext4.img"
+run losetup -c "$E"
+kubelet expand pod-demo "$E" --bytes $((1024 << 20))
+kubelet expand pod-demo "$E" --bytes $((4096 << 20))
+kubelet stats pod-demo "$E"
+
+section "RuntimeUnpublishVolume: unmount, device_del, DEVICE_DELETED, blockdev-del"
+kubelet unpublish pod-demo "$X"
+kubelet unpublish pod-demo "$X"
+kubelet unpublish pod-demo "$E"
+kubelet stats pod-demo "$E"
+echo "  crustd's log, one line per call:"
+tail -4 "$DEMO/crustd.log" | sed 's/^/  /'
+kill "$CRUSTD_PID"; wait "$CRUSTD_PID" 2>/dev/null || true; CRUSTD_PID=
+run "$CRUSTVM" down --dir "$DEMO/sandboxes/pod-demo"
+run e2fsck -f -n "$E"
+run sh -c "xfs_repair -n $X 2>&1 | tail -2"
+
+printf '\n%sdone%s: every operation ran against the agent as PID 1 in a real VM, and through crustd as kubelet sends it.\n' "$green" "$off"

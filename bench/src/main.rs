@@ -3,6 +3,7 @@
 //! runs; writes target/bench/report.md and report.json and says which
 //! targets are met. A figure whose prerequisite is missing says so instead.
 
+mod crustd_figs;
 mod fsgroup;
 mod grow_xfs;
 mod host_agent;
@@ -20,7 +21,7 @@ use report::{Figure, Verdict};
 
 const USAGE: &str =
     "usage: crust-bench [--runs N] [--vm-disks N] [--vm-boots N] [--only SECTION,...] [--out DIR] [--strict]
-  SECTION: fsgroup, xfs, host, size, vm (default: all)
+  SECTION: fsgroup, xfs, host, size, vm, crustd (default: all)
   --runs N      runs per contender for the heavy figures (default 7)
   --vm-disks N  disks hot-plugged (and grown) in the VM (default 5)
   --vm-boots N  VM boots for the boot timeline (default 3)
@@ -59,7 +60,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--only" => {
                 let v = it.next().ok_or("--only needs sections")?;
                 for s in v.split(',') {
-                    if !["fsgroup", "xfs", "host", "size", "vm"].contains(&s) {
+                    if !["fsgroup", "xfs", "host", "size", "vm", "crustd"].contains(&s) {
                         return Err(format!("unknown section {s}"));
                     }
                     a.only.push(s.to_string());
@@ -105,15 +106,17 @@ fn section(
     out
 }
 
-/// Brings down a VM an earlier (interrupted) run left in `work/vm`.
+/// Brings down the VMs an earlier (interrupted) run left in `work/vm` and
+/// `work/sandboxes/bench` (the crustd section's).
 fn stop_stale_vm(work: &Path) {
-    let dir = work.join("vm");
-    if !dir.join("state.json").exists() {
-        return;
-    }
-    match crust_vm::Vm::attach(&dir).and_then(|mut vm| vm.down()) {
-        Ok(how) => eprintln!("bench: stopped the VM in {}: {how}", dir.display()),
-        Err(e) => eprintln!("bench: could not stop the VM in {}: {e}", dir.display()),
+    for dir in [work.join("vm"), work.join("sandboxes/bench")] {
+        if !dir.join("state.json").exists() {
+            continue;
+        }
+        match crust_vm::Vm::attach(&dir).and_then(|mut vm| vm.down()) {
+            Ok(how) => eprintln!("bench: stopped the VM in {}: {how}", dir.display()),
+            Err(e) => eprintln!("bench: could not stop the VM in {}: {e}", dir.display()),
+        }
     }
 }
 
@@ -331,6 +334,11 @@ fn main() {
             ],
             || vm_figs::figures(&work, args.vm_disks, args.vm_boots),
         ));
+    }
+    if want("crustd") {
+        figures.extend(section("crustd", &crustd_figs::keys(), || {
+            crustd_figs::figures(&work, args.vm_disks)
+        }));
     }
     cleanup_all(&work);
     let _ = std::fs::remove_dir_all(&work);

@@ -23,6 +23,8 @@ use serde_json::json;
 pub const GUEST_CID: u32 = 3;
 /// The agent's default vsock port.
 pub const AGENT_PORT: u32 = 1024;
+/// The sandbox registry entry `up` writes in its directory, for crustd.
+pub const SANDBOX_FILE: &str = "sandbox.json";
 
 /// What can go wrong driving the VM; each message says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -478,6 +480,7 @@ impl Vm {
                     &GetAgentInfoRequest::new(),
                 ) {
                     vm.boot_info = Some(info);
+                    vm.write_sandbox_entry()?;
                     return Ok(vm);
                 }
             }
@@ -567,6 +570,22 @@ impl Vm {
 
     fn qmp(&self) -> Result<qmp::Qmp> {
         qmp::Qmp::connect(&self.dir.join("qmp.sock"), Duration::from_secs(30))
+    }
+
+    /// Writes `DIR/sandbox.json`, the entry crustd's sandbox registry reads
+    /// (docs/crustd.md): `{"qmp": "DIR/qmp.sock", "agent": "hvsock://DIR/vsock.sock:PORT"}`.
+    /// `crust-vm up --dir REGISTRY/<sandbox>` thus makes a CRUST sandbox.
+    /// Written once the agent answers, so crustd never sees a VM still booting.
+    fn write_sandbox_entry(&self) -> Result<()> {
+        let path = self.dir.join(SANDBOX_FILE);
+        let tmp = self.dir.join("sandbox.json.tmp");
+        let text = json!({
+            "qmp": self.dir.join("qmp.sock"),
+            "agent": self.address(),
+        })
+        .to_string();
+        fs::write(&tmp, text).map_err(io_err(format!("cannot write {}", tmp.display())))?;
+        fs::rename(&tmp, &path).map_err(io_err(format!("cannot write {}", path.display())))
     }
 
     fn save(&self) -> Result<()> {
@@ -750,7 +769,13 @@ impl Vm {
                 self.dir.display()
             )));
         }
-        for f in ["vhost.sock", "vsock.sock", "qmp.sock", "state.json"] {
+        for f in [
+            SANDBOX_FILE,
+            "vhost.sock",
+            "vsock.sock",
+            "qmp.sock",
+            "state.json",
+        ] {
             let _ = fs::remove_file(self.dir.join(f));
         }
         self.released = true;

@@ -1,0 +1,157 @@
+//! kubelet's side of CRUST, for tests, the demo and the bench: the
+//! crust.runtime.v1alpha1 client stubs, generated here from
+//! protocols/crust_runtime.proto independently of crustd (which generates
+//! only its server half), and a blocking [`Kubelet`] that dials crustd's
+//! unix socket the way kubelet does (gRPC over HTTP/2).
+
+use std::path::Path;
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::Status;
+
+/// The generated messages and client.
+#[allow(clippy::all, missing_docs)]
+pub mod pb {
+    tonic::include_proto!("crust.runtime.v1alpha1");
+}
+
+use pb::runtime_assisted_storage_management_client::RuntimeAssistedStorageManagementClient as Client;
+
+/// A blocking CRUST client on one connection to crustd.
+pub struct Kubelet {
+    /// Drives the connection; calls block on it.
+    rt: tokio::runtime::Runtime,
+    /// The generated client (cheap to clone: shares the channel).
+    client: Client<Channel>,
+}
+
+impl Kubelet {
+    /// Connects to crustd at `socket`; each call may take up to `timeout`.
+    pub fn connect(socket: &Path, timeout: Duration) -> Result<Kubelet, String> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start a tokio runtime: {e}"))?;
+        let path = socket.to_path_buf();
+        let channel = rt
+            .block_on(async {
+                // The URI is required by the API and unused: the connector dials the socket.
+                Endpoint::try_from("http://crustd.invalid")
+                    .map_err(|e| e.to_string())?
+                    .connect_timeout(Duration::from_secs(5))
+                    .timeout(timeout)
+                    .connect_with_connector(tower::service_fn(move |_: Uri| {
+                        let p = path.clone();
+                        async move { UnixStream::connect(p).await.map(TokioIo::new) }
+                    }))
+                    .await
+                    .map_err(|e| format!("{e:?}"))
+            })
+            .map_err(|e| format!("cannot connect to crustd at {}: {e}", socket.display()))?;
+        Ok(Kubelet {
+            rt,
+            client: Client::new(channel),
+        })
+    }
+
+    fn call<T, F>(&self, f: impl FnOnce(Client<Channel>) -> F) -> Result<T, Status>
+    where
+        F: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        self.rt
+            .block_on(f(self.client.clone()))
+            .map(|r| r.into_inner())
+    }
+
+    pub fn capabilities(&self) -> Result<pb::RuntimeGetCapabilitiesResponse, Status> {
+        self.call(|mut c| async move {
+            c.runtime_get_capabilities(pb::RuntimeGetCapabilitiesRequest {})
+                .await
+        })
+    }
+
+    pub fn file_systems(&self) -> Result<pb::RuntimeGetSupportedFileSystemsResponse, Status> {
+        self.call(|mut c| async move {
+            c.runtime_get_supported_file_systems(pb::RuntimeGetSupportedFileSystemsRequest {})
+                .await
+        })
+    }
+
+    pub fn publish(
+        &self,
+        r: pb::RuntimePublishVolumeRequest,
+    ) -> Result<pb::RuntimePublishVolumeResponse, Status> {
+        self.call(|mut c| async move { c.runtime_publish_volume(r).await })
+    }
+
+    pub fn unpublish(&self, sandbox: &str, volume: &str) -> Result<(), Status> {
+        let r = pb::RuntimeUnpublishVolumeRequest {
+            sandbox_id: sandbox.into(),
+            host_volume_id: volume.into(),
+        };
+        self.call(|mut c| async move { c.runtime_unpublish_volume(r).await })
+            .map(|_| ())
+    }
+
+    pub fn stats(
+        &self,
+        sandbox: &str,
+        volume: &str,
+    ) -> Result<pb::RuntimeGetVolumeStatsResponse, Status> {
+        let r = pb::RuntimeGetVolumeStatsRequest {
+            sandbox_id: sandbox.into(),
+            host_volume_id: volume.into(),
+        };
+        self.call(|mut c| async move { c.runtime_get_volume_stats(r).await })
+    }
+
+    pub fn expand(&self, sandbox: &str, volume: &str, required_bytes: i64) -> Result<i64, Status> {
+        let r = pb::RuntimeExpandVolumeRequest {
+            sandbox_id: sandbox.into(),
+            host_volume_id: volume.into(),
+            required_bytes,
+        };
+        self.call(|mut c| async move { c.runtime_expand_volume(r).await })
+            .map(|r| r.capacity_bytes)
+    }
+}
+
+/// The bytes usage of a stats answer: (available, total, used).
+pub fn bytes(s: &pb::RuntimeGetVolumeStatsResponse) -> Option<(i64, i64, i64)> {
+    s.usage
+        .iter()
+        .find(|u| u.unit() == pb::volume_usage::Unit::Bytes)
+        .map(|u| (u.available, u.total, u.used))
+}
+
+/// The canonical upper-case name of a gRPC code, e.g. `NOT_FOUND`.
+pub fn code_name(code: tonic::Code) -> String {
+    let camel = format!("{code:?}");
+    let mut out = String::new();
+    for (i, ch) in camel.chars().enumerate() {
+        if ch.is_ascii_uppercase() && i > 0 {
+            out.push('_');
+        }
+        out.push(ch.to_ascii_uppercase());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn code_names() {
+        assert_eq!(code_name(tonic::Code::NotFound), "NOT_FOUND");
+        assert_eq!(code_name(tonic::Code::Ok), "OK");
+        assert_eq!(
+            code_name(tonic::Code::FailedPrecondition),
+            "FAILED_PRECONDITION"
+        );
+    }
+}

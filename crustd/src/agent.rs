@@ -1,0 +1,160 @@
+//! Calls to the crust-agent of one sandbox through crust-client. The
+//! connection is kept per sandbox and shared by its calls (ttrpc multiplexes
+//! them); one that broke (the VM restarted, the agent was replaced) is
+//! dropped and the call tried once more on a fresh one; every agent call is
+//! idempotent, so the retry is safe. An agent that cannot be reached or does
+//! not answer is UNAVAILABLE; an agent that answers with an error has its
+//! code and message passed through unchanged.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crust_client::proto as pb;
+use crust_client::{protobuf::MessageField, Address, CallError, CrustClient};
+
+use crate::error::{Code, Error, Result};
+
+/// Open connections by sandbox id, with the address they were made to.
+pub type Connections = Mutex<HashMap<String, (String, CrustClient)>>;
+
+/// One agent, with the deadlines crustd gives it.
+pub struct Agent<'a> {
+    /// Where connections are kept between calls.
+    pub connections: &'a Connections,
+    /// Where it listens.
+    pub addr: &'a Address,
+    /// The sandbox, for messages.
+    pub sandbox: &'a str,
+    /// Deadline of a call (and of connecting).
+    pub timeout: Duration,
+    /// How long the agent may wait for a disk to appear or grow.
+    pub device_wait: Duration,
+}
+
+/// What an agent publish needs.
+pub struct Publish<'a> {
+    pub volume_id: &'a str,
+    pub serial: &'a str,
+    pub fs_type: &'a str,
+    pub mount_options: &'a [String],
+    pub read_only: bool,
+    /// fsGroup gid and whether OnRootMismatch (else Always).
+    pub fs_group: Option<(u32, bool)>,
+    /// volumeMode: Block: the raw device, no filesystem.
+    pub block: bool,
+}
+
+impl Agent<'_> {
+    /// The kept connection to this agent, or a new one.
+    fn client(&self, fresh: bool) -> Result<CrustClient> {
+        let addr = self.addr.to_string();
+        {
+            let mut map = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+            match map.get(self.sandbox) {
+                Some((a, c)) if *a == addr && !fresh => return Ok(c.clone()),
+                _ => {
+                    map.remove(self.sandbox);
+                }
+            }
+        }
+        let c = CrustClient::connect(self.addr, self.timeout).map_err(|e| {
+            Error::unavailable(format!(
+                "cannot reach the agent of sandbox {} at {}: {e}",
+                self.sandbox, self.addr
+            ))
+        })?;
+        self.connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(self.sandbox.to_string(), (addr, c.clone()));
+        Ok(c)
+    }
+
+    fn forget(&self) {
+        self.connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(self.sandbox);
+    }
+
+    /// Runs `f` on the kept connection; once more on a fresh one if it broke.
+    fn call<T>(&self, f: impl Fn(&CrustClient) -> std::result::Result<T, CallError>) -> Result<T> {
+        let first = f(&self.client(false)?);
+        let out = match first {
+            Err(CallError::Connection { .. }) => f(&self.client(true)?),
+            other => other,
+        };
+        out.map_err(|e| {
+            if !matches!(e, CallError::Status { .. }) {
+                self.forget();
+            }
+            self.sort(e)
+        })
+    }
+
+    fn sort(&self, e: CallError) -> Error {
+        match e {
+            CallError::Status { code, message } => Error::new(Code::from_name(&code), message),
+            other => Error::unavailable(format!(
+                "the agent of sandbox {} at {}: {other}",
+                self.sandbox, self.addr
+            )),
+        }
+    }
+
+    fn wait_ms(&self) -> u32 {
+        u32::try_from(self.device_wait.as_millis()).unwrap_or(u32::MAX)
+    }
+
+    /// PublishVolume by serial; answers the guest path.
+    pub fn publish(&self, p: &Publish) -> Result<String> {
+        let mut r = pb::PublishVolumeRequest::new();
+        r.volume_id = p.volume_id.into();
+        r.set_serial(p.serial.into());
+        r.fs_type = p.fs_type.into();
+        r.mount_options = p.mount_options.to_vec();
+        r.read_only = p.read_only;
+        r.timeout_ms = self.wait_ms();
+        if p.block {
+            r.volume_mode = pb::VolumeMode::BLOCK.into();
+        }
+        if let Some((gid, on_root_mismatch)) = p.fs_group {
+            let mut g = pb::FsGroup::new();
+            g.gid = gid;
+            g.change_policy = if on_root_mismatch {
+                pb::FsGroupChangePolicy::ON_ROOT_MISMATCH
+            } else {
+                pb::FsGroupChangePolicy::ALWAYS
+            }
+            .into();
+            r.fs_group = MessageField::some(g);
+        }
+        self.call(|c| c.publish_volume(&r))
+            .map(|resp| resp.guest_path)
+    }
+
+    /// UnpublishVolume; OK when it was not published.
+    pub fn unpublish(&self, volume_id: &str) -> Result<()> {
+        let mut r = pb::UnpublishVolumeRequest::new();
+        r.volume_id = volume_id.into();
+        self.call(|c| c.unpublish_volume(&r)).map(|_| ())
+    }
+
+    /// GetVolumeStats, as the agent answers it.
+    pub fn stats(&self, volume_id: &str) -> Result<pb::GetVolumeStatsResponse> {
+        let mut r = pb::GetVolumeStatsRequest::new();
+        r.volume_id = volume_id.into();
+        self.call(|c| c.get_volume_stats(&r))
+    }
+
+    /// ExpandVolume; answers the capacity in bytes.
+    pub fn expand(&self, volume_id: &str, required_bytes: i64) -> Result<i64> {
+        let mut r = pb::ExpandVolumeRequest::new();
+        r.volume_id = volume_id.into();
+        r.required_bytes = required_bytes;
+        r.timeout_ms = self.wait_ms();
+        self.call(|c| c.expand_volume(&r))
+            .map(|resp| resp.capacity_bytes)
+    }
+}

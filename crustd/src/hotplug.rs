@@ -1,0 +1,158 @@
+//! The QMP steps of a volume, each one asking QEMU first so it can be
+//! repeated after a crash or a restart without plugging anything twice:
+//! plug (`blockdev-add` host_device with O_DIRECT, then `device_add
+//! virtio-blk-pci` with the serial), unplug (`device_del`, wait for
+//! `DEVICE_DELETED`, then `blockdev-del`), and growth (`block_resize`).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::error::{Error, Result};
+use crate::hostdev::Names;
+use crate::qmp::Qmp;
+
+/// What one `plug` call added (what an undo must take away).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Added {
+    /// This call ran blockdev-add.
+    pub node: bool,
+    /// This call ran device_add.
+    pub device: bool,
+}
+
+/// Whether QEMU has a device with id `id` (qdev ids live under /machine/peripheral).
+pub fn device_present(q: &mut Qmp, id: &str) -> Result<bool> {
+    let list = q
+        .execute("qom-list", Some(json!({ "path": "/machine/peripheral" })))
+        .map_err(|e| e.during("listing devices (qom-list)"))?;
+    Ok(list
+        .as_array()
+        .is_some_and(|a| a.iter().any(|p| p["name"] == id)))
+}
+
+/// QEMU's block node `node`, if it exists.
+fn node_info(q: &mut Qmp, node: &str) -> Result<Option<Value>> {
+    let list = q
+        .execute("query-named-block-nodes", Some(json!({ "flat": true })))
+        .map_err(|e| e.during("listing block nodes (query-named-block-nodes)"))?;
+    Ok(list
+        .as_array()
+        .and_then(|a| a.iter().find(|n| n["node-name"] == node).cloned()))
+}
+
+/// The size QEMU (and so the guest) sees for `node`, in bytes.
+pub fn node_size(q: &mut Qmp, node: &str) -> Result<Option<u64>> {
+    Ok(node_info(q, node)?.and_then(|n| n["image"]["virtual-size"].as_u64()))
+}
+
+/// Attaches `dev` as node `names.node` and virtio-blk device `names.device`
+/// with serial `names.serial`, adding only what QEMU does not have yet. A
+/// device refused after this call added the node removes the node again.
+pub fn plug(q: &mut Qmp, names: &Names, dev: &Path, read_only: bool) -> Result<Added> {
+    let mut added = Added::default();
+    if node_info(q, &names.node)?.is_none() {
+        q.execute(
+            "blockdev-add",
+            Some(json!({
+                "node-name": names.node,
+                "driver": "host_device",
+                "filename": dev,
+                "cache": { "direct": true },
+                "read-only": read_only,
+            })),
+        )
+        .map_err(|e| e.during(&format!("to open {} (blockdev-add)", dev.display())))?;
+        added.node = true;
+    }
+    if !device_present(q, &names.device)? {
+        let r = q.execute(
+            "device_add",
+            Some(json!({
+                "driver": "virtio-blk-pci",
+                "drive": names.node,
+                "id": names.device,
+                "serial": names.serial,
+            })),
+        );
+        if let Err(e) = r {
+            let mut err = e.during(&format!("to attach {} (device_add)", dev.display()));
+            if added.node {
+                if let Err(e2) = q.execute("blockdev-del", Some(json!({ "node-name": names.node })))
+                {
+                    err = err.and(format!(
+                        "and removing node {} again failed: {}",
+                        names.node,
+                        e2.during("blockdev-del")
+                    ));
+                }
+            }
+            return Err(err);
+        }
+        added.device = true;
+    }
+    Ok(added)
+}
+
+/// Detaches the device and removes the node, whichever of them QEMU still
+/// has. The device is gone when QEMU says DEVICE_DELETED (the guest let go of
+/// it) or no longer lists it; after `timeout` without that, UNAVAILABLE.
+pub fn unplug(q: &mut Qmp, names: &Names, timeout: Duration) -> Result<()> {
+    if device_present(q, &names.device)? {
+        if let Err(e) = q.execute("device_del", Some(json!({ "id": names.device }))) {
+            // Already on its way out (a device_del before a restart): just wait.
+            let e = e.during(&format!("to detach {} (device_del)", names.device));
+            if !e.message.contains("in the process of unplug") {
+                return Err(e);
+            }
+        }
+        wait_deleted(q, &names.device, timeout)?;
+    }
+    if node_info(q, &names.node)?.is_some() {
+        q.execute("blockdev-del", Some(json!({ "node-name": names.node })))
+            .map_err(|e| e.during(&format!("to remove node {} (blockdev-del)", names.node)))?;
+    }
+    Ok(())
+}
+
+fn wait_deleted(q: &mut Qmp, id: &str, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let slice = deadline
+            .saturating_duration_since(Instant::now())
+            .min(Duration::from_millis(500));
+        if q.wait_event("DEVICE_DELETED", |d| d["device"] == id, slice)?
+            .is_some()
+        {
+            return Ok(());
+        }
+        // The event may have gone to an earlier session; ask.
+        if !device_present(q, id)? {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::unavailable(format!(
+                "the guest did not release device {id} within {timeout:?} after device_del (is the guest kernel alive?); unpublish again to retry"
+            )));
+        }
+    }
+}
+
+/// Grows QEMU's view of `node` to `bytes` when it is smaller (the guest is
+/// told by virtio's config change). Returns QEMU's size before.
+pub fn grow(q: &mut Qmp, node: &str, bytes: u64) -> Result<u64> {
+    let before = node_size(q, node)?.ok_or_else(|| {
+        Error::precondition(format!(
+            "QEMU has no block node {node}: the disk was unplugged behind crustd's back; unpublish and publish again"
+        ))
+    })?;
+    if before < bytes {
+        q.execute(
+            "block_resize",
+            Some(json!({ "node-name": node, "size": bytes })),
+        )
+        .map_err(|e| e.during(&format!("to grow {node} to {bytes} bytes (block_resize)")))?;
+    }
+    Ok(before)
+}

@@ -1,0 +1,27 @@
+//! crustd: the host half of KEP-2857 (CRUST). One daemon per node serves
+//! kubelet's `RuntimeAssistedStorageManagement` gRPC service on a unix socket
+//! for every sandbox, and turns each call into QMP (hot-plug, resize, unplug)
+//! plus crust.v1 calls to the crust-agent inside that sandbox's VM.
+//!
+//! The flow of a call: `service` (gRPC ↔ plain types, error → status, one
+//! log line) → `volumes` (the steps, locks and undo) → `registry` (where the
+//! sandbox's QMP socket and agent are), `state` (what crustd plugged, on
+//! disk), `hostdev` (the host block device), `qmp` + `hotplug` (QEMU),
+//! `agent` (crust-agent).
+
+pub mod agent;
+pub mod error;
+pub mod hostdev;
+pub mod hotplug;
+pub mod locks;
+pub mod qmp;
+pub mod registry;
+pub mod service;
+pub mod state;
+pub mod volumes;
+
+/// The generated crust.runtime.v1alpha1 messages and server stubs.
+#[allow(clippy::all, missing_docs)]
+pub mod pb {
+    tonic::include_proto!("crust.runtime.v1alpha1");
+}

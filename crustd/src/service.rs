@@ -1,0 +1,232 @@
+//! The gRPC layer: protobuf ↔ plain types, crustd's error → gRPC status, and
+//! one structured log line per call. Each call's work (blocking QMP and agent
+//! I/O) runs on tokio's blocking pool, so calls for different volumes and
+//! sandboxes proceed at once; `volumes` serializes what must be.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::json;
+use tonic::{Request, Response, Status};
+
+use crate::error::{Code, Error, Result};
+use crate::pb;
+use crate::pb::runtime_assisted_storage_management_server::RuntimeAssistedStorageManagement;
+use crate::pb::runtime_capability::rpc::Type as Cap;
+use crate::volumes::{self, Crustd, PublishRequest};
+
+/// What crustd advertises: what works end to end through it with the guest
+/// this project builds, and nothing a call would refuse (no SUBPATH or
+/// SELINUX: CRUST has no call for them here; BLOCK_VOLUME only with
+/// `volumes::BLOCK_VOLUMES`).
+pub fn capabilities() -> Vec<Cap> {
+    let mut caps = vec![
+        Cap::FsGroupChangePolicyAlways,
+        Cap::FsGroupChangePolicyRootMismatch,
+        Cap::VolumeStats,
+        Cap::VolumeResize,
+        Cap::VolumeCondition,
+    ];
+    if volumes::BLOCK_VOLUMES {
+        caps.push(Cap::BlockVolume);
+    }
+    caps
+}
+
+/// The tonic service around a [`Crustd`].
+#[derive(Clone)]
+pub struct Service {
+    inner: Arc<Crustd>,
+}
+
+impl Service {
+    pub fn new(inner: Arc<Crustd>) -> Service {
+        Service { inner }
+    }
+
+    /// Runs `work` on the blocking pool and logs the call.
+    async fn run<T: Send + 'static>(
+        &self,
+        method: &'static str,
+        sandbox: &str,
+        host_volume: &str,
+        work: impl FnOnce(&Crustd) -> Result<T> + Send + 'static,
+    ) -> std::result::Result<T, Status> {
+        let t0 = Instant::now();
+        let inner = self.inner.clone();
+        let out = tokio::task::spawn_blocking(move || work(&inner))
+            .await
+            .unwrap_or_else(|e| Err(Error::internal(format!("{method} panicked: {e}"))));
+        log(method, sandbox, host_volume, &out, t0);
+        out.map_err(to_status)
+    }
+}
+
+fn log<T>(method: &str, sandbox: &str, host_volume: &str, out: &Result<T>, t0: Instant) {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    let mut line = json!({
+        "ts": (now * 1000.0).round() / 1000.0,
+        "method": method,
+        "sandbox": sandbox,
+        "host_volume": host_volume,
+        "code": out.as_ref().map_or_else(|e| e.code.name(), |_| "OK"),
+        "ms": (t0.elapsed().as_secs_f64() * 1e5).round() / 100.0,
+    });
+    if let Err(e) = out {
+        line["error"] = e.message.clone().into();
+    }
+    // One write per line, so lines from calls at once never interleave.
+    let mut text = line.to_string();
+    text.push('\n');
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), text.as_bytes());
+}
+
+/// crustd's error as a gRPC status.
+pub fn to_status(e: Error) -> Status {
+    let code = match e.code {
+        Code::Cancelled => tonic::Code::Cancelled,
+        Code::Unknown => tonic::Code::Unknown,
+        Code::InvalidArgument => tonic::Code::InvalidArgument,
+        Code::DeadlineExceeded => tonic::Code::DeadlineExceeded,
+        Code::NotFound => tonic::Code::NotFound,
+        Code::AlreadyExists => tonic::Code::AlreadyExists,
+        Code::PermissionDenied => tonic::Code::PermissionDenied,
+        Code::ResourceExhausted => tonic::Code::ResourceExhausted,
+        Code::FailedPrecondition => tonic::Code::FailedPrecondition,
+        Code::Aborted => tonic::Code::Aborted,
+        Code::OutOfRange => tonic::Code::OutOfRange,
+        Code::Unimplemented => tonic::Code::Unimplemented,
+        Code::Internal => tonic::Code::Internal,
+        Code::Unavailable => tonic::Code::Unavailable,
+        Code::DataLoss => tonic::Code::DataLoss,
+        Code::Unauthenticated => tonic::Code::Unauthenticated,
+    };
+    Status::new(code, e.message)
+}
+
+#[tonic::async_trait]
+impl RuntimeAssistedStorageManagement for Service {
+    async fn runtime_get_capabilities(
+        &self,
+        _: Request<pb::RuntimeGetCapabilitiesRequest>,
+    ) -> std::result::Result<Response<pb::RuntimeGetCapabilitiesResponse>, Status> {
+        let capabilities = capabilities()
+            .into_iter()
+            .map(|t| pb::RuntimeCapability {
+                r#type: Some(pb::runtime_capability::Type::Rpc(
+                    pb::runtime_capability::Rpc { r#type: t.into() },
+                )),
+            })
+            .collect();
+        log::<()>("RuntimeGetCapabilities", "", "", &Ok(()), Instant::now());
+        Ok(Response::new(pb::RuntimeGetCapabilitiesResponse {
+            capabilities,
+        }))
+    }
+
+    async fn runtime_get_supported_file_systems(
+        &self,
+        _: Request<pb::RuntimeGetSupportedFileSystemsRequest>,
+    ) -> std::result::Result<Response<pb::RuntimeGetSupportedFileSystemsResponse>, Status> {
+        log::<()>(
+            "RuntimeGetSupportedFileSystems",
+            "",
+            "",
+            &Ok(()),
+            Instant::now(),
+        );
+        Ok(Response::new(pb::RuntimeGetSupportedFileSystemsResponse {
+            file_systems: volumes::FILE_SYSTEMS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        }))
+    }
+
+    async fn runtime_publish_volume(
+        &self,
+        req: Request<pb::RuntimePublishVolumeRequest>,
+    ) -> std::result::Result<Response<pb::RuntimePublishVolumeResponse>, Status> {
+        let r = req.into_inner();
+        let p = PublishRequest {
+            sandbox_id: r.sandbox_id,
+            host_volume_id: r.host_volume_id,
+            host_target_path: r.host_target_path,
+            file_system: r.file_system,
+            mount_options: r.mount_options,
+            fsgroup_gid: r.fsgroup_gid,
+            fsgroup_policy: r.fsgroup_policy,
+            read_only: r.read_only,
+            block: r.block,
+        };
+        let (s, v) = (p.sandbox_id.clone(), p.host_volume_id.clone());
+        let guest_path = self
+            .run("RuntimePublishVolume", &s, &v, move |c| c.publish(&p))
+            .await?;
+        Ok(Response::new(pb::RuntimePublishVolumeResponse {
+            guest_path,
+        }))
+    }
+
+    async fn runtime_unpublish_volume(
+        &self,
+        req: Request<pb::RuntimeUnpublishVolumeRequest>,
+    ) -> std::result::Result<Response<pb::RuntimeUnpublishVolumeResponse>, Status> {
+        let r = req.into_inner();
+        let (s, v) = (r.sandbox_id.clone(), r.host_volume_id.clone());
+        self.run("RuntimeUnpublishVolume", &s, &v, move |c| {
+            c.unpublish(&r.sandbox_id, &r.host_volume_id)
+        })
+        .await?;
+        Ok(Response::new(pb::RuntimeUnpublishVolumeResponse {}))
+    }
+
+    async fn runtime_get_volume_stats(
+        &self,
+        req: Request<pb::RuntimeGetVolumeStatsRequest>,
+    ) -> std::result::Result<Response<pb::RuntimeGetVolumeStatsResponse>, Status> {
+        let r = req.into_inner();
+        let (s, v) = (r.sandbox_id.clone(), r.host_volume_id.clone());
+        let st = self
+            .run("RuntimeGetVolumeStats", &s, &v, move |c| {
+                c.stats(&r.sandbox_id, &r.host_volume_id)
+            })
+            .await?;
+        use pb::volume_usage::Unit;
+        Ok(Response::new(pb::RuntimeGetVolumeStatsResponse {
+            usage: st
+                .usage
+                .iter()
+                .map(|u| pb::VolumeUsage {
+                    available: u.available,
+                    total: u.total,
+                    used: u.used,
+                    unit: if u.inodes { Unit::Inodes } else { Unit::Bytes }.into(),
+                })
+                .collect(),
+            volume_condition: Some(pb::VolumeCondition {
+                abnormal: st.abnormal,
+                message: st.message,
+            }),
+        }))
+    }
+
+    async fn runtime_expand_volume(
+        &self,
+        req: Request<pb::RuntimeExpandVolumeRequest>,
+    ) -> std::result::Result<Response<pb::RuntimeExpandVolumeResponse>, Status> {
+        let r = req.into_inner();
+        let (s, v) = (r.sandbox_id.clone(), r.host_volume_id.clone());
+        let capacity_bytes = self
+            .run("RuntimeExpandVolume", &s, &v, move |c| {
+                c.expand(&r.sandbox_id, &r.host_volume_id, r.required_bytes)
+            })
+            .await?;
+        Ok(Response::new(pb::RuntimeExpandVolumeResponse {
+            capacity_bytes,
+        }))
+    }
+}

@@ -1,0 +1,181 @@
+//! crustd's own record of each sandbox, `DIR/<sandbox>/crustd.json`:
+//! host_volume_id → what was plugged for it and how far the call got. It is
+//! rewritten whole and atomically (temporary file, fsync, rename, fsync of
+//! the directory), before and after every QMP step, so a crustd killed at any
+//! point finds the truth on restart: a record in `plugging` or `unplugging`
+//! may or may not be in QEMU, and the next call asks QEMU before acting.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The state file's name inside a sandbox's directory.
+pub const STATE_FILE: &str = "crustd.json";
+
+/// How far a volume got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Written before blockdev-add: QEMU may hold the node and the device, or not.
+    Plugging,
+    /// The disk is in QEMU; the agent has not (yet) published it.
+    Plugged,
+    /// The agent published it: kubelet was told the guest path.
+    Published,
+    /// Written before the agent's unpublish and device_del: on its way out.
+    Unplugging,
+}
+
+/// One host volume in one sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Volume {
+    /// The agent's volume id.
+    pub volume_id: String,
+    /// The virtio-blk serial the guest finds the disk by.
+    pub serial: String,
+    /// QEMU's block node name.
+    pub node: String,
+    /// QEMU's device id.
+    pub device: String,
+    /// The host block device as `MAJOR:MINOR` (one device, one sandbox).
+    pub rdev: String,
+    /// Where kubelet would have mounted it on the host (recorded only).
+    pub host_target_path: String,
+    /// Where the agent mounted it in the guest ("" until published).
+    pub guest_path: String,
+    /// "ext4" or "xfs" ("" for a block volume).
+    pub file_system: String,
+    /// Attached and mounted read-only.
+    pub read_only: bool,
+    /// volumeMode: Block.
+    pub block: bool,
+    /// How far the last call got.
+    pub phase: Phase,
+}
+
+/// Everything crustd knows about one sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct State {
+    /// By host_volume_id as kubelet sent it.
+    pub volumes: BTreeMap<String, Volume>,
+}
+
+/// `DIR/<sandbox>/crustd.json`.
+pub fn path(sandbox_dir: &Path) -> PathBuf {
+    sandbox_dir.join(STATE_FILE)
+}
+
+/// Reads a sandbox's state; none yet is empty. A file that does not parse is
+/// refused rather than ignored (ignoring it could forget a plugged disk).
+pub fn load(sandbox_dir: &Path) -> Result<State> {
+    let p = path(sandbox_dir);
+    match fs::read_to_string(&p) {
+        Ok(text) => serde_json::from_str(&text).map_err(|e| {
+            Error::precondition(format!(
+                "crustd's state {} is corrupt ({e}): compare it with QEMU (query-block) and fix or remove it",
+                p.display()
+            ))
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(State::default()),
+        Err(e) => Err(Error::internal(format!("cannot read {}: {e}", p.display()))),
+    }
+}
+
+/// Writes a sandbox's state atomically and durably.
+pub fn save(sandbox_dir: &Path, state: &State) -> Result<()> {
+    let p = path(sandbox_dir);
+    let text = serde_json::to_vec_pretty(state)
+        .map_err(|e| Error::internal(format!("cannot encode crustd state: {e}")))?;
+    write_atomic(&p, &text)
+        .map_err(|e| Error::internal(format!("cannot write {}: {e}", p.display())))
+}
+
+/// Temporary file beside `path`, fsync, rename over `path`, fsync the directory.
+pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let written = (|| {
+        let mut f = File::create(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)?;
+        File::open(dir)?.sync_all()
+    })();
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    written
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Code;
+
+    fn vol(phase: Phase) -> Volume {
+        Volume {
+            volume_id: "crustd-00".into(),
+            serial: "cr-00".into(),
+            node: "crustd-00".into(),
+            device: "crustd-dev-00".into(),
+            rdev: "7:3".into(),
+            host_target_path: "/var/lib/kubelet/x".into(),
+            guest_path: String::new(),
+            file_system: "ext4".into(),
+            read_only: false,
+            block: false,
+            phase,
+        }
+    }
+
+    #[test]
+    fn round_trip_and_no_leftovers() {
+        let t = tempfile::tempdir().unwrap();
+        assert_eq!(load(t.path()).unwrap(), State::default());
+        let mut s = State::default();
+        s.volumes.insert("/dev/loop3".into(), vol(Phase::Plugging));
+        save(t.path(), &s).unwrap();
+        assert_eq!(load(t.path()).unwrap(), s);
+        s.volumes.get_mut("/dev/loop3").unwrap().phase = Phase::Published;
+        save(t.path(), &s).unwrap();
+        assert_eq!(load(t.path()).unwrap(), s);
+        let names: Vec<_> = fs::read_dir(t.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names, vec![STATE_FILE.to_string()]);
+        let text = fs::read_to_string(path(t.path())).unwrap();
+        assert!(text.contains("\"phase\": \"published\""), "{text}");
+    }
+
+    #[test]
+    fn corrupt_state_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        fs::write(path(t.path()), "{\"volumes\": {\"x\": 1}}").unwrap();
+        let e = load(t.path()).unwrap_err();
+        assert_eq!(e.code, Code::FailedPrecondition);
+        assert!(e.message.contains("corrupt"), "{e}");
+    }
+
+    #[test]
+    fn failed_write_leaves_the_old_file() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("f");
+        write_atomic(&p, b"old").unwrap();
+        // A directory where the file should go: rename fails, the temp file is removed.
+        let d = t.path().join("d");
+        fs::create_dir_all(d.join("sub")).unwrap();
+        assert!(write_atomic(&d, b"new").is_err());
+        assert_eq!(fs::read(&p).unwrap(), b"old");
+        assert_eq!(fs::read_dir(t.path()).unwrap().count(), 2);
+    }
+}

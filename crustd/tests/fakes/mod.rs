@@ -1,0 +1,317 @@
+//! Stand-ins for a sandbox, so crustd's own process can be tested on the host
+//! without a VM: a QEMU monitor that keeps block nodes and devices the way
+//! QEMU does (and sends DEVICE_DELETED after device_del's reply, as QEMU
+//! does once the guest lets go), and a crust.v1 agent over ttrpc whose
+//! answers a test chooses. Both log what they were asked.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crust_protocols::crust as pb;
+use crust_protocols::crust_ttrpc;
+use crust_protocols::protobuf::MessageField;
+use crust_protocols::ttrpc;
+use serde_json::{json, Value};
+
+/// What the fake QEMU holds and was asked.
+#[derive(Default)]
+pub struct QemuState {
+    /// Block nodes: name → size in bytes.
+    pub nodes: BTreeMap<String, u64>,
+    /// Devices: id → (node, serial).
+    pub devices: BTreeMap<String, (String, String)>,
+    /// Every command but qmp_capabilities and the queries, with its arguments.
+    pub log: Vec<String>,
+    /// device_add fails (as for a full PCI bus).
+    pub refuse_device_add: bool,
+    /// device_del is accepted but the guest never lets go.
+    pub never_release: bool,
+}
+
+pub type Qemu = Arc<Mutex<QemuState>>;
+
+/// Serves QMP at `path`, one client at a time, as QEMU does.
+pub fn qemu(path: &Path) -> Qemu {
+    let l = UnixListener::bind(path).unwrap();
+    let st: Qemu = Arc::default();
+    let st2 = st.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(s) = s else { return };
+            let mut w = s.try_clone().unwrap();
+            let _ = writeln!(w, "{}", json!({"QMP": {"version": {}, "capabilities": []}}));
+            for line in BufReader::new(s).lines() {
+                let Ok(line) = line else { break };
+                let m: Value = serde_json::from_str(&line).unwrap();
+                let (reply, events) = answer(&st2, &m);
+                let _ = writeln!(w, "{reply}");
+                for e in events {
+                    let _ = writeln!(w, "{e}");
+                }
+            }
+        }
+    });
+    st
+}
+
+fn answer(st: &Qemu, m: &Value) -> (Value, Vec<Value>) {
+    let mut s = st.lock().unwrap();
+    let cmd = m["execute"].as_str().unwrap();
+    let a = &m["arguments"];
+    let ok = json!({"return": {}});
+    let err = |d: &str| json!({"error": {"class": "GenericError", "desc": d}});
+    if !matches!(
+        cmd,
+        "qmp_capabilities" | "qom-list" | "query-named-block-nodes"
+    ) {
+        s.log.push(format!("{cmd} {a}"));
+    }
+    match cmd {
+        "qmp_capabilities" => (ok, vec![]),
+        "qom-list" => {
+            let list: Vec<Value> = s
+                .devices
+                .keys()
+                .map(|d| json!({"name": d, "type": "child<virtio-blk-pci>"}))
+                .chain([json!({"name": "type", "type": "string"})])
+                .collect();
+            (json!({ "return": list }), vec![])
+        }
+        "query-named-block-nodes" => {
+            let list: Vec<Value> = s
+                .nodes
+                .iter()
+                .map(|(n, size)| json!({"node-name": n, "image": {"virtual-size": size}}))
+                .collect();
+            (json!({ "return": list }), vec![])
+        }
+        "blockdev-add" => {
+            let n = a["node-name"].as_str().unwrap().to_string();
+            if s.nodes.contains_key(&n) {
+                return (
+                    err(&format!("Duplicate nodes with node-name='{n}'")),
+                    vec![],
+                );
+            }
+            let size = std::fs::File::open(a["filename"].as_str().unwrap())
+                .and_then(|mut f| std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0)))
+                .unwrap_or(0);
+            s.nodes.insert(n, size);
+            (ok, vec![])
+        }
+        "device_add" => {
+            let id = a["id"].as_str().unwrap().to_string();
+            if s.refuse_device_add {
+                return (err("Bus 'pci.0' does not support hotplugging"), vec![]);
+            }
+            if s.devices.contains_key(&id) {
+                return (err(&format!("Duplicate device ID '{id}'")), vec![]);
+            }
+            let node = a["drive"].as_str().unwrap().to_string();
+            s.devices
+                .insert(id, (node, a["serial"].as_str().unwrap().to_string()));
+            (ok, vec![])
+        }
+        "device_del" => {
+            let id = a["id"].as_str().unwrap().to_string();
+            if !s.devices.contains_key(&id) {
+                return (err(&format!("Device '{id}' not found")), vec![]);
+            }
+            if s.never_release {
+                return (ok, vec![]);
+            }
+            s.devices.remove(&id);
+            let ev =
+                |data: Value| json!({"event": "DEVICE_DELETED", "data": data, "timestamp": {}});
+            (
+                ok,
+                vec![
+                    ev(json!({"path": format!("/machine/peripheral/{id}/virtio-backend")})),
+                    ev(json!({"device": id, "path": format!("/machine/peripheral/{id}")})),
+                ],
+            )
+        }
+        "blockdev-del" => {
+            let n = a["node-name"].as_str().unwrap();
+            if s.devices.values().any(|(node, _)| node == n) {
+                return (err(&format!("Node '{n}' is busy")), vec![]);
+            }
+            if s.nodes.remove(n).is_none() {
+                return (
+                    err(&format!("Failed to find node with node-name='{n}'")),
+                    vec![],
+                );
+            }
+            (ok, vec![])
+        }
+        "block_resize" => {
+            let n = a["node-name"].as_str().unwrap().to_string();
+            s.nodes.insert(n, a["size"].as_u64().unwrap());
+            (ok, vec![])
+        }
+        other => (
+            err(&format!("The command {other} has not been found")),
+            vec![],
+        ),
+    }
+}
+
+/// How the fake agent answers PublishVolume.
+#[derive(Clone)]
+pub enum OnPublish {
+    Ok,
+    /// An error status with this code and message.
+    Fail(ttrpc::Code, &'static str),
+    /// Sleep, then answer Ok.
+    Slow(Duration),
+}
+
+/// What the fake agent was asked, and how it answers.
+pub struct AgentState {
+    pub on_publish: OnPublish,
+    /// "publish VOLUME SERIAL FS GID", "unpublish VOLUME", "stats VOLUME", "expand VOLUME BYTES".
+    pub log: Vec<String>,
+}
+
+pub struct FakeAgent {
+    state: Arc<Mutex<AgentState>>,
+}
+
+impl crust_ttrpc::Agent for FakeAgent {
+    fn publish_volume(
+        &self,
+        _: &ttrpc::TtrpcContext,
+        r: pb::PublishVolumeRequest,
+    ) -> ttrpc::Result<pb::PublishVolumeResponse> {
+        let on = {
+            let mut s = self.state.lock().unwrap();
+            s.log.push(format!(
+                "publish {} {} {} {}",
+                r.volume_id,
+                r.serial(),
+                r.fs_type,
+                r.fs_group.as_ref().map_or(-1, |g| i64::from(g.gid))
+            ));
+            s.on_publish.clone()
+        };
+        match on {
+            OnPublish::Fail(code, msg) => {
+                return Err(ttrpc::Error::RpcStatus(ttrpc::get_status(code, msg)))
+            }
+            OnPublish::Slow(d) => std::thread::sleep(d),
+            OnPublish::Ok => {}
+        }
+        let mut resp = pb::PublishVolumeResponse::new();
+        resp.guest_path = format!("/run/crust/volumes/{}", r.volume_id);
+        resp.device = "/dev/vdb".into();
+        Ok(resp)
+    }
+
+    fn unpublish_volume(
+        &self,
+        _: &ttrpc::TtrpcContext,
+        r: pb::UnpublishVolumeRequest,
+    ) -> ttrpc::Result<pb::UnpublishVolumeResponse> {
+        self.state
+            .lock()
+            .unwrap()
+            .log
+            .push(format!("unpublish {}", r.volume_id));
+        Ok(pb::UnpublishVolumeResponse::new())
+    }
+
+    fn get_volume_stats(
+        &self,
+        _: &ttrpc::TtrpcContext,
+        r: pb::GetVolumeStatsRequest,
+    ) -> ttrpc::Result<pb::GetVolumeStatsResponse> {
+        self.state
+            .lock()
+            .unwrap()
+            .log
+            .push(format!("stats {}", r.volume_id));
+        let mut resp = pb::GetVolumeStatsResponse::new();
+        for (unit, (a, t, u)) in [
+            (pb::volume_usage::Unit::BYTES, (700, 1000, 300)),
+            (pb::volume_usage::Unit::INODES, (90, 100, 10)),
+        ] {
+            let mut x = pb::VolumeUsage::new();
+            x.available = a;
+            x.total = t;
+            x.used = u;
+            x.unit = unit.into();
+            resp.usage.push(x);
+        }
+        let mut c = pb::VolumeCondition::new();
+        c.abnormal = true;
+        c.message = "3 I/O errors".into();
+        resp.condition = MessageField::some(c);
+        Ok(resp)
+    }
+
+    fn expand_volume(
+        &self,
+        _: &ttrpc::TtrpcContext,
+        r: pb::ExpandVolumeRequest,
+    ) -> ttrpc::Result<pb::ExpandVolumeResponse> {
+        self.state
+            .lock()
+            .unwrap()
+            .log
+            .push(format!("expand {} {}", r.volume_id, r.required_bytes));
+        let mut resp = pb::ExpandVolumeResponse::new();
+        resp.capacity_bytes = r.required_bytes;
+        Ok(resp)
+    }
+}
+
+/// A fake agent serving on `unix://path`; keep the server alive while in use.
+pub fn agent(path: &Path) -> (Arc<Mutex<AgentState>>, ttrpc::Server) {
+    let state = Arc::new(Mutex::new(AgentState {
+        on_publish: OnPublish::Ok,
+        log: Vec::new(),
+    }));
+    let svc: Arc<dyn crust_ttrpc::Agent + Send + Sync> = Arc::new(FakeAgent {
+        state: state.clone(),
+    });
+    let mut server = ttrpc::Server::new()
+        .bind(&format!("unix://{}", path.display()))
+        .unwrap()
+        .register_service(crust_ttrpc::create_agent(svc));
+    server.start().unwrap();
+    (state, server)
+}
+
+/// A registry entry for sandbox `id` in `reg` with a fake QEMU and agent.
+pub struct Sandbox {
+    pub id: String,
+    pub dir: PathBuf,
+    pub qemu: Qemu,
+    pub agent: Arc<Mutex<AgentState>>,
+    _server: ttrpc::Server,
+}
+
+pub fn sandbox(reg: &Path, id: &str) -> Sandbox {
+    let dir = reg.join(id);
+    std::fs::create_dir_all(&dir).unwrap();
+    let qemu = qemu(&dir.join("qmp.sock"));
+    let (agent, server) = agent(&dir.join("agent.sock"));
+    std::fs::write(
+        dir.join("sandbox.json"),
+        json!({"qmp": dir.join("qmp.sock"), "agent": format!("unix://{}", dir.join("agent.sock").display())})
+            .to_string(),
+    )
+    .unwrap();
+    Sandbox {
+        id: id.into(),
+        dir,
+        qemu,
+        agent,
+        _server: server,
+    }
+}

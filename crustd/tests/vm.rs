@@ -1,0 +1,236 @@
+//! The proof of crustd against a real sandbox: a VM started by crust-vm
+//! (agent as PID 1 under QEMU), registered by `crust-vm up` writing its
+//! sandbox.json, and crustd driven over its socket by the CRUST client that
+//! crustd-ctl generates from the .proto (not crustd's code), with loop
+//! devices on the host as host_volume_id: ext4 with fsGroup, xfs, growth end
+//! to end, a crustd restart in the middle, unpublish (the disk leaves the
+//! guest), and the filesystems checked on the host afterwards.
+//! One VM for the whole walk (TCG is slow). Run with `make test-vm`.
+
+mod support;
+
+#[path = "../../tests/fixtures/disks.rs"]
+mod disks;
+
+use std::os::unix::fs::MetadataExt;
+use std::time::{Duration, Instant};
+
+use crust_vm::{Vm, VmOptions};
+use crustd_ctl::{bytes, code_name, pb};
+use disks::{run, LoopDisk, Mounted};
+use support::Crustd;
+
+const SANDBOX: &str = "pod-vm-1";
+
+fn req(dev: &str, fs: &str, gid: Option<i64>) -> pb::RuntimePublishVolumeRequest {
+    pb::RuntimePublishVolumeRequest {
+        sandbox_id: SANDBOX.into(),
+        host_volume_id: dev.into(),
+        host_target_path: format!("/var/lib/kubelet/pods/uid/volumes/{fs}"),
+        file_system: fs.into(),
+        mount_options: vec!["noatime".into()],
+        fsgroup_gid: gid,
+        fsgroup_policy: "Always".into(),
+        ..Default::default()
+    }
+}
+
+/// A loop device with a filesystem and files owned by 1234:1234, mode 0700/0600.
+fn volume(mib: u64, fs: &str) -> LoopDisk {
+    let d = LoopDisk::new(mib, Some(fs));
+    let m = Mounted::new(&d.device, fs, "");
+    std::fs::create_dir_all(m.path.join("data/deep")).unwrap();
+    for i in 0..20 {
+        std::fs::write(m.path.join(format!("data/deep/f{i}")), format!("{i}")).unwrap();
+    }
+    run(
+        "chown",
+        &["-R", "1234:1234", m.path.join("data").to_str().unwrap()],
+    );
+    run(
+        "chmod",
+        &["-R", "go-rwx", m.path.join("data").to_str().unwrap()],
+    );
+    d
+}
+
+/// Whether the guest has a disk with `serial`: the agent waits 1 s for it.
+fn guest_sees(vm: &Vm, serial: &str) -> bool {
+    use crust_vm::hvsock;
+    let c = vm.agent().unwrap();
+    let mut r = crust_protocols::crust::PublishVolumeRequest::new();
+    r.volume_id = "probe".into();
+    r.set_serial(serial.into());
+    r.fs_type = "ext4".into();
+    r.timeout_ms = 1000;
+    match c.publish_volume(hvsock::ctx(Duration::from_secs(30)), &r) {
+        Err(crust_protocols::ttrpc::Error::RpcStatus(s)) => {
+            format!("{:?}", s.code()) != "DEADLINE_EXCEEDED"
+        }
+        _ => true,
+    }
+}
+
+#[test]
+#[ignore = "boots a VM: run make test-vm"]
+fn kubelet_through_crustd_into_a_real_guest() {
+    let t = tempfile::tempdir().unwrap();
+    let reg = t.path().join("sandboxes");
+    let ext4 = volume(128, "ext4");
+    let xfs = volume(320, "xfs");
+    let (e, x) = (ext4.path(), xfs.path());
+
+    let opts = VmOptions::new(reg.join(SANDBOX));
+    assert!(opts.initrd.is_file(), "run `make initrd` first");
+    let mut vm = Vm::up(opts).expect("the VM boots and the agent answers");
+    let entry: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(reg.join(SANDBOX).join("sandbox.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(entry["agent"], vm.address().as_str());
+
+    let mut d = Crustd::start(&reg, &[]);
+    let k = d.client();
+    assert_eq!(k.file_systems().unwrap().file_systems, ["ext4", "xfs"]);
+
+    // ext4 with fsGroup: hot-plug + publish, end to end.
+    let t0 = Instant::now();
+    let pe = k.publish(req(&e, "ext4", Some(4321))).unwrap();
+    eprintln!(
+        "RuntimePublishVolume ext4 (hot-plug + mount + fsGroup): {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        pe.guest_path.starts_with("/run/crust/volumes/crustd-"),
+        "{pe:?}"
+    );
+    // xfs, no fsGroup.
+    let px = k.publish(req(&x, "xfs", None)).unwrap();
+    assert_ne!(pe.guest_path, px.guest_path);
+    // The guest has both, as the agent reports them.
+    let list = vm
+        .agent()
+        .unwrap()
+        .list_volumes(
+            crust_vm::hvsock::ctx(Duration::from_secs(30)),
+            &Default::default(),
+        )
+        .unwrap();
+    let mut fss: Vec<&str> = list.volumes.iter().map(|v| v.fs_type.as_str()).collect();
+    fss.sort();
+    assert_eq!(fss, ["ext4", "xfs"]);
+    let xfs_serial = list
+        .volumes
+        .iter()
+        .find(|v| v.fs_type == "xfs")
+        .unwrap()
+        .serial
+        .clone();
+
+    // Block mode (volumeMode: Block): the raw device, hot-plugged and
+    // published by the agent as a device, never mounted.
+    let raw = LoopDisk::new(64, None);
+    let mut b = req(&raw.path(), "", Some(4321));
+    b.block = true;
+    b.mount_options.clear();
+    let pb_ = k.publish(b.clone()).unwrap();
+    assert!(
+        pb_.guest_path.starts_with("/run/crust/volumes/crustd-"),
+        "{pb_:?}"
+    );
+    assert_eq!(k.publish(b).unwrap(), pb_, "idempotent");
+    let (_, raw_total, _) = bytes(&k.stats(SANDBOX, &raw.path()).unwrap()).unwrap();
+    assert_eq!(
+        raw_total,
+        64 << 20,
+        "a block volume's total is its device's size"
+    );
+    let guest = vm
+        .agent()
+        .unwrap()
+        .list_volumes(
+            crust_vm::hvsock::ctx(Duration::from_secs(30)),
+            &Default::default(),
+        )
+        .unwrap();
+    let raw_serial = guest
+        .volumes
+        .iter()
+        .find(|v| v.volume_mode == crust_protocols::crust::VolumeMode::BLOCK.into())
+        .expect("the guest lists a BLOCK volume")
+        .serial
+        .clone();
+    k.unpublish(SANDBOX, &raw.path()).unwrap();
+    assert!(
+        !guest_sees(&vm, &raw_serial),
+        "the block disk is still in the guest"
+    );
+
+    let (_, e_total0, _) = bytes(&k.stats(SANDBOX, &e).unwrap()).unwrap();
+    let sx = k.stats(SANDBOX, &x).unwrap();
+    assert!(!sx.volume_condition.unwrap().abnormal);
+
+    // crustd restarted in the middle: the next calls carry on, nothing plugged twice.
+    d.kill_and_restart();
+    let k = d.client();
+    assert_eq!(k.publish(req(&e, "ext4", Some(4321))).unwrap(), pe);
+
+    // Growth end to end: the host grows the loop device, crustd resizes
+    // QEMU's disk and has the agent grow ext4 online.
+    ext4.resize(512);
+    let t0 = Instant::now();
+    let cap = k.expand(SANDBOX, &e, 512 << 20).unwrap();
+    eprintln!(
+        "RuntimeExpandVolume ext4 128 -> 512 MiB: {:?}",
+        t0.elapsed()
+    );
+    assert!(cap >= 500 << 20, "{cap}");
+    let (_, e_total1, _) = bytes(&k.stats(SANDBOX, &e).unwrap()).unwrap();
+    assert!(e_total1 > e_total0 * 3, "{e_total0} -> {e_total1}");
+    assert_eq!(
+        code_name(k.expand(SANDBOX, &e, 1 << 30).unwrap_err().code()),
+        "OUT_OF_RANGE"
+    );
+
+    // Unpublish xfs: the disk leaves the guest.
+    assert!(guest_sees(&vm, &xfs_serial));
+    k.unpublish(SANDBOX, &x).unwrap();
+    assert!(
+        !guest_sees(&vm, &xfs_serial),
+        "the xfs disk is still in the guest"
+    );
+    assert_eq!(
+        code_name(k.stats(SANDBOX, &x).unwrap_err().code()),
+        "NOT_FOUND"
+    );
+    k.unpublish(SANDBOX, &x).unwrap();
+
+    // Another restart, then the ext4 volume goes too.
+    d.kill_and_restart();
+    let k = d.client();
+    k.unpublish(SANDBOX, &e).unwrap();
+    let state = std::fs::read_to_string(reg.join(SANDBOX).join("crustd.json")).unwrap();
+    assert!(state.contains("\"volumes\": {}"), "{state}");
+    drop(d);
+    vm.down().unwrap();
+
+    // On the host: clean, grown, owned by the pod's group.
+    run("e2fsck", &["-f", "-n", &e]);
+    run("xfs_repair", &["-n", &x]);
+    let m = Mounted::new(&ext4.device, "ext4", "ro");
+    let md = std::fs::metadata(m.path.join("data/deep/f3")).unwrap();
+    assert_eq!(md.gid(), 4321);
+    assert_eq!(
+        md.mode() & 0o070,
+        0o060,
+        "group rw from fsGroup: {:o}",
+        md.mode()
+    );
+    let sv = df_bytes(&m.path);
+    assert!(sv > 400 << 20, "{sv}");
+}
+
+fn df_bytes(p: &std::path::Path) -> u64 {
+    let out = run("df", &["-B1", "--output=size", p.to_str().unwrap()]);
+    out.lines().nth(1).unwrap().trim().parse().unwrap()
+}
