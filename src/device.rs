@@ -902,44 +902,15 @@ mod tests {
         }
         // /sys/block lists whole disks only; a partition is found through /sys/dev/block.
         let disk = LoopDisk::new(16, None);
-        let dev = disk.path();
-        // A DOS partition table with one partition from sector 2048 to the end.
-        let sectors = u32::try_from(size_bytes(Path::new(&dev)).unwrap() / 512).unwrap();
-        let mut mbr = [0u8; 512];
-        mbr[446 + 4] = 0x83;
-        mbr[446 + 8..446 + 12].copy_from_slice(&2048u32.to_le_bytes());
-        mbr[446 + 12..446 + 16].copy_from_slice(&(sectors - 2048).to_le_bytes());
-        mbr[510] = 0x55;
-        mbr[511] = 0xAA;
-        {
-            use std::io::Write;
-            let mut f = fs::OpenOptions::new().write(true).open(&dev).unwrap();
-            f.write_all(&mbr).unwrap();
-            f.sync_all().unwrap();
-        }
-        let _ = std::process::Command::new("partx")
-            .args(["-a", &dev])
-            .status();
-        let part = PathBuf::from(format!("{dev}p1"));
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !part.exists() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let part = disk.add_partition();
         let d = from_path(&part).unwrap();
         assert!(!Sysfs::system().sys_block.join(&d.name).exists());
         match disk_state(&Sysfs::system(), &d) {
-            DiskState::Present { size_bytes } => {
-                assert_eq!(size_bytes, size_bytes_of(&part));
+            DiskState::Present { size_bytes: b } => {
+                assert_eq!(b, size_bytes(&part).unwrap());
             }
             other => panic!("partition {} reported {other:?}", part.display()),
         }
-        let _ = std::process::Command::new("partx")
-            .args(["-d", &dev])
-            .status();
-    }
-
-    fn size_bytes_of(p: &Path) -> u64 {
-        size_bytes(p).unwrap()
     }
 
     #[test]

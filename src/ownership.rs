@@ -2425,22 +2425,11 @@ mod tests {
         let root = d.path().join("vol");
         fs::create_dir(&root).unwrap();
         comb_holding_fds(&root, 200);
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "ownership::tests::out_of_fds_child",
-                "--ignored",
-                "--nocapture",
-            ])
-            .env("CRUST_OUT_OF_FDS_ROOT", &root)
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
+        let (passed, stdout) = crate::testutil::run_test_alone(
+            "ownership::tests::out_of_fds_child",
+            &[("CRUST_OUT_OF_FDS_ROOT", &root)],
         );
+        assert!(passed, "{stdout}");
         let line = stdout
             .lines()
             .find(|l| l.starts_with("CHILD-ERROR: "))
