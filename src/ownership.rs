@@ -286,6 +286,7 @@ impl Drop for Helpers {
 pub fn apply(root: &Path, gid: u32, policy: Policy, read_only: bool) -> Result<Report, Error> {
     apply_with_progress(
         root,
+        root,
         gid,
         policy,
         read_only,
@@ -300,35 +301,12 @@ pub fn apply(root: &Path, gid: u32, policy: Policy, read_only: bool) -> Result<R
 /// time, so that the caller can log a long walk; the final report is the
 /// same as `apply`'s. `progress` runs on the walk's threads: keep it short.
 /// `cancel` stops the walk between two items (within milliseconds); what
-/// was changed stays changed (see the module doc).
-pub fn apply_with_progress(
-    root: &Path,
-    gid: u32,
-    policy: Policy,
-    read_only: bool,
-    every: Duration,
-    progress: &(dyn Fn(&Report) + Sync),
-    cancel: &Cancel,
-) -> Result<Report, Error> {
-    let (report, _threads) = walk(
-        root,
-        root,
-        gid,
-        policy,
-        read_only,
-        every,
-        progress,
-        cancel,
-        Limits::for_this_machine(),
-    )?;
-    Ok(report)
-}
-
-/// `apply_with_progress` on the directory `dir` names (resolved once by
-/// the caller, beneath its root), `shown` naming it in messages.
+/// was changed stays changed (see the module doc). The root is opened as
+/// `open_at` (`/proc/self/fd/N` for a directory the caller resolved itself,
+/// beneath its own root) and named `shown` in messages.
 #[allow(clippy::too_many_arguments)]
-pub fn apply_at(
-    dir: std::os::fd::BorrowedFd<'_>,
+pub fn apply_with_progress(
+    open_at: &Path,
     shown: &Path,
     gid: u32,
     policy: Policy,
@@ -337,13 +315,8 @@ pub fn apply_at(
     progress: &(dyn Fn(&Report) + Sync),
     cancel: &Cancel,
 ) -> Result<Report, Error> {
-    // The kernel follows /proc/self/fd/N to exactly what `dir` names.
-    let open_at = std::path::PathBuf::from(format!(
-        "/proc/self/fd/{}",
-        std::os::fd::AsRawFd::as_raw_fd(&dir)
-    ));
     let (report, _threads) = walk(
-        &open_at,
+        open_at,
         shown,
         gid,
         policy,
@@ -1574,6 +1547,7 @@ mod tests {
         let calls = Mutex::new(Vec::new());
         let record = |p: &Report| calls.lock().unwrap().push(p.clone());
         let r = apply_with_progress(
+            &a,
             &a,
             GID,
             Policy::Always,

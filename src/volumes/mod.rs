@@ -732,8 +732,8 @@ impl Volumes {
                   "elapsed_ms" => u64::try_from(p.duration.as_millis()).unwrap_or(u64::MAX));
         };
         // The walk starts from the mount's own fd, not its name.
-        let r = ownership::apply_at(
-            fd.as_fd(),
+        let r = ownership::apply_with_progress(
+            &beneath::proc_path(fd.as_fd()),
             &vol.guest_path,
             g.gid,
             g.policy,
