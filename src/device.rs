@@ -52,10 +52,97 @@ impl Sysfs {
             .join("errors_count")
     }
 
+    /// Where the sectors of block device `dev` (major, minor) lie, from
+    /// `dev_block/<major>:<minor>`: a partition (it has a `partition`
+    /// attribute) is `start` and `size` of the disk its directory sits in;
+    /// anything else is a whole disk, all of itself. A device sysfs does not
+    /// list (gone, or not a block device) counts as a whole disk of its own.
+    pub fn extent(&self, dev: (u32, u32)) -> Extent {
+        let whole = Extent {
+            disk: dev,
+            start: 0,
+            sectors: u64::MAX,
+            partition: false,
+        };
+        let dir = self.dev_block.join(format!("{}:{}", dev.0, dev.1));
+        let number = |p: PathBuf| read_attr(&p).and_then(|s| s.parse::<u64>().ok());
+        if !dir.join("partition").exists() {
+            return match number(dir.join("size")) {
+                Some(sectors) => Extent { sectors, ..whole },
+                None => whole,
+            };
+        }
+        // `<partition>/..` is its disk's directory (the kernel resolves the
+        // link first, then goes up).
+        let disk = read_attr(&dir.join("../dev")).and_then(|s| parse_devnum(&s));
+        match (disk, number(dir.join("start")), number(dir.join("size"))) {
+            (Some(disk), Some(start), Some(sectors)) => Extent {
+                disk,
+                start,
+                sectors,
+                partition: true,
+            },
+            // A partition whose disk or range cannot be read: held against
+            // all of its disk if that is known, so it is never let through.
+            (Some(disk), _, _) => Extent {
+                disk,
+                partition: true,
+                ..whole
+            },
+            _ => whole,
+        }
+    }
+
     /// The errors the ext4 on disk `name` has recorded since it was mounted;
     /// None when it is not a mounted ext4 (no such file).
     pub fn ext4_errors_count(&self, name: &str) -> Option<u64> {
         read_attr(&self.ext4_errors_count_file(name)).and_then(|s| s.parse().ok())
+    }
+}
+
+/// Where a block device's sectors lie: the whole disk they are on and the
+/// range there, from sysfs. A whole disk is all of itself; a partition is
+/// `start`..`start + sectors` of its disk. Two devices share sectors when
+/// they are on one disk and their ranges meet ("one disk, one volume" is
+/// about sectors, not device numbers: a partition table, hostile or not,
+/// can make a whole disk and its partitions, or two partitions, overlap).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    /// The whole disk (major, minor).
+    pub disk: (u32, u32),
+    /// The first sector on that disk (512-byte units, as sysfs counts).
+    pub start: u64,
+    /// How many sectors; u64::MAX where sysfs did not say (all of the disk).
+    pub sectors: u64,
+    /// Whether the device is a partition (not the whole disk itself).
+    pub partition: bool,
+}
+
+impl Extent {
+    /// Whether the two share a sector. An empty range shares none.
+    pub fn overlaps(&self, other: &Extent) -> bool {
+        let end = |e: &Extent| e.start.saturating_add(e.sectors);
+        self.disk == other.disk
+            && self.sectors > 0
+            && other.sectors > 0
+            && self.start < end(other)
+            && other.start < end(self)
+    }
+
+    /// How the two lie on their disk, for a message: "sectors 2048..65536
+    /// of disk 7:0 against 0..65536".
+    pub fn describe(&self, other: &Extent) -> String {
+        let range = |e: &Extent| match e.sectors {
+            u64::MAX => format!("{}..end", e.start),
+            n => format!("{}..{}", e.start, e.start.saturating_add(n)),
+        };
+        format!(
+            "sectors {} of disk {}:{} against {}",
+            range(self),
+            self.disk.0,
+            self.disk.1,
+            range(other)
+        )
     }
 }
 
@@ -566,6 +653,131 @@ mod tests {
                 );
             }
         }
+    }
+
+    impl FakeTree {
+        /// Lists partition `name` of disk `disk` at `start` with `size` sectors.
+        fn add_partition(
+            &self,
+            disk: &str,
+            name: &str,
+            (major, minor): (u32, u32),
+            start: u64,
+            size: u64,
+        ) {
+            let dir = self.sysfs.sys_block.join(disk).join(name);
+            fs::create_dir_all(&dir).unwrap();
+            fs::write(dir.join("partition"), "1\n").unwrap();
+            fs::write(dir.join("start"), format!("{start}\n")).unwrap();
+            fs::write(dir.join("size"), format!("{size}\n")).unwrap();
+            fs::write(dir.join("dev"), format!("{major}:{minor}\n")).unwrap();
+            std::os::unix::fs::symlink(
+                format!("../../block/{disk}/{name}"),
+                self.sysfs.dev_block.join(format!("{major}:{minor}")),
+            )
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn extents_tell_a_disk_its_partitions_and_overlapping_ones() {
+        let t = FakeTree::new();
+        t.add("vdb", "s", (7, 300), None);
+        t.add("vdc", "s2", (7, 310), None);
+        t.add_partition("vdb", "vdb1", (259, 1), 100, 1000);
+        t.add_partition("vdb", "vdb2", (259, 2), 1100, 948);
+        // A hostile table: a third partition inside the first.
+        t.add_partition("vdb", "vdb3", (259, 3), 500, 100);
+        t.add_partition("vdb", "vdb4", (259, 4), 2048, 0);
+        let x = |d| t.sysfs.extent(d);
+        assert_eq!(
+            x((7, 300)),
+            Extent {
+                disk: (7, 300),
+                start: 0,
+                sectors: 2048,
+                partition: false
+            }
+        );
+        assert_eq!(
+            x((259, 1)),
+            Extent {
+                disk: (7, 300),
+                start: 100,
+                sectors: 1000,
+                partition: true
+            }
+        );
+        let (disk, p1, p2, p3, p4) = (
+            x((7, 300)),
+            x((259, 1)),
+            x((259, 2)),
+            x((259, 3)),
+            x((259, 4)),
+        );
+        for (a, b, want) in [
+            (disk, p1, true),
+            (disk, p2, true),
+            (disk, p3, true),
+            (p1, p2, false),
+            (p1, p3, true),
+            (p2, p3, false),
+            (disk, p4, false),
+            (disk, x((7, 310)), false),
+            (p1, x((7, 310)), false),
+            (disk, disk, true),
+        ] {
+            assert_eq!(a.overlaps(&b), want, "{a:?} vs {b:?}");
+            assert_eq!(b.overlaps(&a), want, "{b:?} vs {a:?}: in both orders");
+        }
+        assert!(
+            p1.describe(&p3)
+                .contains("100..1100 of disk 7:300 against 500..600"),
+            "{}",
+            p1.describe(&p3)
+        );
+        // A device sysfs does not list is a whole disk of its own: it overlaps itself only.
+        let gone = x((9, 9));
+        assert_eq!(gone.disk, (9, 9));
+        assert!(gone.overlaps(&gone) && !gone.overlaps(&disk));
+        // A partition whose range cannot be read is held against all of its disk.
+        fs::remove_file(t.sysfs.sys_block.join("vdb/vdb2/start")).unwrap();
+        let p2 = x((259, 2));
+        assert!(p2.partition && p2.overlaps(&p1) && p2.overlaps(&p3));
+    }
+
+    #[test]
+    fn the_extent_of_a_real_partition_is_on_its_loop_disk() {
+        if !root_or_skip("the_extent_of_a_real_partition_is_on_its_loop_disk") {
+            return;
+        }
+        let disk = LoopDisk::new(16, None);
+        let part = from_path(&disk.add_partition()).unwrap();
+        let whole = from_path(&disk.device).unwrap();
+        let sysfs = Sysfs::system();
+        let (pe, we) = (
+            sysfs.extent((part.major, part.minor)),
+            sysfs.extent((whole.major, whole.minor)),
+        );
+        assert_eq!(
+            pe,
+            Extent {
+                disk: (whole.major, whole.minor),
+                start: 2048,
+                sectors: 32768 - 2048,
+                partition: true
+            }
+        );
+        assert_eq!(
+            we,
+            Extent {
+                disk: (whole.major, whole.minor),
+                start: 0,
+                sectors: 32768,
+                partition: false
+            }
+        );
+        assert!(pe.overlaps(&we) && we.overlaps(&pe));
     }
 
     #[test]

@@ -1,7 +1,14 @@
 //! /proc/self/mountinfo, parsed: which paths are mount points, of which
 //! device, with which options. Read-only; used by the volume table, the
 //! condition checks and the bind/unmount logic.
+//!
+//! The table is the kernel's bytes: anyone can mount at a path that is not
+//! UTF-8, so it is read and split as bytes, and paths stay bytes
+//! (`PathBuf`). Only what is shown (source, options, type) is decoded, and
+//! `shown` escapes a path for a message or a log line.
 
+use std::ffi::OsString;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
 use crate::errors::SysError;
@@ -43,9 +50,9 @@ impl MountEntry {
     }
 }
 
-/// The kernel escapes space, tab, newline and backslash in paths as \ooo.
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
+/// The kernel escapes space, tab, newline and backslash in paths as \ooo;
+/// every other byte is itself.
+fn unescape(b: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
@@ -67,28 +74,44 @@ fn unescape(s: &str) -> String {
             i += 1;
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
+    out
+}
+
+fn path(field: &[u8]) -> PathBuf {
+    PathBuf::from(OsString::from_vec(unescape(field)))
+}
+
+/// Decoded for showing and for comparing with ASCII names ("ext4", "ro").
+fn text(field: &[u8]) -> String {
+    String::from_utf8_lossy(&unescape(field)).into_owned()
+}
+
+fn number(field: &[u8]) -> Option<u32> {
+    std::str::from_utf8(field).ok()?.parse().ok()
 }
 
 /// Parses one mountinfo line; None for a line that does not have the documented shape.
-pub fn parse_line(line: &str) -> Option<MountEntry> {
-    let (pre, post) = line.split_once(" - ")?;
-    let mut f = pre.split(' ');
-    let mount_id = f.next()?.parse().ok()?;
-    let parent_id = f.next()?.parse().ok()?;
-    let (major, minor) = f.next()?.split_once(':')?;
-    let root = PathBuf::from(unescape(f.next()?));
-    let mount_point = PathBuf::from(unescape(f.next()?));
-    let mount_options = f.next()?.to_string();
-    let mut p = post.split(' ');
-    let fs_type = p.next()?.to_string();
-    let source = unescape(p.next()?);
-    let super_options = p.next().unwrap_or("").to_string();
+pub fn parse_line(line: &[u8]) -> Option<MountEntry> {
+    let sep = line.windows(3).position(|w| w == b" - ")?;
+    let (pre, post) = (&line[..sep], &line[sep + 3..]);
+    let mut f = pre.split(|&c| c == b' ');
+    let mount_id = number(f.next()?)?;
+    let parent_id = number(f.next()?)?;
+    let devnum = f.next()?;
+    let colon = devnum.iter().position(|&c| c == b':')?;
+    let (major, minor) = (number(&devnum[..colon])?, number(&devnum[colon + 1..])?);
+    let root = path(f.next()?);
+    let mount_point = path(f.next()?);
+    let mount_options = text(f.next()?);
+    let mut p = post.split(|&c| c == b' ');
+    let fs_type = text(p.next()?);
+    let source = text(p.next()?);
+    let super_options = p.next().map(text).unwrap_or_default();
     Some(MountEntry {
         mount_id,
         parent_id,
-        major: major.parse().ok()?,
-        minor: minor.parse().ok()?,
+        major,
+        minor,
         root,
         mount_point,
         mount_options,
@@ -98,16 +121,33 @@ pub fn parse_line(line: &str) -> Option<MountEntry> {
     })
 }
 
-/// Parses a whole mountinfo text.
-pub fn parse(text: &str) -> Vec<MountEntry> {
-    text.lines().filter_map(parse_line).collect()
+/// Parses a whole mountinfo text (bytes; a `&str` will do).
+pub fn parse(text: impl AsRef<[u8]>) -> Vec<MountEntry> {
+    text.as_ref()
+        .split(|&c| c == b'\n')
+        .filter_map(parse_line)
+        .collect()
 }
 
-/// Reads this process's mount table.
+/// Reads this process's mount table, as bytes.
 pub fn read() -> Result<Vec<MountEntry>, SysError> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo")
+    let text = std::fs::read("/proc/self/mountinfo")
         .map_err(|e| SysError::new("read", "/proc/self/mountinfo", e))?;
-    Ok(parse(&text))
+    Ok(parse(text))
+}
+
+/// `p` for a message or a log line: UTF-8 as it is, every other byte as
+/// `\xNN`, so a name that is not UTF-8 is shown without loss (the log
+/// escapes control characters on its own).
+pub fn shown(p: &Path) -> String {
+    let mut out = String::new();
+    for chunk in p.as_os_str().as_bytes().utf8_chunks() {
+        out.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
 }
 
 /// The topmost mount at exactly `path` (the last one listed wins, as the kernel stacks them).
@@ -173,10 +213,11 @@ mod tests {
 
     #[test]
     fn rejects_malformed_lines() {
-        assert!(parse_line("").is_none());
-        assert!(parse_line("1 2 3").is_none());
-        assert!(parse_line("x 1 8:1 / / rw - ext4 /dev/sda rw").is_none());
-        assert!(parse_line("1 1 81 / / rw - ext4 /dev/sda rw").is_none());
+        assert!(parse_line(b"").is_none());
+        assert!(parse_line(b"1 2 3").is_none());
+        assert!(parse_line(b"x 1 8:1 / / rw - ext4 /dev/sda rw").is_none());
+        assert!(parse_line(b"1 1 81 / / rw - ext4 /dev/sda rw").is_none());
+        assert!(parse_line(b"1 1 8:\xff / / rw - ext4 /dev/sda rw").is_none());
     }
 
     #[test]
@@ -192,6 +233,27 @@ mod tests {
         let below: Vec<u32> = descendants(&t, 36).iter().map(|m| m.mount_id).collect();
         assert_eq!(below, vec![37, 38]);
         assert!(descendants(&t, 38).is_empty());
+    }
+
+    #[test]
+    fn paths_that_are_not_utf8_are_kept_as_bytes() {
+        // A foreign mount anywhere may be named so: the table still parses,
+        // every other line with it, and the path keeps its exact bytes.
+        let mut text = SAMPLE.as_bytes().to_vec();
+        text.extend_from_slice(b"40 22 0:50 / /tmp/x\xff\xfe\\040y rw - tmpfs t\xe9mp rw\n");
+        text.extend_from_slice(
+            b"41 36 7:3 /a\x80 /run/crust/pods/\xc3(/t rw - ext4 /dev/loop3 rw\n",
+        );
+        let t = parse(&text);
+        assert_eq!(t.len(), 6);
+        assert_eq!(t[4].mount_point.as_os_str().as_bytes(), b"/tmp/x\xff\xfe y");
+        assert_eq!(t[4].source, "t\u{fffd}mp", "shown, not compared");
+        assert_eq!(t[5].root.as_os_str().as_bytes(), b"/a\x80");
+        let rel = t[5].mount_point.strip_prefix("/run/crust").unwrap();
+        assert_eq!(rel.as_os_str().as_bytes(), b"pods/\xc3(/t");
+        assert_eq!(shown(&t[4].mount_point), "/tmp/x\\xff\\xfe y");
+        assert_eq!(shown(&t[5].mount_point), "/run/crust/pods/\\xc3(/t");
+        assert_eq!(shown(Path::new("/plain/äö")), "/plain/äö");
     }
 
     #[test]

@@ -455,6 +455,7 @@ impl crust_ttrpc::Agent for Service {
                 init_mode: i.init_mode,
                 uptime_ms: i.uptime_ms,
                 rss_bytes: i.rss_bytes,
+                state_problem: self.volumes.state_problem().unwrap_or_default(),
                 boot: MessageField::some(pb::BootTimeline {
                     agent_start_ms: t.agent_start_ms,
                     mounts_done_ms: t.mounts_done_ms,

@@ -623,3 +623,470 @@ fn an_undecodable_state_file_leaves_the_volume_manageable() {
     let bad = rig.manageability_problems(&c, &[("atk-garbled", &d)]);
     assert!(bad.is_empty(), "{}", rig.report("(d)", &bad));
 }
+
+/// Every mount of `d`'s disk, anywhere: (mount point, root).
+fn mounts_of_disk(d: &Disk) -> Vec<String> {
+    mount_table()
+        .iter()
+        .filter(|m| support::rig::disk_majmin(m) == d.majmin)
+        .map(|m| format!("{} (root {})", m.mount_point.display(), m.root))
+        .collect()
+}
+
+#[test]
+fn a_bind_moved_by_renaming_its_parent_is_taken_down() {
+    if !privileged() {
+        return;
+    }
+    let (_disk, d, rig) = scene("atk-moved");
+    let c = rig.client();
+    let (p, q) = (rig.root.join("pods/p"), rig.root.join("pods/q"));
+    let (t1, t2) = (p.join("t1"), q.join("t2"));
+    c.bind_mount(ctx(), &rw_bind("atk-moved", &t1)).unwrap();
+    c.bind_mount(ctx(), &rw_bind("atk-moved", &t2)).unwrap();
+    // Behind the agent's back, each bind's parent is renamed, and nothing
+    // takes its old name: the old paths are simply gone.
+    std::fs::rename(&p, rig.root.join("pods/p.moved")).unwrap();
+    std::fs::rename(&q, rig.root.join("pods/q.moved")).unwrap();
+    let moved1 = rig.root.join("pods/p.moved/t1");
+    assert_eq!(mount_at(&moved1).map(|m| m.0), Some(d.majmin.clone()));
+
+    let un = c.unmount(ctx(), &unmount_req(t1.display().to_string()));
+    assert!(
+        un.as_ref().is_ok_and(|u| u.was_mounted) && mount_at(&moved1).is_none(),
+        "Unmount of {} (its parent renamed) answered {}; at {} there is still {:?}",
+        t1.display(),
+        said(&un),
+        moved1.display(),
+        mount_at(&moved1)
+    );
+    let up = c.unpublish_volume(ctx(), &unpublish_req("atk-moved"));
+    let left = mounts_of_disk(&d);
+    assert!(
+        up.as_ref().is_ok_and(|u| u.was_published) && left.is_empty(),
+        "UnpublishVolume answered {}, and the disk is still mounted at {left:?}",
+        said(&up)
+    );
+    assert_clean(&rig, "after the unpublish", &c, &[d], &["atk-moved"]);
+}
+
+#[test]
+fn a_bind_moved_under_a_name_that_is_not_utf8_is_taken_down() {
+    if !privileged() || !own_mount_namespace() {
+        return;
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let odd = |s: &[u8]| std::ffi::OsStr::from_bytes(s).to_os_string();
+    let (_disk, d, mut rig) = scene("atk-odd");
+    let c = rig.client();
+    let (t1, t2, t3) = (
+        rig.root.join("pods/a/t1"),
+        rig.root.join("pods/b/t2"),
+        rig.root.join("pods/c/t3"),
+    );
+    for t in [&t1, &t2, &t3] {
+        c.bind_mount(ctx(), &rw_bind("atk-odd", t)).unwrap();
+    }
+    let pods = rig.root.join("pods");
+    let renamed = |from: &str, to: &[u8]| {
+        let to = pods.join(odd(to));
+        std::fs::rename(pods.join(from), &to).unwrap();
+        to
+    };
+    // One old path gone, one with something else at it, both renamed to
+    // names that are not UTF-8 (a space and a newline among them, which
+    // mountinfo escapes).
+    let m1 = renamed("a", b"\xff\xfe a").join("t1");
+    let m2 = renamed("b", b"b\n\xc3(").join("t2");
+    std::fs::create_dir_all(&t2).unwrap();
+    let un1 = c.unmount(ctx(), &unmount_req(t1.display().to_string()));
+    let un2 = c.unmount(ctx(), &unmount_req(t2.display().to_string()));
+    assert!(
+        un1.as_ref().is_ok_and(|u| u.was_mounted)
+            && un2.as_ref().is_ok_and(|u| u.was_mounted)
+            && mount_at(&m1).is_none()
+            && mount_at(&m2).is_none(),
+        "Unmount of binds moved under names that are not UTF-8 answered {} and {}; mounts of the disk: {:?}",
+        said(&un1),
+        said(&un2),
+        mounts_of_disk(&d)
+    );
+    // The third is moved while the agent is down: the restart takes it down.
+    drop(c);
+    rig.kill9();
+    let m3 = renamed("c", b"c\x80").join("t3");
+    rig.start();
+    let c = rig.client();
+    assert!(
+        mount_at(&m3).is_none(),
+        "a bind moved to {:?} while the agent was down is still mounted after a restart; log:\n{}",
+        m3,
+        rig.log_tail(20)
+    );
+    let up = c.unpublish_volume(ctx(), &unpublish_req("atk-odd"));
+    let left = mounts_of_disk(&d);
+    assert!(
+        up.as_ref().is_ok_and(|u| u.was_published) && left.is_empty(),
+        "UnpublishVolume answered {}, and the disk is still mounted at {left:?}",
+        said(&up)
+    );
+}
+
+#[test]
+fn a_foreign_mount_whose_path_is_not_utf8_breaks_nothing() {
+    if !privileged() || !own_mount_namespace() {
+        return;
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let elsewhere = tempfile::tempdir().unwrap();
+    let odd = elsewhere
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"foreign \xff\xfe\tmount"));
+    std::fs::create_dir(&odd).unwrap();
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "foreign"])
+        .arg(&odd)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let disk = disk_with_tree(64, "ext4", 10);
+    let d = Disk::of(&disk, "ext4");
+    let mut rig = Rig::new();
+    rig.start();
+    let c = rig.client();
+    let mut req = publish_req("atk-foreign", &d.path, "ext4");
+    req.fs_group = fs_group(4321, pb::FsGroupChangePolicy::ALWAYS);
+    let p = c.publish_volume(ctx(), &req);
+    assert!(p.is_ok(), "publish answered {}", said(&p));
+    let t = rig.root.join("pods/f");
+    let b = c.bind_mount(ctx(), &rw_bind("atk-foreign", &t));
+    assert!(b.is_ok(), "bind answered {}", said(&b));
+    let st = c
+        .get_volume_stats(ctx(), &stats_req("atk-foreign"))
+        .unwrap();
+    assert!(
+        !st.condition.abnormal,
+        "the condition is {:?}",
+        st.condition.message
+    );
+    assert_clean(
+        &rig,
+        "with a foreign mount",
+        &c,
+        std::slice::from_ref(&d),
+        &["atk-foreign"],
+    );
+    // A restart takes the volume back, with the foreign mount still there.
+    drop(c);
+    rig.kill9();
+    rig.start();
+    let c = rig.client();
+    assert_clean(
+        &rig,
+        "after a restart",
+        &c,
+        std::slice::from_ref(&d),
+        &["atk-foreign"],
+    );
+    let un = c.unmount(ctx(), &unmount_req(t.display().to_string()));
+    assert!(
+        un.as_ref().is_ok_and(|u| u.was_mounted),
+        "unmount answered {}",
+        said(&un)
+    );
+    let up = c.unpublish_volume(ctx(), &unpublish_req("atk-foreign"));
+    assert!(
+        up.as_ref().is_ok_and(|u| u.was_published),
+        "unpublish answered {}",
+        said(&up)
+    );
+    assert!(mounts_of_disk(&d).is_empty());
+    assert!(
+        is_mount(&odd),
+        "the foreign mount is not the agent's to touch"
+    );
+    let _ = rustix::mount::unmount(&odd, rustix::mount::UnmountFlags::DETACH);
+}
+
+#[test]
+fn a_disk_and_its_partition_are_never_both_published() {
+    if !privileged() {
+        return;
+    }
+    let disk = LoopDisk::new(64, None);
+    let part = disk.add_partition();
+    run("mkfs.ext4", &["-q", "-F", part.to_str().unwrap()]);
+    let p = part.display().to_string();
+    let whole = Disk {
+        path: disk.path(),
+        majmin: support::rig::majmin(&disk.device),
+        fs: "block".into(),
+    };
+    let pd = Disk {
+        path: p.clone(),
+        majmin: support::rig::majmin(&part),
+        fs: "ext4".into(),
+    };
+    let disks = [whole.clone(), pd.clone()];
+    let ids = ["atk-part", "atk-whole"];
+    let mut rig = Rig::new();
+    rig.start();
+    let refused = |c: &AgentClient, req: pb::PublishVolumeRequest, holder: &str, when: &str| {
+        let r = c.publish_volume(ctx(), &req);
+        let got = said(&r);
+        assert!(
+            got.starts_with("FAILED_PRECONDITION") && got.contains(holder),
+            "{when}: publishing {} as {} answered {got}; it shares sectors with volume {holder}",
+            req.device_path(),
+            req.volume_id
+        );
+    };
+
+    // The partition first, then the whole disk: refused, as a filesystem
+    // or as a block volume.
+    let c = rig.client();
+    c.publish_volume(ctx(), &publish_req("atk-part", &p, "ext4"))
+        .unwrap();
+    refused(
+        &c,
+        publish_req("atk-whole", &whole.path, "block"),
+        "atk-part",
+        "partition first",
+    );
+    refused(
+        &c,
+        publish_req("atk-whole", &whole.path, "ext4"),
+        "atk-part",
+        "partition first",
+    );
+    // The same after a restart: a volume taken back claims its sectors.
+    drop(c);
+    rig.kill9();
+    rig.start();
+    let c = rig.client();
+    refused(
+        &c,
+        publish_req("atk-whole", &whole.path, "block"),
+        "atk-part",
+        "after a restart",
+    );
+    assert_clean(&rig, "with the partition published", &c, &disks, &ids);
+    assert!(
+        c.unpublish_volume(ctx(), &unpublish_req("atk-part"))
+            .unwrap()
+            .was_published
+    );
+
+    // The whole disk first, then its partition.
+    c.publish_volume(ctx(), &publish_req("atk-whole", &whole.path, "block"))
+        .unwrap();
+    refused(
+        &c,
+        publish_req("atk-part", &p, "ext4"),
+        "atk-whole",
+        "whole disk first",
+    );
+    refused(
+        &c,
+        publish_req("atk-part", &p, "block"),
+        "atk-whole",
+        "whole disk first",
+    );
+    assert!(
+        mounts_of(&p).is_empty(),
+        "the partition's filesystem is mounted: {:?}",
+        mounts_of(&p)
+    );
+    assert_clean(&rig, "with the whole disk published", &c, &disks, &ids);
+    assert!(
+        c.unpublish_volume(ctx(), &unpublish_req("atk-whole"))
+            .unwrap()
+            .was_published
+    );
+
+    // Publishes in flight claim their sectors too: racing, never both win.
+    for round in 0..8 {
+        let barrier = Arc::new(Barrier::new(2));
+        let racers: Vec<_> = [
+            publish_req("atk-whole", &whole.path, "block"),
+            publish_req("atk-part", &p, "ext4"),
+        ]
+        .into_iter()
+        .map(|req| {
+            let (barrier, addr) = (barrier.clone(), rig.addr());
+            std::thread::spawn(move || {
+                let c = connect(&addr).unwrap();
+                barrier.wait();
+                c.publish_volume(ctx(), &req).is_ok()
+            })
+        })
+        .collect();
+        let won: Vec<bool> = racers.into_iter().map(|t| t.join().unwrap()).collect();
+        assert!(
+            !(won[0] && won[1]),
+            "round {round}: the whole disk and its partition were both published"
+        );
+        assert_clean(&rig, &format!("after race {round}"), &c, &disks, &ids);
+        for id in ids {
+            c.unpublish_volume(ctx(), &unpublish_req(id)).unwrap();
+        }
+    }
+
+    // The partition mounted by someone else: the whole disk is refused.
+    let host = disk.scratch("host");
+    run("mount", &[&p, host.to_str().unwrap()]);
+    let r = c.publish_volume(ctx(), &publish_req("atk-whole", &whole.path, "block"));
+    run("umount", &[host.to_str().unwrap()]);
+    let got = said(&r);
+    assert!(
+        got.starts_with("FAILED_PRECONDITION") && got.contains(&host.display().to_string()),
+        "publishing the whole disk while its partition is mounted at {} answered {got}",
+        host.display()
+    );
+}
+
+/// Fills the filesystem holding `dir` with a new file `dir/<name>` until a write fails.
+fn fill(dir: &Path, name: &str) {
+    use std::io::Write;
+    let mut f = std::fs::File::create_new(dir.join(name)).unwrap();
+    let block = vec![0u8; 4096];
+    while f.write_all(&block).is_ok() {}
+    let _ = f.sync_all();
+}
+
+fn agent_info(c: &AgentClient) -> pb::GetAgentInfoResponse {
+    c.get_agent_info(ctx(), &pb::GetAgentInfoRequest::new())
+        .unwrap()
+}
+
+#[test]
+fn a_full_state_filesystem_changes_nothing_and_the_agent_still_starts() {
+    if !privileged() {
+        return;
+    }
+    let (d1, d2, d3) = (
+        disk_with_tree(64, "ext4", 0),
+        disk_with_tree(64, "ext4", 0),
+        disk_with_tree(64, "ext4", 0),
+    );
+    let disks = [
+        Disk::of(&d1, "ext4"),
+        Disk::of(&d2, "ext4"),
+        Disk::of(&d3, "ext4"),
+    ];
+    let ids = ["atk-full1", "atk-full2", "atk-full3"];
+    let mut rig = Rig::new();
+    // The root's state directory on a small filesystem of its own.
+    let state = rig.root.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    run(
+        "mount",
+        &[
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=64k,mode=700",
+            "crust-state",
+            state.to_str().unwrap(),
+        ],
+    );
+    rig.start();
+    let c = rig.client();
+    let pods = rig.root.join("pods");
+    let (t1, t2, t3, u1) = (
+        pods.join("t1"),
+        pods.join("t2"),
+        pods.join("t3"),
+        pods.join("u1"),
+    );
+    c.publish_volume(ctx(), &publish_req(ids[0], &disks[0].path, "ext4"))
+        .unwrap();
+    c.publish_volume(ctx(), &publish_req(ids[1], &disks[1].path, "ext4"))
+        .unwrap();
+    for (id, t) in [(ids[0], &t1), (ids[0], &t2), (ids[1], &u1)] {
+        c.bind_mount(ctx(), &rw_bind(id, t)).unwrap();
+    }
+    assert_eq!(agent_info(&c).state_problem, "");
+    fill(&state, "filler");
+
+    // Unmount: the bind comes down, and the table says so.
+    let un = c.unmount(ctx(), &unmount_req(t1.display().to_string()));
+    assert_clean(
+        &rig,
+        &format!("after Unmount answered {}", said(&un)),
+        &c,
+        &disks,
+        &ids,
+    );
+    assert!(
+        un.as_ref().is_ok_and(|u| u.was_mounted) && mount_at(&t1).is_none(),
+        "Unmount with a full state filesystem answered {}",
+        said(&un)
+    );
+    // What needs a new record is refused, with a code that says so, and changes nothing.
+    let b = c.bind_mount(ctx(), &rw_bind(ids[0], &t3));
+    assert!(
+        said(&b).starts_with("RESOURCE_EXHAUSTED") && mount_at(&t3).is_none() && !t3.exists(),
+        "a bind with a full state filesystem answered {}",
+        said(&b)
+    );
+    let p = c.publish_volume(ctx(), &publish_req(ids[2], &disks[2].path, "ext4"));
+    assert!(
+        said(&p).starts_with("RESOURCE_EXHAUSTED") && mounts_of(&disks[2].path).is_empty(),
+        "a publish with a full state filesystem answered {}; mounted at {:?}",
+        said(&p),
+        mounts_of(&disks[2].path)
+    );
+    // Unpublish needs no space.
+    let up = c.unpublish_volume(ctx(), &unpublish_req(ids[1]));
+    assert!(
+        up.as_ref().is_ok_and(|u| u.was_published) && mounts_of(&disks[1].path).is_empty(),
+        "unpublish with a full state filesystem answered {}; mounted at {:?}",
+        said(&up),
+        mounts_of(&disks[1].path)
+    );
+    assert_clean(&rig, "with a full state filesystem", &c, &disks, &ids);
+    assert!(!agent_info(&c).state_problem.is_empty());
+    // (The record the unpublish removed freed some space: taken again.)
+    fill(&state, "filler2");
+
+    // kill -9: recovery cannot write its records, and comes up all the same.
+    drop(c);
+    rig.kill9();
+    rig.start();
+    let c = rig.client();
+    let info = agent_info(&c);
+    assert!(
+        info.state_problem.contains("no space"),
+        "GetAgentInfo says nothing of the state it cannot write: {:?}",
+        info.state_problem
+    );
+    assert_clean(
+        &rig,
+        "after a restart on a full state filesystem",
+        &c,
+        &disks,
+        &ids,
+    );
+    let list = c
+        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
+        .unwrap()
+        .volumes;
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].bind_targets, vec![t2.display().to_string()]);
+    let up = c.unpublish_volume(ctx(), &unpublish_req(ids[0]));
+    assert!(
+        up.as_ref().is_ok_and(|u| u.was_published) && mounts_of(&disks[0].path).is_empty(),
+        "unpublish after a restart on a full state filesystem answered {}",
+        said(&up)
+    );
+    assert_clean(&rig, "after the unpublish", &c, &disks, &ids);
+
+    // Space again: everything works, and the problem is gone.
+    std::fs::remove_file(state.join("filler")).unwrap();
+    std::fs::remove_file(state.join("filler2")).unwrap();
+    c.publish_volume(ctx(), &publish_req(ids[2], &disks[2].path, "ext4"))
+        .unwrap();
+    assert_eq!(agent_info(&c).state_problem, "");
+    assert_clean(&rig, "with space again", &c, &disks, &ids);
+}

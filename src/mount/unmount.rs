@@ -74,30 +74,33 @@ pub fn unmount_tree(
     expect: Expect,
 ) -> Result<bool, Error> {
     let shown = base_path.join(rel);
+    // Nothing at `rel` (any more). If the expected mount still exists
+    // somewhere, it was moved (its parent renamed, say): the caller may look
+    // for it by its id; otherwise it is gone.
+    let absent = || match expect {
+        Expect::Mount(..) if listed(&read_table()?, expect).is_some() => Err(Error::Moved {
+            path: mountinfo::shown(&shown),
+        }),
+        _ => Ok(false),
+    };
     let (parent, name) = match beneath::open_parent(base, rel) {
         Ok(p) => p,
-        Err(Errno::NOENT | Errno::NOTDIR) => return Ok(false),
+        Err(Errno::NOENT | Errno::NOTDIR) => return absent(),
         Err(Errno::LOOP | Errno::XDEV) => {
             return Err(Error::Unsafe {
-                path: shown.display().to_string(),
+                path: mountinfo::shown(&shown),
             })
         }
-        Err(e) => return Err(SysError::new("openat2", shown.display(), e).into()),
+        Err(e) => return Err(SysError::new("openat2", mountinfo::shown(&shown), e).into()),
     };
     let mp = match beneath::mount_point_at(parent.as_fd(), &name) {
         Ok(mp) => mp,
-        Err(Errno::NOENT) => return Ok(false),
-        Err(e) => return Err(SysError::new("statx", shown.display(), e).into()),
+        Err(Errno::NOENT) => return absent(),
+        Err(e) => return Err(SysError::new("statx", mountinfo::shown(&shown), e).into()),
     };
     if mp.kind == FileType::Symlink || !mp.is_root {
-        // Not a mount point (any more). If the expected mount still exists
-        // somewhere, it was moved or is hidden: not something to guess about.
-        return match expect {
-            Expect::Mount(..) if listed(&read_table()?, expect).is_some() => Err(Error::Moved {
-                path: shown.display().to_string(),
-            }),
-            _ => Ok(false),
-        };
+        // Not a mount point (any more): moved, hidden, or gone.
+        return absent();
     }
     if !expect.matches(&mp) {
         let table = read_table()?;
@@ -108,11 +111,11 @@ pub fn unmount_tree(
             // Ours is gone and something else is there now: not ours to touch.
             Expect::Mount(..) if listed(&table, expect).is_none() => Ok(false),
             Expect::Mount(..) => Err(Error::Covered {
-                path: shown.display().to_string(),
+                path: mountinfo::shown(&shown),
                 what,
             }),
             Expect::Device(..) => Err(Error::NotOurs {
-                path: shown.display().to_string(),
+                path: mountinfo::shown(&shown),
                 what,
             }),
         };
@@ -122,7 +125,7 @@ pub fn unmount_tree(
     match beneath::mount_point_at(parent.as_fd(), &name) {
         Ok(now) if now.mount_id == mp.mount_id && now.is_root => {}
         Ok(_) | Err(Errno::NOENT) => return Ok(true),
-        Err(e) => return Err(SysError::new("statx", shown.display(), e).into()),
+        Err(e) => return Err(SysError::new("statx", mountinfo::shown(&shown), e).into()),
     }
     unmount_one(parent.as_fd(), &name, &shown)?;
     Ok(true)
@@ -157,7 +160,7 @@ fn unmount_children(
             OFlags::PATH | OFlags::DIRECTORY,
             beneath::strict(),
         )
-        .map_err(|e| SysError::new("openat2", shown.display(), e))?;
+        .map_err(|e| SysError::new("openat2", mountinfo::shown(shown), e))?;
         let mut progress = false;
         // Leaves first: a mount with no descendant left in the set.
         for m in below
@@ -186,7 +189,7 @@ fn unmount_children(
     let table = read_table()?;
     match mountinfo::by_id(&table, top.mount_id) {
         Some(t) if !mountinfo::descendants(&table, t.mount_id).is_empty() => Err(Error::Busy {
-            path: shown.display().to_string(),
+            path: mountinfo::shown(shown),
             attempts: PASSES,
         }),
         _ => Ok(()),
@@ -208,11 +211,11 @@ fn unmount_one(parent: BorrowedFd<'_>, name: &CStr, shown: &Path) -> Result<(), 
             }
             Err(Errno::BUSY) => {
                 return Err(Error::Busy {
-                    path: shown.display().to_string(),
+                    path: mountinfo::shown(shown),
                     attempts: attempt,
                 });
             }
-            Err(e) => return Err(SysError::new("umount", shown.display(), e).into()),
+            Err(e) => return Err(SysError::new("umount", mountinfo::shown(shown), e).into()),
         }
     }
 }

@@ -143,7 +143,7 @@ impl Volumes {
         // a record that recovery adopts or clears (and its flag with it).
         if let Err(e) = self.store.save(&vol) {
             beneath::remove_created(&mut created);
-            return Err(e.into());
+            return Err(e);
         }
         let undo_flag = || {
             if ro_set {
@@ -212,7 +212,7 @@ impl Volumes {
                     warn!(self.log, "could not undo a failed publish"; "volume" => &vol.id, "error" => %u)
                 }
             }
-            return Err(e.into());
+            return Err(e);
         }
         info!(self.log, "block volume published"; "volume" => &vol.id, "device" => %device.path.display(),
               "read_only" => vol.read_only, "ro_set" => ro_set);

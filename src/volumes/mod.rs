@@ -31,6 +31,7 @@ use crate::cancel::{Cancel, Token, Why};
 use crate::device::{self, Device, Sysfs};
 use crate::errors::{Code, Result, SysError};
 use crate::mount::{self, BindSpec, Expect, MountOptions, RecursiveReadOnly};
+use crate::mountinfo::shown;
 use crate::ownership::{self, Policy};
 use crate::probe::{self, FsType};
 use crate::stats::{self, Condition, Measured};
@@ -58,6 +59,62 @@ pub enum Error {
         device: String,
         /// The volume that holds it.
         other: String,
+    },
+    /// FAILED_PRECONDITION: the device shares sectors with a device published
+    /// under another id (a whole disk and one of its partitions, or two
+    /// partitions that overlap).
+    #[error("device {device} shares sectors with {held} ({how}), which is published as volume {other}; a disk is published once: a whole disk and its partitions, or partitions that overlap, are never published side by side")]
+    DeviceOverlaps {
+        /// The device node asked for.
+        device: String,
+        /// The device the other volume holds.
+        held: String,
+        /// How they overlap, in sectors of the whole disk.
+        how: String,
+        /// The volume that holds it.
+        other: String,
+    },
+    /// FAILED_PRECONDITION: a device that shares sectors with this one is mounted by someone else.
+    #[error("device {device} shares sectors with {other_device} ({how}), which is mounted at {at}; the agent never mounts or publishes a disk whose sectors are in use")]
+    DeviceOverlapsMount {
+        /// The device node asked for.
+        device: String,
+        /// The mounted device.
+        other_device: String,
+        /// How they overlap.
+        how: String,
+        /// Where it is mounted.
+        at: String,
+    },
+    /// RESOURCE_EXHAUSTED: the state filesystem is full.
+    #[error("no space left to write the agent's state record {path}; nothing was changed: free space on the filesystem that holds the agent's state directory, then retry (unpublish needs no space)")]
+    StateFull {
+        /// The record.
+        path: String,
+    },
+    /// FAILED_PRECONDITION: the state filesystem is read-only.
+    #[error("the agent's state record {path} cannot be written: its filesystem is read-only; nothing was changed: make it writable, then retry")]
+    StateReadOnly {
+        /// The record.
+        path: String,
+    },
+    /// FAILED_PRECONDITION: a mount of the volume's disk is left after unpublish took down its own.
+    #[error("volume {id} is still mounted at {at} ({why}); the disk must not be detached yet: unmount it there, then unpublish again")]
+    StillMounted {
+        /// The volume id.
+        id: String,
+        /// Where its disk is still mounted.
+        at: String,
+        /// Why the agent left it.
+        why: String,
+    },
+    /// FAILED_PRECONDITION: a mount of the agent's was moved outside its root.
+    #[error("the mount the agent made at {was} was moved behind its back to {now}, outside the agent's root, where the agent acts on nothing; unmount it there, then retry")]
+    MovedOutside {
+        /// Where the agent made it.
+        was: String,
+        /// Where it is now.
+        now: String,
     },
     /// FAILED_PRECONDITION: the device is mounted by someone else.
     #[error("device {device} is already mounted at {at}; the agent never mounts one disk twice")]
@@ -171,7 +228,13 @@ impl Error {
             Error::GuestPathUnsafe { .. }
             | Error::TargetCovers { .. }
             | Error::BlockBindReadOnly { .. } => Code::FailedPrecondition,
+            Error::StateFull { .. } => Code::ResourceExhausted,
             Error::DeviceInUse { .. }
+            | Error::DeviceOverlaps { .. }
+            | Error::DeviceOverlapsMount { .. }
+            | Error::StateReadOnly { .. }
+            | Error::StillMounted { .. }
+            | Error::MovedOutside { .. }
             | Error::DeviceMounted { .. }
             | Error::GuestPathBusy { .. }
             | Error::ReadOnly(_)
@@ -473,8 +536,9 @@ pub struct Volumes {
     log: Logger,
     /// One slot per volume id; its lock serializes operations on the volume.
     slots: Mutex<HashMap<String, Slot>>,
-    /// Which volume holds each device (major, minor), including publishes in flight.
-    devices: Mutex<HashMap<(u32, u32), String>>,
+    /// Which volume holds each device (major, minor), and the sectors it
+    /// covers on its disk, including publishes in flight.
+    devices: Mutex<HashMap<(u32, u32), Claim>>,
     /// Bind targets (relative to the root), reserved or bound, and their volume.
     targets: Mutex<BTreeMap<PathBuf, String>>,
     /// What ListVolumes answers, updated when an operation ends, so a list
@@ -548,6 +612,12 @@ impl Volumes {
         };
         v.recover()?;
         Ok(v)
+    }
+
+    /// Why the last write to the state directory failed, while it keeps
+    /// failing (GetAgentInfo's `state_problem`); None when the state is writable.
+    pub fn state_problem(&self) -> Option<String> {
+        self.store.problem()
     }
 
     /// The agent's root, canonical.
@@ -686,8 +756,11 @@ impl Volumes {
             } else {
                 // Taken back from a run that stopped before the fsGroup walk ended: finish it.
                 let report = self.walk(vol, &fd, cancel)?;
+                // Complete in memory only once the record says so.
+                let mut done = vol.clone();
+                done.complete = true;
+                self.store.save(&done)?;
                 vol.complete = true;
-                self.store.save(vol)?;
                 self.publish_snapshot(vol);
                 report
             };
@@ -762,17 +835,7 @@ impl Volumes {
         let claim = self.claim_device(&device, &req.volume_id)?;
         let rel = guest_rel(&req.volume_id);
         let guest_path = self.root.join(&rel);
-        let table = mountinfo::read()?;
-        if let Some(m) = table
-            .iter()
-            .find(|m| (m.major, m.minor) == (device.major, device.minor))
-        {
-            return Err(Error::DeviceMounted {
-                device: device.path.display().to_string(),
-                at: m.mount_point.display().to_string(),
-            }
-            .into());
-        }
+        self.check_not_mounted(&device, &claim.extent)?;
         let fs = match req.mode {
             VolumeMode::Filesystem(fs) => fs,
             VolumeMode::Block => {
@@ -826,7 +889,7 @@ impl Volumes {
         // record that recovery adopts or clears, never an unknown mount.
         if let Err(e) = self.store.save(&vol) {
             undo_dir(&mut created);
-            return Err(e.into());
+            return Err(e);
         }
         if let Err(e) = mount::mount_filesystem(
             &device.path,
@@ -881,7 +944,7 @@ impl Volumes {
         };
         if let Err(e) = self.store.save(&vol) {
             drop(fd);
-            return Err(undo(e.into(), &mut created));
+            return Err(undo(e, &mut created));
         }
         let walked = self.walk(&vol, &fd, cancel);
         // Nothing of the agent's may hold the mount when it is taken down
@@ -894,7 +957,7 @@ impl Volumes {
         if !vol.complete {
             vol.complete = true;
             if let Err(e) = self.store.save(&vol) {
-                return Err(undo(e.into(), &mut created));
+                return Err(undo(e, &mut created));
             }
         }
         claim.keep();
@@ -910,24 +973,83 @@ impl Volumes {
         beneath::remove_created(created);
     }
 
+    /// Claims `device` for volume `id` for as long as the publish runs (and
+    /// after, if it is kept): refused when another volume holds the same
+    /// device or one that shares a sector with it (semantics.md §9).
     fn claim_device(&self, device: &Device, id: &str) -> Result<DeviceClaim<'_>> {
-        let mut devices = lock(&self.devices);
         let key = (device.major, device.minor);
-        if let Some(other) = devices.get(&key) {
-            if other != id {
+        // Read before the lock is taken: sysfs is slow next to a map.
+        let extent = self.sysfs.extent(key);
+        let mut devices = lock(&self.devices);
+        for (held, c) in devices.iter() {
+            if c.id == id {
+                continue;
+            }
+            if *held == key {
                 return Err(Error::DeviceInUse {
-                    device: device.path.display().to_string(),
-                    other: other.clone(),
+                    device: shown(&device.path),
+                    other: c.id.clone(),
+                }
+                .into());
+            }
+            if c.extent.overlaps(&extent) {
+                return Err(Error::DeviceOverlaps {
+                    device: shown(&device.path),
+                    held: c.device.clone(),
+                    how: extent.describe(&c.extent),
+                    other: c.id.clone(),
                 }
                 .into());
             }
         }
-        devices.insert(key, id.to_string());
+        devices.insert(
+            key,
+            Claim {
+                id: id.to_string(),
+                device: shown(&device.path),
+                extent,
+            },
+        );
         Ok(DeviceClaim {
             table: self,
             key,
+            extent,
             kept: false,
         })
+    }
+
+    /// Refuses a device whose filesystem is mounted already, or one that
+    /// shares sectors with a mounted device (a partition of it, the disk it
+    /// is a partition of, an overlapping partition): mounted by someone
+    /// else, since the agent's own volumes are refused by their claims.
+    fn check_not_mounted(&self, device: &Device, extent: &device::Extent) -> Result<()> {
+        let key = (device.major, device.minor);
+        let mut extents: HashMap<(u32, u32), device::Extent> = HashMap::new();
+        for m in mountinfo::read()? {
+            let dev = (m.major, m.minor);
+            if dev == key {
+                return Err(Error::DeviceMounted {
+                    device: shown(&device.path),
+                    at: shown(&m.mount_point),
+                }
+                .into());
+            }
+            // Major 0: no block device behind it (tmpfs, proc, overlay…).
+            if dev.0 == 0 {
+                continue;
+            }
+            let other = *extents.entry(dev).or_insert_with(|| self.sysfs.extent(dev));
+            if other.overlaps(extent) {
+                return Err(Error::DeviceOverlapsMount {
+                    device: shown(&device.path),
+                    other_device: format!("{} ({}:{})", m.source, dev.0, dev.1),
+                    how: extent.describe(&other),
+                    at: shown(&m.mount_point),
+                }
+                .into());
+            }
+        }
+        Ok(())
     }
 
     /// Reserves `rel` as a bind target of volume `id`: refused when it is
@@ -989,11 +1111,14 @@ impl Volumes {
         let Some(vol) = guard.as_mut() else {
             return Ok(false);
         };
+        // Nothing is written on the way: an unpublish needs no space in the
+        // state directory. A record that still lists binds taken down (if
+        // this stops half-way) lists only what recovery drops; the table in
+        // memory follows every unmount, so ListVolumes stays true.
         while let Some(b) = vol.binds.last().cloned() {
             self.take_down(&b.rel, b.expect(&vol.device))?;
             vol.binds.pop();
             lock(&self.targets).remove(&b.rel);
-            self.store.save(vol)?;
             self.publish_snapshot(vol);
         }
         match vol.mode {
@@ -1006,17 +1131,87 @@ impl Volumes {
             }
             VolumeMode::Block => self.unpublish_block(vol)?,
         }
-        self.store.remove(&vol.id)?;
+        // Never OK while the disk is still mounted beneath the root.
+        self.take_down_leftovers(vol)?;
+        // Unlinking needs no space; where even that fails (a read-only or
+        // failing state filesystem), every mount is down all the same, and
+        // the record names a volume whose mount is gone, which recovery drops.
+        if let Err(e) = self.store.remove(&vol.id) {
+            warn!(self.log, "could not remove the record of an unpublished volume; the next start drops it";
+                  "volume" => &vol.id, "error" => %e);
+        }
         lock(&self.devices).remove(&(vol.device.major, vol.device.minor));
         lock(&self.snapshot).remove(&vol.id);
         *guard = None;
         Ok(true)
     }
 
+    /// Takes down every mount of `vol`'s disk still beneath the root once
+    /// the agent's own are down: its filesystem, or a bind of its node (a
+    /// devtmpfs mount of the node's name, checked by its device number
+    /// before it comes off). They are binds moved or copied behind the
+    /// agent's back, which recovery would take down too; leaving one would
+    /// let the host detach a disk that is still mounted. One that cannot be
+    /// taken down is an error naming it.
+    fn take_down_leftovers(&self, vol: &Volume) -> Result<()> {
+        let (root_fd, root) = (self.root.fd(), self.root.path());
+        let disk = (vol.device.major, vol.device.minor);
+        let node = Path::new("/").join(&vol.device.name);
+        let of_disk = |m: &mountinfo::MountEntry| match vol.mode {
+            VolumeMode::Filesystem(_) => (m.major, m.minor) == disk,
+            VolumeMode::Block => m.fs_type == "devtmpfs" && m.root == node,
+        };
+        let beneath_root = |m: &mountinfo::MountEntry| {
+            m.mount_point
+                .strip_prefix(root)
+                .ok()
+                .filter(|r| !r.as_os_str().is_empty())
+                .map(Path::to_path_buf)
+        };
+        let mut left: Vec<(PathBuf, u64)> = mountinfo::read()?
+            .iter()
+            .filter(|m| of_disk(m))
+            .filter_map(|m| beneath_root(m).map(|r| (r, u64::from(m.mount_id))))
+            .collect();
+        left.sort_by_key(|(p, _)| std::cmp::Reverse(p.components().count()));
+        for (rel, id) in &left {
+            let expect = Expect::Mount(*id, disk.0, disk.1);
+            match mount::unmount_tree(root_fd, root, rel, expect) {
+                Ok(true) => {
+                    warn!(self.log, "a mount of the volume's disk was left beneath the root (moved or copied behind the agent's back); taken down";
+                          "volume" => &vol.id, "path" => shown(&root.join(rel)));
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    return Err(Error::StillMounted {
+                        id: vol.id.clone(),
+                        at: shown(&root.join(rel)),
+                        why: e.to_string(),
+                    }
+                    .into())
+                }
+            }
+        }
+        if let Some(m) = mountinfo::read()?
+            .iter()
+            .find(|m| of_disk(m) && beneath_root(m).is_some())
+        {
+            return Err(Error::StillMounted {
+                id: vol.id.clone(),
+                at: shown(&m.mount_point),
+                why: "it came back or could not be reached beneath the root".into(),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
     /// Takes down the agent's mount `expect` made at `rel` and removes the
     /// node it was made on. A mount moved away from `rel` behind the agent's
-    /// back (its parent renamed, say) is still the agent's own: it is found
-    /// by its id and taken down where it is now, if that is beneath the root.
+    /// back (its parent renamed, say, whether or not something now sits at
+    /// `rel`, under any name, UTF-8 or not) is still the agent's own: it is
+    /// found by its id and taken down where it is now, if that is beneath the
+    /// root; moved outside the root, it is an error naming where it is.
     fn take_down(&self, rel: &Path, expect: Expect) -> Result<bool> {
         let (root_fd, root) = (self.root.fd(), self.root.path());
         match mount::unmount_tree(root_fd, root, rel, expect) {
@@ -1037,10 +1232,15 @@ impl Volumes {
                 match now.mount_point.strip_prefix(root) {
                     Ok(moved) if moved != rel && !moved.as_os_str().is_empty() => {
                         warn!(self.log, "mount moved behind the agent's back; taken down where it is now";
-                              "was" => %root.join(rel).display(), "now" => %now.mount_point.display());
+                              "was" => shown(&root.join(rel)), "now" => shown(&now.mount_point));
                         Ok(mount::unmount_tree(root_fd, root, moved, expect)?)
                     }
-                    _ => Err(e.into()),
+                    Ok(_) => Err(e.into()),
+                    Err(_) => Err(Error::MovedOutside {
+                        was: shown(&root.join(rel)),
+                        now: shown(&now.mount_point),
+                    }
+                    .into()),
                 }
             }
             Err(e) => Err(e.into()),
@@ -1161,10 +1361,10 @@ impl Volumes {
                         }
                         .into());
                     }
-                    if let Some(volume) = lock(&self.devices).get(&mp.dev) {
+                    if let Some(claim) = lock(&self.devices).get(&mp.dev) {
                         return Err(Error::TargetInVolume {
                             target: target.display().to_string(),
-                            volume: volume.clone(),
+                            volume: claim.id.clone(),
                         }
                         .into());
                     }
@@ -1208,10 +1408,12 @@ impl Volumes {
                     });
                 }
                 // Unmounted behind the agent's back: forget it and bind again.
-                warn!(self.log, "bind was gone; binding again"; "volume" => &vol.id, "target" => %req.target.display());
+                // The record is rewritten with the new bind below; if that
+                // bind fails, a record still listing the old one lists a
+                // bind that is gone, which the next start drops.
+                warn!(self.log, "bind was gone; binding again"; "volume" => &vol.id, "target" => shown(&req.target));
                 vol.binds.remove(i);
                 lock(&self.targets).remove(&rel);
-                self.store.save(vol)?;
                 self.publish_snapshot(vol);
             }
             if vol.binds.len() >= self.max_binds {
@@ -1257,7 +1459,7 @@ impl Volumes {
                         warn!(self.log, "could not undo a bind whose record failed"; "target" => %req.target.display(), "error" => %u)
                     }
                 }
-                return Err(e.into());
+                return Err(e);
             }
             reservation.keep();
             self.publish_snapshot(vol);
@@ -1283,8 +1485,15 @@ impl Volumes {
                 let was = self.take_down(&rel, b.expect(&vol.device))?;
                 vol.binds.remove(i);
                 lock(&self.targets).remove(&rel);
-                self.store.save(vol)?;
                 self.publish_snapshot(vol);
+                // The bind is down, as asked, and the table says so. A record
+                // that cannot be rewritten now (a full state filesystem) still
+                // lists it: a bind that is gone, which the next write of this
+                // record or the next start drops.
+                if let Err(e) = self.store.save(vol) {
+                    warn!(self.log, "bind taken down, but its volume's record could not be rewritten; it is dropped from the record later";
+                          "volume" => &vol.id, "target" => shown(target), "error" => %e);
+                }
                 Ok(Some(was))
             });
             match r {
@@ -1348,10 +1557,24 @@ impl Volumes {
     }
 }
 
+/// A device a volume holds (or a publish in flight): what ListVolumes' "one
+/// disk, one volume" is checked against.
+#[derive(Clone, Debug)]
+struct Claim {
+    /// The volume.
+    id: String,
+    /// Its device node, for messages.
+    device: String,
+    /// The sectors it covers on its whole disk.
+    extent: device::Extent,
+}
+
 /// A device held by a publish in flight; released unless kept.
 struct DeviceClaim<'a> {
     table: &'a Volumes,
     key: (u32, u32),
+    /// The sectors claimed.
+    extent: device::Extent,
     kept: bool,
 }
 
@@ -1460,6 +1683,87 @@ mod tests {
         assert!(!third.target.exists(), "a refused bind creates nothing");
         assert!(v.unpublish("rec", &Cancel::never()).unwrap());
         assert!(!target.exists());
+    }
+
+    /// A sysfs in which the real devices `parts` are partitions of one fake
+    /// disk at the given (start, sectors): what a hostile partition table
+    /// makes of a guest's disk.
+    fn fake_partitions(dir: &Path, parts: &[(&crate::testutil::LoopDisk, u64, u64)]) -> Sysfs {
+        let sysfs = Sysfs {
+            sys_block: dir.join("sys/block"),
+            dev_dir: PathBuf::from("/dev"),
+            dev_block: dir.join("sys/dev/block"),
+        };
+        let disk = sysfs.sys_block.join("vdz");
+        std::fs::create_dir_all(&disk).unwrap();
+        std::fs::create_dir_all(&sysfs.dev_block).unwrap();
+        std::fs::write(disk.join("dev"), "250:0\n").unwrap();
+        for (i, (d, start, sectors)) in parts.iter().enumerate() {
+            let dev = device::from_path(&d.device).unwrap();
+            let name = format!("vdz{}", i + 1);
+            let p = disk.join(&name);
+            std::fs::create_dir_all(&p).unwrap();
+            std::fs::write(p.join("partition"), format!("{}\n", i + 1)).unwrap();
+            std::fs::write(p.join("start"), format!("{start}\n")).unwrap();
+            std::fs::write(p.join("size"), format!("{sectors}\n")).unwrap();
+            std::os::unix::fs::symlink(
+                format!("../../block/vdz/{name}"),
+                sysfs.dev_block.join(format!("{}:{}", dev.major, dev.minor)),
+            )
+            .unwrap();
+        }
+        sysfs
+    }
+
+    #[test]
+    fn partitions_that_overlap_are_one_volume() {
+        if !crate::testutil::root_or_skip("partitions_that_overlap_are_one_volume") {
+            return;
+        }
+        let (a, b, c) = (
+            crate::testutil::LoopDisk::new(32, Some("ext4")),
+            crate::testutil::LoopDisk::new(32, None),
+            crate::testutil::LoopDisk::new(32, None),
+        );
+        let dir = tempfile::tempdir().unwrap();
+        // a: sectors 2048..67584; b overlaps its end; c lies after both.
+        let sysfs = fake_partitions(
+            dir.path(),
+            &[(&a, 2048, 65536), (&b, 60000, 8192), (&c, 68216, 100)],
+        );
+        let v = Volumes::open(&dir.path().join("root"), sysfs, crate::logging::discard()).unwrap();
+        let block = |id: &str, d: &crate::testutil::LoopDisk| PublishRequest {
+            volume_id: id.into(),
+            source: Source::Path(d.device.clone()),
+            mode: VolumeMode::Block,
+            options: Vec::new(),
+            mount: mount::parse_options(&[], false).unwrap(),
+            read_only: false,
+            fs_group: None,
+            timeout: Duration::from_secs(1),
+        };
+        publish_loop(&v, "pa", &a);
+        let e = v.publish(&block("pb", &b), &Cancel::never()).unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("volume pa") && msg.contains("60000..68192"),
+            "{msg}"
+        );
+        assert!(
+            v.list().iter().all(|i| i.volume_id != "pb"),
+            "a refused publish leaves nothing"
+        );
+        // One that does not overlap is its own volume.
+        v.publish(&block("pc", &c), &Cancel::never()).unwrap();
+        // The other order: b first, then a is refused.
+        assert!(v.unpublish("pa", &Cancel::never()).unwrap());
+        v.publish(&block("pb", &b), &Cancel::never()).unwrap();
+        let e = v.publish(&block("pa", &a), &Cancel::never()).unwrap_err();
+        assert!(e.to_string().contains("volume pb"), "{e}");
+        for id in ["pb", "pc"] {
+            assert!(v.unpublish(id, &Cancel::never()).unwrap());
+        }
     }
 
     #[test]

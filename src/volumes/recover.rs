@@ -8,6 +8,14 @@
 //! its disk's node (their mountinfo device is devtmpfs's): they are told by
 //! the node's device number (statx), not by mountinfo's. A crash at any
 //! point of any request thus leaves nothing that no RPC can remove.
+//!
+//! Recovery writes to the state directory (a record pruned of binds that are
+//! gone, the record of a volume that is gone removed) but never depends on
+//! it: where a write fails (a full or read-only state filesystem), it logs
+//! it, keeps the table in memory as it found it, and comes up anyway, read-
+//! only with respect to state (GetAgentInfo's `state_problem` says why). A
+//! record left stale that way only lists what is no longer there, which the
+//! next start drops again; Unpublish needs no space.
 
 use std::collections::HashSet;
 use std::os::fd::AsFd;
@@ -19,11 +27,13 @@ use std::sync::{Arc, Mutex};
 use slog::{info, warn};
 
 use super::state::Record;
-use super::{lock, Volume, Volumes};
+use super::{lock, Claim, Volume, Volumes};
 use crate::beneath;
 use crate::errors::Result;
 use crate::mount::{self, Expect};
-use crate::mountinfo;
+use crate::mountinfo::{self, shown};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 
 impl Volumes {
     /// Adopts or clears everything a previous run left (see the module doc).
@@ -33,33 +43,77 @@ impl Volumes {
         let mut own_devices: HashSet<(u32, u32)> = HashSet::new();
         // Mounts that are accounted for.
         let mut kept: HashSet<u64> = HashSet::new();
+        // Block volumes forgotten: their read-only flags are cleared once
+        // every record is read, unless an adopted volume holds the device.
+        let mut forgotten: Vec<Volume> = Vec::new();
         for record in self.store.load(self.root.path())? {
             let vol = match record {
-                Record::Bad(id, why) => {
-                    let aside = self.store.set_aside(&id);
+                Record::Bad(name, why) => {
+                    let aside = self.store.set_aside(&name);
                     warn!(self.log, "state record does not decode; set aside, and its mounts are taken down";
-                          "volume" => &id, "why" => why, "kept_at" => %aside.display());
+                          "record" => shown(Path::new(OsStr::from_bytes(&name))), "why" => why,
+                          "kept_at" => shown(&aside));
                     continue;
                 }
                 Record::Good(vol) => *vol,
             };
             own_devices.insert((vol.device.major, vol.device.minor));
-            if let Some(vol) = self.adopt(vol)? {
+            let Some(vol) = self.adopt(vol, &mut forgotten) else {
+                continue;
+            };
+            {
                 kept.insert(vol.mount_id);
                 kept.extend(vol.binds.iter().map(|b| b.mount_id));
-                lock(&self.devices).insert((vol.device.major, vol.device.minor), vol.id.clone());
+                self.claim_adopted(&vol);
                 self.publish_snapshot(&vol);
                 info!(self.log, "volume taken back from a previous run"; "volume" => &vol.id,
                       "binds" => vol.binds.len(), "complete" => vol.complete);
                 lock(&self.slots).insert(vol.id.clone(), Arc::new(Mutex::new(Some(vol))));
             }
         }
-        self.sweep(&mut own_devices, &kept)
+        for vol in &forgotten {
+            // A stale record (one an unpublish could not remove) must not
+            // make a device writable that a live volume set read-only.
+            if !lock(&self.devices).contains_key(&(vol.device.major, vol.device.minor)) {
+                self.release_block(vol);
+            }
+        }
+        self.sweep(&mut own_devices, &kept)?;
+        if let Some(why) = self.store.problem() {
+            warn!(self.log, "the state directory could not be written at start: serving the volumes taken back and Unpublish; publishes and binds are refused until it can be written";
+                  "why" => why);
+        }
+        Ok(())
+    }
+
+    /// Enters an adopted volume's device and sectors in the claims, so new
+    /// publishes are checked against them. Two adopted volumes that share
+    /// sectors (left by an older agent that compared device numbers only)
+    /// are both kept as they are mounted, and said loudly: taking either
+    /// down under a pod is not recovery's call.
+    fn claim_adopted(&self, vol: &Volume) {
+        let key = (vol.device.major, vol.device.minor);
+        let extent = self.sysfs.extent(key);
+        let mut devices = lock(&self.devices);
+        for c in devices.values().filter(|c| c.extent.overlaps(&extent)) {
+            warn!(self.log, "volumes taken back from a previous run share sectors of one disk; unpublish one of them";
+                  "volume" => &vol.id, "device" => shown(&vol.device.path),
+                  "other" => &c.id, "other_device" => &c.device, "how" => extent.describe(&c.extent));
+        }
+        devices.insert(
+            key,
+            Claim {
+                id: vol.id.clone(),
+                device: shown(&vol.device.path),
+                extent,
+            },
+        );
     }
 
     /// Adopts `vol` if its mount is still there (updating what changed), or
-    /// forgets it. Returns the adopted volume.
-    fn adopt(&self, mut vol: Volume) -> Result<Option<Volume>> {
+    /// forgets it (into `forgotten`). Returns the adopted volume. Writes to
+    /// the state directory that fail are logged, never fatal.
+    fn adopt(&self, mut vol: Volume, forgotten: &mut Vec<Volume>) -> Option<Volume> {
         let rel = vol.rel();
         let here = beneath::open_parent(self.root.fd(), &rel)
             .ok()
@@ -67,13 +121,16 @@ impl Volumes {
         let live = here.filter(|mp| vol.is_own_mount(mp));
         let Some(mp) = live else {
             warn!(self.log, "volume from a previous run is not mounted (as recorded) any more; forgetting it";
-                  "volume" => &vol.id, "guest_path" => %vol.guest_path.display());
+                  "volume" => &vol.id, "guest_path" => shown(&vol.guest_path));
             // Its binds come down in the sweep; a flag the agent set on the
-            // device goes with the volume.
-            self.release_block(&vol);
-            self.store.remove(&vol.id)?;
+            // device goes with the volume (in `recover`).
+            if let Err(e) = self.store.remove(&vol.id) {
+                warn!(self.log, "could not remove the record of a volume that is gone; the next start drops it again";
+                      "volume" => &vol.id, "error" => %e);
+            }
             mount::remove_node(self.root.fd(), &rel);
-            return Ok(None);
+            forgotten.push(vol);
+            return None;
         };
         let mut changed = vol.mount_id != mp.mount_id;
         vol.mount_id = mp.mount_id;
@@ -84,7 +141,7 @@ impl Volumes {
                 .and_then(|(parent, name)| beneath::mount_point_at(parent.as_fd(), &name).ok())
                 .filter(|m| vol.is_own_bind(&b, m));
             let Some(m) = live else {
-                warn!(self.log, "bind from a previous run is gone"; "volume" => &vol.id, "target" => %b.target.display());
+                warn!(self.log, "bind from a previous run is gone"; "volume" => &vol.id, "target" => shown(&b.target));
                 mount::remove_node(self.root.fd(), &b.rel);
                 changed = true;
                 continue;
@@ -96,7 +153,7 @@ impl Volumes {
                 Ok(r) => r.keep(),
                 Err(e) => {
                     warn!(self.log, "bind from a previous run conflicts with another; dropped"; "volume" => &vol.id,
-                          "target" => %b.target.display(), "error" => %e);
+                          "target" => shown(&b.target), "error" => %e);
                     changed = true;
                     continue;
                 }
@@ -106,9 +163,12 @@ impl Volumes {
             vol.binds.push(b);
         }
         if changed {
-            self.store.save(&vol)?;
+            if let Err(e) = self.store.save(&vol) {
+                warn!(self.log, "could not write back the record of a volume taken back; it still lists binds that are gone, which the next start drops again";
+                      "volume" => &vol.id, "error" => %e);
+            }
         }
-        Ok(Some(vol))
+        Some(vol)
     }
 
     /// The disk the mount `id` at `rel` is of: the device of its filesystem,
@@ -159,7 +219,7 @@ impl Volumes {
         // Deepest first, so a mount is not taken down under one of ours still to go.
         doomed.sort_by_key(|(p, _, _)| std::cmp::Reverse(p.components().count()));
         for (rel, id, disk) in doomed {
-            let shown = root.join(&rel);
+            let at = root.join(&rel);
             match mount::unmount_tree(
                 self.root.fd(),
                 root,
@@ -168,13 +228,13 @@ impl Volumes {
             ) {
                 Ok(true) => {
                     warn!(self.log, "mount left by a previous run that no record explains; taken down";
-                          "path" => %shown.display());
+                          "path" => shown(&at));
                     mount::remove_node(self.root.fd(), &rel);
                 }
                 Ok(false) => {}
                 Err(e) => {
                     warn!(self.log, "could not take down a mount left by a previous run";
-                          "path" => %shown.display(), "error" => %e)
+                          "path" => shown(&at), "error" => %e)
                 }
             }
         }

@@ -14,16 +14,19 @@
 use std::ffi::OsStr;
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use rustix::fs::{AtFlags, Mode, OFlags};
+use rustix::io::Errno;
 
-use super::{Bind, FsGroup, Source, Volume, VolumeMode};
+use super::{Bind, Error, FsGroup, Source, Volume, VolumeMode};
 use crate::beneath;
 use crate::device::Device;
 use crate::errors::SysError;
 use crate::mount::{self, RecursiveReadOnly};
+use crate::mountinfo::shown;
 use crate::ownership::Policy;
 use crate::probe::FsType;
 use crate::validate;
@@ -35,14 +38,33 @@ pub(super) struct Store {
     path: PathBuf,
     /// Opened for reading (readdir) and fsync, not O_PATH.
     dir: OwnedFd,
+    /// Why the last write to the state directory failed; None once one
+    /// succeeds again (GetAgentInfo's `state_problem`).
+    problem: Mutex<Option<String>>,
 }
 
 /// What a listing of the state directory holds.
 pub(super) enum Record {
     /// A record that decoded.
     Good(Box<Volume>),
-    /// A record that does not decode: its volume id (from the file name) and why.
-    Bad(String, String),
+    /// A record that does not decode: its file name (bytes, as listed) and why.
+    Bad(Vec<u8>, String),
+}
+
+/// A state write that failed: ENOSPC and EDQUOT say the state's filesystem
+/// is full, EROFS that it is read-only; anything else is unexpected.
+fn write_error(call: &'static str, path: &Path, e: std::io::Error) -> crate::errors::Error {
+    let full = |e: &std::io::Error| {
+        e.raw_os_error()
+            .is_some_and(|n| n == libc::ENOSPC || n == libc::EDQUOT)
+    };
+    if full(&e) {
+        Error::StateFull { path: shown(path) }.into()
+    } else if e.raw_os_error() == Some(libc::EROFS) {
+        Error::StateReadOnly { path: shown(path) }.into()
+    } else {
+        SysError::new(call, shown(path), e).into()
+    }
 }
 
 impl Store {
@@ -56,19 +78,42 @@ impl Store {
             OFlags::RDONLY | OFlags::DIRECTORY,
             beneath::strict(),
         )
-        .map_err(|e| SysError::new("openat2", path.display(), e))?;
-        Ok(Store { path, dir })
+        .map_err(|e| SysError::new("openat2", shown(&path), e))?;
+        Ok(Store {
+            path,
+            dir,
+            problem: Mutex::new(None),
+        })
     }
 
     fn file(id: &str) -> String {
         format!("{id}.vol")
     }
 
-    /// Writes the volume's record atomically.
-    pub(super) fn save(&self, vol: &Volume) -> Result<(), SysError> {
+    /// Why the last write to the state directory failed, if it did.
+    pub(super) fn problem(&self) -> Option<String> {
+        super::lock(&self.problem).clone()
+    }
+
+    /// Notes how a write ended: a failure is kept for GetAgentInfo; a
+    /// record written (`cleared`: not a mere unlink, which works on a full
+    /// filesystem too) shows the state is writable again.
+    fn note<T>(&self, r: crate::errors::Result<T>, cleared: bool) -> crate::errors::Result<T> {
+        match &r {
+            Err(e) => *super::lock(&self.problem) = Some(e.to_string()),
+            Ok(_) if cleared => *super::lock(&self.problem) = None,
+            Ok(_) => {}
+        }
+        r
+    }
+
+    /// Writes the volume's record atomically. A write that fails leaves the
+    /// record as it was and no temp file behind: ENOSPC or EDQUOT answer
+    /// RESOURCE_EXHAUSTED (`Error::StateFull`), EROFS FAILED_PRECONDITION.
+    pub(super) fn save(&self, vol: &Volume) -> crate::errors::Result<()> {
         let name = Store::file(&vol.id);
         let tmp = format!("{}.tmp", vol.id);
-        let shown = self.path.join(&name);
+        let shown_path = self.path.join(&name);
         let text = encode(vol);
         let write = || -> std::io::Result<()> {
             let fd = rustix::fs::openat(
@@ -89,28 +134,40 @@ impl Store {
             rustix::fs::fsync(&self.dir)?;
             Ok(())
         };
-        write().map_err(|e| SysError::new("write", shown.display(), e))
+        let r = write().map_err(|e| {
+            // A half-written temp file holds space the next write needs.
+            let _ = rustix::fs::unlinkat(&self.dir, tmp.as_str(), AtFlags::empty());
+            write_error("write", &shown_path, e)
+        });
+        self.note(r, true)
     }
 
-    /// Removes the volume's record; a missing one is fine.
-    pub(super) fn remove(&self, id: &str) -> Result<(), SysError> {
+    /// Removes the volume's record; a missing one is fine. Needs no space,
+    /// so it works on a full state filesystem.
+    pub(super) fn remove(&self, id: &str) -> crate::errors::Result<()> {
         let name = Store::file(id);
-        match rustix::fs::unlinkat(&self.dir, name.as_str(), AtFlags::empty()) {
-            Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
-            Err(e) => Err(SysError::new("unlink", self.path.join(name).display(), e)),
-        }
+        let r = match rustix::fs::unlinkat(&self.dir, name.as_str(), AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(e) => Err(write_error("unlink", &self.path.join(name), e.into())),
+        };
+        self.note(r, false)
     }
 
-    /// Sets aside a record that does not decode (`<id>.vol.bad`), for a
-    /// human to look at; it no longer stands for a volume.
-    pub(super) fn set_aside(&self, id: &str) -> PathBuf {
-        let name = Store::file(id);
-        let bad = format!("{name}.bad");
-        let _ = rustix::fs::renameat(&self.dir, name.as_str(), &self.dir, bad.as_str());
+    /// Sets aside a record that does not decode (`<name>.bad`), for a
+    /// human to look at; it no longer stands for a volume. Where even that
+    /// rename fails (a full or read-only state filesystem), the record is
+    /// left as it is: it is refused again at the next start.
+    pub(super) fn set_aside(&self, name: &[u8]) -> PathBuf {
+        let mut bad = name.to_vec();
+        bad.extend_from_slice(b".bad");
+        let (name, bad) = (OsStr::from_bytes(name), OsStr::from_bytes(&bad));
+        let _ = rustix::fs::renameat(&self.dir, name, &self.dir, bad);
         self.path.join(bad)
     }
 
-    /// Every record, decoded against `root`; half-written temp files are removed.
+    /// Every record, decoded against `root`; half-written temp files are
+    /// removed. Names are bytes: a file named so that it is not UTF-8 is
+    /// not a record of the agent's, and is refused like any bad record.
     pub(super) fn load(&self, root: &Path) -> Result<Vec<Record>, SysError> {
         let mut out = Vec::new();
         let dir = rustix::fs::openat(
@@ -119,34 +176,36 @@ impl Store {
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )
-        .map_err(|e| SysError::new("open", self.path.display(), e))?;
+        .map_err(|e| SysError::new("open", shown(&self.path), e))?;
         let mut entries = rustix::fs::Dir::new(dir)
-            .map_err(|e| SysError::new("readdir", self.path.display(), e))?;
+            .map_err(|e| SysError::new("readdir", shown(&self.path), e))?;
         let mut names = Vec::new();
         while let Some(entry) = entries.read() {
-            let entry = entry.map_err(|e| SysError::new("readdir", self.path.display(), e))?;
+            let entry = entry.map_err(|e| SysError::new("readdir", shown(&self.path), e))?;
             names.push(entry.file_name().to_bytes().to_vec());
         }
         names.sort();
         for raw in names {
-            let name = OsStr::from_bytes(&raw).to_string_lossy().into_owned();
-            if name.ends_with(".tmp") {
-                let _ = rustix::fs::unlinkat(&self.dir, name.as_str(), AtFlags::empty());
+            let name = OsStr::from_bytes(&raw);
+            if raw.ends_with(b".tmp") {
+                let _ = rustix::fs::unlinkat(&self.dir, name, AtFlags::empty());
                 continue;
             }
-            let Some(id) = name.strip_suffix(".vol") else {
+            let Some(id) = raw.strip_suffix(b".vol") else {
                 continue;
             };
-            let text = read_at(self.dir.as_fd(), &name);
-            let record = match text {
-                Err(e) => Record::Bad(id.to_string(), format!("unreadable: {e}")),
+            let Ok(id) = std::str::from_utf8(id) else {
+                out.push(Record::Bad(raw.clone(), "its name is not UTF-8".into()));
+                continue;
+            };
+            let record = match read_at(self.dir.as_fd(), name) {
+                Err(e) => Record::Bad(raw.clone(), format!("unreadable: {e}")),
                 Ok(text) => match decode(&text, root) {
                     Ok(v) if v.id == id => Record::Good(Box::new(v)),
-                    Ok(v) => Record::Bad(
-                        id.to_string(),
-                        format!("it names volume {}, not {id}", v.id),
-                    ),
-                    Err(why) => Record::Bad(id.to_string(), why),
+                    Ok(v) => {
+                        Record::Bad(raw.clone(), format!("it names volume {}, not {id}", v.id))
+                    }
+                    Err(why) => Record::Bad(raw.clone(), why),
                 },
             };
             out.push(record);
@@ -155,40 +214,86 @@ impl Store {
     }
 }
 
-/// Reads a small record through the directory fd, without following a symlink.
-fn read_at(dir: std::os::fd::BorrowedFd<'_>, name: &str) -> std::io::Result<String> {
+/// Reads a small record through the directory fd, as bytes, without
+/// following a symlink and without blocking on a FIFO.
+fn read_at(dir: std::os::fd::BorrowedFd<'_>, name: &OsStr) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let fd = rustix::fs::openat(
         dir,
         name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
-    let mut text = String::new();
+    let st = rustix::fs::fstat(&fd)?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut text = Vec::new();
     // A record is a few hundred bytes; anything past 1 MiB is not one of ours.
     std::fs::File::from(fd)
         .take(1 << 20)
-        .read_to_string(&mut text)?;
+        .read_to_end(&mut text)?;
     Ok(text)
 }
 
-fn esc(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '%' => o.push_str("%25"),
-            '\n' => o.push_str("%0A"),
-            '\t' => o.push_str("%09"),
-            c => o.push(c),
+/// Escapes a value for a record line: `%`, newline and tab, and every byte
+/// that is not part of valid UTF-8 (a path's bytes are kept exactly). A
+/// value that is UTF-8 is written as older agents wrote it.
+fn esc_bytes(b: &[u8]) -> String {
+    let mut o = String::with_capacity(b.len());
+    for chunk in b.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '%' => o.push_str("%25"),
+                '\n' => o.push_str("%0A"),
+                '\t' => o.push_str("%09"),
+                c => o.push(c),
+            }
+        }
+        for x in chunk.invalid() {
+            o.push_str(&format!("%{x:02X}"));
         }
     }
     o
 }
 
-fn unesc(s: &str) -> String {
-    s.replace("%0A", "\n")
-        .replace("%09", "\t")
-        .replace("%25", "%")
+fn esc(s: &str) -> String {
+    esc_bytes(s.as_bytes())
+}
+
+fn esc_path(p: &Path) -> String {
+    esc_bytes(p.as_os_str().as_bytes())
+}
+
+/// Undoes `esc_bytes`: `%XX` is the byte XX; a `%` not followed by two hex
+/// digits is itself (older agents escaped only `%`, newline and tab, which
+/// this reads the same way).
+fn unesc_bytes(v: &[u8]) -> Vec<u8> {
+    let hex = |c: u8| (c as char).to_digit(16).and_then(|d| u8::try_from(d).ok());
+    let mut out = Vec::with_capacity(v.len());
+    let mut i = 0;
+    while i < v.len() {
+        if v[i] == b'%' && i + 2 < v.len() {
+            if let (Some(h), Some(l)) = (hex(v[i + 1]), hex(v[i + 2])) {
+                out.push(h * 16 + l);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(v[i]);
+        i += 1;
+    }
+    out
+}
+
+/// A value that must be text (ids, serials, options, names).
+fn unesc(v: &[u8], what: &str) -> Result<String, String> {
+    String::from_utf8(unesc_bytes(v)).map_err(|_| format!("{what} is not UTF-8"))
+}
+
+/// A value that is a path: bytes.
+fn unesc_path(v: &[u8]) -> PathBuf {
+    PathBuf::from(std::ffi::OsString::from_vec(unesc_bytes(v)))
 }
 
 fn rro_name(r: RecursiveReadOnly) -> &'static str {
@@ -217,9 +322,9 @@ pub(super) fn encode(v: &Volume) -> String {
     o += &format!("id={}\n", esc(&v.id));
     match &v.source {
         Source::Serial(s) => o += &format!("serial={}\n", esc(s)),
-        Source::Path(p) => o += &format!("device_path={}\n", esc(&p.to_string_lossy())),
+        Source::Path(p) => o += &format!("device_path={}\n", esc_path(p)),
     }
-    o += &format!("device={}\n", esc(&v.device.path.to_string_lossy()));
+    o += &format!("device={}\n", esc_path(&v.device.path));
     o += &format!("name={}\n", esc(&v.device.name));
     o += &format!("devnum={}:{}\n", v.device.major, v.device.minor);
     if let Some(s) = &v.device.serial {
@@ -248,8 +353,8 @@ pub(super) fn encode(v: &Volume) -> String {
             b.read_only,
             rro_name(b.rro),
             b.rro_applied,
-            esc(&b.subpath.to_string_lossy()),
-            esc(&b.target.to_string_lossy()),
+            esc_path(&b.subpath),
+            esc_path(&b.target),
             b.mount_id
         );
     }
@@ -264,16 +369,71 @@ fn boolean(v: &str) -> Result<bool, String> {
     }
 }
 
-/// Decodes a record, checking every field as a request's would be checked
-/// against `root` (the canonical root). The error says what is wrong.
-pub(super) fn decode(text: &str, root: &Path) -> Result<Volume, String> {
+/// The lines of a record, each made text: a byte that is not part of valid
+/// UTF-8 (a record edited by hand) becomes its `%XX` escape, which decodes
+/// back to that byte where a path may hold it and is refused elsewhere.
+fn lines(text: &[u8]) -> impl Iterator<Item = String> + '_ {
+    let text = text.strip_suffix(b"\n").unwrap_or(text);
+    text.split(|&c| c == b'\n')
+        .filter(move |_| !text.is_empty())
+        .map(|l| esc_invalid(l.strip_suffix(b"\r").unwrap_or(l)))
+}
+
+fn esc_invalid(b: &[u8]) -> String {
+    let mut o = String::with_capacity(b.len());
+    for chunk in b.utf8_chunks() {
+        o.push_str(chunk.valid());
+        for x in chunk.invalid() {
+            o.push_str(&format!("%{x:02X}"));
+        }
+    }
+    o
+}
+
+/// A bind target from a record: what a request's target would have to be
+/// (validate.rs's rules) and where it is relative to `root`. A root whose
+/// canonical path is not UTF-8 (reached through such a symlink) makes a
+/// target that is not either: the part beneath the root is what a request
+/// named, so that part is checked.
+fn bind_target(root: &Path, target: &Path) -> Result<(PathBuf, PathBuf), String> {
+    let target = match target.to_str() {
+        Some(t) if root.to_str().is_some() => validate::target(root, t).map_err(|e| e.0)?,
+        _ => {
+            if target.as_os_str().len() >= validate::PATH_MAX {
+                return Err(format!("bind target {} is too long", shown(target)));
+            }
+            let rel = target
+                .strip_prefix(root)
+                .map_err(|_| format!("bind target {} is outside the root", shown(target)))?;
+            let rel = rel.to_str().ok_or_else(|| {
+                format!(
+                    "bind target {} is not UTF-8 beneath the root; no request names such a target",
+                    shown(target)
+                )
+            })?;
+            let t = validate::target(Path::new("/"), &format!("/{rel}")).map_err(|e| e.0)?;
+            root.join(t.strip_prefix("/").unwrap_or(&t))
+        }
+    };
+    let rel = target
+        .strip_prefix(root)
+        .map_err(|_| format!("bind target {} is outside the root", shown(&target)))?
+        .to_path_buf();
+    Ok((target, rel))
+}
+
+/// Decodes a record (bytes, as read), checking every field as a request's
+/// would be checked against `root` (the canonical root). The error says
+/// what is wrong.
+pub(super) fn decode(text: &(impl AsRef<[u8]> + ?Sized), root: &Path) -> Result<Volume, String> {
+    let text = text.as_ref();
     let (mut id, mut source, mut dev, mut name, mut devnum, mut dserial, mut fs) =
         (None, None, None, None, None, None, None);
     let (mut options, mut read_only, mut fs_group, mut binds) =
         (Vec::new(), false, None, Vec::new());
     let (mut version, mut mount_id, mut complete) = (0, 0u64, true);
     let (mut block, mut ro_set) = (false, false);
-    for line in text.lines() {
+    for line in lines(text) {
         let (k, v) = line
             .split_once('=')
             .ok_or_else(|| format!("line {line:?} is not key=value"))?;
@@ -286,26 +446,28 @@ pub(super) fn decode(text: &str, root: &Path) -> Result<Volume, String> {
                     _ => return Err(format!("version {v} is not one this agent knows")),
                 }
             }
-            "id" => id = Some(unesc(v)),
+            "id" => id = Some(unesc(v.as_bytes(), "id")?),
             "serial" => {
-                let s = unesc(v);
+                let s = unesc(v.as_bytes(), "serial")?;
                 validate::serial(&s).map_err(|e| e.0)?;
                 source = Some(Source::Serial(s));
             }
             "device_path" => {
                 source = Some(Source::Path(
-                    validate::device_path(&unesc(v)).map_err(|e| e.0)?,
+                    validate::device_path(&unesc(v.as_bytes(), "device_path")?).map_err(|e| e.0)?,
                 ))
             }
-            "device" => dev = Some(validate::device_path(&unesc(v)).map_err(|e| e.0)?),
-            "name" => name = Some(unesc(v)),
+            "device" => {
+                dev = Some(validate::device_path(&unesc(v.as_bytes(), "device")?).map_err(|e| e.0)?)
+            }
+            "name" => name = Some(unesc(v.as_bytes(), "name")?),
             "devnum" => {
                 devnum =
                     Some(crate::device::parse_devnum(v).ok_or_else(|| format!("devnum {v:?}"))?)
             }
-            "device_serial" => dserial = Some(unesc(v)),
+            "device_serial" => dserial = Some(unesc(v.as_bytes(), "device_serial")?),
             "fs" => fs = Some(FsType::parse(v).ok_or_else(|| format!("fs {v:?}"))?),
-            "option" => options.push(unesc(v)),
+            "option" => options.push(unesc(v.as_bytes(), "option")?),
             "read_only" => read_only = boolean(v)?,
             "fs_group" => {
                 let (g, p) = v.split_once(':').ok_or_else(|| format!("fs_group {v:?}"))?;
@@ -337,11 +499,7 @@ pub(super) fn decode(text: &str, root: &Path) -> Result<Volume, String> {
                     (2 | 3, [a, b, c, d, e, g]) => (*a, *b, *c, *d, *e, *g),
                     _ => return Err(format!("bind {v:?} has the wrong number of fields")),
                 };
-                let target = validate::target(root, &unesc(target)).map_err(|e| e.0)?;
-                let rel = target
-                    .strip_prefix(root)
-                    .map_err(|_| format!("bind target {} is outside the root", target.display()))?
-                    .to_path_buf();
+                let (target, rel) = bind_target(root, &unesc_path(target.as_bytes()))?;
                 let rro = rro_parse(rro).ok_or_else(|| format!("recursive_read_only {rro:?}"))?;
                 let read_only = boolean(ro)?;
                 validate::recursive_read_only(read_only, rro).map_err(|e| e.0)?;
@@ -349,7 +507,8 @@ pub(super) fn decode(text: &str, root: &Path) -> Result<Volume, String> {
                     read_only,
                     rro,
                     rro_applied: boolean(applied)?,
-                    subpath: validate::subpath(&unesc(sub)).map_err(|e| e.0)?,
+                    subpath: validate::subpath(&unesc(sub.as_bytes(), "subpath")?)
+                        .map_err(|e| e.0)?,
                     target,
                     rel,
                     mount_id: id.parse().map_err(|_| format!("bind mount id {id:?}"))?,
@@ -544,6 +703,55 @@ pub(super) mod tests {
         // A filesystem record may not claim a flag only block volumes have.
         let fs = encode(&sample()).replace("complete=true", "complete=true\nro_set=true");
         assert!(decode(&fs, root).is_err());
+    }
+
+    #[test]
+    fn paths_in_records_are_bytes() {
+        // A root reached through a name that is not UTF-8: the guest path
+        // and bind targets beneath it keep their exact bytes, and the record
+        // holds them as escapes, so it stays text.
+        let root = Path::new(OsStr::from_bytes(b"/r\xff"));
+        let mut v = sample();
+        v.guest_path = root.join("volumes/vol-1");
+        v.binds[0].target = root.join("pods/a b");
+        let text = encode(&v);
+        assert!(text.contains("\t/r%FF/pods/a b\t"), "{text}");
+        assert!(std::str::from_utf8(text.as_bytes()).is_ok());
+        let back = decode(&text, root).unwrap();
+        assert_eq!(back.binds, v.binds);
+        assert_eq!(back.guest_path, v.guest_path);
+        // The same byte written raw, as a hand-edited record might hold it, reads the same.
+        let raw = text.replace("/r%FF/", "/r\u{1}/").into_bytes();
+        let raw: Vec<u8> = raw.iter().map(|&c| if c == 1 { 0xff } else { c }).collect();
+        assert_eq!(decode(&raw, root).unwrap().binds, v.binds);
+        // Beneath a root that is not UTF-8, the target is still checked as a request's.
+        for bad in [
+            "/r%FF/state/x",
+            "/r%FF/../etc",
+            "/r%FF",
+            "/etc/x",
+            "/r%FF/pods/%FF",
+        ] {
+            let t = text.replace("/r%FF/pods/a b", bad);
+            assert!(decode(&t, root).is_err(), "{bad} must be refused");
+        }
+        // Text fields must be text.
+        let t = encode(&sample()).replace("id=vol-1", "id=vol-%FF");
+        assert!(decode(&t, Path::new("/r"))
+            .unwrap_err()
+            .contains("not UTF-8"));
+    }
+
+    #[test]
+    fn escapes_read_as_older_agents_wrote_them() {
+        // Older agents escaped only %, newline and tab; a bare % stays itself.
+        assert_eq!(unesc_bytes(b"a%25b%0Ac%09d"), b"a%b\nc\td");
+        assert_eq!(unesc_bytes(b"100%"), b"100%");
+        assert_eq!(unesc_bytes(b"%zz%4"), b"%zz%4");
+        assert_eq!(esc_bytes(b"x%\n\t\xc3\xa9\xff"), "x%25%0A%09\u{e9}%FF");
+        for b in [&b"plain"[..], b"%41", b"\xff\xfe/\xc3(", b"\n%\t"] {
+            assert_eq!(unesc_bytes(esc_bytes(b).as_bytes()), b, "{b:?}");
+        }
     }
 
     #[test]

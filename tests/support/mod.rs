@@ -323,3 +323,61 @@ pub fn is_mount(path: &Path) -> bool {
     let table = crust_agent::mountinfo::read().unwrap();
     crust_agent::mountinfo::mount_at(&table, path).is_some()
 }
+
+/// Set in the child that `own_mount_namespace` starts: the name of the test
+/// it runs.
+const OWN_NS: &str = "CRUST_TEST_OWN_MOUNT_NAMESPACE";
+
+/// For a test that makes mounts no other test may see (a mount point whose
+/// name is not UTF-8 breaks every reader of the shared mount table that
+/// expects text, other engineers' tests and tools included): runs the
+/// calling test again, alone, in a child process with a mount namespace of
+/// its own (`unshare --mount`, propagation private), and answers false once
+/// it passed there (panicking with its output if it failed). In that child
+/// it answers true: run the test's body.
+///
+/// The child first detaches its copies of loop-device mounts it inherited,
+/// so they do not keep other tests' disks busy while it runs.
+pub fn own_mount_namespace() -> bool {
+    let test = std::thread::current()
+        .name()
+        .unwrap_or_default()
+        .to_string();
+    if std::env::var(OWN_NS).is_ok_and(|t| t == test) {
+        for m in crust_agent::mountinfo::read().unwrap_or_default() {
+            if m.source.starts_with("/dev/loop") {
+                let _ = rustix::mount::unmount(&m.mount_point, rustix::mount::UnmountFlags::DETACH);
+            }
+        }
+        return true;
+    }
+    let have = Command::new("unshare")
+        .arg("--help")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have {
+        cannot_run(
+            &test,
+            "needs unshare (util-linux) for a mount namespace of its own",
+        );
+        return false;
+    }
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", &test, "--nocapture", "--test-threads=1"])
+        .env(OWN_NS, &test)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "{test} failed in its own mount namespace:\n{text}"
+    );
+    eprintln!("{test} passed in its own mount namespace");
+    false
+}

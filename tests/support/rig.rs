@@ -17,11 +17,15 @@ use crust_protocols::crust_ttrpc::AgentClient;
 pub type Mount = procfs::process::MountInfo;
 
 /// This process's mount table (the agent runs in the same mount namespace).
+/// Read as bytes, line by line: a mount whose path is not UTF-8 (a test
+/// makes some, in a mount namespace of its own) is kept, its name decoded
+/// lossily, instead of failing the whole table as procfs's reader does.
 pub fn mount_table() -> Vec<Mount> {
-    procfs::process::Process::myself()
-        .and_then(|p| p.mountinfo())
-        .expect("read /proc/self/mountinfo")
-        .0
+    let text = std::fs::read("/proc/self/mountinfo").expect("read /proc/self/mountinfo");
+    text.split(|&c| c == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| Mount::from_line(&String::from_utf8_lossy(l)).expect("a mountinfo line"))
+        .collect()
 }
 
 /// "major:minor" of a block device node, as mountinfo spells it.
