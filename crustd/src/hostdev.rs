@@ -135,8 +135,9 @@ pub fn resolve(host_volume_id: &str) -> Result<HostDevice> {
         )));
     }
     // Only now is it opened: opening some character devices does things.
+    // A block device that cannot be opened (no medium, a policy) is
+    // FAILED_PRECONDITION: the argument is right, the device is not ready.
     open_node(Path::new(host_volume_id), host_volume_id, md.rdev())
-        .map_err(|e| Error::invalid(e.message))
 }
 
 /// Opens the device a record names by `MAJOR:MINOR` (after a restart),
@@ -227,11 +228,15 @@ impl HostDevice {
         })
     }
 
+    /// "/dev/disk/by-id/x (/dev/loop3)", or "/dev/loop3" when that is what was given.
+    pub fn name(&self) -> String {
+        named(&self.shown, &self.path.display().to_string())
+    }
+
     fn in_use(&self, what: &str) -> Error {
         Error::precondition(format!(
-            "host device {} ({}) is in use on this host: {what}; free it there first (unmount it, swapoff, remove the holder) or publish another device",
-            self.shown,
-            self.path.display()
+            "host device {} is in use on this host: {what}; free it there first (unmount it, swapoff, remove the holder) or publish another device",
+            self.name()
         ))
     }
 
@@ -270,6 +275,15 @@ impl HostDevice {
                 self.shown, self.rdev
             ))),
         }
+    }
+}
+
+/// `given`, followed by `node` in parentheses when they differ.
+pub fn named(given: &str, node: &str) -> String {
+    if given == node {
+        given.to_string()
+    } else {
+        format!("{given} ({node})")
     }
 }
 

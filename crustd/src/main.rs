@@ -137,7 +137,7 @@ async fn serve(cli: Cli, listener: StdListener) -> Result<(), String> {
         .map_err(|e| format!("recovering the sandboxes' records: {e}"))?;
     for (sandbox, host_volume, e) in failed {
         log_line(serde_json::json!({
-            "msg": "a recorded volume is not held",
+            "msg": "a recorded volume's device is not claimed and held",
             "sandbox": sandbox,
             "host_volume": host_volume,
             "code": e.code.name(),

@@ -396,8 +396,8 @@ impl Crustd {
             return Err(conflict(sb, &key.1, device, &c));
         }
         Err(Error::unavailable(format!(
-            "host device {} ({device}): the sandboxes claiming it kept changing; try again",
-            key.1
+            "host device {}: the sandboxes claiming it kept changing; try again",
+            hostdev::named(&key.1, device)
         )))
     }
 
@@ -615,8 +615,10 @@ fn conflict(sb: &Sandbox, host_volume_id: &str, device: &str, c: &Conflict) -> E
         "shares sectors with"
     };
     let what = format!(
-        "host device {host_volume_id} ({device}) {how} {} ({}), already published in sandbox {}",
-        c.host_volume_id, c.device, c.sandbox
+        "host device {} {how} {}, already published in sandbox {}",
+        hostdev::named(host_volume_id, device),
+        hostdev::named(&c.host_volume_id, &c.device),
+        c.sandbox
     );
     if c.sandbox == sb.id {
         Error::precondition(format!("{what}: one device, one volume"))
