@@ -76,6 +76,12 @@ impl Qmp {
                     path.display()
                 )));
             }
+            Err(crust_client::ConnectError::TimedOut { .. }) => {
+                return Err(Error::unavailable(format!(
+                    "QEMU did not accept a connection on its QMP socket {} within {timeout:?}: is its monitor wedged, or is that not QEMU?",
+                    path.display()
+                )))
+            }
             Err(e) => {
                 return Err(Error::unavailable(format!(
                     "cannot connect to QEMU's QMP socket {}: {e}",
@@ -362,14 +368,19 @@ mod tests {
         let l = std::os::unix::net::UnixListener::bind(&p).unwrap();
         let addr = crust_client::Address::Unix(p.clone());
         let mut held = Vec::new();
-        while let Ok(s) = crust_client::connect_stream(&addr, Duration::from_millis(100)) {
+        // A connect into the backlog returns at once; the first that waits
+        // a whole second has found it full.
+        while let Ok(s) = crust_client::connect_stream(&addr, Duration::from_secs(1)) {
             held.push(s);
             assert!(held.len() < 100_000, "the backlog never filled");
         }
         let t0 = Instant::now();
         let e = Qmp::connect(&p, Duration::from_millis(300)).err().unwrap();
         assert_eq!(e.code, Code::Unavailable);
-        assert!(e.message.contains("full.sock"), "{e}");
+        assert!(
+            e.message.contains("did not accept a connection") && e.message.contains("full.sock"),
+            "{e}"
+        );
         assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
         // Closing the listener ends the connects left waiting on their threads.
         drop(l);
