@@ -1,25 +1,122 @@
-//! The host side of a volume: `host_volume_id` must be an absolute path to a
-//! block device (a symlink to one is fine), and the names crustd gives it in
-//! QEMU and in the guest are derived from that path, so that every call, and
-//! every crustd after a restart, picks the same ones.
+//! The host side of a volume. `host_volume_id` must be an absolute path to a
+//! block device (a symlink to one is fine). From the device, opened once
+//! and then known by its fd, crustd learns:
+//!
+//! - where its bytes lie ([`Extent`]): a byte range on a whole disk, or on
+//!   the file behind a loop device, so that "one disk, one volume" holds
+//!   for a disk and its partitions, for partitions a hostile table makes
+//!   overlap, and for two loop devices over one file, whatever path names
+//!   them (sysfs `start`/`size`, LOOP_GET_STATUS64);
+//! - whether the host uses it ([`HostDevice::check_unused`]): mounted, held
+//!   (`holders/`: device-mapper, md), swap, or under a loop device, for the
+//!   device and every device that shares sectors with it;
+//! - and it takes crustd's exclusive hold ([`HostDevice::hold`]): an
+//!   O_EXCL open, which the kernel refuses while anything has the device
+//!   (or its whole disk, or a partition of it) mounted or claimed, and
+//!   which, kept while the volume is published, makes the kernel refuse
+//!   the host's own mount, swapon or device-mapper table on it. QEMU opens
+//!   the device without O_EXCL (block/file-posix.c), which an exclusive
+//!   holder does not prevent.
+//!
+//! The names crustd gives the volume in QEMU and in the guest are derived
+//! from `host_volume_id`, so that every call, and every crustd after a
+//! restart, picks the same ones.
+//!
+//! What it cannot see: a mount in another mount namespace is found only by
+//! the kernel refusing the O_EXCL open (the message then cannot name the
+//! mount point); a program writing the device without O_EXCL (dd, another
+//! VM's QEMU) is invisible; a device-mapper or md device over part of a
+//! disk is compared as a disk of its own (its table is not read); a loop
+//! device over another loop device is compared with that loop device, not
+//! with the file behind it.
 
+use std::fmt;
 use std::fs::{self, File};
 use std::io::{self, Seek, SeekFrom};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
+use rustix::fs::{self as rfs, FileType, Mode, OFlags};
+use rustix::io::Errno;
+
 use crate::error::{Error, Result};
 
-/// A host block device, resolved.
-#[derive(Debug, Clone, PartialEq, Eq)]
+mod place;
+mod users;
+
+use place::{aliases, extent_of, parse_dev, Host};
+
+/// A host block device, resolved and open (not exclusively).
+#[derive(Debug)]
 pub struct HostDevice {
+    /// What the caller named it by, for messages.
+    pub shown: String,
     /// The device node, symlinks resolved (what QEMU opens).
     pub path: PathBuf,
     /// `MAJOR:MINOR`.
     pub rdev: String,
+    /// The device's number, as the open file has it.
+    dev: (u32, u32),
+    /// Opened read-only, non-blocking, not exclusive: the identity every
+    /// check below goes by, so a path changed meanwhile changes nothing.
+    file: File,
 }
 
-/// Resolves `host_volume_id` to a block device; anything else is INVALID_ARGUMENT.
+/// Where a device's bytes lie on the host's storage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Extent {
+    /// The whole disk, or the file behind a loop device.
+    pub backing: Backing,
+    /// First byte.
+    pub start: u64,
+    /// One past the last byte; `None`: to the end, whatever size it grows to.
+    pub end: Option<u64>,
+}
+
+/// What an extent is a range of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backing {
+    /// A whole disk, by its number.
+    Disk { major: u32, minor: u32 },
+    /// A file behind loop devices, by its filesystem's device and inode.
+    File { dev: u64, ino: u64 },
+}
+
+impl Extent {
+    /// Whether the two ranges share a byte.
+    pub fn overlaps(&self, other: &Extent) -> bool {
+        self.backing == other.backing
+            && self.start < other.end.unwrap_or(u64::MAX)
+            && other.start < self.end.unwrap_or(u64::MAX)
+    }
+}
+
+impl fmt::Display for Extent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.backing {
+            Backing::Disk { major, minor } => write!(f, "disk {major}:{minor}")?,
+            Backing::File { dev, ino } => write!(
+                f,
+                "the file with inode {ino} on device {}:{} (behind a loop device)",
+                major(dev),
+                minor(dev)
+            )?,
+        }
+        match self.end {
+            Some(end) => write!(f, " bytes {}..{end}", self.start),
+            None => write!(f, " from byte {} to its end", self.start),
+        }
+    }
+}
+
+/// crustd's exclusive hold on a published device (an O_EXCL open); the
+/// kernel lets go when it is dropped.
+#[derive(Debug)]
+pub struct Hold(#[allow(dead_code)] File);
+
+/// Resolves `host_volume_id` to a block device and opens it; anything else
+/// is INVALID_ARGUMENT.
 pub fn resolve(host_volume_id: &str) -> Result<HostDevice> {
     check_path(host_volume_id)?;
     let md = fs::metadata(host_volume_id).map_err(|e| {
@@ -39,13 +136,157 @@ pub fn resolve(host_volume_id: &str) -> Result<HostDevice> {
             "host_volume_id {host_volume_id} is {kind}: give the block device of the volume, e.g. /dev/sdx"
         )));
     }
-    let path = fs::canonicalize(host_volume_id)
-        .map_err(|e| Error::internal(format!("cannot resolve {host_volume_id}: {e}")))?;
-    let rdev = md.rdev();
-    Ok(HostDevice {
+    // Only now is it opened: opening some character devices does things.
+    // A block device that cannot be opened (no medium, a policy) is
+    // FAILED_PRECONDITION: the argument is right, the device is not ready.
+    open_node(Path::new(host_volume_id), host_volume_id, md.rdev())
+}
+
+/// Opens the device a record names by `MAJOR:MINOR` (after a restart),
+/// through the node sysfs names for it.
+pub fn open_recorded(rdev: &str) -> Result<HostDevice> {
+    let gone = |why: String| {
+        Error::precondition(format!(
+            "host device {rdev} that crustd recorded is not on this host any more: {why}"
+        ))
+    };
+    let (maj, min) = parse_dev(rdev).ok_or_else(|| gone("not a device number".into()))?;
+    let uevent = fs::read_to_string(format!("/sys/dev/block/{maj}:{min}/uevent"))
+        .map_err(|e| gone(e.to_string()))?;
+    let name = uevent
+        .lines()
+        .find_map(|l| l.strip_prefix("DEVNAME="))
+        .filter(|n| !n.is_empty() && !n.contains(".."))
+        .ok_or_else(|| gone("sysfs names no device node".into()))?;
+    let node = PathBuf::from("/dev").join(name);
+    open_node(
+        &node,
+        &node.display().to_string(),
+        rustix::fs::makedev(maj, min),
+    )
+}
+
+/// Opens `path` read-only without blocking and checks that it is the
+/// block device `rdev` stat found (not one swapped in since).
+fn open_node(path: &Path, shown: &str, rdev: u64) -> Result<HostDevice> {
+    let fd = rfs::open(
         path,
-        rdev: format!("{}:{}", major(rdev), minor(rdev)),
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::precondition(format!("cannot open host device {shown}: {e}")))?;
+    let st = rfs::fstat(&fd)
+        .map_err(|e| Error::internal(format!("cannot stat host device {shown}: {e}")))?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::BlockDevice || st.st_rdev != rdev {
+        return Err(Error::precondition(format!(
+            "host device {shown} changed while crustd opened it: try again"
+        )));
+    }
+    let file = File::from(fd);
+    let path = fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .or_else(|_| fs::canonicalize(path))
+        .map_err(|e| Error::internal(format!("cannot resolve {shown}: {e}")))?;
+    let dev = (rfs::major(st.st_rdev), rfs::minor(st.st_rdev));
+    Ok(HostDevice {
+        shown: shown.to_string(),
+        path,
+        rdev: format!("{}:{}", dev.0, dev.1),
+        dev,
+        file,
     })
+}
+
+impl HostDevice {
+    /// Where its bytes lie.
+    pub fn extent(&self) -> Result<Extent> {
+        extent_of(&Host::system(), &self.file, self.dev).map_err(|e| {
+            Error::internal(format!(
+                "cannot find where host device {} ({}) lies in /sys: {e}",
+                self.shown, self.rdev
+            ))
+        })
+    }
+
+    /// Refuses (FAILED_PRECONDITION, saying what holds it) a device that the
+    /// host uses: mounted, held by device-mapper or md, swap, or under a
+    /// loop device; it, its whole disk, any partition sharing its sectors,
+    /// or another loop device over the same bytes.
+    pub fn check_unused(&self) -> Result<()> {
+        let users = self.users()?;
+        if users.is_empty() {
+            return Ok(());
+        }
+        Err(self.in_use(&users.join("; ")))
+    }
+
+    /// What on the host uses this device, in words.
+    fn users(&self) -> Result<Vec<String>> {
+        let h = Host::system();
+        users::users(&h, &aliases(&h, &self.file, self.dev)).map_err(|e| {
+            Error::internal(format!(
+                "cannot find out whether the host uses {} ({}): {e}",
+                self.shown, self.rdev
+            ))
+        })
+    }
+
+    /// "/dev/disk/by-id/x (/dev/loop3)", or "/dev/loop3" when that is what was given.
+    pub fn name(&self) -> String {
+        named(&self.shown, &self.path.display().to_string())
+    }
+
+    fn in_use(&self, what: &str) -> Error {
+        Error::precondition(format!(
+            "host device {} is in use on this host: {what}; free it there first (unmount it, swapoff, remove the holder) or publish another device",
+            self.name()
+        ))
+    }
+
+    /// Takes the exclusive hold: an O_EXCL open of the same device (through
+    /// /proc/self/fd, so no path is looked up again). Refused by the kernel
+    /// (EBUSY) while anything holds it: FAILED_PRECONDITION naming what,
+    /// when crustd can see it.
+    pub fn hold(&self) -> Result<Hold> {
+        let again = format!("/proc/self/fd/{}", self.file.as_raw_fd());
+        match rfs::open(
+            again.as_str(),
+            OFlags::RDONLY | OFlags::EXCL | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => {
+                let same = rfs::fstat(&fd)
+                    .is_ok_and(|st| (rfs::major(st.st_rdev), rfs::minor(st.st_rdev)) == self.dev);
+                if !same {
+                    return Err(Error::internal(format!(
+                        "host device {} reopened as another device",
+                        self.shown
+                    )));
+                }
+                Ok(Hold(File::from(fd)))
+            }
+            Err(Errno::BUSY) => {
+                let users = self.users().unwrap_or_default();
+                Err(self.in_use(&if users.is_empty() {
+                    "the kernel reports another exclusive user (a mount in another mount namespace, swap, device-mapper or md, or a program that opened it with O_EXCL)".to_string()
+                } else {
+                    users.join("; ")
+                }))
+            }
+            Err(e) => Err(Error::internal(format!(
+                "cannot hold host device {} ({}) exclusively: {e}",
+                self.shown, self.rdev
+            ))),
+        }
+    }
+}
+
+/// `given`, followed by `node` in parentheses when they differ.
+pub fn named(given: &str, node: &str) -> String {
+    if given == node {
+        given.to_string()
+    } else {
+        format!("{given} ({node})")
+    }
 }
 
 /// `host_volume_id` must be a non-empty absolute path.
@@ -119,6 +360,7 @@ fn fnv1a64(data: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::disks;
     use crate::error::Code;
 
     #[test]
@@ -162,5 +404,128 @@ mod tests {
         assert_eq!((major(0x703), minor(0x703)), (7, 3));
         let big: u64 = (259 << 8) | ((1_048_577 & 0xff) | ((1_048_577 & !0xff) << 12));
         assert_eq!((major(big), minor(big)), (259, 1_048_577));
+    }
+
+    /// A loop device over `image` from `offset` for `limit` bytes (0: to the end), detached on drop.
+    struct Loop(String);
+    impl Loop {
+        fn new(image: &Path, offset: u64, limit: u64) -> Loop {
+            let mut args = vec!["--find".to_string(), "--show".into()];
+            args.extend(["-o".into(), offset.to_string()]);
+            if limit > 0 {
+                args.extend(["--sizelimit".into(), limit.to_string()]);
+            }
+            args.push(image.display().to_string());
+            let out = std::process::Command::new("losetup")
+                .args(&args)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Loop(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        }
+    }
+    impl Drop for Loop {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("losetup")
+                .args(["-d", &self.0])
+                .output();
+        }
+    }
+
+    #[test]
+    fn two_loop_devices_over_one_file_are_one_disk() {
+        if !disks::root_or_skip("two_loop_devices_over_one_file_are_one_disk") {
+            return;
+        }
+        let d = disks::LoopDisk::new(64, None);
+        let first = resolve(&d.path()).unwrap().extent().unwrap();
+        assert!(matches!(first.backing, Backing::File { .. }), "{first}");
+        assert_eq!((first.start, first.end), (0, None));
+        // The same file again, whole: the same bytes.
+        let again = Loop::new(&d.image, 0, 0);
+        let e = resolve(&again.0).unwrap().extent().unwrap();
+        assert_eq!(e, first);
+        // The second half only, and the first quarter only: both inside the
+        // first device, not inside each other.
+        let half = Loop::new(&d.image, 32 << 20, 0);
+        let quarter = Loop::new(&d.image, 0, 16 << 20);
+        let h = resolve(&half.0).unwrap().extent().unwrap();
+        let q = resolve(&quarter.0).unwrap().extent().unwrap();
+        assert_eq!((h.start, h.end), (32 << 20, None));
+        assert_eq!((q.start, q.end), (0, Some(16 << 20)));
+        assert!(h.overlaps(&first) && q.overlaps(&first));
+        assert!(!h.overlaps(&q) && !q.overlaps(&h));
+        // A partition of the first device lies at its sectors in the file.
+        let p1 = d.add_partition();
+        let p = resolve(p1.to_str().unwrap()).unwrap().extent().unwrap();
+        assert_eq!(
+            (p.backing, p.start, p.end),
+            (first.backing, 2048 * 512, Some(64 << 20))
+        );
+        assert!(
+            p.overlaps(&h)
+                && !p.overlaps(&Extent {
+                    start: 0,
+                    end: Some(2048 * 512),
+                    ..q
+                })
+        );
+        // Another file is another disk.
+        let other = disks::LoopDisk::new(16, None);
+        let o = resolve(&other.path()).unwrap().extent().unwrap();
+        assert!(!o.overlaps(&first));
+    }
+
+    #[test]
+    fn a_mounted_loop_device_is_in_use_and_cannot_be_held() {
+        if !disks::root_or_skip("a_mounted_loop_device_is_in_use_and_cannot_be_held") {
+            return;
+        }
+        let d = disks::LoopDisk::new(32, Some("ext4"));
+        let dev = resolve(&d.path()).unwrap();
+        dev.check_unused().unwrap();
+        let held = dev.hold().unwrap();
+        // Held: the host cannot mount it.
+        let out = std::process::Command::new("mount")
+            .args(["-t", "ext4", &d.path()])
+            .arg(d.scratch("m"))
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "mounted a device crustd holds");
+        // Nor can crustd hold it twice.
+        assert_eq!(dev.hold().unwrap_err().code, Code::FailedPrecondition);
+        drop(held);
+        let m = disks::Mounted::new(&d.device, "ext4", "");
+        let e = dev.check_unused().unwrap_err();
+        assert_eq!(e.code, Code::FailedPrecondition);
+        let mp = m.path.display().to_string();
+        assert!(e.message.contains(&format!("is mounted at {mp}")), "{e}");
+        let e = dev.hold().unwrap_err();
+        assert!(e.message.contains(&mp), "{e}");
+        // Its partition: the whole disk is mounted.
+        drop(m);
+        let p1 = d.add_partition();
+        let m = disks::Mounted::new(&d.device, "ext4", "");
+        let part = resolve(p1.to_str().unwrap()).unwrap();
+        let e = part.check_unused().unwrap_err();
+        assert!(
+            e.message.contains(&format!("{} is mounted at", d.name())),
+            "{e}"
+        );
+        assert!(part.hold().is_err());
+        drop(m);
+        // A second loop device over the same file, mounted: the first is in use.
+        let alias = Loop::new(&d.image, 0, 0);
+        let m = disks::Mounted::new(Path::new(&alias.0), "ext4", "");
+        let e = dev.check_unused().unwrap_err();
+        assert!(
+            e.message
+                .contains(&format!("is mounted at {}", m.path.display())),
+            "{e}"
+        );
     }
 }

@@ -6,11 +6,15 @@
 //! The flow of a call: `service` (gRPC ↔ plain types, error → status, one
 //! log line) → `volumes` (the steps, locks and undo) → `registry` (where the
 //! sandbox's QMP socket and agent are), `state` (what crustd plugged, on
-//! disk), `hostdev` (the host block device), `qmp` + `hotplug` (QEMU),
-//! `agent` (crust-agent).
+//! disk), `claims` (the node-wide table of claimed devices), `hostdev` (the
+//! host block device: where its bytes lie, whether the host uses it, the
+//! exclusive hold), `files` (reading and writing in directories others
+//! write), `qmp` + `hotplug` (QEMU), `agent` (crust-agent).
 
 pub mod agent;
+pub mod claims;
 pub mod error;
+pub mod files;
 pub mod hostdev;
 pub mod hotplug;
 pub mod locks;
@@ -19,6 +23,11 @@ pub mod registry;
 pub mod service;
 pub mod state;
 pub mod volumes;
+
+/// Loop devices and mounts for the unit tests (the fixtures the agent's tests share).
+#[cfg(test)]
+#[path = "../../tests/fixtures/disks.rs"]
+pub(crate) mod disks;
 
 /// The generated crust.runtime.v1alpha1 messages and server stubs.
 #[allow(clippy::all, missing_docs)]

@@ -2,6 +2,8 @@
 //! socket for every sandbox in `--sandboxes DIR`. Ends on SIGTERM or SIGINT
 //! after the calls in flight have finished.
 
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
+use std::os::unix::net::{UnixListener as StdListener, UnixStream as StdStream};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -41,42 +43,114 @@ struct Cli {
     unplug_timeout: u64,
 }
 
-/// Binds `path`, replacing a stale socket but never a live crustd's.
-fn bind(path: &Path) -> Result<UnixListener, String> {
+/// Binds `path`, mode 0600 whatever the umask, replacing only a stale
+/// socket: a live crustd's socket, and anything that is not a socket (a
+/// file, a directory, a symlink), are refused and left as they are.
+/// Runs before the runtime's threads exist, as the umask is process-wide.
+fn bind(path: &Path) -> Result<StdListener, String> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)
+        // 0755 at most (the umask can only take bits away).
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
-    if path.exists() {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("cannot look at {}: {e}", path.display())),
+        Ok(md) if md.file_type().is_socket() => match StdStream::connect(path) {
+            Ok(_) => {
+                return Err(format!(
+                    "{} is in use: another crustd serves it; stop it or choose another --socket",
+                    path.display()
+                ))
+            }
+            // Nobody listens: a socket left by a crustd that was killed.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                std::fs::remove_file(path).map_err(|e| {
+                    format!("cannot remove the stale socket {}: {e}", path.display())
+                })?
+            }
+            Err(e) => {
+                return Err(format!(
+                    "{} is a socket crustd cannot test ({e}); remove it yourself if it is stale, or choose another --socket",
+                    path.display()
+                ))
+            }
+        },
+        Ok(md) => {
+            let ft = md.file_type();
+            let kind = if ft.is_symlink() {
+                "a symbolic link"
+            } else if ft.is_dir() {
+                "a directory"
+            } else if ft.is_file() {
+                "a regular file"
+            } else {
+                "not a socket"
+            };
             return Err(format!(
-                "{} is in use: another crustd serves it; stop it or choose another --socket",
+                "{} exists and is {kind}: crustd replaces only a stale socket there; remove it yourself or choose another --socket",
                 path.display()
             ));
         }
-        std::fs::remove_file(path)
-            .map_err(|e| format!("cannot remove the stale socket {}: {e}", path.display()))?;
     }
-    UnixListener::bind(path).map_err(|e| format!("cannot listen on {}: {e}", path.display()))
+    // The socket is created 0600: only root (kubelet) may drive crustd.
+    let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+    let bound = StdListener::bind(path);
+    rustix::process::umask(old);
+    let l = bound.map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+    l.set_nonblocking(true)
+        .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+    Ok(l)
 }
 
-async fn serve(cli: Cli) -> Result<(), String> {
+/// The socket file's identity, so that only our own is removed at exit.
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    std::fs::symlink_metadata(path)
+        .ok()
+        .filter(|m| m.file_type().is_socket())
+        .map(|m| (m.dev(), m.ino()))
+}
+
+fn log_line(v: serde_json::Value) {
+    let mut text = v.to_string();
+    text.push('\n');
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), text.as_bytes());
+}
+
+async fn serve(cli: Cli, listener: StdListener) -> Result<(), String> {
     let mut cfg = Config::new(&cli.sandboxes);
     cfg.agent_timeout = Duration::from_secs(cli.agent_timeout);
     cfg.device_wait = Duration::from_secs(cli.device_wait);
     cfg.qmp_timeout = Duration::from_secs(cli.qmp_timeout);
     cfg.unplug_timeout = Duration::from_secs(cli.unplug_timeout);
-    let listener = bind(&cli.socket)?;
-    let service = Service::new(Arc::new(Crustd::new(cfg)));
-    eprintln!(
-        "{}",
-        serde_json::json!({
-            "msg": "crustd serving",
-            "socket": cli.socket,
-            "sandboxes": cli.sandboxes,
-            "version": env!("CARGO_PKG_VERSION"),
-        })
-    );
+    let ours = identity(&cli.socket);
+    let listener = UnixListener::from_std(listener)
+        .map_err(|e| format!("cannot listen on {}: {e}", cli.socket.display()))?;
+    let crustd = Arc::new(Crustd::new(cfg));
+    // Every recorded volume's device claimed and held again before any call.
+    let c = crustd.clone();
+    let failed = tokio::task::spawn_blocking(move || c.recover())
+        .await
+        .map_err(|e| format!("recovering the sandboxes' records: {e}"))?;
+    for (sandbox, host_volume, e) in failed {
+        log_line(serde_json::json!({
+            "msg": "a recorded volume's device is not claimed and held",
+            "sandbox": sandbox,
+            "host_volume": host_volume,
+            "code": e.code.name(),
+            "error": e.message,
+        }));
+    }
+    let service = Service::new(crustd);
+    log_line(serde_json::json!({
+        "msg": "crustd serving",
+        "socket": cli.socket,
+        "sandboxes": cli.sandboxes,
+        "version": env!("CARGO_PKG_VERSION"),
+    }));
     let stop = async {
         use tokio::signal::unix::{signal, SignalKind};
         let (Ok(mut term), Ok(mut int)) = (
@@ -94,12 +168,22 @@ async fn serve(cli: Cli) -> Result<(), String> {
         .add_service(RuntimeAssistedStorageManagementServer::new(service))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop)
         .await;
-    let _ = std::fs::remove_file(&cli.socket);
+    // Only the socket this crustd made: another may have replaced it since.
+    if ours.is_some() && identity(&cli.socket) == ours {
+        let _ = std::fs::remove_file(&cli.socket);
+    }
     served.map_err(|e| format!("serving {}: {e}", cli.socket.display()))
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let listener = match bind(&cli.socket) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("crustd: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -110,7 +194,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(serve(cli)) {
+    match rt.block_on(serve(cli, listener)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("crustd: {e}");

@@ -2,9 +2,12 @@
 //! per monitor socket at a time, so a session lives for one operation and is
 //! closed after it (crust-vm and other users get their turn); the caller
 //! serializes sessions per sandbox. Asynchronous events that arrive between
-//! replies are kept for `wait_event`.
+//! replies are kept for `wait_event`. The socket is whatever a sandbox's
+//! `sandbox.json` names, so connecting has a deadline (a listener that
+//! never accepts fills its backlog and would block a plain connect for
+//! ever) and a line longer than [`MAX_LINE`] ends the session.
 
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -12,6 +15,10 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
+
+/// The longest line read from QEMU (its replies to crustd's queries are a
+/// few KiB; a flat node list of a busy VM some hundreds).
+pub const MAX_LINE: u64 = 16 << 20;
 
 /// One open QMP session in command mode.
 pub struct Qmp {
@@ -55,17 +62,33 @@ impl Qmp {
     /// Connects to QEMU at `path`, reads the greeting and leaves negotiation
     /// mode. Every read waits at most `timeout`.
     pub fn connect(path: &Path, timeout: Duration) -> Result<Qmp> {
-        let writer = UnixStream::connect(path).map_err(|e| {
-            let why = match e.kind() {
-                io::ErrorKind::NotFound => "the socket does not exist (has the VM gone?)",
-                io::ErrorKind::ConnectionRefused => "nobody listens there (has QEMU exited?)",
-                _ => "",
-            };
-            Error::unavailable(format!(
-                "cannot connect to QEMU's QMP socket {}: {e} {why}",
-                path.display()
-            ))
-        })?;
+        let addr = crust_client::Address::Unix(path.to_path_buf());
+        let writer = match crust_client::connect_stream(&addr, timeout) {
+            Ok(fd) => UnixStream::from(fd),
+            Err(crust_client::ConnectError::Unreachable { source: e, .. }) => {
+                let why = match e.kind() {
+                    io::ErrorKind::NotFound => "the socket does not exist (has the VM gone?)",
+                    io::ErrorKind::ConnectionRefused => "nobody listens there (has QEMU exited?)",
+                    _ => "",
+                };
+                return Err(Error::unavailable(format!(
+                    "cannot connect to QEMU's QMP socket {}: {e} {why}",
+                    path.display()
+                )));
+            }
+            Err(crust_client::ConnectError::TimedOut { .. }) => {
+                return Err(Error::unavailable(format!(
+                    "QEMU did not accept a connection on its QMP socket {} within {timeout:?}: is its monitor wedged, or is that not QEMU?",
+                    path.display()
+                )))
+            }
+            Err(e) => {
+                return Err(Error::unavailable(format!(
+                    "cannot connect to QEMU's QMP socket {}: {e}",
+                    path.display()
+                )))
+            }
+        };
         let io = |e: io::Error| Error::unavailable(format!("QMP socket {}: {e}", path.display()));
         writer.set_read_timeout(Some(timeout)).map_err(io)?;
         writer.set_write_timeout(Some(timeout)).map_err(io)?;
@@ -97,26 +120,35 @@ impl Qmp {
 
     fn read(&mut self) -> std::result::Result<Value, QmpError> {
         let mut line = String::new();
-        let n = self.reader.read_line(&mut line).map_err(|e| {
-            if matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-            ) {
-                QmpError::Silent(Error::unavailable(format!(
-                    "QEMU did not answer on {} within {:?}",
-                    self.path.display(),
-                    self.timeout
-                )))
-            } else {
-                QmpError::Broken(Error::unavailable(format!(
-                    "cannot read QMP {}: {e}",
-                    self.path.display()
-                )))
-            }
-        })?;
+        let n = (&mut self.reader)
+            .take(MAX_LINE)
+            .read_line(&mut line)
+            .map_err(|e| {
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) {
+                    QmpError::Silent(Error::unavailable(format!(
+                        "QEMU did not answer on {} within {:?}",
+                        self.path.display(),
+                        self.timeout
+                    )))
+                } else {
+                    QmpError::Broken(Error::unavailable(format!(
+                        "cannot read QMP {}: {e}",
+                        self.path.display()
+                    )))
+                }
+            })?;
         if n == 0 {
             return Err(QmpError::Broken(Error::unavailable(format!(
                 "QEMU closed its QMP socket {} (has the VM gone?)",
+                self.path.display()
+            ))));
+        }
+        if !line.ends_with('\n') && u64::try_from(n).is_ok_and(|n| n >= MAX_LINE) {
+            return Err(QmpError::Broken(Error::unavailable(format!(
+                "{} sent a line longer than {MAX_LINE} bytes: that is not QEMU",
                 self.path.display()
             ))));
         }
@@ -325,6 +357,45 @@ mod tests {
         let e = Qmp::connect(&p, Duration::from_millis(300)).err().unwrap();
         assert_eq!(e.code, Code::Unavailable);
         assert!(e.message.contains("did not greet"), "{e}");
+    }
+
+    #[test]
+    fn a_socket_that_never_accepts_or_never_ends_a_line_is_given_up() {
+        let t = tempfile::tempdir().unwrap();
+        // A listener that never accepts: once its backlog is full, a plain
+        // connect would block for ever. Fill it with connections kept open.
+        let p = t.path().join("full.sock");
+        let l = std::os::unix::net::UnixListener::bind(&p).unwrap();
+        let addr = crust_client::Address::Unix(p.clone());
+        let mut held = Vec::new();
+        // A connect into the backlog returns at once; the first that waits
+        // a whole second has found it full.
+        while let Ok(s) = crust_client::connect_stream(&addr, Duration::from_secs(1)) {
+            held.push(s);
+            assert!(held.len() < 100_000, "the backlog never filled");
+        }
+        let t0 = Instant::now();
+        let e = Qmp::connect(&p, Duration::from_millis(300)).err().unwrap();
+        assert_eq!(e.code, Code::Unavailable);
+        assert!(
+            e.message.contains("did not accept a connection") && e.message.contains("full.sock"),
+            "{e}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+        // Closing the listener ends the connects left waiting on their threads.
+        drop(l);
+        // A "monitor" that sends one endless line.
+        let p = t.path().join("endless.sock");
+        let l = std::os::unix::net::UnixListener::bind(&p).unwrap();
+        std::thread::spawn(move || {
+            if let Ok((mut s, _)) = l.accept() {
+                let chunk = vec![b'x'; 1 << 20];
+                while s.write_all(&chunk).is_ok() {}
+            }
+        });
+        let e = Qmp::connect(&p, Duration::from_secs(30)).err().unwrap();
+        assert_eq!(e.code, Code::Unavailable);
+        assert!(e.message.contains("longer than"), "{e}");
     }
 }
 

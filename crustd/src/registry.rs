@@ -9,20 +9,31 @@
 //! `agent` is any address crust-client accepts. A relative `qmp` path is taken
 //! relative to the sandbox's directory. Other keys are ignored, so the file
 //! can carry more for other readers. Nothing else about the VM is assumed.
+//!
+//! Whoever starts VMs writes here, so `DIR/<sandbox>` must be a real
+//! directory (a symlink there is refused, not followed) and is opened once
+//! per call; crustd's own state beside `sandbox.json` is reached through
+//! that directory fd. `sandbox.json` must be a regular file of at most
+//! 64 KiB (a FIFO, a device or a symlink is refused without being read).
 
 use std::fs;
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crust_client::Address;
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+use crate::files::{self, ReadError};
 
 /// The file name of the registry entry inside a sandbox's directory.
 pub const SANDBOX_FILE: &str = "sandbox.json";
 /// The longest sandbox id accepted (CRI's are 64 hex digits).
 const MAX_ID: usize = 128;
+/// The largest `sandbox.json` read (two paths and a few keys need far less).
+pub const MAX_SANDBOX_FILE: u64 = 64 << 10;
 
 /// What `sandbox.json` holds.
 #[derive(Debug, Deserialize)]
@@ -34,12 +45,15 @@ struct Entry {
 }
 
 /// One sandbox, resolved.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Sandbox {
     /// The sandbox id, as kubelet sent it.
     pub id: String,
-    /// `DIR/<id>`: where sandbox.json and crustd's own state live.
+    /// `DIR/<id>`: where sandbox.json and crustd's own state live (for messages).
     pub dir: PathBuf,
+    /// That directory, opened without following a symlink: every file crustd
+    /// reads or writes there is reached through it.
+    pub dirfd: Arc<OwnedFd>,
     /// QEMU's QMP socket.
     pub qmp: PathBuf,
     /// The agent's address.
@@ -69,33 +83,79 @@ pub fn check_id(id: &str) -> Result<()> {
     }
 }
 
+impl Sandbox {
+    /// The sandbox's directory fd.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.dirfd.as_fd()
+    }
+}
+
 /// Reads sandbox `id` from the registry `dir`.
-/// Unknown sandbox: NOT_FOUND; a file that is not as documented: FAILED_PRECONDITION.
+/// Unknown sandbox: NOT_FOUND; a file or directory that is not as
+/// documented: FAILED_PRECONDITION.
 pub fn open(dir: &Path, id: &str) -> Result<Sandbox> {
     check_id(id)?;
     let sdir = dir.join(id);
     let path = sdir.join(SANDBOX_FILE);
-    let text = match fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(Error::not_found(format!(
-                "no sandbox {id}: {} does not exist (whoever starts the VM writes it; crust-vm up --dir {} does)",
-                path.display(),
+    let unknown = || {
+        Error::not_found(format!(
+            "no sandbox {id}: {} does not exist (whoever starts the VM writes it; crust-vm up --dir {} does)",
+            path.display(),
+            sdir.display()
+        ))
+    };
+    let root = files::open_dir(dir).map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => unknown(),
+        _ => Error::internal(format!(
+            "cannot open the sandbox registry {}: {e}",
+            dir.display()
+        )),
+    })?;
+    let fd = match files::open_dir_at(root.as_fd(), id) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(unknown()),
+        Err(e) if matches!(e.raw_os_error(), Some(code) if code == rustix::io::Errno::LOOP.raw_os_error() || code == rustix::io::Errno::NOTDIR.raw_os_error()) => {
+            return Err(Error::precondition(format!(
+                "{} is not a directory (a symbolic link is not followed): a sandbox is a real directory holding sandbox.json",
                 sdir.display()
             )))
         }
+        Err(e) => return Err(Error::internal(format!("cannot open {}: {e}", sdir.display()))),
+    };
+    let text = match files::read_bounded(fd.as_fd(), SANDBOX_FILE, MAX_SANDBOX_FILE) {
+        Ok(t) => t,
+        Err(ReadError::Missing) => return Err(unknown()),
+        Err(ReadError::Io(e)) => {
+            return Err(Error::internal(format!("cannot read {}: {e}", path.display())))
+        }
         Err(e) => {
-            return Err(Error::internal(format!(
-                "cannot read {}: {e}",
+            return Err(Error::precondition(format!(
+                "{} is not a valid sandbox entry: {e} (at most {MAX_SANDBOX_FILE} bytes); it must be a regular file written by whoever starts the VM",
                 path.display()
             )))
         }
     };
-    parse(id, &sdir, &text)
+    let (qmp, agent) = parse(&sdir, &text)?;
+    Ok(Sandbox {
+        id: id.to_string(),
+        dir: sdir,
+        dirfd: Arc::new(fd),
+        qmp,
+        agent,
+    })
 }
 
-/// Parses the text of `DIR/<id>/sandbox.json`.
-pub fn parse(id: &str, sdir: &Path, text: &str) -> Result<Sandbox> {
+/// Whether sandbox `id` in `dir` has its `sandbox.json` (its VM is up, as
+/// far as crustd can tell). Looks, reads nothing.
+pub fn alive(dir: &Path, id: &str) -> bool {
+    check_id(id).is_ok()
+        && files::open_dir(dir)
+            .and_then(|root| files::open_dir_at(root.as_fd(), id))
+            .is_ok_and(|fd| files::exists_at(fd.as_fd(), SANDBOX_FILE))
+}
+
+/// Parses the text of `DIR/<id>/sandbox.json`: the QMP socket and the agent's address.
+pub fn parse(sdir: &Path, text: &[u8]) -> Result<(PathBuf, Address)> {
     let path = sdir.join(SANDBOX_FILE);
     let bad = |why: String| {
         Error::precondition(format!(
@@ -103,7 +163,7 @@ pub fn parse(id: &str, sdir: &Path, text: &str) -> Result<Sandbox> {
             path.display()
         ))
     };
-    let entry: Entry = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+    let entry: Entry = serde_json::from_slice(text).map_err(|e| bad(e.to_string()))?;
     if entry.qmp.is_empty() {
         return Err(bad("qmp is empty".into()));
     }
@@ -114,12 +174,7 @@ pub fn parse(id: &str, sdir: &Path, text: &str) -> Result<Sandbox> {
     agent
         .check_connectable()
         .map_err(|e| bad(format!("agent: {e}")))?;
-    Ok(Sandbox {
-        id: id.to_string(),
-        dir: sdir.to_path_buf(),
-        qmp: sdir.join(entry.qmp),
-        agent,
-    })
+    Ok((sdir.join(entry.qmp), agent))
 }
 
 /// The ids of every sandbox directory in `dir` (for the one-device-one-sandbox check).
@@ -167,16 +222,15 @@ mod tests {
     #[test]
     fn entries() {
         let d = Path::new("/reg/s1");
-        let s = parse(
-            "s1",
+        let (qmp, agent) = parse(
             d,
-            r#"{"qmp": "/vm/qmp.sock", "agent": "hvsock:///vm/vsock.sock:1024", "extra": 1}"#,
+            br#"{"qmp": "/vm/qmp.sock", "agent": "hvsock:///vm/vsock.sock:1024", "extra": 1}"#,
         )
         .unwrap();
-        assert_eq!(s.qmp, Path::new("/vm/qmp.sock"));
-        assert_eq!(s.agent.to_string(), "hvsock:///vm/vsock.sock:1024");
-        let s = parse("s1", d, r#"{"qmp": "qmp.sock", "agent": "vsock://3:1024"}"#).unwrap();
-        assert_eq!(s.qmp, Path::new("/reg/s1/qmp.sock"));
+        assert_eq!(qmp, Path::new("/vm/qmp.sock"));
+        assert_eq!(agent.to_string(), "hvsock:///vm/vsock.sock:1024");
+        let (qmp, _) = parse(d, br#"{"qmp": "qmp.sock", "agent": "vsock://3:1024"}"#).unwrap();
+        assert_eq!(qmp, Path::new("/reg/s1/qmp.sock"));
         for bad in [
             "",
             "{",
@@ -188,7 +242,7 @@ mod tests {
             r#"{"qmp": "/q", "agent": "vsock://-1:1024"}"#,
             r#"{"qmp": 7, "agent": "vsock://3:1024"}"#,
         ] {
-            let e = parse("s1", d, bad).unwrap_err();
+            let e = parse(d, bad.as_bytes()).unwrap_err();
             assert_eq!(e.code, Code::FailedPrecondition, "{bad}: {e}");
             assert!(e.message.contains("/reg/s1/sandbox.json"), "{e}");
         }
@@ -211,5 +265,50 @@ mod tests {
             Code::InvalidArgument
         );
         assert_eq!(all_ids(t.path()), vec!["s".to_string()]);
+    }
+
+    #[test]
+    fn only_a_bounded_regular_file_in_a_real_directory_is_read() {
+        use std::os::unix::fs::symlink;
+        let t = tempfile::tempdir().unwrap();
+        let good = r#"{"qmp": "q", "agent": "vsock://3:1024"}"#;
+        let entry = |id: &str| t.path().join(id).join(SANDBOX_FILE);
+        for id in ["fifo", "zero", "big", "ok", "elsewhere"] {
+            fs::create_dir(t.path().join(id)).unwrap();
+        }
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            entry("fifo"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        symlink("/dev/zero", entry("zero")).unwrap();
+        fs::File::create(entry("big"))
+            .unwrap()
+            .set_len(1 << 30)
+            .unwrap();
+        fs::write(entry("ok"), good).unwrap();
+        for (id, says) in [
+            ("fifo", "a FIFO"),
+            ("zero", "a symbolic link"),
+            ("big", "1073741824 bytes"),
+        ] {
+            let e = open(t.path(), id).unwrap_err();
+            assert_eq!(e.code, Code::FailedPrecondition, "{id}: {e}");
+            assert!(e.message.contains(says), "{id}: {e}");
+        }
+        let sb = open(t.path(), "ok").unwrap();
+        assert_eq!(sb.qmp, t.path().join("ok/q"));
+        // A sandbox directory that is a symlink to another one is not followed.
+        fs::write(entry("elsewhere"), good).unwrap();
+        symlink(t.path().join("elsewhere"), t.path().join("link")).unwrap();
+        let e = open(t.path(), "link").unwrap_err();
+        assert_eq!(e.code, Code::FailedPrecondition, "{e}");
+        assert!(e.message.contains("not a directory"), "{e}");
+        assert!(alive(t.path(), "ok") && alive(t.path(), "fifo"));
+        assert!(!alive(t.path(), "link") && !alive(t.path(), "none"));
+        assert!(!all_ids(t.path()).contains(&"link".to_string()));
     }
 }

@@ -4,18 +4,25 @@
 //! the directory), before and after every QMP step, so a crustd killed at any
 //! point finds the truth on restart: a record in `plugging` or `unplugging`
 //! may or may not be in QEMU, and the next call asks QEMU before acting.
+//!
+//! The sandbox's directory is writable by whoever starts VMs, so the file is
+//! reached only through the directory's fd, read only as a regular file of
+//! bounded size, and written through an exclusively created temporary
+//! (`files`).
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
-use std::io::{self, Write};
+use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::files::{self, ReadError};
 
 /// The state file's name inside a sandbox's directory.
 pub const STATE_FILE: &str = "crustd.json";
+/// The largest state file read: some thousands of volumes' records.
+pub const MAX_STATE_FILE: u64 = 4 << 20;
 
 /// How far a volume got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,50 +77,40 @@ pub fn path(sandbox_dir: &Path) -> PathBuf {
     sandbox_dir.join(STATE_FILE)
 }
 
-/// Reads a sandbox's state; none yet is empty. A file that does not parse is
-/// refused rather than ignored (ignoring it could forget a plugged disk).
-pub fn load(sandbox_dir: &Path) -> Result<State> {
+/// Reads a sandbox's state from its directory `dir` (shown as
+/// `sandbox_dir`); none yet is empty. A file that does not parse, or is not
+/// a regular file of at most [`MAX_STATE_FILE`] bytes, is refused rather
+/// than ignored (ignoring it could forget a plugged disk).
+pub fn load(dir: BorrowedFd<'_>, sandbox_dir: &Path) -> Result<State> {
     let p = path(sandbox_dir);
-    match fs::read_to_string(&p) {
-        Ok(text) => serde_json::from_str(&text).map_err(|e| {
-            Error::precondition(format!(
-                "crustd's state {} is corrupt ({e}): compare it with QEMU (query-block) and fix or remove it",
+    let text = match files::read_bounded(dir, STATE_FILE, MAX_STATE_FILE) {
+        Ok(t) => t,
+        Err(ReadError::Missing) => return Ok(State::default()),
+        Err(ReadError::Io(e)) => {
+            return Err(Error::internal(format!("cannot read {}: {e}", p.display())))
+        }
+        Err(e) => {
+            return Err(Error::precondition(format!(
+                "crustd's state {} is unreadable: {e}; crustd writes a regular file there: compare it with QEMU (query-block) and fix or remove it",
                 p.display()
-            ))
-        }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(State::default()),
-        Err(e) => Err(Error::internal(format!("cannot read {}: {e}", p.display()))),
-    }
+            )))
+        }
+    };
+    serde_json::from_slice(&text).map_err(|e| {
+        Error::precondition(format!(
+            "crustd's state {} is corrupt ({e}): compare it with QEMU (query-block) and fix or remove it",
+            p.display()
+        ))
+    })
 }
 
-/// Writes a sandbox's state atomically and durably.
-pub fn save(sandbox_dir: &Path, state: &State) -> Result<()> {
+/// Writes a sandbox's state atomically and durably into its directory `dir`.
+pub fn save(dir: BorrowedFd<'_>, sandbox_dir: &Path, state: &State) -> Result<()> {
     let p = path(sandbox_dir);
     let text = serde_json::to_vec_pretty(state)
         .map_err(|e| Error::internal(format!("cannot encode crustd state: {e}")))?;
-    write_atomic(&p, &text)
+    files::write_atomic(dir, STATE_FILE, &text)
         .map_err(|e| Error::internal(format!("cannot write {}: {e}", p.display())))
-}
-
-/// Temporary file beside `path`, fsync, rename over `path`, fsync the directory.
-pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    let written = (|| {
-        let mut f = File::create(&tmp)?;
-        f.write_all(data)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
-        File::open(dir)?.sync_all()
-    })();
-    if written.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    written
 }
 
 #[cfg(test)]
@@ -135,6 +132,17 @@ mod tests {
             block: false,
             phase,
         }
+    }
+
+    use std::fs;
+    use std::os::fd::AsFd;
+
+    fn load(p: &Path) -> Result<State> {
+        super::load(files::open_dir(p).unwrap().as_fd(), p)
+    }
+
+    fn save(p: &Path, s: &State) -> Result<()> {
+        super::save(files::open_dir(p).unwrap().as_fd(), p, s)
     }
 
     #[test]
@@ -167,14 +175,55 @@ mod tests {
     }
 
     #[test]
+    fn a_fifo_or_a_huge_state_is_refused_at_once() {
+        let t = tempfile::tempdir().unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            path(t.path()),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let e = load(t.path()).unwrap_err();
+        assert_eq!(e.code, Code::FailedPrecondition);
+        assert!(e.message.contains("a FIFO"), "{e}");
+        fs::remove_file(path(t.path())).unwrap();
+        fs::File::create(path(t.path()))
+            .unwrap()
+            .set_len(MAX_STATE_FILE + 1)
+            .unwrap();
+        let e = load(t.path()).unwrap_err();
+        assert!(e.message.contains("more than crustd reads"), "{e}");
+    }
+
+    #[test]
+    fn a_symlink_planted_as_the_old_temporary_is_left_alone() {
+        // 987d32f wrote `.crustd.json.tmp.<pid>` with File::create, which
+        // follows a symlink planted there and overwrites its target.
+        let t = tempfile::tempdir().unwrap();
+        let victim = t.path().join("victim");
+        fs::write(&victim, b"precious").unwrap();
+        let planted = t
+            .path()
+            .join(format!(".{STATE_FILE}.tmp.{}", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        save(t.path(), &State::default()).unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"precious");
+        assert!(fs::symlink_metadata(&planted).unwrap().is_symlink());
+        assert_eq!(load(t.path()).unwrap(), State::default());
+    }
+
+    #[test]
     fn failed_write_leaves_the_old_file() {
         let t = tempfile::tempdir().unwrap();
         let p = t.path().join("f");
-        write_atomic(&p, b"old").unwrap();
+        let dir = files::open_dir(t.path()).unwrap();
+        files::write_atomic(dir.as_fd(), "f", b"old").unwrap();
         // A directory where the file should go: rename fails, the temp file is removed.
         let d = t.path().join("d");
         fs::create_dir_all(d.join("sub")).unwrap();
-        assert!(write_atomic(&d, b"new").is_err());
+        assert!(files::write_atomic(dir.as_fd(), "d", b"new").is_err());
         assert_eq!(fs::read(&p).unwrap(), b"old");
         assert_eq!(fs::read_dir(t.path()).unwrap().count(), 2);
     }

@@ -2,18 +2,26 @@
 //! state, QEMU and the agent. Locks: one per (sandbox, host volume), so two
 //! calls for one volume run one after the other while other volumes and
 //! sandboxes go on; one per sandbox around QMP sessions (QEMU serves one
-//! client at a time) and around its state file; one for the whole node while
-//! a device is claimed, so a host device cannot enter two sandboxes at once.
+//! client at a time) and around its state file; and the node-wide table of
+//! claimed devices (`claims`), locked only for a lookup and an insert, so
+//! that no two volumes anywhere on the node share a byte of a host device.
+//! Order: volume, then sandbox state or QMP (never both), then claims.
+//!
+//! A new volume's device is claimed in the table, checked for use by the
+//! host, held exclusively (O_EXCL), and only then recorded and plugged; it
+//! is released after its record is forgotten, which happens once QEMU has
+//! let go of it. A restarted crustd claims and holds the device of every
+//! volume recorded in a live sandbox again before it serves.
 
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use crust_client::proto as apb;
 
 use crate::agent::{self, Agent};
-use crate::error::{Error, Result};
-use crate::hostdev::{self, HostDevice, Names};
+use crate::claims::{Claims, Conflict, Key};
+use crate::error::{Code, Error, Result};
+use crate::hostdev::{self, Extent, HostDevice, Names};
 use crate::hotplug;
 use crate::locks::{hold, KeyedLocks};
 use crate::qmp::Qmp;
@@ -96,8 +104,8 @@ pub struct Crustd {
     qmp_locks: KeyedLocks<String>,
     /// Per sandbox: read-modify-write of crustd.json.
     state_locks: KeyedLocks<String>,
-    /// Node-wide: checking that a device is in no other sandbox and recording it.
-    claims: Mutex<()>,
+    /// Node-wide: every claimed device, where its bytes lie, and its hold.
+    claims: Claims,
     /// Agent connections kept per sandbox.
     connections: agent::Connections,
 }
@@ -165,7 +173,7 @@ impl Crustd {
             volume_locks: KeyedLocks::default(),
             qmp_locks: KeyedLocks::default(),
             state_locks: KeyedLocks::default(),
-            claims: Mutex::new(()),
+            claims: Claims::default(),
             connections: agent::Connections::default(),
         }
     }
@@ -197,16 +205,31 @@ impl Crustd {
     fn update<T>(&self, sb: &Sandbox, f: impl FnOnce(&mut State) -> Result<T>) -> Result<T> {
         let l = self.state_locks.get(&sb.id);
         let _g = hold(&l);
-        let mut st = state::load(&sb.dir)?;
+        let mut st = state::load(sb.fd(), &sb.dir)?;
         let out = f(&mut st)?;
-        state::save(&sb.dir, &st)?;
+        state::save(sb.fd(), &sb.dir, &st)?;
         Ok(out)
     }
 
-    fn record(&self, sb: &Sandbox, host_volume_id: &str) -> Result<Option<Volume>> {
+    /// `sb`'s state as it is now.
+    fn load(&self, sb: &Sandbox) -> Result<State> {
         let l = self.state_locks.get(&sb.id);
         let _g = hold(&l);
-        Ok(state::load(&sb.dir)?.volumes.remove(host_volume_id))
+        state::load(sb.fd(), &sb.dir)
+    }
+
+    fn record(&self, sb: &Sandbox, host_volume_id: &str) -> Result<Option<Volume>> {
+        Ok(self.load(sb)?.volumes.remove(host_volume_id))
+    }
+
+    /// Opens sandbox `id`. One that is gone (no sandbox.json) holds nothing:
+    /// its claims are released.
+    fn sandbox(&self, id: &str) -> Result<Sandbox> {
+        let out = registry::open(&self.cfg.sandboxes, id);
+        if out.as_ref().is_err_and(|e| e.code == Code::NotFound) {
+            drop(self.claims.release_sandbox(id));
+        }
+        out
     }
 
     fn set_phase(&self, sb: &Sandbox, host_volume_id: &str, phase: Phase) -> Result<()> {
@@ -218,18 +241,24 @@ impl Crustd {
         })
     }
 
+    /// Forgets the volume, then lets go of its device (it has left QEMU).
     fn forget(&self, sb: &Sandbox, host_volume_id: &str) -> Result<()> {
         self.update(sb, |st| {
             st.volumes.remove(host_volume_id);
             Ok(())
-        })
+        })?;
+        drop(
+            self.claims
+                .release(&(sb.id.clone(), host_volume_id.to_string())),
+        );
+        Ok(())
     }
 
     /// RuntimePublishVolume: answers the guest path.
     pub fn publish(&self, r: &PublishRequest) -> Result<String> {
         validate(r)?;
         let fs_group = fs_group(r)?;
-        let sb = registry::open(&self.cfg.sandboxes, &r.sandbox_id)?;
+        let sb = self.sandbox(&r.sandbox_id)?;
         let dev = hostdev::resolve(&r.host_volume_id)?;
         let names = Names::derive(&r.host_volume_id);
         let l = self
@@ -291,8 +320,10 @@ impl Crustd {
         }
     }
 
-    /// Checks that `dev` is in no other sandbox (nor under another id in this
-    /// one) and records the volume before anything is plugged. Answers the
+    /// Claims `dev` for this volume and records it before anything is
+    /// plugged: no other volume, in this sandbox or another, may have a byte
+    /// of it, the host must not use it, and crustd holds it exclusively from
+    /// here on. A volume already recorded keeps its claim. Answers the
     /// record as it was.
     fn claim(
         &self,
@@ -301,57 +332,148 @@ impl Crustd {
         dev: &HostDevice,
         names: &Names,
     ) -> Result<Option<Volume>> {
-        let _c = hold(&self.claims);
-        for other in registry::all_ids(&self.cfg.sandboxes) {
-            // A sandbox whose entry is gone (its VM is down) holds nothing.
-            let odir = self.cfg.sandboxes.join(&other);
-            if other == sb.id || !odir.join(registry::SANDBOX_FILE).exists() {
+        let key: Key = (sb.id.clone(), r.host_volume_id.clone());
+        let st = self.load(sb)?;
+        // Records the table lacks (a state file repaired since crustd
+        // started) or whose hold the kernel refused before: again now.
+        let failed = self.adopt(sb, &st);
+        if let Some(prior) = st.volumes.get(&r.host_volume_id) {
+            if let Some((_, e)) = failed.into_iter().find(|(hv, _)| *hv == r.host_volume_id) {
+                return Err(e);
+            }
+            return Ok(Some(prior.clone()));
+        }
+        let extent = dev.extent()?;
+        self.reserve(sb, &key, &dev.path.display().to_string(), Some(extent))?;
+        // From here on a failure releases the claim.
+        let held = dev.check_unused().and_then(|()| dev.hold());
+        let hold = match held {
+            Ok(h) => h,
+            Err(e) => {
+                drop(self.claims.release(&key));
+                return Err(e);
+            }
+        };
+        drop(self.claims.set_hold(&key, hold));
+        let recorded = self.update(sb, |st| {
+            st.volumes
+                .entry(r.host_volume_id.clone())
+                .or_insert_with(|| Volume {
+                    volume_id: names.volume_id.clone(),
+                    serial: names.serial.clone(),
+                    node: names.node.clone(),
+                    device: names.device.clone(),
+                    rdev: dev.rdev.clone(),
+                    host_target_path: r.host_target_path.clone(),
+                    guest_path: String::new(),
+                    file_system: r.file_system.clone(),
+                    read_only: r.read_only,
+                    block: r.block,
+                    phase: Phase::Plugging,
+                });
+            Ok(())
+        });
+        if let Err(e) = recorded {
+            drop(self.claims.release(&key));
+            return Err(e);
+        }
+        Ok(None)
+    }
+
+    /// Claims `extent` for `key` in the node-wide table. A conflict with a
+    /// sandbox whose VM is gone (no sandbox.json) releases that sandbox's
+    /// claims and tries again (it looks at the other sandbox outside the lock).
+    fn reserve(&self, sb: &Sandbox, key: &Key, device: &str, extent: Option<Extent>) -> Result<()> {
+        for _ in 0..8 {
+            let c = match self.claims.reserve(key, device, extent.clone()) {
+                Ok(()) => return Ok(()),
+                Err(c) => c,
+            };
+            if c.sandbox != sb.id && !registry::alive(&self.cfg.sandboxes, &c.sandbox) {
+                drop(self.claims.release_sandbox(&c.sandbox));
                 continue;
             }
-            // A sandbox whose state cannot be read cannot claim anything here;
-            // QEMU's own image locking still stands behind this check.
-            let Ok(st) = state::load(&odir) else {
+            return Err(conflict(sb, &key.1, device, &c));
+        }
+        Err(Error::unavailable(format!(
+            "host device {}: the sandboxes claiming it kept changing; try again",
+            hostdev::named(&key.1, device)
+        )))
+    }
+
+    /// Brings `sb`'s records into the claims table: each record the table
+    /// lacks is claimed again (its device found by number), and each claim
+    /// without its exclusive hold tries to take it. Answers what failed, by
+    /// host_volume_id (a device gone, another volume's bytes, the host
+    /// using it).
+    fn adopt(&self, sb: &Sandbox, st: &State) -> Vec<(String, Error)> {
+        let mut failed = Vec::new();
+        for (hv, v) in &st.volumes {
+            let key: Key = (sb.id.clone(), hv.clone());
+            let known = self.claims.get(&key);
+            if known == Some(true) {
                 continue;
+            }
+            let dev = match hostdev::open_recorded(&v.rdev) {
+                Ok(d) => d,
+                Err(e) => {
+                    if known.is_none() {
+                        // Gone: it can conflict with nothing, but it is still this volume's.
+                        let _ = self.claims.reserve(&key, &v.rdev, None);
+                    }
+                    failed.push((hv.clone(), e));
+                    continue;
+                }
             };
-            if let Some((id, _)) = st.volumes.iter().find(|(_, v)| v.rdev == dev.rdev) {
-                return Err(Error::precondition(format!(
-                    "host device {} ({}) is already published in sandbox {other} as {id}: unpublish it there first",
-                    r.host_volume_id, dev.rdev
-                )));
+            if known.is_none() {
+                let extent = match dev.extent() {
+                    Ok(e) => Some(e),
+                    Err(e) => {
+                        failed.push((hv.clone(), e));
+                        None
+                    }
+                };
+                let device = dev.path.display().to_string();
+                if let Err(e) = self.reserve(sb, &key, &device, extent) {
+                    failed.push((hv.clone(), e));
+                    continue;
+                }
+            }
+            match dev.hold() {
+                Ok(h) => drop(self.claims.set_hold(&key, h)),
+                Err(e) => failed.push((hv.clone(), e)),
             }
         }
-        self.update(sb, |st| {
-            if let Some((id, _)) = st
-                .volumes
-                .iter()
-                .find(|(id, v)| v.rdev == dev.rdev && *id != &r.host_volume_id)
-            {
-                return Err(Error::precondition(format!(
-                    "host device {} ({}) is already published in sandbox {} as {id}: one device, one volume",
-                    r.host_volume_id, dev.rdev, sb.id
-                )));
+        failed
+    }
+
+    /// At start, before serving: claims and holds the device of every
+    /// volume recorded in every live sandbox. Answers what failed, as
+    /// (sandbox, host_volume_id, error), for the log.
+    pub fn recover(&self) -> Vec<(String, String, Error)> {
+        let mut failed = Vec::new();
+        for id in registry::all_ids(&self.cfg.sandboxes) {
+            let sb = match registry::open(&self.cfg.sandboxes, &id) {
+                Ok(sb) => sb,
+                // Its VM is gone: it holds nothing.
+                Err(e) if e.code == Code::NotFound => continue,
+                Err(e) => {
+                    failed.push((id, String::new(), e));
+                    continue;
+                }
+            };
+            let st = match self.load(&sb) {
+                Ok(st) => st,
+                Err(e) => {
+                    failed.push((id, String::new(), e));
+                    continue;
+                }
+            };
+            for (hv, e) in self.adopt(&sb, &st) {
+                failed.push((id.clone(), hv, e));
             }
-            let prior = st.volumes.get(&r.host_volume_id).cloned();
-            if prior.is_none() {
-                st.volumes.insert(
-                    r.host_volume_id.clone(),
-                    Volume {
-                        volume_id: names.volume_id.clone(),
-                        serial: names.serial.clone(),
-                        node: names.node.clone(),
-                        device: names.device.clone(),
-                        rdev: dev.rdev.clone(),
-                        host_target_path: r.host_target_path.clone(),
-                        guest_path: String::new(),
-                        file_system: r.file_system.clone(),
-                        read_only: r.read_only,
-                        block: r.block,
-                        phase: Phase::Plugging,
-                    },
-                );
-            }
-            Ok(prior)
-        })
+        }
+        failed
     }
 
     /// After a failed publish: unless kubelet was told before that this volume
@@ -401,7 +523,7 @@ impl Crustd {
     /// RuntimeUnpublishVolume: OK when the volume is not (or no longer) published.
     pub fn unpublish(&self, sandbox_id: &str, host_volume_id: &str) -> Result<()> {
         hostdev::check_path(host_volume_id)?;
-        let sb = registry::open(&self.cfg.sandboxes, sandbox_id)?;
+        let sb = self.sandbox(sandbox_id)?;
         let l = self
             .volume_locks
             .get(&(sb.id.clone(), host_volume_id.to_string()));
@@ -426,7 +548,7 @@ impl Crustd {
     /// RuntimeGetVolumeStats: the agent's usage and condition, as they are.
     pub fn stats(&self, sandbox_id: &str, host_volume_id: &str) -> Result<Stats> {
         hostdev::check_path(host_volume_id)?;
-        let sb = registry::open(&self.cfg.sandboxes, sandbox_id)?;
+        let sb = self.sandbox(sandbox_id)?;
         let l = self
             .volume_locks
             .get(&(sb.id.clone(), host_volume_id.to_string()));
@@ -463,7 +585,7 @@ impl Crustd {
                 "required_bytes {required_bytes} is negative"
             )));
         }
-        let sb = registry::open(&self.cfg.sandboxes, sandbox_id)?;
+        let sb = self.sandbox(sandbox_id)?;
         let l = self
             .volume_locks
             .get(&(sb.id.clone(), host_volume_id.to_string()));
@@ -481,6 +603,29 @@ impl Crustd {
         }
         self.with_qmp(&sb, |q| hotplug::grow(q, &v.node, size))?;
         self.agent(&sb).expand(&v.volume_id, required_bytes)
+    }
+}
+
+/// "One device, one volume": `host_volume_id` (node `device`) shares bytes
+/// with the volume `c` claimed.
+fn conflict(sb: &Sandbox, host_volume_id: &str, device: &str, c: &Conflict) -> Error {
+    let how = if c.same {
+        "is the same device as"
+    } else {
+        "shares sectors with"
+    };
+    let what = format!(
+        "host device {} {how} {}, already published in sandbox {}",
+        hostdev::named(host_volume_id, device),
+        hostdev::named(&c.host_volume_id, &c.device),
+        c.sandbox
+    );
+    if c.sandbox == sb.id {
+        Error::precondition(format!("{what}: one device, one volume"))
+    } else {
+        Error::precondition(format!(
+            "{what}: one device, one volume; unpublish it there first"
+        ))
     }
 }
 

@@ -11,6 +11,7 @@ mod support;
 #[path = "../../tests/fixtures/disks.rs"]
 mod disks;
 
+use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
 use crust_protocols::ttrpc;
@@ -465,4 +466,429 @@ fn calls_for_different_volumes_run_at_once_one_volume_waits() {
         2
     );
     assert_eq!(q.devices.len(), 2);
+}
+
+/// Writes a DOS partition table with `parts` ((start, sectors) each) on
+/// `disk` and has the kernel add them (BLKPG, which refuses overlapping
+/// ones); answers their nodes. They go when the disk is dropped.
+fn partitions(disk: &LoopDisk, parts: &[(u32, u32)]) -> Vec<String> {
+    use std::io::Write;
+    let dev = disk.path();
+    let mut mbr = [0u8; 512];
+    for (i, (start, len)) in parts.iter().enumerate() {
+        let e = 446 + 16 * i;
+        mbr[e + 4] = 0x83;
+        mbr[e + 8..e + 12].copy_from_slice(&start.to_le_bytes());
+        mbr[e + 12..e + 16].copy_from_slice(&len.to_le_bytes());
+    }
+    mbr[510] = 0x55;
+    mbr[511] = 0xAA;
+    let mut f = std::fs::OpenOptions::new().write(true).open(&dev).unwrap();
+    f.write_all(&mbr).unwrap();
+    f.sync_all().unwrap();
+    let _ = std::process::Command::new("partx")
+        .args(["-d", &dev])
+        .output();
+    disks::run("partx", &["-a", &dev]);
+    (1..=parts.len())
+        .map(|n| {
+            let p = format!("{dev}p{n}");
+            let t = Instant::now();
+            while !std::path::Path::new(&p).exists() {
+                assert!(t.elapsed() < Duration::from_secs(5), "{p} did not appear");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            p
+        })
+        .collect()
+}
+
+/// A loop device over `image` (a second one over the same file), detached on drop.
+struct Alias(String);
+impl Alias {
+    fn new(image: &std::path::Path) -> Alias {
+        Alias(
+            disks::run("losetup", &["--find", "--show", image.to_str().unwrap()])
+                .trim()
+                .to_string(),
+        )
+    }
+}
+impl Drop for Alias {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &self.0])
+            .output();
+    }
+}
+
+/// Issue 15, defect 2: crustd compared devices by exact major:minor, so a
+/// disk and its own partition went into one sandbox, or into two.
+#[test]
+fn a_disk_and_its_partitions_are_one_disk_in_every_sandbox() {
+    if !root_or_skip("a_disk_and_its_partitions_are_one_disk_in_every_sandbox") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let reg = t.path().join("sandboxes");
+    let a = fakes::sandbox(&reg, "pod-a");
+    let b = fakes::sandbox(&reg, "pod-b");
+    let disk = LoopDisk::new(64, None);
+    let whole = disk.path();
+    let parts = partitions(&disk, &[(2048, 40000), (60000, 20000)]);
+    let (p1, p2) = (parts[0].clone(), parts[1].clone());
+    let d = Crustd::start(&reg, &[]);
+    let k = d.client();
+    let refused = |sandbox: &str, dev: &str, holder: &str, in_sandbox: &str| {
+        let (c, m) = code(k.publish(req(sandbox, dev, "ext4")));
+        assert_eq!(c, "FAILED_PRECONDITION", "{sandbox} {dev}: {m}");
+        assert!(
+            m.contains(&format!("shares sectors with {holder}"))
+                && m.contains(&format!("sandbox {in_sandbox}")),
+            "{m}"
+        );
+    };
+
+    // The whole disk first: none of its partitions, in this sandbox or another.
+    k.publish(req("pod-a", &whole, "ext4")).unwrap();
+    log_of(&a.qemu);
+    refused("pod-b", &p1, &whole, "pod-a");
+    refused("pod-a", &p1, &whole, "pod-a");
+    refused("pod-b", &p2, &whole, "pod-a");
+    assert!(log_of(&a.qemu).is_empty() && log_of(&b.qemu).is_empty());
+    k.unpublish("pod-a", &whole).unwrap();
+
+    // A partition first: not the whole disk, in either sandbox; the other
+    // partition (no sector in common) is fine.
+    k.publish(req("pod-a", &p1, "ext4")).unwrap();
+    refused("pod-b", &whole, &p1, "pod-a");
+    refused("pod-a", &whole, &p1, "pod-a");
+    k.publish(req("pod-b", &p2, "ext4")).unwrap();
+    // The same file through a second loop device: its bytes are p1's and p2's.
+    let alias = Alias::new(&disk.image);
+    let (c, m) = code(k.publish(req("pod-b", &alias.0, "ext4")));
+    assert_eq!(c, "FAILED_PRECONDITION", "{m}");
+    assert!(m.contains("shares sectors with"), "{m}");
+    // A symlink to p1 (as /dev/disk/by-* are): the same device.
+    let link = t.path().join("by-partuuid");
+    std::os::unix::fs::symlink(&p1, &link).unwrap();
+    let (c, m) = code(k.publish(req("pod-b", link.to_str().unwrap(), "ext4")));
+    assert_eq!(c, "FAILED_PRECONDITION", "{m}");
+    assert!(m.contains(&format!("is the same device as {p1}")), "{m}");
+    // After a restart the claims are the same.
+    let mut d = d;
+    d.kill_and_restart();
+    let k = d.client();
+    let (c, m) = code(k.publish(req("pod-b", &whole, "ext4")));
+    assert_eq!(c, "FAILED_PRECONDITION", "{m}");
+    k.unpublish("pod-a", &p1).unwrap();
+    k.unpublish("pod-b", &p2).unwrap();
+    k.publish(req("pod-b", &whole, "ext4")).unwrap();
+    k.unpublish("pod-b", &whole).unwrap();
+    assert_eq!(state(&a)["volumes"], serde_json::json!({}));
+    assert_eq!(state(&b)["volumes"], serde_json::json!({}));
+}
+
+/// Whether the host can mount `dev` (ext4) now; unmounts it again.
+fn host_can_mount(disk: &LoopDisk, dev: &str) -> bool {
+    let at = disk.scratch("host-mount");
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "ext4", dev])
+        .arg(&at)
+        .output()
+        .unwrap()
+        .status
+        .success();
+    if ok {
+        disks::run("umount", &[at.to_str().unwrap()]);
+    }
+    ok
+}
+
+/// Swap on a device, turned off on drop.
+struct Swap(String);
+impl Drop for Swap {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("swapoff").arg(&self.0).output();
+    }
+}
+
+/// Issue 15, defect 3: crustd hot-plugged a loop device the host had
+/// mounted read-write (one ext4, two kernels), and would have taken a
+/// partition of the host's root disk the same way.
+#[test]
+fn a_device_the_host_uses_is_refused_and_one_published_is_held() {
+    if !root_or_skip("a_device_the_host_uses_is_refused_and_one_published_is_held") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let reg = t.path().join("sandboxes");
+    let sb = fakes::sandbox(&reg, "pod-a");
+    let mounted = LoopDisk::new(32, Some("ext4"));
+    let free = LoopDisk::new(32, Some("ext4"));
+    let swap = LoopDisk::new(32, Some("swap"));
+    let parted = LoopDisk::new(64, None);
+    let p1 = partitions(&parted, &[(2048, 40000)]).remove(0);
+    disks::run("mkfs.ext4", &["-q", "-F", &p1]);
+    let mut d = Crustd::start(&reg, &[]);
+    let k = d.client();
+    let in_use = |dev: &str, says: &str| {
+        let (c, m) = code(k.publish(req("pod-a", dev, "ext4")));
+        assert_eq!(c, "FAILED_PRECONDITION", "{dev}: {m}");
+        assert!(
+            m.contains("is in use on this host") && m.contains(says),
+            "{dev}: {m}"
+        );
+    };
+
+    // Mounted read-write on the host.
+    let m = disks::Mounted::new(&mounted.device, "ext4", "");
+    in_use(
+        &mounted.path(),
+        &format!("is mounted at {}", m.path.display()),
+    );
+    // A whole disk whose partition the host has mounted.
+    let mp = disks::Mounted::new(std::path::Path::new(&p1), "ext4", "");
+    in_use(
+        &parted.path(),
+        &format!("{}p1 is mounted at {}", parted.name(), mp.path.display()),
+    );
+    drop(mp);
+    // Swap.
+    disks::run("swapon", &[&swap.path()]);
+    let _swap = Swap(swap.path());
+    in_use(&swap.path(), "is used as swap");
+    // The host's own root filesystem's device, when it is a block device.
+    let root = std::fs::metadata("/").unwrap().dev();
+    let sys = format!(
+        "/sys/dev/block/{}:{}/uevent",
+        libc::major(root),
+        libc::minor(root)
+    );
+    match std::fs::read_to_string(&sys) {
+        Ok(u) => {
+            let name = u.lines().find_map(|l| l.strip_prefix("DEVNAME=")).unwrap();
+            let node = format!("/dev/{name}");
+            match std::fs::File::open(&node) {
+                Ok(_) => in_use(&node, "is mounted at /"),
+                Err(e) => {
+                    // Some hosts let nobody open it (this one answers EPERM even to root).
+                    eprintln!(
+                        "{node} cannot be opened here ({e}): crustd must refuse it all the same"
+                    );
+                    let (c, m) = code(k.publish(req("pod-a", &node, "ext4")));
+                    assert_eq!(c, "FAILED_PRECONDITION", "{node}: {m}");
+                }
+            }
+        }
+        Err(_) => eprintln!("/ is not on a block device here: its case is not checked"),
+    }
+    // Nothing of that reached QEMU or was recorded.
+    assert!(log_of(&sb.qemu).is_empty());
+    assert_eq!(state(&sb)["volumes"], serde_json::json!({}));
+    drop(m);
+
+    // Published: held exclusively, so the host cannot mount it behind
+    // crustd's back, also after crustd restarts; let go after unpublish.
+    let dev = free.path();
+    assert!(host_can_mount(&free, &dev));
+    k.publish(req("pod-a", &dev, "ext4")).unwrap();
+    assert!(
+        !host_can_mount(&free, &dev),
+        "mounted on the host while published"
+    );
+    d.kill_and_restart();
+    assert!(
+        !host_can_mount(&free, &dev),
+        "mounted on the host after a crustd restart"
+    );
+    let k = d.client();
+    k.unpublish("pod-a", &dev).unwrap();
+    assert!(host_can_mount(&free, &dev), "still held after unpublish");
+    // A failed publish lets go too.
+    sb.agent.lock().unwrap().on_publish = OnPublish::Fail(ttrpc::Code::FAILED_PRECONDITION, "no");
+    assert_eq!(
+        code(k.publish(req("pod-a", &dev, "ext4"))).0,
+        "FAILED_PRECONDITION"
+    );
+    assert!(
+        host_can_mount(&free, &dev),
+        "still held after a failed publish"
+    );
+}
+
+/// Issue 15, defect 7: a FIFO as one sandbox's crustd.json hung every
+/// publish on the node (state files were read under the node-wide lock,
+/// opened without O_NONBLOCK), and sandbox.json was read without bound.
+#[test]
+fn one_sandboxs_fifo_or_endless_file_stops_nothing_else() {
+    if !root_or_skip("one_sandboxs_fifo_or_endless_file_stops_nothing_else") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let reg = t.path().join("sandboxes");
+    let a = fakes::sandbox(&reg, "pod-a");
+    let b = fakes::sandbox(&reg, "pod-b");
+    let disks: Vec<LoopDisk> = (0..2).map(|_| LoopDisk::new(16, None)).collect();
+    let fifo = b.dir.join("crustd.json");
+    disks::run("mkfifo", &[fifo.to_str().unwrap()]);
+    let mut d = Crustd::start(&reg, &[]);
+
+    // A call that hangs is a failure, not a stuck test.
+    let within = |what: &str, f: Box<dyn FnOnce() -> (String, String) + Send>| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(f()).unwrap());
+        rx.recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("{what}: {e:?} (Timeout: it hung)"))
+    };
+    let k = d.client();
+    let dev = disks[0].path();
+    let (c, m) = within(
+        "a publish into pod-a while pod-b's state is a FIFO",
+        Box::new(move || match k.publish(req("pod-a", &dev, "ext4")) {
+            Ok(_) => ("OK".into(), String::new()),
+            Err(s) => (code_name(s.code()), s.message().into()),
+        }),
+    );
+    assert_eq!(c, "OK", "{m}");
+    // pod-b's own calls are refused at once, saying why.
+    let k = d.client();
+    let dev = disks[1].path();
+    let (c, m) = within(
+        "a publish into pod-b, whose state is a FIFO",
+        Box::new(move || code(k.publish(req("pod-b", &dev, "ext4")))),
+    );
+    assert_eq!(c, "FAILED_PRECONDITION", "{m}");
+    assert!(m.contains("crustd.json") && m.contains("a FIFO"), "{m}");
+    assert!(log_of(&b.qemu).is_empty());
+    // A restart reads every sandbox's state: it must come up all the same.
+    d.kill_and_restart();
+    let k = d.client();
+    k.unpublish("pod-a", &disks[0].path()).unwrap();
+    assert_eq!(
+        verbs(&log_of(&a.qemu)),
+        ["blockdev-add", "device_add", "device_del", "blockdev-del"]
+    );
+
+    // sandbox.json as a symlink to /dev/zero, as a FIFO, or as a file too big.
+    for (id, make, says) in [
+        ("pod-zero", "zero", "a symbolic link"),
+        ("pod-fifo", "fifo", "a FIFO"),
+        ("pod-big", "big", "more than crustd reads"),
+    ] {
+        let dir = reg.join(id);
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("sandbox.json");
+        match make {
+            "zero" => std::os::unix::fs::symlink("/dev/zero", &f).unwrap(),
+            "fifo" => {
+                disks::run("mkfifo", &[f.to_str().unwrap()]);
+            }
+            _ => std::fs::File::create(&f).unwrap().set_len(1 << 30).unwrap(),
+        }
+        let k = d.client();
+        let dev = disks[1].path();
+        let id2 = id.to_string();
+        let (c, m) = within(
+            id,
+            Box::new(move || code(k.publish(req(&id2, &dev, "ext4")))),
+        );
+        assert_eq!(c, "FAILED_PRECONDITION", "{id}: {m}");
+        assert!(m.contains("sandbox.json") && m.contains(says), "{id}: {m}");
+    }
+    // And crustd still serves pod-a.
+    d.client()
+        .publish(req("pod-a", &disks[1].path(), "ext4"))
+        .unwrap();
+    d.client().unpublish("pod-a", &disks[1].path()).unwrap();
+}
+
+/// Issue 15, defect 8: crustd's temporary state file had a predictable
+/// name (`.crustd.json.tmp.<pid>`) and File::create followed a symlink
+/// planted there, overwriting any host file.
+#[test]
+fn a_planted_symlink_redirects_no_write() {
+    if !root_or_skip("a_planted_symlink_redirects_no_write") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let reg = t.path().join("sandboxes");
+    let sb = fakes::sandbox(&reg, "pod-a");
+    let disk = LoopDisk::new(16, None);
+    let d = Crustd::start(&reg, &[]);
+    let k = d.client();
+    let victim = t.path().join("etc-shadow");
+    std::fs::write(&victim, b"root:x:0:0\n").unwrap();
+    let planted = sb.dir.join(format!(".crustd.json.tmp.{}", d.pid()));
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    k.publish(req("pod-a", &disk.path(), "ext4")).unwrap();
+    k.unpublish("pod-a", &disk.path()).unwrap();
+    log_of(&sb.qemu);
+    assert_eq!(std::fs::read(&victim).unwrap(), b"root:x:0:0\n");
+    assert!(std::fs::symlink_metadata(&planted).unwrap().is_symlink());
+    let st = std::fs::symlink_metadata(sb.dir.join("crustd.json")).unwrap();
+    assert!(st.is_file(), "crustd.json is a regular file");
+    assert_eq!(st.mode() & 0o777, 0o600);
+
+    // A sandbox directory that is a symlink (here to pod-a's) is not followed.
+    std::os::unix::fs::symlink(&sb.dir, reg.join("pod-link")).unwrap();
+    std::fs::remove_file(sb.dir.join("crustd.json")).unwrap();
+    let (c, m) = code(k.publish(req("pod-link", &disk.path(), "ext4")));
+    assert_eq!(c, "FAILED_PRECONDITION", "{m}");
+    assert!(m.contains("pod-link is not a directory"), "{m}");
+    assert!(!sb.dir.join("crustd.json").exists());
+    assert!(log_of(&sb.qemu).is_empty());
+}
+
+/// Issue 15, defects 9 and 10 (crustd's side): `--socket PATH` deleted
+/// whatever was at PATH, and the socket took its mode from the umask.
+#[test]
+fn the_socket_is_0600_and_only_a_stale_one_is_replaced() {
+    let t = tempfile::tempdir().unwrap();
+    let reg = t.path().join("sandboxes");
+    std::fs::create_dir_all(&reg).unwrap();
+    let socket = t.path().join("crustd.sock");
+
+    // Not a socket: refused, left as it was.
+    let target = t.path().join("precious");
+    std::fs::write(&target, b"keep me").unwrap();
+    for (make, kind) in [
+        ("file", "a regular file"),
+        ("dir", "a directory"),
+        ("link", "a symbolic link"),
+    ] {
+        match make {
+            "file" => std::fs::write(&socket, b"keep me").unwrap(),
+            "dir" => std::fs::create_dir(&socket).unwrap(),
+            _ => std::os::unix::fs::symlink(&target, &socket).unwrap(),
+        }
+        let (ok, err) = support::refused(&socket, &reg);
+        assert!(!ok, "crustd started over {kind}: {err}");
+        assert!(err.contains(&format!("exists and is {kind}")), "{err}");
+        let md = std::fs::symlink_metadata(&socket).unwrap();
+        match make {
+            "file" => assert_eq!(std::fs::read(&socket).unwrap(), b"keep me"),
+            "dir" => assert!(md.is_dir()),
+            _ => assert!(md.is_symlink()),
+        }
+        if make == "dir" {
+            std::fs::remove_dir(&socket).unwrap();
+        } else {
+            std::fs::remove_file(&socket).unwrap();
+        }
+    }
+    assert_eq!(std::fs::read(&target).unwrap(), b"keep me");
+
+    // A stale socket (nobody listens) is replaced; under umask 0000 the new
+    // one is 0600 all the same.
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let d = Crustd::start_with_umask(&reg, &[], Some("0000"));
+    assert_eq!(d.socket, socket);
+    let mode = std::fs::metadata(&socket).unwrap().mode();
+    assert_eq!(mode & 0o777, 0o600, "socket mode {:o}", mode & 0o777);
+    d.client().capabilities().unwrap();
+    // A live one is not.
+    let (ok, err) = support::refused(&socket, &reg);
+    assert!(!ok && err.contains("is in use"), "{err}");
+    d.client().capabilities().unwrap();
 }

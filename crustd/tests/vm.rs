@@ -104,6 +104,9 @@ fn kubelet_through_crustd_into_a_real_guest() {
         pe.guest_path.starts_with("/run/crust/volumes/crustd-"),
         "{pe:?}"
     );
+    // Held exclusively while QEMU has it open (QEMU opens without O_EXCL):
+    // the host cannot mount it behind the guest.
+    assert!(!host_mounts(&ext4), "the host mounted a published disk");
     // xfs, no fsGroup.
     let px = k.publish(req(&x, "xfs", None)).unwrap();
     assert_ne!(pe.guest_path, px.guest_path);
@@ -172,6 +175,10 @@ fn kubelet_through_crustd_into_a_real_guest() {
 
     // crustd restarted in the middle: the next calls carry on, nothing plugged twice.
     d.kill_and_restart();
+    assert!(
+        !host_mounts(&ext4),
+        "the host mounted a published disk after a crustd restart"
+    );
     let k = d.client();
     assert_eq!(k.publish(req(&e, "ext4", Some(4321))).unwrap(), pe);
 
@@ -228,6 +235,23 @@ fn kubelet_through_crustd_into_a_real_guest() {
     );
     let sv = df_bytes(&m.path);
     assert!(sv > 400 << 20, "{sv}");
+}
+
+/// Whether the host can mount `disk` now (read-only, no journal replay, so
+/// a failed hold writes nothing); unmounts it again.
+fn host_mounts(disk: &LoopDisk) -> bool {
+    let at = disk.scratch("host");
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "ext4", "-o", "ro,noload", &disk.path()])
+        .arg(&at)
+        .output()
+        .unwrap()
+        .status
+        .success();
+    if ok {
+        run("umount", &[at.to_str().unwrap()]);
+    }
+    ok
 }
 
 fn df_bytes(p: &std::path::Path) -> u64 {

@@ -18,8 +18,16 @@ pub struct Crustd {
 
 impl Crustd {
     pub fn start(reg: &Path, extra: &[&str]) -> Crustd {
+        Crustd::start_with_umask(reg, extra, None)
+    }
+
+    /// As `start`, the process under `umask` (e.g. "0000") when given.
+    pub fn start_with_umask(reg: &Path, extra: &[&str], umask: Option<&str>) -> Crustd {
         let socket = reg.parent().unwrap().join("crustd.sock");
-        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        if let Some(u) = umask {
+            extra.push(format!("--umask={u}"));
+        }
         let child = spawn(&socket, reg, &extra);
         wait_for(&socket);
         Crustd {
@@ -28,6 +36,11 @@ impl Crustd {
             reg: reg.to_path_buf(),
             extra,
         }
+    }
+
+    /// The process id (crustd's old temporary file names had it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn client(&self) -> Kubelet {
@@ -43,16 +56,53 @@ impl Crustd {
     }
 }
 
-fn spawn(socket: &Path, reg: &Path, extra: &[String]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_crustd"))
-        .arg("--socket")
+/// crustd's command line; `--umask=U` in `extra` runs it under that umask
+/// (through sh, so the test process's own umask is left alone).
+fn command(socket: &Path, reg: &Path, extra: &[String]) -> Command {
+    let umask = extra.iter().find_map(|a| a.strip_prefix("--umask="));
+    let mut c = match umask {
+        Some(u) => {
+            let mut c = Command::new("sh");
+            c.args(["-c", &format!("umask {u} && exec \"$0\" \"$@\"")])
+                .arg(env!("CARGO_BIN_EXE_crustd"));
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_crustd")),
+    };
+    c.arg("--socket")
         .arg(socket)
         .arg("--sandboxes")
         .arg(reg)
-        .args(extra)
-        .stdin(Stdio::null())
+        .args(extra.iter().filter(|a| !a.starts_with("--umask=")))
+        .stdin(Stdio::null());
+    c
+}
+
+fn spawn(socket: &Path, reg: &Path, extra: &[String]) -> Child {
+    command(socket, reg, extra).spawn().unwrap()
+}
+
+/// Runs a crustd that must refuse to start: its exit status and stderr.
+/// One still running after 20 s is killed and reported as such.
+pub fn refused(socket: &Path, reg: &Path) -> (bool, String) {
+    let mut child = command(socket, reg, &[])
+        .stderr(Stdio::piped())
         .spawn()
-        .unwrap()
+        .unwrap();
+    let t = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+            return (status.success(), err);
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return (true, "crustd kept running".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn wait_for(socket: &Path) {

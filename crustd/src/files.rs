@@ -1,0 +1,300 @@
+//! How crustd touches files that others can write: a sandbox's directory,
+//! its `sandbox.json` and crustd's own `crustd.json`. Whoever starts VMs
+//! writes there, so every name is opened relative to a directory fd and
+//! never through a symlink; a file is read only when it is a regular file
+//! of bounded size, opened without blocking (a FIFO would hang the reader);
+//! and a file is replaced through a temporary created exclusively under an
+//! unpredictable name, then renamed, so a planted symlink redirects nothing.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::path::Path;
+
+use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
+
+/// Opens the directory `path` (given by the operator; symlinks followed).
+pub fn open_dir(path: &Path) -> io::Result<OwnedFd> {
+    Ok(rfs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// Opens the directory `name` in `dir`, refusing a symlink there (ELOOP or
+/// ENOTDIR), so a sandbox's directory cannot send crustd elsewhere.
+pub fn open_dir_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<OwnedFd> {
+    Ok(rfs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// Whether `name` exists in `dir` (a symlink counts; it is not followed).
+pub fn exists_at(dir: BorrowedFd<'_>, name: &str) -> bool {
+    rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).is_ok()
+}
+
+/// Why a file was not read.
+#[derive(Debug)]
+pub enum ReadError {
+    /// Nothing by that name.
+    Missing,
+    /// Something that is not a regular file: what it is ("a FIFO").
+    NotRegular(&'static str),
+    /// A regular file larger than the bound: its size in bytes.
+    TooLarge(u64),
+    /// Any other failure.
+    Io(io::Error),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Missing => write!(f, "it does not exist"),
+            ReadError::NotRegular(what) => write!(f, "it is {what}, not a regular file"),
+            ReadError::TooLarge(n) => {
+                write!(f, "it holds {n} bytes or more, more than crustd reads")
+            }
+            ReadError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// What a file type is, in words.
+fn kind(t: FileType) -> &'static str {
+    match t {
+        FileType::RegularFile => "a regular file",
+        FileType::Directory => "a directory",
+        FileType::Symlink => "a symbolic link",
+        FileType::Fifo => "a FIFO",
+        FileType::Socket => "a socket",
+        FileType::CharacterDevice => "a character device",
+        FileType::BlockDevice => "a block device",
+        FileType::Unknown => "of an unknown type",
+    }
+}
+
+/// Reads `name` in `dir` when it is a regular file of at most `max` bytes.
+/// Opened with O_NONBLOCK (a FIFO opens at once and is then refused),
+/// O_NOFOLLOW (a symlink is refused) and O_NOCTTY; the size is checked on
+/// the open file, and the read stops one byte past the bound whatever
+/// fstat said (a file that grows while read).
+pub fn read_bounded(dir: BorrowedFd<'_>, name: &str, max: u64) -> Result<Vec<u8>, ReadError> {
+    let fd = rfs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        Errno::NOENT => ReadError::Missing,
+        // O_NOFOLLOW on a symlink.
+        Errno::LOOP => ReadError::NotRegular("a symbolic link"),
+        e => ReadError::Io(e.into()),
+    })?;
+    let st = rfs::fstat(&fd).map_err(|e| ReadError::Io(e.into()))?;
+    let t = FileType::from_raw_mode(st.st_mode);
+    if t != FileType::RegularFile {
+        return Err(ReadError::NotRegular(kind(t)));
+    }
+    let size = u64::try_from(st.st_size).unwrap_or(0);
+    if size > max {
+        return Err(ReadError::TooLarge(size));
+    }
+    let mut buf = Vec::new();
+    File::from(fd)
+        .take(max.saturating_add(1))
+        .read_to_end(&mut buf)
+        .map_err(ReadError::Io)?;
+    let read = u64::try_from(buf.len()).unwrap_or(u64::MAX);
+    if read > max {
+        return Err(ReadError::TooLarge(read));
+    }
+    Ok(buf)
+}
+
+/// How many unpredictable names a write tries before giving up (each taken
+/// name is someone else's file: left alone).
+const TEMP_TRIES: usize = 8;
+
+/// Replaces `name` in `dir` with `data`, atomically and durably: a
+/// temporary `.NAME.tmp.RANDOM` created with O_CREAT|O_EXCL|O_NOFOLLOW (mode
+/// 0600; whatever sits at a taken name, a planted symlink included, is
+/// neither followed nor touched), written, fsynced, renamed over `name`
+/// with renameat (which replaces a symlink at `name` rather than following
+/// it), and the directory fsynced.
+pub fn write_atomic(dir: BorrowedFd<'_>, name: &str, data: &[u8]) -> io::Result<()> {
+    let (tmp, fd) = create_temp(dir, name)?;
+    let written = (|| {
+        let mut f = File::from(fd);
+        f.write_all(data)?;
+        f.sync_all()?;
+        rfs::renameat(dir, tmp.as_str(), dir, name)?;
+        rfs::fsync(dir)?;
+        Ok(())
+    })();
+    if written.is_err() {
+        let _ = rfs::unlinkat(dir, tmp.as_str(), AtFlags::empty());
+    }
+    written
+}
+
+/// A new temporary file beside `name`: its name and fd.
+fn create_temp(dir: BorrowedFd<'_>, name: &str) -> io::Result<(String, OwnedFd)> {
+    let mut last = io::Error::from(io::ErrorKind::AlreadyExists);
+    for _ in 0..TEMP_TRIES {
+        let tmp = format!(".{name}.tmp.{:016x}", random_u64()?);
+        match create_exclusive(dir, &tmp) {
+            Ok(fd) => return Ok((tmp, fd)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = e,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last)
+}
+
+/// Creates `name` in `dir`, mode 0600: fails (EEXIST) if anything, a symlink
+/// included, is there already.
+pub fn create_exclusive(dir: BorrowedFd<'_>, name: &str) -> io::Result<OwnedFd> {
+    Ok(rfs::openat(
+        dir,
+        name,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )?)
+}
+
+fn random_u64() -> io::Result<u64> {
+    let mut b = [0u8; 8];
+    let mut filled = 0;
+    while filled < b.len() {
+        filled += rustix::rand::getrandom(&mut b[filled..], rustix::rand::GetRandomFlags::empty())?;
+    }
+    Ok(u64::from_ne_bytes(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::{symlink, PermissionsExt};
+
+    fn dir(t: &tempfile::TempDir) -> OwnedFd {
+        open_dir(t.path()).unwrap()
+    }
+
+    #[test]
+    fn reads_only_bounded_regular_files() {
+        let t = tempfile::tempdir().unwrap();
+        let d = dir(&t);
+        std::fs::write(t.path().join("ok"), b"{}").unwrap();
+        assert_eq!(read_bounded(d.as_fd(), "ok", 2).unwrap(), b"{}");
+        assert!(matches!(
+            read_bounded(d.as_fd(), "ok", 1),
+            Err(ReadError::TooLarge(2))
+        ));
+        assert!(matches!(
+            read_bounded(d.as_fd(), "none", 9),
+            Err(ReadError::Missing)
+        ));
+        // A FIFO nobody writes: refused at once, not waited on.
+        rustix::fs::mknodat(
+            d.as_fd(),
+            "fifo",
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        assert!(matches!(
+            read_bounded(d.as_fd(), "fifo", 9),
+            Err(ReadError::NotRegular("a FIFO"))
+        ));
+        // A symlink, even to a good file, and one to /dev/zero.
+        symlink(t.path().join("ok"), t.path().join("link")).unwrap();
+        symlink("/dev/zero", t.path().join("zero")).unwrap();
+        for l in ["link", "zero"] {
+            assert!(matches!(
+                read_bounded(d.as_fd(), l, 9),
+                Err(ReadError::NotRegular("a symbolic link"))
+            ));
+        }
+        std::fs::create_dir(t.path().join("sub")).unwrap();
+        assert!(matches!(
+            read_bounded(d.as_fd(), "sub", 9),
+            Err(ReadError::NotRegular("a directory"))
+        ));
+        // A sparse file far beyond the bound is refused by its size, unread.
+        let big = std::fs::File::create(t.path().join("big")).unwrap();
+        big.set_len(1 << 40).unwrap();
+        assert!(matches!(
+            read_bounded(d.as_fd(), "big", 1 << 20),
+            Err(ReadError::TooLarge(n)) if n == 1 << 40
+        ));
+    }
+
+    #[test]
+    fn a_planted_symlink_is_neither_followed_nor_replaced_by_a_temporary() {
+        let t = tempfile::tempdir().unwrap();
+        let d = dir(&t);
+        let victim = t.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        symlink(&victim, t.path().join("planted")).unwrap();
+        let e = create_exclusive(d.as_fd(), "planted").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        // A dangling one is no different (O_CREAT alone would create its target).
+        symlink(t.path().join("made"), t.path().join("dangling")).unwrap();
+        assert!(create_exclusive(d.as_fd(), "dangling").is_err());
+        assert!(!t.path().join("made").exists());
+    }
+
+    #[test]
+    fn write_atomic_replaces_and_leaves_nothing_behind() {
+        let t = tempfile::tempdir().unwrap();
+        let d = dir(&t);
+        write_atomic(d.as_fd(), "f", b"one").unwrap();
+        write_atomic(d.as_fd(), "f", b"two").unwrap();
+        assert_eq!(std::fs::read(t.path().join("f")).unwrap(), b"two");
+        let mode = std::fs::metadata(t.path().join("f"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // A symlink at the name itself is replaced by the file, its target untouched.
+        let victim = t.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        symlink(&victim, t.path().join("g")).unwrap();
+        write_atomic(d.as_fd(), "g", b"new").unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        assert!(std::fs::symlink_metadata(t.path().join("g"))
+            .unwrap()
+            .is_file());
+        // A rename that fails (a directory in the way) leaves no temporary.
+        std::fs::create_dir_all(t.path().join("h/sub")).unwrap();
+        assert!(write_atomic(d.as_fd(), "h", b"x").is_err());
+        let mut names: Vec<_> = std::fs::read_dir(t.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["f", "g", "h", "victim"]);
+    }
+
+    #[test]
+    fn a_symlinked_directory_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let d = dir(&t);
+        std::fs::create_dir(t.path().join("real")).unwrap();
+        symlink(t.path().join("real"), t.path().join("link")).unwrap();
+        assert!(open_dir_at(d.as_fd(), "real").is_ok());
+        assert!(open_dir_at(d.as_fd(), "link").is_err());
+        assert!(exists_at(d.as_fd(), "link"));
+        assert!(!exists_at(d.as_fd(), "none"));
+    }
+}
