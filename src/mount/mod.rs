@@ -275,8 +275,9 @@ const FSCONFIG_MAX: usize = 255;
 /// mounting anything: fsopen, then one fsconfig per option, never
 /// FSCONFIG_CMD_CREATE, so no disk is read. mount(2) parses the data string
 /// with the same functions (vfs_parse_fs_param). Ok(true) when every option
-/// passed; Ok(false) when the kernel cannot be asked (no fsopen, or an
-/// option too long for fsconfig); an error naming the first option refused.
+/// passed; Ok(false) when the kernel cannot be asked (no fsopen, an option
+/// too long for fsconfig, an error that is not the parser's EINVAL); an
+/// error naming the first option refused.
 fn parser_accepts(fs_type: &str, data: &str, device: &Path) -> Result<bool, Error> {
     use rustix::mount::{fsconfig_set_flag, fsconfig_set_string, fsopen, FsOpenFlags};
     if data.is_empty() {
@@ -297,7 +298,12 @@ fn parser_accepts(fs_type: &str, data: &str, device: &Path) -> Result<bool, Erro
             Some((key, value)) => fsconfig_set_string(&fc, key, value),
             None => fsconfig_set_flag(&fc, opt),
         };
+        // Only EINVAL is the parser's "no"; ENOMEM or an interrupted wait
+        // for the context's lock say nothing about the option.
         if let Err(e) = r {
+            if e != Errno::INVAL {
+                return Ok(false);
+            }
             let why = kernel_says(&fc).unwrap_or_else(|| io::Error::from(e).to_string());
             return Err(Error::KernelRefusedOption {
                 option: opt.to_string(),
