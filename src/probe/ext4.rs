@@ -318,7 +318,7 @@ pub fn judge_ext4(sb: &Ext4Super, device_bytes: u64, device: &str) -> Result<Opt
     let wait = mmp_wait_secs(u64::from(sb.mmp_update_interval));
     if wait > MAX_MMP_WAIT_SECS {
         return Err(mmp(format!(
-            "an update interval of {} s: after any unclean stop the kernel would hold the next mount for {wait} s, uncancellably (the agent allows {MAX_MMP_WAIT_SECS} s)",
+            "an update interval of {} s: after any unclean stop the kernel would hold the next mount for {wait} s, a wait no request can cancel (the agent allows {MAX_MMP_WAIT_SECS} s)",
             sb.mmp_update_interval
         )));
     }
@@ -368,7 +368,7 @@ pub fn judge_mmp(at: MmpAt, mmp: &Mmp, device: &str) -> Result<(), Error> {
             let wait = mmp_wait_secs(interval);
             if wait > MAX_MMP_WAIT_SECS {
                 Err(refuse(format!(
-                    "its MMP block is in use (sequence {seq:#x}, last written by node {:?}, check interval {} s): the kernel would hold the mount for {wait} s, uncancellably, to see whether another machine writes it (the agent allows {MAX_MMP_WAIT_SECS} s)",
+                    "its MMP block is in use (sequence {seq:#x}, last written by node {:?}, check interval {} s): the kernel would hold the mount for {wait} s, a wait no request can cancel, to see whether another machine writes it (the agent allows {MAX_MMP_WAIT_SECS} s)",
                     mmp.nodename, mmp.check_interval
                 )))
             } else {
