@@ -94,6 +94,20 @@ pub enum Error {
         /// Its minor number.
         minor: u32,
     },
+    /// The device is smaller than the filesystem on it: it shrank under the mount.
+    #[error("the {fs} at {path} is {fs_bytes} bytes but its disk {device} now holds only {device_bytes} bytes: the disk shrank under the mounted filesystem, which cannot shrink, and reads past the disk's end fail; give the disk back at least {fs_bytes} bytes")]
+    LargerThanDevice {
+        /// The mount path.
+        path: String,
+        /// The filesystem.
+        fs: FsType,
+        /// The volume's device node.
+        device: String,
+        /// The filesystem's size, bytes.
+        fs_bytes: u64,
+        /// The device's size now, bytes.
+        device_bytes: u64,
+    },
     /// The filesystem's geometry gives a size beyond 64 bits: a corrupt superblock.
     #[error("the filesystem at {path} claims {blocks} blocks of {block_size} bytes, more than 2^64 bytes; its superblock is corrupt: check it on the host")]
     Overflow {
@@ -119,6 +133,7 @@ impl Error {
             | Error::HasErrors { .. }
             | Error::NotOnDevice { .. }
             | Error::Refused { .. } => Code::FailedPrecondition,
+            Error::LargerThanDevice { .. } => Code::OutOfRange,
             Error::NotGrown { .. } | Error::Overflow { .. } | Error::Sys(_) => Code::Internal,
         }
     }
@@ -213,10 +228,11 @@ fn xfs_reachable_blocks(newblocks: u64, agblocks: u64) -> u64 {
     }
 }
 
-fn grow_xfs(dir: &File, path: &Path, device_bytes: u64) -> Result<u64, Error> {
+fn grow_xfs(dir: &File, path: &Path, dev: &Device, device_bytes: u64) -> Result<u64, Error> {
     let g = xfs_geometry(dir, path)?;
     let bs = u64::from(g.blocksize);
     let before = bytes(g.datablocks, bs, path)?;
+    fits(path, FsType::Xfs, dev, before, device_bytes)?;
     let target = xfs_reachable_blocks(blocks_in(device_bytes, bs), u64::from(g.agblocks));
     if target <= g.datablocks {
         return Ok(before);
@@ -265,31 +281,15 @@ struct Ext4Super {
     has_errors: bool,
 }
 
-/// Parses the 1024-byte ext4 superblock; None if the magic is wrong.
+/// Parses the 1024-byte ext4 superblock (with the probe's parser); None if
+/// the magic is wrong or the block size is beyond what a kernel mounts.
 fn parse_ext4_super(sb: &[u8; 1024]) -> Option<Ext4Super> {
-    // Offsets are constants well inside the 1 KiB superblock read.
-    #[allow(clippy::arithmetic_side_effects)]
-    let u16_at = |o: usize| u16::from_le_bytes([sb[o], sb[o + 1]]);
-    #[allow(clippy::arithmetic_side_effects)]
-    let u32_at = |o: usize| u32::from_le_bytes([sb[o], sb[o + 1], sb[o + 2], sb[o + 3]]);
-    if u16_at(0x38) != 0xEF53 {
-        return None;
-    }
-    let incompat_64bit = u32_at(0x60) & 0x80 != 0;
-    let hi = if incompat_64bit {
-        u64::from(u32_at(0x150))
-    } else {
-        0
-    };
-    let log = u32_at(0x18);
-    if log > 6 {
-        return None; // beyond 64 KiB blocks: not a superblock we understand
-    }
+    let p = crate::probe::Ext4Super::parse_block(sb)?;
     Some(Ext4Super {
-        blocks_count: hi << 32 | u64::from(u32_at(0x04)),
-        block_size: 1024 << log,
-        blocks_per_group: u64::from(u32_at(0x20)),
-        has_errors: u16_at(0x3A) & 0x0002 != 0 || u32_at(0x194) > 0,
+        blocks_count: p.blocks_count,
+        block_size: p.block_size()?,
+        blocks_per_group: u64::from(p.blocks_per_group),
+        has_errors: p.has_errors,
     })
 }
 
@@ -325,6 +325,7 @@ const EXT4_IOC_RESIZE_FS: Opcode = opcode::write::<u64>(b'f', 16);
 fn grow_ext4(dir: &File, path: &Path, dev: &Device, device_bytes: u64) -> Result<u64, Error> {
     let sup = ext4_super(dev)?;
     let before = bytes(sup.blocks_count, sup.block_size, path)?;
+    fits(path, FsType::Ext4, dev, before, device_bytes)?;
     let target = blocks_in(device_bytes, sup.block_size);
     if target <= sup.blocks_count {
         return Ok(before);
@@ -456,6 +457,28 @@ pub fn fs_size_bytes(
     }
 }
 
+/// Refuses (OUT_OF_RANGE) a filesystem of `fs_bytes` on a device of only
+/// `device_bytes`: the disk shrank under it. Growth never hides that, and
+/// neither does an ExpandVolume that asks for no more than the filesystem has.
+pub fn fits(
+    mount_path: &Path,
+    fs: FsType,
+    dev: &Device,
+    fs_bytes: u64,
+    device_bytes: u64,
+) -> Result<(), Error> {
+    if fs_bytes > device_bytes {
+        return Err(Error::LargerThanDevice {
+            path: mount_path.display().to_string(),
+            fs,
+            device: dev.path.display().to_string(),
+            fs_bytes,
+            device_bytes,
+        });
+    }
+    Ok(())
+}
+
 /// `blocks × block_size`, refusing a product that does not fit in 64 bits
 /// (a corrupt superblock, not a real filesystem).
 fn bytes(blocks: u64, block_size: u64, path: &Path) -> Result<u64, Error> {
@@ -491,7 +514,7 @@ pub fn grow(
         });
     }
     match fs {
-        FsType::Xfs => grow_xfs(&dir, mount_path, device_bytes),
+        FsType::Xfs => grow_xfs(&dir, mount_path, dev, device_bytes),
         FsType::Ext4 => grow_ext4(&dir, mount_path, dev, device_bytes),
     }
 }
@@ -595,11 +618,9 @@ mod tests {
             .unwrap(),
             before
         );
-        assert_eq!(
-            grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs, 100 << 20).unwrap(),
-            before,
-            "never shrinks"
-        );
+        // Never shrinks: a device smaller than the filesystem is refused.
+        let e = grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs, 100 << 20).unwrap_err();
+        assert!(matches!(e, Error::LargerThanDevice { .. }), "{e}");
         disk.resize(1024);
         let dev_bytes = wait_for_size(
             &Sysfs::system(),
@@ -633,6 +654,46 @@ mod tests {
         let info = run("xfs_info", &[m.path.to_str().unwrap()]);
         let blocks = after / 4096;
         assert!(info.contains(&format!("blocks={blocks}")), "{info}");
+    }
+
+    #[test]
+    fn a_disk_that_shrank_under_its_filesystem_is_out_of_range() {
+        if !root_or_skip("a_disk_that_shrank_under_its_filesystem_is_out_of_range") {
+            return;
+        }
+        for (fs, mb) in [(FsType::Ext4, 64u64), (FsType::Xfs, 320)] {
+            let disk = LoopDisk::new(mb, Some(fs.name()));
+            let m = Mounted::new(
+                &disk.device,
+                fs.name(),
+                if fs == FsType::Ext4 {
+                    "errors=remount-ro"
+                } else {
+                    ""
+                },
+            );
+            let dev = crate::device::from_path(&disk.device).unwrap();
+            let before = fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, fs).unwrap();
+            disk.resize(mb - 16);
+            let now = size_bytes(&disk.device).unwrap();
+            assert_eq!(now, (mb - 16) << 20);
+            // No growth can fix this; never an OK that hides it.
+            let e = grow(fd(&m.path).as_fd(), &m.path, &dev, fs, now).unwrap_err();
+            assert!(matches!(e, Error::LargerThanDevice { .. }), "{fs}: {e}");
+            assert_eq!(e.code(), Code::OutOfRange, "{fs}");
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&format!("{before} bytes"))
+                    && msg.contains(&format!("only {now} bytes")),
+                "{fs}: {msg}"
+            );
+            assert_eq!(
+                fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, fs).unwrap(),
+                before,
+                "{fs}: nothing changed"
+            );
+            fits(&m.path, fs, &dev, before, before).unwrap();
+        }
     }
 
     #[test]

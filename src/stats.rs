@@ -194,6 +194,9 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
     };
 
     let mut usage = None;
+    // The filesystem's own size (not statfs's, which leaves out metadata),
+    // to hold against the disk's below.
+    let mut fs_bytes = None;
     match beneath::open_path(e.base, e.rel) {
         Err(Errno::NOENT) => problems.push(format!(
             "{path} is gone: the volume was unmounted and removed behind the agent's back"
@@ -252,6 +255,7 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
             }
             if ours {
                 usage = st.as_ref().ok().map(usage_of);
+                fs_bytes = crate::grow::fs_size_bytes(fd.as_fd(), e.path, dev, e.fs).ok();
                 let st_ro = st
                     .as_ref()
                     .is_ok_and(|s| s.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY));
@@ -304,7 +308,14 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
     }
 
     match disk_state(sysfs, dev) {
-        DiskState::Present { .. } => {}
+        DiskState::Present { size_bytes } => {
+            if let Some(fs_bytes) = fs_bytes.filter(|n| *n > size_bytes) {
+                problems.push(format!(
+                    "the filesystem is larger than its device: the {} at {path} is {fs_bytes} bytes but disk {} now holds only {size_bytes} bytes (it shrank under the mount; reads past its end fail)",
+                    e.fs, dev.name
+                ));
+            }
+        }
         DiskState::Gone => problems.push(format!(
             "disk {} ({}:{}) is gone from {}: the host detached it",
             dev.name,
@@ -606,6 +617,35 @@ mod tests {
             write.is_err(),
             "ext4 accepted a write after an error under errors=remount-ro"
         );
+    }
+
+    #[test]
+    fn notices_a_disk_that_shrank_under_its_filesystem() {
+        if !root_or_skip("notices_a_disk_that_shrank_under_its_filesystem") {
+            return;
+        }
+        for (fs, mb) in [(FsType::Ext4, 64u64), (FsType::Xfs, 320)] {
+            let disk = LoopDisk::new(mb, Some(fs.name()));
+            let m = Mounted::new(
+                &disk.device,
+                fs.name(),
+                if fs == FsType::Ext4 {
+                    "errors=remount-ro"
+                } else {
+                    ""
+                },
+            );
+            let dev = crate::device::from_path(&disk.device).unwrap();
+            assert_ok(&check_m(&Sysfs::system(), &m, &dev, fs, false).1);
+            disk.resize(mb - 16);
+            let (usage, cond) = check_m(&Sysfs::system(), &m, &dev, fs, false);
+            assert_abnormal(&cond, "the filesystem is larger than its device");
+            assert_abnormal(&cond, &format!("only {} bytes", (mb - 16) << 20));
+            assert!(usage.is_some(), "{fs}: usage still flows");
+            // Given back its size, it is fine again.
+            disk.resize(mb);
+            assert_ok(&check_m(&Sysfs::system(), &m, &dev, fs, false).1);
+        }
     }
 
     #[test]

@@ -48,6 +48,37 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// The kernel's own parser of `fs_type` refused one option (asked before
+    /// mounting, with fsopen and fsconfig, so the option is known).
+    #[error("the kernel refused the mount option {option:?} for {fs_type} on {device}: {why}; check it against the {fs_type} documentation")]
+    KernelRefusedOption {
+        /// The option, as it went to the kernel.
+        option: String,
+        /// ext4 or xfs.
+        fs_type: String,
+        /// The device.
+        device: String,
+        /// The kernel's own words when it gave any, else the errno.
+        why: String,
+    },
+    /// mount(2) refused the disk's filesystem itself: EINVAL once every
+    /// option passed the kernel's parser (or none was given), EFBIG, EUCLEAN
+    /// (corrupt), EBADMSG (bad checksum), EIO (a read failed, past the
+    /// disk's end for an xfs larger than it). The disk is at fault, not the request.
+    #[error("the kernel refused to mount the {fs_type} on {device} at {target} ({source}){with}: the filesystem is inconsistent, larger than its device, unreadable, or uses a feature this kernel lacks, and the guest kernel's log says which; check the disk on the host (e2fsck -fn, xfs_repair -n)")]
+    FilesystemRefused {
+        /// ext4 or xfs.
+        fs_type: String,
+        /// The device.
+        device: String,
+        /// The mount point.
+        target: String,
+        /// ", with the options …" when the request gave any.
+        with: String,
+        /// The errno.
+        #[source]
+        source: io::Error,
+    },
     /// mount(2) said EBUSY: the device is mounted already (or held open exclusively).
     #[error("{device} is busy and cannot be mounted at {target}: it is probably mounted elsewhere already; unmount it there first")]
     DeviceBusy {
@@ -144,11 +175,13 @@ impl Error {
         match self {
             Error::BadOption { .. }
             | Error::KernelRefusedOptions { .. }
+            | Error::KernelRefusedOption { .. }
             | Error::Invalid(_)
             | Error::SubpathEscapes { .. }
             | Error::BadTarget { .. } => Code::InvalidArgument,
             Error::SubpathNotFound { .. } => Code::NotFound,
             Error::DeviceBusy { .. }
+            | Error::FilesystemRefused { .. }
             | Error::Busy { .. }
             | Error::Unsafe { .. }
             | Error::Moved { .. }
@@ -165,6 +198,11 @@ impl Error {
 /// its fd (the kernel follows /proc/self/fd/N to exactly that directory, so
 /// no rename or symlink can move the mount elsewhere). `target_path` is for
 /// messages. The caller checks afterwards that the new mount is the device's.
+///
+/// The data string is the request's, with the agent's error behaviour for
+/// ext4 (`MountOptions::kernel_data`). Each option is put to the kernel's
+/// parser first (`parser_accepts`), so that a refusal of the mount itself
+/// is the disk's (FAILED_PRECONDITION), not the request's.
 pub fn mount_filesystem(
     device: &Path,
     target: BorrowedFd<'_>,
@@ -176,15 +214,17 @@ pub fn mount_filesystem(
         option: format!("{:#x}", opts.flags),
         why: "the flags do not fit mount(2)",
     })?;
-    let data = CString::new(opts.data.as_str()).map_err(|_| Error::BadOption {
+    let kernel_data = opts.kernel_data(fs_type);
+    let data = CString::new(kernel_data.as_str()).map_err(|_| Error::BadOption {
         option: opts.data.clone(),
         why: "it contains a NUL byte",
     })?;
-    let data_arg: Option<&CStr> = if opts.data.is_empty() {
+    let data_arg: Option<&CStr> = if kernel_data.is_empty() {
         None
     } else {
         Some(&data)
     };
+    let parsed = parser_accepts(fs_type, &kernel_data, device)?;
     rustix::mount::mount(
         device,
         beneath::proc_path(target),
@@ -193,17 +233,32 @@ pub fn mount_filesystem(
         data_arg,
     )
     .map_err(|e| match e {
-        Errno::INVAL if !opts.data.is_empty() => Error::KernelRefusedOptions {
+        Errno::BUSY => Error::DeviceBusy {
+            device: device.display().to_string(),
+            target: target_path.display().to_string(),
+        },
+        // The options were not checked (no fsopen) and some were given:
+        // they may be at fault as much as the disk.
+        Errno::INVAL if !parsed && !opts.data.is_empty() => Error::KernelRefusedOptions {
             data: opts.data.clone(),
             fs_type: fs_type.to_string(),
             device: device.display().to_string(),
             target: target_path.display().to_string(),
             source: e.into(),
         },
-        Errno::BUSY => Error::DeviceBusy {
-            device: device.display().to_string(),
-            target: target_path.display().to_string(),
-        },
+        Errno::INVAL | Errno::FBIG | Errno::UCLEAN | Errno::BADMSG | Errno::IO => {
+            Error::FilesystemRefused {
+                fs_type: fs_type.to_string(),
+                device: device.display().to_string(),
+                target: target_path.display().to_string(),
+                with: if opts.data.is_empty() {
+                    String::new()
+                } else {
+                    format!(", with the options {:?}", opts.data)
+                },
+                source: e.into(),
+            }
+        }
         _ => SysError::new(
             "mount",
             format!("{} at {}", device.display(), target_path.display()),
@@ -211,6 +266,73 @@ pub fn mount_filesystem(
         )
         .into(),
     })
+}
+
+/// The longest key or value fsconfig(2) copies (256 bytes with the NUL).
+const FSCONFIG_MAX: usize = 255;
+
+/// Puts each option of `data` to the kernel's parser of `fs_type` without
+/// mounting anything: fsopen, then one fsconfig per option, never
+/// FSCONFIG_CMD_CREATE, so no disk is read. mount(2) parses the data string
+/// with the same functions (vfs_parse_fs_param). Ok(true) when every option
+/// passed; Ok(false) when the kernel cannot be asked (no fsopen, an option
+/// too long for fsconfig, an error that is not the parser's EINVAL); an
+/// error naming the first option refused.
+fn parser_accepts(fs_type: &str, data: &str, device: &Path) -> Result<bool, Error> {
+    use rustix::mount::{fsconfig_set_flag, fsconfig_set_string, fsopen, FsOpenFlags};
+    if data.is_empty() {
+        return Ok(true);
+    }
+    let too_long = |o: &str| {
+        let (key, value) = o.split_once('=').unwrap_or((o, ""));
+        key.len() > FSCONFIG_MAX || value.len() > FSCONFIG_MAX
+    };
+    if data.split(',').any(too_long) {
+        return Ok(false);
+    }
+    let Ok(fc) = fsopen(fs_type, FsOpenFlags::FSOPEN_CLOEXEC) else {
+        return Ok(false);
+    };
+    for opt in data.split(',') {
+        let r = match opt.split_once('=') {
+            Some((key, value)) => fsconfig_set_string(&fc, key, value),
+            None => fsconfig_set_flag(&fc, opt),
+        };
+        // Only EINVAL is the parser's "no"; ENOMEM or an interrupted wait
+        // for the context's lock say nothing about the option.
+        if let Err(e) = r {
+            if e != Errno::INVAL {
+                return Ok(false);
+            }
+            let why = kernel_says(&fc).unwrap_or_else(|| io::Error::from(e).to_string());
+            return Err(Error::KernelRefusedOption {
+                option: opt.to_string(),
+                fs_type: fs_type.to_string(),
+                device: device.display().to_string(),
+                why,
+            });
+        }
+    }
+    Ok(true)
+}
+
+/// The last error an fs_context logged ("e ext4: Unknown parameter 'x'"),
+/// without its severity prefix. The log holds at most 8 messages, one per read.
+fn kernel_says(fc: &impl std::os::fd::AsFd) -> Option<String> {
+    let mut last = None;
+    let mut buf = [0u8; 1024];
+    for _ in 0..8 {
+        match rustix::io::read(fc, &mut buf) {
+            Ok(n) if n > 0 => {
+                let msg = String::from_utf8_lossy(buf.get(..n)?).trim().to_string();
+                if let Some(e) = msg.strip_prefix("e ") {
+                    last = Some(e.to_string());
+                }
+            }
+            _ => break,
+        }
+    }
+    last
 }
 
 /// Flushes the filesystem `fd` is on to disk (syncfs). `path` is for messages.
@@ -234,7 +356,7 @@ mod tests {
     use rustix::fs::{Mode, OFlags};
 
     use super::*;
-    use crate::testutil::{root_or_skip, LoopDisk};
+    use crate::testutil::{root_or_skip, run, LoopDisk};
 
     fn opts(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()
@@ -321,12 +443,17 @@ mod tests {
         );
         assert!(is_erofs(write(&target.join("f"))));
 
-        // A bad data option is the kernel's to refuse.
+        // A bad data option is the kernel's to refuse, and it is named.
         let other = disk.scratch("other");
-        let bad = parse_options(&opts(&["no_such_option_here"]), false).unwrap();
+        let bad = parse_options(&opts(&["noatime,no_such_option_here"]), false).unwrap();
         let err =
             mount_filesystem(&disk.device, dir_fd(&other).as_fd(), &other, fs, &bad).unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+        assert!(
+            matches!(&err, Error::KernelRefusedOption { option, .. } if option == "no_such_option_here"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("Unknown parameter"), "{err}");
         assert!(entry(&other).is_none());
 
         assert!(unmount_dev(&target, &disk).unwrap());
@@ -345,6 +472,117 @@ mod tests {
     fn mounts_xfs_with_options() {
         if root_or_skip("mounts_xfs_with_options") {
             check_mount_options("xfs", "nouuid");
+        }
+    }
+
+    /// The ext4 driver's full list of the options in force on `disk`
+    /// (/proc/fs/ext4/<dev>/options), whatever the superblock's defaults.
+    fn ext4_options(disk: &LoopDisk) -> Vec<String> {
+        std::fs::read_to_string(format!("/proc/fs/ext4/{}/options", disk.name()))
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn ext4_errors_are_the_agents_whatever_the_superblock_says() {
+        if !root_or_skip("ext4_errors_are_the_agents_whatever_the_superblock_says") {
+            return;
+        }
+        // No corruption anywhere: the host kernel never meets an error here.
+        // (mkfs, how the superblock is set, the request's options, what must be in force)
+        let cases: &[(&str, &[&str], &[&str], &str)] = &[
+            ("mkfs.ext4", &["-e", "panic"], &[], "errors=remount-ro"),
+            ("mkfs.ext4", &["-e", "remount-ro"], &[], "errors=remount-ro"),
+            ("mkfs.ext3", &["-e", "panic"], &[], "errors=remount-ro"),
+            (
+                "mkfs.ext2",
+                &["-e", "panic"],
+                &["noatime"],
+                "errors=remount-ro",
+            ),
+            (
+                "mkfs.ext4",
+                &["-e", "panic"],
+                &["errors=continue"],
+                "errors=continue",
+            ),
+            (
+                "mkfs.ext4",
+                &[],
+                &["errors=remount-ro"],
+                "errors=remount-ro",
+            ),
+        ];
+        for (mkfs, tune, req, want) in cases {
+            for planted in [false, true] {
+                let what = format!("{mkfs} tune2fs {tune:?} planted={planted} request {req:?}");
+                let disk = LoopDisk::new(64, None);
+                run(mkfs, &["-q", "-F", &disk.path()]);
+                if !tune.is_empty() {
+                    let mut args = tune.to_vec();
+                    let dev = disk.path();
+                    args.push(&dev);
+                    run("tune2fs", &args);
+                }
+                if planted {
+                    run(
+                        "debugfs",
+                        &["-w", "-R", "ssv mount_opts errors=panic", &disk.path()],
+                    );
+                }
+                let target = disk.scratch("mnt");
+                let o = parse_options(&opts(req), false).unwrap();
+                mount_filesystem(&disk.device, dir_fd(&target).as_fd(), &target, "ext4", &o)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                let in_force = ext4_options(&disk);
+                assert!(in_force.iter().any(|o| o == want), "{what}: {in_force:?}");
+                assert!(
+                    !in_force.iter().any(|o| o == "errors=panic"),
+                    "{what}: {in_force:?}"
+                );
+                // mountinfo shows errors= only where it differs from s_errors.
+                let e = entry(&target).unwrap();
+                assert!(
+                    !e.super_options.contains("errors=panic"),
+                    "{what}: {}",
+                    e.super_options
+                );
+                if tune.contains(&"panic") {
+                    assert!(
+                        e.super_options.split(',').any(|o| o == *want),
+                        "{what}: {}",
+                        e.super_options
+                    );
+                }
+                assert!(unmount_dev(&target, &disk).unwrap());
+            }
+        }
+    }
+
+    #[test]
+    fn a_filesystem_the_kernel_refuses_is_the_disks_fault() {
+        if !root_or_skip("a_filesystem_the_kernel_refuses_is_the_disks_fault") {
+            return;
+        }
+        // Larger than its device (what the probe catches first, when it is called).
+        for (fs, mb) in [("ext4", 64u64), ("xfs", 320)] {
+            let disk = loop_disk(fs);
+            disk.resize(mb - 16);
+            for req in [&[][..], &["noatime", "discard"]] {
+                let target = disk.scratch("mnt");
+                let o = parse_options(&opts(req), false).unwrap();
+                let err = mount_filesystem(&disk.device, dir_fd(&target).as_fd(), &target, fs, &o)
+                    .unwrap_err();
+                assert_eq!(err.code(), Code::FailedPrecondition, "{fs} {req:?}: {err}");
+                assert!(
+                    matches!(err, Error::FilesystemRefused { .. }),
+                    "{fs} {req:?}: {err}"
+                );
+                assert!(err.to_string().contains(&disk.path()), "{err}");
+                assert!(entry(&target).is_none());
+            }
         }
     }
 

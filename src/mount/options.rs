@@ -13,6 +13,25 @@ pub struct MountOptions {
     pub data: String,
 }
 
+impl MountOptions {
+    /// The data string mount(2) gets for `fs_type`: the request's, and for
+    /// ext4 (which also mounts ext2 and ext3) DEFAULT_ERRORS unless the
+    /// request chose an error behaviour itself. Options given to mount(2)
+    /// override the superblock's (s_errors and s_mount_opts alike), so this is
+    /// what decides what an error on the disk does, not the disk.
+    pub fn kernel_data(&self, fs_type: &str) -> String {
+        let chose = self
+            .data
+            .split(',')
+            .any(|o| o.split_once('=').is_some_and(|(k, _)| k == "errors"));
+        match (fs_type, chose) {
+            ("ext4", false) if self.data.is_empty() => DEFAULT_ERRORS.to_string(),
+            ("ext4", false) => format!("{},{DEFAULT_ERRORS}", self.data),
+            _ => self.data.clone(),
+        }
+    }
+}
+
 /// Bits of mount(2)'s flags, as u64 (libc spells them c_ulong, 32 bits on
 /// 32-bit targets, hence the casts).
 #[allow(clippy::unnecessary_cast)]
@@ -103,12 +122,46 @@ const FORBIDDEN: &[(&str, &str)] = &[
     ),
 ];
 
-/// Filesystem options a host request may not set: they let a filesystem
-/// error take the whole guest down.
-const FORBIDDEN_DATA: &[(&str, &str)] = &[(
-    "errors=panic",
-    "a filesystem error would panic the guest kernel and end the whole sandbox; use errors=remount-ro (the default) or errors=continue",
-)];
+/// Filesystem options (by key, the text before the first `=`) a request may
+/// not set, and why. Each either lets a filesystem error take the whole guest
+/// down, or points the kernel at another device than the volume's disk.
+const FORBIDDEN_KEYS: &[(&str, &str)] = &[
+    (
+        "journal_dev",
+        "an external journal lives on another device, which the agent does not publish with the volume; use a filesystem with an internal journal",
+    ),
+    (
+        "journal_path",
+        "an external journal lives on another device, which the agent does not publish with the volume; use a filesystem with an internal journal",
+    ),
+    (
+        "logdev",
+        "an external log lives on another device, which the agent does not publish with the volume; use a filesystem with an internal log",
+    ),
+    (
+        "rtdev",
+        "a realtime section lives on another device, which the agent does not publish with the volume",
+    ),
+    (
+        "sb",
+        "the agent checks the primary superblock before it mounts; mounting from a backup one would skip that check (repair the disk on the host with e2fsck instead)",
+    ),
+    (
+        "source",
+        "the agent names the device itself, from the request's serial or device_path",
+    ),
+];
+
+/// What `errors=` may say, and what it may not.
+const ERRORS_ALLOWED: &[&str] = &["continue", "remount-ro"];
+const ERRORS_PANIC: &str = "a filesystem error would panic the guest kernel and end the whole sandbox; use errors=remount-ro (the agent's default) or errors=continue";
+const ERRORS_OTHER: &str = "errors= takes remount-ro (the agent's default) or continue";
+
+/// The error behaviour the agent gives an ext4 (and the ext2/ext3 the ext4
+/// driver mounts) unless the request chose one of ERRORS_ALLOWED: whatever
+/// its superblock says (s_errors, or errors= among s_mount_opts), an error
+/// never panics the guest.
+pub const DEFAULT_ERRORS: &str = "errors=remount-ro";
 
 /// Longest single option, and longest data string: mount(2) copies at most a page.
 const MAX_OPTION_LEN: usize = 1024;
@@ -154,11 +207,23 @@ pub fn parse_options(options: &[String], read_only: bool) -> Result<MountOptions
             if opt.starts_with("loop=") {
                 return Err(bad(opt, "the agent mounts block devices, not image files"));
             }
-            if let Some((_, why)) = FORBIDDEN
-                .iter()
-                .chain(FORBIDDEN_DATA)
-                .find(|(n, _)| *n == opt)
-            {
+            if let Some((_, why)) = FORBIDDEN.iter().find(|(n, _)| *n == opt) {
+                return Err(bad(opt, why));
+            }
+            // The kernel splits an option at its first '=' (vfs_parse_fs_string).
+            let (key, value) = match opt.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (opt, None),
+            };
+            if let Some((_, why)) = FORBIDDEN_KEYS.iter().find(|(k, _)| *k == key) {
+                return Err(bad(opt, why));
+            }
+            if key == "errors" && !value.is_some_and(|v| ERRORS_ALLOWED.contains(&v)) {
+                let why = if value == Some("panic") {
+                    ERRORS_PANIC
+                } else {
+                    ERRORS_OTHER
+                };
                 return Err(bad(opt, why));
             }
             match FLAG_TABLE.iter().find(|(n, _, _)| *n == opt) {
@@ -222,6 +287,13 @@ mod tests {
                 "errors=remount-ro",
             ),
             (&["atime", "noatime", "atime"], false, 0, ""),
+            (&["errors=continue"], false, 0, "errors=continue"),
+            (
+                &["logbufs=8", "usrjquota="],
+                false,
+                0,
+                "logbufs=8,usrjquota=",
+            ),
             (&["nosymfollow"], false, libc::MS_NOSYMFOLLOW as u64, ""),
             (
                 &["lazytime", "iversion", "dirsync", "sync"],
@@ -264,6 +336,42 @@ mod tests {
     }
 
     #[test]
+    fn errors_panic_says_why() {
+        let e = parse_options(&opts(&["errors=panic"]), false).unwrap_err();
+        assert!(e.to_string().contains("panic the guest kernel"), "{e}");
+        let e = parse_options(&opts(&["journal_dev=2049"]), false).unwrap_err();
+        assert!(e.to_string().contains("another device"), "{e}");
+    }
+
+    #[test]
+    fn ext4_gets_remount_ro_unless_the_request_chose() {
+        let table: &[(&[&str], &str, &str)] = &[
+            (&[], "ext4", "errors=remount-ro"),
+            (&["noatime"], "ext4", "errors=remount-ro"),
+            (&["discard"], "ext4", "discard,errors=remount-ro"),
+            (&["errors=continue"], "ext4", "errors=continue"),
+            (
+                &["discard,errors=remount-ro"],
+                "ext4",
+                "discard,errors=remount-ro",
+            ),
+            // An option merely containing the word is not a choice.
+            (
+                &["noerrors_here"],
+                "ext4",
+                "noerrors_here,errors=remount-ro",
+            ),
+            // xfs has no errors= option; its data string is left alone.
+            (&[], "xfs", ""),
+            (&["nouuid"], "xfs", "nouuid"),
+        ];
+        for (input, fs, want) in table {
+            let o = parse_options(&opts(input), false).unwrap();
+            assert_eq!(o.kernel_data(fs), *want, "{input:?} on {fs}");
+        }
+    }
+
+    #[test]
     fn refuses_bad_options() {
         let long = "x".repeat(2000);
         let long_utf8 = "é".repeat(1000);
@@ -286,6 +394,17 @@ mod tests {
             opts(&["runbindable"]),
             opts(&["errors=panic"]),
             opts(&["noatime,errors=panic"]),
+            opts(&["errors=remount-ro,errors=panic"]),
+            opts(&["errors="]),
+            opts(&["errors"]),
+            opts(&["errors=Panic"]),
+            opts(&["errors=remount-ro "]),
+            opts(&["journal_dev=2049"]),
+            opts(&["journal_path=/dev/vdc"]),
+            opts(&["logdev=/dev/vdc"]),
+            opts(&["rtdev=/dev/vdc"]),
+            opts(&["sb=8193"]),
+            opts(&["source=/dev/vdc"]),
             opts(&[""]),
             opts(&["noatime,,nosuid"]),
             opts(&["noatime,"]),

@@ -1309,6 +1309,7 @@ impl Volumes {
             let current = grow::fs_size_bytes(fd.as_fd(), &vol.guest_path, &vol.device, fs)?;
             if required_bytes > 0 && required_bytes <= current {
                 let device_bytes = device::size_bytes(&vol.device.path)?;
+                grow::fits(&vol.guest_path, fs, &vol.device, current, device_bytes)?;
                 return Ok(Expanded {
                     capacity_bytes: current,
                     device_bytes,
