@@ -337,6 +337,8 @@ fn run(
         modules,
     ));
     let mut listeners = Vec::new();
+    // The unix sockets this agent made, and so removes when it stops.
+    let mut made: Vec<PathBuf> = Vec::new();
     for addr in &cfg.listen {
         if let Some(p) = unix_path(addr) {
             if let Err(e) = clear_stale_socket(p) {
@@ -345,7 +347,10 @@ fn run(
             }
         }
         match rpc::Address::parse(addr).and_then(|a| rpc::listen(&a).map_err(|e| e.to_string())) {
-            Ok(fd) => listeners.push((addr.clone(), fd)),
+            Ok(fd) => {
+                made.extend(unix_path(addr).map(Path::to_path_buf));
+                listeners.push((addr.clone(), fd))
+            }
             Err(e) => error!(log, "cannot listen"; "listen" => addr, "error" => %e),
         }
     }
@@ -400,10 +405,8 @@ fn run(
     info!(log, "shutting down"; "volumes_unmounted_now" => n);
     // Answers in flight (the Shutdown response among them) leave within the grace.
     server.shutdown();
-    for addr in &cfg.listen {
-        if let Some(p) = unix_path(addr) {
-            let _ = std::fs::remove_file(p);
-        }
+    for p in &made {
+        let _ = std::fs::remove_file(p);
     }
     rustix::fs::sync();
     ExitCode::SUCCESS

@@ -278,6 +278,27 @@ fn a_socket_another_agent_listens_on_is_not_taken() {
         .get_agent_info(ctx(), &pb::GetAgentInfoRequest::new())
         .expect("the first agent is still reachable");
 
+    // Given that address and one of its own, an agent serves on its own;
+    // stopping, it removes only the socket it made.
+    let own = other.path().join("own.sock");
+    let log4 = other.path().join("d.log");
+    let args = [
+        "--listen".to_string(),
+        a.addr(),
+        "--listen".to_string(),
+        format!("unix://{}", own.display()),
+        "--root".to_string(),
+        other.path().join("root4").display().to_string(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut d = spawn(0o022, &args, &log4);
+    wait_for_socket(&mut d, &own, &log4);
+    stop(d, &own);
+    assert!(!own.exists());
+    a.client()
+        .get_agent_info(ctx(), &pb::GetAgentInfoRequest::new())
+        .expect("the first agent's socket outlived the other agent");
+
     // A stale socket (nothing listens) is replaced as before.
     let stale = other.path().join("stale.sock");
     drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
