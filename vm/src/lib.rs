@@ -1040,14 +1040,18 @@ impl Vm {
                 self.dir.display()
             )));
         }
-        for f in [
+        // A shared backend (vhost_pid 0) keeps its sockets: it serves on.
+        let backend: &[&str] = if self.state.vhost_pid == 0 {
+            &[]
+        } else {
+            &["vhost.sock", "vsock.sock"]
+        };
+        for f in backend.iter().chain(&[
             SANDBOX_FILE,
-            "vhost.sock",
-            "vsock.sock",
             "qmp.sock",
             "state.json",
             notify_socket_name().as_str(),
-        ] {
+        ]) {
             let _ = fs::remove_file(self.dir.join(f));
         }
         self.released = true;
