@@ -145,8 +145,13 @@ fn clear_stale_socket(p: &Path) -> Result<(), String> {
                 "something already listens on {}: stop it or listen elsewhere",
                 p.display()
             )),
-            Err(_) => std::fs::remove_file(p)
+            // Nothing listens: what an earlier run left.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => std::fs::remove_file(p)
                 .map_err(|e| format!("cannot remove the stale socket {}: {e}", p.display())),
+            Err(e) => Err(format!(
+                "cannot tell whether something listens on {} ({e}): not replacing it",
+                p.display()
+            )),
         },
     }
 }
