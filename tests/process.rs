@@ -107,9 +107,11 @@ fn helper_connect() {
 }
 
 /// Whether `nobody` can connect to `sock`: Some(true) if it did, Some(false)
-/// if refused (EACCES), None if it failed otherwise.
-fn nobody_connects(sock: &Path) -> Option<bool> {
-    let st = Command::new(std::env::current_exe().unwrap())
+/// if refused (EACCES), None if it failed otherwise. `helper` is a copy of
+/// this test binary where `nobody` may run it (the build's may sit in a
+/// directory only root can enter).
+fn nobody_connects(helper: &Path, sock: &Path) -> Option<bool> {
+    let st = Command::new(helper)
         .args(["--ignored", "--exact", "helper_connect", "--test-threads=1"])
         .env(CONNECT_ENV, sock)
         .uid(NOBODY)
@@ -151,11 +153,14 @@ fn a_root_agent_under_umask_0_is_private() {
 
     // What the kernel enforces: a local user who is not root cannot connect
     // (before the fix the socket was 0777 and they could, then Shutdown).
+    let helper = dir.path().join("helper");
+    std::fs::copy(std::env::current_exe().unwrap(), &helper).unwrap();
+    std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
     let helper_works = {
         let open = dir.path().join("open.sock");
         let _l = std::os::unix::net::UnixListener::bind(&open).unwrap();
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
-        nobody_connects(&open)
+        nobody_connects(&helper, &open)
     };
     assert_eq!(
         helper_works,
@@ -163,7 +168,7 @@ fn a_root_agent_under_umask_0_is_private() {
         "the helper must be able to connect to an open socket, or this test proves nothing"
     );
     assert_eq!(
-        nobody_connects(&sock),
+        nobody_connects(&helper, &sock),
         Some(false),
         "a user who is not root could connect to the agent's socket (mode {:o})",
         mode(&sock)
