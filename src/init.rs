@@ -127,6 +127,13 @@ pub struct Settings {
     pub log_format: Option<String>,
     /// `crust.modules=a,b`: extra modules to load, repeatable.
     pub modules: Vec<String>,
+    /// `crust.vsock_peers=host|any|CID,…`: which vsock peers may connect.
+    pub vsock_peers: Option<String>,
+    /// `crust.notify=ADDR`: where to announce readiness (notify.rs).
+    pub notify: Option<String>,
+    /// `systemd.set_credential=vmm.notify_socket:ADDR`: systemd's spelling of
+    /// the same, for VMMs that wait for systemd guests.
+    pub vmm_notify_socket: Option<String>,
 }
 
 /// Splits a kernel command line into words the way the kernel does:
@@ -179,6 +186,15 @@ pub fn kernel_settings(cmdline: &str) -> Settings {
             "crust.modules" => s
                 .modules
                 .extend(value.split(',').filter(|m| !m.is_empty()).map(module_name)),
+            "crust.vsock_peers" => s.vsock_peers = Some(value.to_string()),
+            "crust.notify" => s.notify = Some(value.to_string()),
+            "systemd.set_credential" => {
+                if let Some(("vmm.notify_socket", addr)) = value.split_once(':') {
+                    if !addr.is_empty() {
+                        s.vmm_notify_socket = Some(addr.to_string());
+                    }
+                }
+            }
             _ => {}
         }
     }
@@ -540,6 +556,19 @@ mod tests {
             // Quotes group words and are dropped, as the kernel does.
             ("crust.root=\"/a b\" x", Settings { root: Some("/a b".into()), ..Default::default() }),
             ("\tcrust.root=/x\n", Settings { root: Some("/x".into()), ..Default::default() }),
+            (
+                "crust.vsock_peers=host,5 crust.notify=vsock-stream:2:1025",
+                Settings {
+                    vsock_peers: Some("host,5".into()),
+                    notify: Some("vsock-stream:2:1025".into()),
+                    ..Default::default()
+                },
+            ),
+            // systemd's credential for the VMM's notification socket; other credentials are not ours.
+            (
+                "systemd.set_credential=vmm.notify_socket:vsock-stream:2:9 systemd.set_credential=x:y",
+                Settings { vmm_notify_socket: Some("vsock-stream:2:9".into()), ..Default::default() },
+            ),
         ];
         for (line, want) in cases {
             assert_eq!(&kernel_settings(line), want, "cmdline {line:?}");

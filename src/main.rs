@@ -9,10 +9,11 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crust_agent::device::Sysfs;
+use crust_agent::notify::Target;
 use crust_agent::server::Service;
 use crust_agent::system::{self, Gate, Timeline};
 use crust_agent::volumes::Volumes;
-use crust_agent::{init, logging, rpc};
+use crust_agent::{init, instance, logging, notify, rpc};
 use crust_protocols::crust_ttrpc;
 use slog::{error, info, warn};
 
@@ -23,13 +24,24 @@ const EARLY_MODULES: [&str; 2] = ["virtio_pci", "vmw_vsock_virtio_transport"];
 /// How long answers in flight may take to leave once the agent stops.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
+/// How long one readiness announcement may take (connect, then write).
+const NOTIFY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Announcements tried before giving up (about 30 s with the pauses).
+const NOTIFY_ATTEMPTS: u32 = 8;
+
 const USAGE: &str = "\
 usage: crust-agent [--listen ADDR]... [--root DIR] [--log-level LEVEL] [--log-format text|json]
-  ADDR   vsock://-1:1024 (the default) | vsock://CID:PORT | unix:///path/to.sock
-  DIR    where volumes and binds live: DIR/volumes/<id>, DIR/state; default /run/crust
-  LEVEL  error | warn | info (the default) | debug
+                   [--vsock-peers PEERS] [--notify NOTIFY]
+  ADDR    vsock://-1:1024 (the default) | vsock://CID:PORT | unix:///path/to.sock (mode 0600)
+  DIR     where volumes and binds live: DIR/volumes/<id>, DIR/state; default /run/crust
+          (created 0700; one agent per DIR: a second one is refused)
+  LEVEL   error | warn | info (the default) | debug
+  PEERS   who may connect over vsock: host (CID 2, the default) | any | a list such as host,5
+  NOTIFY  where to send READY=1 once listening (sd_notify): vsock-stream:CID:PORT | /path | @name;
+          default $NOTIFY_SOCKET
 As PID 1 the same settings come from the kernel command line: crust.listen=,
-crust.root=, crust.log=, crust.log_format=, crust.modules=mod1,mod2.";
+crust.root=, crust.log=, crust.log_format=, crust.vsock_peers=, crust.notify=
+(or systemd.set_credential=vmm.notify_socket:ADDR), crust.modules=mod1,mod2.";
 
 /// The agent's settings, from flags or the kernel command line.
 #[derive(Debug, PartialEq, Eq)]
@@ -39,6 +51,8 @@ struct Config {
     level: slog::Level,
     format: logging::Format,
     modules: Vec<String>,
+    vsock_peers: rpc::Peers,
+    notify: Option<Target>,
 }
 
 impl Default for Config {
@@ -49,6 +63,8 @@ impl Default for Config {
             level: slog::Level::Info,
             format: logging::Format::Text,
             modules: Vec::new(),
+            vsock_peers: rpc::Peers::default(),
+            notify: None,
         }
     }
 }
@@ -74,6 +90,8 @@ fn apply(cfg: &mut Config, key: &str, value: &str) -> Result<(), String> {
             cfg.format = logging::Format::parse(value)
                 .ok_or(format!("log format {value:?} is not text or json"))?
         }
+        "vsock-peers" | "vsock_peers" => cfg.vsock_peers = rpc::Peers::parse(value)?,
+        "notify" => cfg.notify = Some(Target::parse(value)?),
         _ => return Err(format!("unknown setting {key:?}")),
     }
     Ok(())
@@ -93,7 +111,8 @@ fn parse_flags(args: &[String], cfg: &mut Config) -> Result<Option<()>, String> 
                 println!("crust-agent {}", env!("CARGO_PKG_VERSION"));
                 return Ok(None);
             }
-            "--listen" | "--root" | "--log-level" | "--log-format" => {
+            "--listen" | "--root" | "--log-level" | "--log-format" | "--vsock-peers"
+            | "--notify" => {
                 let v = match inline {
                     Some(v) => v,
                     None => it.next().cloned().ok_or(format!("{key} needs a value"))?,
@@ -110,7 +129,61 @@ fn unix_path(addr: &str) -> Option<&Path> {
     addr.strip_prefix("unix://").map(Path::new)
 }
 
+/// Removes a socket an earlier run left at `p`, so bind can succeed. A
+/// socket something still listens on is not stale (another agent serves
+/// there) and anything that is not a socket is not ours: both are refused.
+fn clear_stale_socket(p: &Path) -> Result<(), String> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(p) {
+        Err(_) => Ok(()),
+        Ok(m) if !m.file_type().is_socket() => Err(format!(
+            "{} exists and is not a socket: remove it or listen elsewhere",
+            p.display()
+        )),
+        Ok(_) => match std::os::unix::net::UnixStream::connect(p) {
+            Ok(_) => Err(format!(
+                "something already listens on {}: stop it or listen elsewhere",
+                p.display()
+            )),
+            // Nothing listens: what an earlier run left.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => std::fs::remove_file(p)
+                .map_err(|e| format!("cannot remove the stale socket {}: {e}", p.display())),
+            Err(e) => Err(format!(
+                "cannot tell whether something listens on {} ({e}): not replacing it",
+                p.display()
+            )),
+        },
+    }
+}
+
+/// Tells whoever waits for the agent that it listens (`READY=1`, sd_notify
+/// style, notify.rs), from a thread of its own so that serving never waits
+/// for it; bounded attempts, the outcome logged.
+fn announce_ready(target: Target, cfg: &Config, log: slog::Logger) {
+    let message = format!(
+        "READY=1\nSTATUS=crust-agent {} listening on {}\n",
+        env!("CARGO_PKG_VERSION"),
+        cfg.listen.join(",")
+    );
+    let spawned = std::thread::Builder::new()
+        .name("notify".into())
+        .spawn(move || {
+            match notify::announce(&target, &message, NOTIFY_ATTEMPTS, NOTIFY_TIMEOUT) {
+                Ok(n) => info!(log, "readiness announced"; "notify" => %target, "attempts" => n),
+                Err(e) => warn!(log, "cannot announce readiness"; "notify" => %target,
+                                "attempts" => NOTIFY_ATTEMPTS, "error" => %e),
+            }
+        });
+    if spawned.is_err() {
+        eprintln!("crust-agent: cannot start the readiness thread");
+    }
+}
+
 fn main() -> ExitCode {
+    // Whatever the agent creates (its root, state, sockets, mount points) is
+    // for root alone, whatever umask it was started with; the modes it asks
+    // for are narrower still where that matters (sockets 0600, the root 0700).
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     let agent_start_ms = system::boottime_ms();
     let started = Instant::now();
     let pid1 = rustix::process::getpid().is_init();
@@ -135,7 +208,10 @@ fn main() -> ExitCode {
             .map(|(k, v): (&str, String)| (k, v))
             .chain(s.root.map(|v| ("root", v)))
             .chain(s.log.map(|v| ("log", v)))
-            .chain(s.log_format.map(|v| ("log_format", v)));
+            .chain(s.log_format.map(|v| ("log_format", v)))
+            .chain(s.vsock_peers.map(|v| ("vsock_peers", v)))
+            // crust.notify= wins over systemd's credential spelling of the same.
+            .chain(s.notify.or(s.vmm_notify_socket).map(|v| ("notify", v)));
         for (k, v) in pairs {
             if let Err(e) = apply(&mut cfg, k, &v) {
                 early_warnings.push(format!("kernel command line: {e}; ignored"));
@@ -161,9 +237,21 @@ fn main() -> ExitCode {
     if cfg.listen.is_empty() {
         cfg.listen.push("vsock://-1:1024".to_string());
     }
+    // The service manager's socket, as sd_notify(3) finds it; for PID 1 the
+    // kernel passes NOTIFY_SOCKET= from its command line the same way.
+    if cfg.notify.is_none() {
+        if let Some(v) = std::env::var_os("NOTIFY_SOCKET") {
+            match Target::parse(&v.to_string_lossy()) {
+                Ok(t) => cfg.notify = Some(t),
+                Err(e) => early_warnings.push(format!("NOTIFY_SOCKET: {e}; ignored")),
+            }
+        }
+    }
     let log = logging::logger(cfg.format, cfg.level);
     info!(log, "crust-agent starting"; "version" => env!("CARGO_PKG_VERSION"), "pid1" => pid1,
-          "root" => %cfg.root.display(), "listen" => cfg.listen.join(","));
+          "root" => %cfg.root.display(), "listen" => cfg.listen.join(","),
+          "vsock_peers" => %cfg.vsock_peers,
+          "notify" => cfg.notify.as_ref().map(|t| t.to_string()).unwrap_or_default());
     for w in &early_warnings {
         warn!(log, "{}", w);
     }
@@ -228,6 +316,15 @@ fn run(
     modules: Arc<Gate>,
     after_listening: Option<Box<dyn FnOnce() + Send>>,
 ) -> ExitCode {
+    // One agent per root, held for the life of the process: taken before the
+    // table is opened, so a refused agent has touched nothing.
+    let _root_lock = match instance::lock_root(&cfg.root) {
+        Ok(l) => l,
+        Err(e) => {
+            error!(log, "cannot take the root"; "root" => %cfg.root.display(), "error" => %e);
+            return ExitCode::FAILURE;
+        }
+    };
     let volumes = match Volumes::open(&cfg.root, Sysfs::system(), log.clone()) {
         Ok(v) => Arc::new(v),
         Err(e) => {
@@ -245,16 +342,20 @@ fn run(
         modules,
     ));
     let mut listeners = Vec::new();
+    // The unix sockets this agent made, and so removes when it stops.
+    let mut made: Vec<PathBuf> = Vec::new();
     for addr in &cfg.listen {
         if let Some(p) = unix_path(addr) {
-            use std::os::unix::fs::FileTypeExt;
-            // A socket left by an earlier run would make bind fail; anything else is not ours to remove.
-            if std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_socket()) {
-                let _ = std::fs::remove_file(p);
+            if let Err(e) = clear_stale_socket(p) {
+                error!(log, "cannot listen"; "listen" => addr, "error" => e);
+                continue;
             }
         }
         match rpc::Address::parse(addr).and_then(|a| rpc::listen(&a).map_err(|e| e.to_string())) {
-            Ok(fd) => listeners.push((addr.clone(), fd)),
+            Ok(fd) => {
+                made.extend(unix_path(addr).map(Path::to_path_buf));
+                listeners.push((addr.clone(), fd))
+            }
             Err(e) => error!(log, "cannot listen"; "listen" => addr, "error" => %e),
         }
     }
@@ -275,6 +376,7 @@ fn run(
         listeners,
         crust_ttrpc::create_agent(service),
         limits,
+        cfg.vsock_peers.clone(),
         log.clone(),
         SHUTDOWN_GRACE,
     ) {
@@ -295,6 +397,9 @@ fn run(
     if let Some(f) = after_listening {
         f();
     }
+    if let Some(target) = cfg.notify.clone() {
+        announce_ready(target, cfg, log.clone());
+    }
     let signal_tx = tx.clone();
     init::start_reaper_and_signals(move || {
         let _ = signal_tx.send(());
@@ -305,10 +410,8 @@ fn run(
     info!(log, "shutting down"; "volumes_unmounted_now" => n);
     // Answers in flight (the Shutdown response among them) leave within the grace.
     server.shutdown();
-    for addr in &cfg.listen {
-        if let Some(p) = unix_path(addr) {
-            let _ = std::fs::remove_file(p);
-        }
+    for p in &made {
+        let _ = std::fs::remove_file(p);
     }
     rustix::fs::sync();
     ExitCode::SUCCESS
@@ -335,10 +438,24 @@ mod tests {
                 "--log-level",
                 "debug",
                 "--log-format=json",
+                "--vsock-peers",
+                "host,7",
+                "--notify=vsock-stream:2:1025",
             ]),
             &mut c,
         )
         .unwrap();
+        assert!(c.vsock_peers.allows(2) && c.vsock_peers.allows(7) && !c.vsock_peers.allows(1));
+        assert_eq!(
+            c.notify,
+            Some(Target::parse("vsock-stream:2:1025").unwrap())
+        );
+        // The default: the host alone.
+        let d = Config::default();
+        assert!(d.vsock_peers.allows(rpc::VMADDR_CID_HOST));
+        for cid in [0, 1, 3, 4, u32::MAX] {
+            assert!(!d.vsock_peers.allows(cid), "{cid}");
+        }
         assert_eq!(c.listen, vec!["unix:///tmp/a.sock", "vsock://-1:1024"]);
         assert_eq!(c.root, PathBuf::from("/tmp/r"));
         assert_eq!(c.level, slog::Level::Debug);
@@ -351,6 +468,9 @@ mod tests {
             &["--root", "rel"],
             &["--log-level", "loud"],
             &["--log-format", "xml"],
+            &["--vsock-peers", "nobody"],
+            &["--vsock-peers", "host,"],
+            &["--notify", "vsock-dgram:2:1"],
             &["--frob"],
         ] {
             assert!(

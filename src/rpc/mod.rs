@@ -32,7 +32,7 @@ use rustix::event::{eventfd, EventfdFlags};
 use slog::{warn, Logger};
 
 pub use dispatch::Methods;
-pub use listen::{listen, raise_fd_limit, Address};
+pub use listen::{listen, raise_fd_limit, Address, Peers, VsockAddr, SOCKET_MODE, VMADDR_CID_HOST};
 
 use dispatch::Outbox;
 use lograte::LogRate;
@@ -104,12 +104,14 @@ pub struct Server {
 
 impl Server {
     /// Serves `methods` on the listening sockets (address, socket), within
-    /// `limits`. The descriptor limit is raised for the connections; if it
-    /// cannot be, the connection limit shrinks to fit and says so.
+    /// `limits`, to the vsock `peers` allowed. The descriptor limit is raised
+    /// for the connections; if it cannot be, the connection limit shrinks to
+    /// fit and says so.
     pub fn start(
         listeners: Vec<(String, OwnedFd)>,
         methods: Methods,
         mut limits: Limits,
+        peers: Peers,
         log: Logger,
         grace: Duration,
     ) -> io::Result<Server> {
@@ -190,6 +192,7 @@ impl Server {
             rate,
             stop: stop.clone(),
             accept_paused_until: None,
+            peers,
         };
         reactor.register()?;
         let event_loop = std::thread::Builder::new()

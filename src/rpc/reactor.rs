@@ -5,7 +5,7 @@
 //! every bound of [`Limits`] is enforced here.
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 use rustix::event::epoll::{self, EventData, EventFlags};
 use rustix::io::Errno;
 use rustix::net::SocketFlags;
-use slog::{debug, warn, Logger};
+use slog::{debug, info, warn, Logger};
 
 use super::conn::{Admit, Conn};
 use super::dispatch::{Done, Job, Methods};
+use super::listen::{peer_of, Peer, Peers, VMADDR_CID_HOST};
 use super::lograte::LogRate;
 use super::pool::{Lane, Queue};
 use super::Limits;
@@ -50,6 +51,8 @@ pub(crate) struct Reactor {
     pub(crate) stop: Arc<AtomicBool>,
     /// Accepting resumes at this time (after running out of descriptors).
     pub(crate) accept_paused_until: Option<Instant>,
+    /// Which vsock peers may connect.
+    pub(crate) peers: Peers,
 }
 
 /// Why a connection is closed, for the log.
@@ -184,7 +187,11 @@ impl Reactor {
                 return;
             };
             match rustix::net::accept_with(fd, SocketFlags::NONBLOCK | SocketFlags::CLOEXEC) {
-                Ok(c) => self.admit_conn(c, now),
+                Ok(c) => {
+                    if let Some(peer) = self.peer_allowed(&c, addr) {
+                        self.admit_conn(c, peer, now)
+                    }
+                }
                 Err(Errno::AGAIN) => return,
                 Err(Errno::INTR) | Err(Errno::CONNABORTED) => continue,
                 Err(e) => {
@@ -200,6 +207,34 @@ impl Reactor {
                 }
             }
         }
+    }
+
+    /// Whether the peer of a new connection may talk to the agent (vsock:
+    /// its context id is in [`Peers`]); a refused one is logged (rate
+    /// limited) and closed before anything is read from it.
+    fn peer_allowed(&self, c: &OwnedFd, addr: &str) -> Option<Peer> {
+        let refused = match peer_of(c.as_fd()) {
+            Ok(Peer::Local) => return Some(Peer::Local),
+            Ok(p @ Peer::Vsock { cid, port }) if self.peers.allows(cid) => {
+                // Allowed by --vsock-peers: worth a line, the default allows none.
+                if cid != VMADDR_CID_HOST {
+                    if let Some(held) = self.rate.allow() {
+                        info!(self.log, "connection from a vsock peer other than the host";
+                              "listen" => addr, "peer" => format!("cid {cid} port {port}"),
+                              "lines_held_back" => held);
+                    }
+                }
+                return Some(p);
+            }
+            Ok(Peer::Vsock { cid, port }) => format!("cid {cid} port {port}"),
+            Err(e) => format!("unknown ({e})"),
+        };
+        if let Some(held) = self.rate.allow() {
+            warn!(self.log, "connection refused: this vsock peer may not talk to the agent (see --vsock-peers)";
+                  "listen" => addr, "peer" => refused, "allowed" => %self.peers,
+                  "lines_held_back" => held);
+        }
+        None
     }
 
     fn pause_accepting(&mut self, now: Instant) {
@@ -225,7 +260,7 @@ impl Reactor {
 
     /// Takes a new connection in, making room at the limit by closing the
     /// longest-idle one; with every connection busy, refuses it.
-    fn admit_conn(&mut self, fd: OwnedFd, now: Instant) {
+    fn admit_conn(&mut self, fd: OwnedFd, peer: Peer, now: Instant) {
         if self.conns.len() >= self.limits.max_connections {
             let idlest = self
                 .conns
@@ -266,7 +301,11 @@ impl Reactor {
         }
         self.conns
             .insert(id, Conn::new(fd, self.limits.max_request));
-        debug!(self.log, "connection opened"; "conn" => id, "connections" => self.conns.len());
+        debug!(self.log, "connection opened"; "conn" => id, "connections" => self.conns.len(),
+        "peer" => match peer {
+            Peer::Local => "local".to_string(),
+            Peer::Vsock { cid, port } => format!("cid {cid} port {port}"),
+        });
     }
 
     fn on_conn(&mut self, id: u64, flags: EventFlags, now: Instant) {

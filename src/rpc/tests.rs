@@ -75,6 +75,7 @@ fn start(limits: Limits) -> Running {
         vec![("t".into(), fd)],
         methods,
         limits,
+        Peers::default(),
         crate::logging::discard(),
         Duration::from_secs(1),
     )

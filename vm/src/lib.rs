@@ -1,7 +1,22 @@
 //! crust-vm: boots the crust-agent guest (kernel + initrd) under QEMU with a
-//! vhost-user vsock backend, waits until the agent answers, and drives the
-//! VMM side over QMP (hot-plug, resize, unplug) until a clean power-off.
+//! vhost-user vsock backend, waits until the agent says it is ready, and
+//! drives the VMM side over QMP (hot-plug, resize, unplug) until a clean
+//! power-off.
+//!
+//! Readiness is pushed, not polled: the guest's kernel command line carries
+//! `crust.notify=vsock-stream:2:NOTIFY_PORT`, the agent connects to the host
+//! on that port once it listens and writes `READY=1` (systemd's sd_notify
+//! convention over AF_VSOCK), and vhost-device-vsock hands that connection
+//! to the unix socket `DIR/vsock.sock_NOTIFY_PORT`, where `up` waits. Polling
+//! the guest while it boots is what made boots hang under load:
+//! vhost-device-vsock 0.3.0 ends its vring worker thread (and with it the
+//! VM's vsock, for good) when a host connection arrives while the guest's
+//! driver is still setting its queues up, or when a client closes a stream
+//! whose CONNECT the guest has not answered yet (hvsock.rs). The host
+//! therefore connects only once the guest has said it is ready, and never
+//! gives up on a CONNECT it has sent.
 
+mod files;
 pub mod hvsock;
 pub mod initrd;
 pub mod qmp;
@@ -9,6 +24,8 @@ pub mod qmp;
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, Read};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -23,6 +40,14 @@ use serde_json::json;
 pub const GUEST_CID: u32 = 3;
 /// The agent's default vsock port.
 pub const AGENT_PORT: u32 = 1024;
+/// The host port the agent announces readiness to (`crust.notify=`).
+pub const NOTIFY_PORT: u32 = 1025;
+/// Without a READY (an agent that does not announce, or `notify` off), the
+/// agent is polled once the console shows it listening and this long has
+/// passed: its vsock driver is up by then.
+const POLL_AFTER_LISTENING: Duration = Duration::from_secs(3);
+/// How long one GetAgentInfo may take once the agent is ready.
+const INFO_TIMEOUT: Duration = Duration::from_secs(10);
 /// The sandbox registry entry `up` writes in its directory, for crustd.
 pub const SANDBOX_FILE: &str = "sandbox.json";
 
@@ -91,6 +116,17 @@ pub struct VmOptions {
     pub port: u32,
     /// How long to wait for the agent to answer.
     pub boot_timeout: Duration,
+    /// The guest's vsock context id.
+    pub cid: u32,
+    /// Wait for the agent's READY on [`NOTIFY_PORT`] (the default). Off, the
+    /// agent is polled once the console shows it listening.
+    pub notify: bool,
+    /// An already running vhost-user-vsock backend to use (its `--socket`),
+    /// instead of starting one; its `uds-path` for this guest must be
+    /// `DIR/vsock.sock`. crust-vm then neither starts nor stops a backend
+    /// (one vhost-device-vsock can serve several guests, which may then
+    /// reach each other).
+    pub vhost_socket: Option<PathBuf>,
 }
 
 impl VmOptions {
@@ -107,6 +143,9 @@ impl VmOptions {
             accel: None,
             port: AGENT_PORT,
             boot_timeout: Duration::from_secs(90),
+            cid: GUEST_CID,
+            notify: true,
+            vhost_socket: None,
         }
     }
 }
@@ -136,15 +175,28 @@ pub struct Disk {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct State {
     qemu_pid: u32,
+    /// 0 when the backend is not ours (`VmOptions::vhost_socket`).
     vhost_pid: u32,
     port: u32,
     disks: BTreeMap<String, Disk>,
+}
+
+/// How `up` learnt that the agent was ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// The agent's `READY=1` on [`NOTIFY_PORT`].
+    Notified,
+    /// Polled, once the console showed the agent listening.
+    Polled,
 }
 
 /// A running VM.
 pub struct Vm {
     /// The VM's directory (absolute).
     dir: PathBuf,
+    /// The directory, opened without following a symlink: every file crust-vm
+    /// writes there is created relative to it.
+    dir_fd: OwnedFd,
     /// Pids and disks.
     state: State,
     /// QEMU, when this process started it (so it can be reaped).
@@ -153,6 +205,8 @@ pub struct Vm {
     vhost: Option<Child>,
     /// What the agent said when it first answered (only after `up`).
     boot_info: Option<GetAgentInfoResponse>,
+    /// How readiness was learnt, and when (after QEMU started) (only after `up`).
+    ready: Option<(Readiness, Duration)>,
     /// Set by `down` and `detach`: Drop leaves the processes alone.
     released: bool,
 }
@@ -228,6 +282,52 @@ fn signal(pid: u32, sig: i32) {
     unsafe {
         libc::kill(pid as libc::pid_t, sig);
     }
+}
+
+/// A log file `name` in the VM's directory (files.rs), for a child's
+/// stdout and stderr: one open file, so their lines do not overwrite each other.
+fn log_file(dir_fd: &OwnedFd, dir: &Path, name: &str) -> Result<(Stdio, Stdio)> {
+    let f = files::create(dir_fd, name)
+        .map_err(io_err(format!("cannot create {name} in {}", dir.display())))?;
+    let g = f
+        .try_clone()
+        .map_err(io_err(format!("cannot create {name} in {}", dir.display())))?;
+    Ok((Stdio::from(f), Stdio::from(g)))
+}
+
+/// The descriptor QEMU gets the console file on.
+const CONSOLE_FD: i32 = 3;
+
+/// The unix socket the backend connects the guest's READY to.
+fn notify_socket_name() -> String {
+    format!("vsock.sock_{NOTIFY_PORT}")
+}
+
+/// Reads one notification (sd_notify: `KEY=VALUE` lines) and says whether
+/// it holds `READY=1`. Bounded: 4 KiB, 5 s. The end of the message is its
+/// newline, not the end of the stream (hybrid vsock relays no half-close).
+fn ready_message(s: UnixStream) -> bool {
+    let _ = s.set_nonblocking(false);
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 512];
+    let mut s = s;
+    while buf.len() < 4096 {
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+        if buf.split(|&b| b == b'\n').any(|l| l == b"READY=1") {
+            return true;
+        }
+    }
+    buf.split(|&b| b == b'\n').any(|l| l == b"READY=1")
+}
+
+/// Whether the guest console shows the agent's "listening" line (text or JSON log).
+fn console_says_listening(console: &Path) -> bool {
+    let text = tail(console, 64 << 10);
+    text.contains(" INFO listening ") || text.contains("\"msg\":\"listening\"")
 }
 
 /// Reads the last `n` bytes of a log, for error messages.
@@ -330,13 +430,16 @@ fn kvm_probe(kernel: &Path) -> bool {
 }
 
 impl Vm {
-    /// Starts the vsock backend and QEMU, and waits until the agent answers
-    /// GetAgentInfo over hybrid vsock. On failure nothing is left running.
+    /// Starts the vsock backend and QEMU, waits until the agent says it is
+    /// ready (module documentation), then asks it GetAgentInfo. On failure
+    /// nothing is left running.
     pub fn up(opts: VmOptions) -> Result<Vm> {
         fs::create_dir_all(&opts.dir)
             .map_err(io_err(format!("cannot create {}", opts.dir.display())))?;
         let dir = fs::canonicalize(&opts.dir)
             .map_err(io_err(format!("cannot resolve {}", opts.dir.display())))?;
+        let dir_fd =
+            files::open_dir(&dir).map_err(io_err(format!("cannot open {}", dir.display())))?;
         if let Ok(old) = read_state(&dir) {
             if alive(old.qemu_pid, &dir) {
                 return Err(Error::Invalid(format!(
@@ -355,145 +458,303 @@ impl Vm {
                 )));
             }
         }
-        for f in [
-            "vhost.sock",
-            "vsock.sock",
+        let notify_name = notify_socket_name();
+        // What an earlier VM here left; a shared backend's sockets are its own.
+        let ours: &[&str] = if opts.vhost_socket.is_some() {
+            &[]
+        } else {
+            &["vhost.sock", "vsock.sock"]
+        };
+        for f in ours.iter().chain(&[
             "qmp.sock",
             "console.log",
             "state.json",
-        ] {
-            let _ = fs::remove_file(dir.join(f));
+            SANDBOX_FILE,
+            notify_name.as_str(),
+        ]) {
+            let _ = rustix::fs::unlinkat(&dir_fd, *f, rustix::fs::AtFlags::empty());
         }
-        let vhost_bin =
-            find_program("vhost-device-vsock", "CRUST_VHOST_DEVICE_VSOCK").ok_or_else(|| {
-                Error::Invalid(
-                    "vhost-device-vsock not found: cargo install vhost-device-vsock --locked"
-                        .into(),
-                )
-            })?;
+        let vhost_bin = match opts.vhost_socket {
+            Some(_) => None,
+            None => Some(
+                find_program("vhost-device-vsock", "CRUST_VHOST_DEVICE_VSOCK").ok_or_else(
+                    || {
+                        Error::Invalid(
+                        "vhost-device-vsock not found: cargo install vhost-device-vsock --locked"
+                            .into(),
+                    )
+                    },
+                )?,
+            ),
+        };
         let accel = opts.accel.unwrap_or_else(|| choose_accel(&opts.kernel));
 
-        let log = |name: &str| -> Result<Stdio> {
-            let f = fs::File::create(dir.join(name))
-                .map_err(io_err(format!("cannot create {name} in {}", dir.display())))?;
-            Ok(Stdio::from(f))
+        // The agent's READY arrives here: the backend connects the guest's
+        // connection to host port NOTIFY_PORT to `<uds-path>_NOTIFY_PORT`.
+        let notify = if opts.notify {
+            let l = UnixListener::bind(dir.join(&notify_name)).map_err(io_err(format!(
+                "cannot listen on {}",
+                dir.join(&notify_name).display()
+            )))?;
+            l.set_nonblocking(true)
+                .map_err(io_err("cannot make the notify socket non-blocking"))?;
+            Some(l)
+        } else {
+            None
         };
-        let vhost = Command::new(&vhost_bin)
-            .arg("--guest-cid")
-            .arg(GUEST_CID.to_string())
-            .arg("--socket")
-            .arg(dir.join("vhost.sock"))
-            .arg("--uds-path")
-            .arg(dir.join("vsock.sock"))
-            .stdin(Stdio::null())
-            .stdout(log("vhost.log")?)
-            .stderr(log("vhost.log")?)
-            .process_group(0)
-            .spawn()
-            .map_err(io_err(format!("cannot start {}", vhost_bin.display())))?;
+
         let mut vm = Vm {
             dir: dir.clone(),
+            dir_fd,
             state: State {
-                vhost_pid: vhost.id(),
                 port: opts.port,
                 ..Default::default()
             },
             qemu: None,
-            vhost: Some(vhost),
+            vhost: None,
             boot_info: None,
+            ready: None,
             released: false,
         };
-        // From here on, Drop stops whatever was started if we return early.
-        vm.wait_for_socket(&dir.join("vhost.sock"), Duration::from_secs(10))?;
+        let vhost_socket = match (&opts.vhost_socket, vhost_bin) {
+            (Some(s), _) => s.clone(),
+            (None, Some(bin)) => {
+                let (out, err) = log_file(&vm.dir_fd, &dir, "vhost.log")?;
+                let vhost = Command::new(&bin)
+                    .arg("--guest-cid")
+                    .arg(opts.cid.to_string())
+                    .arg("--socket")
+                    .arg(dir.join("vhost.sock"))
+                    .arg("--uds-path")
+                    .arg(dir.join("vsock.sock"))
+                    .stdin(Stdio::null())
+                    .stdout(out)
+                    .stderr(err)
+                    .process_group(0)
+                    .spawn()
+                    .map_err(io_err(format!("cannot start {}", bin.display())))?;
+                vm.state.vhost_pid = vhost.id();
+                vm.vhost = Some(vhost);
+                // From here on, Drop stops whatever was started if we return early.
+                vm.wait_for_socket(&dir.join("vhost.sock"), Duration::from_secs(10))?;
+                dir.join("vhost.sock")
+            }
+            (None, None) => unreachable!("a backend program was found or given"),
+        };
 
         let mem = format!("{}M", opts.memory_mib);
         let mut append = String::from("console=ttyS0 quiet panic=-1");
+        if opts.notify {
+            append.push_str(&format!(" crust.notify=vsock-stream:2:{NOTIFY_PORT}"));
+        }
         if !opts.append.trim().is_empty() {
             append.push(' ');
             append.push_str(opts.append.trim());
         }
-        let qemu = Command::new("qemu-system-x86_64")
-            .args([
-                "-name",
-                "crust-vm",
-                "-machine",
-                "pc",
-                "-accel",
-                accel.name(),
-            ])
-            .args(["-cpu", if accel == Accel::Kvm { "host" } else { "max" }])
-            .args(["-m", &mem, "-smp", &opts.cpus.to_string()])
-            .args([
-                "-nodefaults",
-                "-no-user-config",
-                "-display",
-                "none",
-                "-no-reboot",
-            ])
-            .arg("-serial")
-            .arg(format!("file:{}", dir.join("console.log").display()))
-            .arg("-kernel")
-            .arg(&opts.kernel)
-            .arg("-initrd")
-            .arg(&opts.initrd)
-            .arg("-append")
-            .arg(&append)
-            .arg("-object")
-            .arg(format!("memory-backend-memfd,id=mem,size={mem},share=on"))
-            .args(["-numa", "node,memdev=mem"])
-            .arg("-chardev")
-            .arg(format!(
-                "socket,id=vs,path={}",
-                dir.join("vhost.sock").display()
-            ))
-            .args(["-device", "vhost-user-vsock-pci,chardev=vs"])
-            .arg("-qmp")
-            .arg(format!(
-                "unix:{},server=on,wait=off",
-                dir.join("qmp.sock").display()
-            ))
-            .stdin(Stdio::null())
-            .stdout(log("qemu.log")?)
-            .stderr(log("qemu.log")?)
-            .process_group(0)
-            .spawn()
-            .map_err(io_err(
-                "cannot start qemu-system-x86_64 (apt-get install qemu-system-x86)",
-            ))?;
+        // The console file is created here (no symlink followed) and handed to
+        // QEMU as descriptor CONSOLE_FD, which it reopens by /proc/self/fd.
+        let console = files::create(&vm.dir_fd, "console.log").map_err(io_err(format!(
+            "cannot create console.log in {}",
+            dir.display()
+        )))?;
+        let console_fd = console.as_raw_fd();
+        let (qout, qerr) = log_file(&vm.dir_fd, &dir, "qemu.log")?;
+        let mut qemu = Command::new("qemu-system-x86_64");
+        qemu.args([
+            "-name",
+            "crust-vm",
+            "-machine",
+            "pc",
+            "-accel",
+            accel.name(),
+        ])
+        .args(["-cpu", if accel == Accel::Kvm { "host" } else { "max" }])
+        .args(["-m", &mem, "-smp", &opts.cpus.to_string()])
+        .args([
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-no-reboot",
+        ])
+        .arg("-serial")
+        .arg(format!("file:/proc/self/fd/{CONSOLE_FD}"))
+        .arg("-kernel")
+        .arg(&opts.kernel)
+        .arg("-initrd")
+        .arg(&opts.initrd)
+        .arg("-append")
+        .arg(&append)
+        .arg("-object")
+        .arg(format!("memory-backend-memfd,id=mem,size={mem},share=on"))
+        .args(["-numa", "node,memdev=mem"])
+        .arg("-chardev")
+        .arg(format!("socket,id=vs,path={}", vhost_socket.display()))
+        .args(["-device", "vhost-user-vsock-pci,chardev=vs"])
+        .arg("-qmp")
+        .arg(format!(
+            "unix:{},server=on,wait=off",
+            dir.join("qmp.sock").display()
+        ))
+        .stdin(Stdio::null())
+        .stdout(qout)
+        .stderr(qerr)
+        .process_group(0);
+        // SAFETY: between fork and exec the closure only calls dup2 and
+        // fcntl, which are async-signal-safe, on a descriptor this process
+        // keeps open until spawn returns.
+        unsafe {
+            qemu.pre_exec(move || {
+                if console_fd == CONSOLE_FD {
+                    if libc::fcntl(CONSOLE_FD, libc::F_SETFD, 0) == -1 {
+                        return Err(io::Error::last_os_error());
+                    }
+                } else if libc::dup2(console_fd, CONSOLE_FD) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let qemu = qemu.spawn().map_err(io_err(
+            "cannot start qemu-system-x86_64 (apt-get install qemu-system-x86)",
+        ))?;
+        drop(console);
+        let started = Instant::now();
         vm.state.qemu_pid = qemu.id();
         vm.qemu = Some(qemu);
         vm.save()?;
 
-        let deadline = Instant::now() + opts.boot_timeout;
-        let uds = dir.join("vsock.sock");
+        let deadline = started + opts.boot_timeout;
+        let how = vm.wait_ready(notify.as_ref(), deadline, &opts, accel)?;
+        vm.ready = Some((how, started.elapsed()));
+        let info = vm.first_info(deadline, &opts, accel)?;
+        vm.boot_info = Some(info);
+        vm.write_sandbox_entry()?;
+        drop(notify);
+        let _ = rustix::fs::unlinkat(
+            &vm.dir_fd,
+            notify_name.as_str(),
+            rustix::fs::AtFlags::empty(),
+        );
+        Ok(vm)
+    }
+
+    /// The boot failed: why, with what the guest printed last.
+    fn boot_failure(&self, why: String) -> Error {
+        Error::Timeout(format!(
+            "{why}.\nconsole.log (end): {}",
+            tail(&self.dir.join("console.log"), 3000)
+        ))
+    }
+
+    fn qemu_exited(&self) -> Error {
+        Error::Boot(format!(
+            "QEMU exited before the agent was ready.\nqemu.log: {}\nconsole.log (end): {}",
+            tail(&self.dir.join("qemu.log"), 2000),
+            tail(&self.dir.join("console.log"), 3000)
+        ))
+    }
+
+    /// Waits for the agent's READY on the notify socket; without one (an
+    /// agent that does not announce, or `notify` off), polls the agent once
+    /// the console has shown it listening for [`POLL_AFTER_LISTENING`],
+    /// never before (module documentation).
+    fn wait_ready(
+        &mut self,
+        notify: Option<&UnixListener>,
+        deadline: Instant,
+        opts: &VmOptions,
+        accel: Accel,
+    ) -> Result<Readiness> {
+        let mut listening_since: Option<Instant> = None;
+        let mut last_poll: Option<Instant> = None;
         loop {
-            if !vm.qemu_running() {
-                return Err(Error::Boot(format!(
-                    "QEMU exited before the agent answered.\nqemu.log: {}\nconsole.log (end): {}",
-                    tail(&dir.join("qemu.log"), 2000),
-                    tail(&dir.join("console.log"), 3000)
-                )));
+            if !self.qemu_running() {
+                return Err(self.qemu_exited());
             }
-            if let Ok(client) = hvsock::agent_client(&uds, opts.port, Duration::from_secs(2)) {
-                if let Ok(info) = client.get_agent_info(
-                    hvsock::ctx(Duration::from_secs(5)),
-                    &GetAgentInfoRequest::new(),
-                ) {
-                    vm.boot_info = Some(info);
-                    vm.write_sandbox_entry()?;
-                    return Ok(vm);
+            if let Some(l) = notify {
+                match l.accept() {
+                    Ok((s, _)) => {
+                        if ready_message(s) {
+                            return Ok(Readiness::Notified);
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(Error::Io("accept on the notify socket".into(), e)),
+                }
+            }
+            if listening_since.is_none() && console_says_listening(&self.dir.join("console.log")) {
+                listening_since = Some(Instant::now());
+            }
+            if listening_since.is_some_and(|t| t.elapsed() >= POLL_AFTER_LISTENING)
+                && !matches!(last_poll, Some(t) if t.elapsed() < Duration::from_millis(200))
+            {
+                last_poll = Some(Instant::now());
+                let uds = self.vsock_path();
+                let qemu_pid = self.state.qemu_pid;
+                let dir = self.dir.clone();
+                let mut up = || alive(qemu_pid, &dir);
+                if hvsock::connect_until(&uds, opts.port, deadline, &mut up).is_ok() {
+                    return Ok(Readiness::Polled);
                 }
             }
             if Instant::now() > deadline {
-                return Err(Error::Timeout(format!(
-                    "the agent did not answer on {} within {:?} ({} accel).\nconsole.log (end): {}",
-                    agent_address(&dir, opts.port),
+                let seen = if listening_since.is_some() {
+                    "the console shows the agent listening, but it never answered"
+                } else if opts.notify {
+                    "no READY came on the notify socket and the console never showed the agent listening"
+                } else {
+                    "the console never showed the agent listening"
+                };
+                return Err(self.boot_failure(format!(
+                    "the agent was not ready within {:?} ({} accel): {seen} ({})",
                     opts.boot_timeout,
                     accel.name(),
-                    tail(&dir.join("console.log"), 3000)
+                    agent_address(&self.dir, opts.port)
                 )));
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// GetAgentInfo from an agent known to be ready: each connection waits
+    /// for its answer (never abandoned: hvsock.rs), each call gets
+    /// [`INFO_TIMEOUT`], until `deadline`.
+    fn first_info(
+        &mut self,
+        deadline: Instant,
+        opts: &VmOptions,
+        accel: Accel,
+    ) -> Result<GetAgentInfoResponse> {
+        loop {
+            if !self.qemu_running() {
+                return Err(self.qemu_exited());
+            }
+            let last;
+            let uds = self.vsock_path();
+            let qemu_pid = self.state.qemu_pid;
+            let dir = self.dir.clone();
+            let mut up = || alive(qemu_pid, &dir);
+            match hvsock::connect_until(&uds, opts.port, deadline, &mut up)
+                .and_then(hvsock::client_of)
+            {
+                Ok(client) => match client
+                    .get_agent_info(hvsock::ctx(INFO_TIMEOUT), &GetAgentInfoRequest::new())
+                {
+                    Ok(info) => return Ok(info),
+                    Err(e) => last = format!("GetAgentInfo: {e}"),
+                },
+                Err(e) => last = e.to_string(),
+            }
+            if Instant::now() > deadline {
+                return Err(self.boot_failure(format!(
+                    "the agent said it was ready but did not answer on {} within {:?} ({} accel): {last}",
+                    agent_address(&self.dir, opts.port),
+                    opts.boot_timeout,
+                    accel.name()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
         }
     }
 
@@ -502,12 +763,16 @@ impl Vm {
         let dir =
             fs::canonicalize(dir).map_err(io_err(format!("cannot resolve {}", dir.display())))?;
         let state = read_state(&dir)?;
+        let dir_fd =
+            files::open_dir(&dir).map_err(io_err(format!("cannot open {}", dir.display())))?;
         Ok(Vm {
             dir,
+            dir_fd,
             state,
             qemu: None,
             vhost: None,
             boot_info: None,
+            ready: None,
             released: true,
         })
     }
@@ -540,6 +805,11 @@ impl Vm {
     /// What the agent answered first (set by `up`).
     pub fn boot_info(&self) -> Option<&GetAgentInfoResponse> {
         self.boot_info.as_ref()
+    }
+
+    /// How `up` learnt the agent was ready, and how long after QEMU started.
+    pub fn readiness(&self) -> Option<(Readiness, Duration)> {
+        self.ready
     }
 
     /// Pids of QEMU and the vsock backend.
@@ -576,25 +846,26 @@ impl Vm {
     /// (docs/crustd.md): `{"qmp": "DIR/qmp.sock", "agent": "hvsock://DIR/vsock.sock:PORT"}`.
     /// `crust-vm up --dir REGISTRY/<sandbox>` thus makes a CRUST sandbox.
     /// Written once the agent answers, so crustd never sees a VM still booting.
+    /// Written atomically (files.rs: no planted symlink is followed).
     fn write_sandbox_entry(&self) -> Result<()> {
-        let path = self.dir.join(SANDBOX_FILE);
-        let tmp = self.dir.join("sandbox.json.tmp");
         let text = json!({
             "qmp": self.dir.join("qmp.sock"),
             "agent": self.address(),
         })
         .to_string();
-        fs::write(&tmp, text).map_err(io_err(format!("cannot write {}", tmp.display())))?;
-        fs::rename(&tmp, &path).map_err(io_err(format!("cannot write {}", path.display())))
+        files::write_atomic(&self.dir_fd, SANDBOX_FILE, text.as_bytes()).map_err(io_err(format!(
+            "cannot write {}",
+            self.dir.join(SANDBOX_FILE).display()
+        )))
     }
 
     fn save(&self) -> Result<()> {
-        let path = self.dir.join("state.json");
-        let tmp = self.dir.join("state.json.tmp");
         let text =
             serde_json::to_string_pretty(&self.state).map_err(|e| Error::Invalid(e.to_string()))?;
-        fs::write(&tmp, text).map_err(io_err(format!("cannot write {}", tmp.display())))?;
-        fs::rename(&tmp, &path).map_err(io_err(format!("cannot write {}", path.display())))
+        files::write_atomic(&self.dir_fd, "state.json", text.as_bytes()).map_err(io_err(format!(
+            "cannot write {}",
+            self.dir.join("state.json").display()
+        )))
     }
 
     fn wait_for_socket(&mut self, path: &Path, timeout: Duration) -> Result<()> {
@@ -769,13 +1040,18 @@ impl Vm {
                 self.dir.display()
             )));
         }
-        for f in [
+        // A shared backend (vhost_pid 0) keeps its sockets: it serves on.
+        let backend: &[&str] = if self.state.vhost_pid == 0 {
+            &[]
+        } else {
+            &["vhost.sock", "vsock.sock"]
+        };
+        for f in backend.iter().chain(&[
             SANDBOX_FILE,
-            "vhost.sock",
-            "vsock.sock",
             "qmp.sock",
             "state.json",
-        ] {
+            notify_socket_name().as_str(),
+        ]) {
             let _ = fs::remove_file(self.dir.join(f));
         }
         self.released = true;

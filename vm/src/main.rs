@@ -115,6 +115,13 @@ fn run(cmd: Cmd) -> crust_vm::Result<()> {
             opts.append = append;
             opts.boot_timeout = std::time::Duration::from_secs(timeout);
             let vm = Vm::up(opts)?;
+            if let Some((how, took)) = vm.readiness() {
+                let how = match how {
+                    crust_vm::Readiness::Notified => "READY over vsock",
+                    crust_vm::Readiness::Polled => "polled",
+                };
+                eprintln!("agent ready after {:.1} s ({how})", took.as_secs_f64());
+            }
             println!("{}", vm.address());
             vm.detach();
         }

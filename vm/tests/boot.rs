@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crust_protocols::crust::{GetAgentInfoRequest, GetCapabilitiesRequest};
-use crust_vm::{alive, hvsock, Error, Vm, VmOptions};
+use crust_vm::{alive, hvsock, Error, Readiness, Vm, VmOptions};
 use serde_json::{json, Value};
 
 fn opts(dir: &Path) -> VmOptions {
@@ -51,6 +51,16 @@ fn boot_info_hotplug_resize_unplug_down() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("vm");
     let mut vm = Vm::up(opts(&dir)).expect("the VM boots and the agent answers");
+
+    // Readiness was pushed: the agent announced READY over vsock, crust-vm
+    // did not poll the guest while it booted.
+    let (how, took) = vm.readiness().unwrap();
+    assert_eq!(how, Readiness::Notified, "after {took:?}");
+    let console = std::fs::read_to_string(vm.console_log()).unwrap();
+    assert!(
+        console.contains("readiness announced") && console.contains("vsock-stream:2:1025"),
+        "{console}"
+    );
 
     // The agent runs as the kernel's init and recorded its boot.
     let info = vm.boot_info().unwrap().clone();
@@ -348,4 +358,122 @@ fn a_hotplugged_disk_is_found_by_serial_grown_online_and_released() {
         "{}",
         String::from_utf8_lossy(&fsck.stdout)
     );
+}
+
+#[test]
+#[ignore = "boots a VM: run make test-vm"]
+fn planted_symlinks_in_the_vm_directory_change_nothing() {
+    // Someone who can write in the VM's directory plants symlinks at every
+    // name crust-vm writes (its temporaries included, under the names it
+    // used to use), aimed at a file that must not change.
+    let tmp = tempfile::tempdir().unwrap();
+    let victim = tmp.path().join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    let dir = tmp.path().join("vm");
+    std::fs::create_dir(&dir).unwrap();
+    let planted = [
+        "state.json.tmp",
+        "sandbox.json.tmp",
+        "state.json",
+        "sandbox.json",
+        "vhost.log",
+        "qemu.log",
+        "console.log",
+    ];
+    for name in planted {
+        std::os::unix::fs::symlink(&victim, dir.join(name)).unwrap();
+    }
+    let mut vm = Vm::up(opts(&dir)).expect("the VM boots");
+    let img = tmp.path().join("d.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    vm.hotplug(&img, "s1", false).unwrap(); // state.json is written again
+    vm.unplug("s1").unwrap();
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    for name in [
+        "state.json",
+        "sandbox.json",
+        "vhost.log",
+        "qemu.log",
+        "console.log",
+    ] {
+        let md = std::fs::symlink_metadata(dir.join(name)).unwrap();
+        assert!(
+            md.file_type().is_file(),
+            "{name} is not a file crust-vm made"
+        );
+    }
+    let entry: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("sandbox.json")).unwrap()).unwrap();
+    assert_eq!(entry["agent"], vm.address());
+    assert!(std::fs::read_to_string(vm.console_log())
+        .unwrap()
+        .contains("listening"));
+    vm.down().unwrap();
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+}
+
+#[test]
+#[ignore = "boots a VM: run make test-vm"]
+fn boots_under_cpu_io_and_memory_load() {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    // Under load the guest's driver set-up, the backend and QEMU all run
+    // late: the timing that made vhost-device-vsock drop its queues when the
+    // host polled during boot. Readiness is pushed now, so every boot must
+    // come up, by READY. (scripts/boot-under-load.sh does 20 under a cargo build.)
+    let tmp = tempfile::tempdir().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut load = Vec::new();
+    for _ in 0..2 {
+        let stop = stop.clone();
+        load.push(std::thread::spawn(move || {
+            let mut x = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                std::hint::black_box(x);
+            }
+        }));
+    }
+    {
+        let (stop, path) = (stop.clone(), tmp.path().join("io"));
+        load.push(std::thread::spawn(move || {
+            let block = vec![7u8; 1 << 20];
+            while !stop.load(Ordering::Relaxed) {
+                let mut f = std::fs::File::create(&path).unwrap();
+                for _ in 0..64 {
+                    f.write_all(&block).unwrap();
+                }
+                f.sync_data().unwrap();
+            }
+        }));
+    }
+    {
+        let stop = stop.clone();
+        load.push(std::thread::spawn(move || {
+            let mut mem = vec![0u8; 1 << 30];
+            while !stop.load(Ordering::Relaxed) {
+                for page in mem.chunks_mut(4096) {
+                    page[0] = page[0].wrapping_add(1);
+                }
+            }
+        }));
+    }
+    let mut times = Vec::new();
+    for i in 0..3 {
+        let mut vm = Vm::up(opts(&tmp.path().join(format!("vm{i}"))))
+            .unwrap_or_else(|e| panic!("boot {i} under load: {e}"));
+        let (how, took) = vm.readiness().unwrap();
+        assert_eq!(how, Readiness::Notified, "boot {i}");
+        times.push(took);
+        vm.down().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in load {
+        t.join().unwrap();
+    }
+    eprintln!("boots under load, QEMU start to READY: {times:?}");
 }
