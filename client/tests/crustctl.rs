@@ -261,7 +261,8 @@ fn info_json_is_canonical_with_every_field() {
             "initMode",
             "uptimeMs",
             "rssBytes",
-            "boot"
+            "boot",
+            "stateProblem"
         ]
     );
 }

@@ -109,6 +109,11 @@ pub fn info(r: &proto::GetAgentInfoResponse) -> String {
         }
         None => rows.push(vec!["boot timeline".into(), "not reported".into()]),
     }
+    // Only when there is one: the agent could not write its state (a full or
+    // read-only state filesystem), so publish and bind are refused.
+    if !r.state_problem.is_empty() {
+        rows.push(vec!["state".into(), r.state_problem.clone()]);
+    }
     table(&rows)
 }
 
@@ -447,6 +452,18 @@ mod tests {
              vol-1   /dev/vdb  s1      filesystem  ext4  rw      -         /run/crust/volumes/vol-1  /run/crust/b/1,/run/crust/b/2\n\
              data    /dev/vdc  -       filesystem  xfs   ro      1.0 GiB   /run/crust/volumes/data   -\n\
              raw     /dev/vdd  -       block       -     rw      64.0 MiB  /run/crust/volumes/raw    -\n"
+        );
+    }
+
+    #[test]
+    fn info_shows_a_state_problem_only_when_there_is_one() {
+        let mut r = proto::GetAgentInfoResponse::default();
+        assert!(!info(&r).contains("state"));
+        r.state_problem = "the state directory is full".into();
+        assert!(
+            info(&r).ends_with("state             the state directory is full\n"),
+            "{}",
+            info(&r)
         );
     }
 

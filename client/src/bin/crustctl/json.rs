@@ -129,7 +129,7 @@ mod tests {
                     boot: Some(proto::BootTimeline::new()).into(),
                     ..Default::default()
                 }),
-                r#"{"version":"","kernelRelease":"","initMode":false,"uptimeMs":"0","rssBytes":"0","boot":{"agentStartMs":"0","mountsDoneMs":"0","modulesLoadedMs":"0","listeningMs":"0"}}"#,
+                r#"{"version":"","kernelRelease":"","initMode":false,"uptimeMs":"0","rssBytes":"0","boot":{"agentStartMs":"0","mountsDoneMs":"0","modulesLoadedMs":"0","listeningMs":"0"},"stateProblem":""}"#,
             ),
             (
                 Box::new(proto::ShutdownResponse::new()),
