@@ -199,7 +199,16 @@ fn main() -> ExitCode {
         init::install_panic_hook();
         early_warnings = init::early_mounts();
         timeline.mounts_done_ms = system::boottime_ms();
-        let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+        // Bytes: one word that is not UTF-8 (another program's argument, say)
+        // must not cost the agent every crust.* setting.
+        let raw = std::fs::read("/proc/cmdline").unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&raw);
+        if std::str::from_utf8(&raw).is_err() {
+            early_warnings.push(
+                "the kernel command line holds bytes that are not UTF-8; they were read as U+FFFD"
+                    .to_string(),
+            );
+        }
         let s = init::kernel_settings(&cmdline);
         let pairs = s
             .listen
