@@ -17,12 +17,16 @@ use crate::volumes::{self, Crustd, DirectRequest, PublishRequest};
 
 /// What crustd advertises: what works end to end through it with the guest
 /// this project builds, and nothing a call would refuse (no SUBPATH or
-/// SELINUX: CRUST has no call for them here; BLOCK_VOLUME only with
-/// `volumes::BLOCK_VOLUMES`).
+/// SELINUX_RELABEL: CRUST has no call for them here; BLOCK_VOLUME only with
+/// `volumes::BLOCK_VOLUMES`). SELINUX_RELABEL_ON_MOUNT: the guest loads no
+/// SELinux policy, so the agent leaves kubelet's context= options out of the
+/// mount and says so, the no-op configuration KEP-2857 lets a runtime
+/// declare as supported (a guest with SELinux gets them as given).
 pub fn capabilities() -> Vec<Cap> {
     let mut caps = vec![
         Cap::FsGroupChangePolicyAlways,
         Cap::FsGroupChangePolicyRootMismatch,
+        Cap::SelinuxRelabelOnMount,
         Cap::VolumeStats,
         Cap::VolumeResize,
         Cap::VolumeCondition,
