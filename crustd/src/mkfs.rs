@@ -181,7 +181,7 @@ pub fn inspect(dev: &HostDevice, fs: &str, timeout: Duration) -> Result<Content>
             .iter()
             .map(|(k, v)| match k.as_str() {
                 "PTTYPE" => format!("a {v} partition table"),
-                _ => format!("{v}"),
+                _ => v.to_string(),
             })
             .collect();
         return Err(Error::precondition(format!(
