@@ -571,6 +571,26 @@ impl Records {
         }
     }
 
+    /// Refuses, before anything is plugged, a record directory where the
+    /// sandbox-id file of `sandbox` could not be written: something other
+    /// than a regular file already has its name (FAILED_PRECONDITION).
+    pub fn check_sandbox_slot(&self, volume_path: &[u8], sandbox: &str) -> Result<()> {
+        registry::check_id(sandbox)?;
+        let Some((dir, fd)) = self.open_record_dir(volume_path)? else {
+            return Ok(());
+        };
+        match rfs::statat(fd.as_fd(), sandbox, AtFlags::SYMLINK_NOFOLLOW) {
+            Err(Errno::NOENT) => Ok(()),
+            Err(e) => Err(io_err(&dir.join(sandbox), e.into())),
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => Ok(()),
+            Ok(st) => Err(Error::precondition(format!(
+                "{} is {}, where crustd writes the empty sandbox-id file: remove it, then publish again",
+                dir.join(sandbox).display(),
+                files::kind(FileType::from_raw_mode(st.st_mode))
+            ))),
+        }
+    }
+
     /// Removes `ROOT/E/S`, if the record is still there.
     pub fn forget_sandbox(&self, volume_path: &[u8], sandbox: &str) -> Result<()> {
         let name = self.name(volume_path)?;

@@ -387,6 +387,8 @@ impl Crustd {
     pub fn publish_direct(&self, r: &DirectRequest) -> Result<(String, String)> {
         registry::check_id(&r.sandbox_id)?;
         let found = self.records.read(r.volume_path.as_bytes())?;
+        self.records
+            .check_sandbox_slot(r.volume_path.as_bytes(), &r.sandbox_id)?;
         let rec = found.record;
         let p = PublishRequest {
             sandbox_id: r.sandbox_id.clone(),

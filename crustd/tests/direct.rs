@@ -558,6 +558,12 @@ fn every_hostile_record_is_refused_before_anything_is_plugged() {
         );
         assert!(!r.record_dir(vol).join("pod-a").exists(), "{vol}");
     }
+    // A directory planted where the sandbox-id file goes.
+    let d = r.add_raw("/v/slot", &rec(&g, "ext4", "", ""));
+    std::fs::create_dir(d.join("pod-a")).unwrap();
+    let (c, m) = code(k.publish_direct("pod-a", "/v/slot", false));
+    assert_eq!(c, "FAILED_PRECONDITION", "{m}");
+    assert!(m.contains("a directory") && m.contains("sandbox-id"), "{m}");
     // No record at all.
     let (c, m) = code(k.publish_direct("pod-a", "/v/none", false));
     assert_eq!(c, "NOT_FOUND", "{m}");
