@@ -171,9 +171,10 @@ fi
 # DIR/pod-demo/sandbox.json), hot-plugs the host's block device over QMP and
 # has the agent mount it. crustd-ctl sends what kubelet would send.
 SOCK="$DEMO/crustd.sock"
-kubelet() { run "$CRUSTDCTL" --socket "$SOCK" "$@"; }
+DV="$DEMO/direct-volumes"
+kubelet() { run "$CRUSTDCTL" --socket "$SOCK" --direct-volumes "$DV" "$@"; }
 start_crustd() {
-    "$CRUSTD" --socket "$SOCK" --sandboxes "$DEMO/sandboxes" 2>>"$DEMO/crustd.log" &
+    "$CRUSTD" --socket "$SOCK" --sandboxes "$DEMO/sandboxes" --direct-volumes "$DV" 2>>"$DEMO/crustd.log" &
     CRUSTD_PID=$!
     while [ ! -S "$SOCK" ]; do sleep 0.05; done
 }
@@ -228,11 +229,53 @@ kubelet unpublish pod-demo "$X"
 kubelet unpublish pod-demo "$X"
 kubelet unpublish pod-demo "$E"
 kubelet stats pod-demo "$E"
+
+section "A direct volume: the record a CSI driver writes for Kata (Azure Disk, Alibaba, csi-kata-directvolume), published by crustd"
+make_image "$DEMO/k-direct.img" ext4 256
+D=$(losetup --find --show "$DEMO/k-direct.img"); LOOPS="$LOOPS $D"
+VP=/var/lib/kubelet/pods/demo-uid/volumes/kubernetes.io~csi/pvc-direct/mount
+echo "  the driver files its record (kata-runtime direct-volume add's verb and flags):"
+kubelet direct-volume add --volume-path "$VP" --mount-info "{\"volume-type\":\"directvol\",\"device\":\"$D\",\"fstype\":\"ext4\",\"metadata\":{\"fsGroup\":\"3000\",\"fsGroupChangePolicy\":\"OnRootMismatch\"},\"options\":[\"noatime\"]}"
+run sh -c "find $DV -printf '%m %p\\n' | sort"
+echo "  the runtime publishes it (record read and checked, hot-plug, mount, fsGroup; then the sandbox-id file):"
+kubelet publish-direct pod-demo --volume-path "$VP"
+run sh -c "ls $DV/*/"
+kubelet direct-volume stats --volume-path "$VP"
+run truncate -s 512M "$DEMO/k-direct.img"
+run losetup -c "$D"
+kubelet direct-volume resize --volume-path "$VP" --size $((512 << 20))
+kubelet direct-volume stats --volume-path "$VP"
+echo "  hostile records are refused before anything is plugged, each with its code:"
+kubelet direct-volume add --volume-path /demo/encrypted --mount-info "{\"volume-type\":\"directvol\",\"device\":\"$X\",\"fstype\":\"xfs\",\"metadata\":{\"encryptionKey\":\"c2VjcmV0\"}}"
+kubelet publish-direct pod-demo --volume-path /demo/encrypted
+kubelet direct-volume add --volume-path /demo/root-disk --mount-info "{\"volume-type\":\"block\",\"device\":\"$(findmnt -no SOURCE / 2>/dev/null || echo /dev/sda)\",\"fstype\":\"ext4\"}"
+kubelet publish-direct pod-demo --volume-path /demo/root-disk
+kubelet direct-volume add --volume-path /demo/panic --mount-info "{\"volume-type\":\"directvol\",\"device\":\"$X\",\"fstype\":\"xfs\",\"options\":[\"errors=panic\"]}"
+kubelet publish-direct pod-demo --volume-path /demo/panic
+kubelet publish-direct pod-demo --volume-path /demo/never-filed
+echo "  createFilesystem: a blank scratch disk is formatted on the host (the guest never formats); a disk holding anything else is left alone:"
+run truncate -s 64M "$DEMO/k-scratch.img"
+S=$(losetup --find --show "$DEMO/k-scratch.img"); LOOPS="$LOOPS $S"
+kubelet direct-volume add --volume-path /demo/scratch --mount-info "{\"volume-type\":\"directvol\",\"device\":\"$S\",\"fstype\":\"ext4\",\"metadata\":{\"createFilesystem\":\"true\"}}"
+kubelet publish-direct pod-demo --volume-path /demo/scratch
+run blkid -p -s TYPE "$S"
+kubelet direct-volume add --volume-path /demo/not-blank --mount-info "{\"volume-type\":\"directvol\",\"device\":\"$X\",\"fstype\":\"ext4\",\"metadata\":{\"createFilesystem\":\"true\"}}"
+kubelet publish-direct pod-demo --volume-path /demo/not-blank
+echo "  unpublish with the record's device; the sandbox-id file goes, the driver's record stays:"
+kubelet unpublish pod-demo "$D"
+kubelet unpublish pod-demo "$S"
+kubelet direct-volume stats --volume-path "$VP"
+kubelet direct-volume remove --volume-path "$VP"
+if PYTHONPATH=build/py python3 -c 'import grpc' 2>/dev/null; then
+    echo "  any gRPC client, not only Go's: Python's grpcio on a default channel (it sends the socket's path as :authority):"
+    run env PYTHONPATH=build/py python3 -c "import grpc; c = grpc.insecure_channel('unix://$PWD/$SOCK'); print(c.unary_unary('/crust.runtime.v1alpha1.RuntimeAssistedStorageManagement/RuntimeGetSupportedFileSystems')(b''))"
+fi
 echo "  crustd's log, one line per call:"
-tail -4 "$DEMO/crustd.log" | sed 's/^/  /'
+tail -6 "$DEMO/crustd.log" | sed 's/^/  /'
 kill "$CRUSTD_PID"; wait "$CRUSTD_PID" 2>/dev/null || true; CRUSTD_PID=
 run "$CRUSTVM" down --dir "$DEMO/sandboxes/pod-demo"
 run e2fsck -f -n "$E"
+run e2fsck -f -n "$D"
 run sh -c "xfs_repair -n $X 2>&1 | tail -2"
 
 printf '\n%sdone%s: every operation ran against the agent as PID 1 in a real VM, and through crustd as kubelet sends it.\n' "$green" "$off"

@@ -23,3 +23,20 @@ if ! command -v vhost-device-vsock >/dev/null 2>&1; then
     echo "deps: cargo install vhost-device-vsock (a few minutes, once)"
     cargo install --locked --quiet vhost-device-vsock
 fi
+# Python's grpcio, pinned, in build/py: crustd/tests/grpcio.rs drives crustd
+# with gRPC C-core, whose default channel sends the socket's path as
+# :authority (1.57 and later; Debian's python3-grpcio is older and does not).
+GRPCIO_VERSION=1.71.0
+PY_DIR="$(cd "$(dirname "$0")/.." && pwd)/build/py"
+if ! PYTHONPATH="$PY_DIR" python3 -c "import grpc, sys; sys.exit(grpc.__version__ != '$GRPCIO_VERSION')" 2>/dev/null; then
+    if ! python3 -m pip --version >/dev/null 2>&1; then
+        echo "deps: installing python3-pip"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq python3-pip >/dev/null
+    fi
+    echo "deps: pip install grpcio==$GRPCIO_VERSION into $PY_DIR"
+    rm -rf "$PY_DIR"
+    python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+        --target "$PY_DIR" "grpcio==$GRPCIO_VERSION"
+fi

@@ -292,7 +292,22 @@ impl crust_ttrpc::Agent for Service {
         req: pb::PublishVolumeRequest,
     ) -> ttrpc::Result<pb::PublishVolumeResponse> {
         self.handle("PublishVolume", &req.volume_id, || {
-            let domain = publish_request(&req)?;
+            // SELinux context options mean nothing in a guest without
+            // SELinux: left out of the mount, and said so.
+            let selinux = crate::mount::selinux::enabled();
+            let (kept, not_applied) =
+                crate::mount::selinux::without_contexts(&req.mount_options, selinux);
+            let domain = if not_applied.is_empty() {
+                publish_request(&req)?
+            } else {
+                info!(self.log, "SELinux options left out: the guest has no SELinux";
+                      "method" => "PublishVolume", "volume" => &req.volume_id,
+                      "options_not_applied" => not_applied.join(" "));
+                publish_request(&pb::PublishVolumeRequest {
+                    mount_options: kept,
+                    ..req.clone()
+                })?
+            };
             let cancel = cancel_of(ctx);
             // Device lookup needs virtio_blk, an xfs mount needs xfs: both may still be loading.
             self.modules.wait(MODULES_WAIT, &cancel);
@@ -312,6 +327,7 @@ impl crust_ttrpc::Agent for Service {
                         ..Default::default()
                     }),
                 },
+                options_not_applied: not_applied,
                 ..Default::default()
             })
         })

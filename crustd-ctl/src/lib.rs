@@ -12,6 +12,8 @@ use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 use tonic::Status;
 
+pub mod cli;
+
 /// The generated messages and client.
 #[allow(clippy::all, missing_docs)]
 pub mod pb {
@@ -86,6 +88,20 @@ impl Kubelet {
         r: pb::RuntimePublishVolumeRequest,
     ) -> Result<pb::RuntimePublishVolumeResponse, Status> {
         self.call(|mut c| async move { c.runtime_publish_volume(r).await })
+    }
+
+    pub fn publish_direct(
+        &self,
+        sandbox: &str,
+        volume_path: &str,
+        read_only: bool,
+    ) -> Result<pb::RuntimePublishDirectVolumeResponse, Status> {
+        let r = pb::RuntimePublishDirectVolumeRequest {
+            sandbox_id: sandbox.into(),
+            volume_path: volume_path.into(),
+            read_only,
+        };
+        self.call(|mut c| async move { c.runtime_publish_direct_volume(r).await })
     }
 
     pub fn unpublish(&self, sandbox: &str, volume: &str) -> Result<(), Status> {

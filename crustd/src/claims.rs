@@ -92,6 +92,14 @@ impl Claims {
         }
     }
 
+    /// Takes `key`'s hold out of its claim (the claim stays), for the caller
+    /// to drop outside the lock: while createFilesystem runs mkfs, which
+    /// opens the device O_EXCL itself.
+    #[must_use = "dropping the hold releases it"]
+    pub fn take_hold(&self, key: &Key) -> Option<Hold> {
+        self.table().get_mut(key).and_then(|c| c.hold.take())
+    }
+
     /// Removes `key`'s claim and answers it, so that its hold is closed by
     /// the caller after the lock is released (the last close of a block
     /// device flushes it).

@@ -48,6 +48,8 @@ pub enum ReadError {
     NotRegular(&'static str),
     /// A regular file larger than the bound: its size in bytes.
     TooLarge(u64),
+    /// The caller's check refused the open file: why.
+    Refused(String),
     /// Any other failure.
     Io(io::Error),
 }
@@ -60,13 +62,14 @@ impl std::fmt::Display for ReadError {
             ReadError::TooLarge(n) => {
                 write!(f, "it holds {n} bytes or more, more than crustd reads")
             }
+            ReadError::Refused(why) => write!(f, "{why}"),
             ReadError::Io(e) => write!(f, "{e}"),
         }
     }
 }
 
 /// What a file type is, in words.
-fn kind(t: FileType) -> &'static str {
+pub fn kind(t: FileType) -> &'static str {
     match t {
         FileType::RegularFile => "a regular file",
         FileType::Directory => "a directory",
@@ -85,6 +88,18 @@ fn kind(t: FileType) -> &'static str {
 /// the open file, and the read stops one byte past the bound whatever
 /// fstat said (a file that grows while read).
 pub fn read_bounded(dir: BorrowedFd<'_>, name: &str, max: u64) -> Result<Vec<u8>, ReadError> {
+    read_bounded_checked(dir, name, max, |_| Ok(()))
+}
+
+/// As [`read_bounded`], and `check` judges the open file's metadata (its
+/// owner and mode, say) before a byte is read: its refusal is
+/// [`ReadError::Refused`].
+pub fn read_bounded_checked(
+    dir: BorrowedFd<'_>,
+    name: &str,
+    max: u64,
+    check: impl FnOnce(&rfs::Stat) -> Result<(), String>,
+) -> Result<Vec<u8>, ReadError> {
     let fd = rfs::openat(
         dir,
         name,
@@ -102,6 +117,7 @@ pub fn read_bounded(dir: BorrowedFd<'_>, name: &str, max: u64) -> Result<Vec<u8>
     if t != FileType::RegularFile {
         return Err(ReadError::NotRegular(kind(t)));
     }
+    check(&st).map_err(ReadError::Refused)?;
     let size = u64::try_from(st.st_size).unwrap_or(0);
     if size > max {
         return Err(ReadError::TooLarge(size));

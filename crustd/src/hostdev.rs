@@ -197,6 +197,24 @@ fn open_node(path: &Path, shown: &str, rdev: u64) -> Result<HostDevice> {
 }
 
 impl HostDevice {
+    /// The open device's descriptor number (host tools are given
+    /// `/proc/<crustd>/fd/<n>`: the device checked, not its name again).
+    pub fn raw_fd(&self) -> i32 {
+        self.file.as_raw_fd()
+    }
+
+    /// The open device (read-only, not exclusive).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Its size in bytes now (seeking to the end gives what BLKGETSIZE64 does).
+    pub fn size(&self) -> Result<u64> {
+        (&self.file).seek(SeekFrom::End(0)).map_err(|e| {
+            Error::precondition(format!("cannot read the size of {}: {e}", self.name()))
+        })
+    }
+
     /// Where its bytes lie.
     pub fn extent(&self) -> Result<Extent> {
         extent_of(&Host::system(), &self.file, self.dev).map_err(|e| {
@@ -277,6 +295,16 @@ impl HostDevice {
                 self.shown, self.rdev
             ))),
         }
+    }
+}
+
+/// The processes other than crustd that have block device `rdev`
+/// (`MAJOR:MINOR`) open, in words ("process 12 (qemu-system-x86)"): a VMM
+/// whose monitor is gone but which still has the device would be one.
+pub fn openers(rdev: &str) -> Vec<String> {
+    match parse_dev(rdev) {
+        Some((maj, min)) => users::openers(&Host::system(), rfs::makedev(maj, min)),
+        None => Vec::new(),
     }
 }
 

@@ -9,15 +9,19 @@
 //! disk), `claims` (the node-wide table of claimed devices), `hostdev` (the
 //! host block device: where its bytes lie, whether the host uses it, the
 //! exclusive hold), `files` (reading and writing in directories others
-//! write), `qmp` + `hotplug` (QEMU), `agent` (crust-agent).
+//! write), `qmp` + `hotplug` (QEMU), `agent` (crust-agent); `direct` (the
+//! direct-volume records CSI drivers write for Kata) and `mkfs`
+//! (createFilesystem on a provably blank device).
 
 pub mod agent;
 pub mod claims;
+pub mod direct;
 pub mod error;
 pub mod files;
 pub mod hostdev;
 pub mod hotplug;
 pub mod locks;
+pub mod mkfs;
 pub mod qmp;
 pub mod registry;
 pub mod service;

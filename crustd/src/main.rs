@@ -41,6 +41,12 @@ struct Cli {
     /// Seconds the guest may take to release a disk after device_del.
     #[arg(long, default_value_t = 60)]
     unplug_timeout: u64,
+    /// Where CSI drivers file Kata's direct-volume records (ROOT/<base64 of the volume path>/mountInfo.json).
+    #[arg(long, env = "CRUSTD_DIRECT_VOLUMES", default_value = crustd::direct::DEFAULT_ROOT)]
+    direct_volumes: PathBuf,
+    /// Seconds blkid or mkfs may take for createFilesystem.
+    #[arg(long, default_value_t = 300)]
+    mkfs_timeout: u64,
 }
 
 /// Binds `path`, mode 0600 whatever the umask, replacing only a stale
@@ -126,6 +132,8 @@ async fn serve(cli: Cli, listener: StdListener) -> Result<(), String> {
     cfg.device_wait = Duration::from_secs(cli.device_wait);
     cfg.qmp_timeout = Duration::from_secs(cli.qmp_timeout);
     cfg.unplug_timeout = Duration::from_secs(cli.unplug_timeout);
+    cfg.direct_volumes = cli.direct_volumes.clone();
+    cfg.mkfs_timeout = Duration::from_secs(cli.mkfs_timeout);
     let ours = identity(&cli.socket);
     let listener = UnixListener::from_std(listener)
         .map_err(|e| format!("cannot listen on {}: {e}", cli.socket.display()))?;
@@ -144,11 +152,25 @@ async fn serve(cli: Cli, listener: StdListener) -> Result<(), String> {
             "error": e.message,
         }));
     }
+    // Reported, not forgotten: an Unpublish frees each of their volumes.
+    let c = crustd.clone();
+    let dead = tokio::task::spawn_blocking(move || c.dead_sandboxes())
+        .await
+        .unwrap_or_default();
+    for (sandbox, why, volumes) in dead {
+        log_line(serde_json::json!({
+            "msg": "a sandbox's VM is gone; its volumes stay recorded until unpublished",
+            "sandbox": sandbox,
+            "why": why,
+            "host_volumes": volumes,
+        }));
+    }
     let service = Service::new(crustd);
     log_line(serde_json::json!({
         "msg": "crustd serving",
         "socket": cli.socket,
         "sandboxes": cli.sandboxes,
+        "direct_volumes": cli.direct_volumes,
         "version": env!("CARGO_PKG_VERSION"),
     }));
     let stop = async {

@@ -58,6 +58,33 @@ impl QmpError {
     }
 }
 
+/// Why the VMM behind the QMP socket `path` is gone, if it is: the socket
+/// does not exist, or nobody listens there (the connect is refused). A
+/// monitor that accepts, even one busy with another client that will not
+/// greet for a while, is not gone. Connects and closes at once; sends nothing.
+pub fn gone(path: &Path, timeout: Duration) -> Option<String> {
+    if let Err(e) = std::fs::symlink_metadata(path) {
+        if e.kind() == io::ErrorKind::NotFound {
+            return Some(format!("its QMP socket {} does not exist", path.display()));
+        }
+    }
+    let addr = crust_client::Address::Unix(path.to_path_buf());
+    match crust_client::connect_stream(&addr, timeout) {
+        Err(crust_client::ConnectError::Unreachable { source: e, .. })
+            if matches!(
+                e.kind(),
+                io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
+            ) =>
+        {
+            Some(format!(
+                "nobody listens on its QMP socket {} ({e})",
+                path.display()
+            ))
+        }
+        _ => None,
+    }
+}
+
 impl Qmp {
     /// Connects to QEMU at `path`, reads the greeting and leaves negotiation
     /// mode. Every read waits at most `timeout`.

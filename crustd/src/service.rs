@@ -13,16 +13,20 @@ use crate::error::{Code, Error, Result};
 use crate::pb;
 use crate::pb::runtime_assisted_storage_management_server::RuntimeAssistedStorageManagement;
 use crate::pb::runtime_capability::rpc::Type as Cap;
-use crate::volumes::{self, Crustd, PublishRequest};
+use crate::volumes::{self, Crustd, DirectRequest, PublishRequest};
 
 /// What crustd advertises: what works end to end through it with the guest
 /// this project builds, and nothing a call would refuse (no SUBPATH or
-/// SELINUX: CRUST has no call for them here; BLOCK_VOLUME only with
-/// `volumes::BLOCK_VOLUMES`).
+/// SELINUX_RELABEL: CRUST has no call for them here; BLOCK_VOLUME only with
+/// `volumes::BLOCK_VOLUMES`). SELINUX_RELABEL_ON_MOUNT: the guest loads no
+/// SELinux policy, so the agent leaves kubelet's context= options out of the
+/// mount and says so, the no-op configuration KEP-2857 lets a runtime
+/// declare as supported (a guest with SELinux gets them as given).
 pub fn capabilities() -> Vec<Cap> {
     let mut caps = vec![
         Cap::FsGroupChangePolicyAlways,
         Cap::FsGroupChangePolicyRootMismatch,
+        Cap::SelinuxRelabelOnMount,
         Cap::VolumeStats,
         Cap::VolumeResize,
         Cap::VolumeCondition,
@@ -161,6 +165,8 @@ impl RuntimeAssistedStorageManagement for Service {
             fsgroup_policy: r.fsgroup_policy,
             read_only: r.read_only,
             block: r.block,
+            create_file_system: r.create_file_system,
+            direct: None,
         };
         let (s, v) = (p.sandbox_id.clone(), p.host_volume_id.clone());
         let guest_path = self
@@ -168,6 +174,29 @@ impl RuntimeAssistedStorageManagement for Service {
             .await?;
         Ok(Response::new(pb::RuntimePublishVolumeResponse {
             guest_path,
+        }))
+    }
+
+    async fn runtime_publish_direct_volume(
+        &self,
+        req: Request<pb::RuntimePublishDirectVolumeRequest>,
+    ) -> std::result::Result<Response<pb::RuntimePublishDirectVolumeResponse>, Status> {
+        let r = req.into_inner();
+        let d = DirectRequest {
+            sandbox_id: r.sandbox_id,
+            volume_path: r.volume_path,
+            read_only: r.read_only,
+        };
+        // The log names the volume path: the device is known only once the record is read.
+        let (s, v) = (d.sandbox_id.clone(), d.volume_path.clone());
+        let (guest_path, host_volume_id) = self
+            .run("RuntimePublishDirectVolume", &s, &v, move |c| {
+                c.publish_direct(&d)
+            })
+            .await?;
+        Ok(Response::new(pb::RuntimePublishDirectVolumeResponse {
+            guest_path,
+            host_volume_id,
         }))
     }
 

@@ -63,6 +63,10 @@ pub struct Volume {
     pub block: bool,
     /// How far the last call got.
     pub phase: Phase,
+    /// The volume path of the direct-volume record it was published from
+    /// (its sandbox-id file is removed at unpublish); none for a plain publish.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direct: Option<String>,
 }
 
 /// Everything crustd knows about one sandbox.
@@ -131,6 +135,7 @@ mod tests {
             read_only: false,
             block: false,
             phase,
+            direct: None,
         }
     }
 

@@ -20,11 +20,13 @@ use crust_client::proto as apb;
 
 use crate::agent::{self, Agent};
 use crate::claims::{Claims, Conflict, Key};
+use crate::direct::{self, Records};
 use crate::error::{Code, Error, Result};
 use crate::hostdev::{self, Extent, HostDevice, Names};
 use crate::hotplug;
 use crate::locks::{hold, KeyedLocks};
-use crate::qmp::Qmp;
+use crate::mkfs;
+use crate::qmp::{self, Qmp};
 use crate::registry::{self, Sandbox};
 use crate::state::{self, Phase, State, Volume};
 
@@ -49,11 +51,17 @@ pub struct Config {
     pub qmp_timeout: Duration,
     /// How long the guest may take to release a device after device_del.
     pub unplug_timeout: Duration,
+    /// Where CSI drivers file Kata's direct-volume records.
+    pub direct_volumes: PathBuf,
+    /// How long blkid or mkfs may take for createFilesystem.
+    pub mkfs_timeout: Duration,
 }
 
 impl Config {
     pub fn new(sandboxes: impl Into<PathBuf>) -> Config {
         Config {
+            direct_volumes: PathBuf::from(direct::DEFAULT_ROOT),
+            mkfs_timeout: Duration::from_secs(300),
             sandboxes: sandboxes.into(),
             agent_timeout: Duration::from_secs(30),
             device_wait: Duration::from_secs(30),
@@ -75,6 +83,18 @@ pub struct PublishRequest {
     pub fsgroup_policy: String,
     pub read_only: bool,
     pub block: bool,
+    /// Format the device first if it is provably blank (never anything else).
+    pub create_file_system: bool,
+    /// The volume path of the direct-volume record this publish comes from.
+    pub direct: Option<String>,
+}
+
+/// RuntimePublishDirectVolume, in plain types.
+#[derive(Debug, Clone, Default)]
+pub struct DirectRequest {
+    pub sandbox_id: String,
+    pub volume_path: String,
+    pub read_only: bool,
 }
 
 /// Bytes or inodes, as the agent counts them.
@@ -108,6 +128,8 @@ pub struct Crustd {
     claims: Claims,
     /// Agent connections kept per sandbox.
     connections: agent::Connections,
+    /// Kata's direct-volume records.
+    records: Records,
 }
 
 /// Checks a publish request without looking at the host or the sandbox.
@@ -132,6 +154,11 @@ pub fn validate(r: &PublishRequest) -> Result<()> {
                 "mount_options {:?} with block = true: a block volume is not mounted, leave them empty",
                 r.mount_options
             )));
+        }
+        if r.create_file_system {
+            return Err(Error::invalid(
+                "create_file_system with block = true: a block volume has no filesystem to create",
+            ));
         }
     } else if !FILE_SYSTEMS.contains(&r.file_system.as_str()) {
         return Err(Error::invalid(format!(
@@ -169,12 +196,13 @@ fn fs_group(r: &PublishRequest) -> Result<Option<(u32, bool)>> {
 impl Crustd {
     pub fn new(cfg: Config) -> Crustd {
         Crustd {
-            cfg,
             volume_locks: KeyedLocks::default(),
             qmp_locks: KeyedLocks::default(),
             state_locks: KeyedLocks::default(),
             claims: Claims::default(),
             connections: agent::Connections::default(),
+            records: Records::new(&cfg.direct_volumes),
+            cfg,
         }
     }
 
@@ -266,11 +294,21 @@ impl Crustd {
             .get(&(sb.id.clone(), r.host_volume_id.clone()));
         let _v = hold(&l);
 
-        let prior = self.claim(&sb, r, &dev, &names)?;
-        if prior.as_ref().is_some_and(|p| p.phase == Phase::Unplugging) {
+        let mut prior = self.claim(&sb, r, &dev, &names)?;
+        if let Some(p) = prior.as_ref().filter(|p| p.phase == Phase::Unplugging) {
             // A previous unpublish or undo did not finish: finish it first.
-            self.take_out(&sb, &r.host_volume_id, &names, false)?;
-            self.claim(&sb, r, &dev, &names)?;
+            let direct = p.direct.clone();
+            self.take_out(&sb, &r.host_volume_id, &names, false, direct.as_deref())?;
+            prior = self.claim(&sb, r, &dev, &names)?;
+        }
+        if r.create_file_system && prior.is_none() {
+            // Only a volume this call claimed: a republish never reformats.
+            if let Err(e) = self.create_file_system(&sb, r, &dev) {
+                return Err(match self.forget(&sb, &r.host_volume_id) {
+                    Ok(()) => e,
+                    Err(e2) => e.and(e2),
+                });
+            }
         }
         // Whether kubelet was ever told this volume is published: if not, a
         // failure below leaves nothing behind, whoever plugged it.
@@ -311,6 +349,9 @@ impl Crustd {
                         v.phase = Phase::Published;
                         v.guest_path = guest_path.clone();
                         v.host_target_path = r.host_target_path.clone();
+                        if r.direct.is_some() {
+                            v.direct = r.direct.clone();
+                        }
                     }
                     Ok(())
                 })?;
@@ -318,6 +359,69 @@ impl Crustd {
             }
             Err(e) => Err(self.undo(&sb, r, &names, published_before, e)),
         }
+    }
+
+    /// createFilesystem for a volume this call has just claimed and holds:
+    /// a device that already holds `file_system` is left as it is; a
+    /// provably blank one is formatted (the hold let go for mkfs, which
+    /// opens the device O_EXCL itself, and taken again after); anything
+    /// else is FAILED_PRECONDITION and not a byte of it is written.
+    fn create_file_system(&self, sb: &Sandbox, r: &PublishRequest, dev: &HostDevice) -> Result<()> {
+        let timeout = self.cfg.mkfs_timeout;
+        if mkfs::inspect(dev, &r.file_system, timeout)? == mkfs::Content::Same {
+            return Ok(());
+        }
+        let key: Key = (sb.id.clone(), r.host_volume_id.clone());
+        drop(self.claims.take_hold(&key));
+        let formatted = mkfs::format(dev, &r.file_system, timeout);
+        // Held again whatever mkfs did; a host that took the device
+        // meanwhile makes this fail, and the publish with it.
+        let held = dev.hold()?;
+        drop(self.claims.set_hold(&key, held));
+        formatted
+    }
+
+    /// RuntimePublishDirectVolume: reads and checks the record filed for
+    /// `volume_path`, publishes its device as RuntimePublishVolume would,
+    /// then writes the sandbox-id file. Answers (guest path, device).
+    pub fn publish_direct(&self, r: &DirectRequest) -> Result<(String, String)> {
+        registry::check_id(&r.sandbox_id)?;
+        let found = self.records.read(r.volume_path.as_bytes())?;
+        self.records
+            .check_sandbox_slot(r.volume_path.as_bytes(), &r.sandbox_id)?;
+        let rec = found.record;
+        let p = PublishRequest {
+            sandbox_id: r.sandbox_id.clone(),
+            host_volume_id: rec.device.clone(),
+            host_target_path: r.volume_path.clone(),
+            file_system: rec.fstype,
+            mount_options: rec.options,
+            fsgroup_gid: rec.fs_group.map(i64::from),
+            fsgroup_policy: if rec.on_root_mismatch {
+                "OnRootMismatch".into()
+            } else {
+                String::new()
+            },
+            read_only: r.read_only,
+            block: false,
+            create_file_system: rec.create_filesystem,
+            direct: Some(r.volume_path.clone()),
+        };
+        let guest_path = self.publish(&p).map_err(|e| {
+            if e.code == Code::InvalidArgument && e.message.starts_with("host_volume_id") {
+                // The record's device: say which file named it.
+                Error::invalid(format!(
+                    "direct-volume record {} names {}",
+                    found.file.display(),
+                    e.message.trim_start_matches("host_volume_id ")
+                ))
+            } else {
+                e
+            }
+        })?;
+        self.records
+            .record_sandbox(r.volume_path.as_bytes(), &r.sandbox_id)?;
+        Ok((guest_path, rec.device))
     }
 
     /// Claims `dev` for this volume and records it before anything is
@@ -370,6 +474,7 @@ impl Crustd {
                     read_only: r.read_only,
                     block: r.block,
                     phase: Phase::Plugging,
+                    direct: r.direct.clone(),
                 });
             Ok(())
         });
@@ -490,7 +595,7 @@ impl Crustd {
         if published_before {
             return err;
         }
-        match self.take_out(sb, &r.host_volume_id, names, true) {
+        match self.take_out(sb, &r.host_volume_id, names, true, r.direct.as_deref()) {
             Ok(()) => err,
             Err(e2) => err.and(format!(
                 "undoing the hot-plug failed too ({e2}); RuntimeUnpublishVolume will finish it"
@@ -498,8 +603,9 @@ impl Crustd {
         }
     }
 
-    /// Agent unpublish, device_del + DEVICE_DELETED, blockdev-del, forget.
-    /// The record stays (as unplugging) until every step has succeeded.
+    /// Agent unpublish, device_del + DEVICE_DELETED, blockdev-del, the
+    /// direct-volume record's sandbox-id file, forget. The record stays (as
+    /// unplugging) until every step has succeeded.
     /// `undoing`: the volume was never reported published, so an agent that
     /// cannot be reached does not keep the disk in (nothing uses it yet);
     /// an agent that answers no (e.g. busy) always does.
@@ -509,6 +615,7 @@ impl Crustd {
         host_volume_id: &str,
         names: &Names,
         undoing: bool,
+        direct: Option<&str>,
     ) -> Result<()> {
         self.set_phase(sb, host_volume_id, Phase::Unplugging)?;
         match self.agent(sb).unpublish(&names.volume_id) {
@@ -517,7 +624,76 @@ impl Crustd {
         }
         let timeout = self.cfg.unplug_timeout;
         self.with_qmp(sb, |q| hotplug::unplug(q, names, timeout))?;
+        if let Some(path) = direct {
+            self.records.forget_sandbox(path.as_bytes(), &sb.id)?;
+        }
         self.forget(sb, host_volume_id)
+    }
+
+    /// Unpublish in a sandbox whose VM is gone (`why`): nothing to unplug,
+    /// so forget the volume, remove its sandbox-id file and free its device.
+    /// Unless a process still has the device open (a VMM whose monitor
+    /// socket was removed under it would): then freeing it could put one
+    /// disk in two VMs, and the answer is FAILED_PRECONDITION.
+    fn forget_dead(&self, sb: &Sandbox, host_volume_id: &str, v: &Volume, why: &str) -> Result<()> {
+        let holders = hostdev::openers(&v.rdev);
+        if !holders.is_empty() {
+            return Err(Error::precondition(format!(
+                "sandbox {}'s VM looks gone ({why}), yet {} still has host device {host_volume_id} ({}) open: crustd does not free a device a process may still write; stop that process, or restore the VM's QMP socket and unpublish again",
+                sb.id,
+                holders.join(", "),
+                v.rdev
+            )));
+        }
+        if let Some(path) = &v.direct {
+            self.records.forget_sandbox(path.as_bytes(), &sb.id)?;
+        }
+        self.forget(sb, host_volume_id)?;
+        self.connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&sb.id);
+        Ok(())
+    }
+
+    /// FAILED_PRECONDITION for a call that needs the VM of `sb`, gone (`why`).
+    fn dead(sb: &Sandbox, why: &str) -> Error {
+        Error::precondition(format!(
+            "sandbox {}'s VM is gone ({why}): its volumes can only be unpublished, which frees their devices",
+            sb.id
+        ))
+    }
+
+    /// `err` from a call that could not reach `sb`'s VM, or FAILED_PRECONDITION
+    /// when the VM is gone.
+    fn unless_dead(&self, sb: &Sandbox, err: Error) -> Error {
+        if err.code != Code::Unavailable {
+            return err;
+        }
+        match qmp::gone(&sb.qmp, self.cfg.qmp_timeout) {
+            Some(why) => Crustd::dead(sb, &why),
+            None => err,
+        }
+    }
+
+    /// At start, after [`Crustd::recover`]: every sandbox with volumes
+    /// recorded whose VM is gone, as (sandbox, why, host volumes), for the
+    /// log. They stay recorded (and their devices held) until unpublished.
+    pub fn dead_sandboxes(&self) -> Vec<(String, String, Vec<String>)> {
+        let mut out = Vec::new();
+        for id in registry::all_ids(&self.cfg.sandboxes) {
+            let Ok(sb) = registry::open(&self.cfg.sandboxes, &id) else {
+                continue;
+            };
+            let Ok(st) = self.load(&sb) else { continue };
+            if st.volumes.is_empty() {
+                continue;
+            }
+            if let Some(why) = qmp::gone(&sb.qmp, self.cfg.qmp_timeout) {
+                out.push((id, why, st.volumes.keys().cloned().collect()));
+            }
+        }
+        out
     }
 
     /// RuntimeUnpublishVolume: OK when the volume is not (or no longer) published.
@@ -528,10 +704,20 @@ impl Crustd {
             .volume_locks
             .get(&(sb.id.clone(), host_volume_id.to_string()));
         let _v = hold(&l);
-        match self.record(&sb, host_volume_id)? {
-            None => Ok(()),
-            Some(v) => self.take_out(&sb, host_volume_id, &names_of(&v), false),
+        let Some(v) = self.record(&sb, host_volume_id)? else {
+            return Ok(());
+        };
+        // A dead VM has nothing to unplug: asking its agent would only wait.
+        if let Some(why) = qmp::gone(&sb.qmp, self.cfg.qmp_timeout) {
+            return self.forget_dead(&sb, host_volume_id, &v, &why);
         }
+        self.take_out(
+            &sb,
+            host_volume_id,
+            &names_of(&v),
+            false,
+            v.direct.as_deref(),
+        )
     }
 
     /// The record of a published volume, else NOT_FOUND.
@@ -554,7 +740,10 @@ impl Crustd {
             .get(&(sb.id.clone(), host_volume_id.to_string()));
         let _v = hold(&l);
         let v = self.published(&sb, host_volume_id)?;
-        let s = self.agent(&sb).stats(&v.volume_id)?;
+        let s = self
+            .agent(&sb)
+            .stats(&v.volume_id)
+            .map_err(|e| self.unless_dead(&sb, e))?;
         Ok(Stats {
             usage: s
                 .usage
@@ -591,6 +780,9 @@ impl Crustd {
             .get(&(sb.id.clone(), host_volume_id.to_string()));
         let _v = hold(&l);
         let v = self.published(&sb, host_volume_id)?;
+        if let Some(why) = qmp::gone(&sb.qmp, self.cfg.qmp_timeout) {
+            return Err(Crustd::dead(&sb, &why));
+        }
         let dev = hostdev::resolve(host_volume_id)?;
         let size = hostdev::size(&dev.path)?;
         if size < required_bytes.unsigned_abs() {
@@ -601,8 +793,11 @@ impl Crustd {
                 ),
             ));
         }
-        self.with_qmp(&sb, |q| hotplug::grow(q, &v.node, size))?;
-        self.agent(&sb).expand(&v.volume_id, required_bytes)
+        self.with_qmp(&sb, |q| hotplug::grow(q, &v.node, size))
+            .map_err(|e| self.unless_dead(&sb, e))?;
+        self.agent(&sb)
+            .expand(&v.volume_id, required_bytes)
+            .map_err(|e| self.unless_dead(&sb, e))
     }
 }
 

@@ -82,6 +82,7 @@ fn publish_stats_expand_unpublish_and_restart() {
         [
             C::FsGroupChangePolicyAlways,
             C::FsGroupChangePolicyRootMismatch,
+            C::SelinuxRelabelOnMount,
             C::VolumeStats,
             C::VolumeResize,
             C::VolumeCondition,

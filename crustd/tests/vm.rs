@@ -5,7 +5,8 @@
 //! devices on the host as host_volume_id: ext4 with fsGroup, xfs, growth end
 //! to end, a crustd restart in the middle, unpublish (the disk leaves the
 //! guest), and the filesystems checked on the host afterwards.
-//! One VM for the whole walk (TCG is slow). Run with `make test-vm`.
+//! One VM for the whole walk (TCG is slow); a second for Kata's
+//! direct-volume records. Run with `make test-vm`.
 
 mod support;
 
@@ -257,4 +258,152 @@ fn host_mounts(disk: &LoopDisk) -> bool {
 fn df_bytes(p: &std::path::Path) -> u64 {
     let out = run("df", &["-B1", "--output=size", p.to_str().unwrap()]);
     out.lines().nth(1).unwrap().trim().parse().unwrap()
+}
+
+/// A direct-assigned volume as a CSI driver hands it to Kata today, in a
+/// real guest: a record written by Go's encoders exactly as Kata's package
+/// writes it (tests/kata_writer), RuntimePublishDirectVolume (fsGroup and
+/// options from the record; a SELinux context option the guest has no use
+/// for left out), `crustd-ctl direct-volume stats` and `resize`, a blank
+/// scratch disk formatted on the host by createFilesystem, unpublish, and
+/// the filesystems clean on the host after.
+#[test]
+#[ignore = "boots a VM: run make test-vm"]
+fn a_kata_direct_volume_in_a_real_guest() {
+    const SB: &str = "pod-vm-direct";
+    let writer = support::kata_writer().expect("go is needed (scripts/deps.sh installs it)");
+    let t = tempfile::tempdir().unwrap();
+    let reg = t.path().join("sandboxes");
+    let root = t.path().join("direct-volumes");
+    let r = root.to_str().unwrap();
+    let ext4 = volume(128, "ext4");
+    let blank = LoopDisk::new(64, None);
+    let (e, b) = (ext4.path(), blank.path());
+    let vol = "/var/lib/kubelet/pods/0f3c-uid/volumes/kubernetes.io~csi/pvc-direct/mount";
+    let scratch = "/var/lib/kubelet/pods/0f3c-uid/volumes/kubernetes.io~csi/scratch/mount";
+    let label = r#"context="system_u:object_r:container_file_t:s0:c1,c2""#;
+    support::kata(
+        &writer,
+        &[
+            "add",
+            r,
+            vol,
+            &e,
+            "ext4",
+            "fsGroup=4321",
+            "-o",
+            "noatime",
+            "-o",
+            label,
+        ],
+    );
+    support::kata(
+        &writer,
+        &["add", r, scratch, &b, "ext4", "createFilesystem=true"],
+    );
+
+    let opts = VmOptions::new(reg.join(SB));
+    assert!(opts.initrd.is_file(), "run `make initrd` first");
+    let mut vm = Vm::up(opts).expect("the VM boots and the agent answers");
+    let d = Crustd::start(&reg, &["--direct-volumes", r]);
+    let k = d.client();
+    let sock = d.socket.to_str().unwrap().to_string();
+    let ctl = |args: &[&str]| {
+        let mut all = vec!["--socket", &sock, "--direct-volumes", r];
+        all.extend_from_slice(args);
+        let (c, out, err) = support::ctl(&all);
+        assert_eq!(c, 0, "crustd-ctl {args:?}: {err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+
+    // Record to publish complete: read, checked, hot-plugged, mounted, fsGroup.
+    let t0 = Instant::now();
+    let p = k.publish_direct(SB, vol, false).unwrap();
+    eprintln!(
+        "RuntimePublishDirectVolume ext4 (record to publish complete: hot-plug + mount + fsGroup): {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(p.host_volume_id, e);
+    assert_eq!(
+        support::kata(&writer, &["sandbox", r, vol]),
+        SB,
+        "the sandbox-id file, as Kata's lookup finds it"
+    );
+    // The guest mounted it with the record's option and without the label.
+    let list = vm
+        .agent()
+        .unwrap()
+        .list_volumes(
+            crust_vm::hvsock::ctx(Duration::from_secs(30)),
+            &Default::default(),
+        )
+        .unwrap();
+    assert_eq!(list.volumes.len(), 1);
+    let console = std::fs::read_to_string(vm.console_log()).unwrap_or_default();
+    assert!(
+        console.contains("SELinux options left out"),
+        "the guest's log does not say the context option was left out"
+    );
+
+    // crustd-ctl direct-volume stats and resize, through the sandbox-id file.
+    let s = ctl(&["direct-volume", "stats", "--volume-path", vol]);
+    let total0 = s["usage"][0]["total"].as_i64().unwrap();
+    assert!(total0 > 100 << 20, "{s}");
+    ext4.resize(512);
+    let t0 = Instant::now();
+    let grown = ctl(&[
+        "direct-volume",
+        "resize",
+        "--volume-path",
+        vol,
+        "--size",
+        &(512u64 << 20).to_string(),
+    ]);
+    eprintln!("direct-volume resize 128 -> 512 MiB: {:?}", t0.elapsed());
+    assert!(
+        grown["capacity_bytes"].as_i64().unwrap() >= 500 << 20,
+        "{grown}"
+    );
+    let s = ctl(&["direct-volume", "stats", "--volume-path", vol]);
+    assert!(s["usage"][0]["total"].as_i64().unwrap() > total0 * 3, "{s}");
+
+    // A blank scratch disk: formatted on the host, then mounted in the guest.
+    let t0 = Instant::now();
+    k.publish_direct(SB, scratch, false).unwrap();
+    eprintln!(
+        "RuntimePublishDirectVolume createFilesystem (mkfs.ext4 on the host + hot-plug + mount): {:?}",
+        t0.elapsed()
+    );
+    let s = ctl(&["direct-volume", "stats", "--volume-path", scratch]);
+    assert!(s["usage"][0]["total"].as_i64().unwrap() > 40 << 20, "{s}");
+
+    // Unpublish: the disks leave the guest, the sandbox-id files go.
+    for dev in [&e, &b] {
+        k.unpublish(SB, dev).unwrap();
+    }
+    for v in [vol, scratch] {
+        assert!(!root
+            .join(crustd::direct::encode(v.as_bytes()))
+            .join(SB)
+            .exists());
+    }
+    let list = vm
+        .agent()
+        .unwrap()
+        .list_volumes(
+            crust_vm::hvsock::ctx(Duration::from_secs(30)),
+            &Default::default(),
+        )
+        .unwrap();
+    assert!(list.volumes.is_empty(), "{:?}", list.volumes);
+    drop(d);
+    vm.down().unwrap();
+
+    // On the host: clean, grown, the pod's group on the files; the scratch disk ext4.
+    run("e2fsck", &["-f", "-n", &e]);
+    run("e2fsck", &["-f", "-n", &b]);
+    let m = Mounted::new(&ext4.device, "ext4", "ro");
+    let md = std::fs::metadata(m.path.join("data/deep/f3")).unwrap();
+    assert_eq!(md.gid(), 4321);
+    assert!(df_bytes(&m.path) > 400 << 20);
 }

@@ -5,6 +5,7 @@
 
 mod bind;
 mod options;
+pub mod selinux;
 mod unmount;
 
 use std::ffi::{CStr, CString};

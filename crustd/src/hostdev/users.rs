@@ -66,6 +66,35 @@ pub(super) fn users(h: &Host, devices: &[Place]) -> io::Result<Vec<String>> {
     Ok(out)
 }
 
+/// The processes, other than this one, with an open file that is the block
+/// device `rdev`, in words. Looks at every process's fds (stat, never open).
+pub(super) fn openers(h: &Host, rdev: u64) -> Vec<String> {
+    let me = std::process::id().to_string();
+    let Ok(procs) = fs::read_dir(&h.proc) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for p in procs.flatten() {
+        let pid = p.file_name().to_string_lossy().into_owned();
+        if pid == me || !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(fds) = fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        let has = fds.flatten().any(|fd| {
+            fs::metadata(fd.path())
+                .is_ok_and(|m| m.file_type().is_block_device() && m.rdev() == rdev)
+        });
+        if has {
+            let comm = fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+            out.push(format!("process {pid} ({})", comm.trim()));
+        }
+    }
+    out.sort();
+    out
+}
+
 /// "device-mapper dm-0 (vg-lv)", "md RAID md0", or the holder's name.
 fn describe_holder(h: &Host, holder: &str) -> String {
     let dir = h.sys.join("class/block").join(holder);

@@ -174,7 +174,8 @@ pub enum OnPublish {
 /// What the fake agent was asked, and how it answers.
 pub struct AgentState {
     pub on_publish: OnPublish,
-    /// "publish VOLUME SERIAL FS GID", "unpublish VOLUME", "stats VOLUME", "expand VOLUME BYTES".
+    /// "publish VOLUME SERIAL FS GID [OnRootMismatch] [-o OPTION]... [ro]",
+    /// "unpublish VOLUME", "stats VOLUME", "expand VOLUME BYTES".
     pub log: Vec<String>,
 }
 
@@ -190,13 +191,25 @@ impl crust_ttrpc::Agent for FakeAgent {
     ) -> ttrpc::Result<pb::PublishVolumeResponse> {
         let on = {
             let mut s = self.state.lock().unwrap();
-            s.log.push(format!(
+            let mut line = format!(
                 "publish {} {} {} {}",
                 r.volume_id,
                 r.serial(),
                 r.fs_type,
                 r.fs_group.as_ref().map_or(-1, |g| i64::from(g.gid))
-            ));
+            );
+            if r.fs_group.as_ref().is_some_and(|g| {
+                g.change_policy.enum_value() == Ok(pb::FsGroupChangePolicy::ON_ROOT_MISMATCH)
+            }) {
+                line.push_str(" OnRootMismatch");
+            }
+            for o in &r.mount_options {
+                line.push_str(&format!(" -o {o}"));
+            }
+            if r.read_only {
+                line.push_str(" ro");
+            }
+            s.log.push(line);
             s.on_publish.clone()
         };
         match on {

@@ -14,6 +14,8 @@ pub struct Crustd {
     pub socket: PathBuf,
     reg: PathBuf,
     extra: Vec<String>,
+    /// Where its stderr (one JSON line per call) goes, when kept.
+    log: Option<PathBuf>,
 }
 
 impl Crustd {
@@ -28,14 +30,39 @@ impl Crustd {
         if let Some(u) = umask {
             extra.push(format!("--umask={u}"));
         }
-        let child = spawn(&socket, reg, &extra);
+        let child = spawn(&socket, reg, &extra, None);
         wait_for(&socket);
         Crustd {
             child,
             socket,
             reg: reg.to_path_buf(),
             extra,
+            log: None,
         }
+    }
+
+    /// As `start`, its stderr appended to `reg/../crustd.log` (see [`Crustd::log`]).
+    pub fn start_logged(reg: &Path, extra: &[&str]) -> Crustd {
+        let socket = reg.parent().unwrap().join("crustd.sock");
+        let log = reg.parent().unwrap().join("crustd.log");
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let child = spawn(&socket, reg, &extra, Some(&log));
+        wait_for(&socket);
+        Crustd {
+            child,
+            socket,
+            reg: reg.to_path_buf(),
+            extra,
+            log: Some(log),
+        }
+    }
+
+    /// What it logged so far (started with `start_logged`).
+    pub fn log(&self) -> String {
+        self.log
+            .as_ref()
+            .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+            .unwrap_or_default()
     }
 
     /// The process id (crustd's old temporary file names had it).
@@ -51,7 +78,7 @@ impl Crustd {
     pub fn kill_and_restart(&mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
-        self.child = spawn(&self.socket, &self.reg, &self.extra);
+        self.child = spawn(&self.socket, &self.reg, &self.extra, self.log.as_deref());
         wait_for(&self.socket);
     }
 }
@@ -78,8 +105,75 @@ fn command(socket: &Path, reg: &Path, extra: &[String]) -> Command {
     c
 }
 
-fn spawn(socket: &Path, reg: &Path, extra: &[String]) -> Child {
-    command(socket, reg, extra).spawn().unwrap()
+fn spawn(socket: &Path, reg: &Path, extra: &[String], log: Option<&Path>) -> Child {
+    let mut c = command(socket, reg, extra);
+    if let Some(log) = log {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        c.stderr(f);
+    }
+    c.spawn().unwrap()
+}
+
+/// The Go writer of direct-volume records (tests/kata_writer), built once
+/// per test process; None when Go is missing (scripts/deps.sh installs it).
+pub fn kata_writer() -> Option<PathBuf> {
+    static BUILT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let work =
+                std::env::temp_dir().join(format!("crustd-kata-writer-{}", std::process::id()));
+            let pkg = work.join("src/katawriter");
+            std::fs::create_dir_all(&pkg).ok()?;
+            std::fs::copy(
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kata_writer/main.go"),
+                pkg.join("main.go"),
+            )
+            .ok()?;
+            let bin = work.join("kata_writer");
+            let out = Command::new("go")
+                .args(["build", "-o"])
+                .arg(&bin)
+                .arg(".")
+                .current_dir(&pkg)
+                .env("GO111MODULE", "off")
+                .env("GOPATH", &work)
+                .env("GOCACHE", work.join("cache"))
+                .output()
+                .ok()?;
+            assert!(
+                out.status.success(),
+                "go build tests/kata_writer: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Some(bin)
+        })
+        .clone()
+}
+
+/// Runs the Go writer; panics with its stderr if it fails. Answers its stdout.
+pub fn kata(writer: &Path, args: &[&str]) -> String {
+    let out = Command::new(writer).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "kata_writer {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Runs crustd-ctl's command line (the binary's own code, in process) with
+/// `args`; answers (exit code, stdout, stderr), trimmed.
+pub fn ctl(args: &[&str]) -> (u8, String, String) {
+    let out = crustd_ctl::cli::run_cli(std::iter::once("crustd-ctl").chain(args.iter().copied()));
+    (
+        out.code,
+        out.stdout.trim().to_string(),
+        out.stderr.trim().to_string(),
+    )
 }
 
 /// Runs a crustd that must refuse to start: its exit status and stderr.

@@ -1,0 +1,798 @@
+//! Kata's direct-assigned volume records through crustd, as a process, with
+//! fake sandboxes (tests/fakes) and loop devices: records written by Go's
+//! own encoders exactly as Kata's package writes them (tests/kata_writer),
+//! RuntimePublishDirectVolume, the sandbox-id file, `crustd-ctl
+//! direct-volume`, every hostile record refused with nothing plugged,
+//! createFilesystem on blank, same-filesystem and foreign devices, and
+//! sandboxes whose VM is gone. Needs root (loop devices) and Go.
+
+mod fakes;
+mod support;
+
+#[path = "../../tests/fixtures/disks.rs"]
+mod disks;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crustd_ctl::{code_name, pb};
+use disks::{cannot_run, root_or_skip, run, LoopDisk};
+use support::{ctl, kata, Crustd};
+
+/// A registry with sandboxes pod-a and pod-b, a direct-volume root, the Go
+/// writer and crustd serving both.
+struct Rig {
+    t: tempfile::TempDir,
+    _reg: PathBuf,
+    root: PathBuf,
+    a: fakes::Sandbox,
+    b: fakes::Sandbox,
+    writer: PathBuf,
+    d: Crustd,
+}
+
+impl Rig {
+    fn new(test: &str, extra: &[&str]) -> Option<Rig> {
+        if !root_or_skip(test) {
+            return None;
+        }
+        let Some(writer) = support::kata_writer() else {
+            cannot_run(
+                test,
+                "needs go (apt-get install golang-go; scripts/deps.sh does)",
+            );
+            return None;
+        };
+        let t = tempfile::tempdir().unwrap();
+        let reg = t.path().join("sandboxes");
+        let root = t.path().join("direct-volumes");
+        let a = fakes::sandbox(&reg, "pod-a");
+        let b = fakes::sandbox(&reg, "pod-b");
+        let mut args = vec!["--direct-volumes", root.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let d = Crustd::start_logged(&reg, &args);
+        Some(Rig {
+            t,
+            _reg: reg,
+            root,
+            a,
+            b,
+            writer,
+            d,
+        })
+    }
+
+    fn root(&self) -> &str {
+        self.root.to_str().unwrap()
+    }
+
+    /// Files a record for `vol` with Go, as Kata's AddMountInfo does.
+    fn add(&self, vol: &str, dev: &str, fs: &str, more: &[&str]) -> PathBuf {
+        let mut args = vec!["add", self.root(), vol, dev, fs];
+        args.extend_from_slice(more);
+        kata(&self.writer, &args);
+        self.record_dir(vol)
+    }
+
+    /// Files `json` verbatim for `vol` with Go, as Kata's Add does.
+    fn add_raw(&self, vol: &str, json: &str) -> PathBuf {
+        kata(&self.writer, &["add-raw", self.root(), vol, json]);
+        self.record_dir(vol)
+    }
+
+    fn record_dir(&self, vol: &str) -> PathBuf {
+        self.root.join(crustd::direct::encode(vol.as_bytes()))
+    }
+
+    /// `crustd-ctl --socket S --direct-volumes ROOT ARGS...`.
+    fn ctl(&self, args: &[&str]) -> (u8, String, String) {
+        let sock = self.d.socket.to_str().unwrap().to_string();
+        let mut all = vec!["--socket", &sock, "--direct-volumes", self.root()];
+        all.extend_from_slice(args);
+        ctl(&all)
+    }
+
+    /// Nothing reached either QEMU or agent, and no volume is recorded.
+    fn nothing_plugged(&self, what: &str) {
+        for sb in [&self.a, &self.b] {
+            let q = sb.qemu.lock().unwrap();
+            assert!(
+                q.log.is_empty() && q.nodes.is_empty() && q.devices.is_empty(),
+                "{what}: QEMU of {} was asked {:?}",
+                sb.id,
+                q.log
+            );
+            assert!(
+                sb.agent.lock().unwrap().log.is_empty(),
+                "{what}: the agent of {} was asked",
+                sb.id
+            );
+            assert_eq!(state(sb)["volumes"], serde_json::json!({}), "{what}");
+        }
+    }
+}
+
+fn state(sb: &fakes::Sandbox) -> serde_json::Value {
+    match std::fs::read_to_string(sb.dir.join("crustd.json")) {
+        Ok(t) => serde_json::from_str(&t).unwrap(),
+        Err(_) => serde_json::json!({"volumes": {}}),
+    }
+}
+
+fn code<T: std::fmt::Debug>(r: Result<T, tonic::Status>) -> (String, String) {
+    match r {
+        Err(s) => (code_name(s.code()), s.message().to_string()),
+        Ok(v) => panic!("expected an error, got {v:?}"),
+    }
+}
+
+fn verbs(q: &fakes::Qemu) -> Vec<String> {
+    std::mem::take(&mut q.lock().unwrap().log)
+        .iter()
+        .map(|l| l.split(' ').next().unwrap().to_string())
+        .collect()
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+#[test]
+fn a_record_as_kata_writes_it_is_published_and_found_again() {
+    let Some(r) = Rig::new(
+        "a_record_as_kata_writes_it_is_published_and_found_again",
+        &[],
+    ) else {
+        return;
+    };
+    let disk = LoopDisk::new(64, Some("ext4"));
+    let dev = disk.path();
+    let vol = "/var/lib/kubelet/pods/7f1c-uid/volumes/kubernetes.io~csi/pvc-1/mount";
+    let dir = r.add(
+        vol,
+        &dev,
+        "ext4",
+        &[
+            "fsGroup=2000",
+            "fsGroupChangePolicy=OnRootMismatch",
+            "azure.csi.disk/volume-id=/subscriptions/x/disks/d",
+            "-o",
+            "noatime",
+        ],
+    );
+    let file = dir.join("mountInfo.json");
+    let bytes = std::fs::read(&file).unwrap();
+    let mtime = std::fs::metadata(&file).unwrap().mtime_nsec();
+    assert_eq!((mode(&dir), mode(&file)), (0o700, 0o600));
+    let k = r.d.client();
+
+    let p = k.publish_direct("pod-a", vol, false).unwrap();
+    assert!(
+        p.guest_path.starts_with("/run/crust/volumes/crustd-"),
+        "{p:?}"
+    );
+    assert_eq!(p.host_volume_id, dev);
+    assert_eq!(verbs(&r.a.qemu), ["blockdev-add", "device_add"]);
+    let agent = r.a.agent.lock().unwrap().log.clone();
+    assert_eq!(agent.len(), 1);
+    assert!(
+        agent[0].ends_with(" ext4 2000 OnRootMismatch -o noatime"),
+        "{agent:?}"
+    );
+    // The sandbox-id file as Kata's RecordSandboxID writes it, found by Go's lookup.
+    let id = dir.join("pod-a");
+    assert_eq!(std::fs::read(&id).unwrap(), b"");
+    assert_eq!(mode(&id), 0o600);
+    assert_eq!(kata(&r.writer, &["sandbox", r.root(), vol]), "pod-a");
+    // The driver's record is never touched.
+    assert_eq!(std::fs::read(&file).unwrap(), bytes);
+    assert_eq!(std::fs::metadata(&file).unwrap().mtime_nsec(), mtime);
+    let st = state(&r.a);
+    assert_eq!(st["volumes"][&dev]["direct"], vol);
+    assert_eq!(st["volumes"][&dev]["host_target_path"], vol);
+
+    // Idempotent: the same answer, nothing plugged twice.
+    assert_eq!(k.publish_direct("pod-a", vol, false).unwrap(), p);
+    assert!(verbs(&r.a.qemu).is_empty());
+
+    // crustd-ctl direct-volume stats and resize find the sandbox by its file.
+    let (c, out, err) = r.ctl(&["direct-volume", "stats", "--volume-path", vol]);
+    assert_eq!(c, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["usage"][0]["used"], 300, "{out}");
+    assert_eq!(v["volume_condition"]["abnormal"], true);
+    disk.resize(128);
+    let (c, out, err) = r.ctl(&[
+        "direct-volume",
+        "resize",
+        "--volume-path",
+        vol,
+        "--size",
+        &(100u64 << 20).to_string(),
+    ]);
+    assert_eq!(c, 0, "{err}");
+    assert_eq!(out, format!("{{\"capacity_bytes\":{}}}", 100u64 << 20));
+    assert_eq!(verbs(&r.a.qemu), ["block_resize"]);
+
+    // Unpublish with the device: the sandbox-id file goes, the record stays.
+    k.unpublish("pod-a", &dev).unwrap();
+    assert!(!id.exists());
+    assert_eq!(std::fs::read(&file).unwrap(), bytes);
+    assert_eq!(verbs(&r.a.qemu), ["device_del", "blockdev-del"]);
+    let (c, _, err) = r.ctl(&["direct-volume", "stats", "--volume-path", vol]);
+    assert_eq!(c, 1, "{err}");
+    assert!(err.contains("is in no sandbox"), "{err}");
+
+    // remove deletes the record; then there is none to publish.
+    let (c, _, err) = r.ctl(&["direct-volume", "remove", "--volume-path", vol]);
+    assert_eq!(c, 0, "{err}");
+    assert!(!dir.exists());
+    let (c, m) = code(k.publish_direct("pod-a", vol, false));
+    assert_eq!(c, "NOT_FOUND", "{m}");
+    assert!(m.contains(vol) && m.contains(r.root()), "{m}");
+    let (c, _, err) = r.ctl(&["direct-volume", "stats", "--volume-path", vol]);
+    assert!(c == 1 && err.contains("NOT_FOUND"), "{err}");
+
+    // crustd-ctl direct-volume add writes what Kata's Add writes, byte for byte.
+    let json =
+        r#"{"volume-type":"block","device":"/dev/sdz","fstype":"xfs","metadata":{"fsGroup":"7"}}"#;
+    let (c, _, err) = r.ctl(&[
+        "direct-volume",
+        "add",
+        "--volume-path",
+        vol,
+        "--mount-info",
+        json,
+    ]);
+    assert_eq!(c, 0, "{err}");
+    let other = r.t.path().join("go-root");
+    kata(&r.writer, &["add-raw", other.to_str().unwrap(), vol, json]);
+    let name = crustd::direct::encode(vol.as_bytes());
+    for root in [&r.root, &other] {
+        assert_eq!(mode(&root.join(&name)), 0o700);
+        assert_eq!(mode(&root.join(&name).join("mountInfo.json")), 0o600);
+    }
+    assert_eq!(
+        std::fs::read(r.root.join(&name).join("mountInfo.json")).unwrap(),
+        std::fs::read(other.join(&name).join("mountInfo.json")).unwrap()
+    );
+    let (c, _, err) = r.ctl(&[
+        "direct-volume",
+        "add",
+        "--volume-path",
+        "/x",
+        "--mount-info",
+        "{not json",
+    ]);
+    assert!(c == 1 && err.contains("not a record"), "{err}");
+    // publish-direct from a shell.
+    let (c, _, err) = r.ctl(&["publish-direct", "pod-a", "--volume-path", vol]);
+    assert!(
+        c == 1 && err.contains("INVALID_ARGUMENT") && err.contains("/dev/sdz"),
+        "{err}"
+    );
+}
+
+/// Every hostile record of docs/crustd.md §8.2: refused with its code and a
+/// sentence naming the file or the device, and nothing plugged.
+#[test]
+fn every_hostile_record_is_refused_before_anything_is_plugged() {
+    let Some(r) = Rig::new(
+        "every_hostile_record_is_refused_before_anything_is_plugged",
+        &[],
+    ) else {
+        return;
+    };
+    use std::os::unix::fs::symlink;
+    let good = LoopDisk::new(32, Some("ext4"));
+    let mounted = LoopDisk::new(32, Some("ext4"));
+    let swap = LoopDisk::new(32, Some("swap"));
+    let taken = LoopDisk::new(32, Some("ext4"));
+    let under = LoopDisk::new(32, Some("ext4"));
+    let plain = r.t.path().join("plain.img");
+    std::fs::write(&plain, b"x").unwrap();
+    let k = r.d.client();
+    let g = good.path();
+    let rec = |dev: &str, fs: &str, meta: &str, opts: &str| {
+        format!(
+            r#"{{"volume-type":"directvol","device":"{dev}","fstype":"{fs}","metadata":{{{meta}}},"options":[{opts}]}}"#
+        )
+    };
+    let _m = disks::Mounted::new(&mounted.device, "ext4", "");
+    run("swapon", &[&swap.path()]);
+    struct Off(String);
+    impl Drop for Off {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("swapoff").arg(&self.0).output();
+        }
+    }
+    let _swap = Off(swap.path());
+    // A loop device over another: the lower one is the host's.
+    let upper = run("losetup", &["--find", "--show", &under.path()])
+        .trim()
+        .to_string();
+    struct Detach(String);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("losetup")
+                .args(["-d", &self.0])
+                .output();
+        }
+    }
+    let _upper = Detach(upper.clone());
+    // pod-b has `taken` through a plain publish; its QEMU log is cleared below.
+    k.publish(pb::RuntimePublishVolumeRequest {
+        sandbox_id: "pod-b".into(),
+        host_volume_id: taken.path(),
+        file_system: "ext4".into(),
+        ..Default::default()
+    })
+    .unwrap();
+    std::mem::take(&mut r.b.qemu.lock().unwrap().log);
+    std::mem::take(&mut r.b.agent.lock().unwrap().log);
+    let b_state = state(&r.b);
+
+    // (volume path, how the record is made, code, words the message has)
+    type Make<'a> = Box<dyn Fn(&str) + 'a>;
+    let rr = &r;
+    let raw = |json: String| -> Make { Box::new(move |vol: &str| drop(rr.add_raw(vol, &json))) };
+    let cases: Vec<(&str, Make, &str, Vec<String>)> = vec![
+        (
+            "/v/dir-symlink",
+            Box::new(|vol: &str| {
+                let real = r.add_raw("/v/real", &rec(&g, "ext4", "", ""));
+                symlink(&real, r.record_dir(vol)).unwrap();
+            }),
+            "INVALID_ARGUMENT",
+            vec!["a symbolic link".into(), "not a real directory".into()],
+        ),
+        (
+            "/v/file-symlink",
+            Box::new(|vol: &str| {
+                let d = r.add_raw(vol, &rec(&g, "ext4", "", ""));
+                let real = r.record_dir("/v/real").join("mountInfo.json");
+                std::fs::remove_file(d.join("mountInfo.json")).unwrap();
+                symlink(real, d.join("mountInfo.json")).unwrap();
+            }),
+            "INVALID_ARGUMENT",
+            vec!["a symbolic link".into(), "mountInfo.json".into()],
+        ),
+        (
+            "/v/dir-writable",
+            Box::new(|vol: &str| {
+                let d = r.add_raw(vol, &rec(&g, "ext4", "", ""));
+                std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+            }),
+            "INVALID_ARGUMENT",
+            vec!["writable by group or others".into()],
+        ),
+        (
+            "/v/file-writable",
+            Box::new(|vol: &str| {
+                let d = r.add_raw(vol, &rec(&g, "ext4", "", ""));
+                std::fs::set_permissions(
+                    d.join("mountInfo.json"),
+                    std::fs::Permissions::from_mode(0o620),
+                )
+                .unwrap();
+            }),
+            "INVALID_ARGUMENT",
+            vec![
+                "writable by group or others".into(),
+                "mountInfo.json".into(),
+            ],
+        ),
+        (
+            "/v/file-not-roots",
+            Box::new(|vol: &str| {
+                let d = r.add_raw(vol, &rec(&g, "ext4", "", ""));
+                std::os::unix::fs::chown(d.join("mountInfo.json"), Some(1000), Some(1000)).unwrap();
+            }),
+            "INVALID_ARGUMENT",
+            vec!["owned by uid 1000".into()],
+        ),
+        (
+            "/v/dir-not-roots",
+            Box::new(|vol: &str| {
+                let d = r.add_raw(vol, &rec(&g, "ext4", "", ""));
+                std::os::unix::fs::chown(&d, Some(1000), Some(1000)).unwrap();
+            }),
+            "INVALID_ARGUMENT",
+            vec!["owned by uid 1000".into()],
+        ),
+        (
+            "/v/oversized",
+            raw(format!(
+                "{}{}",
+                rec(&g, "ext4", "", ""),
+                " ".repeat(64 << 10)
+            )),
+            "INVALID_ARGUMENT",
+            vec!["more than crustd reads".into()],
+        ),
+        (
+            "/v/fifo",
+            Box::new(|vol: &str| {
+                let d = r.add_raw(vol, &rec(&g, "ext4", "", ""));
+                std::fs::remove_file(d.join("mountInfo.json")).unwrap();
+                run("mkfifo", &[d.join("mountInfo.json").to_str().unwrap()]);
+            }),
+            "INVALID_ARGUMENT",
+            vec!["a FIFO".into()],
+        ),
+        (
+            // Kata's Add would not file it: written over a good record.
+            "/v/malformed",
+            Box::new(|vol: &str| {
+                let d = r.add_raw(vol, &rec(&g, "ext4", "", ""));
+                let bad = rec(&g, "ext4", "", "").replace('}', "");
+                std::fs::write(d.join("mountInfo.json"), bad).unwrap();
+            }),
+            "INVALID_ARGUMENT",
+            vec!["not JSON".into()],
+        ),
+        (
+            "/v/duplicate-device",
+            raw(format!(
+                r#"{{"volume-type":"block","device":"{g}","fstype":"ext4","device":"/dev/sda"}}"#
+            )),
+            "INVALID_ARGUMENT",
+            vec!["given twice".into()],
+        ),
+        (
+            "/v/case-variant",
+            raw(format!(
+                r#"{{"volume-type":"block","Device":"{g}","fstype":"ext4"}}"#
+            )),
+            "INVALID_ARGUMENT",
+            vec!["not spelled".into()],
+        ),
+        (
+            "/v/volume-type",
+            raw(rec(&g, "ext4", "", "").replace("directvol", "nfs")),
+            "INVALID_ARGUMENT",
+            vec!["volume-type \"nfs\"".into()],
+        ),
+        (
+            "/v/regular-file",
+            raw(rec(plain.to_str().unwrap(), "ext4", "", "")),
+            "INVALID_ARGUMENT",
+            vec!["regular file".into(), "mountInfo.json".into()],
+        ),
+        (
+            "/v/dev-null",
+            raw(rec("/dev/null", "ext4", "", "")),
+            "INVALID_ARGUMENT",
+            vec!["not a block device".into()],
+        ),
+        (
+            "/v/no-device",
+            raw(rec("/dev/crust-no-such-disk", "ext4", "", "")),
+            "INVALID_ARGUMENT",
+            vec!["/dev/crust-no-such-disk".into()],
+        ),
+        (
+            "/v/relative",
+            raw(rec("dev/sda", "ext4", "", "")),
+            "INVALID_ARGUMENT",
+            vec!["not an absolute path".into()],
+        ),
+        (
+            "/v/mounted",
+            raw(rec(&mounted.path(), "ext4", "", "")),
+            "FAILED_PRECONDITION",
+            vec!["is mounted at".into(), mounted.path()],
+        ),
+        (
+            "/v/swap",
+            raw(rec(&swap.path(), "ext4", "", "")),
+            "FAILED_PRECONDITION",
+            vec!["is used as swap".into()],
+        ),
+        (
+            "/v/under-a-loop",
+            raw(rec(&under.path(), "ext4", "", "")),
+            "FAILED_PRECONDITION",
+            vec![format!("is under loop device {}", &upper[5..])],
+        ),
+        (
+            "/v/elsewhere",
+            raw(rec(&taken.path(), "ext4", "", "")),
+            "FAILED_PRECONDITION",
+            vec!["sandbox pod-b".into()],
+        ),
+        (
+            "/v/fstype",
+            raw(rec(&g, "btrfs", "", "")),
+            "INVALID_ARGUMENT",
+            vec!["fstype \"btrfs\"".into()],
+        ),
+        (
+            "/v/fsgroup",
+            raw(rec(&g, "ext4", r#""fsGroup":"-2000""#, "")),
+            "INVALID_ARGUMENT",
+            vec!["fsGroup \"-2000\"".into()],
+        ),
+        (
+            "/v/fsgroup-big",
+            raw(rec(&g, "ext4", r#""fsGroup":"4294967295""#, "")),
+            "INVALID_ARGUMENT",
+            vec!["fsGroup".into()],
+        ),
+        (
+            "/v/policy",
+            raw(rec(
+                &g,
+                "ext4",
+                r#""fsGroup":"1","fsGroupChangePolicy":"Never""#,
+                "",
+            )),
+            "INVALID_ARGUMENT",
+            vec!["fsGroupChangePolicy".into()],
+        ),
+        (
+            "/v/option",
+            raw(rec(&g, "ext4", "", r#""noatime","errors=panic""#)),
+            "INVALID_ARGUMENT",
+            vec!["errors=panic".into()],
+        ),
+        (
+            "/v/encrypted",
+            raw(rec(&g, "ext4", r#""encryptionKey":"c2VjcmV0""#, "")),
+            "UNIMPLEMENTED",
+            vec!["encryptionKey".into(), "not support".into()],
+        ),
+    ];
+    for (vol, make, want, says) in cases {
+        make(vol);
+        let file = r.record_dir(vol).join("mountInfo.json");
+        let (c, m) = code(k.publish_direct("pod-a", vol, false));
+        assert_eq!(c, want, "{vol}: {m}");
+        for s in &says {
+            assert!(m.contains(s.as_str()), "{vol}: {m:?} lacks {s:?}");
+        }
+        // The sentence names the record, or the device it names.
+        assert!(
+            m.contains(file.parent().unwrap().to_str().unwrap()) || c == "FAILED_PRECONDITION",
+            "{vol}: {m}"
+        );
+        assert!(!r.record_dir(vol).join("pod-a").exists(), "{vol}");
+    }
+    // A directory planted where the sandbox-id file goes.
+    let d = r.add_raw("/v/slot", &rec(&g, "ext4", "", ""));
+    std::fs::create_dir(d.join("pod-a")).unwrap();
+    let (c, m) = code(k.publish_direct("pod-a", "/v/slot", false));
+    assert_eq!(c, "FAILED_PRECONDITION", "{m}");
+    assert!(m.contains("a directory") && m.contains("sandbox-id"), "{m}");
+    // No record at all.
+    let (c, m) = code(k.publish_direct("pod-a", "/v/none", false));
+    assert_eq!(c, "NOT_FOUND", "{m}");
+    assert!(m.contains("/v/none") && m.contains(r.root()), "{m}");
+    r.nothing_plugged_but(&b_state);
+    // The good record goes in after all of that.
+    r.add_raw("/v/good", &rec(&g, "ext4", "", ""));
+    k.publish_direct("pod-a", "/v/good", false).unwrap();
+    k.unpublish("pod-a", &g).unwrap();
+    k.unpublish("pod-b", &taken.path()).unwrap();
+}
+
+impl Rig {
+    /// As `nothing_plugged`, pod-b keeping the state it had.
+    fn nothing_plugged_but(&self, b_state: &serde_json::Value) {
+        for sb in [&self.a, &self.b] {
+            let q = sb.qemu.lock().unwrap();
+            assert!(q.log.is_empty(), "QEMU of {} was asked {:?}", sb.id, q.log);
+            assert!(sb.agent.lock().unwrap().log.is_empty());
+        }
+        let q = self.a.qemu.lock().unwrap();
+        assert!(q.nodes.is_empty() && q.devices.is_empty());
+        assert_eq!(state(&self.a)["volumes"], serde_json::json!({}));
+        assert_eq!(&state(&self.b), b_state);
+    }
+}
+
+/// The whole image, for "not one byte written".
+fn image(d: &LoopDisk) -> Vec<u8> {
+    std::fs::read(&d.image).unwrap()
+}
+
+fn blkid(dev: &str, tag: &str) -> String {
+    let out = std::process::Command::new("blkid")
+        .args(["-p", "-s", tag, "-o", "value", dev])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn create_filesystem_formats_only_a_provably_blank_device() {
+    let Some(r) = Rig::new(
+        "create_filesystem_formats_only_a_provably_blank_device",
+        &[],
+    ) else {
+        return;
+    };
+    let k = r.d.client();
+    let create = ["createFilesystem=true", "fsGroup=2000"];
+
+    // Blank: formatted on the host before the hot-plug.
+    let blank = LoopDisk::new(64, None);
+    r.add("/c/blank", &blank.path(), "ext4", &create);
+    assert_eq!(blkid(&blank.path(), "TYPE"), "");
+    k.publish_direct("pod-a", "/c/blank", false).unwrap();
+    assert_eq!(blkid(&blank.path(), "TYPE"), "ext4");
+    let uuid = blkid(&blank.path(), "UUID");
+    assert_eq!(verbs(&r.a.qemu), ["blockdev-add", "device_add"]);
+    // Held again after mkfs: the host cannot mount it.
+    let at = blank.scratch("m");
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "ext4", &blank.path()])
+        .arg(&at)
+        .output()
+        .unwrap();
+    assert!(!mounted.status.success(), "mounted a published disk");
+    // A republish never reformats, nor does a publish after unpublish.
+    k.publish_direct("pod-a", "/c/blank", false).unwrap();
+    k.unpublish("pod-a", &blank.path()).unwrap();
+    k.publish_direct("pod-a", "/c/blank", false).unwrap();
+    assert_eq!(blkid(&blank.path(), "UUID"), uuid);
+    k.unpublish("pod-a", &blank.path()).unwrap();
+    verbs(&r.a.qemu);
+
+    // The requested filesystem already there: published as it is, unwritten.
+    let same = LoopDisk::new(64, Some("ext4"));
+    let before = image(&same);
+    r.add("/c/same", &same.path(), "ext4", &create);
+    k.publish_direct("pod-a", "/c/same", false).unwrap();
+    k.unpublish("pod-a", &same.path()).unwrap();
+    assert!(image(&same) == before, "a device holding ext4 was written");
+    verbs(&r.a.qemu);
+    std::mem::take(&mut r.a.agent.lock().unwrap().log);
+
+    // Anything else: FAILED_PRECONDITION naming it, not a byte written, nothing plugged.
+    let xfs = LoopDisk::new(320, Some("xfs"));
+    let parted = LoopDisk::new(64, None);
+    parted.add_partition();
+    let dirty_head = LoopDisk::new(64, None);
+    let dirty_tail = LoopDisk::new(64, None);
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&dirty_head.image)
+            .unwrap();
+        f.write_at(b"\x01", 5000).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&dirty_tail.image)
+            .unwrap();
+        f.write_at(b"old data", (64 << 20) - 100).unwrap();
+    }
+    for (disk, says) in [
+        (&xfs, "holds xfs, not ext4".to_string()),
+        (&parted, "a dos partition table".to_string()),
+        (&dirty_head, "byte 5000 is not zero".to_string()),
+        (
+            &dirty_tail,
+            format!("byte {} is not zero", (64u64 << 20) - 100),
+        ),
+    ] {
+        let before = image(disk);
+        let vol = format!("/c/{}", disk.name());
+        r.add(&vol, &disk.path(), "ext4", &create);
+        let (c, m) = code(k.publish_direct("pod-a", &vol, false));
+        assert_eq!(c, "FAILED_PRECONDITION", "{says}: {m}");
+        assert!(m.contains(&says) && m.contains(&disk.path()), "{m}");
+        assert!(image(disk) == before, "{says}: the device was written");
+    }
+    r.nothing_plugged("foreign signatures");
+
+    // The same rule through RuntimePublishVolume's create_file_system.
+    let scratch = LoopDisk::new(320, None);
+    let req = |fs: &str, block: bool| pb::RuntimePublishVolumeRequest {
+        sandbox_id: "pod-b".into(),
+        host_volume_id: scratch.path(),
+        file_system: fs.into(),
+        block,
+        create_file_system: true,
+        ..Default::default()
+    };
+    let (c, m) = code(k.publish(req("", true)));
+    assert_eq!(c, "INVALID_ARGUMENT", "{m}");
+    k.publish(req("xfs", false)).unwrap();
+    assert_eq!(blkid(&scratch.path(), "TYPE"), "xfs");
+    k.unpublish("pod-b", &scratch.path()).unwrap();
+    let before = image(&scratch);
+    let (c, m) = code(k.publish(req("ext4", false)));
+    assert_eq!(c, "FAILED_PRECONDITION", "{m}");
+    assert!(image(&scratch) == before);
+}
+
+/// Writes sandbox.json of `sb` so its agent cannot be reached either (a
+/// dead VM's vsock has nobody behind it).
+fn agent_gone(sb: &fakes::Sandbox) {
+    std::fs::write(
+        sb.dir.join("sandbox.json"),
+        serde_json::json!({"qmp": sb.dir.join("qmp.sock"), "agent": format!("unix://{}", sb.dir.join("gone.sock").display())}).to_string(),
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_dead_sandbox_lets_go_of_its_volumes() {
+    let Some(mut r) = Rig::new(
+        "a_dead_sandbox_lets_go_of_its_volumes",
+        &["--qmp-timeout", "2"],
+    ) else {
+        return;
+    };
+    let disk = LoopDisk::new(64, Some("ext4"));
+    let dev = disk.path();
+    r.add("/d/vol", &dev, "ext4", &["fsGroup=10"]);
+    let k = r.d.client();
+    k.publish_direct("pod-a", "/d/vol", false).unwrap();
+    let id = r.record_dir("/d/vol").join("pod-a");
+    assert!(id.exists());
+
+    // The VM dies: its QMP socket and agent are gone.
+    std::fs::remove_file(r.a.dir.join("qmp.sock")).unwrap();
+    agent_gone(&r.a);
+    // A restarted crustd says so, and forgets nothing.
+    r.d.kill_and_restart();
+    let log = r.d.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("VM is gone"))
+        .unwrap_or_else(|| panic!("no dead sandbox reported: {log}"));
+    assert!(line.contains("pod-a") && line.contains(&dev), "{line}");
+    assert_eq!(state(&r.a)["volumes"][&dev]["phase"], "published");
+    let k = r.d.client();
+    // Still claimed meanwhile.
+    let (c, m) = code(k.publish_direct("pod-b", "/d/vol", false));
+    assert_eq!(c, "FAILED_PRECONDITION", "{m}");
+
+    // Stats and expand: FAILED_PRECONDITION, the VM is gone.
+    for (what, got) in [
+        ("stats", code(k.stats("pod-a", &dev))),
+        ("expand", code(k.expand("pod-a", &dev, 0))),
+    ] {
+        assert_eq!(got.0, "FAILED_PRECONDITION", "{what}: {}", got.1);
+        assert!(
+            got.1.contains("VM is gone") && got.1.contains("does not exist"),
+            "{}",
+            got.1
+        );
+    }
+    // A process that still has the device open (a VMM whose socket was
+    // removed under it would): not freed.
+    let opened = std::fs::File::open(&dev).unwrap();
+    let (c, m) = code(k.unpublish("pod-a", &dev));
+    assert_eq!(c, "FAILED_PRECONDITION", "{m}");
+    assert!(
+        m.contains(&format!("process {}", std::process::id())),
+        "{m}"
+    );
+    drop(opened);
+    // Unpublish: OK, forgotten, its sandbox-id file removed, the device freed.
+    k.unpublish("pod-a", &dev).unwrap();
+    assert_eq!(state(&r.a)["volumes"], serde_json::json!({}));
+    assert!(!id.exists());
+    k.unpublish("pod-a", &dev).unwrap();
+    k.publish_direct("pod-b", "/d/vol", false).unwrap();
+    assert_eq!(kata(&r.writer, &["sandbox", r.root(), "/d/vol"]), "pod-b");
+
+    // A busy monitor is not a dead VM: a socket that accepts and never greets.
+    std::fs::remove_file(r.b.dir.join("qmp.sock")).unwrap();
+    let _busy = std::os::unix::net::UnixListener::bind(r.b.dir.join("qmp.sock")).unwrap();
+    let (c, m) = code(k.unpublish("pod-b", &dev));
+    assert_eq!(c, "UNAVAILABLE", "{m}");
+    assert!(m.contains("did not greet"), "{m}");
+    assert!(
+        state(&r.b)["volumes"][&dev].is_object(),
+        "forgotten while alive"
+    );
+    assert_eq!(
+        code(k.publish_direct("pod-a", "/d/vol", false)).0,
+        "FAILED_PRECONDITION"
+    );
+}
