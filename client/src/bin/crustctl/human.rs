@@ -191,6 +191,12 @@ pub fn publish(volume_id: &str, r: &proto::PublishVolumeResponse) -> String {
             ));
         }
     }
+    if !r.options_not_applied.is_empty() {
+        out.push_str(&format!(
+            "left out of the mount (this guest has no SELinux, so no label applies): {}\n",
+            r.options_not_applied.join(",")
+        ));
+    }
     out
 }
 
@@ -381,6 +387,11 @@ mod tests {
         .into();
         assert!(publish("vol-1", &r)
             .ends_with("ownership: visited 102400 entries, changed 102399, 1 errors, in 1.234s\n"));
+        r.options_not_applied = vec!["context=system_u:object_r:container_file_t:s0".into()];
+        assert!(publish("vol-1", &r).ends_with(
+            "left out of the mount (this guest has no SELinux, so no label applies): \
+             context=system_u:object_r:container_file_t:s0\n"
+        ));
     }
 
     #[test]
