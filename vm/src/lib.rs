@@ -216,20 +216,11 @@ pub fn agent_address(dir: &Path, port: u32) -> String {
     format!("hvsock://{}:{port}", dir.join("vsock.sock").display())
 }
 
-/// Checks a virtio-blk serial: 1–20 bytes of `[A-Za-z0-9._-]`.
+/// Checks a virtio-blk serial by the rule the agent applies
+/// (`crust_protocols::names::serial`: 1–20 bytes of `[A-Za-z0-9._-]`).
 pub fn check_serial(serial: &str) -> Result<()> {
-    let ok = !serial.is_empty()
-        && serial.len() <= 20
-        && serial
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::Invalid(format!(
-            "serial {serial:?} is not 1-20 characters of [A-Za-z0-9._-]: choose another serial"
-        )))
-    }
+    crust_protocols::names::serial(serial)
+        .map_err(|e| Error::Invalid(format!("{e}: choose another serial")))
 }
 
 /// QEMU names for a disk with `serial`: (block node, device id).
