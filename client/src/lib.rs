@@ -15,8 +15,9 @@
 mod address;
 mod client;
 mod connect;
+mod hvsock;
 
 pub use address::{Address, AddressError, VSOCK_CID_ANY};
 pub use client::{code_name, CallError, CrustClient};
-pub use connect::{connect, connect_stream, ConnectError};
+pub use connect::{connect, connect_stream, connect_stream_until, connect_until, ConnectError};
 pub use crust_protocols::{crust as proto, protobuf, ttrpc};
