@@ -9,7 +9,8 @@
 //! disk), `claims` (the node-wide table of claimed devices), `hostdev` (the
 //! host block device: where its bytes lie, whether the host uses it, the
 //! exclusive hold), `files` (reading and writing in directories others
-//! write), `qmp` + `hotplug` (QEMU), `agent` (crust-agent); `direct` (the
+//! write), `hotplug` (QEMU, over crust-client's QMP session), `agent`
+//! (crust-agent, over crust-client); `direct` (the
 //! direct-volume records CSI drivers write for Kata) and `mkfs`
 //! (createFilesystem on a provably blank device).
 
@@ -22,7 +23,6 @@ pub mod hostdev;
 pub mod hotplug;
 pub mod locks;
 pub mod mkfs;
-pub mod qmp;
 pub mod registry;
 pub mod service;
 pub mod state;
