@@ -155,8 +155,10 @@ fn describe_reply(line: &[u8], closed: bool) -> String {
     }
 }
 
+/// Streams whose `CONNECT` is unanswered, until the reaper lets them go.
+static PARKED: OnceLock<Mutex<Vec<UnixStream>>> = OnceLock::new();
+
 fn parked() -> &'static Mutex<Vec<UnixStream>> {
-    static PARKED: OnceLock<Mutex<Vec<UnixStream>>> = OnceLock::new();
     PARKED.get_or_init(|| {
         // One reaper for the process, started with the first parked stream.
         let _ = std::thread::Builder::new()
@@ -177,10 +179,27 @@ fn park(s: UnixStream) {
     }
 }
 
-/// How many streams wait for their answer.
-#[cfg(test)]
-pub(crate) fn parked_count() -> usize {
-    parked().lock().unwrap_or_else(|e| e.into_inner()).len()
+/// How many hybrid vsock `CONNECT`s this process gave up on are still
+/// unanswered (their streams held open until the answer comes).
+pub fn unanswered() -> usize {
+    PARKED
+        .get()
+        .map_or(0, |p| p.lock().unwrap_or_else(|e| e.into_inner()).len())
+}
+
+/// Waits until every `CONNECT` this process gave up on has been answered
+/// (or its backend has gone), for at most `max`; answers how many are still
+/// unanswered. For a process about to exit: exiting closes every stream,
+/// the held ones too. Returns at once when there are none.
+pub fn settle(max: Duration) -> usize {
+    let deadline = Instant::now() + max;
+    loop {
+        let left = unanswered();
+        if left == 0 || Instant::now() >= deadline {
+            return left;
+        }
+        std::thread::sleep(REAP_EVERY);
+    }
 }
 
 /// Closes each parked stream once its answer came: the `OK` line (closing
@@ -333,7 +352,7 @@ mod tests {
             matches!(err, ConnectError::HandshakeTimedOut { port: 1024, .. }),
             "{err}"
         );
-        assert!(parked_count() >= 1);
+        assert!(unanswered() >= 1);
         // The guest answers only now, after the caller had its timeout. The
         // late OK found its stream open: the backend's write succeeded
         // (vhost-device-vsock 0.3.0 panics on that EPIPE), and the stream
