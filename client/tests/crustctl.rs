@@ -380,7 +380,7 @@ fn publish_sends_the_flags_and_reports_the_path() {
     assert_exit(&o, 0);
     assert_eq!(
         stdout(&o),
-        "{\"guestPath\":\"/run/crust/volumes/v\",\"device\":\"/dev/vdb\",\"alreadyPublished\":false,\"ownership\":null}\n"
+        "{\"guestPath\":\"/run/crust/volumes/v\",\"device\":\"/dev/vdb\",\"alreadyPublished\":false,\"ownership\":null,\"optionsNotApplied\":[]}\n"
     );
 }
 

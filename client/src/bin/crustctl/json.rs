@@ -82,7 +82,7 @@ mod tests {
         let table: Vec<(Box<dyn MessageDyn>, &str)> = vec![
             (
                 Box::new(proto::PublishVolumeResponse::new()),
-                r#"{"guestPath":"","device":"","alreadyPublished":false,"ownership":null}"#,
+                r#"{"guestPath":"","device":"","alreadyPublished":false,"ownership":null,"optionsNotApplied":[]}"#,
             ),
             (
                 Box::new(proto::PublishVolumeResponse {
@@ -95,7 +95,7 @@ mod tests {
                     .into(),
                     ..Default::default()
                 }),
-                r#"{"guestPath":"/run/crust/volumes/v","device":"/dev/vdb","alreadyPublished":false,"ownership":{"skipped":false,"visited":"3","changed":"0","errors":"0","durationUs":"0"}}"#,
+                r#"{"guestPath":"/run/crust/volumes/v","device":"/dev/vdb","alreadyPublished":false,"ownership":{"skipped":false,"visited":"3","changed":"0","errors":"0","durationUs":"0"},"optionsNotApplied":[]}"#,
             ),
             (
                 Box::new(proto::GetVolumeStatsResponse {
