@@ -13,9 +13,16 @@
 //! (crust-agent, over crust-client); `direct` (the
 //! direct-volume records CSI drivers write for Kata) and `mkfs`
 //! (createFilesystem on a provably blank device).
+//!
+//! `ctl` is the `crustd-ctl` command (kubelet's calls from a shell, and
+//! Kata's `direct-volume` verbs on the records `direct` reads), here beside
+//! the record code it shares; its CRUST client is the crustd-ctl crate's,
+//! generated apart from crustd's server half, so crustd depends on it and
+//! nothing depends back on crustd.
 
 pub mod agent;
 pub mod claims;
+pub mod ctl;
 pub mod direct;
 pub mod error;
 pub mod files;
