@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::hostdev::Names;
 
 /// A QMP failure as crustd's error, saying what was being done.
-pub trait During {
+trait During {
     /// `what`: "to attach /dev/x (device_add)", "listing devices (qom-list)".
     fn during(self, what: &str) -> Error;
 }
@@ -187,4 +187,47 @@ pub fn grow(q: &mut Qmp, node: &str, bytes: u64) -> Result<u64> {
         .map_err(|e| e.during(&format!("to grow {node} to {bytes} bytes (block_resize)")))?;
     }
     Ok(before)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Code;
+
+    #[test]
+    fn qemu_refusing_is_a_precondition_and_anything_else_unavailable() {
+        let e = QmpError::Refused {
+            command: "device_add".into(),
+            class: "GenericError".into(),
+            desc: "Bus 'pci.0' does not support hotplugging".into(),
+        }
+        .during("to attach /dev/loop0 (device_add)");
+        assert_eq!(e.code, Code::FailedPrecondition);
+        assert_eq!(
+            e.message,
+            "QEMU refused to attach /dev/loop0 (device_add): Bus 'pci.0' does not support hotplugging (GenericError)"
+        );
+        let e = QmpError::Silent {
+            path: "/vm/qmp.sock".into(),
+            timeout: Duration::from_secs(10),
+        }
+        .during("listing devices (qom-list)");
+        assert_eq!(e.code, Code::Unavailable);
+        assert!(
+            e.message.contains("/vm/qmp.sock")
+                && e.message.ends_with("while listing devices (qom-list)"),
+            "{e}"
+        );
+        // No monitor at all: UNAVAILABLE, saying the VM may be gone.
+        let t = tempfile::tempdir().unwrap();
+        let e = connect(&t.path().join("qmp.sock"), Duration::from_secs(1)).unwrap_err();
+        assert_eq!(e.code, Code::Unavailable);
+        assert!(e.message.contains("does not exist"), "{e}");
+        // A monitor that accepts and never greets (busy with another client).
+        let p = t.path().join("busy.sock");
+        let _l = std::os::unix::net::UnixListener::bind(&p).unwrap();
+        let e = connect(&p, Duration::from_millis(300)).unwrap_err();
+        assert_eq!(e.code, Code::Unavailable);
+        assert!(e.message.contains("did not greet"), "{e}");
+    }
 }
