@@ -110,28 +110,10 @@ pub fn block_publish(
     )))
 }
 
-/// A virtio-blk serial: 1 to 20 bytes of `[A-Za-z0-9._-]`.
+/// A virtio-blk serial: 1 to 20 bytes of `[A-Za-z0-9._-]` (the rule is
+/// crust-protocols' `names::serial`, shared with the host crates).
 pub fn serial(s: &str) -> Result<(), Invalid> {
-    if s.is_empty() {
-        return Err(invalid(
-            "serial is empty; give the virtio-blk serial the host set on the disk",
-        ));
-    }
-    if s.len() > 20 {
-        return Err(invalid(format!(
-            "serial {s:?} is {} bytes long; virtio-blk serials hold at most 20 bytes",
-            s.len()
-        )));
-    }
-    if let Some(c) = s
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
-    {
-        return Err(invalid(format!(
-            "serial {s:?} contains {c:?}; only [A-Za-z0-9._-] are allowed"
-        )));
-    }
-    Ok(())
+    crust_protocols::names::serial(s).map_err(|e| invalid(e.to_string()))
 }
 
 /// `fs_type`: "ext4" or "xfs".

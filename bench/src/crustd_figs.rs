@@ -9,8 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crust_client::proto::{GetVolumeStatsRequest, PublishVolumeRequest, UnpublishVolumeRequest};
+use crust_client::qmp::Qmp;
 use crust_client::{Address, CrustClient};
-use crust_vm::qmp::Qmp;
 use crust_vm::{Vm, VmOptions};
 use crustd_ctl::{pb, Kubelet};
 use serde_json::json;
@@ -172,7 +172,8 @@ fn measure(work: &Path, reg: &Path, crustd: &Path, vm: &Vm, disks: usize) -> R<V
             |d| d["device"] == device.as_str(),
             Duration::from_secs(60),
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("no DEVICE_DELETED for {device} within 60 s"))?;
         q.execute("blockdev-del", Some(json!({"node-name": node})))
             .map_err(|e| e.to_string())?;
     }

@@ -1,6 +1,10 @@
-//! crust-client: the host side of crust-agent's contract. Parse an agent
+//! crust-client: the host's ways into a sandbox. Parse an agent
 //! [`Address`], [`connect`] to it (Unix, vsock, or hybrid vsock through a
-//! VMM's socket), and call it through the typed [`CrustClient`].
+//! VMM's socket) and call it through the typed [`CrustClient`]; talk to the
+//! VM's QEMU through a [`qmp::Qmp`] session. crustctl, crustd and crust-vm
+//! all connect through here, so every bound is kept once: each connect has
+//! a deadline, a hybrid vsock `CONNECT` is never abandoned unanswered, a
+//! QMP monitor is read in bounded lines.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -15,8 +19,11 @@
 mod address;
 mod client;
 mod connect;
+mod hvsock;
+pub mod qmp;
 
 pub use address::{Address, AddressError, VSOCK_CID_ANY};
 pub use client::{code_name, CallError, CrustClient};
-pub use connect::{connect, connect_stream, ConnectError};
+pub use connect::{connect, connect_stream, connect_stream_until, connect_until, ConnectError};
 pub use crust_protocols::{crust as proto, protobuf, ttrpc};
+pub use hvsock::{settle, unanswered};

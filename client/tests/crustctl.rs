@@ -537,3 +537,64 @@ fn hvsock_ok_then_ttrpc_works() {
     assert_eq!(v["usage"][0]["used"], "522829824");
     assert_eq!(backend.join().unwrap(), "CONNECT 52");
 }
+
+#[test]
+fn hvsock_connect_unanswered_at_the_timeout_is_answered_before_crustctl_exits() {
+    // The guest answers CONNECT only after crustctl has given up (a slow
+    // guest on a busy host). crustctl says so at its deadline (exit 3), but
+    // must not exit with that stream closed: vhost-device-vsock 0.3.0
+    // panics writing OK to it (EPIPE) and the VM's vsock is dead after.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vsock.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let (go, gate) = std::sync::mpsc::channel::<()>();
+    let backend = thread::spawn(move || {
+        let (guest, _) = listener.accept().unwrap();
+        let mut line = Vec::new();
+        let mut byte = [0u8];
+        while (&guest).read(&mut byte).unwrap() == 1 && byte[0] != b'\n' {
+            line.push(byte[0]);
+        }
+        assert_eq!(line, b"CONNECT 1024");
+        // Answer once crustctl has reported its timeout (or after 60 s).
+        let _ = gate.recv_timeout(Duration::from_secs(60));
+        let wrote = (&guest).write_all(b"OK 1024\n");
+        // Then hold on until crustctl has let go of the stream.
+        let _ = (&guest).read_to_end(&mut Vec::new());
+        wrote
+    });
+    let mut child = Command::new(env!("CARGO_BIN_EXE_crustctl"))
+        .env_remove("CRUST_ADDR")
+        .args([
+            "--addr",
+            &format!("hvsock://{}:1024", path.display()),
+            "--timeout",
+            "0.3",
+            "info",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = String::new();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    while std::io::BufRead::read_line(&mut stderr, &mut err).unwrap() > 0 {
+        if err.contains("waiting up to") {
+            break;
+        }
+    }
+    go.send(()).unwrap();
+    let answered = std::time::Instant::now();
+    stderr.read_to_string(&mut err).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("timed out after 0.3s: the backend did not answer CONNECT 1024"),
+        "{err}"
+    );
+    backend
+        .join()
+        .unwrap()
+        .expect("the backend could write OK: crustctl still held the stream");
+    // crustctl left as soon as the answer came, not at the end of its wait.
+    assert!(answered.elapsed() < Duration::from_secs(25), "{err}");
+}

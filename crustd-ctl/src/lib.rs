@@ -1,8 +1,11 @@
-//! kubelet's side of CRUST, for tests, the demo and the bench: the
-//! crust.runtime.v1alpha1 client stubs, generated here from
-//! protocols/crust_runtime.proto independently of crustd (which generates
-//! only its server half), and a blocking [`Kubelet`] that dials crustd's
-//! unix socket the way kubelet does (gRPC over HTTP/2).
+//! kubelet's side of CRUST: the crust.runtime.v1alpha1 client stubs,
+//! generated here from protocols/crust_runtime.proto independently of
+//! crustd (which generates only its server half), and a blocking
+//! [`Kubelet`] that dials crustd's unix socket the way kubelet does (gRPC
+//! over HTTP/2). The `crustd-ctl` command that uses it is built with crustd
+//! (`crustd::ctl`, beside the direct-volume record code it shares), so this
+//! crate depends on nothing of crustd's and crustd's tests, the demo and the
+//! bench can use it.
 
 use std::path::Path;
 use std::time::Duration;
@@ -11,8 +14,6 @@ use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 use tonic::Status;
-
-pub mod cli;
 
 /// The generated messages and client.
 #[allow(clippy::all, missing_docs)]

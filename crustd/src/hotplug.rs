@@ -3,15 +3,46 @@
 //! plug (`blockdev-add` host_device with O_DIRECT, then `device_add
 //! virtio-blk-pci` with the serial), unplug (`device_del`, wait for
 //! `DEVICE_DELETED`, then `blockdev-del`), and growth (`block_resize`).
+//! The session itself (deadlines, bounded lines, events between replies)
+//! is crust-client's, shared with crust-vm; here its failures get crustd's
+//! codes: QEMU's refusal is FAILED_PRECONDITION with QEMU's words, a
+//! monitor that is missing, silent or broken is UNAVAILABLE.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crust_client::qmp::{Qmp, QmpError};
 use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
 use crate::hostdev::Names;
-use crate::qmp::Qmp;
+
+/// A QMP failure as crustd's error, saying what was being done.
+trait During {
+    /// `what`: "to attach /dev/x (device_add)", "listing devices (qom-list)".
+    fn during(self, what: &str) -> Error;
+}
+
+impl During for QmpError {
+    fn during(self, what: &str) -> Error {
+        match self {
+            QmpError::Refused { class, desc, .. } => {
+                Error::precondition(format!("QEMU refused {what}: {desc} ({class})"))
+            }
+            other => Error::unavailable(other.to_string()).and(format!("while {what}")),
+        }
+    }
+}
+
+/// A QMP session on `path`, greeted and in command mode, every step bounded
+/// by `timeout`; UNAVAILABLE when there is none (the VM gone, the monitor
+/// wedged or held by another client).
+pub fn connect(path: &Path, timeout: Duration) -> Result<Qmp> {
+    Qmp::connect(path, timeout).map_err(|e| match e {
+        QmpError::Refused { .. } => e.during("qmp_capabilities"),
+        other => Error::unavailable(other.to_string()),
+    })
+}
 
 /// What one `plug` call added (what an undo must take away).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -102,9 +133,9 @@ pub fn unplug(q: &mut Qmp, names: &Names, timeout: Duration) -> Result<()> {
     if device_present(q, &names.device)? {
         if let Err(e) = q.execute("device_del", Some(json!({ "id": names.device }))) {
             // Already on its way out (a device_del before a restart): just wait.
-            let e = e.during(&format!("to detach {} (device_del)", names.device));
-            if !e.message.contains("in the process of unplug") {
-                return Err(e);
+            let leaving = matches!(&e, QmpError::Refused { desc, .. } if desc.contains("in the process of unplug"));
+            if !leaving {
+                return Err(e.during(&format!("to detach {} (device_del)", names.device)));
             }
         }
         wait_deleted(q, &names.device, timeout)?;
@@ -122,7 +153,8 @@ fn wait_deleted(q: &mut Qmp, id: &str, timeout: Duration) -> Result<()> {
         let slice = deadline
             .saturating_duration_since(Instant::now())
             .min(Duration::from_millis(500));
-        if q.wait_event("DEVICE_DELETED", |d| d["device"] == id, slice)?
+        if q.wait_event("DEVICE_DELETED", |d| d["device"] == id, slice)
+            .map_err(|e| e.during("waiting for DEVICE_DELETED"))?
             .is_some()
         {
             return Ok(());
@@ -155,4 +187,47 @@ pub fn grow(q: &mut Qmp, node: &str, bytes: u64) -> Result<u64> {
         .map_err(|e| e.during(&format!("to grow {node} to {bytes} bytes (block_resize)")))?;
     }
     Ok(before)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Code;
+
+    #[test]
+    fn qemu_refusing_is_a_precondition_and_anything_else_unavailable() {
+        let e = QmpError::Refused {
+            command: "device_add".into(),
+            class: "GenericError".into(),
+            desc: "Bus 'pci.0' does not support hotplugging".into(),
+        }
+        .during("to attach /dev/loop0 (device_add)");
+        assert_eq!(e.code, Code::FailedPrecondition);
+        assert_eq!(
+            e.message,
+            "QEMU refused to attach /dev/loop0 (device_add): Bus 'pci.0' does not support hotplugging (GenericError)"
+        );
+        let e = QmpError::Silent {
+            path: "/vm/qmp.sock".into(),
+            timeout: Duration::from_secs(10),
+        }
+        .during("listing devices (qom-list)");
+        assert_eq!(e.code, Code::Unavailable);
+        assert!(
+            e.message.contains("/vm/qmp.sock")
+                && e.message.ends_with("while listing devices (qom-list)"),
+            "{e}"
+        );
+        // No monitor at all: UNAVAILABLE, saying the VM may be gone.
+        let t = tempfile::tempdir().unwrap();
+        let e = connect(&t.path().join("qmp.sock"), Duration::from_secs(1)).unwrap_err();
+        assert_eq!(e.code, Code::Unavailable);
+        assert!(e.message.contains("does not exist"), "{e}");
+        // A monitor that accepts and never greets (busy with another client).
+        let p = t.path().join("busy.sock");
+        let _l = std::os::unix::net::UnixListener::bind(&p).unwrap();
+        let e = connect(&p, Duration::from_millis(300)).unwrap_err();
+        assert_eq!(e.code, Code::Unavailable);
+        assert!(e.message.contains("did not greet"), "{e}");
+    }
 }

@@ -9,12 +9,20 @@
 //! disk), `claims` (the node-wide table of claimed devices), `hostdev` (the
 //! host block device: where its bytes lie, whether the host uses it, the
 //! exclusive hold), `files` (reading and writing in directories others
-//! write), `qmp` + `hotplug` (QEMU), `agent` (crust-agent); `direct` (the
+//! write), `hotplug` (QEMU, over crust-client's QMP session), `agent`
+//! (crust-agent, over crust-client); `direct` (the
 //! direct-volume records CSI drivers write for Kata) and `mkfs`
 //! (createFilesystem on a provably blank device).
+//!
+//! `ctl` is the `crustd-ctl` command (kubelet's calls from a shell, and
+//! Kata's `direct-volume` verbs on the records `direct` reads), here beside
+//! the record code it shares; its CRUST client is the crustd-ctl crate's,
+//! generated apart from crustd's server half, so crustd depends on it and
+//! nothing depends back on crustd.
 
 pub mod agent;
 pub mod claims;
+pub mod ctl;
 pub mod direct;
 pub mod error;
 pub mod files;
@@ -22,7 +30,6 @@ pub mod hostdev;
 pub mod hotplug;
 pub mod locks;
 pub mod mkfs;
-pub mod qmp;
 pub mod registry;
 pub mod service;
 pub mod state;

@@ -30,8 +30,6 @@ use crate::files::{self, ReadError};
 
 /// The file name of the registry entry inside a sandbox's directory.
 pub const SANDBOX_FILE: &str = "sandbox.json";
-/// The longest sandbox id accepted (CRI's are 64 hex digits).
-const MAX_ID: usize = 128;
 /// The largest `sandbox.json` read (two paths and a few keys need far less).
 pub const MAX_SANDBOX_FILE: u64 = 64 << 10;
 
@@ -60,27 +58,11 @@ pub struct Sandbox {
     pub agent: Address,
 }
 
-/// Checks a sandbox id: 1–128 characters of `[A-Za-z0-9._-]`, not `.` or `..`,
-/// so that it names exactly one directory beneath DIR.
+/// Checks a sandbox id (`crust_protocols::names::sandbox_id`: 1–128
+/// characters of `[A-Za-z0-9._-]`, not `.` or `..`), so that it names
+/// exactly one directory beneath DIR.
 pub fn check_id(id: &str) -> Result<()> {
-    if id.is_empty() {
-        return Err(Error::invalid(
-            "sandbox_id is empty: give the pod sandbox's id",
-        ));
-    }
-    let ok = id.len() <= MAX_ID
-        && id != "."
-        && id != ".."
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::invalid(format!(
-            "sandbox_id {id:?} is not 1-{MAX_ID} characters of [A-Za-z0-9._-]"
-        )))
-    }
+    crust_protocols::names::sandbox_id(id).map_err(|e| Error::invalid(e.to_string()))
 }
 
 impl Sandbox {

@@ -26,9 +26,9 @@ use crate::hostdev::{self, Extent, HostDevice, Names};
 use crate::hotplug;
 use crate::locks::{hold, KeyedLocks};
 use crate::mkfs;
-use crate::qmp::{self, Qmp};
 use crate::registry::{self, Sandbox};
 use crate::state::{self, Phase, State, Volume};
+use crust_client::qmp::{self, Qmp};
 
 /// Block volumes (volumeMode: Block): the agent publishes the raw device
 /// (VolumeMode BLOCK). This one switch gates both the publish and the
@@ -224,7 +224,7 @@ impl Crustd {
     fn with_qmp<T>(&self, sb: &Sandbox, f: impl FnOnce(&mut Qmp) -> Result<T>) -> Result<T> {
         let l = self.qmp_locks.get(&sb.id);
         let _g = hold(&l);
-        let mut q = Qmp::connect(&sb.qmp, self.cfg.qmp_timeout)
+        let mut q = hotplug::connect(&sb.qmp, self.cfg.qmp_timeout)
             .map_err(|e| e.and(format!("sandbox {}", sb.id)))?;
         f(&mut q)
     }

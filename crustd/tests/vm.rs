@@ -57,14 +57,13 @@ fn volume(mib: u64, fs: &str) -> LoopDisk {
 
 /// Whether the guest has a disk with `serial`: the agent waits 1 s for it.
 fn guest_sees(vm: &Vm, serial: &str) -> bool {
-    use crust_vm::hvsock;
     let c = vm.agent().unwrap();
     let mut r = crust_protocols::crust::PublishVolumeRequest::new();
     r.volume_id = "probe".into();
     r.set_serial(serial.into());
     r.fs_type = "ext4".into();
     r.timeout_ms = 1000;
-    match c.publish_volume(hvsock::ctx(Duration::from_secs(30)), &r) {
+    match c.publish_volume(crust_vm::ctx(Duration::from_secs(30)), &r) {
         Err(crust_protocols::ttrpc::Error::RpcStatus(s)) => {
             format!("{:?}", s.code()) != "DEADLINE_EXCEEDED"
         }
@@ -115,10 +114,7 @@ fn kubelet_through_crustd_into_a_real_guest() {
     let list = vm
         .agent()
         .unwrap()
-        .list_volumes(
-            crust_vm::hvsock::ctx(Duration::from_secs(30)),
-            &Default::default(),
-        )
+        .list_volumes(crust_vm::ctx(Duration::from_secs(30)), &Default::default())
         .unwrap();
     let mut fss: Vec<&str> = list.volumes.iter().map(|v| v.fs_type.as_str()).collect();
     fss.sort();
@@ -152,10 +148,7 @@ fn kubelet_through_crustd_into_a_real_guest() {
     let guest = vm
         .agent()
         .unwrap()
-        .list_volumes(
-            crust_vm::hvsock::ctx(Duration::from_secs(30)),
-            &Default::default(),
-        )
+        .list_volumes(crust_vm::ctx(Duration::from_secs(30)), &Default::default())
         .unwrap();
     let raw_serial = guest
         .volumes
@@ -333,10 +326,7 @@ fn a_kata_direct_volume_in_a_real_guest() {
     let list = vm
         .agent()
         .unwrap()
-        .list_volumes(
-            crust_vm::hvsock::ctx(Duration::from_secs(30)),
-            &Default::default(),
-        )
+        .list_volumes(crust_vm::ctx(Duration::from_secs(30)), &Default::default())
         .unwrap();
     assert_eq!(list.volumes.len(), 1);
     let console = std::fs::read_to_string(vm.console_log()).unwrap_or_default();
@@ -390,10 +380,7 @@ fn a_kata_direct_volume_in_a_real_guest() {
     let list = vm
         .agent()
         .unwrap()
-        .list_volumes(
-            crust_vm::hvsock::ctx(Duration::from_secs(30)),
-            &Default::default(),
-        )
+        .list_volumes(crust_vm::ctx(Duration::from_secs(30)), &Default::default())
         .unwrap();
     assert!(list.volumes.is_empty(), "{:?}", list.volumes);
     drop(d);

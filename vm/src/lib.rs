@@ -12,14 +12,17 @@
 //! vhost-device-vsock 0.3.0 ends its vring worker thread (and with it the
 //! VM's vsock, for good) when a host connection arrives while the guest's
 //! driver is still setting its queues up, or when a client closes a stream
-//! whose CONNECT the guest has not answered yet (hvsock.rs). The host
-//! therefore connects only once the guest has said it is ready, and never
-//! gives up on a CONNECT it has sent.
+//! whose CONNECT the guest has not answered yet. The host therefore
+//! connects only once the guest has said it is ready, and never gives up on
+//! a CONNECT it has sent (crust-client's hybrid vsock connect parks an
+//! unanswered one until the backend answers).
+//!
+//! The connections are crust-client's, shared with crustd and crustctl:
+//! the agent through [`crust_client::connect_until`], QEMU through
+//! [`crust_client::qmp::Qmp`].
 
 mod files;
-pub mod hvsock;
 pub mod initrd;
-pub mod qmp;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -31,8 +34,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crust_client::qmp::{Qmp, QmpError};
+use crust_client::Address;
 use crust_protocols::crust::{GetAgentInfoRequest, GetAgentInfoResponse, ShutdownRequest};
 use crust_protocols::crust_ttrpc::AgentClient;
+use crust_protocols::ttrpc;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -76,6 +82,17 @@ pub enum Error {
 
 /// Result with this crate's error.
 pub type Result<T> = std::result::Result<T, Error>;
+
+impl From<QmpError> for Error {
+    fn from(e: QmpError) -> Error {
+        Error::Qmp(e.to_string())
+    }
+}
+
+/// A ttrpc context that gives up after `d`, for calls on [`Vm::agent`].
+pub fn ctx(d: Duration) -> ttrpc::context::Context {
+    ttrpc::context::with_duration(d)
+}
 
 /// Which accelerator QEMU uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,20 +233,11 @@ pub fn agent_address(dir: &Path, port: u32) -> String {
     format!("hvsock://{}:{port}", dir.join("vsock.sock").display())
 }
 
-/// Checks a virtio-blk serial: 1–20 bytes of `[A-Za-z0-9._-]`.
+/// Checks a virtio-blk serial by the rule the agent applies
+/// (`crust_protocols::names::serial`: 1–20 bytes of `[A-Za-z0-9._-]`).
 pub fn check_serial(serial: &str) -> Result<()> {
-    let ok = !serial.is_empty()
-        && serial.len() <= 20
-        && serial
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::Invalid(format!(
-            "serial {serial:?} is not 1-20 characters of [A-Za-z0-9._-]: choose another serial"
-        )))
-    }
+    crust_protocols::names::serial(serial)
+        .map_err(|e| Error::Invalid(format!("{e}: choose another serial")))
 }
 
 /// QEMU names for a disk with `serial`: (block node, device id).
@@ -690,11 +698,11 @@ impl Vm {
                 && !matches!(last_poll, Some(t) if t.elapsed() < Duration::from_millis(200))
             {
                 last_poll = Some(Instant::now());
-                let uds = self.vsock_path();
+                let addr = self.agent_addr(opts.port);
                 let qemu_pid = self.state.qemu_pid;
                 let dir = self.dir.clone();
                 let mut up = || alive(qemu_pid, &dir);
-                if hvsock::connect_until(&uds, opts.port, deadline, &mut up).is_ok() {
+                if crust_client::connect_stream_until(&addr, deadline, &mut up).is_ok() {
                     return Ok(Readiness::Polled);
                 }
             }
@@ -718,7 +726,7 @@ impl Vm {
     }
 
     /// GetAgentInfo from an agent known to be ready: each connection waits
-    /// for its answer (never abandoned: hvsock.rs), each call gets
+    /// for its answer (never abandoned: crust-client), each call gets
     /// [`INFO_TIMEOUT`], until `deadline`.
     fn first_info(
         &mut self,
@@ -731,19 +739,17 @@ impl Vm {
                 return Err(self.qemu_exited());
             }
             let last;
-            let uds = self.vsock_path();
+            let addr = self.agent_addr(opts.port);
             let qemu_pid = self.state.qemu_pid;
             let dir = self.dir.clone();
             let mut up = || alive(qemu_pid, &dir);
-            match hvsock::connect_until(&uds, opts.port, deadline, &mut up)
-                .and_then(hvsock::client_of)
-            {
-                Ok(client) => match client
-                    .get_agent_info(hvsock::ctx(INFO_TIMEOUT), &GetAgentInfoRequest::new())
-                {
-                    Ok(info) => return Ok(info),
-                    Err(e) => last = format!("GetAgentInfo: {e}"),
-                },
+            match crust_client::connect_until(&addr, deadline, &mut up).map(AgentClient::new) {
+                Ok(client) => {
+                    match client.get_agent_info(ctx(INFO_TIMEOUT), &GetAgentInfoRequest::new()) {
+                        Ok(info) => return Ok(info),
+                        Err(e) => last = format!("GetAgentInfo: {e}"),
+                    }
+                }
                 Err(e) => last = e.to_string(),
             }
             if Instant::now() > deadline {
@@ -797,6 +803,14 @@ impl Vm {
         self.dir.join("vsock.sock")
     }
 
+    /// Guest port `port` through the hybrid-vsock socket.
+    fn agent_addr(&self, port: u32) -> Address {
+        Address::Hvsock {
+            path: self.vsock_path(),
+            port,
+        }
+    }
+
     /// The console log of the guest.
     pub fn console_log(&self) -> PathBuf {
         self.dir.join("console.log")
@@ -819,9 +833,14 @@ impl Vm {
 
     /// A fresh ttrpc client for the agent.
     pub fn agent(&self) -> Result<AgentClient> {
-        hvsock::agent_client(&self.vsock_path(), self.state.port, Duration::from_secs(5)).map_err(
-            io_err(format!("cannot reach the agent at {}", self.address())),
-        )
+        crust_client::connect(&self.agent_addr(self.state.port), Duration::from_secs(5))
+            .map(AgentClient::new)
+            .map_err(|e| {
+                Error::Io(
+                    format!("cannot reach the agent at {}", self.address()),
+                    io::Error::other(e),
+                )
+            })
     }
 
     /// The disks hot-plugged so far, by serial.
@@ -835,11 +854,14 @@ impl Vm {
         cmd: &str,
         args: Option<serde_json::Value>,
     ) -> Result<serde_json::Value> {
-        self.qmp()?.execute(cmd, args)
+        Ok(self.qmp()?.execute(cmd, args)?)
     }
 
-    fn qmp(&self) -> Result<qmp::Qmp> {
-        qmp::Qmp::connect(&self.dir.join("qmp.sock"), Duration::from_secs(30))
+    fn qmp(&self) -> Result<Qmp> {
+        Ok(Qmp::connect(
+            &self.dir.join("qmp.sock"),
+            Duration::from_secs(30),
+        )?)
     }
 
     /// Writes `DIR/sandbox.json`, the entry crustd's sandbox registry reads
@@ -917,7 +939,7 @@ impl Vm {
         );
         if let Err(e) = added {
             let _ = q.execute("blockdev-del", Some(json!({ "node-name": node })));
-            return Err(e);
+            return Err(e.into());
         }
         self.state.disks.insert(
             serial.to_string(),
@@ -964,11 +986,13 @@ impl Vm {
         let mut q = self.qmp()?;
         q.execute("device_del", Some(json!({ "id": disk.device })))?;
         let id = disk.device.clone();
-        q.wait_event(
-            "DEVICE_DELETED",
-            |d| d["device"] == id.as_str(),
-            Duration::from_secs(30),
-        )?;
+        let wait = Duration::from_secs(30);
+        q.wait_event("DEVICE_DELETED", |d| d["device"] == id.as_str(), wait)?
+            .ok_or_else(|| {
+                Error::Timeout(format!(
+                    "no DEVICE_DELETED event for {id} from QEMU within {wait:?}: has the guest let go of the disk?"
+                ))
+            })?;
         q.execute("blockdev-del", Some(json!({ "node-name": disk.node })))?;
         self.state.disks.remove(serial);
         self.save()
@@ -990,11 +1014,8 @@ impl Vm {
         let mut how;
         if self.qemu_running() {
             match self.agent().and_then(|c| {
-                c.shutdown(
-                    hvsock::ctx(Duration::from_secs(10)),
-                    &ShutdownRequest::new(),
-                )
-                .map_err(|e| Error::Qmp(format!("Shutdown: {e}")))
+                c.shutdown(ctx(Duration::from_secs(10)), &ShutdownRequest::new())
+                    .map_err(|e| Error::Qmp(format!("Shutdown: {e}")))
             }) {
                 Ok(r) => {
                     how = format!(
@@ -1005,7 +1026,7 @@ impl Vm {
                 Err(e) => how = format!("agent Shutdown failed ({e})"),
             }
             if !self.wait_exit(true, Duration::from_secs(20)) {
-                let _ = self.qmp().and_then(|mut q| q.execute("quit", None));
+                let _ = self.qmp().map(|mut q| q.execute("quit", None));
                 how.push_str("; QEMU did not power off, sent quit");
                 if !self.wait_exit(true, Duration::from_secs(5)) {
                     signal(self.state.qemu_pid, libc::SIGKILL);

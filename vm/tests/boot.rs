@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crust_protocols::crust::{GetAgentInfoRequest, GetCapabilitiesRequest};
-use crust_vm::{alive, hvsock, Error, Readiness, Vm, VmOptions};
+use crust_vm::{alive, ctx, Error, Readiness, Vm, VmOptions};
 use serde_json::{json, Value};
 
 fn opts(dir: &Path) -> VmOptions {
@@ -81,10 +81,7 @@ fn boot_info_hotplug_resize_unplug_down() {
         b = vm
             .agent()
             .unwrap()
-            .get_agent_info(
-                hvsock::ctx(Duration::from_secs(10)),
-                &GetAgentInfoRequest::new(),
-            )
+            .get_agent_info(ctx(Duration::from_secs(10)), &GetAgentInfoRequest::new())
             .unwrap()
             .boot
             .unwrap();
@@ -100,7 +97,7 @@ fn boot_info_hotplug_resize_unplug_down() {
 
     // A second connection works too, and another RPC.
     let agent = vm.agent().unwrap();
-    let ctx = || hvsock::ctx(Duration::from_secs(5));
+    let ctx = || crust_vm::ctx(Duration::from_secs(5));
     agent
         .get_capabilities(ctx(), &GetCapabilitiesRequest::new())
         .expect("GetCapabilities");
@@ -299,7 +296,7 @@ fn a_hotplugged_disk_is_found_by_serial_grown_online_and_released() {
 
     let mut vm = Vm::up(opts(&tmp.path().join("vm"))).unwrap();
     let agent = vm.agent().unwrap();
-    let ctx = || hvsock::ctx(Duration::from_secs(30));
+    let ctx = || crust_vm::ctx(Duration::from_secs(30));
     vm.hotplug(&img, "vol-e2e", false).unwrap();
 
     let mut req = PublishVolumeRequest::new();

@@ -15,14 +15,14 @@ use crust_protocols::crust as pb;
 use crust_protocols::crust_ttrpc::AgentClient;
 use crust_protocols::protobuf::MessageField;
 use crust_protocols::ttrpc;
-use crust_vm::{hvsock, Vm, VmOptions};
+use crust_vm::{Vm, VmOptions};
 
 #[path = "../../tests/fixtures/disks.rs"]
 mod disks;
 use disks::run;
 
 fn ctx() -> ttrpc::context::Context {
-    hvsock::ctx(Duration::from_secs(120))
+    crust_vm::ctx(Duration::from_secs(120))
 }
 
 fn boot(dir: &Path) -> Vm {

@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crust_protocols::crust::GetAgentInfoRequest;
-use crust_vm::{hvsock, Vm, VmOptions};
+use crust_vm::{ctx, Vm, VmOptions};
 
 /// A vhost-device-vsock serving guests 3 (`a/`) and 4 (`b/`) in one group.
 struct Backend {
@@ -99,10 +99,7 @@ fn sibling_connects(append: &str, shows: impl Fn(&str) -> bool) -> (bool, String
     // Whatever a sibling did, the host still gets answers.
     a.agent()
         .unwrap()
-        .get_agent_info(
-            hvsock::ctx(Duration::from_secs(10)),
-            &GetAgentInfoRequest::new(),
-        )
+        .get_agent_info(ctx(Duration::from_secs(10)), &GetAgentInfoRequest::new())
         .expect("guest 3's agent still answers the host");
     b.down().unwrap();
     a.down().unwrap();

@@ -168,7 +168,7 @@ pub fn kata(writer: &Path, args: &[&str]) -> String {
 /// Runs crustd-ctl's command line (the binary's own code, in process) with
 /// `args`; answers (exit code, stdout, stderr), trimmed.
 pub fn ctl(args: &[&str]) -> (u8, String, String) {
-    let out = crustd_ctl::cli::run_cli(std::iter::once("crustd-ctl").chain(args.iter().copied()));
+    let out = crustd::ctl::run_cli(std::iter::once("crustd-ctl").chain(args.iter().copied()));
     (
         out.code,
         out.stdout.trim().to_string(),

@@ -14,6 +14,12 @@ use crust_client::{
     Address, CallError, ConnectError, CrustClient,
 };
 
+/// How long crustctl, having given up on a hybrid vsock `CONNECT`, waits
+/// before exiting for the backend to answer it: exiting closes the stream,
+/// and vhost-device-vsock 0.3.0 loses the VM's vsock when the guest answers
+/// a closed one. A guest that never answers is not harmed by the close.
+const SETTLE: Duration = Duration::from_secs(30);
+
 /// Talk to a crust-agent: publish, inspect, grow and bind volumes in a microVM.
 #[derive(Debug, Parser)]
 #[command(name = "crustctl", version)]
@@ -247,6 +253,13 @@ fn main() -> ExitCode {
                 }
                 Failure::Call(e) => eprintln!("error: {e}"),
                 Failure::Connect(e) => eprintln!("error: {e}"),
+            }
+            if crust_client::unanswered() > 0 {
+                eprintln!(
+                    "crustctl: waiting up to {} s for the VM's vsock backend to answer the CONNECT before exiting (a CONNECT closed unanswered can take the VM's vsock down)",
+                    SETTLE.as_secs()
+                );
+                crust_client::settle(SETTLE);
             }
             ExitCode::from(failure.exit_code())
         }

@@ -11,9 +11,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::{code_name, pb, Kubelet};
 use clap::{Parser, Subcommand};
-use crustd::direct::{Records, SandboxOf};
+use crustd_ctl::{code_name, pb, Kubelet};
+
+use crate::direct::{Records, SandboxOf};
 use serde_json::{json, Value};
 
 #[derive(Parser)]
@@ -29,7 +30,7 @@ struct Cli {
     #[arg(long, default_value_t = 180)]
     timeout: u64,
     /// Where direct-volume records are filed (crustd's --direct-volumes).
-    #[arg(long, env = "CRUSTD_DIRECT_VOLUMES", default_value = crustd::direct::DEFAULT_ROOT)]
+    #[arg(long, env = "CRUSTD_DIRECT_VOLUMES", default_value = crate::direct::DEFAULT_ROOT)]
     direct_volumes: PathBuf,
     #[command(subcommand)]
     cmd: Cmd,
@@ -135,9 +136,9 @@ impl From<tonic::Status> for Failed {
     }
 }
 
-impl From<crustd::error::Error> for Failed {
-    fn from(e: crustd::error::Error) -> Failed {
-        Failed::Status(crustd::service::to_status(e))
+impl From<crate::error::Error> for Failed {
+    fn from(e: crate::error::Error) -> Failed {
+        Failed::Status(crate::service::to_status(e))
     }
 }
 
