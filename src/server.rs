@@ -96,7 +96,7 @@ impl Service {
 
 /// The request's cancellation: the caller's ttrpc deadline, if it sent one,
 /// and its connection — ttrpc disconnects `cancel_rx` when the caller goes.
-fn cancel_of(ctx: &TtrpcContext) -> Cancel {
+pub(crate) fn cancel_of(ctx: &TtrpcContext) -> Cancel {
     let rx = ctx.cancel_rx.clone();
     let gone = Token::watching(Why::CallerGone, move || {
         matches!(rx.try_recv(), Err(TryRecvError::Disconnected))

@@ -570,6 +570,28 @@ pub(super) fn decode(text: &(impl AsRef<[u8]> + ?Sized), root: &Path) -> Result<
     })
 }
 
+/// The fuzz target's way in (`crust_agent::fuzz::state_record`): decodes
+/// `text` as a restart would and, when it decodes, checks that the record
+/// written for it decodes to the same volume (panics on any difference).
+/// Whether `text` decoded.
+pub(crate) fn fuzz_record(text: &[u8], root: &Path) -> bool {
+    let Ok(v) = decode(text, root) else {
+        return false;
+    };
+    let written = encode(&v);
+    match decode(&written, root) {
+        Ok(back) => assert_eq!(
+            format!("{back:?}"),
+            format!("{v:?}"),
+            "the record written for a decoded record reads back differently:\n{written}"
+        ),
+        Err(why) => {
+            panic!("the record written for a decoded record does not decode ({why}):\n{written}")
+        }
+    }
+    true
+}
+
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
