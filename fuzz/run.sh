@@ -50,7 +50,9 @@ for t in $targets; do
         echo "fuzz: $t: $runs runs, $cov"
     else
         failed="$failed $t"
-        tail -40 "$log"
+        # The panic's message (a record or an answer may follow it), else the end.
+        grep -a -A16 'panicked at' "$log" | grep -a -v '^ *[0-9]*: \|^ *at ' | head -24 ||
+            tail -20 "$log"
         echo "fuzz: $t FAILED: the input is in $out/artifacts/$t/ (log: $log);"
         echo "      replay it with $bin/$t FILE, fix the parser, then add FILE to fuzz/corpus/$t/"
     fi

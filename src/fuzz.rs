@@ -9,6 +9,7 @@
 //! change (text to bytes, say) with a one-line change here.
 
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -126,8 +127,34 @@ pub fn request(data: &[u8]) {
 
 /// `/proc/self/mountinfo` as the kernel could write it, with whatever paths
 /// a hostile host or guest process mounted (the agent reads it on every
-/// bind, unmount and recovery). Must not panic or hang.
+/// bind, unmount and recovery). Must not panic or hang. And `data` as the
+/// source and (after a `/`: the kernel writes absolute paths) as the path
+/// mounted and mounted on, escaped as the kernel escapes them, must read
+/// back as itself.
 pub fn mountinfo(data: &[u8]) {
+    if !data.contains(&0) {
+        let path = [b"/", data].concat();
+        let (p, source) = (kernel_escaped(&path), kernel_escaped(data));
+        let mut line = b"36 22 7:3 ".to_vec();
+        for field in [
+            &p[..],
+            b" ",
+            &p[..],
+            b" rw,nosuid shared:5 - ext4 ",
+            &source,
+            b" rw",
+        ] {
+            line.extend_from_slice(field);
+        }
+        let m = mountinfo::parse_line(&line).expect("a line as the kernel writes it");
+        let path = std::ffi::OsStr::from_bytes(&path);
+        assert_eq!(
+            (m.root.as_os_str(), m.mount_point.as_os_str()),
+            (path, path)
+        );
+        assert_eq!(m.source, String::from_utf8_lossy(data));
+        assert_eq!((m.mount_id, m.parent_id, m.major, m.minor), (36, 22, 7, 3));
+    }
     let table = mountinfo::parse(data);
     assert!(table.len() <= data.split(|&b| b == b'\n').count());
     for m in table.iter().take(4) {
@@ -252,6 +279,20 @@ pub fn mount_options(data: &[u8]) {
         }
         Err(e) => assert_eq!(e.code(), crate::errors::Code::InvalidArgument, "{e}"),
     }
+}
+
+/// A path as the kernel writes it in mountinfo (fs/proc_namespace.c): space,
+/// tab, newline and backslash as `\ooo`, every other byte as it is.
+fn kernel_escaped(path: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(path.len());
+    for &b in path {
+        if b" \t\n\\".contains(&b) {
+            out.extend_from_slice(format!("\\{b:03o}").as_bytes());
+        } else {
+            out.push(b);
+        }
+    }
+    out
 }
 
 /// The size a frame took on the wire, after checking it against the limit.
