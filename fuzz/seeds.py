@@ -20,14 +20,19 @@
   mount_options/ the option strings of this host's mounts, and the ones the
                  agent refuses
   sandbox_json/, crustd_json/  the files as crust-vm and crustd write them
+  direct_volume/ Kata direct-volume records (mountInfo.json) as Kata's Go
+                 package writes them (crustd/tests/kata_writer), and a few
+                 that crustd refuses
 
-Run from the repository root after `cargo build -p crust-agent -p
+Run from the repository root (`fuzz/seeds.py [PART...]`, every part by
+default: superblock mountinfo agent mount_options crustd direct_volume) after `cargo build -p crust-agent -p
 crust-client` (CRUST_BIN=DIR for other binaries). It makes and detaches its own loop devices only; every mount
 is made in a private mount namespace and dies with it. Existing seeds of the
 same name are overwritten; inputs added by hand or from findings are kept.
-Needs e2fsprogs, xfsprogs, util-linux (losetup, unshare, mkswap).
+Needs e2fsprogs, xfsprogs, util-linux (losetup, unshare, mkswap), go.
 """
 
+import base64
 import json
 import os
 import shutil
@@ -405,6 +410,11 @@ def mount_options():
         ("loop", b"\0loop=/dev/loop0"),
         ("empty-item", b"\0noatime,,nosuid"),
         ("nul", b"\0disc\0ard"),
+        # kubelet's SELinux context option (KEP-1710), quoted for its commas;
+        # the first byte's second bit says whether the guest has SELinux.
+        ("selinux-context", b'\0context="system_u:object_r:container_file_t:s0:c1,c2"'),
+        ("selinux-context-kept", b'\2context="system_u:object_r:container_file_t:s0:c1,c2"'),
+        ("selinux-mixed", b'\0noatime,fscontext="a:b:c:s0",nodev\ndefcontext=x\nro'),
     ]:
         seed("mount_options", name, opts)
 
@@ -433,16 +443,57 @@ def crustd_files():
     seed("crustd_json", "empty", b'{\n  "volumes": {}\n}')
 
 
+# ---- Kata direct-volume records ----
+
+def direct_volumes(tmp):
+    root = os.path.join(tmp, "direct")
+    writer = os.path.join(ROOT, "crustd", "tests", "kata_writer", "main.go")
+    records = [
+        ("plain", ["/dev/sdx", "ext4"]),
+        ("fsgroup-options", ["/dev/disk/by-id/virtio-vol-1", "ext4", "fsGroup=2000",
+                             "fsGroupChangePolicy=OnRootMismatch", "-o", "noatime", "-o", "discard"]),
+        ("xfs-create", ["/dev/sdy", "xfs", "createFilesystem=true"]),
+        ("block-type", ["/dev/sdz", "ext4", "volume-type=block"]),
+        ("encrypted", ["/dev/sdx", "ext4", "encryptionKey=kbs:///default/key/1"]),
+        # Go escapes <, > and & in strings (\u003c): a device path with them.
+        ("go-escapes", ["/dev/disk/by-path/a<b>&c", "ext4", "fsGroup=0"]),
+    ]
+    for n, (name, args) in enumerate(records):
+        volume = "/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/pv-%d/mount" % n
+        run("go", "run", writer, "add", root, volume, *args)
+        enc = base64.urlsafe_b64encode(volume.encode()).decode()
+        with open(os.path.join(root, enc, "mountInfo.json"), "rb") as f:
+            seed("direct_volume", name, f.read())
+    for name, raw in [
+        ("duplicate-key", b'{"volume-type":"directvol","device":"/dev/a","device":"/dev/b","fstype":"ext4"}'),
+        ("case-variant-key", b'{"volume-type":"directvol","DEVICE":"/dev/a","fstype":"ext4"}'),
+        ("unknown-keys-and-nulls", b'{"volume-type":"directvol","device":"/dev/a","fstype":"xfs",'
+                                   b'"metadata":null,"options":null,"azure":{"x":[1,2]}}'),
+        ("refused-option", b'{"volume-type":"directvol","device":"/dev/a","fstype":"ext4",'
+                           b'"options":["errors=panic"]}'),
+    ]:
+        seed("direct_volume", name, raw)
+
+
 def main():
     if os.geteuid() != 0:
         sys.exit("seeds.py makes loop devices and mounts: run it as root")
+    parts = {
+        "superblock": superblocks,
+        "mountinfo": mountinfo,
+        "agent": record_agent,  # frames, request, state_record, uevent
+        "mount_options": lambda tmp: mount_options(),
+        "crustd": lambda tmp: crustd_files(),  # sandbox_json, crustd_json
+        "direct_volume": direct_volumes,
+    }
+    wanted = sys.argv[1:] or list(parts)
+    unknown = [w for w in wanted if w not in parts]
+    if unknown:
+        sys.exit("unknown parts %s; choose from %s" % (unknown, " ".join(parts)))
     tmp = tempfile.mkdtemp(prefix="crust-seeds.")
     try:
-        superblocks(tmp)
-        mountinfo(tmp)
-        record_agent(tmp)
-        mount_options()
-        crustd_files()
+        for w in wanted:
+            parts[w](tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     for t in sorted(os.listdir(CORPUS)):

@@ -221,21 +221,38 @@ pub fn superblock(data: &[u8]) {
 }
 
 /// A request's `mount_options`: the first byte's low bit is `read_only`,
-/// the rest is the list, one option string per line. What is accepted must
+/// the next bit whether the guest has SELinux, the rest is the list, one
+/// option string per line, taken as the server takes it (SELinux context
+/// options left out without SELinux, then parsed). What is accepted must
 /// keep the promises of docs/api.md and docs/semantics.md: no NUL, data that
 /// fits a page, read-only when asked, no option naming another device or a
 /// backup superblock, and an ext4 whose errors behaviour is the agent's
-/// (remount-ro) or the request's (continue, remount-ro), never panic.
+/// (remount-ro) or the request's (continue, remount-ro), never panic. Only
+/// context options are left out, and all of them.
 pub fn mount_options(data: &[u8]) {
-    let Some((&ro, rest)) = data.split_first() else {
+    let Some((&knobs, rest)) = data.split_first() else {
         return;
     };
-    let read_only = ro & 1 == 1;
+    let (read_only, selinux) = (knobs & 1 == 1, knobs & 2 == 2);
     // Protobuf strings are UTF-8.
     let options: Vec<String> = rest
         .split(|b| *b == b'\n')
         .map(|o| String::from_utf8_lossy(o).into_owned())
         .collect();
+    let (options, left_out) = mount::selinux::without_contexts(&options, selinux);
+    for o in &left_out {
+        let key = o.split_once('=').map_or(o.as_str(), |(k, _)| k);
+        assert!(
+            ["context", "fscontext", "defcontext", "rootcontext"].contains(&key),
+            "{o:?} left out"
+        );
+    }
+    assert!(
+        selinux
+            || mount::selinux::without_contexts(&options, false)
+                .1
+                .is_empty()
+    );
     match mount::parse_options(&options, read_only) {
         Ok(m) => {
             assert!(m.data.len() <= 4000, "{} bytes of data", m.data.len());
@@ -400,7 +417,9 @@ impl crust_ttrpc::Agent for Translate {
         req: pb::PublishVolumeRequest,
     ) -> ttrpc::Result<pb::PublishVolumeResponse> {
         let _ = server::cancel_of(ctx);
-        reply(server::publish_request(&req).map(drop))
+        // The guest's SELinux, as the request's first option's length has it.
+        let selinux = req.mount_options.first().is_some_and(|o| o.len() % 2 == 1);
+        reply(server::publish_request_in(&req, selinux).map(drop))
     }
 
     fn unpublish_volume(

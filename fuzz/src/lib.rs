@@ -21,11 +21,9 @@ pub use crust_agent::fuzz::{
 pub type Target = fn(&[u8]);
 
 /// Every target by name, as `corpus/<name>/` and `fuzz_targets/<name>.rs` are
-/// named.
-///
-/// Direct-volume records (KEP-2857's per-volume mountInfo files) do not exist
-/// yet; when crustd or the agent reads them, their parser gets a target here
-/// (`direct_volume`), a binary in fuzz_targets/, and seeds in corpus/.
+/// named. A new parser of untrusted bytes gets an entry here, a binary in
+/// fuzz_targets/ (and Cargo.toml), a test in tests/corpus.rs and seeds in
+/// corpus/ (fuzz/seeds.py).
 pub const TARGETS: &[(&str, Target)] = &[
     ("frames", frames),
     ("request", request),
@@ -36,6 +34,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("mount_options", mount_options),
     ("sandbox_json", sandbox_json),
     ("crustd_json", crustd_json),
+    ("direct_volume", direct_volume),
 ];
 
 /// A sandbox's `sandbox.json`, written by whoever starts the VM and read by
@@ -67,6 +66,39 @@ pub fn crustd_json(data: &[u8]) {
         )
     });
     assert_eq!(back, state);
+}
+
+/// A Kata direct-volume record (`mountInfo.json`), filed by a CSI driver and
+/// naming a host block device: what crustd accepts must name an absolute
+/// device, a filesystem it mounts, a group id in range and options the
+/// agent's table accepts; what it refuses, it refuses as the caller's fault
+/// (INVALID_ARGUMENT, or UNIMPLEMENTED for an encrypted volume). The volume
+/// path's directory name (Go's base64.URLEncoding) is checked on the side.
+pub fn direct_volume(data: &[u8]) {
+    use crustd::direct::{parse_record, RecordError, MAX_FS_GROUP};
+    match parse_record(data) {
+        Ok(r) => {
+            assert!(
+                r.device.starts_with('/') && !r.device.contains('\0'),
+                "{r:?}"
+            );
+            assert!(["ext4", "xfs"].contains(&r.fstype.as_str()), "{r:?}");
+            assert!(
+                ["directvol", "block"].contains(&r.volume_type.as_str()),
+                "{r:?}"
+            );
+            assert!(r.fs_group.is_none_or(|g| g <= MAX_FS_GROUP), "{r:?}");
+            crust_agent::mount::parse_options(&r.options, false)
+                .unwrap_or_else(|e| panic!("options the agent refuses were accepted: {e}"));
+        }
+        Err(RecordError::Encrypted) => {}
+        Err(e) => assert_eq!(e.code(), crustd::error::Code::InvalidArgument, "{e}"),
+    }
+    let name = crustd::direct::encode(data);
+    assert_eq!(name.len(), data.len().div_ceil(3) * 4);
+    assert!(name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-_=".contains(&b)));
 }
 
 /// The largest single allocation a target may make. The inputs are a few

@@ -90,6 +90,11 @@ fn crustd_json() {
     replay("crustd_json");
 }
 
+#[test]
+fn direct_volume() {
+    replay("direct_volume");
+}
+
 /// Each target has its libFuzzer binary, its corpus and its test above (the
 /// list of tests is checked against this file's own text).
 #[test]
