@@ -24,14 +24,16 @@ out=target/fuzz
 
 # The binaries get the instrumentation; build scripts and proc-macros do not
 # (the workspace names its target triple, so RUSTFLAGS stay off host code).
+# No `--cfg fuzzing` (cargo-fuzz's default, which it lets one turn off): it
+# would switch on dependencies' own fuzz-only code (the vendored h2's does not
+# build under the workspace lints), and nothing here reads it.
 RUSTFLAGS="-Cpasses=sancov-module \
  -Cllvm-args=-sanitizer-coverage-level=4 \
  -Cllvm-args=-sanitizer-coverage-inline-8bit-counters \
  -Cllvm-args=-sanitizer-coverage-pc-table \
  -Cllvm-args=-sanitizer-coverage-trace-compares \
  -Cllvm-args=-sanitizer-coverage-stack-depth \
- -Cllvm-args=-simplifycfg-branch-fold-threshold=0 \
- --cfg fuzzing" \
+ -Cllvm-args=-simplifycfg-branch-fold-threshold=0" \
     nice -n 19 cargo build -q -p crust-fuzz --features libfuzzer --profile fuzz \
     --target-dir "$out" --bins
 bin=$out/x86_64-unknown-linux-gnu/fuzz
