@@ -4,7 +4,7 @@
 TRIPLE := x86_64-unknown-linux-gnu
 RELEASE := target/$(TRIPLE)/release
 
-.PHONY: all build deps initrd test test-host test-vm stress demo bench lint
+.PHONY: all build deps initrd test test-host test-fuzz test-vm fuzz stress demo bench lint
 
 all: build
 
@@ -20,14 +20,32 @@ build:
 initrd: deps
 	sh initrd/build.sh
 
-# Everything: unit tests, host tests on loop devices (root), then the VM tests
-# (the agent as PID 1 under QEMU, hot-plug over QMP). Nothing is skipped here:
-# CRUST_REQUIRE_PRIVILEGED=1 makes a test that cannot run (not root, no
-# losetup or mkfs) fail instead of skipping.
-test: deps initrd test-host test-vm
+# Everything: unit tests, host tests on loop devices (root), a short fuzzing
+# round, then the VM tests (the agent as PID 1 under QEMU, hot-plug over QMP).
+# Nothing is skipped here: CRUST_REQUIRE_PRIVILEGED=1 makes a test that cannot
+# run (not root, no losetup or mkfs) fail instead of skipping.
+test: deps initrd test-host test-fuzz test-vm
 
 test-host: deps
 	CRUST_REQUIRE_PRIVILEGED=1 cargo test --workspace --no-fail-fast
+
+# Fuzzing (fuzz/, README "Fuzzing"): every parser a hostile host or disk
+# feeds (ttrpc frames and requests, mountinfo, state records, uevents,
+# superblocks, mount options, crustd's JSON files, Kata direct-volume
+# records), coverage-guided by libFuzzer on stable rustc, at nice 19.
+# test-fuzz runs each target for FUZZ_TEST_SECS (10 targets: about 2 minutes
+# in all, plus the first build of the instrumented binaries: about 8
+# CPU-minutes, once); make fuzz for FUZZ_SECS each, keeping what it learns in
+# target/fuzz/corpus/. A finding fails the run and is kept in
+# target/fuzz/artifacts/<target>/. The committed corpus (fuzz/corpus/) also
+# runs as plain tests in test-host (cargo test -p crust-fuzz).
+FUZZ_TEST_SECS ?= 10
+FUZZ_SECS ?= 300
+test-fuzz: deps
+	fuzz/run.sh $(FUZZ_TEST_SECS)
+
+fuzz: deps
+	fuzz/run.sh $(FUZZ_SECS)
 
 test-vm: deps initrd
 	CRUST_REQUIRE_PRIVILEGED=1 cargo test -p crust-vm --tests -- --ignored --test-threads=1

@@ -1,12 +1,12 @@
 #!/bin/bash
 # Installs what building, testing and the demo need, idempotently: Debian
-# packages (mkfs tools, QEMU, cpio, kmod, Go and its ttrpc) and vhost-device-vsock from
+# packages (mkfs tools, QEMU, cpio, kmod, Go and its ttrpc, g++ for libFuzzer) and vhost-device-vsock from
 # crates.io. Quick when everything is already there.
 set -euo pipefail
 
 need_apt=()
 for pair in mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs xfs_repair:xfsprogs qemu-system-x86_64:qemu-system-x86 \
-            cpio:cpio depmod:kmod losetup:mount dpkg-deb:dpkg go:golang-go; do
+            cpio:cpio depmod:kmod losetup:mount dpkg-deb:dpkg go:golang-go c++:g++; do
     cmd=${pair%%:*} pkg=${pair#*:}
     command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done

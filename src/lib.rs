@@ -12,6 +12,8 @@ pub mod blockdev;
 pub mod cancel;
 pub mod device;
 pub mod errors;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod grow;
 pub mod init;
 pub mod instance;

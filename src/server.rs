@@ -96,7 +96,7 @@ impl Service {
 
 /// The request's cancellation: the caller's ttrpc deadline, if it sent one,
 /// and its connection — ttrpc disconnects `cancel_rx` when the caller goes.
-fn cancel_of(ctx: &TtrpcContext) -> Cancel {
+pub(crate) fn cancel_of(ctx: &TtrpcContext) -> Cancel {
     let rx = ctx.cancel_rx.clone();
     let gone = Token::watching(Why::CallerGone, move || {
         matches!(rx.try_recv(), Err(TryRecvError::Disconnected))
@@ -200,6 +200,24 @@ pub fn publish_request(req: &pb::PublishVolumeRequest) -> Result<PublishRequest,
     })
 }
 
+/// [`publish_request`] in a guest with or without SELinux: without it,
+/// SELinux context options mean nothing, so they are left out of the mount
+/// and returned, to be said (in the answer and the log).
+pub fn publish_request_in(
+    req: &pb::PublishVolumeRequest,
+    selinux: bool,
+) -> Result<(PublishRequest, Vec<String>), Error> {
+    let (kept, not_applied) = crate::mount::selinux::without_contexts(&req.mount_options, selinux);
+    if not_applied.is_empty() {
+        return Ok((publish_request(req)?, not_applied));
+    }
+    let req = pb::PublishVolumeRequest {
+        mount_options: kept,
+        ..req.clone()
+    };
+    Ok((publish_request(&req)?, not_applied))
+}
+
 /// BindMountRequest → a validated domain request; `target` validates the
 /// target and gives its canonical spelling (`Volumes::target`).
 pub fn bind_request(
@@ -292,22 +310,12 @@ impl crust_ttrpc::Agent for Service {
         req: pb::PublishVolumeRequest,
     ) -> ttrpc::Result<pb::PublishVolumeResponse> {
         self.handle("PublishVolume", &req.volume_id, || {
-            // SELinux context options mean nothing in a guest without
-            // SELinux: left out of the mount, and said so.
-            let selinux = crate::mount::selinux::enabled();
-            let (kept, not_applied) =
-                crate::mount::selinux::without_contexts(&req.mount_options, selinux);
-            let domain = if not_applied.is_empty() {
-                publish_request(&req)?
-            } else {
+            let (domain, not_applied) = publish_request_in(&req, crate::mount::selinux::enabled())?;
+            if !not_applied.is_empty() {
                 info!(self.log, "SELinux options left out: the guest has no SELinux";
                       "method" => "PublishVolume", "volume" => &req.volume_id,
                       "options_not_applied" => not_applied.join(" "));
-                publish_request(&pb::PublishVolumeRequest {
-                    mount_options: kept,
-                    ..req.clone()
-                })?
-            };
+            }
             let cancel = cancel_of(ctx);
             // Device lookup needs virtio_blk, an xfs mount needs xfs: both may still be loading.
             self.modules.wait(MODULES_WAIT, &cancel);

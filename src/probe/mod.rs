@@ -165,7 +165,7 @@ impl Error {
 }
 
 /// How much of the disk the probe reads: enough for btrfs's superblock at 64 KiB.
-const PROBE_BYTES: usize = 65536 + 4096;
+pub(crate) const PROBE_BYTES: usize = 65536 + 4096;
 
 /// Does `buf` hold `magic` at `offset`? (False when the disk is shorter than that.)
 pub(crate) fn at(buf: &[u8], offset: usize, magic: &[u8]) -> bool {
@@ -302,8 +302,33 @@ pub fn identify(device: &Path) -> Result<Option<&'static str>, Error> {
 pub fn check(device: &Path, expected: FsType) -> Result<(), Error> {
     let file = open_ro(device)?;
     let head = read_at(&file, device, 0, PROBE_BYTES)?;
-    let found = signatures(&head);
-    let dev = device.display().to_string();
+    judge(
+        &head,
+        expected,
+        &device.display().to_string(),
+        // A block device's size is where a seek to its end lands (as for a file).
+        || {
+            (&file)
+                .seek(SeekFrom::End(0))
+                .map_err(|e| SysError::new("lseek", device.display(), e).into())
+        },
+        |offset, len| read_at(&file, device, offset, len),
+    )
+}
+
+/// `check`'s judgement of a disk from its first bytes (`head`), its size
+/// and the block it reads at an offset the superblock names (ext4's MMP),
+/// the last two through the closures. Pure, so that the fuzz target
+/// (`crate::fuzz::superblock`) judges exactly what a publish judges.
+pub(crate) fn judge(
+    head: &[u8],
+    expected: FsType,
+    dev: &str,
+    device_bytes: impl FnOnce() -> Result<u64, Error>,
+    read: impl FnOnce(u64, usize) -> Result<Vec<u8>, Error>,
+) -> Result<(), Error> {
+    let found = signatures(head);
+    let dev = dev.to_string();
     match found.as_slice() {
         [] => {
             return Err(Error::Unformatted {
@@ -333,10 +358,7 @@ pub fn check(device: &Path, expected: FsType) -> Result<(), Error> {
             })
         }
     }
-    // A block device's size is where a seek to its end lands (as for a file).
-    let device_bytes = (&file)
-        .seek(SeekFrom::End(0))
-        .map_err(|e| SysError::new("lseek", device.display(), e))?;
+    let device_bytes = device_bytes()?;
     let short = || Error::Corrupt {
         device: dev.clone(),
         fs: expected,
@@ -344,16 +366,16 @@ pub fn check(device: &Path, expected: FsType) -> Result<(), Error> {
     };
     match expected {
         FsType::Xfs => judge_xfs(
-            &XfsSuper::parse(&head).ok_or_else(short)?,
+            &XfsSuper::parse(head).ok_or_else(short)?,
             device_bytes,
             &dev,
         ),
         FsType::Ext4 => {
-            let sb = Ext4Super::parse(&head).ok_or_else(short)?;
+            let sb = Ext4Super::parse(head).ok_or_else(short)?;
             let Some(at) = judge_ext4(&sb, device_bytes, &dev)? else {
                 return Ok(());
             };
-            let block = read_at(&file, device, at.offset, Mmp::LEN)?;
+            let block = read(at.offset, Mmp::LEN)?;
             let mmp = Mmp::parse(&block).ok_or_else(|| Error::Corrupt {
                 device: dev.clone(),
                 fs: expected,

@@ -9,9 +9,9 @@
 //! ([`dispatch`]), exactly as ttrpc's server would. Every frame gets an
 //! answer. The RPC layer above (`server.rs`) is unchanged by it.
 
-mod conn;
-mod dispatch;
-mod frame;
+pub(crate) mod conn;
+pub(crate) mod dispatch;
+pub(crate) mod frame;
 mod listen;
 mod lograte;
 mod pool;

@@ -13,7 +13,7 @@
 
 mod block;
 mod recover;
-mod state;
+pub(crate) mod state;
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, OwnedFd};

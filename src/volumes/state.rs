@@ -236,9 +236,11 @@ fn read_at(dir: std::os::fd::BorrowedFd<'_>, name: &OsStr) -> std::io::Result<Ve
     Ok(text)
 }
 
-/// Escapes a value for a record line: `%`, newline and tab, and every byte
-/// that is not part of valid UTF-8 (a path's bytes are kept exactly). A
-/// value that is UTF-8 is written as older agents wrote it.
+/// Escapes a value for a record line: `%`, newline, tab and carriage return
+/// (the reader drops a CR before a line's end, so a value ending in one would
+/// lose it), and every byte that is not part of valid UTF-8 (a path's bytes
+/// are kept exactly). A value without a CR that is UTF-8 is written as older
+/// agents wrote it.
 fn esc_bytes(b: &[u8]) -> String {
     let mut o = String::with_capacity(b.len());
     for chunk in b.utf8_chunks() {
@@ -247,6 +249,7 @@ fn esc_bytes(b: &[u8]) -> String {
                 '%' => o.push_str("%25"),
                 '\n' => o.push_str("%0A"),
                 '\t' => o.push_str("%09"),
+                '\r' => o.push_str("%0D"),
                 c => o.push(c),
             }
         }
@@ -570,6 +573,28 @@ pub(super) fn decode(text: &(impl AsRef<[u8]> + ?Sized), root: &Path) -> Result<
     })
 }
 
+/// The fuzz target's way in (`crust_agent::fuzz::state_record`): decodes
+/// `text` as a restart would and, when it decodes, checks that the record
+/// written for it decodes to the same volume (panics on any difference).
+/// Whether `text` decoded.
+pub(crate) fn fuzz_record(text: &[u8], root: &Path) -> bool {
+    let Ok(v) = decode(text, root) else {
+        return false;
+    };
+    let written = encode(&v);
+    match decode(&written, root) {
+        Ok(back) => assert_eq!(
+            format!("{back:?}"),
+            format!("{v:?}"),
+            "the record written for a decoded record reads back differently:\n{written}"
+        ),
+        Err(why) => {
+            panic!("the record written for a decoded record does not decode ({why}):\n{written}")
+        }
+    }
+    true
+}
+
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
@@ -625,6 +650,30 @@ pub(super) mod tests {
         let mut half = v.clone();
         half.complete = false;
         assert!(!decode(&encode(&half), Path::new("/r")).unwrap().complete);
+    }
+
+    /// A value ending in a carriage return (a request's option, a disk's
+    /// serial) reads back with it: the reader drops one CR before each line
+    /// end, for records edited by hand, so the writer must escape it. Found
+    /// by the state_record fuzz target (fuzz/corpus/state_record/finding-trailing-cr).
+    #[test]
+    fn a_carriage_return_ending_a_value_survives_a_rewrite() {
+        let mut v = sample();
+        v.options = vec!["noatime\r".into(), "a\r\rb\r\r".into()];
+        v.mount = mount::parse_options(&v.options, false).unwrap();
+        v.device.serial = Some("ser\r".into());
+        v.source = Source::Path("/dev/vdb\r".into());
+        let back = decode(&encode(&v), Path::new("/r")).unwrap();
+        assert_eq!(back.options, v.options);
+        assert_eq!(back.mount, v.mount);
+        assert_eq!(back.device, v.device);
+        assert_eq!(back.source, v.source);
+        // A record whose lines end in CRLF still reads.
+        let crlf = encode(&sample()).replace('\n', "\r\n");
+        assert_eq!(
+            decode(&crlf, Path::new("/r")).unwrap().options,
+            sample().options
+        );
     }
 
     /// A read-only block volume with one bind, as recorded.
