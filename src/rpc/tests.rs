@@ -16,7 +16,10 @@ use crust_protocols::protobuf::Message;
 use crust_protocols::ttrpc::{self, TtrpcContext};
 
 use super::frame::{Header, HEADER_LEN};
-use super::*;
+use super::limits::Limits;
+use super::listen::{listen, Address, Peers};
+use super::pool::Lane;
+use super::transport::Server;
 
 /// GetCapabilities answers at once; PublishVolume holds its worker until its
 /// caller goes (counting those it saw go) or 5 s pass.
@@ -74,6 +77,7 @@ fn start(limits: Limits) -> Running {
     let server = Server::start(
         vec![("t".into(), fd)],
         methods,
+        lane,
         limits,
         Peers::default(),
         crate::logging::discard(),
@@ -85,6 +89,15 @@ fn start(limits: Limits) -> Running {
         sock,
         gone,
         _dir: dir,
+    }
+}
+
+/// The lanes as the agent's service has them (`server::service::lane`).
+fn lane(path: &str) -> Lane {
+    match path {
+        "/crust.v1.Agent/GetCapabilities" | "/crust.v1.Agent/GetAgentInfo" => Lane::Inline,
+        "/crust.v1.Agent/ListVolumes" => Lane::Quick,
+        _ => Lane::Regular,
     }
 }
 
