@@ -19,7 +19,9 @@ use crate::mount::options::parse_options;
 use crate::mount::selinux::without_contexts;
 use crate::system::Capability;
 use crate::validate::{self, Invalid};
-use crate::volumes::request::{BindRequest, FsGroup, PublishRequest, Source, VolumeInfo};
+use crate::volumes::request::{
+    BindRequest, FsGroup, PublishRequest, Source, VolumeInfo, VolumeState,
+};
 
 /// The request's cancellation: the caller's ttrpc deadline, if it sent one,
 /// and its connection — ttrpc disconnects `cancel_rx` when the caller goes.
@@ -171,7 +173,12 @@ pub fn bind_request(
 }
 
 /// One VolumeUsage entry, each count clamped to the wire's i64.
-pub fn usage(available: u64, total: u64, used: u64, unit: pb::volume_usage::Unit) -> pb::VolumeUsage {
+pub fn usage(
+    available: u64,
+    total: u64,
+    used: u64,
+    unit: pb::volume_usage::Unit,
+) -> pb::VolumeUsage {
     let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     pb::VolumeUsage {
         available: clamp(available),
@@ -199,6 +206,12 @@ pub fn volume_info(v: VolumeInfo) -> pb::VolumeInfo {
         }
         .into(),
         device_bytes: v.device_bytes,
+        state: match v.state {
+            VolumeState::Ready => pb::VolumeState::VOLUME_STATE_READY,
+            VolumeState::Publishing => pb::VolumeState::VOLUME_STATE_PUBLISHING,
+        }
+        .into(),
+        ownership_done: v.ownership_done,
         ..Default::default()
     }
 }
