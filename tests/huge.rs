@@ -1,4 +1,4 @@
-//! Huge volumes (semantics.md §1.3): a publish's fsGroup walk belongs to the
+//! Huge volumes (semantics.md §4.1): a publish's fsGroup walk belongs to the
 //! volume, not to the call. Against the real agent on loop ext4, with trees
 //! just big enough for a walk to outlive a deadline of a few milliseconds:
 //! the deadline answer, the walk going on, the join, other parameters,

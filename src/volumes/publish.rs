@@ -70,7 +70,7 @@ impl Volumes {
     /// request, refused for another. A publish whose fsGroup walk outlives
     /// the caller's deadline answers DEADLINE_EXCEEDED (CANCELLED when the
     /// caller went away) while the walk goes on; the same publish again
-    /// waits for that walk (semantics.md §1.3).
+    /// waits for that walk (semantics.md §4.1).
     pub fn publish(&self, req: &PublishRequest, cancel: &Cancel) -> Result<Published> {
         self.accepting()?;
         let cancel = &self.stop_with(cancel);

@@ -1,5 +1,5 @@
 //! A publish's fsGroup walk belongs to the volume, not to the call that
-//! started it (semantics.md §1.3). Once the filesystem is mounted and its
+//! started it (semantics.md §4.1). Once the filesystem is mounted and its
 //! mount recorded, the walk runs on a thread of its own:
 //!
 //! - the caller waits for it within its own deadline; when the deadline
