@@ -258,12 +258,7 @@ pub fn mount_options(data: &[u8]) {
             "{o:?} left out"
         );
     }
-    assert!(
-        selinux
-            || without_contexts(&options, false)
-                .1
-                .is_empty()
-    );
+    assert!(selinux || without_contexts(&options, false).1.is_empty());
     match parse_options(&options, read_only) {
         Ok(m) => {
             assert!(m.data.len() <= 4000, "{} bytes of data", m.data.len());

@@ -630,18 +630,35 @@ mod tests {
                 &m.path,
                 &dev,
                 FsType::Xfs,
-                size_bytes(&disk.device).unwrap()
-            , &Sysfs::system())
+                size_bytes(&disk.device).unwrap(),
+                &Sysfs::system()
+            )
             .unwrap(),
             before
         );
         // Never shrinks: a device smaller than the filesystem is refused.
-        let e = grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs, 100 << 20, &Sysfs::system()).unwrap_err();
+        let e = grow(
+            fd(&m.path).as_fd(),
+            &m.path,
+            &dev,
+            FsType::Xfs,
+            100 << 20,
+            &Sysfs::system(),
+        )
+        .unwrap_err();
         assert!(matches!(e, Error::LargerThanDevice { .. }), "{e}");
         disk.resize(1024);
         let dev_bytes = size_bytes(&disk.device).unwrap();
         assert_eq!(dev_bytes, 1 << 30);
-        let after = grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs, dev_bytes, &Sysfs::system()).unwrap();
+        let after = grow(
+            fd(&m.path).as_fd(),
+            &m.path,
+            &dev,
+            FsType::Xfs,
+            dev_bytes,
+            &Sysfs::system(),
+        )
+        .unwrap();
         assert!(
             after > (1 << 30) - (16 << 20) && after <= 1 << 30,
             "{after}"
@@ -658,7 +675,15 @@ mod tests {
         );
         // Again: already there.
         assert_eq!(
-            grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs, dev_bytes, &Sysfs::system()).unwrap(),
+            grow(
+                fd(&m.path).as_fd(),
+                &m.path,
+                &dev,
+                FsType::Xfs,
+                dev_bytes,
+                &Sysfs::system()
+            )
+            .unwrap(),
             after
         );
         // What xfs_growfs (the reference tool) thinks, as a cross-check.
@@ -689,7 +714,15 @@ mod tests {
             let now = size_bytes(&disk.device).unwrap();
             assert_eq!(now, (mb - 16) << 20);
             // No growth can fix this; never an OK that hides it.
-            let e = grow(fd(&m.path).as_fd(), &m.path, &dev, fs, now, &Sysfs::system()).unwrap_err();
+            let e = grow(
+                fd(&m.path).as_fd(),
+                &m.path,
+                &dev,
+                fs,
+                now,
+                &Sysfs::system(),
+            )
+            .unwrap_err();
             assert!(matches!(e, Error::LargerThanDevice { .. }), "{fs}: {e}");
             assert_eq!(e.code(), Code::OutOfRange, "{fs}");
             let msg = e.to_string();
@@ -716,14 +749,30 @@ mod tests {
         let m = Mounted::new(&disk.device, "xfs", "ro");
         let dev = disk.agent_device();
         disk.resize(600);
-        let e = grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs, 600 << 20, &Sysfs::system()).unwrap_err();
+        let e = grow(
+            fd(&m.path).as_fd(),
+            &m.path,
+            &dev,
+            FsType::Xfs,
+            600 << 20,
+            &Sysfs::system(),
+        )
+        .unwrap_err();
         assert!(matches!(e, Error::ReadOnly { .. }), "{e}");
         assert_eq!(e.code(), Code::FailedPrecondition);
         assert!(
             fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs).unwrap() <= 300 << 20,
             "nothing grew"
         );
-        let e = grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Ext4, 600 << 20, &Sysfs::system()).unwrap_err();
+        let e = grow(
+            fd(&m.path).as_fd(),
+            &m.path,
+            &dev,
+            FsType::Ext4,
+            600 << 20,
+            &Sysfs::system(),
+        )
+        .unwrap_err();
         assert!(matches!(e, Error::WrongFs { .. }), "{e}");
         assert!(e.to_string().contains("not an ext4 filesystem"), "{e}");
         assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
@@ -738,8 +787,8 @@ mod tests {
             &elsewhere,
             FsType::Xfs,
             600 << 20,
-                &Sysfs::system(),
-            )
+            &Sysfs::system(),
+        )
         .unwrap_err();
         assert!(matches!(e, Error::NotOnDevice { .. }), "{e}");
     }
@@ -756,7 +805,15 @@ mod tests {
         assert_eq!(before, 64 << 20);
         // Nothing to do needs no capability.
         assert_eq!(
-            grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Ext4, 64 << 20, &Sysfs::system()).unwrap(),
+            grow(
+                fd(&m.path).as_fd(),
+                &m.path,
+                &dev,
+                FsType::Ext4,
+                64 << 20,
+                &Sysfs::system()
+            )
+            .unwrap(),
             before
         );
         disk.resize(256);
@@ -766,7 +823,14 @@ mod tests {
             caps::Capability::CAP_SYS_RESOURCE,
         )
         .unwrap();
-        let r = grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Ext4, 256 << 20, &Sysfs::system());
+        let r = grow(
+            fd(&m.path).as_fd(),
+            &m.path,
+            &dev,
+            FsType::Ext4,
+            256 << 20,
+            &Sysfs::system(),
+        );
         if has_cap {
             let after = r.unwrap();
             assert!(after > 250 << 20 && after <= 256 << 20, "{after}");
@@ -833,7 +897,14 @@ mod tests {
         // The error is recorded by a work item: give it a moment.
         let mut e = None;
         for _ in 0..100 {
-            match grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Ext4, 256 << 20, &Sysfs::system()) {
+            match grow(
+                fd(&m.path).as_fd(),
+                &m.path,
+                &dev,
+                FsType::Ext4,
+                256 << 20,
+                &Sysfs::system(),
+            ) {
                 Err(err @ Error::HasErrors { .. }) => {
                     e = Some(err);
                     break;

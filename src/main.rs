@@ -465,7 +465,9 @@ mod tests {
         );
         // The default: the host alone.
         let d = Config::default();
-        assert!(d.vsock_peers.allows(crust_agent::rpc::listen::VMADDR_CID_HOST));
+        assert!(d
+            .vsock_peers
+            .allows(crust_agent::rpc::listen::VMADDR_CID_HOST));
         for cid in [0, 1, 3, 4, u32::MAX] {
             assert!(!d.vsock_peers.allows(cid), "{cid}");
         }

@@ -166,4 +166,3 @@ pub enum DiskState {
     /// Listed, but with size 0 (its backing went away).
     ZeroSize,
 }
-

@@ -580,10 +580,7 @@ mod tests {
         assert_eq!(usage, None);
         assert_abnormal(
             &cond,
-            &format!(
-                "is now a mount of device 7:{}",
-                other.agent_device().minor
-            ),
+            &format!("is now a mount of device 7:{}", other.agent_device().minor),
         );
         run("umount", &[m.path.to_str().unwrap()]);
     }

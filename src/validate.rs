@@ -224,10 +224,7 @@ pub fn target(root: &Path, s: &str) -> Result<PathBuf, Invalid> {
 }
 
 /// `recursive_read_only` other than DISABLED needs `read_only`.
-pub fn recursive_read_only(
-    read_only: bool,
-    rro: RecursiveReadOnly,
-) -> Result<(), Invalid> {
+pub fn recursive_read_only(read_only: bool, rro: RecursiveReadOnly) -> Result<(), Invalid> {
     if rro != RecursiveReadOnly::Disabled && !read_only {
         return Err(invalid(
             "recursive_read_only needs read_only: a recursively read-only bind must be read-only itself",

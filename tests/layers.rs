@@ -215,10 +215,15 @@ fn tokens(src: &str) -> Vec<(Tok, usize)> {
             while i < b.len() && ident_cont(b[i]) {
                 i += 1;
             }
-            let word = String::from_utf8_lossy(&b[s..i]).trim_start_matches("r#").to_string();
+            let word = String::from_utf8_lossy(&b[s..i])
+                .trim_start_matches("r#")
+                .to_string();
             out.push((Tok::Ident(word), line));
         } else if c.is_ascii_digit() {
-            while i < b.len() && (ident_cont(b[i]) || b[i] == b'.' && b.get(i + 1).is_some_and(|d| d.is_ascii_digit())) {
+            while i < b.len()
+                && (ident_cont(b[i])
+                    || b[i] == b'.' && b.get(i + 1).is_some_and(|d| d.is_ascii_digit()))
+            {
                 i += 1;
             }
         } else if b[i..].starts_with(b"::") {
@@ -300,7 +305,14 @@ fn load(krate: &mut Crate, file: &Path, path: Vec<String>, test_only: bool) {
 
 /// Finds `mod` declarations in `toks` (a module's items, inline modules
 /// included) and loads the files they name.
-fn walk_mods(krate: &mut Crate, file: &Path, toks: &[(Tok, usize)], path: &[String], base: &Path, test_only: bool) {
+fn walk_mods(
+    krate: &mut Crate,
+    file: &Path,
+    toks: &[(Tok, usize)],
+    path: &[String],
+    base: &Path,
+    test_only: bool,
+) {
     let mut i = 0;
     let mut attrs: Vec<String> = Vec::new();
     let mut depth = 0usize;
@@ -320,8 +332,13 @@ fn walk_mods(krate: &mut Crate, file: &Path, toks: &[(Tok, usize)], path: &[Stri
                     continue;
                 };
                 let child = child.clone();
-                let test_child = test_only || attrs.iter().any(|a| a.starts_with("cfg(test") || a == "cfg(any(test,fuzzing))");
-                let explicit = attrs.iter().find_map(|a| a.strip_prefix("path=").map(str::to_string));
+                let test_child = test_only
+                    || attrs
+                        .iter()
+                        .any(|a| a.starts_with("cfg(test") || a == "cfg(any(test,fuzzing))");
+                let explicit = attrs
+                    .iter()
+                    .find_map(|a| a.strip_prefix("path=").map(str::to_string));
                 let mut child_path = path.to_vec();
                 child_path.push(child.clone());
                 match toks.get(i + 2).map(|t| &t.0) {
@@ -330,10 +347,19 @@ fn walk_mods(krate: &mut Crate, file: &Path, toks: &[(Tok, usize)], path: &[Stri
                             Some(p) => file.parent().unwrap().join(p.trim_matches('"')),
                             None => {
                                 let a = base.join(format!("{child}.rs"));
-                                if a.exists() { a } else { base.join(&child).join("mod.rs") }
+                                if a.exists() {
+                                    a
+                                } else {
+                                    base.join(&child).join("mod.rs")
+                                }
                             }
                         };
-                        krate.modules.entry(path.to_vec()).or_default().children.insert(child.clone(), child_path.clone());
+                        krate
+                            .modules
+                            .entry(path.to_vec())
+                            .or_default()
+                            .children
+                            .insert(child.clone(), child_path.clone());
                         if f.starts_with(src_dir()) {
                             load(krate, &f, child_path, test_child);
                         }
@@ -341,9 +367,21 @@ fn walk_mods(krate: &mut Crate, file: &Path, toks: &[(Tok, usize)], path: &[Stri
                     }
                     Some(Tok::Punct('{')) => {
                         let close = matching(toks, i + 2);
-                        krate.modules.entry(path.to_vec()).or_default().children.insert(child.clone(), child_path.clone());
+                        krate
+                            .modules
+                            .entry(path.to_vec())
+                            .or_default()
+                            .children
+                            .insert(child.clone(), child_path.clone());
                         krate.modules.entry(child_path.clone()).or_default().file = rel(file);
-                        walk_mods(krate, file, &toks[i + 3..close], &child_path, &base.join(&child), test_child);
+                        walk_mods(
+                            krate,
+                            file,
+                            &toks[i + 3..close],
+                            &child_path,
+                            &base.join(&child),
+                            test_child,
+                        );
                         i = close + 1;
                     }
                     _ => i += 1,
@@ -380,7 +418,11 @@ fn attr_end(toks: &[(Tok, usize)], i: usize) -> usize {
 /// An attribute's tokens as compact text: `cfg(test)`, `path="x.rs"`.
 fn attr_text(toks: &[(Tok, usize)]) -> String {
     let mut s = String::new();
-    for (t, _) in toks.iter().skip_while(|(t, _)| *t != Tok::Punct('[')).skip(1) {
+    for (t, _) in toks
+        .iter()
+        .skip_while(|(t, _)| *t != Tok::Punct('['))
+        .skip(1)
+    {
         match t {
             Tok::Ident(w) => s.push_str(w),
             Tok::Path => s.push_str("::"),
@@ -418,10 +460,18 @@ fn matching(toks: &[(Tok, usize)], open: usize) -> usize {
 
 impl Crate {
     fn read() -> Crate {
-        let mut krate = Crate { modules: BTreeMap::new(), test_files: BTreeSet::new() };
+        let mut krate = Crate {
+            modules: BTreeMap::new(),
+            test_files: BTreeSet::new(),
+        };
         load(&mut krate, &src_dir().join("lib.rs"), vec![], false);
         // The binary is its own crate; its `crate::` is "bin".
-        load(&mut krate, &src_dir().join("main.rs"), vec!["<bin>".into()], false);
+        load(
+            &mut krate,
+            &src_dir().join("main.rs"),
+            vec!["<bin>".into()],
+            false,
+        );
         krate
     }
 
@@ -456,7 +506,11 @@ impl Crate {
     /// Every module path whose file is `file`, with its tokens' range in
     /// the file (inline modules nest).
     fn modules_in(&self, file: &str) -> Vec<Vec<String>> {
-        self.modules.iter().filter(|(_, m)| m.file == file).map(|(p, _)| p.clone()).collect()
+        self.modules
+            .iter()
+            .filter(|(_, m)| m.file == file)
+            .map(|(p, _)| p.clone())
+            .collect()
     }
 }
 
@@ -504,7 +558,9 @@ fn edges_of(krate: &Crate, file: &str) -> BTreeMap<String, Vec<(usize, String)>>
                 }
             }
             Tok::Ident(w) if w == "mod" => {
-                if let (Some((Tok::Ident(name), _)), Some((Tok::Punct('{'), _))) = (toks.get(i + 1), toks.get(i + 2)) {
+                if let (Some((Tok::Ident(name), _)), Some((Tok::Punct('{'), _))) =
+                    (toks.get(i + 1), toks.get(i + 2))
+                {
                     let mut p = cur.clone();
                     p.push(name.clone());
                     stack.push((depth, p));
@@ -514,7 +570,9 @@ fn edges_of(krate: &Crate, file: &str) -> BTreeMap<String, Vec<(usize, String)>>
                 }
             }
             Tok::Ident(w) if w == "use" => {
-                let end = (i..toks.len()).find(|&j| toks[j].0 == Tok::Punct(';')).unwrap_or(toks.len());
+                let end = (i..toks.len())
+                    .find(|&j| toks[j].0 == Tok::Punct(';'))
+                    .unwrap_or(toks.len());
                 let mut leaves = Vec::new();
                 use_tree(&toks[i + 1..end], &mut Vec::new(), &mut leaves);
                 for (path, alias) in leaves {
@@ -620,7 +678,11 @@ fn child_module(krate: &Crate, cur: &[String], name: &str) -> Option<Vec<String>
 }
 
 /// Flattens a use tree into (path, Some(name it binds) or Some("*")).
-fn use_tree(toks: &[(Tok, usize)], prefix: &mut Vec<String>, out: &mut Vec<(Vec<String>, Option<String>)>) {
+fn use_tree(
+    toks: &[(Tok, usize)],
+    prefix: &mut Vec<String>,
+    out: &mut Vec<(Vec<String>, Option<String>)>,
+) {
     let mut path = prefix.clone();
     let mut i = 0;
     // a leading `::` (2015-style absolute) or `pub` is not a segment
@@ -733,10 +795,21 @@ fn all_files(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 /// Every file's edges, from a fresh read of src/.
-fn graph() -> (Crate, BTreeMap<String, BTreeMap<String, Vec<(usize, String)>>>) {
+fn graph() -> (
+    Crate,
+    BTreeMap<String, BTreeMap<String, Vec<(usize, String)>>>,
+) {
     let krate = Crate::read();
-    let files: BTreeSet<String> = krate.modules.values().map(|m| m.file.clone()).filter(|f| !f.starts_with('/') && !f.starts_with("..")).collect();
-    let g = files.iter().map(|f| (f.clone(), edges_of(&krate, f))).collect();
+    let files: BTreeSet<String> = krate
+        .modules
+        .values()
+        .map(|m| m.file.clone())
+        .filter(|f| !f.starts_with('/') && !f.starts_with(".."))
+        .collect();
+    let g = files
+        .iter()
+        .map(|f| (f.clone(), edges_of(&krate, f)))
+        .collect();
     (krate, g)
 }
 
@@ -788,7 +861,15 @@ fn cycles(g: &BTreeMap<String, BTreeMap<String, Vec<(usize, String)>>>) -> Vec<V
             }
         }
     }
-    let mut t = T { g, index: BTreeMap::new(), low: BTreeMap::new(), stack: vec![], on: BTreeSet::new(), next: 0, out: vec![] };
+    let mut t = T {
+        g,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: vec![],
+        on: BTreeSet::new(),
+        next: 0,
+        out: vec![],
+    };
     for v in g.keys() {
         if !t.index.contains_key(v.as_str()) {
             visit(&mut t, v);
@@ -803,7 +884,11 @@ fn no_file_imports_in_a_circle() {
     let cycles = cycles(&g);
     let mut report = String::new();
     for comp in &cycles {
-        report.push_str(&format!("a cycle among {} files: {}\n", comp.len(), comp.join(", ")));
+        report.push_str(&format!(
+            "a cycle among {} files: {}\n",
+            comp.len(),
+            comp.join(", ")
+        ));
         for a in comp {
             for (b, uses) in &g[a] {
                 if comp.contains(b) {
@@ -854,7 +939,11 @@ fn no_file_past_800_lines_of_code() {
             over.push(format!("{}: {n} lines of code outside tests", rel(&f)));
         }
     }
-    assert!(over.is_empty(), "files past {MAX_CODE_LINES} lines of code:\n{}", over.join("\n"));
+    assert!(
+        over.is_empty(),
+        "files past {MAX_CODE_LINES} lines of code:\n{}",
+        over.join("\n")
+    );
 }
 
 #[test]
@@ -864,23 +953,63 @@ fn no_too_many_arguments_allowance() {
     files.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
     let found: Vec<String> = files
         .iter()
-        .filter(|f| fs::read_to_string(f).unwrap().contains("too_many_arguments"))
+        .filter(|f| {
+            fs::read_to_string(f)
+                .unwrap()
+                .contains("too_many_arguments")
+        })
         .map(|f| f.display().to_string())
         .collect();
-    assert!(found.is_empty(), "too_many_arguments allowed in: {found:?}; put the arguments in a struct");
+    assert!(
+        found.is_empty(),
+        "too_many_arguments allowed in: {found:?}; put the arguments in a struct"
+    );
 }
 
 /// The checker itself, on small sources.
 #[test]
 fn the_tokenizer_skips_comments_and_strings() {
     let t = tokens("use a::b; // crate::x\n/* super::y */ let s = \"crate::z\"; let c = '\"'; 'l: loop {} r#\"crate::q\"#;");
-    let idents: Vec<String> = t.iter().filter_map(|(t, _)| if let Tok::Ident(w) = t { Some(w.clone()) } else { None }).collect();
-    assert!(!idents.contains(&"x".to_string()) && !idents.contains(&"y".to_string()) && !idents.contains(&"z".to_string()) && !idents.contains(&"q".to_string()), "{idents:?}");
-    assert_eq!(code_lines("fn a() {}\n\n// c\n#[cfg(test)]\nmod tests {\n fn b() {}\n}\n"), 1);
+    let idents: Vec<String> = t
+        .iter()
+        .filter_map(|(t, _)| {
+            if let Tok::Ident(w) = t {
+                Some(w.clone())
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert!(
+        !idents.contains(&"x".to_string())
+            && !idents.contains(&"y".to_string())
+            && !idents.contains(&"z".to_string())
+            && !idents.contains(&"q".to_string()),
+        "{idents:?}"
+    );
+    assert_eq!(
+        code_lines("fn a() {}\n\n// c\n#[cfg(test)]\nmod tests {\n fn b() {}\n}\n"),
+        1
+    );
     let mut out = Vec::new();
-    use_tree(&tokens("crate::a::{b, c::{self, d as e}, f::*}"), &mut vec![], &mut out);
-    let paths: Vec<String> = out.iter().map(|(p, a)| format!("{}={}", p.join("::"), a.clone().unwrap_or_default())).collect();
-    assert_eq!(paths, ["crate::a::b=b", "crate::a::c=c", "crate::a::c::d=e", "crate::a::f=*"]);
+    use_tree(
+        &tokens("crate::a::{b, c::{self, d as e}, f::*}"),
+        &mut vec![],
+        &mut out,
+    );
+    let paths: Vec<String> = out
+        .iter()
+        .map(|(p, a)| format!("{}={}", p.join("::"), a.clone().unwrap_or_default()))
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "crate::a::b=b",
+            "crate::a::c=c",
+            "crate::a::c::d=e",
+            "crate::a::f=*"
+        ]
+    );
 }
 
 /// Prints the graph (cargo test --test layers -- --ignored --nocapture map).
@@ -890,6 +1019,9 @@ fn map() {
     let (_, g) = graph();
     for (f, es) in &g {
         let lines = code_lines(&fs::read_to_string(src_dir().join(f)).unwrap());
-        println!("{f} ({lines}): {}", es.keys().cloned().collect::<Vec<_>>().join(" "));
+        println!(
+            "{f} ({lines}): {}",
+            es.keys().cloned().collect::<Vec<_>>().join(" ")
+        );
     }
 }

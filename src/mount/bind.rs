@@ -326,8 +326,8 @@ mod tests {
     use crate::mount::testkit::{dir_fd, entry, is_erofs, loop_disk, mounted_under, write};
     use crate::mount::unmount::tests::mount_at;
     use crate::mount::unmount::{remove_node, unmount_tree, Expect};
-    use crate::testutil::LoopDisk;
     use crate::testutil::root_or_skip;
+    use crate::testutil::LoopDisk;
 
     /// A mounted ext4 volume with files, a tmpfs submount at `sub`, and an agent root.
     struct Fixture {

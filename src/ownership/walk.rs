@@ -1463,14 +1463,7 @@ mod tests {
             };
             most.fetch_max(n, Ordering::Relaxed);
         };
-        let (r, _) = walk_in(
-            root,
-            every,
-            &count,
-            &Cancel::never(),
-            limits,
-        )
-        .unwrap();
+        let (r, _) = walk_in(root, every, &count, &Cancel::never(), limits).unwrap();
         (r, most.into_inner())
     }
 
@@ -1578,14 +1571,7 @@ mod tests {
                 fs::rename(root.join("d/d/d"), root.join("moved")).unwrap();
             }
         };
-        let (r, _) = walk_in(
-            &root,
-            Duration::ZERO,
-            &mover,
-            &Cancel::never(),
-            limits,
-        )
-        .unwrap();
+        let (r, _) = walk_in(&root, Duration::ZERO, &mover, &Cancel::never(), limits).unwrap();
         assert!(calls.load(Ordering::Relaxed) > 40);
         assert!(root.join("moved").is_dir());
         // Nothing lost: the moved subtree was walked through its fds, the
@@ -1629,14 +1615,7 @@ mod tests {
                 }
             }
         };
-        let (r, _) = walk_in(
-            &root,
-            Duration::ZERO,
-            &swap,
-            &Cancel::never(),
-            one,
-        )
-        .unwrap();
+        let (r, _) = walk_in(&root, Duration::ZERO, &swap, &Cancel::never(), one).unwrap();
         // The root changed; a and b were refused (ELOOP), each an error.
         assert_eq!((r.visited, r.changed, r.errors), (1, 1, 2), "{r:?}");
         for p in [&outside, &outside.join("secret")] {
@@ -1678,14 +1657,7 @@ mod tests {
                 }
             };
             let every = Duration::from_millis(2);
-            let e = walk_in(
-                root,
-                every,
-                &fire,
-                &cancel,
-                limits,
-            )
-            .unwrap_err();
+            let e = walk_in(root, every, &fire, &cancel, limits).unwrap_err();
             let after = fired.lock().unwrap().expect("fired").elapsed();
             assert!(
                 after < Duration::from_secs(1),
@@ -1733,28 +1705,14 @@ mod tests {
         };
         let (ra, rb) = std::thread::scope(|s| {
             let ta = s.spawn(|| {
-                walk_in(
-                    &a,
-                    Duration::ZERO,
-                    &wait_for_b,
-                    &Cancel::never(),
-                    limits,
-                )
-                .unwrap()
+                walk_in(&a, Duration::ZERO, &wait_for_b, &Cancel::never(), limits).unwrap()
             });
             // B starts once A is under way (has made its first progress call).
             while HELPERS.load(Ordering::Relaxed) == 0 && !ta.is_finished() {
                 std::thread::sleep(Duration::from_millis(1));
             }
             std::thread::sleep(Duration::from_millis(20));
-            let rb = walk_in(
-                &b,
-                Duration::MAX,
-                &|_| {},
-                &Cancel::never(),
-                limits,
-            )
-            .unwrap();
+            let rb = walk_in(&b, Duration::MAX, &|_| {}, &Cancel::never(), limits).unwrap();
             *b_done.0.lock().unwrap() = true;
             b_done.1.notify_all();
             (ta.join().unwrap(), rb)
@@ -1776,14 +1734,7 @@ mod tests {
         let c = d.path().join("c");
         fs::create_dir(&c).unwrap();
         bench_tree(&c, 1000);
-        let (r, threads) = walk_in(
-            &c,
-            Duration::MAX,
-            &|_| {},
-            &Cancel::never(),
-            none,
-        )
-        .unwrap();
+        let (r, threads) = walk_in(&c, Duration::MAX, &|_| {}, &Cancel::never(), none).unwrap();
         assert_eq!((threads, r.visited, r.errors), (1, 1011, 0));
         assert_eq!(read_back(&c, GID), (1011, vec![]));
     }
@@ -1809,14 +1760,7 @@ mod tests {
             helpers: 0,
             dir_fds: 100_000,
         };
-        let e = walk_in(
-            &root,
-            Duration::MAX,
-            &|_| {},
-            &Cancel::never(),
-            limits,
-        )
-        .unwrap_err();
+        let e = walk_in(&root, Duration::MAX, &|_| {}, &Cancel::never(), limits).unwrap_err();
         assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
         println!("CHILD-ERROR: {e}");
     }

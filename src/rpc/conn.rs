@@ -247,7 +247,6 @@ impl Conn {
     }
 }
 
-
 impl Drop for Conn {
     fn drop(&mut self) {
         // Workers still holding the wire drop their answers.

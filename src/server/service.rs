@@ -362,12 +362,8 @@ mod tests {
     #[test]
     fn a_panicking_handler_answers_internal_and_the_service_goes_on() {
         let dir = tempfile::tempdir().unwrap();
-        let volumes = Volumes::open(
-            dir.path(),
-            Sysfs::system(),
-            crate::logging::discard(),
-        )
-        .unwrap();
+        let volumes =
+            Volumes::open(dir.path(), Sysfs::system(), crate::logging::discard()).unwrap();
         let (tx, _rx) = std::sync::mpsc::channel();
         let svc = Service::new(
             Arc::new(volumes),

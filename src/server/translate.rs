@@ -171,7 +171,12 @@ pub fn bind_request(
 }
 
 /// One VolumeUsage entry, each count clamped to the wire's i64.
-pub fn usage(available: u64, total: u64, used: u64, unit: pb::volume_usage::Unit) -> pb::VolumeUsage {
+pub fn usage(
+    available: u64,
+    total: u64,
+    used: u64,
+    unit: pb::volume_usage::Unit,
+) -> pb::VolumeUsage {
     let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     pb::VolumeUsage {
         available: clamp(available),

@@ -227,11 +227,17 @@ mod tests {
         let root = Path::new("/run/crust/volumes/vol 1");
         assert_eq!(mount_at(&t, root).unwrap().mount_id, MountId(36));
         assert!(mount_at(&t, Path::new("/run/crust")).is_none());
-        let under: Vec<u64> = mounts_under(&t, root).iter().map(|m| m.mount_id.0).collect();
+        let under: Vec<u64> = mounts_under(&t, root)
+            .iter()
+            .map(|m| m.mount_id.0)
+            .collect();
         assert_eq!(under, vec![38, 36]);
         assert_eq!(by_id(&t, MountId(37)).unwrap().root, PathBuf::from("/data"));
         assert!(by_id(&t, MountId(99)).is_none());
-        let below: Vec<u64> = descendants(&t, MountId(36)).iter().map(|m| m.mount_id.0).collect();
+        let below: Vec<u64> = descendants(&t, MountId(36))
+            .iter()
+            .map(|m| m.mount_id.0)
+            .collect();
         assert_eq!(below, vec![37, 38]);
         assert!(descendants(&t, MountId(38)).is_empty());
     }

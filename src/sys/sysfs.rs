@@ -103,8 +103,8 @@ impl Sysfs {
         let named = fs::read_link(&dir)
             .ok()
             .is_some_and(|l| l.file_name() == Some(std::ffi::OsStr::new(&dev.name)));
-        let numbered =
-            read_attr(&dir.join("dev")).and_then(|s| parse_devnum(&s)) == Some((dev.major, dev.minor));
+        let numbered = read_attr(&dir.join("dev")).and_then(|s| parse_devnum(&s))
+            == Some((dev.major, dev.minor));
         if !named || !numbered {
             return DiskState::Gone;
         }
@@ -155,7 +155,6 @@ impl Sysfs {
         self.sys_block.parent().unwrap_or(Path::new("/sys"))
     }
 }
-
 
 /// Reads a sysfs attribute without its trailing newline, spaces or NULs.
 pub fn read_attr(path: &Path) -> Option<String> {

@@ -189,7 +189,13 @@ impl Volumes {
         undo.push(Undo::Record);
 
         // Mounted on the directory's fd, so no rename or symlink moves it.
-        mount_filesystem(&device.path, dir.as_fd(), &guest_path, fs.name(), &req.mount)?;
+        mount_filesystem(
+            &device.path,
+            dir.as_fd(),
+            &guest_path,
+            fs.name(),
+            &req.mount,
+        )?;
         drop(dir);
 
         // What is mounted at the guest path now must be the device just
@@ -225,7 +231,12 @@ impl Volumes {
 
     /// The fsGroup walk of a freshly mounted volume (if asked for and
     /// writable), from the mount's own fd, its progress logged every 10 s.
-    pub(crate) fn walk(&self, vol: &Volume, fd: &OwnedFd, cancel: &Cancel) -> Result<Option<Report>> {
+    pub(crate) fn walk(
+        &self,
+        vol: &Volume,
+        fd: &OwnedFd,
+        cancel: &Cancel,
+    ) -> Result<Option<Report>> {
         let Some(g) = vol.fs_group else {
             return Ok(None);
         };
@@ -278,9 +289,7 @@ impl Volumes {
             if dev.0 == 0 {
                 continue;
             }
-            let other = *extents
-                .entry(dev)
-                .or_insert_with(|| self.sysfs.extent(dev));
+            let other = *extents.entry(dev).or_insert_with(|| self.sysfs.extent(dev));
             if other.overlaps(extent) {
                 return Err(Error::DeviceOverlapsMount {
                     device: shown(&device.path),

@@ -495,10 +495,7 @@ pub(crate) fn decode(text: &(impl AsRef<[u8]> + ?Sized), root: &Path) -> Result<
                 dev = Some(validate::device_path(&unesc(v.as_bytes(), "device")?).map_err(|e| e.0)?)
             }
             "name" => name = Some(unesc(v.as_bytes(), "name")?),
-            "devnum" => {
-                devnum =
-                    Some(parse_devnum(v).ok_or_else(|| format!("devnum {v:?}"))?)
-            }
+            "devnum" => devnum = Some(parse_devnum(v).ok_or_else(|| format!("devnum {v:?}"))?),
             "device_serial" => dserial = Some(unesc(v.as_bytes(), "device_serial")?),
             "fs" => fs = Some(FsType::parse(v).ok_or_else(|| format!("fs {v:?}"))?),
             "option" => options.push(unesc(v.as_bytes(), "option")?),
@@ -605,6 +602,7 @@ pub(crate) fn decode(text: &(impl AsRef<[u8]> + ?Sized), root: &Path) -> Result<
 /// `text` as a restart would and, when it decodes, checks that the record
 /// written for it decodes to the same volume (panics on any difference).
 /// Whether `text` decoded.
+#[cfg(feature = "fuzz")]
 pub(crate) fn fuzz_record(text: &[u8], root: &Path) -> bool {
     let Ok(v) = decode(text, root) else {
         return false;
@@ -809,7 +807,17 @@ mod tests {
         let good = encode(&sample());
         assert!(good.contains("name=vdb\n"), "{good}");
         let long = "x".repeat(256);
-        for bad in ["", ".", "..", "a/b", "vd\0b", "vd\nb", "\u{1}", "vdb\u{7f}", &long] {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "vd\0b",
+            "vd\nb",
+            "\u{1}",
+            "vdb\u{7f}",
+            &long,
+        ] {
             let text = good.replacen("name=vdb\n", &format!("name={}\n", esc(bad)), 1);
             let e = decode(&text, root).expect_err(bad);
             assert!(e.contains("device name"), "{bad:?}: {e}");

@@ -43,7 +43,11 @@ impl Volumes {
                 .into())
             }
             Err(e) => {
-                let call = if matches!(leaf, Leaf::Dir(_)) { "mkdir" } else { "open" };
+                let call = if matches!(leaf, Leaf::Dir(_)) {
+                    "mkdir"
+                } else {
+                    "open"
+                };
                 Err(SysError::new(call, guest_path.display(), e).into())
             }
         }
