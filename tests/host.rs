@@ -791,7 +791,7 @@ fn selinux_context_options_are_left_out_without_selinux() {
     if !privileged() {
         return;
     }
-    if crust_agent::sys::sysfs::Sysfs::system().selinux_enabled() {
+    if crust_agent::mount::selinux::enabled() {
         // Then they go to the kernel as given (src/mount/selinux.rs's tests).
         eprintln!("this host has SELinux: the options would be passed through, not left out");
         return;
@@ -812,7 +812,7 @@ fn selinux_context_options_are_left_out_without_selinux() {
         [label, "fscontext=system_u:object_r:fs_t:s0"]
     );
     let gp = a.root.join("volumes/vol-se").display().to_string();
-    // Bytes, not UTF-8: other mounts on the machine may have any name.
+    // Bytes, decoded for display: another test may have a mount whose path is not UTF-8.
     let table = std::fs::read("/proc/self/mountinfo").unwrap();
     let line = String::from_utf8_lossy(&table)
         .lines()
