@@ -9,7 +9,8 @@
 //! capabilities, which make the syscalls through the leaves.
 //!
 //! ```text
-//! 4 process       main.rs · init · instance · notify · fuzz (the fuzz targets' way in)
+//! 4 process       main.rs · init · instance · notify · fuzz (the fuzz targets' way in,
+//!                 built only with the `fuzz` feature, for fuzz/)
 //! 3 wire          server/ (proto ↔ domain, error → status, the quick-method rule)
 //!                 rpc/ (the bounded ttrpc transport: knows no agent type)
 //! 2 table         volumes/ (the table, its locks and side maps, publish as steps
@@ -34,6 +35,7 @@ pub mod cancel;
 pub mod code;
 pub mod device;
 pub mod error;
+#[cfg(feature = "fuzz")]
 #[doc(hidden)]
 pub mod fuzz;
 pub mod grow;

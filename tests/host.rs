@@ -812,8 +812,9 @@ fn selinux_context_options_are_left_out_without_selinux() {
         [label, "fscontext=system_u:object_r:fs_t:s0"]
     );
     let gp = a.root.join("volumes/vol-se").display().to_string();
-    let line = std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
+    // Bytes, decoded for display: another test may have a mount whose path is not UTF-8.
+    let table = std::fs::read("/proc/self/mountinfo").unwrap();
+    let line = String::from_utf8_lossy(&table)
         .lines()
         .find(|l| l.split(' ').nth(4) == Some(gp.as_str()))
         .unwrap_or_else(|| panic!("{gp} is not mounted"))

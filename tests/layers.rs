@@ -22,6 +22,9 @@ use std::path::{Path, PathBuf};
 /// Most lines of code a file may hold outside its tests.
 const MAX_CODE_LINES: usize = 800;
 
+/// File → the files it names → where (line, the name).
+type Graph = BTreeMap<String, BTreeMap<String, Vec<(usize, String)>>>;
+
 /// The layers, lowest first. A file names only files in lower layers, and
 /// files of its own layer only where `same_layer` says so (a group of files
 /// that is one thing split for reading, e.g. a capability's directory).
@@ -574,7 +577,7 @@ fn edges_of(krate: &Crate, file: &str) -> BTreeMap<String, Vec<(usize, String)>>
                     .find(|&j| toks[j].0 == Tok::Punct(';'))
                     .unwrap_or(toks.len());
                 let mut leaves = Vec::new();
-                use_tree(&toks[i + 1..end], &mut Vec::new(), &mut leaves);
+                use_tree(&toks[i + 1..end], &[], &mut leaves);
                 for (path, alias) in leaves {
                     let line = toks[i].1;
                     let Some(first) = path.first() else { continue };
@@ -680,10 +683,10 @@ fn child_module(krate: &Crate, cur: &[String], name: &str) -> Option<Vec<String>
 /// Flattens a use tree into (path, Some(name it binds) or Some("*")).
 fn use_tree(
     toks: &[(Tok, usize)],
-    prefix: &mut Vec<String>,
+    prefix: &[String],
     out: &mut Vec<(Vec<String>, Option<String>)>,
 ) {
-    let mut path = prefix.clone();
+    let mut path = prefix.to_vec();
     let mut i = 0;
     // a leading `::` (2015-style absolute) or `pub` is not a segment
     while i < toks.len() {
@@ -710,14 +713,14 @@ fn use_tree(
                         Tok::Punct('{') => depth += 1,
                         Tok::Punct('}') => depth -= 1,
                         Tok::Punct(',') if depth == 0 => {
-                            use_tree(&inner[start..k], &mut path.clone(), out);
+                            use_tree(&inner[start..k], &path, out);
                             start = k + 1;
                         }
                         _ => {}
                     }
                 }
                 if start < inner.len() {
-                    use_tree(&inner[start..], &mut path.clone(), out);
+                    use_tree(&inner[start..], &path, out);
                 }
                 return;
             }
@@ -795,10 +798,7 @@ fn all_files(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 /// Every file's edges, from a fresh read of src/.
-fn graph() -> (
-    Crate,
-    BTreeMap<String, BTreeMap<String, Vec<(usize, String)>>>,
-) {
+fn graph() -> (Crate, Graph) {
     let krate = Crate::read();
     let files: BTreeSet<String> = krate
         .modules
@@ -814,9 +814,9 @@ fn graph() -> (
 }
 
 /// The strongly connected components with more than one file (Tarjan).
-fn cycles(g: &BTreeMap<String, BTreeMap<String, Vec<(usize, String)>>>) -> Vec<Vec<String>> {
+fn cycles(g: &Graph) -> Vec<Vec<String>> {
     struct T<'a> {
-        g: &'a BTreeMap<String, BTreeMap<String, Vec<(usize, String)>>>,
+        g: &'a Graph,
         index: BTreeMap<&'a str, usize>,
         low: BTreeMap<&'a str, usize>,
         stack: Vec<&'a str>,
@@ -994,7 +994,7 @@ fn the_tokenizer_skips_comments_and_strings() {
     let mut out = Vec::new();
     use_tree(
         &tokens("crate::a::{b, c::{self, d as e}, f::*}"),
-        &mut vec![],
+        &[],
         &mut out,
     );
     let paths: Vec<String> = out

@@ -41,8 +41,19 @@ pub fn listed(table: &[MountEntry], expect: Expect) -> Option<&MountEntry> {
     let Expect::Mount(id, ma, mi) = expect else {
         return None;
     };
-    mountinfo::by_id(table, id)
-        .filter(|m| (m.major, m.minor) == (ma, mi) || m.fs_type == "devtmpfs")
+    mountinfo::by_id(table, id).filter(|m| {
+        (m.major, m.minor) == (ma, mi)
+            || (m.fs_type == "devtmpfs" && is_node_of(&m.mount_point, (ma, mi)))
+    })
+}
+
+/// Whether `path` is (a bind of) the block device node of `dev`: a recycled
+/// id on devtmpfs may be another disk's bind, or another agent's.
+fn is_node_of(path: &Path, dev: (u32, u32)) -> bool {
+    rustix::fs::stat(path).is_ok_and(|st| {
+        FileType::from_raw_mode(st.st_mode) == FileType::BlockDevice
+            && (rustix::fs::major(st.st_rdev), rustix::fs::minor(st.st_rdev)) == dev
+    })
 }
 
 impl Expect {
@@ -421,5 +432,48 @@ pub(crate) mod tests {
         assert!(err.to_string().contains(vol.to_str().unwrap()));
         drop(open);
         assert!(unmount_dev(&vol, &disk).unwrap());
+    }
+
+    /// A mountinfo entry of mount `id`, of `fs_type` with device numbers `dev`, at `at`.
+    fn listing(id: u64, fs_type: &str, dev: (u32, u32), at: &Path) -> MountEntry {
+        MountEntry {
+            mount_id: MountId(id),
+            parent_id: MountId(1),
+            major: dev.0,
+            minor: dev.1,
+            root: PathBuf::from("/x"),
+            mount_point: at.to_path_buf(),
+            mount_options: "rw".into(),
+            fs_type: fs_type.into(),
+            source: "x".into(),
+            super_options: "rw".into(),
+        }
+    }
+
+    #[test]
+    fn a_recycled_id_on_devtmpfs_is_another_disks_bind_not_ours() {
+        if !root_or_skip("a_recycled_id_on_devtmpfs_is_another_disks_bind_not_ours") {
+            return;
+        }
+        let ours = LoopDisk::new(8, None);
+        let theirs = LoopDisk::new(8, None);
+        let dev = |d: &LoopDisk| {
+            let st = rustix::fs::stat(&d.device).unwrap();
+            (rustix::fs::major(st.st_rdev), rustix::fs::minor(st.st_rdev))
+        };
+        let (ma, mi) = dev(&ours);
+        let expect = Expect::Mount(MountId(41), ma, mi);
+        // Id 41 now names a devtmpfs bind of another disk's node (the kernel
+        // gave our freed id to another agent's block volume): not ours.
+        let table = vec![listing(41, "devtmpfs", (0, 5), &theirs.device)];
+        assert!(listed(&table, expect).is_none());
+        // A devtmpfs bind of our node is ours, and so is our filesystem.
+        let table = vec![listing(41, "devtmpfs", (0, 5), &ours.device)];
+        assert!(listed(&table, expect).is_some());
+        let table = vec![listing(41, "ext4", (ma, mi), Path::new("/nonexistent"))];
+        assert!(listed(&table, expect).is_some());
+        // Gone, or a character device, is not.
+        let table = vec![listing(41, "devtmpfs", (0, 5), Path::new("/dev/null"))];
+        assert!(listed(&table, expect).is_none());
     }
 }

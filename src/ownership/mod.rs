@@ -32,15 +32,15 @@
 //!   pending item (a subdirectory to open, a batch of entries) is done, so a
 //!   pure chain of any depth holds O(1) fds. What stays open is the
 //!   directories with pending siblings; when all walks of the process hold
-//!   [`DIR_FD_BUDGET`] of them, a worker that lists a directory with
+//!   `budget::DIR_FD_BUDGET` of them, a worker that lists a directory with
 //!   subdirectories finishes that subtree alone, depth first, with at most
 //!   three fds (going back up by `..`, checked against the inode it left).
 //!   So all walks together hold at most `DIR_FD_BUDGET` + 4 per thread. If
 //!   the process runs out of fds anyway (EMFILE/ENFILE), the walk fails with
 //!   RESOURCE_EXHAUSTED naming the directory, never skipping silently.
-//! - Threads: a walk uses its caller's thread plus up to [`WORKERS_PER_CPU`]
+//! - Threads: a walk uses its caller's thread plus up to `budget::WORKERS_PER_CPU`
 //!   × CPUs − 1 helpers, and all walks of the process together at most
-//!   [`HELPERS_PER_CPU`] × CPUs helpers: a walk that finds none free runs on
+//!   `budget::HELPERS_PER_CPU` × CPUs helpers: a walk that finds none free runs on
 //!   its caller's thread alone, and several publishes at once cannot
 //!   multiply threads.
 //! - Memory: the names of the directories being worked on and of the

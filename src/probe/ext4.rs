@@ -35,7 +35,7 @@ pub(crate) const EXT4_MMP_SEQ_FSCK: u32 = 0xE24D_4D50;
 /// among behaviours of this filesystem on this disk (ACLs, barriers,
 /// journalling mode, allocation, quotas), and names no other device, stalls
 /// nothing, and is no debugging switch. `errors=` may say anything: the
-/// agent's own errors= overrides it (mount::MountOptions::kernel_data).
+/// agent's own errors= overrides it (mount::options::MountOptions::kernel_data).
 const PLANTABLE_FLAGS: &[&str] = &[
     "acl",
     "user_xattr",

@@ -1,10 +1,19 @@
 //! The event loop: one thread owns the listening sockets and every client
 //! connection (non-blocking, in one epoll set), cuts frames, admits
 //! requests into the worker queue, and writes the answers the workers hand
-//! back. Inline methods (the service's rule says which: they answer from
-//! memory at once) it runs itself, as it reads them: no thread hop for a
-//! health check. It never blocks on a client, so no client can stall
-//! another; every bound of [`Limits`] is enforced here.
+//! back. It never blocks on a client, so no client can stall another;
+//! every bound of [`Limits`] is enforced here.
+//!
+//! Inline methods it runs itself, as it reads them: no thread hop for a
+//! health check. The service's rule ([`LaneRule`]) says which, and may name
+//! only methods that wait for nothing: no disk, no lock a long operation
+//! holds, no sleep (the agent's are GetCapabilities and GetAgentInfo, which
+//! answer from memory, uname and /proc; `server::service::lane` says why).
+//! An inline method is bounded like any other: its answer counts against
+//! the connection's output limit before the next frame is admitted, and a
+//! connection's inline answers and its workers' leave in the order they are
+//! ready. Its one line of log is the same single write to the console the
+//! loop's own warnings make.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};

@@ -288,3 +288,31 @@ fn shutdown_lets_answers_in_flight_leave() {
     assert!(closed(&mut a, Duration::from_secs(2)));
     assert!(UnixStream::connect(&r.sock).is_err(), "no longer listening");
 }
+
+#[test]
+fn inline_methods_are_answered_while_every_worker_is_busy() {
+    // One worker, no quick ones: a publish holds the only thread that could
+    // run a queued request, for 5 s. The loop answers GetCapabilities (an
+    // inline method by the service's rule) itself, at once, on the same
+    // connection, before the publish's answer.
+    let r = start(Limits {
+        quick_workers: 0,
+        ..small()
+    });
+    let mut a = connect(&r);
+    a.write_all(&request(1, "PublishVolume")).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    a.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let t = Instant::now();
+    a.write_all(&request(3, "GetCapabilities")).unwrap();
+    assert_eq!(answer(&mut a), (3, 0));
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    // A ListVolumes (quick, not inline) waits for a worker like the rest:
+    // nothing answers it while the publish holds the only one.
+    let mut b = connect(&r);
+    b.write_all(&request(1, "ListVolumes")).unwrap();
+    b.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut h = [0u8; HEADER_LEN];
+    assert!(b.read_exact(&mut h).is_err(), "answered without a worker");
+}

@@ -603,6 +603,7 @@ pub(crate) fn decode(text: &(impl AsRef<[u8]> + ?Sized), root: &Path) -> Result<
 /// `text` as a restart would and, when it decodes, checks that the record
 /// written for it decodes to the same volume (panics on any difference).
 /// Whether `text` decoded.
+#[cfg(feature = "fuzz")]
 pub(crate) fn fuzz_record(text: &[u8], root: &Path) -> bool {
     let Ok(v) = decode(text, root) else {
         return false;
