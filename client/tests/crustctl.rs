@@ -335,7 +335,10 @@ fn list_shows_a_volume_still_publishing_with_its_progress() {
     let rows: Vec<&str> = out.lines().collect();
     assert_eq!(rows.len(), 3, "{out}");
     assert!(rows[0].contains("STATE"), "{out}");
-    assert!(rows[1].starts_with("small") && rows[1].contains(" ready "), "{out}");
+    assert!(
+        rows[1].starts_with("small") && rows[1].contains(" ready "),
+        "{out}"
+    );
     assert!(
         rows[2].starts_with("big") && rows[2].contains(" publishing (1,234,567 entries) "),
         "{out}"
