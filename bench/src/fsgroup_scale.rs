@@ -590,7 +590,8 @@ pub fn plot(points: &[Point]) -> String {
         top + ph / 2.0
     );
     // One polyline with its points per walk.
-    let series: [(&str, &str, fn(&Point) -> f64); 2] = [
+    type Series = (&'static str, &'static str, fn(&Point) -> f64);
+    let series: [Series; 2] = [
         ("crust (ownership::apply)", "#d62728", |p| p.2),
         ("serial kubelet-style walk", "#1f77b4", |p| p.3),
     ];
