@@ -16,7 +16,7 @@ use crate::report::{fmt_secs, Figure, Verdict};
 use crate::sys::{self, median, secs, Loop, Mount, R};
 
 /// The pod's fsGroup in every run.
-const GID: u32 = 4242;
+pub(crate) const GID: u32 = 4242;
 const DIRS: usize = 1000;
 const FILES_PER_DIR: usize = 100;
 
@@ -263,7 +263,7 @@ impl Contender {
 
 /// CPU time used so far, in seconds: this process (all its threads, the
 /// walk's helpers included) and its waited-for children.
-fn cpu_time() -> f64 {
+pub(crate) fn cpu_time() -> f64 {
     let get = |who| {
         // SAFETY: getrusage only writes the struct it is given, which is a
         // plain C struct for which all-zero bytes are a valid value.

@@ -5,6 +5,7 @@
 
 mod crustd_figs;
 mod fsgroup;
+mod fsgroup_scale;
 mod grow_xfs;
 mod host_agent;
 mod report;
@@ -264,6 +265,9 @@ fn main() {
             ],
             || fsgroup::figures(&work, args.runs),
         ));
+        figures.extend(section("fsGroup at scale", &fsgroup_scale::keys(), || {
+            fsgroup_scale::figures(&work, &args.out, args.runs)
+        }));
     }
     if want("xfs") {
         figures.extend(section(

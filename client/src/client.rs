@@ -74,7 +74,7 @@ pub fn code_name(code: i32) -> String {
 /// The deadline for a call in which the agent itself waits `agent_wait_ms`
 /// (0 = its default): never shorter than that wait plus a margin, so the
 /// client does not give up while the agent is still within its rights.
-fn deadline_for_wait(timeout: Duration, agent_wait_ms: u32) -> Duration {
+pub fn deadline_for_wait(timeout: Duration, agent_wait_ms: u32) -> Duration {
     let wait = match agent_wait_ms {
         0 => DEFAULT_AGENT_WAIT,
         ms => Duration::from_millis(u64::from(ms)),

@@ -21,9 +21,10 @@ mod client;
 mod connect;
 mod hvsock;
 pub mod qmp;
+pub mod unary;
 
 pub use address::{Address, AddressError, VSOCK_CID_ANY};
-pub use client::{code_name, CallError, CrustClient};
+pub use client::{code_name, deadline_for_wait, CallError, CrustClient};
 pub use connect::{connect, connect_stream, connect_stream_until, connect_until, ConnectError};
 pub use crust_protocols::{crust as proto, protobuf, ttrpc};
 pub use hvsock::{settle, unanswered};

@@ -21,6 +21,8 @@ use serde_json::Value;
 #[derive(Default)]
 struct Fake {
     published: Mutex<Option<proto::PublishVolumeRequest>>,
+    /// What ListVolumes answers.
+    listed: Mutex<Vec<proto::VolumeInfo>>,
 }
 
 fn status(code: ttrpc::Code, msg: &str) -> ttrpc::Error {
@@ -107,7 +109,10 @@ impl Agent for Fake {
         _: &ttrpc::TtrpcContext,
         _: proto::ListVolumesRequest,
     ) -> ttrpc::Result<proto::ListVolumesResponse> {
-        Ok(proto::ListVolumesResponse::new())
+        Ok(proto::ListVolumesResponse {
+            volumes: self.listed.lock().unwrap().clone(),
+            ..Default::default()
+        })
     }
 
     fn unmount(
@@ -301,6 +306,52 @@ fn empty_list_json_keeps_the_empty_array() {
     assert_eq!(stdout(&o), "{\"volumes\":[]}\n");
     let o = crustctl(&["--addr", &server.addr(), "list"]);
     assert_eq!(stdout(&o), "no volumes published\n");
+}
+
+#[test]
+fn list_shows_a_volume_still_publishing_with_its_progress() {
+    let server = Server::start();
+    *server.fake.listed.lock().unwrap() = vec![
+        proto::VolumeInfo {
+            volume_id: "small".into(),
+            device: "/dev/vdb".into(),
+            fs_type: "ext4".into(),
+            guest_path: "/run/crust/volumes/small".into(),
+            ..Default::default()
+        },
+        proto::VolumeInfo {
+            volume_id: "big".into(),
+            device: "/dev/vdc".into(),
+            fs_type: "xfs".into(),
+            guest_path: "/run/crust/volumes/big".into(),
+            state: proto::VolumeState::VOLUME_STATE_PUBLISHING.into(),
+            ownership_done: 1_234_567,
+            ..Default::default()
+        },
+    ];
+    let o = crustctl(&["--addr", &server.addr(), "list"]);
+    assert_exit(&o, 0);
+    let out = stdout(&o);
+    let rows: Vec<&str> = out.lines().collect();
+    assert_eq!(rows.len(), 3, "{out}");
+    assert!(rows[0].contains("STATE"), "{out}");
+    assert!(
+        rows[1].starts_with("small") && rows[1].contains(" ready "),
+        "{out}"
+    );
+    assert!(
+        rows[2].starts_with("big") && rows[2].contains(" publishing (1,234,567 entries) "),
+        "{out}"
+    );
+
+    let o = crustctl(&["--addr", &server.addr(), "--json", "list"]);
+    assert_exit(&o, 0);
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["volumes"][0]["state"], "VOLUME_STATE_READY");
+    assert_eq!(v["volumes"][0]["ownershipDone"], "0");
+    assert_eq!(v["volumes"][1]["state"], "VOLUME_STATE_PUBLISHING");
+    // uint64 as a string, protobuf's canonical JSON.
+    assert_eq!(v["volumes"][1]["ownershipDone"], "1234567");
 }
 
 #[test]

@@ -91,6 +91,18 @@ impl Kubelet {
         self.call(|mut c| async move { c.runtime_publish_volume(r).await })
     }
 
+    /// RuntimePublishVolume with a gRPC deadline (`grpc-timeout`), as
+    /// kubelet sends one: crustd passes it down to the agent.
+    pub fn publish_within(
+        &self,
+        r: pb::RuntimePublishVolumeRequest,
+        deadline: Duration,
+    ) -> Result<pb::RuntimePublishVolumeResponse, Status> {
+        let mut req = tonic::Request::new(r);
+        req.set_timeout(deadline);
+        self.call(|mut c| async move { c.runtime_publish_volume(req).await })
+    }
+
     pub fn publish_direct(
         &self,
         sandbox: &str,

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crust_client::proto as pb;
 use crust_client::{protobuf::MessageField, Address, CallError, CrustClient};
@@ -43,6 +43,35 @@ pub struct Publish<'a> {
     pub fs_group: Option<(u32, bool)>,
     /// volumeMode: Block: the raw device, no filesystem.
     pub block: bool,
+    /// When the caller (kubelet) gives up: its gRPC deadline. None: it set
+    /// none, and the agent gets crustd's own `--agent-timeout`.
+    pub deadline: Option<Instant>,
+}
+
+/// How long the agent's answer may take to come back, past the deadline it was
+/// told, when the caller set none (the agent starts counting once it has read
+/// the request, so its DEADLINE_EXCEEDED comes a little after the deadline).
+const ANSWER_SLACK: Duration = Duration::from_secs(1);
+
+/// The part of the caller's time left that the agent is not told: half of it
+/// for the agent's answer to come back late, half for crustd to look at the
+/// volume (ListVolumes), record it and answer. A tenth of what is left, at
+/// least 200 ms and at most 2 s: 200 ms of a 2 s deadline, 2 s of kubelet's 2 minutes.
+pub fn margin(left: Duration) -> Duration {
+    (left / 10).clamp(Duration::from_millis(200), Duration::from_secs(2))
+}
+
+/// The least deadline the agent is told, even when the caller has almost no
+/// time left: enough to start, so that a walk can begin and a retry join it.
+const LEAST_TOLD: Duration = Duration::from_millis(100);
+
+/// (the deadline the agent is told, how long crustd waits for its answer),
+/// for a caller with `left` time left.
+pub fn publish_deadlines(left: Duration) -> (Duration, Duration) {
+    let m = margin(left);
+    let told = left.saturating_sub(m).max(LEAST_TOLD);
+    let wait = left.saturating_sub(m / 2).max(told);
+    (told, wait)
 }
 
 impl Agent<'_> {
@@ -130,8 +159,28 @@ impl Agent<'_> {
             .into();
             r.fs_group = MessageField::some(g);
         }
-        self.call(|c| c.publish_volume(&r))
-            .map(|resp| resp.guest_path)
+        let (told, wait) = match p.deadline {
+            Some(d) => publish_deadlines(d.saturating_duration_since(Instant::now())),
+            None => {
+                let told = crust_client::deadline_for_wait(self.timeout, r.timeout_ms);
+                (told, told + ANSWER_SLACK)
+            }
+        };
+        // A connection of its own, so the agent is told `told` while crustd
+        // waits `wait` for the answer (crust_client::unary says why); once
+        // more on a fresh one if it broke: publish is idempotent.
+        let once = || crust_client::unary::publish_volume(self.addr, self.timeout, &r, told, wait);
+        let out = match once() {
+            Err(CallError::Connection { .. }) => once(),
+            other => other,
+        };
+        out.map(|resp| resp.guest_path).map_err(|e| self.sort(e))
+    }
+
+    /// Whether the agent lists `volume_id` (mounted, its walk running or done).
+    pub fn lists(&self, volume_id: &str) -> Result<bool> {
+        self.call(|c| c.list_volumes())
+            .map(|l| l.volumes.iter().any(|v| v.volume_id == volume_id))
     }
 
     /// UnpublishVolume; OK when it was not published.
@@ -156,5 +205,28 @@ impl Agent<'_> {
         r.timeout_ms = self.wait_ms();
         self.call(|c| c.expand_volume(&r))
             .map(|resp| resp.capacity_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agent_is_told_the_callers_deadline_less_a_margin() {
+        let ms = Duration::from_millis;
+        let s = Duration::from_secs;
+        // (time the caller has left, told, waited)
+        let table = [
+            (s(2), ms(1800), ms(1900)),  // 200 ms margin at least
+            (s(10), s(9), ms(9500)),     // a tenth
+            (s(120), s(118), s(119)),    // kubelet's 2 minutes: 2 s at most
+            (s(3600), s(3598), s(3599)), // however long the caller waits
+            (ms(150), ms(100), ms(100)), // almost nothing left: enough to start
+            (Duration::ZERO, ms(100), ms(100)),
+        ];
+        for (left, told, wait) in table {
+            assert_eq!(publish_deadlines(left), (told, wait), "{left:?}");
+        }
     }
 }

@@ -29,7 +29,8 @@ struct Cli {
     /// The sandbox registry: DIR/<sandbox>/sandbox.json.
     #[arg(long, env = "CRUSTD_SANDBOXES", default_value = "/run/crust/sandboxes")]
     sandboxes: PathBuf,
-    /// Seconds an agent call may take.
+    /// Seconds an agent call may take (a publish: when the caller sent no
+    /// grpc-timeout; with one, the caller's deadline less a margin).
     #[arg(long, default_value_t = 30)]
     agent_timeout: u64,
     /// Seconds the agent may wait for a hot-plugged disk to appear or grow.

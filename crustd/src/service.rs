@@ -4,7 +4,7 @@
 //! sandboxes proceed at once; `volumes` serializes what must be.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 use tonic::{Request, Response, Status};
@@ -88,6 +88,33 @@ fn log<T>(method: &str, sandbox: &str, host_volume: &str, out: &Result<T>, t0: I
     let _ = std::io::Write::write_all(&mut std::io::stderr(), text.as_bytes());
 }
 
+/// When the caller gives up: now plus its `grpc-timeout` header, if it sent
+/// one that parses (gRPC over HTTP/2: at most 8 digits and a unit, `H`, `M`,
+/// `S`, `m`, `u` or `n`). kubelet sets one on every call.
+pub fn caller_deadline<T>(req: &Request<T>) -> Option<Instant> {
+    let value = req.metadata().get("grpc-timeout")?.to_str().ok()?;
+    Instant::now().checked_add(grpc_timeout(value)?)
+}
+
+/// A `grpc-timeout` value as a duration.
+pub fn grpc_timeout(value: &str) -> Option<Duration> {
+    let unit = value.chars().last()?;
+    let digits = &value[..value.len() - unit.len_utf8()];
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        'H' => Duration::from_secs(n * 3600),
+        'M' => Duration::from_secs(n * 60),
+        'S' => Duration::from_secs(n),
+        'm' => Duration::from_millis(n),
+        'u' => Duration::from_micros(n),
+        'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
 /// crustd's error as a gRPC status.
 pub fn to_status(e: Error) -> Status {
     let code = match e.code {
@@ -154,6 +181,7 @@ impl RuntimeAssistedStorageManagement for Service {
         &self,
         req: Request<pb::RuntimePublishVolumeRequest>,
     ) -> std::result::Result<Response<pb::RuntimePublishVolumeResponse>, Status> {
+        let deadline = caller_deadline(&req);
         let r = req.into_inner();
         let p = PublishRequest {
             sandbox_id: r.sandbox_id,
@@ -167,6 +195,7 @@ impl RuntimeAssistedStorageManagement for Service {
             block: r.block,
             create_file_system: r.create_file_system,
             direct: None,
+            deadline,
         };
         let (s, v) = (p.sandbox_id.clone(), p.host_volume_id.clone());
         let guest_path = self
@@ -181,11 +210,13 @@ impl RuntimeAssistedStorageManagement for Service {
         &self,
         req: Request<pb::RuntimePublishDirectVolumeRequest>,
     ) -> std::result::Result<Response<pb::RuntimePublishDirectVolumeResponse>, Status> {
+        let deadline = caller_deadline(&req);
         let r = req.into_inner();
         let d = DirectRequest {
             sandbox_id: r.sandbox_id,
             volume_path: r.volume_path,
             read_only: r.read_only,
+            deadline,
         };
         // The log names the volume path: the device is known only once the record is read.
         let (s, v) = (d.sandbox_id.clone(), d.volume_path.clone());
@@ -257,5 +288,49 @@ impl RuntimeAssistedStorageManagement for Service {
         Ok(Response::new(pb::RuntimeExpandVolumeResponse {
             capacity_bytes,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse_as_the_spec_writes_them() {
+        let table = [
+            ("2S", Some(Duration::from_secs(2))),
+            ("120S", Some(Duration::from_secs(120))),
+            ("1999m", Some(Duration::from_millis(1999))),
+            ("5M", Some(Duration::from_secs(300))),
+            ("1H", Some(Duration::from_secs(3600))),
+            ("99999999u", Some(Duration::from_micros(99_999_999))),
+            ("7n", Some(Duration::from_nanos(7))),
+            ("0m", Some(Duration::ZERO)),
+            // Nine digits, no digits, no unit, an unknown unit, a sign, spaces.
+            ("123456789S", None),
+            ("S", None),
+            ("10", None),
+            ("10s", None),
+            ("-1S", None),
+            (" 1S", None),
+            ("", None),
+            ("1é", None),
+        ];
+        for (v, want) in table {
+            assert_eq!(grpc_timeout(v), want, "{v:?}");
+        }
+    }
+
+    #[test]
+    fn the_caller_deadline_comes_from_the_header() {
+        let mut req = Request::new(());
+        assert_eq!(caller_deadline(&req), None);
+        req.set_timeout(Duration::from_secs(120));
+        let d = caller_deadline(&req).unwrap();
+        let left = d.saturating_duration_since(Instant::now());
+        assert!(
+            left > Duration::from_secs(119) && left <= Duration::from_secs(120),
+            "{left:?}"
+        );
     }
 }

@@ -32,6 +32,11 @@ pub enum Phase {
     Plugging,
     /// The disk is in QEMU; the agent has not (yet) published it.
     Plugged,
+    /// The agent mounted it, but its fsGroup walk outlived the caller's
+    /// deadline and goes on in the guest: kubelet was told DEADLINE_EXCEEDED
+    /// and retries. The disk stays plugged; a retry joins the walk (and
+    /// records `published` when it answers OK); Unpublish takes it out.
+    Publishing,
     /// The agent published it: kubelet was told the guest path.
     Published,
     /// Written before the agent's unpublish and device_del: on its way out.

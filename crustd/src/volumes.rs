@@ -14,7 +14,7 @@
 //! volume recorded in a live sandbox again before it serves.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crust_client::proto as apb;
 
@@ -87,6 +87,8 @@ pub struct PublishRequest {
     pub create_file_system: bool,
     /// The volume path of the direct-volume record this publish comes from.
     pub direct: Option<String>,
+    /// When the caller gives up (its gRPC deadline), if it said.
+    pub deadline: Option<Instant>,
 }
 
 /// RuntimePublishDirectVolume, in plain types.
@@ -95,6 +97,8 @@ pub struct DirectRequest {
     pub sandbox_id: String,
     pub volume_path: String,
     pub read_only: bool,
+    /// When the caller gives up (its gRPC deadline), if it said.
+    pub deadline: Option<Instant>,
 }
 
 /// Bytes or inodes, as the agent counts them.
@@ -310,9 +314,12 @@ impl Crustd {
                 });
             }
         }
-        // Whether kubelet was ever told this volume is published: if not, a
-        // failure below leaves nothing behind, whoever plugged it.
-        let published_before = prior.as_ref().is_some_and(|p| p.phase == Phase::Published);
+        // Whether kubelet was ever told this volume is published, or that its
+        // publish goes on (its fsGroup walk outlived an earlier call): if
+        // neither, a failure below leaves nothing behind, whoever plugged it.
+        let published_before = prior
+            .as_ref()
+            .is_some_and(|p| matches!(p.phase, Phase::Published | Phase::Publishing));
 
         let mut reached_qemu = false;
         let plugged = self.with_qmp(&sb, |q| {
@@ -341,6 +348,7 @@ impl Crustd {
             // fsGroup does not apply to a raw device (kubelet does not chown one either).
             fs_group: if r.block { None } else { fs_group },
             block: r.block,
+            deadline: r.deadline,
         });
         match published {
             Ok(guest_path) => {
@@ -357,8 +365,45 @@ impl Crustd {
                 })?;
                 Ok(guest_path)
             }
+            Err(e) if matches!(e.code, Code::DeadlineExceeded | Code::Cancelled) => {
+                self.outlived(&sb, r, &names, published_before, e)
+            }
             Err(e) => Err(self.undo(&sb, r, &names, published_before, e)),
         }
+    }
+
+    /// The agent's publish ended with DEADLINE_EXCEEDED or CANCELLED. If the
+    /// agent lists the volume, it is mounted and its fsGroup walk goes on in
+    /// the guest: the disk stays plugged, the volume is recorded as
+    /// `publishing` (a retry joins the walk, Unpublish takes it out), and the
+    /// caller gets DEADLINE_EXCEEDED with the agent's message. If the agent
+    /// does not list it (no disk appeared in time), it is undone as any
+    /// failure is. If the agent cannot say, the disk stays: unplugging it
+    /// under a running walk would be worse than a record the next call settles.
+    fn outlived(
+        &self,
+        sb: &Sandbox,
+        r: &PublishRequest,
+        names: &Names,
+        published_before: bool,
+        e: Error,
+    ) -> Result<String> {
+        if matches!(self.agent(sb).lists(&names.volume_id), Ok(false)) {
+            return Err(self.undo(sb, r, names, published_before, e));
+        }
+        self.update(sb, |st| {
+            if let Some(v) = st.volumes.get_mut(&r.host_volume_id) {
+                if v.phase != Phase::Published {
+                    v.phase = Phase::Publishing;
+                }
+                v.host_target_path = r.host_target_path.clone();
+                if r.direct.is_some() {
+                    v.direct = r.direct.clone();
+                }
+            }
+            Ok(())
+        })?;
+        Err(Error::new(Code::DeadlineExceeded, e.message))
     }
 
     /// createFilesystem for a volume this call has just claimed and holds:
@@ -406,6 +451,7 @@ impl Crustd {
             block: false,
             create_file_system: rec.create_filesystem,
             direct: Some(r.volume_path.clone()),
+            deadline: r.deadline,
         };
         let guest_path = self.publish(&p).map_err(|e| {
             if e.code == Code::InvalidArgument && e.message.starts_with("host_volume_id") {
@@ -720,10 +766,17 @@ impl Crustd {
         )
     }
 
-    /// The record of a published volume, else NOT_FOUND.
-    fn published(&self, sb: &Sandbox, host_volume_id: &str) -> Result<Volume> {
+    /// The record of a published volume, else NOT_FOUND; one still
+    /// publishing (its fsGroup walk runs in the guest) only if `publishing`
+    /// may be, else FAILED_PRECONDITION.
+    fn published(&self, sb: &Sandbox, host_volume_id: &str, publishing: bool) -> Result<Volume> {
         match self.record(sb, host_volume_id)? {
             Some(v) if v.phase == Phase::Published => Ok(v),
+            Some(v) if v.phase == Phase::Publishing && publishing => Ok(v),
+            Some(v) if v.phase == Phase::Publishing => Err(Error::precondition(format!(
+                "host volume {host_volume_id} in sandbox {} is still publishing (the guest is applying fsGroup): retry RuntimePublishVolume until it answers OK, then this call",
+                sb.id
+            ))),
             _ => Err(Error::not_found(format!(
                 "host volume {host_volume_id} is not published in sandbox {}",
                 sb.id
@@ -739,7 +792,9 @@ impl Crustd {
             .volume_locks
             .get(&(sb.id.clone(), host_volume_id.to_string()));
         let _v = hold(&l);
-        let v = self.published(&sb, host_volume_id)?;
+        // Still publishing: the agent says how it stands (FAILED_PRECONDITION
+        // while its walk runs, the usage once it is done).
+        let v = self.published(&sb, host_volume_id, true)?;
         let s = self
             .agent(&sb)
             .stats(&v.volume_id)
@@ -779,7 +834,7 @@ impl Crustd {
             .volume_locks
             .get(&(sb.id.clone(), host_volume_id.to_string()));
         let _v = hold(&l);
-        let v = self.published(&sb, host_volume_id)?;
+        let v = self.published(&sb, host_volume_id, false)?;
         if let Some(why) = qmp::gone(&sb.qmp, self.cfg.qmp_timeout) {
             return Err(Crustd::dead(&sb, &why));
         }

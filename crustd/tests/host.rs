@@ -418,6 +418,157 @@ fn a_failed_publish_unplugs_what_it_plugged() {
     assert_eq!(state(&sb)["volumes"], serde_json::json!({}));
 }
 
+/// Issue 17: a publish whose fsGroup walk outlives kubelet's deadline. The
+/// fake agent mounts, lists the volume as publishing and answers
+/// DEADLINE_EXCEEDED at the deadline it was told, as the agent does.
+#[test]
+fn a_publish_outliving_the_callers_deadline_stays_plugged_and_a_retry_joins() {
+    if !root_or_skip("a_publish_outliving_the_callers_deadline_stays_plugged_and_a_retry_joins") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let reg = t.path().join("sandboxes");
+    let sb = fakes::sandbox(&reg, "pod-a");
+    let disk = LoopDisk::new(32, None);
+    let dev = disk.path();
+    let other = LoopDisk::new(32, None);
+    let dev2 = other.path();
+    // crustd's own bound is far from the caller's, so whichever the agent is told shows.
+    let mut d = Crustd::start(&reg, &["--agent-timeout", "60", "--device-wait", "1"]);
+    let k = d.client();
+    let told = |sb: &fakes::Sandbox| *sb.agent.lock().unwrap().told.last().unwrap();
+    let plugged = |sb: &fakes::Sandbox| {
+        let q = sb.qemu.lock().unwrap();
+        (q.nodes.len(), q.devices.len())
+    };
+
+    // No deadline from the caller: the agent is told crustd's --agent-timeout, as before.
+    k.publish(req("pod-a", &dev, "ext4")).unwrap();
+    assert_eq!(told(&sb), Duration::from_secs(60));
+    k.unpublish("pod-a", &dev).unwrap();
+    log_of(&sb.qemu);
+    sb.agent.lock().unwrap().log.clear();
+
+    // kubelet's deadline is passed down, less crustd's margin (200 ms of 3 s, at least).
+    sb.agent.lock().unwrap().on_publish = OnPublish::Outlive(
+        "volume crustd-x: the caller's deadline passed; the fsGroup walk continues, 5000 entries so far",
+    );
+    let t0 = Instant::now();
+    let (c, m) = code(k.publish_within(req("pod-a", &dev, "ext4"), Duration::from_secs(3)));
+    let took = t0.elapsed();
+    // The agent's own answer, in time: not tonic's "Timeout expired" for a late crustd.
+    assert_eq!(
+        (c.as_str(), m.as_str()),
+        (
+            "DEADLINE_EXCEEDED",
+            "volume crustd-x: the caller's deadline passed; the fsGroup walk continues, 5000 entries so far"
+        )
+    );
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    let agent_told = told(&sb);
+    assert!(
+        agent_told > Duration::from_secs(2) && agent_told <= Duration::from_millis(2800),
+        "{agent_told:?}"
+    );
+    // The walk goes on: nothing unplugged, the agent not asked to unpublish, recorded as publishing.
+    assert_eq!(verbs(&log_of(&sb.qemu)), ["blockdev-add", "device_add"]);
+    assert_eq!(plugged(&sb), (1, 1));
+    assert!(!sb
+        .agent
+        .lock()
+        .unwrap()
+        .log
+        .iter()
+        .any(|l| l.starts_with("unpublish")));
+    assert_eq!(state(&sb)["volumes"][&dev]["phase"], "publishing");
+
+    // Stats while the walk runs go to the agent; Expand waits for the publish.
+    let (c, m) = code(k.expand("pod-a", &dev, 0));
+    assert_eq!(c, "FAILED_PRECONDITION", "{m}");
+    assert!(m.contains("still publishing"), "{m}");
+
+    // Still so after a crustd restart; the retry with the same parameters
+    // sends Publish again (the agent joins its walk) and answers OK when it does.
+    d.kill_and_restart();
+    let k = d.client();
+    assert_eq!(state(&sb)["volumes"][&dev]["phase"], "publishing");
+    let (c, m) = code(k.publish_within(req("pod-a", &dev, "ext4"), Duration::from_secs(2)));
+    assert_eq!(c, "DEADLINE_EXCEEDED", "{m}");
+    assert_eq!(plugged(&sb), (1, 1));
+    // Other parameters: the agent's ALREADY_EXISTS, and the walk's disk stays.
+    sb.agent.lock().unwrap().on_publish = OnPublish::Fail(
+        ttrpc::Code::ALREADY_EXISTS,
+        "volume crustd-x is published with fs_group 2000, not 3000",
+    );
+    let mut other_gid = req("pod-a", &dev, "ext4");
+    other_gid.fsgroup_gid = Some(3000);
+    let (c, m) = code(k.publish_within(other_gid, Duration::from_secs(2)));
+    assert_eq!(c, "ALREADY_EXISTS", "{m}");
+    assert_eq!(plugged(&sb), (1, 1));
+    assert_eq!(state(&sb)["volumes"][&dev]["phase"], "publishing");
+    sb.agent.lock().unwrap().on_publish = OnPublish::Ok;
+    let publishes = sb.agent.lock().unwrap().told.len();
+    let r = k
+        .publish_within(req("pod-a", &dev, "ext4"), Duration::from_secs(2))
+        .unwrap();
+    assert!(
+        r.guest_path.starts_with("/run/crust/volumes/crustd-"),
+        "{r:?}"
+    );
+    assert_eq!(sb.agent.lock().unwrap().told.len(), publishes + 1);
+    assert_eq!(state(&sb)["volumes"][&dev]["phase"], "published");
+    assert_eq!(
+        state(&sb)["volumes"][&dev]["guest_path"],
+        r.guest_path.as_str()
+    );
+    assert!(!verbs(&log_of(&sb.qemu)).contains(&"device_del"));
+    assert_eq!(
+        crustd_ctl::bytes(&k.stats("pod-a", &dev).unwrap()),
+        Some((700, 1000, 300))
+    );
+
+    // Unpublish of a volume still publishing works as for a published one:
+    // the agent stops the walk and takes it down, the disk leaves.
+    sb.agent.lock().unwrap().on_publish = OnPublish::Outlive("the fsGroup walk continues");
+    let (c, _) = code(k.publish_within(req("pod-a", &dev2, "xfs"), Duration::from_secs(1)));
+    assert_eq!(c, "DEADLINE_EXCEEDED");
+    assert_eq!(state(&sb)["volumes"][&dev2]["phase"], "publishing");
+    let id2 = state(&sb)["volumes"][&dev2]["volume_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    log_of(&sb.qemu);
+    k.unpublish("pod-a", &dev2).unwrap();
+    assert_eq!(verbs(&log_of(&sb.qemu)), ["device_del", "blockdev-del"]);
+    assert!(sb
+        .agent
+        .lock()
+        .unwrap()
+        .log
+        .contains(&format!("unpublish {id2}")));
+    assert!(state(&sb)["volumes"].get(&dev2).is_none());
+
+    // An agent DEADLINE_EXCEEDED with nothing mounted (no disk appeared in
+    // time) is a failure as before: the disk leaves again.
+    sb.agent.lock().unwrap().on_publish = OnPublish::Fail(
+        ttrpc::Code::DEADLINE_EXCEEDED,
+        "no disk with serial cr-x appeared within 1s",
+    );
+    let (c, m) = code(k.publish_within(req("pod-a", &dev2, "xfs"), Duration::from_secs(2)));
+    assert_eq!(
+        (c.as_str(), m.as_str()),
+        (
+            "DEADLINE_EXCEEDED",
+            "no disk with serial cr-x appeared within 1s"
+        )
+    );
+    assert_eq!(
+        verbs(&log_of(&sb.qemu)),
+        ["blockdev-add", "device_add", "device_del", "blockdev-del"]
+    );
+    assert!(state(&sb)["volumes"].get(&dev2).is_none());
+}
+
 #[test]
 fn calls_for_different_volumes_run_at_once_one_volume_waits() {
     if !root_or_skip("calls_for_different_volumes_run_at_once_one_volume_waits") {

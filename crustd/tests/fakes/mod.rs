@@ -169,6 +169,11 @@ pub enum OnPublish {
     Fail(ttrpc::Code, &'static str),
     /// Sleep, then answer Ok.
     Slow(Duration),
+    /// Mount, then walk past the caller's deadline, as the agent does with a
+    /// huge volume: list the volume as publishing, and answer
+    /// DEADLINE_EXCEEDED with this message when the deadline it was told
+    /// (`timeout_nano`) passes.
+    Outlive(&'static str),
 }
 
 /// What the fake agent was asked, and how it answers.
@@ -177,6 +182,10 @@ pub struct AgentState {
     /// "publish VOLUME SERIAL FS GID [OnRootMismatch] [-o OPTION]... [ro]",
     /// "unpublish VOLUME", "stats VOLUME", "expand VOLUME BYTES".
     pub log: Vec<String>,
+    /// The deadline each PublishVolume was told (its ttrpc `timeout_nano`).
+    pub told: Vec<Duration>,
+    /// What ListVolumes lists: volume id → still publishing.
+    pub listed: std::collections::BTreeMap<String, bool>,
 }
 
 pub struct FakeAgent {
@@ -186,11 +195,13 @@ pub struct FakeAgent {
 impl crust_ttrpc::Agent for FakeAgent {
     fn publish_volume(
         &self,
-        _: &ttrpc::TtrpcContext,
+        ctx: &ttrpc::TtrpcContext,
         r: pb::PublishVolumeRequest,
     ) -> ttrpc::Result<pb::PublishVolumeResponse> {
+        let told = Duration::from_nanos(u64::try_from(ctx.timeout_nano).unwrap_or(0));
         let on = {
             let mut s = self.state.lock().unwrap();
+            s.told.push(told);
             let mut line = format!(
                 "publish {} {} {} {}",
                 r.volume_id,
@@ -217,8 +228,25 @@ impl crust_ttrpc::Agent for FakeAgent {
                 return Err(ttrpc::Error::RpcStatus(ttrpc::get_status(code, msg)))
             }
             OnPublish::Slow(d) => std::thread::sleep(d),
+            OnPublish::Outlive(msg) => {
+                self.state
+                    .lock()
+                    .unwrap()
+                    .listed
+                    .insert(r.volume_id.clone(), true);
+                std::thread::sleep(told);
+                return Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
+                    ttrpc::Code::DEADLINE_EXCEEDED,
+                    msg,
+                )));
+            }
             OnPublish::Ok => {}
         }
+        self.state
+            .lock()
+            .unwrap()
+            .listed
+            .insert(r.volume_id.clone(), false);
         let mut resp = pb::PublishVolumeResponse::new();
         resp.guest_path = format!("/run/crust/volumes/{}", r.volume_id);
         resp.device = "/dev/vdb".into();
@@ -230,12 +258,29 @@ impl crust_ttrpc::Agent for FakeAgent {
         _: &ttrpc::TtrpcContext,
         r: pb::UnpublishVolumeRequest,
     ) -> ttrpc::Result<pb::UnpublishVolumeResponse> {
-        self.state
-            .lock()
-            .unwrap()
-            .log
-            .push(format!("unpublish {}", r.volume_id));
+        let mut s = self.state.lock().unwrap();
+        s.log.push(format!("unpublish {}", r.volume_id));
+        s.listed.remove(&r.volume_id);
         Ok(pb::UnpublishVolumeResponse::new())
+    }
+
+    fn list_volumes(
+        &self,
+        _: &ttrpc::TtrpcContext,
+        _: pb::ListVolumesRequest,
+    ) -> ttrpc::Result<pb::ListVolumesResponse> {
+        let s = self.state.lock().unwrap();
+        let mut resp = pb::ListVolumesResponse::new();
+        for (id, publishing) in &s.listed {
+            let mut v = pb::VolumeInfo::new();
+            v.volume_id = id.clone();
+            if *publishing {
+                v.state = pb::VolumeState::VOLUME_STATE_PUBLISHING.into();
+                v.ownership_done = 5000;
+            }
+            resp.volumes.push(v);
+        }
+        Ok(resp)
     }
 
     fn get_volume_stats(
@@ -288,6 +333,8 @@ pub fn agent(path: &Path) -> (Arc<Mutex<AgentState>>, ttrpc::Server) {
     let state = Arc::new(Mutex::new(AgentState {
         on_publish: OnPublish::Ok,
         log: Vec::new(),
+        told: Vec::new(),
+        listed: Default::default(),
     }));
     let svc: Arc<dyn crust_ttrpc::Agent + Send + Sync> = Arc::new(FakeAgent {
         state: state.clone(),

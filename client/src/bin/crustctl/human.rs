@@ -122,7 +122,7 @@ pub fn list(r: &proto::ListVolumesResponse) -> String {
         return "no volumes published\n".into();
     }
     let mut rows = vec![[
-        "VOLUME", "DEVICE", "SERIAL", "MODE", "FS", "ACCESS", "SIZE", "PATH", "BINDS",
+        "VOLUME", "DEVICE", "SERIAL", "MODE", "FS", "ACCESS", "SIZE", "STATE", "PATH", "BINDS",
     ]
     .map(String::from)
     .to_vec()];
@@ -157,11 +157,35 @@ pub fn list(r: &proto::ListVolumesResponse) -> String {
             } else {
                 "-".into()
             },
+            state(v),
             v.guest_path.clone(),
             binds,
         ]);
     }
     table(&rows)
+}
+
+/// `ready`, or `publishing (123,456 entries)` while the fsGroup walk runs.
+fn state(v: &proto::VolumeInfo) -> String {
+    match v.state.enum_value() {
+        Ok(proto::VolumeState::VOLUME_STATE_READY) => "ready".into(),
+        Ok(proto::VolumeState::VOLUME_STATE_PUBLISHING) => {
+            format!("publishing ({} entries)", thousands(v.ownership_done))
+        }
+        Err(_) => enum_name(v.state).to_lowercase(),
+    }
+}
+
+/// `1234567` as `1,234,567`.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let groups: Vec<&str> = digits
+        .as_bytes()
+        .rchunks(3)
+        .rev()
+        .map(|g| std::str::from_utf8(g).unwrap_or(""))
+        .collect();
+    groups.join(",")
 }
 
 pub fn publish(volume_id: &str, r: &proto::PublishVolumeResponse) -> String {
@@ -454,16 +478,41 @@ mod tests {
                     device_bytes: 64 << 20,
                     ..Default::default()
                 },
+                proto::VolumeInfo {
+                    volume_id: "big".into(),
+                    device: "/dev/vde".into(),
+                    fs_type: "ext4".into(),
+                    guest_path: "/run/crust/volumes/big".into(),
+                    device_bytes: 2 << 40,
+                    state: proto::VolumeState::VOLUME_STATE_PUBLISHING.into(),
+                    ownership_done: 123_456,
+                    ..Default::default()
+                },
             ],
             ..Default::default()
         };
         assert_eq!(
             list(&r),
-"VOLUME  DEVICE    SERIAL  MODE        FS    ACCESS  SIZE      PATH                      BINDS\n\
-             vol-1   /dev/vdb  s1      filesystem  ext4  rw      -         /run/crust/volumes/vol-1  /run/crust/b/1,/run/crust/b/2\n\
-             data    /dev/vdc  -       filesystem  xfs   ro      1.0 GiB   /run/crust/volumes/data   -\n\
-             raw     /dev/vdd  -       block       -     rw      64.0 MiB  /run/crust/volumes/raw    -\n"
+"VOLUME  DEVICE    SERIAL  MODE        FS    ACCESS  SIZE      STATE                         PATH                      BINDS\n\
+             vol-1   /dev/vdb  s1      filesystem  ext4  rw      -         ready                         /run/crust/volumes/vol-1  /run/crust/b/1,/run/crust/b/2\n\
+             data    /dev/vdc  -       filesystem  xfs   ro      1.0 GiB   ready                         /run/crust/volumes/data   -\n\
+             raw     /dev/vdd  -       block       -     rw      64.0 MiB  ready                         /run/crust/volumes/raw    -\n\
+             big     /dev/vde  -       filesystem  ext4  rw      2.0 TiB   publishing (123,456 entries)  /run/crust/volumes/big    -\n"
         );
+    }
+
+    #[test]
+    fn thousands_are_grouped() {
+        for (n, want) in [
+            (0, "0"),
+            (999, "999"),
+            (1_000, "1,000"),
+            (123_456, "123,456"),
+            (1_000_000, "1,000,000"),
+            (u64::MAX, "18,446,744,073,709,551,615"),
+        ] {
+            assert_eq!(thousands(n), want);
+        }
     }
 
     #[test]

@@ -125,6 +125,24 @@ mod tests {
                 r#"{"volumes":[]}"#,
             ),
             (
+                Box::new(proto::ListVolumesResponse {
+                    volumes: vec![
+                        proto::VolumeInfo::new(),
+                        proto::VolumeInfo {
+                            volume_id: "big".into(),
+                            state: proto::VolumeState::VOLUME_STATE_PUBLISHING.into(),
+                            ownership_done: 123_456,
+                            ..Default::default()
+                        },
+                    ],
+                    ..Default::default()
+                }),
+                concat!(
+                    r#"{"volumes":[{"volumeId":"","device":"","serial":"","fsType":"","guestPath":"","readOnly":false,"bindTargets":[],"volumeMode":"FILESYSTEM","deviceBytes":"0","state":"VOLUME_STATE_READY","ownershipDone":"0"},"#,
+                    r#"{"volumeId":"big","device":"","serial":"","fsType":"","guestPath":"","readOnly":false,"bindTargets":[],"volumeMode":"FILESYSTEM","deviceBytes":"0","state":"VOLUME_STATE_PUBLISHING","ownershipDone":"123456"}]}"#
+                ),
+            ),
+            (
                 Box::new(proto::GetAgentInfoResponse {
                     boot: Some(proto::BootTimeline::new()).into(),
                     ..Default::default()
