@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::errors::Code;
+use crate::code::Code;
 
 /// The longest a wait sleeps before it looks at its tokens again.
 pub const SLICE: Duration = Duration::from_millis(100);
@@ -212,6 +212,19 @@ impl Cancel {
             std::thread::sleep(self.slice(left).max(Duration::from_millis(1)));
         }
     }
+}
+
+/// The time left until `deadline`, at most `cap`.
+pub fn until(deadline: Instant, cap: Duration) -> Duration {
+    deadline.saturating_duration_since(Instant::now()).min(cap)
+}
+
+/// `start + timeout`, without overflowing on absurd timeouts.
+pub fn deadline_after(start: Instant, timeout: Duration) -> Instant {
+    start
+        .checked_add(timeout)
+        .or_else(|| start.checked_add(Duration::from_secs(365 * 24 * 3600)))
+        .unwrap_or(start)
 }
 
 #[cfg(test)]

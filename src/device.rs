@@ -11,169 +11,13 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
-mod uevents;
-
-use uevents::Uevents;
-pub use uevents::{parse_uevent, Uevent};
-
-use crate::cancel::{Cancel, Stopped};
-use crate::errors::{Code, SysError};
-
-/// Where block devices are listed and where their nodes live; tests point it at a fake tree.
-#[derive(Clone, Debug)]
-pub struct Sysfs {
-    /// `/sys/block`: one directory per whole disk, with `serial`, `dev` and `size`.
-    pub sys_block: PathBuf,
-    /// `/dev`: the device nodes (devtmpfs in the guest).
-    pub dev_dir: PathBuf,
-    /// `/sys/dev/block`: one link per block device, disks and partitions
-    /// alike, named by its numbers ("253:16").
-    pub dev_block: PathBuf,
-}
-
-impl Sysfs {
-    /// The real system's /sys/block and /dev.
-    pub fn system() -> Sysfs {
-        Sysfs {
-            sys_block: PathBuf::from("/sys/block"),
-            dev_dir: PathBuf::from("/dev"),
-            dev_block: PathBuf::from("/sys/dev/block"),
-        }
-    }
-
-    /// Where ext4 publishes the live error count of the filesystem on disk
-    /// `name`: `/sys/fs/ext4/<name>/errors_count`, beside `sys_block`.
-    pub fn ext4_errors_count_file(&self, name: &str) -> PathBuf {
-        self.sys_block
-            .parent()
-            .unwrap_or(Path::new("/sys"))
-            .join("fs/ext4")
-            .join(name)
-            .join("errors_count")
-    }
-
-    /// Where the sectors of block device `dev` (major, minor) lie, from
-    /// `dev_block/<major>:<minor>`: a partition (it has a `partition`
-    /// attribute) is `start` and `size` of the disk its directory sits in;
-    /// anything else is a whole disk, all of itself. A device sysfs does not
-    /// list (gone, or not a block device) counts as a whole disk of its own.
-    pub fn extent(&self, dev: (u32, u32)) -> Extent {
-        let whole = Extent {
-            disk: dev,
-            start: 0,
-            sectors: u64::MAX,
-            partition: false,
-        };
-        let dir = self.dev_block.join(format!("{}:{}", dev.0, dev.1));
-        let number = |p: PathBuf| read_attr(&p).and_then(|s| s.parse::<u64>().ok());
-        if !dir.join("partition").exists() {
-            return match number(dir.join("size")) {
-                Some(sectors) => Extent { sectors, ..whole },
-                None => whole,
-            };
-        }
-        // `<partition>/..` is its disk's directory (the kernel resolves the
-        // link first, then goes up).
-        let disk = read_attr(&dir.join("../dev")).and_then(|s| parse_devnum(&s));
-        match (disk, number(dir.join("start")), number(dir.join("size"))) {
-            (Some(disk), Some(start), Some(sectors)) => Extent {
-                disk,
-                start,
-                sectors,
-                partition: true,
-            },
-            // A partition whose disk or range cannot be read: held against
-            // all of its disk if that is known, so it is never let through.
-            (Some(disk), _, _) => Extent {
-                disk,
-                partition: true,
-                ..whole
-            },
-            _ => whole,
-        }
-    }
-
-    /// The errors the ext4 on disk `name` has recorded since it was mounted;
-    /// None when it is not a mounted ext4 (no such file).
-    pub fn ext4_errors_count(&self, name: &str) -> Option<u64> {
-        read_attr(&self.ext4_errors_count_file(name)).and_then(|s| s.parse().ok())
-    }
-}
-
-/// Where a block device's sectors lie: the whole disk they are on and the
-/// range there, from sysfs. A whole disk is all of itself; a partition is
-/// `start`..`start + sectors` of its disk. Two devices share sectors when
-/// they are on one disk and their ranges meet ("one disk, one volume" is
-/// about sectors, not device numbers: a partition table, hostile or not,
-/// can make a whole disk and its partitions, or two partitions, overlap).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Extent {
-    /// The whole disk (major, minor).
-    pub disk: (u32, u32),
-    /// The first sector on that disk (512-byte units, as sysfs counts).
-    pub start: u64,
-    /// How many sectors; u64::MAX where sysfs did not say (all of the disk).
-    pub sectors: u64,
-    /// Whether the device is a partition (not the whole disk itself).
-    pub partition: bool,
-}
-
-impl Extent {
-    /// Whether the two share a sector. An empty range shares none.
-    pub fn overlaps(&self, other: &Extent) -> bool {
-        let end = |e: &Extent| e.start.saturating_add(e.sectors);
-        self.disk == other.disk
-            && self.sectors > 0
-            && other.sectors > 0
-            && self.start < end(other)
-            && other.start < end(self)
-    }
-
-    /// How the two lie on their disk, for a message: "sectors 2048..65536
-    /// of disk 7:0 against 0..65536".
-    pub fn describe(&self, other: &Extent) -> String {
-        let range = |e: &Extent| match e.sectors {
-            u64::MAX => format!("{}..end", e.start),
-            n => format!("{}..{}", e.start, e.start.saturating_add(n)),
-        };
-        format!(
-            "sectors {} of disk {}:{} against {}",
-            range(self),
-            self.disk.0,
-            self.disk.1,
-            range(other)
-        )
-    }
-}
-
-/// A whole disk (or, from a path, any block device) the agent may use.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Device {
-    /// Kernel name ("vdb", "loop3").
-    pub name: String,
-    /// Its node ("/dev/vdb").
-    pub path: PathBuf,
-    /// Device major number.
-    pub major: u32,
-    /// Device minor number.
-    pub minor: u32,
-    /// The virtio-blk serial, when the disk has one.
-    pub serial: Option<String>,
-}
-
-/// What became of a disk the agent found earlier.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DiskState {
-    /// Still listed, with this many bytes.
-    Present {
-        /// The size sysfs reports, in bytes.
-        size_bytes: u64,
-    },
-    /// No longer in /sys/block (unplugged), or its name now belongs to another disk.
-    Gone,
-    /// Listed, but with size 0 (its backing went away).
-    ZeroSize,
-}
+use crate::cancel::{deadline_after, until, Cancel, Stopped};
+use crate::code::Code;
+use crate::model::{Device, DiskState};
+use crate::sys::blockdev::size_of;
+use crate::sys::error::SysError;
+use crate::sys::sysfs::{parse_devnum, read_attr, Sysfs};
+use crate::sys::uevents::Uevents;
 
 /// What can go wrong finding or sizing a disk.
 #[derive(Debug, thiserror::Error)]
@@ -281,35 +125,6 @@ impl Error {
 const RESCAN: Duration = Duration::from_millis(500);
 /// How often a size wait re-reads the size even without uevents.
 const SIZE_POLL: Duration = Duration::from_millis(100);
-
-/// Reads a sysfs attribute without its trailing newline, spaces or NULs.
-fn read_attr(path: &Path) -> Option<String> {
-    let raw = fs::read(path).ok()?;
-    let s = String::from_utf8_lossy(&raw);
-    Some(
-        s.trim_end_matches(|c: char| c.is_whitespace() || c == '\0')
-            .to_string(),
-    )
-}
-
-/// Parses a sysfs `dev` attribute ("253:16").
-pub fn parse_devnum(s: &str) -> Option<(u32, u32)> {
-    let (maj, min) = s.trim().split_once(':')?;
-    Some((maj.parse().ok()?, min.parse().ok()?))
-}
-
-/// The time left until `deadline`, at most `cap`.
-fn until(deadline: Instant, cap: Duration) -> Duration {
-    deadline.saturating_duration_since(Instant::now()).min(cap)
-}
-
-/// `start + timeout`, without overflowing on absurd timeouts.
-fn deadline_after(start: Instant, timeout: Duration) -> Instant {
-    start
-        .checked_add(timeout)
-        .or_else(|| start.checked_add(Duration::from_secs(365 * 24 * 3600)))
-        .unwrap_or(start)
-}
 
 /// What one scan of /sys/block found for a serial.
 enum Scan {
@@ -440,7 +255,7 @@ fn under_dev(path: &Path) -> bool {
 
 /// The block device at `path`: an absolute path under /dev (symlinks such as
 /// /dev/disk/by-id are followed only while they stay under /dev).
-pub fn from_path(path: &Path) -> Result<Device, Error> {
+pub fn from_path(sysfs: &Sysfs, path: &Path) -> Result<Device, Error> {
     let bad = |reason: String| Error::BadPath {
         path: path.display().to_string(),
         reason,
@@ -462,13 +277,11 @@ pub fn from_path(path: &Path) -> Result<Device, Error> {
     use std::os::unix::fs::MetadataExt;
     let rdev = meta.rdev();
     let (major, minor) = (rustix::fs::major(rdev), rustix::fs::minor(rdev));
-    let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
-    let name = fs::read_link(&sys)
-        .ok()
-        .and_then(|l| l.file_name().map(|n| n.to_string_lossy().into_owned()))
+    let name = sysfs
+        .name_of((major, minor))
         .or_else(|| real.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_default();
-    let serial = read_attr(&sys.join("serial")).filter(|s| !s.is_empty());
+    let serial = sysfs.serial_of((major, minor));
     Ok(Device {
         name,
         path: real,
@@ -486,17 +299,6 @@ pub fn size_bytes(device: &Path) -> Result<u64, Error> {
         .open(device)
         .map_err(|e| SysError::new("open", device.display(), e))?;
     Ok(size_of(&file, device)?)
-}
-
-/// BLKGETSIZE64 of an open device; `device` names it in messages.
-pub fn size_of(file: &File, device: &Path) -> Result<u64, SysError> {
-    const BLKGETSIZE64: rustix::ioctl::Opcode = rustix::ioctl::opcode::read::<u64>(0x12, 114);
-    // SAFETY: BLKGETSIZE64 writes exactly one u64 (size_t on 64-bit Linux) into the output.
-    unsafe {
-        let get = rustix::ioctl::Getter::<BLKGETSIZE64, u64>::new();
-        rustix::ioctl::ioctl(file, get)
-    }
-    .map_err(|e| SysError::new("BLKGETSIZE64", device.display(), e))
 }
 
 /// Waits until `dev` is at least `min_bytes` (the host grows disks, the guest
@@ -529,7 +331,7 @@ pub fn wait_for_size(
         if size >= min_bytes {
             return Ok(size);
         }
-        if disk_state(sysfs, dev) == DiskState::Gone {
+        if sysfs.disk_state(dev) == DiskState::Gone {
             return Err(Error::Gone {
                 name: dev.name.clone(),
                 major: dev.major,
@@ -550,32 +352,10 @@ pub fn wait_for_size(
     }
 }
 
-/// Whether `dev` is still attached: `/sys/dev/block/<major>:<minor>`, which
-/// lists partitions as well as whole disks, must still be the device of that
-/// kernel name, with a size above zero.
-pub fn disk_state(sysfs: &Sysfs, dev: &Device) -> DiskState {
-    let dir = sysfs.dev_block.join(format!("{}:{}", dev.major, dev.minor));
-    // The numbers may since have gone to another disk: the name must still match.
-    let named = fs::read_link(&dir)
-        .ok()
-        .is_some_and(|l| l.file_name() == Some(std::ffi::OsStr::new(&dev.name)));
-    let numbered =
-        read_attr(&dir.join("dev")).and_then(|s| parse_devnum(&s)) == Some((dev.major, dev.minor));
-    if !named || !numbered {
-        return DiskState::Gone;
-    }
-    match read_attr(&dir.join("size")).and_then(|s| s.parse::<u64>().ok()) {
-        None => DiskState::Gone,
-        Some(0) => DiskState::ZeroSize,
-        Some(sectors) => DiskState::Present {
-            size_bytes: sectors.saturating_mul(512),
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Extent;
     use crate::testutil::{root_or_skip, run, LoopDisk};
 
     #[test]
@@ -752,8 +532,8 @@ mod tests {
             return;
         }
         let disk = LoopDisk::new(16, None);
-        let part = from_path(&disk.add_partition()).unwrap();
-        let whole = from_path(&disk.device).unwrap();
+        let part = from_path(&Sysfs::system(), &disk.add_partition()).unwrap();
+        let whole = from_path(&Sysfs::system(), &disk.device).unwrap();
         let sysfs = Sysfs::system();
         let (pe, we) = (
             sysfs.extent((part.major, part.minor)),
@@ -996,7 +776,7 @@ mod tests {
             return;
         }
         let disk = LoopDisk::new(16, None);
-        let dev = from_path(&disk.device).unwrap();
+        let dev = from_path(&Sysfs::system(), &disk.device).unwrap();
         assert_eq!(dev.name, disk.name());
         assert_eq!(dev.path, disk.device);
         assert_eq!(dev.major, 7);
@@ -1005,7 +785,7 @@ mod tests {
         let link = PathBuf::from(format!("/dev/crust-test-{}", disk.name()));
         let _ = fs::remove_file(&link);
         std::os::unix::fs::symlink(&disk.device, &link).unwrap();
-        let via = from_path(&link);
+        let via = from_path(&Sysfs::system(), &link);
         fs::remove_file(&link).unwrap();
         assert_eq!(via.unwrap(), dev);
     }
@@ -1033,7 +813,7 @@ mod tests {
             (escape.clone(), "outside /dev"),
         ];
         for (p, why) in cases {
-            let e = from_path(&p).unwrap_err();
+            let e = from_path(&Sysfs::system(), &p).unwrap_err();
             assert_eq!(e.code(), Code::InvalidArgument, "{p:?}");
             assert!(e.to_string().contains(why), "{p:?}: {e}");
         }
@@ -1046,11 +826,11 @@ mod tests {
             return;
         }
         let disk = LoopDisk::new(32, None);
-        let dev = from_path(&disk.device).unwrap();
+        let dev = from_path(&Sysfs::system(), &disk.device).unwrap();
         let sysfs = Sysfs::system();
         assert_eq!(size_bytes(&disk.device).unwrap(), 32 << 20);
         assert_eq!(
-            disk_state(&sysfs, &dev),
+            sysfs.disk_state(&dev),
             DiskState::Present {
                 size_bytes: 32 << 20
             }
@@ -1115,9 +895,9 @@ mod tests {
         // /sys/block lists whole disks only; a partition is found through /sys/dev/block.
         let disk = LoopDisk::new(16, None);
         let part = disk.add_partition();
-        let d = from_path(&part).unwrap();
+        let d = from_path(&Sysfs::system(), &part).unwrap();
         assert!(!Sysfs::system().sys_block.join(&d.name).exists());
-        match disk_state(&Sysfs::system(), &d) {
+        match Sysfs::system().disk_state(&d) {
             DiskState::Present { size_bytes: b } => {
                 assert_eq!(b, size_bytes(&part).unwrap());
             }
@@ -1137,17 +917,17 @@ mod tests {
             serial: None,
         };
         assert_eq!(
-            disk_state(&t.sysfs, &dev),
+            t.sysfs.disk_state(&dev),
             DiskState::Present {
                 size_bytes: 2048 * 512
             }
         );
         fs::write(t.sysfs.sys_block.join("vdl/size"), "0\n").unwrap();
-        assert_eq!(disk_state(&t.sysfs, &dev), DiskState::ZeroSize);
+        assert_eq!(t.sysfs.disk_state(&dev), DiskState::ZeroSize);
         // The name now belongs to another disk.
         fs::write(t.sysfs.sys_block.join("vdl/dev"), "7:271\n").unwrap();
-        assert_eq!(disk_state(&t.sysfs, &dev), DiskState::Gone);
+        assert_eq!(t.sysfs.disk_state(&dev), DiskState::Gone);
         fs::remove_dir_all(t.sysfs.sys_block.join("vdl")).unwrap();
-        assert_eq!(disk_state(&t.sysfs, &dev), DiskState::Gone);
+        assert_eq!(t.sysfs.disk_state(&dev), DiskState::Gone);
     }
 }

@@ -18,11 +18,19 @@ use crust_protocols::crust_ttrpc;
 use crust_protocols::protobuf::Message;
 use crust_protocols::ttrpc::{self, Code, TtrpcContext};
 
-use crate::errors::Error;
+use crate::code::Code as AgentCode;
+use crate::error::Error;
+use crate::model::FsType;
+use crate::mount::options::parse_options;
+use crate::mount::selinux::without_contexts;
+use crate::probe::judge::{judge, signatures, PROBE_BYTES};
 use crate::rpc::conn::{Admit, Conn};
 use crate::rpc::dispatch::{self, Job, Methods, Outbox};
 use crate::rpc::frame::{Frame, Header, Reader, HEADER_LEN, TYPE_REQUEST, TYPE_RESPONSE};
-use crate::{mount, mountinfo, probe, server, validate};
+use crate::server::translate::{bind_request, cancel_of, publish_request_in, status_code};
+use crate::sys::mountinfo;
+use crate::sys::uevents::parse_uevent;
+use crate::validate;
 
 /// The root that requests and records are checked against (the guest's default).
 const ROOT: &str = "/run/crust";
@@ -153,13 +161,16 @@ pub fn mountinfo(data: &[u8]) {
             (path, path)
         );
         assert_eq!(m.source, String::from_utf8_lossy(data));
-        assert_eq!((m.mount_id, m.parent_id, m.major, m.minor), (36, 22, 7, 3));
+        assert_eq!(
+            (m.mount_id.0, m.parent_id.0, m.major, m.minor),
+            (36, 22, 7, 3)
+        );
     }
     let table = mountinfo::parse(data);
     assert!(table.len() <= data.split(|&b| b == b'\n').count());
     for m in table.iter().take(4) {
         let _ = (m.read_only(), m.super_read_only());
-        assert!(mountinfo::by_id(&table, u64::from(m.mount_id)).is_some());
+        assert!(mountinfo::by_id(&table, m.mount_id).is_some());
         assert!(mountinfo::mount_at(&table, &m.mount_point).is_some());
         let _ = mountinfo::descendants(&table, m.mount_id);
         let _ = mountinfo::mounts_under(&table, &m.mount_point);
@@ -175,7 +186,7 @@ pub fn state_record(data: &[u8]) {
 /// A netlink uevent datagram: any process with CAP_NET_ADMIN in the guest,
 /// or a device's own strings (names, serials), end up in it.
 pub fn uevent(data: &[u8]) {
-    if let Some(ev) = crate::device::parse_uevent(data) {
+    if let Some(ev) = parse_uevent(data) {
         assert!(
             !ev.action.is_empty(),
             "an event without an action was accepted"
@@ -191,16 +202,16 @@ pub fn uevent(data: &[u8]) {
 /// sizes: the verdict is an answer, never INTERNAL, and a disk judged fit
 /// holds the filesystem asked for and nothing else.
 pub fn superblock(data: &[u8]) {
-    let (head, block) = match data.split_at_checked(probe::PROBE_BYTES) {
+    let (head, block) = match data.split_at_checked(PROBE_BYTES) {
         Some((head, block)) => (head, Some(block)),
         None => (data, None),
     };
-    let found = probe::signatures(head);
+    let found = signatures(head);
     for (i, s) in found.iter().enumerate() {
         assert!(!found[..i].contains(s), "{s} found twice: {found:?}");
     }
     let sizes = [0, data.len() as u64, 1 << 30, 1 << 50, u64::MAX];
-    for fs in [probe::FsType::Ext4, probe::FsType::Xfs] {
+    for fs in [FsType::Ext4, FsType::Xfs] {
         for size in sizes {
             let read = |offset: u64, len: usize| {
                 Ok(match block {
@@ -212,9 +223,9 @@ pub fn superblock(data: &[u8]) {
                         .unwrap_or_default(),
                 })
             };
-            match probe::judge(head, fs, "/dev/fuzz", || Ok(size), read) {
+            match judge(head, fs, "/dev/fuzz", || Ok(size), read) {
                 Ok(()) => assert_eq!(found, [fs.name()], "judged fit as {fs}"),
-                Err(e) => assert_ne!(e.code(), crate::errors::Code::Internal, "{e}"),
+                Err(e) => assert_ne!(e.code(), AgentCode::Internal, "{e}"),
             }
         }
     }
@@ -239,7 +250,7 @@ pub fn mount_options(data: &[u8]) {
         .split(|b| *b == b'\n')
         .map(|o| String::from_utf8_lossy(o).into_owned())
         .collect();
-    let (options, left_out) = mount::selinux::without_contexts(&options, selinux);
+    let (options, left_out) = without_contexts(&options, selinux);
     for o in &left_out {
         let key = o.split_once('=').map_or(o.as_str(), |(k, _)| k);
         assert!(
@@ -247,13 +258,8 @@ pub fn mount_options(data: &[u8]) {
             "{o:?} left out"
         );
     }
-    assert!(
-        selinux
-            || mount::selinux::without_contexts(&options, false)
-                .1
-                .is_empty()
-    );
-    match mount::parse_options(&options, read_only) {
+    assert!(selinux || without_contexts(&options, false).1.is_empty());
+    match parse_options(&options, read_only) {
         Ok(m) => {
             assert!(m.data.len() <= 4000, "{} bytes of data", m.data.len());
             assert!(!m.data.contains('\0'), "a NUL in {:?}", m.data);
@@ -294,7 +300,7 @@ pub fn mount_options(data: &[u8]) {
             let rdonly = libc::MS_RDONLY as u64;
             assert!(!read_only || m.flags & rdonly != 0, "read_only lost");
         }
-        Err(e) => assert_eq!(e.code(), crate::errors::Code::InvalidArgument, "{e}"),
+        Err(e) => assert_eq!(e.code(), AgentCode::InvalidArgument, "{e}"),
     }
 }
 
@@ -404,7 +410,7 @@ fn reply<R: Default>(r: Result<(), Error>) -> ttrpc::Result<R> {
     match r {
         Ok(()) => Ok(R::default()),
         Err(e) => Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
-            server::status_code(e.code()),
+            status_code(e.code()),
             e.to_string(),
         ))),
     }
@@ -416,10 +422,10 @@ impl crust_ttrpc::Agent for Translate {
         ctx: &TtrpcContext,
         req: pb::PublishVolumeRequest,
     ) -> ttrpc::Result<pb::PublishVolumeResponse> {
-        let _ = server::cancel_of(ctx);
+        let _ = cancel_of(ctx);
         // The guest's SELinux, as the request's first option's length has it.
         let selinux = req.mount_options.first().is_some_and(|o| o.len() % 2 == 1);
-        reply(server::publish_request_in(&req, selinux).map(drop))
+        reply(publish_request_in(&req, selinux).map(drop))
     }
 
     fn unpublish_volume(
@@ -427,7 +433,7 @@ impl crust_ttrpc::Agent for Translate {
         ctx: &TtrpcContext,
         req: pb::UnpublishVolumeRequest,
     ) -> ttrpc::Result<pb::UnpublishVolumeResponse> {
-        let _ = server::cancel_of(ctx);
+        let _ = cancel_of(ctx);
         reply(validate::volume_id(&req.volume_id).map_err(Error::from))
     }
 
@@ -436,7 +442,7 @@ impl crust_ttrpc::Agent for Translate {
         ctx: &TtrpcContext,
         req: pb::GetVolumeStatsRequest,
     ) -> ttrpc::Result<pb::GetVolumeStatsResponse> {
-        let _ = server::cancel_of(ctx);
+        let _ = cancel_of(ctx);
         reply(validate::volume_id(&req.volume_id).map_err(Error::from))
     }
 
@@ -445,7 +451,7 @@ impl crust_ttrpc::Agent for Translate {
         ctx: &TtrpcContext,
         req: pb::ExpandVolumeRequest,
     ) -> ttrpc::Result<pb::ExpandVolumeResponse> {
-        let _ = server::cancel_of(ctx);
+        let _ = cancel_of(ctx);
         reply((|| {
             validate::volume_id(&req.volume_id)?;
             validate::required_bytes(req.required_bytes)?;
@@ -459,9 +465,9 @@ impl crust_ttrpc::Agent for Translate {
         ctx: &TtrpcContext,
         req: pb::BindMountRequest,
     ) -> ttrpc::Result<pb::BindMountResponse> {
-        let _ = server::cancel_of(ctx);
+        let _ = cancel_of(ctx);
         let root = Path::new(ROOT);
-        reply(server::bind_request(&|t| validate::target(root, t), &req).map(drop))
+        reply(bind_request(&|t| validate::target(root, t), &req).map(drop))
     }
 
     fn unmount(
@@ -469,7 +475,7 @@ impl crust_ttrpc::Agent for Translate {
         ctx: &TtrpcContext,
         req: pb::UnmountRequest,
     ) -> ttrpc::Result<pb::UnmountResponse> {
-        let _ = server::cancel_of(ctx);
+        let _ = cancel_of(ctx);
         reply(
             validate::target(Path::new(ROOT), &req.target)
                 .map(drop)
@@ -503,14 +509,14 @@ mod tests {
     #[test]
     fn the_seed_superblocks_are_judged_fit() {
         let fit = |head: &[u8], fs, mib: u64| {
-            probe::judge(head, fs, "seed", || Ok(mib << 20), |_, _| Ok(Vec::new()))
+            judge(head, fs, "seed", || Ok(mib << 20), |_, _| Ok(Vec::new()))
         };
         let ext4 = include_bytes!("../fuzz/corpus/superblock/ext4");
         let xfs = include_bytes!("../fuzz/corpus/superblock/xfs");
-        fit(ext4, probe::FsType::Ext4, 64).unwrap();
-        fit(xfs, probe::FsType::Xfs, 320).unwrap();
-        assert!(fit(ext4, probe::FsType::Ext4, 63).is_err());
-        assert!(fit(xfs, probe::FsType::Ext4, 320).is_err());
+        fit(ext4, FsType::Ext4, 64).unwrap();
+        fit(xfs, FsType::Xfs, 320).unwrap();
+        assert!(fit(ext4, FsType::Ext4, 63).is_err());
+        assert!(fit(xfs, FsType::Ext4, 320).is_err());
     }
 
     /// The entries reject nothing silently: a good request is admitted, runs,

@@ -14,9 +14,13 @@ use std::path::Path;
 
 use rustix::ioctl::{opcode, Opcode};
 
-use crate::device::Device;
-use crate::errors::{Code, SysError};
-use crate::probe::FsType;
+use crate::code::Code;
+use crate::model::{Device, FsType};
+use crate::superblock;
+use crate::sys::beneath;
+use crate::sys::error::SysError;
+use crate::sys::features::has_sys_resource;
+use crate::sys::sysfs::Sysfs;
 
 /// What can go wrong growing a filesystem.
 #[derive(Debug, thiserror::Error)]
@@ -281,10 +285,10 @@ struct Ext4Super {
     has_errors: bool,
 }
 
-/// Parses the 1024-byte ext4 superblock (with the probe's parser); None if
+/// Parses the 1024-byte ext4 superblock (`superblock::Ext4Super`); None if
 /// the magic is wrong or the block size is beyond what a kernel mounts.
 fn parse_ext4_super(sb: &[u8; 1024]) -> Option<Ext4Super> {
-    let p = crate::probe::Ext4Super::parse_block(sb)?;
+    let p = superblock::Ext4Super::parse_block(sb)?;
     Some(Ext4Super {
         blocks_count: p.blocks_count,
         block_size: p.block_size()?,
@@ -315,14 +319,20 @@ fn ext4_super(dev: &Device) -> Result<Ext4Super, Error> {
 }
 
 /// An ext4's recorded errors: the superblock, and the live sysfs counter.
-fn ext4_has_errors(sup: &Ext4Super, dev: &Device) -> bool {
-    sup.has_errors || crate::device::Sysfs::system().ext4_errors_count(&dev.name) > Some(0)
+fn ext4_has_errors(sup: &Ext4Super, dev: &Device, sysfs: &Sysfs) -> bool {
+    sup.has_errors || sysfs.ext4_errors_count(&dev.name) > Some(0)
 }
 
 /// EXT4_IOC_RESIZE_FS: `_IOW('f', 16, __u64)`.
 const EXT4_IOC_RESIZE_FS: Opcode = opcode::write::<u64>(b'f', 16);
 
-fn grow_ext4(dir: &File, path: &Path, dev: &Device, device_bytes: u64) -> Result<u64, Error> {
+fn grow_ext4(
+    dir: &File,
+    path: &Path,
+    dev: &Device,
+    device_bytes: u64,
+    sysfs: &Sysfs,
+) -> Result<u64, Error> {
     let sup = ext4_super(dev)?;
     let before = bytes(sup.blocks_count, sup.block_size, path)?;
     fits(path, FsType::Ext4, dev, before, device_bytes)?;
@@ -331,14 +341,14 @@ fn grow_ext4(dir: &File, path: &Path, dev: &Device, device_bytes: u64) -> Result
         return Ok(before);
     }
     let p = path.display().to_string();
-    if ext4_has_errors(&sup, dev) {
+    if ext4_has_errors(&sup, dev, sysfs) {
         return Err(Error::HasErrors {
             path: p,
             device: dev.path.display().to_string(),
         });
     }
     // Without the capability the kernel answers a bare EPERM; say what is missing.
-    if !crate::system::has_sys_resource() {
+    if !has_sys_resource() {
         return Err(Error::NeedsCapSysResource { path: p });
     }
     // SAFETY: EXT4_IOC_RESIZE_FS reads one u64 block count.
@@ -403,7 +413,7 @@ fn open_checked(at: BorrowedFd<'_>, path: &Path, dev: &Device, fs: FsType) -> Re
     let dir = File::options()
         .read(true)
         .custom_flags(libc::O_CLOEXEC | libc::O_DIRECTORY)
-        .open(crate::beneath::proc_path(at))
+        .open(beneath::proc_path(at))
         .map_err(|e| SysError::new("open", path.display(), e))?;
     let st = rustix::fs::fstat(&dir).map_err(|e| SysError::new("stat", path.display(), e))?;
     if (rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev)) != (dev.major, dev.minor) {
@@ -499,13 +509,15 @@ fn blocks_in(bytes: u64, block_size: u64) -> u64 {
 
 /// Grows the `fs` on `dev`, mounted at the directory `at` names
 /// (`mount_path` in messages), to fill `device_bytes` and returns its new
-/// size; when it already does, returns its size unchanged.
+/// size; when it already does, returns its size unchanged. `sysfs` tells
+/// whether an ext4 has recorded errors since it was mounted.
 pub fn grow(
     at: BorrowedFd<'_>,
     mount_path: &Path,
     dev: &Device,
     fs: FsType,
     device_bytes: u64,
+    sysfs: &Sysfs,
 ) -> Result<u64, Error> {
     let dir = open_checked(at, mount_path, dev, fs)?;
     if is_read_only(&dir, mount_path)? {
@@ -515,17 +527,22 @@ pub fn grow(
     }
     match fs {
         FsType::Xfs => grow_xfs(&dir, mount_path, dev, device_bytes),
-        FsType::Ext4 => grow_ext4(&dir, mount_path, dev, device_bytes),
+        FsType::Ext4 => grow_ext4(&dir, mount_path, dev, device_bytes, sysfs),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{size_bytes, wait_for_size, Sysfs};
+    use crate::sys::blockdev;
     use crate::testutil::{root_or_skip, run, LoopDisk, Mounted};
     use std::os::fd::{AsFd, OwnedFd};
     use std::time::Duration;
+
+    /// The disk's size now (BLKGETSIZE64): `losetup -c` sets it at once.
+    fn size_bytes(disk: &Path) -> Result<u64, SysError> {
+        blockdev::size_of(&File::open(disk).unwrap(), disk)
+    }
 
     fn fd(p: &Path) -> OwnedFd {
         rustix::fs::open(
@@ -602,7 +619,7 @@ mod tests {
         }
         let disk = LoopDisk::new(300, Some("xfs"));
         let m = Mounted::new(&disk.device, "xfs", "");
-        let dev = crate::device::from_path(&disk.device).unwrap();
+        let dev = disk.agent_device();
         let before = fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs).unwrap();
         let total_before = rustix::fs::statvfs(&m.path).unwrap();
         assert!(before <= 300 << 20 && before > 290 << 20, "{before}");
@@ -613,24 +630,35 @@ mod tests {
                 &m.path,
                 &dev,
                 FsType::Xfs,
-                size_bytes(&disk.device).unwrap()
+                size_bytes(&disk.device).unwrap(),
+                &Sysfs::system()
             )
             .unwrap(),
             before
         );
         // Never shrinks: a device smaller than the filesystem is refused.
-        let e = grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs, 100 << 20).unwrap_err();
+        let e = grow(
+            fd(&m.path).as_fd(),
+            &m.path,
+            &dev,
+            FsType::Xfs,
+            100 << 20,
+            &Sysfs::system(),
+        )
+        .unwrap_err();
         assert!(matches!(e, Error::LargerThanDevice { .. }), "{e}");
         disk.resize(1024);
-        let dev_bytes = wait_for_size(
+        let dev_bytes = size_bytes(&disk.device).unwrap();
+        assert_eq!(dev_bytes, 1 << 30);
+        let after = grow(
+            fd(&m.path).as_fd(),
+            &m.path,
+            &dev,
+            FsType::Xfs,
+            dev_bytes,
             &Sysfs::system(),
-            &crate::device::from_path(&disk.device).unwrap(),
-            1 << 30,
-            Duration::from_secs(5),
-            &crate::cancel::Cancel::never(),
         )
         .unwrap();
-        let after = grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs, dev_bytes).unwrap();
         assert!(
             after > (1 << 30) - (16 << 20) && after <= 1 << 30,
             "{after}"
@@ -647,7 +675,15 @@ mod tests {
         );
         // Again: already there.
         assert_eq!(
-            grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs, dev_bytes).unwrap(),
+            grow(
+                fd(&m.path).as_fd(),
+                &m.path,
+                &dev,
+                FsType::Xfs,
+                dev_bytes,
+                &Sysfs::system()
+            )
+            .unwrap(),
             after
         );
         // What xfs_growfs (the reference tool) thinks, as a cross-check.
@@ -672,13 +708,21 @@ mod tests {
                     ""
                 },
             );
-            let dev = crate::device::from_path(&disk.device).unwrap();
+            let dev = disk.agent_device();
             let before = fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, fs).unwrap();
             disk.resize(mb - 16);
             let now = size_bytes(&disk.device).unwrap();
             assert_eq!(now, (mb - 16) << 20);
             // No growth can fix this; never an OK that hides it.
-            let e = grow(fd(&m.path).as_fd(), &m.path, &dev, fs, now).unwrap_err();
+            let e = grow(
+                fd(&m.path).as_fd(),
+                &m.path,
+                &dev,
+                fs,
+                now,
+                &Sysfs::system(),
+            )
+            .unwrap_err();
             assert!(matches!(e, Error::LargerThanDevice { .. }), "{fs}: {e}");
             assert_eq!(e.code(), Code::OutOfRange, "{fs}");
             let msg = e.to_string();
@@ -703,16 +747,32 @@ mod tests {
         }
         let disk = LoopDisk::new(300, Some("xfs"));
         let m = Mounted::new(&disk.device, "xfs", "ro");
-        let dev = crate::device::from_path(&disk.device).unwrap();
+        let dev = disk.agent_device();
         disk.resize(600);
-        let e = grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs, 600 << 20).unwrap_err();
+        let e = grow(
+            fd(&m.path).as_fd(),
+            &m.path,
+            &dev,
+            FsType::Xfs,
+            600 << 20,
+            &Sysfs::system(),
+        )
+        .unwrap_err();
         assert!(matches!(e, Error::ReadOnly { .. }), "{e}");
         assert_eq!(e.code(), Code::FailedPrecondition);
         assert!(
             fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs).unwrap() <= 300 << 20,
             "nothing grew"
         );
-        let e = grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Ext4, 600 << 20).unwrap_err();
+        let e = grow(
+            fd(&m.path).as_fd(),
+            &m.path,
+            &dev,
+            FsType::Ext4,
+            600 << 20,
+            &Sysfs::system(),
+        )
+        .unwrap_err();
         assert!(matches!(e, Error::WrongFs { .. }), "{e}");
         assert!(e.to_string().contains("not an ext4 filesystem"), "{e}");
         assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
@@ -727,6 +787,7 @@ mod tests {
             &elsewhere,
             FsType::Xfs,
             600 << 20,
+            &Sysfs::system(),
         )
         .unwrap_err();
         assert!(matches!(e, Error::NotOnDevice { .. }), "{e}");
@@ -739,12 +800,20 @@ mod tests {
         }
         let disk = LoopDisk::new(64, Some("ext4"));
         let m = Mounted::new(&disk.device, "ext4", "");
-        let dev = crate::device::from_path(&disk.device).unwrap();
+        let dev = disk.agent_device();
         let before = fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, FsType::Ext4).unwrap();
         assert_eq!(before, 64 << 20);
         // Nothing to do needs no capability.
         assert_eq!(
-            grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Ext4, 64 << 20).unwrap(),
+            grow(
+                fd(&m.path).as_fd(),
+                &m.path,
+                &dev,
+                FsType::Ext4,
+                64 << 20,
+                &Sysfs::system()
+            )
+            .unwrap(),
             before
         );
         disk.resize(256);
@@ -754,7 +823,14 @@ mod tests {
             caps::Capability::CAP_SYS_RESOURCE,
         )
         .unwrap();
-        let r = grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Ext4, 256 << 20);
+        let r = grow(
+            fd(&m.path).as_fd(),
+            &m.path,
+            &dev,
+            FsType::Ext4,
+            256 << 20,
+            &Sysfs::system(),
+        );
         if has_cap {
             let after = r.unwrap();
             assert!(after > 250 << 20 && after <= 256 << 20, "{after}");
@@ -795,7 +871,7 @@ mod tests {
         for mb in [100, 700] {
             let disk = LoopDisk::new(mb, Some("ext4"));
             let m = Mounted::new(&disk.device, "ext4", "");
-            let dev = crate::device::from_path(&disk.device).unwrap();
+            let dev = disk.agent_device();
             let got = fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, FsType::Ext4).unwrap();
             assert_eq!(got, dumpe2fs_bytes(&disk.device), "{mb} MiB");
             assert_eq!(got, mb << 20);
@@ -811,7 +887,7 @@ mod tests {
         }
         let disk = LoopDisk::new(64, Some("ext4"));
         let m = Mounted::new(&disk.device, "ext4", "errors=continue");
-        let dev = crate::device::from_path(&disk.device).unwrap();
+        let dev = disk.agent_device();
         std::fs::write(
             format!("/sys/fs/ext4/{}/trigger_fs_error", disk.name()),
             "1",
@@ -821,7 +897,14 @@ mod tests {
         // The error is recorded by a work item: give it a moment.
         let mut e = None;
         for _ in 0..100 {
-            match grow(fd(&m.path).as_fd(), &m.path, &dev, FsType::Ext4, 256 << 20) {
+            match grow(
+                fd(&m.path).as_fd(),
+                &m.path,
+                &dev,
+                FsType::Ext4,
+                256 << 20,
+                &Sysfs::system(),
+            ) {
                 Err(err @ Error::HasErrors { .. }) => {
                     e = Some(err);
                     break;

@@ -8,12 +8,15 @@ use std::process::ExitCode;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crust_agent::device::Sysfs;
 use crust_agent::notify::Target;
-use crust_agent::server::Service;
+use crust_agent::rpc::limits::Limits;
+use crust_agent::rpc::listen::{listen, Address, Peers};
+use crust_agent::rpc::transport::Server;
+use crust_agent::server::service::{lane, Service};
+use crust_agent::sys::sysfs::Sysfs;
 use crust_agent::system::{self, Gate, Timeline};
-use crust_agent::volumes::Volumes;
-use crust_agent::{init, instance, logging, notify, rpc};
+use crust_agent::volumes::table::Volumes;
+use crust_agent::{init, instance, logging, notify};
 use crust_protocols::crust_ttrpc;
 use slog::{error, info, warn};
 
@@ -51,7 +54,7 @@ struct Config {
     level: slog::Level,
     format: logging::Format,
     modules: Vec<String>,
-    vsock_peers: rpc::Peers,
+    vsock_peers: Peers,
     notify: Option<Target>,
 }
 
@@ -63,7 +66,7 @@ impl Default for Config {
             level: slog::Level::Info,
             format: logging::Format::Text,
             modules: Vec::new(),
-            vsock_peers: rpc::Peers::default(),
+            vsock_peers: Peers::default(),
             notify: None,
         }
     }
@@ -72,7 +75,7 @@ impl Default for Config {
 fn apply(cfg: &mut Config, key: &str, value: &str) -> Result<(), String> {
     match key {
         "listen" => {
-            rpc::Address::parse(value)?;
+            Address::parse(value)?;
             cfg.listen.push(value.to_string());
         }
         "root" => {
@@ -90,7 +93,7 @@ fn apply(cfg: &mut Config, key: &str, value: &str) -> Result<(), String> {
             cfg.format = logging::Format::parse(value)
                 .ok_or(format!("log format {value:?} is not text or json"))?
         }
-        "vsock-peers" | "vsock_peers" => cfg.vsock_peers = rpc::Peers::parse(value)?,
+        "vsock-peers" | "vsock_peers" => cfg.vsock_peers = Peers::parse(value)?,
         "notify" => cfg.notify = Some(Target::parse(value)?),
         _ => return Err(format!("unknown setting {key:?}")),
     }
@@ -360,7 +363,7 @@ fn run(
                 continue;
             }
         }
-        match rpc::Address::parse(addr).and_then(|a| rpc::listen(&a).map_err(|e| e.to_string())) {
+        match Address::parse(addr).and_then(|a| listen(&a).map_err(|e| e.to_string())) {
             Ok(fd) => {
                 made.extend(unix_path(addr).map(Path::to_path_buf));
                 listeners.push((addr.clone(), fd))
@@ -376,14 +379,15 @@ fn run(
         volumes.shutdown();
         return ExitCode::FAILURE;
     }
-    let limits = rpc::Limits::default();
+    let limits = Limits::default();
     info!(log, "serving"; "max_connections" => limits.max_connections, "workers" => limits.workers,
           "quick_workers" => limits.quick_workers, "queue" => limits.queue,
           "in_flight_per_connection" => limits.in_flight_per_connection,
           "max_request_bytes" => limits.max_request);
-    let server = match rpc::Server::start(
+    let server = match Server::start(
         listeners,
         crust_ttrpc::create_agent(service),
+        lane,
         limits,
         cfg.vsock_peers.clone(),
         log.clone(),
@@ -461,7 +465,9 @@ mod tests {
         );
         // The default: the host alone.
         let d = Config::default();
-        assert!(d.vsock_peers.allows(rpc::VMADDR_CID_HOST));
+        assert!(d
+            .vsock_peers
+            .allows(crust_agent::rpc::listen::VMADDR_CID_HOST));
         for cid in [0, 1, 3, 4, u32::MAX] {
             assert!(!d.vsock_peers.allows(cid), "{cid}");
         }

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
-use crate::rpc::VsockAddr;
+use crate::rpc::listen::VsockAddr;
 
 /// `SO_VM_SOCKETS_CONNECT_TIMEOUT` (linux/vm_sockets.h, the `struct
 /// timeval` form; libc has no name for it).

@@ -12,11 +12,13 @@ use std::path::Path;
 use rustix::fs::AtFlags;
 use rustix::io::Errno;
 
-use crate::beneath;
-use crate::device::{disk_state, Device, DiskState, Sysfs};
-use crate::errors::{Code, SysError};
-use crate::mountinfo;
-use crate::probe::FsType;
+use crate::code::Code;
+use crate::model::{Device, DiskState, FsType, MountId};
+use crate::sys::beneath;
+use crate::sys::blockdev;
+use crate::sys::error::SysError;
+use crate::sys::mountinfo::{self, MountEntry};
+use crate::sys::sysfs::Sysfs;
 
 /// Bytes and inodes of a mounted filesystem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,7 +38,7 @@ pub struct Usage {
 }
 
 /// What a published volume should look like.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct Expected<'a> {
     /// Where it is mounted (`<root>/volumes/<id>`), for messages.
     pub path: &'a Path,
@@ -45,13 +47,17 @@ pub struct Expected<'a> {
     /// The mount point relative to `base`.
     pub rel: &'a Path,
     /// The id of the mount the agent made, when it recorded one.
-    pub mount_id: Option<u64>,
+    pub mount_id: Option<MountId>,
     /// The disk it was mounted from.
     pub device: &'a Device,
     /// Whether it was published read-only.
     pub read_only: bool,
     /// Its filesystem.
     pub fs: FsType,
+    /// The filesystem's own size (not statfs's total, which leaves out
+    /// metadata), measured through an fd of its mount root: held against
+    /// the disk's. How to read it is growth's business; the caller says.
+    pub fs_bytes: &'a dyn Fn(BorrowedFd<'_>) -> Option<u64>,
 }
 
 /// What a block volume should look like.
@@ -64,7 +70,7 @@ pub struct BlockExpected<'a> {
     /// The guest path relative to `base`.
     pub rel: &'a Path,
     /// The id of the bind the agent made, when it recorded one.
-    pub mount_id: Option<u64>,
+    pub mount_id: Option<MountId>,
     /// The disk whose node is bound there.
     pub device: &'a Device,
     /// Whether it was published read-only.
@@ -162,16 +168,17 @@ fn errno_name(e: rustix::io::Errno) -> String {
 
 /// The mountinfo entry of the mount `fd` is on (its id from
 /// /proc/self/fdinfo, which does not touch the filesystem).
-fn mount_of_fd(fd: BorrowedFd<'_>) -> Option<crate::mountinfo::MountEntry> {
+fn mount_of_fd(fd: BorrowedFd<'_>) -> Option<MountEntry> {
     let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
-    let id: u64 = info
-        .lines()
-        .find_map(|l| l.strip_prefix("mnt_id:"))?
-        .trim()
-        .parse()
-        .ok()?;
-    let table = crate::mountinfo::read().ok()?;
-    crate::mountinfo::by_id(&table, id).cloned()
+    let id = MountId(
+        info.lines()
+            .find_map(|l| l.strip_prefix("mnt_id:"))?
+            .trim()
+            .parse()
+            .ok()?,
+    );
+    let table = mountinfo::read().ok()?;
+    mountinfo::by_id(&table, id).cloned()
 }
 
 /// Checks everything semantics.md §5 lists. The mount point is resolved
@@ -214,7 +221,7 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
                     // still told apart by the mount its fd is on, which the
                     // kernel reports without asking the filesystem.
                     mount_of_fd(fd.as_fd()).is_some_and(|m| {
-                        e.mount_id.is_none_or(|id| id == u64::from(m.mount_id))
+                        e.mount_id.is_none_or(|id| id == m.mount_id)
                             && (m.major, m.minor) == (dev.major, dev.minor)
                             && m.root == Path::new("/")
                     })
@@ -237,7 +244,7 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
                         "{path} is now another mount of the volume's disk {} than the agent made (mount {} instead of {})",
                         dev.name,
                         mp.mount_id,
-                        e.mount_id.unwrap_or_default()
+                        e.mount_id.unwrap_or(MountId(0))
                     ));
                     true
                 }
@@ -255,7 +262,7 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
             }
             if ours {
                 usage = st.as_ref().ok().map(usage_of);
-                fs_bytes = crate::grow::fs_size_bytes(fd.as_fd(), e.path, dev, e.fs).ok();
+                fs_bytes = (e.fs_bytes)(fd.as_fd());
                 let st_ro = st
                     .as_ref()
                     .is_ok_and(|s| s.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY));
@@ -307,7 +314,7 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
         }
     }
 
-    match disk_state(sysfs, dev) {
+    match sysfs.disk_state(dev) {
         DiskState::Present { size_bytes } => {
             if let Some(fs_bytes) = fs_bytes.filter(|n| *n > size_bytes) {
                 problems.push(format!(
@@ -316,17 +323,7 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
                 ));
             }
         }
-        DiskState::Gone => problems.push(format!(
-            "disk {} ({}:{}) is gone from {}: the host detached it",
-            dev.name,
-            dev.major,
-            dev.minor,
-            sysfs.dev_block.display()
-        )),
-        DiskState::ZeroSize => problems.push(format!(
-            "disk {} ({}:{}) reports size 0: its backing storage is gone",
-            dev.name, dev.major, dev.minor
-        )),
+        state => problems.extend(disk_problem(sysfs, dev, state)),
     }
 
     (usage, condition_of(problems))
@@ -363,19 +360,19 @@ pub fn check_block(sysfs: &Sysfs, e: &BlockExpected) -> (Option<u64>, Condition)
             "{path} is now another bind of disk {} than the agent made (mount {} instead of {})",
             dev.name,
             mp.mount_id,
-            e.mount_id.unwrap_or_default()
+            e.mount_id.unwrap_or(MountId(0))
         )),
         Ok(_) => {}
     }
     let mut bytes = None;
-    match crate::blockdev::open(dev) {
+    match blockdev::open(dev) {
         Err(err) => problems.push(err.to_string()),
         Ok(f) => {
-            match crate::blockdev::size(&f, dev) {
+            match blockdev::size(&f, dev) {
                 Ok(n) => bytes = Some(n),
                 Err(err) => problems.push(err.to_string()),
             }
-            match crate::blockdev::read_only(&f, dev) {
+            match blockdev::read_only(&f, dev) {
                 Ok(true) if !e.read_only => problems.push(format!(
                     "disk {} was published read-write but the kernel now refuses writes to it (its read-only flag was set behind the agent's back, or the host made the disk read-only)",
                     dev.name
@@ -389,21 +386,27 @@ pub fn check_block(sysfs: &Sysfs, e: &BlockExpected) -> (Option<u64>, Condition)
             }
         }
     }
-    match disk_state(sysfs, dev) {
-        DiskState::Present { .. } => {}
-        DiskState::Gone => problems.push(format!(
+    problems.extend(disk_problem(sysfs, dev, sysfs.disk_state(dev)));
+    (bytes, condition_of(problems))
+}
+
+/// What a disk's state says is wrong with a volume on it, if anything: the
+/// same words for a filesystem and a block volume.
+fn disk_problem(sysfs: &Sysfs, dev: &Device, state: DiskState) -> Option<String> {
+    match state {
+        DiskState::Present { .. } => None,
+        DiskState::Gone => Some(format!(
             "disk {} ({}:{}) is gone from {}: the host detached it",
             dev.name,
             dev.major,
             dev.minor,
             sysfs.dev_block.display()
         )),
-        DiskState::ZeroSize => problems.push(format!(
+        DiskState::ZeroSize => Some(format!(
             "disk {} ({}:{}) reports size 0: its backing storage is gone",
             dev.name, dev.major, dev.minor
         )),
     }
-    (bytes, condition_of(problems))
 }
 
 fn condition_of(problems: Vec<String>) -> Condition {
@@ -427,13 +430,16 @@ mod tests {
     use std::os::fd::AsFd;
     use std::time::{Duration, Instant};
 
-    /// `check` of the mount at `m`, resolved from its parent's fd.
-    fn check_m(
+    /// `check` of the mount at `m`, resolved from its parent's fd, with a
+    /// filesystem that fills its disk as mkfs made it (`fs_bytes`, where
+    /// the test says; growth reads the real size, tests/hostile.rs the whole).
+    fn check_sized(
         sysfs: &Sysfs,
         m: &Mounted,
         dev: &Device,
         fs: FsType,
         read_only: bool,
+        fs_bytes: Option<u64>,
     ) -> (Option<Usage>, Condition) {
         let parent = m.path.parent().unwrap();
         let fd = rustix::fs::open(
@@ -452,8 +458,20 @@ mod tests {
                 device: dev,
                 read_only,
                 fs,
+                fs_bytes: &|_| fs_bytes,
             },
         )
+    }
+
+    /// `check_sized` with no filesystem size to hold against the disk's.
+    fn check_m(
+        sysfs: &Sysfs,
+        m: &Mounted,
+        dev: &Device,
+        fs: FsType,
+        read_only: bool,
+    ) -> (Option<Usage>, Condition) {
+        check_sized(sysfs, m, dev, fs, read_only, None)
     }
 
     fn assert_ok(cond: &Condition) {
@@ -510,7 +528,7 @@ mod tests {
         for fs in [FsType::Ext4, FsType::Xfs] {
             let disk = LoopDisk::new(320, Some(fs.name()));
             let m = Mounted::new(&disk.device, fs.name(), "");
-            let dev = crate::device::from_path(&disk.device).unwrap();
+            let dev = disk.agent_device();
             let (before, cond) = check_m(&Sysfs::system(), &m, &dev, fs, false);
             assert_ok(&cond);
             let before = before.unwrap();
@@ -544,7 +562,7 @@ mod tests {
         }
         let disk = LoopDisk::new(64, Some("ext4"));
         let m = Mounted::new(&disk.device, "ext4", "");
-        let dev = crate::device::from_path(&disk.device).unwrap();
+        let dev = disk.agent_device();
         run("umount", &[m.path.to_str().unwrap()]);
         let (usage, cond) = check_m(&Sysfs::system(), &m, &dev, FsType::Ext4, false);
         assert_abnormal(&cond, "no longer a mount point");
@@ -562,10 +580,7 @@ mod tests {
         assert_eq!(usage, None);
         assert_abnormal(
             &cond,
-            &format!(
-                "is now a mount of device 7:{}",
-                crate::device::from_path(&other.device).unwrap().minor
-            ),
+            &format!("is now a mount of device 7:{}", other.agent_device().minor),
         );
         run("umount", &[m.path.to_str().unwrap()]);
     }
@@ -577,7 +592,7 @@ mod tests {
         }
         let disk = LoopDisk::new(320, Some("xfs"));
         let m = Mounted::new(&disk.device, "xfs", "");
-        let dev = crate::device::from_path(&disk.device).unwrap();
+        let dev = disk.agent_device();
         run("mount", &["-o", "remount,ro", m.path.to_str().unwrap()]);
         let (usage, cond) = check_m(&Sysfs::system(), &m, &dev, FsType::Xfs, false);
         assert_abnormal(&cond, "published read-write but is now read-only");
@@ -594,7 +609,7 @@ mod tests {
         }
         let disk = LoopDisk::new(64, Some("ext4"));
         let m = Mounted::new(&disk.device, "ext4", "errors=remount-ro");
-        let dev = crate::device::from_path(&disk.device).unwrap();
+        let dev = disk.agent_device();
         assert_ok(&check_m(&Sysfs::system(), &m, &dev, FsType::Ext4, false).1);
         std::fs::write(format!("/sys/fs/ext4/{}/trigger_fs_error", dev.name), "1").unwrap();
         // The error count is bumped by a work item: give it a moment.
@@ -635,16 +650,18 @@ mod tests {
                     ""
                 },
             );
-            let dev = crate::device::from_path(&disk.device).unwrap();
-            assert_ok(&check_m(&Sysfs::system(), &m, &dev, fs, false).1);
+            let dev = disk.agent_device();
+            let size = Some(mb << 20);
+            let check = || check_sized(&Sysfs::system(), &m, &dev, fs, false, size);
+            assert_ok(&check().1);
             disk.resize(mb - 16);
-            let (usage, cond) = check_m(&Sysfs::system(), &m, &dev, fs, false);
+            let (usage, cond) = check();
             assert_abnormal(&cond, "the filesystem is larger than its device");
             assert_abnormal(&cond, &format!("only {} bytes", (mb - 16) << 20));
             assert!(usage.is_some(), "{fs}: usage still flows");
             // Given back its size, it is fine again.
             disk.resize(mb);
-            assert_ok(&check_m(&Sysfs::system(), &m, &dev, fs, false).1);
+            assert_ok(&check().1);
         }
     }
 
@@ -655,7 +672,7 @@ mod tests {
         }
         let disk = LoopDisk::new(320, Some("xfs"));
         let m = Mounted::new(&disk.device, "xfs", "");
-        let dev = crate::device::from_path(&disk.device).unwrap();
+        let dev = disk.agent_device();
         run(
             "xfs_io",
             &["-x", "-c", "shutdown", m.path.to_str().unwrap()],
@@ -673,7 +690,7 @@ mod tests {
         }
         let disk = LoopDisk::new(64, Some("ext4"));
         let m = Mounted::new(&disk.device, "ext4", "");
-        let dev = crate::device::from_path(&disk.device).unwrap();
+        let dev = disk.agent_device();
         // Detach while mounted (the loop driver defers it), then lose the backing storage.
         run("losetup", &["-d", disk.device.to_str().unwrap()]);
         disk.resize(0);

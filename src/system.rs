@@ -1,66 +1,20 @@
-//! What this kernel and this process can do, and what the agent reports
-//! about itself: feature probes (done once), the filesystems the kernel
-//! knows, capabilities, the boot timeline, memory use.
+//! What the agent reports about itself and the kernel it runs on: the
+//! capabilities of the contract this kernel allows (from the probes of
+//! `sys::features`), the filesystems the kernel knows, the boot timeline,
+//! memory use; and the gate requests wait at while modules still load.
 
-use std::sync::{Condvar, Mutex, OnceLock};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::errors::SysError;
+use crate::cancel::Cancel;
+use crate::model::FsType;
+use crate::sys::error::SysError;
+use crate::sys::features::{features, has_sys_resource};
 
 /// Milliseconds since the kernel started (CLOCK_BOOTTIME).
 pub fn boottime_ms() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
     t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
-}
-
-/// Whether a syscall exists: it is called with arguments it must reject,
-/// and only ENOSYS (or EPERM from a seccomp filter) means "absent".
-fn syscall_exists(nr: libc::c_long) -> bool {
-    // SAFETY: every pointer argument is null and the fd is -1: the kernel
-    // rejects the call (EBADF/EFAULT/EINVAL) without touching memory.
-    let r = unsafe {
-        libc::syscall(
-            nr,
-            -1 as libc::c_long,
-            0 as libc::c_long,
-            0 as libc::c_long,
-            0 as libc::c_long,
-            0 as libc::c_long,
-        )
-    };
-    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-    !(r == -1 && (errno == libc::ENOSYS || errno == libc::EPERM))
-}
-
-/// Kernel features the agent depends on, probed once.
-#[derive(Clone, Copy, Debug)]
-pub struct Features {
-    /// mount_setattr(2) (Linux 5.12): recursive read-only binds.
-    pub mount_setattr: bool,
-    /// openat2(2) (Linux 5.6): subpaths resolved beneath the volume root.
-    pub openat2: bool,
-    /// open_tree(2)/move_mount(2) (Linux 5.2): binds with no writable window.
-    pub open_tree: bool,
-}
-
-/// The probed features of the running kernel.
-pub fn features() -> Features {
-    static F: OnceLock<Features> = OnceLock::new();
-    *F.get_or_init(|| Features {
-        mount_setattr: syscall_exists(libc::SYS_mount_setattr),
-        openat2: syscall_exists(libc::SYS_openat2),
-        open_tree: syscall_exists(libc::SYS_open_tree) && syscall_exists(libc::SYS_move_mount),
-    })
-}
-
-/// Whether this process holds CAP_SYS_RESOURCE, which ext4 online growth needs.
-pub fn has_sys_resource() -> bool {
-    caps::has_cap(
-        None,
-        caps::CapSet::Effective,
-        caps::Capability::CAP_SYS_RESOURCE,
-    )
-    .unwrap_or(false)
 }
 
 /// The capabilities of the wire contract, by their numbers in crust.proto.
@@ -121,7 +75,7 @@ fn parse_filesystems(text: &str) -> Vec<String> {
                 _ => None, // "nodev <name>": not block-backed
             }
         })
-        .filter(|n| crate::probe::FsType::parse(n).is_some())
+        .filter(|n| FsType::parse(n).is_some())
         .map(str::to_string)
         .collect()
 }
@@ -177,7 +131,7 @@ impl Gate {
 
     /// Waits until the gate is open, at most `timeout`; true if it is.
     /// Stops early, with the gate still closed, when `cancel` fires.
-    pub fn wait(&self, timeout: Duration, cancel: &crate::cancel::Cancel) -> bool {
+    pub fn wait(&self, timeout: Duration, cancel: &Cancel) -> bool {
         let end = Instant::now().checked_add(timeout);
         let mut g = self.open.lock().unwrap_or_else(|p| p.into_inner());
         while !*g && cancel.why().is_none() {

@@ -6,6 +6,8 @@
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
+use crate::model::{FsType, RecursiveReadOnly};
+
 /// A malformed request: the message says which field and why.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{0}")]
@@ -76,9 +78,10 @@ pub fn volume_id(id: &str) -> Result<(), Invalid> {
             "volume_id {id:?} must start with a letter or a digit"
         )));
     }
+    // The charset of every name the contracts carry (crust-protocols' `names`).
     if let Some(c) = id
         .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+        .find(|c| !u8::try_from(*c).is_ok_and(crust_protocols::names::is_name_byte))
     {
         return Err(invalid(format!(
             "volume_id {id:?} contains {c:?}; only [A-Za-z0-9._-] are allowed"
@@ -117,8 +120,8 @@ pub fn serial(s: &str) -> Result<(), Invalid> {
 }
 
 /// `fs_type`: "ext4" or "xfs".
-pub fn fs_type(s: &str) -> Result<crate::probe::FsType, Invalid> {
-    crate::probe::FsType::parse(s).ok_or_else(|| {
+pub fn fs_type(s: &str) -> Result<FsType, Invalid> {
+    FsType::parse(s).ok_or_else(|| {
         if s.is_empty() {
             invalid("fs_type is empty; say which filesystem the disk holds: ext4 or xfs")
         } else {
@@ -221,11 +224,8 @@ pub fn target(root: &Path, s: &str) -> Result<PathBuf, Invalid> {
 }
 
 /// `recursive_read_only` other than DISABLED needs `read_only`.
-pub fn recursive_read_only(
-    read_only: bool,
-    rro: crate::mount::RecursiveReadOnly,
-) -> Result<(), Invalid> {
-    if rro != crate::mount::RecursiveReadOnly::Disabled && !read_only {
+pub fn recursive_read_only(read_only: bool, rro: RecursiveReadOnly) -> Result<(), Invalid> {
+    if rro != RecursiveReadOnly::Disabled && !read_only {
         return Err(invalid(
             "recursive_read_only needs read_only: a recursively read-only bind must be read-only itself",
         ));

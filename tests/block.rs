@@ -65,7 +65,7 @@ fn list(c: &crust_protocols::crust_ttrpc::AgentClient) -> Vec<pb::VolumeInfo> {
 /// the root, the list, the state files, the nodes beneath the root, and the
 /// disks' read-only flags.
 fn scene(a: &Agent, c: &crust_protocols::crust_ttrpc::AgentClient, disks: &[&LoopDisk]) -> String {
-    let mounts: Vec<String> = crust_agent::mountinfo::read()
+    let mounts: Vec<String> = crust_agent::sys::mountinfo::read()
         .unwrap()
         .into_iter()
         .filter(|m| m.mount_point.starts_with(&a.root))
@@ -329,7 +329,7 @@ fn block_volume_publish_bind_write_stats_expand_unpublish() {
             .unwrap()
             .was_published
     );
-    assert!(crust_agent::mountinfo::read()
+    assert!(crust_agent::sys::mountinfo::read()
         .unwrap()
         .iter()
         .all(|m| !m.mount_point.starts_with(&a.root)));
@@ -642,7 +642,7 @@ fn block_volumes_come_back_after_a_restart_and_go_at_shutdown() {
     while a.alive() && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    assert!(crust_agent::mountinfo::read()
+    assert!(crust_agent::sys::mountinfo::read()
         .unwrap()
         .iter()
         .all(|m| !m.mount_point.starts_with(&a.root)));
@@ -672,7 +672,7 @@ fn a_block_bind_no_record_explains_is_taken_down_at_start() {
     let a = Agent::start_in(dir);
     let c = a.client();
     assert!(list(&c).is_empty());
-    let left: Vec<_> = crust_agent::mountinfo::read()
+    let left: Vec<_> = crust_agent::sys::mountinfo::read()
         .unwrap()
         .into_iter()
         .filter(|m| m.mount_point.starts_with(&a.root))

@@ -791,7 +791,7 @@ fn selinux_context_options_are_left_out_without_selinux() {
     if !privileged() {
         return;
     }
-    if crust_agent::mount::selinux::enabled() {
+    if crust_agent::sys::sysfs::Sysfs::system().selinux_enabled() {
         // Then they go to the kernel as given (src/mount/selinux.rs's tests).
         eprintln!("this host has SELinux: the options would be passed through, not left out");
         return;

@@ -8,7 +8,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crust_agent::ownership::{self, Policy};
+use crust_agent::model::Policy;
+use crust_agent::ownership::walk as ownership;
 use serde_json::json;
 
 use crate::report::{fmt_secs, Figure, Verdict};

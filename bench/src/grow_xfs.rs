@@ -8,7 +8,8 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use crust_agent::grow;
-use crust_agent::probe::FsType;
+use crust_agent::model::FsType;
+use crust_agent::sys::sysfs::Sysfs;
 use serde_json::json;
 
 use crate::report::{fmt_secs, Figure, Verdict};
@@ -75,14 +76,21 @@ fn check_grown(path: &Path, who: &str) -> R<u64> {
 
 fn crust(g: &Grown) -> R<f64> {
     // The agent knows its volume's device from the publish: found before the clock starts.
-    let device = crust_agent::device::from_path(Path::new(&g.lo.dev))
+    let device = crust_agent::device::from_path(&Sysfs::system(), Path::new(&g.lo.dev))
         .map_err(|e| format!("device::from_path: {e}"))?;
     let t = Instant::now();
     let dev = crust_agent::device::size_bytes(&device.path)
         .map_err(|e| format!("device::size_bytes: {e}"))?;
     let dir = std::fs::File::open(&g.mount.path).map_err(|e| e.to_string())?;
-    let size = grow::grow(dir.as_fd(), &g.mount.path, &device, FsType::Xfs, dev)
-        .map_err(|e| format!("grow::grow: {e}"))?;
+    let size = grow::grow(
+        dir.as_fd(),
+        &g.mount.path,
+        &device,
+        FsType::Xfs,
+        dev,
+        &Sysfs::system(),
+    )
+    .map_err(|e| format!("grow::grow: {e}"))?;
     let d = secs(t.elapsed());
     let total = check_grown(&g.mount.path, "grow::grow")?;
     let own = grow::fs_size_bytes(dir.as_fd(), &g.mount.path, &device, FsType::Xfs)
@@ -117,10 +125,17 @@ fn xfs_growfs(g: &Grown) -> R<f64> {
 /// crust asked to grow past the device must fail, not claim success.
 fn no_false_success(work: &Path, pristine: &Path) -> R<()> {
     let (img, lo, mount) = mounted_copy(work, pristine, "xfs-false")?;
-    let device = crust_agent::device::from_path(Path::new(&lo.dev))
+    let device = crust_agent::device::from_path(&Sysfs::system(), Path::new(&lo.dev))
         .map_err(|e| format!("device::from_path: {e}"))?;
     let dir = std::fs::File::open(&mount.path).map_err(|e| e.to_string())?;
-    let r = grow::grow(dir.as_fd(), &mount.path, &device, FsType::Xfs, TO);
+    let r = grow::grow(
+        dir.as_fd(),
+        &mount.path,
+        &device,
+        FsType::Xfs,
+        TO,
+        &Sysfs::system(),
+    );
     let total = sys::statfs_total(&mount.path)?;
     drop(mount);
     drop(lo);

@@ -154,8 +154,8 @@ impl Drop for Mount {
 /// (deepest first) and loop devices backed by files there.
 pub fn cleanup_stale(work: &Path) {
     let prefix = work.to_string_lossy().into_owned();
-    if let Ok(table) = crust_agent::mountinfo::read() {
-        let points: Vec<String> = crust_agent::mountinfo::mounts_under(&table, work)
+    if let Ok(table) = crust_agent::sys::mountinfo::read() {
+        let points: Vec<String> = crust_agent::sys::mountinfo::mounts_under(&table, work)
             .into_iter()
             .map(|m| m.mount_point.display().to_string())
             .collect();

@@ -88,7 +88,7 @@ pub fn direct_volume(data: &[u8]) {
                 "{r:?}"
             );
             assert!(r.fs_group.is_none_or(|g| g <= MAX_FS_GROUP), "{r:?}");
-            crust_agent::mount::parse_options(&r.options, false)
+            crust_agent::mount::options::parse_options(&r.options, false)
                 .unwrap_or_else(|e| panic!("options the agent refuses were accepted: {e}"));
         }
         Err(RecordError::Encrypted) => {}

@@ -14,21 +14,13 @@ use rustix::fs::{FileType, OFlags, ResolveFlags};
 use rustix::io::Errno;
 use rustix::mount::{MountFlags, MoveMountFlags, OpenTreeFlags};
 
-use super::Error;
-use crate::beneath::{self, Created, Leaf};
-use crate::errors::SysError;
+use super::error::Error;
+use super::unmount::{unmount_tree, Expect};
+use crate::model::{MountId, RecursiveReadOnly};
+use crate::sys::beneath::{self, Created, Leaf};
+use crate::sys::error::SysError;
+use crate::sys::features::features;
 use crate::validate;
-
-/// KEP-3857's recursive read-only modes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RecursiveReadOnly {
-    /// Only the top mount is read-only; submounts stay writable.
-    Disabled,
-    /// Recursive where the kernel can (mount_setattr), else plain read-only.
-    IfPossible,
-    /// Recursive, or fail with nothing mounted.
-    Enabled,
-}
 
 /// What to bind where.
 #[derive(Clone, Copy, Debug)]
@@ -53,24 +45,24 @@ pub struct BindSpec<'a> {
 
 /// What a bind did.
 #[derive(Debug)]
-pub struct BindOutcome {
+pub struct Bound {
     /// Submounts were made read-only too (the KEP's VolumeMountStatus).
     pub recursive_read_only_applied: bool,
     /// The id of the new mount (statx mount id), to unmount exactly it later.
-    pub mount_id: u64,
+    pub mount_id: MountId,
     /// The nodes the bind created for its target (removed if the caller undoes it).
     pub created: Vec<Created>,
 }
 
 /// Binds `spec.subpath` of the volume at `spec.target_rel`.
-pub fn bind(spec: &BindSpec) -> Result<BindOutcome, Error> {
-    let f = crate::system::features();
+pub fn bind(spec: &BindSpec) -> Result<Bound, Error> {
+    let f = features();
     bind_with(spec, f.mount_setattr && f.open_tree)
 }
 
 /// `bind`, with the kernel's mount_setattr support given (false forces the
 /// classic mount(2) path, which tests exercise).
-pub(crate) fn bind_with(spec: &BindSpec, have_setattr: bool) -> Result<BindOutcome, Error> {
+pub(crate) fn bind_with(spec: &BindSpec, have_setattr: bool) -> Result<Bound, Error> {
     validate::recursive_read_only(spec.read_only, spec.recursive_read_only)?;
     if spec.recursive_read_only == RecursiveReadOnly::Enabled && !have_setattr {
         return Err(Error::RecursiveUnsupported {
@@ -85,7 +77,7 @@ pub(crate) fn bind_with(spec: &BindSpec, have_setattr: bool) -> Result<BindOutco
     let result = open_target(spec, source_kind, &mut created)
         .and_then(|target| attach(spec, &source, &target, have_setattr));
     match result {
-        Ok((recursive_read_only_applied, mount_id)) => Ok(BindOutcome {
+        Ok((recursive_read_only_applied, mount_id)) => Ok(Bound {
             recursive_read_only_applied,
             mount_id,
             created,
@@ -102,8 +94,8 @@ pub(crate) fn bind_with(spec: &BindSpec, have_setattr: bool) -> Result<BindOutco
 /// checked is the disk's node) onto the empty file `target` (an O_PATH fd
 /// of `spec.target_rel`), read-only if `spec.read_only`: a block volume's
 /// guest path. Returns the new mount's id.
-pub fn bind_node(spec: &BindSpec, target: &OwnedFd) -> Result<u64, Error> {
-    let f = crate::system::features();
+pub fn bind_node(spec: &BindSpec, target: &OwnedFd) -> Result<MountId, Error> {
+    let f = features();
     let source = rustix::io::fcntl_dupfd_cloexec(spec.source_root, 0)
         .map_err(|e| SysError::new("dup", spec.source_path.display(), e))?;
     Ok(attach(spec, &source, target, f.mount_setattr && f.open_tree)?.1)
@@ -182,7 +174,7 @@ fn attach(
     source: &OwnedFd,
     target: &OwnedFd,
     have_setattr: bool,
-) -> Result<(bool, u64), Error> {
+) -> Result<(bool, MountId), Error> {
     let tname = spec.target_path.display();
     if have_setattr {
         let tree = rustix::mount::open_tree(
@@ -247,12 +239,12 @@ fn attach(
     let dst = beneath::proc_path(target.as_fd());
     rustix::mount::mount_bind_recursive(&src, &dst)
         .map_err(|e| SysError::new("mount(MS_BIND|MS_REC)", &tname, e))?;
-    let undo = |id: u64, (ma, mi): (u32, u32)| {
-        let _ = super::unmount_tree(
+    let undo = |id: MountId, (ma, mi): (u32, u32)| {
+        let _ = unmount_tree(
             spec.target_base,
             Path::new("/"),
             spec.target_rel,
-            super::Expect::Mount(id, ma, mi),
+            Expect::Mount(id, ma, mi),
         );
     };
     let mounted = beneath::open_path(spec.target_base, spec.target_rel)
@@ -318,5 +310,313 @@ fn mount_setattr(dir: RawFd, path: &CStr, flags: u32, attr: &MountAttr) -> io::R
         Ok(())
     } else {
         Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+    use std::path::PathBuf;
+
+    use rustix::mount::MountFlags;
+
+    use super::*;
+    use crate::code::Code;
+    use crate::model::MountId;
+    use crate::mount::testkit::{dir_fd, entry, is_erofs, loop_disk, mounted_under, write};
+    use crate::mount::unmount::tests::mount_at;
+    use crate::mount::unmount::{remove_node, unmount_tree, Expect};
+    use crate::testutil::root_or_skip;
+    use crate::testutil::LoopDisk;
+
+    /// A mounted ext4 volume with files, a tmpfs submount at `sub`, and an agent root.
+    struct Fixture {
+        disk: LoopDisk,
+        vol: PathBuf,
+        vol_fd: OwnedFd,
+        root: PathBuf,
+        root_fd: OwnedFd,
+    }
+
+    fn fixture() -> Fixture {
+        let disk = loop_disk("ext4");
+        let vol = mount_at(&disk, "vol", "ext4");
+        std::fs::create_dir_all(vol.join("data/deep")).unwrap();
+        std::fs::write(vol.join("data/file"), b"hello").unwrap();
+        std::fs::create_dir(vol.join("sub")).unwrap();
+        rustix::mount::mount("tmpfs", vol.join("sub"), "tmpfs", MountFlags::empty(), None).unwrap();
+        let root = disk.scratch("agent");
+        let (vol_fd, root_fd) = (dir_fd(&vol), dir_fd(&root));
+        Fixture {
+            disk,
+            vol,
+            vol_fd,
+            root,
+            root_fd,
+        }
+    }
+
+    impl Fixture {
+        fn bind(
+            &self,
+            subpath: &str,
+            target: &str,
+            ro: bool,
+            rro: RecursiveReadOnly,
+            setattr: bool,
+        ) -> Result<Bound, Error> {
+            let t = self.root.join(target);
+            bind_with(
+                &BindSpec {
+                    source_root: self.vol_fd.as_fd(),
+                    source_path: &self.vol,
+                    subpath: Path::new(subpath),
+                    target_base: self.root_fd.as_fd(),
+                    target_rel: Path::new(target),
+                    target_path: &t,
+                    read_only: ro,
+                    recursive_read_only: rro,
+                },
+                setattr,
+            )
+        }
+
+        fn unbind(&self, target: &str, id: MountId) -> bool {
+            unmount_tree(self.root_fd.as_fd(), &self.root, Path::new(target), {
+                let (ma, mi) = beneath::mount_point(self.vol_fd.as_fd()).unwrap().dev;
+                Expect::Mount(id, ma, mi)
+            })
+            .unwrap()
+        }
+    }
+
+    #[test]
+    fn binds_root_and_subpath_writable_and_read_only() {
+        if !root_or_skip("binds_root_and_subpath_writable_and_read_only") {
+            return;
+        }
+        let f = fixture();
+        let t1 = f.root.join("binds/one");
+        let out = f
+            .bind("", "binds/one", false, RecursiveReadOnly::Disabled, true)
+            .unwrap();
+        assert!(!out.recursive_read_only_applied);
+        assert_eq!(out.created.len(), 2, "binds/ and binds/one");
+        assert_eq!(std::fs::read(t1.join("data/file")).unwrap(), b"hello");
+        write(&t1.join("new")).unwrap();
+        assert!(f.vol.join("new").exists());
+        let e = entry(&t1).unwrap();
+        assert_eq!(e.mount_id, out.mount_id);
+        assert_eq!(e.root, PathBuf::from("/"));
+        assert!(!e.read_only());
+        // The bind is recursive: the submount came along.
+        assert!(entry(&t1.join("sub")).is_some());
+        // Created directories are 0750.
+        let mode = std::fs::metadata(f.root.join("binds")).unwrap();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+            0o750
+        );
+
+        let t2 = f.root.join("binds/two");
+        let out2 = f
+            .bind("data", "binds/two", true, RecursiveReadOnly::Disabled, true)
+            .unwrap();
+        let e = entry(&t2).unwrap();
+        assert_eq!(e.root, PathBuf::from("/data"));
+        assert!(e.read_only());
+        assert_eq!(std::fs::read(t2.join("file")).unwrap(), b"hello");
+        assert!(is_erofs(write(&t2.join("x"))));
+        assert!(is_erofs(std::fs::create_dir(t2.join("deep/x"))));
+
+        assert!(f.unbind("binds/one", out.mount_id));
+        assert!(f.unbind("binds/two", out2.mount_id));
+        assert!(!f.unbind("binds/two", out2.mount_id));
+        assert_eq!(mounted_under(&f.root), 0);
+    }
+
+    #[test]
+    fn recursive_read_only_makes_the_difference() {
+        if !root_or_skip("recursive_read_only_makes_the_difference") {
+            return;
+        }
+        let f = fixture();
+        let t = f.root.join("rro");
+
+        // Disabled: the top refuses writes, the submount does not.
+        let out = f
+            .bind("", "rro", true, RecursiveReadOnly::Disabled, true)
+            .unwrap();
+        assert!(!out.recursive_read_only_applied);
+        assert!(is_erofs(write(&t.join("top"))));
+        write(&t.join("sub/x")).unwrap();
+        assert!(!entry(&t.join("sub")).unwrap().read_only());
+        f.unbind("rro", out.mount_id);
+
+        // Enabled: the submount refuses too.
+        let out = f
+            .bind("", "rro", true, RecursiveReadOnly::Enabled, true)
+            .unwrap();
+        assert!(out.recursive_read_only_applied);
+        assert!(is_erofs(write(&t.join("top"))));
+        assert!(is_erofs(write(&t.join("sub/y"))));
+        assert!(entry(&t.join("sub")).unwrap().read_only());
+        // The source submount itself stays writable.
+        write(&f.vol.join("sub/z")).unwrap();
+        f.unbind("rro", out.mount_id);
+
+        // IfPossible, on this kernel: applied.
+        let out = f
+            .bind("", "rro", true, RecursiveReadOnly::IfPossible, true)
+            .unwrap();
+        assert!(out.recursive_read_only_applied);
+        assert!(is_erofs(write(&t.join("sub/y"))));
+        f.unbind("rro", out.mount_id);
+
+        // RRO without read_only is refused, nothing mounted.
+        for rro in [RecursiveReadOnly::IfPossible, RecursiveReadOnly::Enabled] {
+            let err = f.bind("", "rro", false, rro, true).unwrap_err();
+            assert_eq!(err.code(), Code::InvalidArgument);
+        }
+        assert_eq!(mounted_under(&t), 0);
+    }
+
+    #[test]
+    fn classic_path_without_mount_setattr() {
+        if !root_or_skip("classic_path_without_mount_setattr") {
+            return;
+        }
+        let f = fixture();
+        let t = f.root.join("classic");
+        // Enabled needs mount_setattr: refused, nothing mounted, nothing created.
+        let err = f
+            .bind("", "classic", true, RecursiveReadOnly::Enabled, false)
+            .unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition);
+        assert!(!t.exists());
+        // IfPossible falls back to plain read-only.
+        let out = f
+            .bind("", "classic", true, RecursiveReadOnly::IfPossible, false)
+            .unwrap();
+        assert!(!out.recursive_read_only_applied);
+        assert_eq!(entry(&t).unwrap().mount_id, out.mount_id);
+        assert!(is_erofs(write(&t.join("top"))));
+        write(&t.join("sub/x")).unwrap();
+        f.unbind("classic", out.mount_id);
+        // Writable binds work too.
+        let out = f
+            .bind("data", "classic", false, RecursiveReadOnly::Disabled, false)
+            .unwrap();
+        write(&t.join("w")).unwrap();
+        assert!(f.vol.join("data/w").exists());
+        f.unbind("classic", out.mount_id);
+    }
+
+    #[test]
+    fn subpath_escapes_are_refused() {
+        if !root_or_skip("subpath_escapes_are_refused") {
+            return;
+        }
+        let f = fixture();
+        std::os::unix::fs::symlink("../../etc", f.vol.join("data/up")).unwrap();
+        std::os::unix::fs::symlink("/etc", f.vol.join("abs")).unwrap();
+        std::os::unix::fs::symlink("/proc/self/root/etc", f.vol.join("magic")).unwrap();
+        std::os::unix::fs::symlink("deep", f.vol.join("data/inside")).unwrap();
+        let t = f.root.join("esc");
+        for sub in ["data/up", "abs", "abs/passwd", "magic"] {
+            let err = f
+                .bind(sub, "esc", true, RecursiveReadOnly::Disabled, true)
+                .unwrap_err();
+            assert_eq!(err.code(), Code::InvalidArgument, "{sub}: {err}");
+            assert_eq!(mounted_under(&t), 0, "{sub}");
+            assert!(!t.exists(), "{sub}: target left behind");
+        }
+        for sub in ["data/missing", "data/file/x"] {
+            let err = f
+                .bind(sub, "esc", true, RecursiveReadOnly::Disabled, true)
+                .unwrap_err();
+            assert_eq!(err.code(), Code::NotFound, "{sub}");
+        }
+        assert_eq!(mounted_under(&f.root), 0);
+        // A symlink that stays inside the volume is fine.
+        let out = f
+            .bind(
+                "data/inside",
+                "esc",
+                true,
+                RecursiveReadOnly::Disabled,
+                true,
+            )
+            .unwrap();
+        assert_eq!(entry(&t).unwrap().root, PathBuf::from("/data/deep"));
+        f.unbind("esc", out.mount_id);
+    }
+
+    #[test]
+    fn target_escapes_are_refused() {
+        if !root_or_skip("target_escapes_are_refused") {
+            return;
+        }
+        let f = fixture();
+        let outside = f.disk.scratch("outside");
+        std::os::unix::fs::symlink(&outside, f.root.join("abs")).unwrap();
+        std::os::unix::fs::symlink("../outside", f.root.join("rel")).unwrap();
+        std::fs::create_dir(f.root.join("real")).unwrap();
+        std::os::unix::fs::symlink("real", f.root.join("inside")).unwrap();
+        for t in ["abs/t", "rel/t", "rel", "inside/t"] {
+            let err = f
+                .bind("", t, true, RecursiveReadOnly::Disabled, true)
+                .unwrap_err();
+            assert_eq!(err.code(), Code::InvalidArgument, "{t}: {err}");
+        }
+        assert_eq!(mounted_under(&outside), 0);
+        assert_eq!(
+            std::fs::read_dir(&outside).unwrap().count(),
+            0,
+            "nothing created outside"
+        );
+        assert_eq!(mounted_under(&f.root), 0);
+        // A file where a directory is needed.
+        std::fs::write(f.root.join("afile"), b"").unwrap();
+        let err = f
+            .bind("", "afile", true, RecursiveReadOnly::Disabled, true)
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert_eq!(mounted_under(&f.root), 0);
+    }
+
+    #[test]
+    fn binds_a_file_onto_a_new_file() {
+        if !root_or_skip("binds_a_file_onto_a_new_file") {
+            return;
+        }
+        let f = fixture();
+        let t = f.root.join("files/f");
+        let out = f
+            .bind(
+                "data/file",
+                "files/f",
+                true,
+                RecursiveReadOnly::Disabled,
+                true,
+            )
+            .unwrap();
+        assert!(std::fs::symlink_metadata(&t).unwrap().is_file());
+        assert_eq!(std::fs::read(&t).unwrap(), b"hello");
+        assert!(is_erofs(write(&t)));
+        let e = entry(&t).unwrap();
+        assert_eq!(e.root, PathBuf::from("/data/file"));
+        assert!(f.unbind("files/f", out.mount_id));
+        // The target file stays (an empty placeholder) until removed.
+        assert_eq!(std::fs::read(&t).unwrap(), b"");
+        remove_node(f.root_fd.as_fd(), Path::new("files/f"));
+        assert!(!t.exists());
+        // A directory source onto an existing file target is refused.
+        std::fs::write(&t, b"").unwrap();
+        let err = f
+            .bind("data", "files/f", true, RecursiveReadOnly::Disabled, true)
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert_eq!(mounted_under(&f.root), 0);
     }
 }

@@ -2,7 +2,7 @@
 //! options publishing refuses, and the data string left for the filesystem.
 //! Pure: parsed once per request and unit-tested against tables of inputs.
 
-use super::Error;
+use super::error::Error;
 
 /// Mount flags and the filesystem-specific data string, ready for mount(2).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -250,7 +250,7 @@ pub fn parse_options(options: &[String], read_only: bool) -> Result<MountOptions
 #[allow(clippy::unnecessary_cast)]
 mod tests {
     use super::*;
-    use crate::errors::Code;
+    use crate::code::Code;
 
     fn opts(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()

@@ -3,24 +3,16 @@
 //! mount", e.g. `context="system_u:object_r:container_file_t:s0:c1,c2"`
 //! (quoted: the level has commas).
 //!
-//! A guest without SELinux (no `/sys/fs/selinux`: the kernel did not
-//! enable it, so no policy is loaded and no label is enforced) cannot
-//! mount with them: the kernel refuses an option that no security module
+//! A guest without SELinux (no `/sys/fs/selinux`, which
+//! `Sysfs::selinux_enabled` looks for: the kernel did not enable it, so no
+//! policy is loaded and no label is enforced) cannot mount with them: the kernel refuses an option that no security module
 //! claims. Dropping them there changes nothing a pod can observe, which is
 //! what KEP-2857 lets a runtime declare as supported: the agent leaves them
 //! out of the mount and says so (in the publish answer and its log). A
 //! guest with SELinux gets them as given.
 
-use std::path::Path;
-
 /// The option keys SELinux takes.
 const KEYS: [&str; 4] = ["context", "fscontext", "defcontext", "rootcontext"];
-
-/// Whether this kernel has SELinux enabled (its filesystem's mount point
-/// exists only then).
-pub fn enabled() -> bool {
-    Path::new("/sys/fs/selinux").exists()
-}
 
 /// Splits one fstab-style element at the commas outside double quotes.
 fn items(element: &str) -> Vec<&str> {

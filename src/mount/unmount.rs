@@ -15,10 +15,11 @@ use rustix::fs::{AtFlags, FileType, OFlags};
 use rustix::io::Errno;
 use rustix::mount::UnmountFlags;
 
-use super::Error;
-use crate::beneath::{self, MountPoint};
-use crate::errors::SysError;
-use crate::mountinfo::{self, MountEntry};
+use super::error::Error;
+use crate::model::MountId;
+use crate::sys::beneath::{self, MountPoint};
+use crate::sys::error::SysError;
+use crate::sys::mountinfo::{self, MountEntry};
 
 /// Which mount the caller means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,7 +27,7 @@ pub enum Expect {
     /// The mount with this id (recorded when it was made) of this disk
     /// (major, minor): its filesystem, or a bind of its node. The kernel
     /// recycles mount ids, so an id alone does not name a mount for ever.
-    Mount(u64, u32, u32),
+    Mount(MountId, u32, u32),
     /// A mount of the filesystem on this device (major, minor), or a bind
     /// of its node (a block volume): for mounts of the agent's own making
     /// whose id was not recorded.
@@ -185,7 +186,7 @@ fn unmount_children(
                 continue;
             };
             match beneath::mount_point_at(cp.as_fd(), &cname) {
-                Ok(now) if now.is_root && now.mount_id == u64::from(m.mount_id) => {
+                Ok(now) if now.is_root && now.mount_id == m.mount_id => {
                     unmount_one(cp.as_fd(), &cname, &shown.join(rel))?;
                     progress = true;
                 }
@@ -260,13 +261,184 @@ pub fn remove_node(base: BorrowedFd<'_>, rel: &Path) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod tests {
+    use std::os::fd::AsFd;
+    use std::path::PathBuf;
 
-    fn entry(id: u32, fs_type: &str, dev: (u32, u32), at: &Path) -> MountEntry {
+    use rustix::mount::MountFlags;
+
+    use super::*;
+    use crate::code::Code;
+    use crate::model::MountId;
+    use crate::mount::filesystem::mount_filesystem;
+    use crate::mount::options::parse_options;
+    use crate::mount::testkit::{dir_fd, entry, loop_disk, mounted_under};
+    use crate::testutil::{root_or_skip, LoopDisk};
+
+    /// Mounts the disk's filesystem on a fresh scratch directory `name`.
+    pub(crate) fn mount_at(disk: &LoopDisk, name: &str, fs: &str) -> PathBuf {
+        let p = disk.scratch(name);
+        mount_filesystem(
+            &disk.device,
+            dir_fd(&p).as_fd(),
+            &p,
+            fs,
+            &parse_options(&[], false).unwrap(),
+        )
+        .unwrap();
+        p
+    }
+
+    /// Unmounts the mount at `path` (absolute) expecting the device `dev`.
+    pub(crate) fn unmount_dev(path: &Path, disk: &LoopDisk) -> Result<bool, Error> {
+        let st = rustix::fs::stat(&disk.device).unwrap();
+        let (ma, mi) = (rustix::fs::major(st.st_rdev), rustix::fs::minor(st.st_rdev));
+        let parent = path.parent().unwrap();
+        unmount_tree(
+            dir_fd(parent).as_fd(),
+            parent,
+            Path::new(path.file_name().unwrap()),
+            Expect::Device(ma, mi),
+        )
+    }
+
+    #[test]
+    fn unmount_tree_takes_submounts_and_is_idempotent() {
+        if !root_or_skip("unmount_tree_takes_submounts_and_is_idempotent") {
+            return;
+        }
+        let disk = loop_disk("ext4");
+        let vol = mount_at(&disk, "vol", "ext4");
+        std::fs::create_dir_all(vol.join("a/b")).unwrap();
+        rustix::mount::mount("tmpfs", vol.join("a/b"), "tmpfs", MountFlags::empty(), None).unwrap();
+        rustix::mount::mount("tmpfs", vol.join("a"), "tmpfs", MountFlags::empty(), None).unwrap();
+        std::fs::create_dir_all(vol.join("a/c")).unwrap();
+        rustix::mount::mount("tmpfs", vol.join("a/c"), "tmpfs", MountFlags::empty(), None).unwrap();
+        rustix::mount::mount("tmpfs", vol.join("a/c"), "tmpfs", MountFlags::empty(), None).unwrap();
+        assert_eq!(mounted_under(&vol), 5);
+        crate::mount::filesystem::sync_filesystem(dir_fd(&vol).as_fd(), &vol).unwrap();
+        assert!(unmount_dev(&vol, &disk).unwrap());
+        assert_eq!(mounted_under(&vol), 0);
+        assert!(!unmount_dev(&vol, &disk).unwrap());
+        let base = disk.scratch("x");
+        let missing = unmount_tree(
+            dir_fd(&base).as_fd(),
+            &base,
+            Path::new("never/there"),
+            Expect::Device(0, 0),
+        );
+        assert!(!missing.unwrap(), "nothing there: nothing to do");
+    }
+
+    #[test]
+    fn unmount_refuses_what_is_not_the_expected_mount() {
+        if !root_or_skip("unmount_refuses_what_is_not_the_expected_mount") {
+            return;
+        }
+        let disk = loop_disk("ext4");
+        let t = disk.scratch("t");
+        rustix::mount::mount("tmpfs", &t, "tmpfs", MountFlags::empty(), None).unwrap();
+        // A mount of another device: not ours, left mounted.
+        let e = unmount_dev(&t, &disk).unwrap_err();
+        assert!(matches!(e, Error::NotOurs { .. }), "{e}");
+        assert!(entry(&t).is_some());
+        // By id: a mount id that no longer exists means ours is gone: nothing to do.
+        let parent = t.parent().unwrap();
+        let gone = unmount_tree(
+            dir_fd(parent).as_fd(),
+            parent,
+            Path::new(t.file_name().unwrap()),
+            Expect::Mount(MountId(u64::MAX), 0, 0),
+        )
+        .unwrap();
+        assert!(!gone);
+        assert!(entry(&t).is_some(), "the tmpfs stays");
+        // A mount over ours: refused, both stay.
+        let vol = mount_at(&disk, "vol", "ext4");
+        let here = beneath::mount_point(dir_fd(&vol).as_fd()).unwrap();
+        let (id, (ma, mi)) = (here.mount_id, here.dev);
+        rustix::mount::mount("tmpfs", &vol, "tmpfs", MountFlags::empty(), None).unwrap();
+        let vparent = vol.parent().unwrap();
+        let e = unmount_tree(
+            dir_fd(vparent).as_fd(),
+            vparent,
+            Path::new(vol.file_name().unwrap()),
+            Expect::Mount(id, ma, mi),
+        )
+        .unwrap_err();
+        assert!(matches!(e, Error::Covered { .. }), "{e}");
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        rustix::mount::unmount(&vol, rustix::mount::UnmountFlags::empty()).unwrap();
+        rustix::mount::unmount(&t, rustix::mount::UnmountFlags::empty()).unwrap();
+        assert!(unmount_tree(
+            dir_fd(vparent).as_fd(),
+            vparent,
+            Path::new(vol.file_name().unwrap()),
+            Expect::Mount(id, ma, mi),
+        )
+        .unwrap());
+    }
+
+    #[test]
+    fn unmount_never_follows_a_symlink_swapped_in_on_the_way() {
+        if !root_or_skip("unmount_never_follows_a_symlink_swapped_in_on_the_way") {
+            return;
+        }
+        let disk = loop_disk("ext4");
+        // base/dir/vol is ours; then base/dir is swapped for a symlink to a
+        // directory holding a mount of the same device elsewhere.
+        let base = disk.scratch("base");
+        std::fs::create_dir_all(base.join("dir/vol")).unwrap();
+        let outside = disk.scratch("outside");
+        std::fs::create_dir_all(outside.join("vol")).unwrap();
+        mount_filesystem(
+            &disk.device,
+            dir_fd(&outside.join("vol")).as_fd(),
+            &outside.join("vol"),
+            "ext4",
+            &parse_options(&[], false).unwrap(),
+        )
+        .unwrap();
+        std::fs::rename(base.join("dir"), base.join("old")).unwrap();
+        std::os::unix::fs::symlink(&outside, base.join("dir")).unwrap();
+        let st = rustix::fs::stat(&disk.device).unwrap();
+        let e = unmount_tree(
+            dir_fd(&base).as_fd(),
+            &base,
+            Path::new("dir/vol"),
+            Expect::Device(rustix::fs::major(st.st_rdev), rustix::fs::minor(st.st_rdev)),
+        )
+        .unwrap_err();
+        assert!(matches!(e, Error::Unsafe { .. }), "{e}");
+        assert!(
+            entry(&outside.join("vol")).is_some(),
+            "outside left mounted"
+        );
+        remove_node(dir_fd(&base).as_fd(), Path::new("dir/vol"));
+        assert!(outside.join("vol").exists(), "nothing removed outside");
+        assert!(unmount_dev(&outside.join("vol"), &disk).unwrap());
+    }
+
+    #[test]
+    fn unmount_of_a_busy_mount_fails_precondition() {
+        if !root_or_skip("unmount_of_a_busy_mount_fails_precondition") {
+            return;
+        }
+        let disk = loop_disk("ext4");
+        let vol = mount_at(&disk, "vol", "ext4");
+        let open = std::fs::File::open(&vol).unwrap();
+        let err = unmount_dev(&vol, &disk).unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+        assert!(err.to_string().contains(vol.to_str().unwrap()));
+        drop(open);
+        assert!(unmount_dev(&vol, &disk).unwrap());
+    }
+
+    /// A mountinfo entry of mount `id`, of `fs_type` with device numbers `dev`, at `at`.
+    fn listing(id: u64, fs_type: &str, dev: (u32, u32), at: &Path) -> MountEntry {
         MountEntry {
-            mount_id: id,
-            parent_id: 1,
+            mount_id: MountId(id),
+            parent_id: MountId(1),
             major: dev.0,
             minor: dev.1,
             root: PathBuf::from("/x"),
@@ -280,30 +452,28 @@ mod tests {
 
     #[test]
     fn a_recycled_id_on_devtmpfs_is_another_disks_bind_not_ours() {
-        if !crate::testutil::root_or_skip(
-            "a_recycled_id_on_devtmpfs_is_another_disks_bind_not_ours",
-        ) {
+        if !root_or_skip("a_recycled_id_on_devtmpfs_is_another_disks_bind_not_ours") {
             return;
         }
-        let ours = crate::testutil::LoopDisk::new(8, None);
-        let theirs = crate::testutil::LoopDisk::new(8, None);
-        let dev = |d: &crate::testutil::LoopDisk| {
+        let ours = LoopDisk::new(8, None);
+        let theirs = LoopDisk::new(8, None);
+        let dev = |d: &LoopDisk| {
             let st = rustix::fs::stat(&d.device).unwrap();
             (rustix::fs::major(st.st_rdev), rustix::fs::minor(st.st_rdev))
         };
         let (ma, mi) = dev(&ours);
-        let expect = Expect::Mount(41, ma, mi);
+        let expect = Expect::Mount(MountId(41), ma, mi);
         // Id 41 now names a devtmpfs bind of another disk's node (the kernel
         // gave our freed id to another agent's block volume): not ours.
-        let table = vec![entry(41, "devtmpfs", (0, 5), &theirs.device)];
+        let table = vec![listing(41, "devtmpfs", (0, 5), &theirs.device)];
         assert!(listed(&table, expect).is_none());
         // A devtmpfs bind of our node is ours, and so is our filesystem.
-        let table = vec![entry(41, "devtmpfs", (0, 5), &ours.device)];
+        let table = vec![listing(41, "devtmpfs", (0, 5), &ours.device)];
         assert!(listed(&table, expect).is_some());
-        let table = vec![entry(41, "ext4", (ma, mi), Path::new("/nonexistent"))];
+        let table = vec![listing(41, "ext4", (ma, mi), Path::new("/nonexistent"))];
         assert!(listed(&table, expect).is_some());
         // Gone, or a character device, is not.
-        let table = vec![entry(41, "devtmpfs", (0, 5), Path::new("/dev/null"))];
+        let table = vec![listing(41, "devtmpfs", (0, 5), Path::new("/dev/null"))];
         assert!(listed(&table, expect).is_none());
     }
 }

@@ -3,90 +3,11 @@
 //! (s_mount_opts), and multi-mount protection (MMP), whose wait the kernel
 //! sleeps inside mount(2) where nothing can cancel it.
 
-use super::{bytes_at, fits, le16, le32, le64, Error, FsType};
-
-/// Where the ext4 superblock starts on the disk.
-const EXT4_SB_OFFSET: usize = 1024;
-/// s_feature_compat: the filesystem has a journal.
-const EXT4_COMPAT_HAS_JOURNAL: u32 = 0x4;
-/// s_feature_incompat: the device is an external journal, not a filesystem.
-const EXT4_INCOMPAT_JOURNAL_DEV: u32 = 0x8;
-/// s_feature_incompat: block counts have a high word.
-const EXT4_INCOMPAT_64BIT: u32 = 0x80;
-/// s_feature_incompat: multi-mount protection.
-const EXT4_INCOMPAT_MMP: u32 = 0x100;
-/// The largest s_log_block_size the kernel mounts (64 KiB blocks).
-const EXT4_MAX_LOG_BLOCK_SIZE: u32 = 6;
-
-/// The fields of an ext4 superblock the agent reads (fs/ext4/ext4.h, struct
-/// ext4_super_block).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Ext4Super {
-    /// s_blocks_count, with its high word when the 64bit feature is on.
-    pub blocks_count: u64,
-    /// s_first_data_block.
-    pub first_data_block: u32,
-    /// s_log_block_size: the block size is 1024 << this.
-    pub log_block_size: u32,
-    /// s_blocks_per_group.
-    pub blocks_per_group: u32,
-    /// s_state has EXT4_ERROR_FS, or s_error_count > 0.
-    pub has_errors: bool,
-    /// s_feature_compat.
-    pub compat: u32,
-    /// s_feature_incompat.
-    pub incompat: u32,
-    /// s_journal_inum: the journal's inode, 0 for an external journal.
-    pub journal_inum: u32,
-    /// s_journal_dev: an external journal's device number.
-    pub journal_dev: u32,
-    /// s_mmp_update_interval, seconds.
-    pub mmp_update_interval: u16,
-    /// s_mmp_block.
-    pub mmp_block: u64,
-    /// s_mount_opts: options the kernel applies before the mount's own.
-    pub mount_opts: [u8; 64],
-}
-
-impl Ext4Super {
-    /// Parses the superblock from a disk's first bytes (`head`, at least 2 KiB);
-    /// None without the ext4 magic or when `head` is too short.
-    pub fn parse(head: &[u8]) -> Option<Ext4Super> {
-        Ext4Super::parse_block(head.get(EXT4_SB_OFFSET..)?)
-    }
-
-    /// Parses a superblock from its own 1024 bytes (`sb`).
-    pub fn parse_block(sb: &[u8]) -> Option<Ext4Super> {
-        if le16(sb, 0x38)? != 0xEF53 {
-            return None;
-        }
-        let incompat = le32(sb, 0x60)?;
-        let hi = if incompat & EXT4_INCOMPAT_64BIT != 0 {
-            le32(sb, 0x150)?
-        } else {
-            0
-        };
-        Some(Ext4Super {
-            blocks_count: u64::from(hi) << 32 | u64::from(le32(sb, 0x04)?),
-            first_data_block: le32(sb, 0x14)?,
-            log_block_size: le32(sb, 0x18)?,
-            blocks_per_group: le32(sb, 0x20)?,
-            has_errors: le16(sb, 0x3A)? & 0x0002 != 0 || le32(sb, 0x194)? > 0,
-            compat: le32(sb, 0x5C)?,
-            incompat,
-            journal_inum: le32(sb, 0xE0)?,
-            journal_dev: le32(sb, 0xE4)?,
-            mmp_update_interval: le16(sb, 0x166)?,
-            mmp_block: le64(sb, 0x168)?,
-            mount_opts: bytes_at(sb, 0x200)?,
-        })
-    }
-
-    /// The block size, or None when no kernel would mount it (beyond 64 KiB).
-    pub fn block_size(&self) -> Option<u64> {
-        (self.log_block_size <= EXT4_MAX_LOG_BLOCK_SIZE).then(|| 1024u64 << self.log_block_size)
-    }
-}
+use super::error::{fits, Error};
+use crate::model::FsType;
+use crate::superblock::{
+    Ext4Super, Mmp, EXT4_COMPAT_HAS_JOURNAL, EXT4_INCOMPAT_JOURNAL_DEV, EXT4_INCOMPAT_MMP,
+};
 
 /// The wait ext4_multi_mount_protect sleeps, in seconds, for an MMP block
 /// that is not clean, checked at `interval` seconds: twice (before and after
@@ -106,45 +27,15 @@ const EXT4_MMP_MIN_CHECK_INTERVAL: u64 = 5;
 /// s, which the kernel turns into a check interval of about 10 s) needs after
 /// a crash left its MMP block unclean, with room for a slow host.
 pub const MAX_MMP_WAIT_SECS: u64 = 60;
-const EXT4_MMP_MAGIC: u32 = 0x004D_4D50;
-const EXT4_MMP_SEQ_CLEAN: u32 = 0xFF4D_4D50;
-const EXT4_MMP_SEQ_FSCK: u32 = 0xE24D_4D50;
-
-/// The fields of an MMP block (struct mmp_struct) the agent reads.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Mmp {
-    /// mmp_magic.
-    pub magic: u32,
-    /// mmp_seq: CLEAN, FSCK, or a live sequence.
-    pub seq: u32,
-    /// mmp_nodename: who last wrote it.
-    pub nodename: String,
-    /// mmp_check_interval, seconds.
-    pub check_interval: u16,
-}
-
-impl Mmp {
-    /// The size of struct mmp_struct.
-    pub const LEN: usize = 1024;
-
-    /// Parses an MMP block; None when `b` is shorter than one.
-    pub fn parse(b: &[u8]) -> Option<Mmp> {
-        let name: [u8; 64] = bytes_at(b, 16)?;
-        let end = name.iter().position(|&c| c == 0).unwrap_or(name.len());
-        Some(Mmp {
-            magic: le32(b, 0)?,
-            seq: le32(b, 4)?,
-            nodename: String::from_utf8_lossy(name.get(..end)?).into_owned(),
-            check_interval: le16(b, 0x70)?,
-        })
-    }
-}
+pub(crate) const EXT4_MMP_MAGIC: u32 = 0x004D_4D50;
+pub(crate) const EXT4_MMP_SEQ_CLEAN: u32 = 0xFF4D_4D50;
+pub(crate) const EXT4_MMP_SEQ_FSCK: u32 = 0xE24D_4D50;
 
 /// The options a superblock may plant in s_mount_opts: each only chooses
 /// among behaviours of this filesystem on this disk (ACLs, barriers,
 /// journalling mode, allocation, quotas), and names no other device, stalls
 /// nothing, and is no debugging switch. `errors=` may say anything: the
-/// agent's own errors= overrides it (mount::MountOptions::kernel_data).
+/// agent's own errors= overrides it (mount::options::MountOptions::kernel_data).
 const PLANTABLE_FLAGS: &[&str] = &[
     "acl",
     "user_xattr",
@@ -380,12 +271,10 @@ pub fn judge_mmp(at: MmpAt, mmp: &Mmp, device: &str) -> Result<(), Error> {
 
 #[cfg(test)]
 mod tests {
-    use std::io::SeekFrom;
-
     use super::*;
-    use crate::errors::Code;
-    use crate::probe::{check, verdict};
-    use crate::testutil::{root_or_skip, run, LoopDisk};
+    use crate::code::Code;
+    use crate::probe::error::verdict;
+    use crate::superblock::EXT4_INCOMPAT_64BIT;
 
     /// A healthy ext4 superblock: `blocks` of 4 KiB, internal journal, no MMP.
     fn ext4_sb(blocks: u64) -> Ext4Super {
@@ -409,40 +298,6 @@ mod tests {
         let mut f = [0u8; 64];
         f[..s.len()].copy_from_slice(s);
         f
-    }
-
-    #[test]
-    fn parses_ext4_superblocks_at_their_offsets() {
-        let mut head = vec![0u8; 2048];
-        let sb = &mut head[1024..];
-        sb[0x38..0x3A].copy_from_slice(&0xEF53u16.to_le_bytes());
-        sb[0x04..0x08].copy_from_slice(&65536u32.to_le_bytes());
-        sb[0x14..0x18].copy_from_slice(&1u32.to_le_bytes());
-        sb[0x18..0x1C].copy_from_slice(&0u32.to_le_bytes());
-        sb[0x5C..0x60].copy_from_slice(&EXT4_COMPAT_HAS_JOURNAL.to_le_bytes());
-        sb[0x60..0x64].copy_from_slice(&(EXT4_INCOMPAT_MMP).to_le_bytes());
-        sb[0x150..0x154].copy_from_slice(&7u32.to_le_bytes()); // no 64bit: ignored
-        sb[0xE0..0xE4].copy_from_slice(&8u32.to_le_bytes());
-        sb[0x166..0x168].copy_from_slice(&5u16.to_le_bytes());
-        sb[0x168..0x170].copy_from_slice(&1234u64.to_le_bytes());
-        sb[0x200..0x209].copy_from_slice(b"acl,debug");
-        let p = Ext4Super::parse(&head).unwrap();
-        assert_eq!(p.blocks_count, 65536);
-        assert_eq!(p.first_data_block, 1);
-        assert_eq!(p.block_size(), Some(1024));
-        assert_eq!(p.journal_inum, 8);
-        assert_eq!(p.mmp_update_interval, 5);
-        assert_eq!(p.mmp_block, 1234);
-        assert_eq!(&p.mount_opts[..10], b"acl,debug\0");
-        head[1024 + 0x60] |= 0x80; // EXT4_INCOMPAT_64BIT
-        assert_eq!(
-            Ext4Super::parse(&head).unwrap().blocks_count,
-            (7 << 32) + 65536
-        );
-        head[1024 + 0x18] = 7;
-        assert_eq!(Ext4Super::parse(&head).unwrap().block_size(), None);
-        head[1024 + 0x38] = 0;
-        assert_eq!(Ext4Super::parse(&head), None);
     }
 
     #[test]
@@ -669,116 +524,5 @@ mod tests {
             }
         );
         assert_eq!(Mmp::parse(&b[..0x71]), None);
-    }
-
-    #[test]
-    fn refuses_real_disks_that_need_another_device_or_plant_options() {
-        if !root_or_skip("refuses_real_disks_that_need_another_device_or_plant_options") {
-            return;
-        }
-        // An ext4 whose journal is another device, and that device itself.
-        let journal = LoopDisk::new(16, None);
-        run(
-            "mke2fs",
-            &[
-                "-q",
-                "-F",
-                "-O",
-                "journal_dev",
-                "-b",
-                "4096",
-                &journal.path(),
-            ],
-        );
-        let disk = LoopDisk::new(64, None);
-        run(
-            "mkfs.ext4",
-            &[
-                "-q",
-                "-F",
-                "-b",
-                "4096",
-                "-J",
-                &format!("device={}", journal.path()),
-                &disk.path(),
-            ],
-        );
-        let e = check(&disk.device, FsType::Ext4).unwrap_err();
-        assert!(matches!(e, Error::NeedsAnotherDevice { .. }), "{e}");
-        assert!(e.to_string().contains("external journal"), "{e}");
-        let e = check(&journal.device, FsType::Ext4).unwrap_err();
-        assert!(matches!(e, Error::Mismatch { .. }), "{e}");
-        // Options planted in the superblock.
-        let disk = LoopDisk::new(64, Some("ext4"));
-        run(
-            "debugfs",
-            &["-w", "-R", "ssv mount_opts errors=panic,acl", &disk.path()],
-        );
-        check(&disk.device, FsType::Ext4).unwrap();
-        run(
-            "debugfs",
-            &["-w", "-R", "ssv mount_opts acl,commit=86400", &disk.path()],
-        );
-        let e = check(&disk.device, FsType::Ext4).unwrap_err();
-        assert!(matches!(e, Error::PlantedOption { .. }), "{e}");
-        assert!(e.to_string().contains("\"commit=86400\""), "{e}");
-    }
-
-    /// Writes `bytes` at `offset` of the device through its node (so the
-    /// probe's reads, through the same page cache, see them).
-    fn poke(disk: &LoopDisk, offset: u64, bytes: &[u8]) {
-        use std::io::{Seek, Write};
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&disk.device)
-            .unwrap();
-        f.seek(SeekFrom::Start(offset)).unwrap();
-        f.write_all(bytes).unwrap();
-        f.sync_all().unwrap();
-    }
-
-    /// A field of `dumpe2fs -h`.
-    fn dumpe2fs(disk: &LoopDisk, field: &str) -> u64 {
-        let out = run("dumpe2fs", &["-h", &disk.path()]);
-        let line = out.lines().find(|l| l.starts_with(field)).unwrap();
-        line[field.len()..].trim().parse().unwrap()
-    }
-
-    #[test]
-    fn judges_real_mmp_disks() {
-        if !root_or_skip("judges_real_mmp_disks") {
-            return;
-        }
-        // (e2fsprogs run MMP's own wait when they open an MMP disk read-write,
-        // so everything is set at mkfs time or written with dd.)
-        // The longest interval mke2fs allows: after a crash the kernel would
-        // sleep 720 s in mount(2).
-        let slow = LoopDisk::with_mkfs(
-            64,
-            Some("ext4"),
-            &["-O", "mmp", "-E", "mmp_update_interval=300"],
-        );
-        let e = check(&slow.device, FsType::Ext4).unwrap_err();
-        assert!(matches!(e, Error::Mmp { .. }), "{e}");
-        assert!(e.to_string().contains("720 s"), "{e}");
-        // As mke2fs makes it: clean, 5 s.
-        let disk = LoopDisk::with_mkfs(64, Some("ext4"), &["-O", "mmp"]);
-        check(&disk.device, FsType::Ext4).unwrap();
-        let at = dumpe2fs(&disk, "MMP block number:") * dumpe2fs(&disk, "Block size:");
-        let seq = |seq: u32, check_interval: u16| {
-            poke(&disk, at + 4, &seq.to_le_bytes());
-            poke(&disk, at + 0x70, &check_interval.to_le_bytes());
-            check(&disk.device, FsType::Ext4)
-        };
-        // e2fsck at work.
-        let e = seq(EXT4_MMP_SEQ_FSCK, 10).unwrap_err();
-        assert!(e.to_string().contains("e2fsck is running"), "{e}");
-        // Left so by a crash, with the interval the kernel writes: a 42 s wait, allowed.
-        seq(42, 10).unwrap();
-        // Another node that writes it every 100 s: 320 s, refused.
-        let e = seq(42, 100).unwrap_err();
-        assert!(e.to_string().contains("320 s"), "{e}");
-        assert_eq!(e.code(), Code::FailedPrecondition);
-        seq(EXT4_MMP_SEQ_CLEAN, 100).unwrap();
     }
 }

@@ -5,17 +5,18 @@
 //! that the caller is gone.
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crust_protocols::protobuf::Message;
 use crust_protocols::ttrpc::{self, Code};
 use rustix::io::Errno;
-use rustix::net::{RecvFlags, SendFlags};
+use rustix::net::RecvFlags;
 
 use super::dispatch::{self, Methods};
 use super::frame::{Frame, Reader, TYPE_REQUEST};
+use super::wire::Wire;
 
 /// Bytes asked of the socket per read.
 const READ_CHUNK: usize = 16 << 10;
@@ -35,99 +36,6 @@ pub(crate) enum Admit {
         /// The decoded envelope.
         req: ttrpc::Request,
     },
-}
-
-/// The sending side of a connection, shared by the event loop and the
-/// workers answering its requests: a worker writes its answer straight to
-/// the socket when nothing is queued before it, and queues it otherwise
-/// (the loop then writes it as the socket drains).
-pub(crate) struct Wire {
-    /// The socket (non-blocking). Closed when the last holder lets go.
-    pub(crate) fd: OwnedFd,
-    /// Bytes to send: `buf[sent..]` is pending.
-    out: Mutex<Out>,
-    /// Requests queued or running whose answers are not yet sent or queued.
-    pub(crate) in_flight: AtomicUsize,
-    /// Set once the loop has closed the connection: answers are dropped.
-    pub(crate) closed: AtomicBool,
-}
-
-#[derive(Default)]
-struct Out {
-    buf: Vec<u8>,
-    sent: usize,
-}
-
-impl Wire {
-    fn out(&self) -> MutexGuard<'_, Out> {
-        self.out.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Bytes waiting to be sent.
-    pub(crate) fn pending(&self) -> usize {
-        let o = self.out();
-        o.buf.len() - o.sent
-    }
-
-    /// Queues a frame behind what is pending, without writing.
-    pub(crate) fn queue(&self, frame: &[u8]) {
-        let mut o = self.out();
-        if o.sent == o.buf.len() {
-            o.buf.clear();
-            o.sent = 0;
-        }
-        o.buf.extend_from_slice(frame);
-    }
-
-    /// Sends a frame now if nothing waits before it, as far as the socket
-    /// takes it; queues the rest. Returns the bytes left pending.
-    pub(crate) fn answer(&self, frame: &[u8]) -> Result<usize, Errno> {
-        if self.closed.load(Ordering::SeqCst) {
-            return Ok(0);
-        }
-        let mut o = self.out();
-        if o.sent == o.buf.len() {
-            o.buf.clear();
-            o.sent = 0;
-            let mut done = 0;
-            while done < frame.len() {
-                match rustix::net::send(&self.fd, &frame[done..], SendFlags::NOSIGNAL) {
-                    Ok(n) => done += n,
-                    Err(Errno::INTR) => continue,
-                    Err(Errno::AGAIN) => break,
-                    Err(e) => return Err(e),
-                }
-            }
-            o.buf.extend_from_slice(&frame[done..]);
-        } else {
-            o.buf.extend_from_slice(frame);
-        }
-        Ok(o.buf.len() - o.sent)
-    }
-
-    /// Writes what is pending as far as the socket takes it. Returns
-    /// (bytes written, bytes still pending).
-    pub(crate) fn flush(&self) -> Result<(usize, usize), Errno> {
-        let mut o = self.out();
-        let mut wrote = 0;
-        while o.sent < o.buf.len() {
-            match rustix::net::send(&self.fd, &o.buf[o.sent..], SendFlags::NOSIGNAL) {
-                Ok(n) => {
-                    o.sent += n;
-                    wrote += n;
-                }
-                Err(Errno::INTR) => continue,
-                Err(Errno::AGAIN) => return Ok((wrote, o.buf.len() - o.sent)),
-                Err(e) => return Err(e),
-            }
-        }
-        o.buf.clear();
-        o.sent = 0;
-        if o.buf.capacity() > 64 << 10 {
-            o.buf = Vec::new();
-        }
-        Ok((wrote, 0))
-    }
 }
 
 /// A client connection, as the event loop keeps it.
@@ -158,12 +66,7 @@ impl Conn {
     /// A connection on `fd`, accepting request payloads up to `max_request` bytes.
     pub(crate) fn new(fd: OwnedFd, max_request: usize) -> Conn {
         Conn {
-            wire: Arc::new(Wire {
-                fd,
-                out: Mutex::new(Out::default()),
-                in_flight: AtomicUsize::new(0),
-                closed: AtomicBool::new(false),
-            }),
+            wire: Arc::new(Wire::new(fd)),
             reader: Reader::new(max_request),
             last_stream: 0,
             gone: None,
@@ -305,7 +208,7 @@ impl Conn {
         };
         let path = format!("/{}/{}", req.service, req.method);
         if !methods.contains_key(&path) {
-            let msg = dispatch::unknown_method(&path);
+            let msg = dispatch::unknown_method(&path, methods);
             return refuse(h.stream, Code::UNIMPLEMENTED, msg);
         }
         Admit::Run {
@@ -342,13 +245,6 @@ impl Conn {
         }
         Ok(())
     }
-}
-
-/// A wire over one end of a socket pair, for tests that need a job.
-#[cfg(test)]
-pub(crate) fn test_wire() -> Arc<Wire> {
-    let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
-    Conn::new(OwnedFd::from(a), 16).wire.clone()
 }
 
 impl Drop for Conn {

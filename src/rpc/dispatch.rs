@@ -14,8 +14,8 @@ use std::sync::Arc;
 use crust_protocols::protobuf::Message;
 use crust_protocols::ttrpc::{self, Code, MessageHeader, MethodHandler, TtrpcContext};
 
-use super::conn::Wire;
 use super::frame;
+use super::wire::Wire;
 
 /// The generated service table: "/package.Service/Method" → handler.
 pub type Methods = HashMap<String, Box<dyn MethodHandler + Send + Sync>>;
@@ -75,7 +75,7 @@ pub(crate) type Failure = Option<(Code, String)>;
 pub(crate) fn run(methods: &Methods, job: Job, out: &Outbox) -> (Vec<u8>, Failure) {
     let stream = job.stream;
     let Some(handler) = methods.get(&job.path) else {
-        let msg = unknown_method(&job.path);
+        let msg = unknown_method(&job.path, methods);
         return (
             status_frame(stream, Code::UNIMPLEMENTED, &msg),
             Some((Code::UNIMPLEMENTED, msg)),
@@ -119,9 +119,19 @@ pub(crate) fn run(methods: &Methods, job: Job, out: &Outbox) -> (Vec<u8>, Failur
     (status_frame(stream, code, &msg), Some((code, msg)))
 }
 
-/// The message for a method that is not in the table.
-pub(crate) fn unknown_method(path: &str) -> String {
-    format!("{path} is not a method of this agent (it serves crust.v1.Agent)")
+/// The message for a method that is not in the table: it names the
+/// services the table serves ("/crust.v1.Agent/X" serves "crust.v1.Agent").
+pub(crate) fn unknown_method(path: &str, methods: &Methods) -> String {
+    let mut services: Vec<&str> = methods
+        .keys()
+        .filter_map(|k| k.strip_prefix('/')?.rsplit_once('/').map(|(s, _)| s))
+        .collect();
+    services.sort_unstable();
+    services.dedup();
+    format!(
+        "{path} is not a method of this agent (it serves {})",
+        services.join(", ")
+    )
 }
 
 /// A response frame on `stream` carrying only a status.
@@ -179,7 +189,7 @@ mod tests {
             path: format!("/crust.v1.Agent/{method}"),
             req,
             gone,
-            wire: crate::rpc::conn::test_wire(),
+            wire: crate::rpc::wire::test_wire(),
         }
     }
 

@@ -1,10 +1,9 @@
 //! A fixed set of worker threads fed by a bounded queue. Requests the
 //! event loop admits wait here, served round-robin by connection; a full
 //! queue is refused at once (the loop answers RESOURCE_EXHAUSTED) instead
-//! of growing. Quick, lock-free methods
-//! (capabilities, agent info, the volume list) have their own short queue
-//! and workers, so a health check is answered even while every regular
-//! worker waits for a disk.
+//! of growing. Quick methods (the service says which: [`LaneRule`]) have
+//! their own short queue and workers, so a health check is answered even
+//! while every regular worker waits for a disk; inline ones never come here.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
@@ -12,32 +11,24 @@ use std::thread::Thread;
 
 use super::dispatch::Job;
 
-/// Whether a request goes to the quick lane.
+/// Where a request runs: the service says (its [`LaneRule`]); the
+/// transport names no method of its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Lane {
+pub enum Lane {
     /// Any worker.
     Regular,
-    /// Methods that answer from memory without waiting.
+    /// Methods that answer from memory without waiting for a disk: their
+    /// own short queue and workers, so they are answered while every
+    /// regular worker waits.
     Quick,
+    /// Methods that answer at once from memory, with no lock a long
+    /// operation holds and no I/O beyond /proc: the event loop runs them
+    /// itself as it reads them, with no thread hop (they never queue).
+    Inline,
 }
 
-/// The methods that take the quick lane.
-const QUICK: [&str; 3] = [
-    "/crust.v1.Agent/GetCapabilities",
-    "/crust.v1.Agent/GetAgentInfo",
-    "/crust.v1.Agent/ListVolumes",
-];
-
-impl Lane {
-    /// The lane of a method path.
-    pub(crate) fn of(path: &str) -> Lane {
-        if QUICK.contains(&path) {
-            Lane::Quick
-        } else {
-            Lane::Regular
-        }
-    }
-}
+/// The service's rule: the lane of a method path ("/package.Service/Method").
+pub type LaneRule = fn(&str) -> Lane;
 
 /// Jobs of one lane, taken round-robin by connection: a client's request
 /// waits behind at most one of each other client's, however many they sent.
@@ -128,7 +119,8 @@ impl Queue {
         }
         let (fair, cap) = match lane {
             Lane::Regular => (&mut l.regular, self.regular_cap),
-            Lane::Quick => (&mut l.quick, self.quick_cap),
+            // An inline job queued (no loop to run it) is a quick one.
+            Lane::Quick | Lane::Inline => (&mut l.quick, self.quick_cap),
         };
         if fair.len >= cap && !first {
             let n = fair.len;
@@ -138,7 +130,7 @@ impl Queue {
         // Any worker takes quick jobs; regular ones only regular workers.
         let waker = match lane {
             Lane::Regular => l.idle_regular.pop(),
-            Lane::Quick => l.idle_quick.pop().or_else(|| l.idle_regular.pop()),
+            Lane::Quick | Lane::Inline => l.idle_quick.pop().or_else(|| l.idle_regular.pop()),
         };
         drop(l);
         if let Some(t) = waker {
@@ -168,7 +160,7 @@ impl Queue {
             }
             match lane {
                 Lane::Regular => l.idle_regular.push(me.clone()),
-                Lane::Quick => l.idle_quick.push(me.clone()),
+                Lane::Quick | Lane::Inline => l.idle_quick.push(me.clone()),
             }
             drop(l);
             std::thread::park();
@@ -205,15 +197,8 @@ mod tests {
             path: String::new(),
             req: Default::default(),
             gone,
-            wire: crate::rpc::conn::test_wire(),
+            wire: crate::rpc::wire::test_wire(),
         }
-    }
-
-    #[test]
-    fn lanes_of_methods() {
-        assert_eq!(Lane::of("/crust.v1.Agent/GetAgentInfo"), Lane::Quick);
-        assert_eq!(Lane::of("/crust.v1.Agent/PublishVolume"), Lane::Regular);
-        assert_eq!(Lane::of("/other.Svc/GetAgentInfo"), Lane::Regular);
     }
 
     #[test]

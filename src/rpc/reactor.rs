@@ -3,6 +3,17 @@
 //! requests into the worker queue, and writes the answers the workers hand
 //! back. It never blocks on a client, so no client can stall another;
 //! every bound of [`Limits`] is enforced here.
+//!
+//! Inline methods it runs itself, as it reads them: no thread hop for a
+//! health check. The service's rule ([`LaneRule`]) says which, and may name
+//! only methods that wait for nothing: no disk, no lock a long operation
+//! holds, no sleep (the agent's are GetCapabilities and GetAgentInfo, which
+//! answer from memory, uname and /proc; `server::service::lane` says why).
+//! An inline method is bounded like any other: its answer counts against
+//! the connection's output limit before the next frame is admitted, and a
+//! connection's inline answers and its workers' leave in the order they are
+//! ready. Its one line of log is the same single write to the console the
+//! loop's own warnings make.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -17,11 +28,11 @@ use rustix::net::SocketFlags;
 use slog::{debug, info, warn, Logger};
 
 use super::conn::{Admit, Conn};
-use super::dispatch::{Done, Job, Methods};
+use super::dispatch::{self, Done, Job, Methods, Outbox};
+use super::limits::Limits;
 use super::listen::{peer_of, Peer, Peers, VMADDR_CID_HOST};
 use super::lograte::LogRate;
-use super::pool::{Lane, Queue};
-use super::Limits;
+use super::pool::{Lane, LaneRule, Queue};
 
 /// Epoll data of the wake-up eventfd.
 const WAKE: u64 = 0;
@@ -43,6 +54,10 @@ pub(crate) struct Reactor {
     pub(crate) conns: HashMap<u64, Conn>,
     pub(crate) next_id: u64,
     pub(crate) methods: Arc<Methods>,
+    /// The service's rule: which lane each method takes.
+    pub(crate) lane: LaneRule,
+    /// Where the inline methods' handlers leave their answers.
+    pub(crate) outbox: Outbox,
     pub(crate) queue: Arc<Queue>,
     pub(crate) done: Receiver<Done>,
     pub(crate) limits: Limits,
@@ -384,7 +399,29 @@ impl Reactor {
                     }
                 }
                 Admit::Run { stream, path, req } => {
-                    let lane = Lane::of(&path);
+                    let lane = (self.lane)(&path);
+                    if lane == Lane::Inline {
+                        let job = Job {
+                            conn: id,
+                            fd: c.raw(),
+                            stream,
+                            path,
+                            req,
+                            gone: c.gone_rx(),
+                            wire: c.wire.clone(),
+                        };
+                        let (path, start) = (job.path.clone(), Instant::now());
+                        let (frame, failure) = dispatch::run(&self.methods, job, &self.outbox);
+                        c.queue(&frame);
+                        if let Some((code, why)) = failure {
+                            if let Some(held) = self.rate.allow() {
+                                warn!(self.log, "request"; "method" => path, "code" => format!("{code:?}"),
+                                      "duration_us" => u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
+                                      "error" => why, "lines_held_back" => held);
+                            }
+                        }
+                        continue;
+                    }
                     let first = c.in_flight() == 0;
                     let job = Job {
                         conn: id,
@@ -404,7 +441,7 @@ impl Reactor {
                             let msg = format!(
                                 "the agent is busy: {waiting} requests are already waiting for a worker; retry shortly"
                             );
-                            let f = super::dispatch::status_frame(
+                            let f = dispatch::status_frame(
                                 stream,
                                 crust_protocols::ttrpc::Code::RESOURCE_EXHAUSTED,
                                 &msg,

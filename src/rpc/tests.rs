@@ -16,7 +16,10 @@ use crust_protocols::protobuf::Message;
 use crust_protocols::ttrpc::{self, TtrpcContext};
 
 use super::frame::{Header, HEADER_LEN};
-use super::*;
+use super::limits::Limits;
+use super::listen::{listen, Address, Peers};
+use super::pool::Lane;
+use super::transport::Server;
 
 /// GetCapabilities answers at once; PublishVolume holds its worker until its
 /// caller goes (counting those it saw go) or 5 s pass.
@@ -74,6 +77,7 @@ fn start(limits: Limits) -> Running {
     let server = Server::start(
         vec![("t".into(), fd)],
         methods,
+        lane,
         limits,
         Peers::default(),
         crate::logging::discard(),
@@ -85,6 +89,15 @@ fn start(limits: Limits) -> Running {
         sock,
         gone,
         _dir: dir,
+    }
+}
+
+/// The lanes as the agent's service has them (`server::service::lane`).
+fn lane(path: &str) -> Lane {
+    match path {
+        "/crust.v1.Agent/GetCapabilities" | "/crust.v1.Agent/GetAgentInfo" => Lane::Inline,
+        "/crust.v1.Agent/ListVolumes" => Lane::Quick,
+        _ => Lane::Regular,
     }
 }
 
@@ -274,4 +287,32 @@ fn shutdown_lets_answers_in_flight_leave() {
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
     assert!(closed(&mut a, Duration::from_secs(2)));
     assert!(UnixStream::connect(&r.sock).is_err(), "no longer listening");
+}
+
+#[test]
+fn inline_methods_are_answered_while_every_worker_is_busy() {
+    // One worker, no quick ones: a publish holds the only thread that could
+    // run a queued request, for 5 s. The loop answers GetCapabilities (an
+    // inline method by the service's rule) itself, at once, on the same
+    // connection, before the publish's answer.
+    let r = start(Limits {
+        quick_workers: 0,
+        ..small()
+    });
+    let mut a = connect(&r);
+    a.write_all(&request(1, "PublishVolume")).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    a.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let t = Instant::now();
+    a.write_all(&request(3, "GetCapabilities")).unwrap();
+    assert_eq!(answer(&mut a), (3, 0));
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    // A ListVolumes (quick, not inline) waits for a worker like the rest:
+    // nothing answers it while the publish holds the only one.
+    let mut b = connect(&r);
+    b.write_all(&request(1, "ListVolumes")).unwrap();
+    b.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut h = [0u8; HEADER_LEN];
+    assert!(b.read_exact(&mut h).is_err(), "answered without a worker");
 }

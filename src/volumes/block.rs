@@ -9,25 +9,29 @@ use std::os::fd::AsFd;
 use std::path::Path;
 use std::time::Duration;
 
-use rustix::fs::{FileType, OFlags};
-use rustix::io::Errno;
+use rustix::fs::FileType;
 use slog::{info, warn};
 
-use super::{
-    guest_rel, BindRequest, Error, Expanded, PublishRequest, Volume, VolumeInfo, VolumeMode,
-};
-use super::{unsafe_or_sys, Volumes};
-use crate::beneath::{self, Leaf};
-use crate::blockdev;
+use super::error::Error;
+use super::request::{BindRequest, Expanded, PublishRequest, VolumeInfo};
+use super::rollback::{Rollback, Undo};
+use super::table::Volumes;
+use super::volume::{guest_rel, Volume};
 use crate::cancel::Cancel;
-use crate::device::{self, Device};
-use crate::errors::{Result, SysError};
-use crate::mount::{self, BindSpec, Expect, RecursiveReadOnly};
+use crate::device;
+use crate::error::Result;
+use crate::model::{Device, RecursiveReadOnly, VolumeMode};
+use crate::mount;
+use crate::mount::bind::BindSpec;
+use crate::mount::unmount::Expect;
 use crate::stats::{self, Condition, Measured};
+use crate::sys::beneath::{self, Leaf};
+use crate::sys::blockdev;
+use crate::sys::error::SysError;
 
 /// Refuses what a bind of a block volume cannot be: a subpath, recursive
 /// read-only, or read-only on a read-write volume (BindMount, api.md §2).
-pub(super) fn check_bind(vol: &Volume, req: &BindRequest) -> Result<()> {
+pub(crate) fn check_bind(vol: &Volume, req: &BindRequest) -> Result<()> {
     let invalid = |why| Error::BlockBindInvalid {
         id: vol.id.clone(),
         why,
@@ -53,7 +57,7 @@ pub(super) fn check_bind(vol: &Volume, req: &BindRequest) -> Result<()> {
 /// ListVolumes' live facts of a volume: the device's size, and for a block
 /// volume whether the kernel refuses writes to it (BLKROGET). Left as they
 /// are when the device cannot be opened (gone, or another disk now).
-pub(super) fn refresh(info: &mut VolumeInfo, dev: &Device) {
+pub(crate) fn refresh(info: &mut VolumeInfo, dev: &Device) {
     let Ok(f) = blockdev::open(dev) else {
         return;
     };
@@ -68,33 +72,29 @@ pub(super) fn refresh(info: &mut VolumeInfo, dev: &Device) {
 }
 
 impl Volumes {
-    /// Publishes `device` as the block volume `req` asks for: records it,
-    /// sets the device read-only if asked, binds its node onto an empty
-    /// 0600 file at the guest path and records the bind's mount id. A
-    /// failure undoes every step; nothing reads or writes the disk.
-    pub(super) fn publish_block(&self, req: &PublishRequest, device: Device) -> Result<Volume> {
+    /// Publishes `device` (claimed by the caller) as the block volume `req`
+    /// asks for, in the steps of a filesystem publish (`publish`), each
+    /// followed by its undo:
+    ///
+    /// | step | undone by |
+    /// | --- | --- |
+    /// | make the guest path, an empty 0600 file of the agent's | removing what was made |
+    /// | open the device, read its read-only flag | — |
+    /// | record the volume | removing the record |
+    /// | set the device read-only, if asked and not already | clearing the flag |
+    /// | bind its node onto the file | — (until checked, below) |
+    /// | check the bind is there, of the device's node | if not: nothing is undone, recovery takes it down |
+    /// | record the bind's id | unbinding it by that id |
+    ///
+    /// Nothing here reads or writes the disk.
+    pub(crate) fn publish_block(&self, req: &PublishRequest, device: Device) -> Result<Volume> {
         let rel = guest_rel(&req.volume_id);
         let guest_path = self.root.join(&rel);
-        let not_ours = || -> crate::errors::Error {
-            Error::GuestPathUnsafe {
-                path: guest_path.display().to_string(),
-                what: "an empty file",
-            }
-            .into()
-        };
         let node = blockdev::open_node(&device)?;
-        let mut created = Vec::new();
-        let file = match beneath::make_path(
-            self.root.fd(),
-            &rel,
-            0o750,
-            Leaf::File(0o600),
-            &mut created,
-        ) {
-            Ok(fd) => fd,
-            Err(Errno::LOOP | Errno::XDEV | Errno::NOTDIR | Errno::ISDIR) => return Err(not_ours()),
-            Err(e) => return Err(SysError::new("open", guest_path.display(), e).into()),
-        };
+        let mut undo = Rollback::new(self, "publish", &req.volume_id, &device);
+
+        // The guest path: an empty file of the agent's, not a mount point.
+        let file = self.guest_node(&rel, Leaf::File(0o600), "an empty file", &mut undo)?;
         let here = beneath::mount_point(file.as_fd())
             .map_err(|e| SysError::new("statx", guest_path.display(), e))?;
         if here.is_root {
@@ -105,25 +105,21 @@ impl Volumes {
         }
         let empty = rustix::fs::fstat(&file).is_ok_and(|st| st.st_size == 0);
         if here.kind != FileType::RegularFile || !empty {
-            beneath::remove_created(&mut created);
-            return Err(not_ours());
+            return Err(Error::GuestPathUnsafe {
+                path: guest_path.display().to_string(),
+                what: "an empty file",
+            }
+            .into());
         }
-        let dev = match blockdev::open(&device) {
-            Ok(f) => f,
-            Err(e) => {
-                beneath::remove_created(&mut created);
-                return Err(e.into());
-            }
-        };
-        // Only a flag the agent set is the agent's to clear: a disk the host
-        // attached read-only stays read-only.
-        let ro_set = match blockdev::read_only(&dev, &device) {
-            Ok(ro) => req.read_only && !ro,
-            Err(e) => {
-                beneath::remove_created(&mut created);
-                return Err(e.into());
-            }
-        };
+
+        // The device, and whether the agent is to set it read-only: only a
+        // flag the agent set is the agent's to clear (a disk the host
+        // attached read-only stays read-only).
+        let dev = blockdev::open(&device)?;
+        let ro_set = req.read_only && !blockdev::read_only(&dev, &device)?;
+
+        // Recorded before the device is touched: a crash from here on leaves
+        // a record that recovery adopts or clears (and its flag with it).
         let mut vol = Volume {
             id: req.volume_id.clone(),
             source: req.source.clone(),
@@ -134,31 +130,21 @@ impl Volumes {
             read_only: req.read_only,
             fs_group: None,
             guest_path: guest_path.clone(),
-            mount_id: 0,
+            mount_id: None,
             complete: true,
             ro_set,
             binds: Vec::new(),
         };
-        // Recorded before the device is touched: a crash from here on leaves
-        // a record that recovery adopts or clears (and its flag with it).
-        if let Err(e) = self.store.save(&vol) {
-            beneath::remove_created(&mut created);
-            return Err(e);
-        }
-        let undo_flag = || {
-            if ro_set {
-                if let Err(e) = blockdev::set_read_only(&dev, &device, false) {
-                    warn!(self.log, "could not clear the read-only flag of a failed publish"; "volume" => &req.volume_id, "error" => %e);
-                }
-            }
-        };
+        self.store.save(&vol)?;
+        undo.push(Undo::Record);
+
         if ro_set {
-            if let Err(e) = blockdev::set_read_only(&dev, &device, true) {
-                self.drop_record(&vol.id, &mut created);
-                return Err(e.into());
-            }
+            blockdev::set_read_only(&dev, &device, true)?;
+            undo.push(Undo::ReadOnly(dev));
         }
-        let bound = mount::bind_node(
+
+        // The node bound onto the file, through their fds.
+        let bound = mount::bind::bind_node(
             &BindSpec {
                 source_root: node.as_fd(),
                 source_path: &device.path,
@@ -173,47 +159,27 @@ impl Volumes {
         );
         drop(file);
         drop(node);
-        if let Err(e) = bound {
-            undo_flag();
-            self.drop_record(&vol.id, &mut created);
-            return Err(e.into());
-        }
-        // What is mounted at the guest path now must be the device's node.
-        let mp = beneath::open_path(self.root.fd(), &rel)
-            .map_err(|e| unsafe_or_sys(e, "openat2", &guest_path))
-            .and_then(|fd| {
-                beneath::mount_point(fd.as_fd())
-                    .map_err(|e| SysError::new("statx", guest_path.display(), e).into())
-            });
-        let mp = match mp {
-            Ok(mp) if mp.is_root && mp.is_block_node((device.major, device.minor)) => mp,
-            Ok(_) | Err(_) => {
-                warn!(self.log, "the guest path changed during publish; recovery at the next start takes the bind down";
-                      "volume" => &vol.id);
-                return Err(mount::Error::Moved {
+        bound?;
+
+        // What is bound at the guest path now must be the device's node;
+        // if it is not, undoing could hit what is there instead.
+        let id = match self.mounted_here(&vol) {
+            Ok((_, id)) => id,
+            Err(_) => {
+                undo.leave_to_recovery();
+                return Err(mount::error::Error::Moved {
                     path: guest_path.display().to_string(),
                 }
                 .into());
             }
         };
-        vol.mount_id = mp.mount_id;
-        if let Err(e) = self.store.save(&vol) {
-            match mount::unmount_tree(
-                self.root.fd(),
-                self.root.path(),
-                &rel,
-                Expect::Mount(mp.mount_id, device.major, device.minor),
-            ) {
-                Ok(_) => {
-                    undo_flag();
-                    self.drop_record(&vol.id, &mut created);
-                }
-                Err(u) => {
-                    warn!(self.log, "could not undo a failed publish"; "volume" => &vol.id, "error" => %u)
-                }
-            }
-            return Err(e);
-        }
+        undo.push(Undo::Mount {
+            rel,
+            expect: Expect::Mount(id, device.major, device.minor),
+        });
+        vol.mount_id = Some(id);
+        self.store.save(&vol)?;
+        undo.done();
         info!(self.log, "block volume published"; "volume" => &vol.id, "device" => %device.path.display(),
               "read_only" => vol.read_only, "ro_set" => ro_set);
         Ok(vol)
@@ -222,7 +188,7 @@ impl Volumes {
     /// Takes a block volume down once its binds are gone: the guest path's
     /// bind, a flush of the device, its read-only flag if the agent set it,
     /// the file. A disk already unplugged has nothing left to flush or clear.
-    pub(super) fn unpublish_block(&self, vol: &Volume) -> Result<()> {
+    pub(crate) fn unpublish_block(&self, vol: &Volume) -> Result<()> {
         self.take_down(&vol.rel(), vol.expect())?;
         match blockdev::open(&vol.device) {
             Ok(f) => {
@@ -237,31 +203,12 @@ impl Volumes {
             }
             Err(e) => return Err(e.into()),
         }
-        mount::remove_node(self.root.fd(), &vol.rel());
+        mount::unmount::remove_node(self.root.fd(), &vol.rel());
         Ok(())
     }
 
-    /// Clears the read-only flag of a block volume that recovery forgets
-    /// (its bind is gone): the agent set it, and nothing holds it now.
-    pub(super) fn release_block(&self, vol: &Volume) {
-        if !vol.ro_set {
-            return;
-        }
-        match blockdev::open(&vol.device)
-            .and_then(|f| blockdev::set_read_only(&f, &vol.device, false))
-        {
-            Ok(()) => {
-                info!(self.log, "read-only flag of a forgotten block volume cleared"; "volume" => &vol.id)
-            }
-            Err(e) => {
-                warn!(self.log, "could not clear the read-only flag of a forgotten block volume";
-                            "volume" => &vol.id, "error" => %e)
-            }
-        }
-    }
-
     /// GetVolumeStats of a block volume: the device's size, and its condition.
-    pub(super) fn stats_block(&self, vol: &Volume) -> (Option<Measured>, Condition) {
+    pub(crate) fn stats_block(&self, vol: &Volume) -> (Option<Measured>, Condition) {
         let rel = vol.rel();
         let (bytes, condition) = stats::check_block(
             &self.sysfs,
@@ -269,7 +216,7 @@ impl Volumes {
                 path: &vol.guest_path,
                 base: self.root.fd(),
                 rel: &rel,
-                mount_id: (vol.mount_id != 0).then_some(vol.mount_id),
+                mount_id: vol.mount_id,
                 device: &vol.device,
                 read_only: vol.read_only,
             },
@@ -283,7 +230,7 @@ impl Volumes {
     /// ExpandVolume of a block volume: no filesystem to grow, so it waits
     /// for the guest to see a device of at least `required_bytes` (0: as it
     /// is) and answers its size.
-    pub(super) fn expand_block(
+    pub(crate) fn expand_block(
         &self,
         vol: &Volume,
         required_bytes: u64,
@@ -308,22 +255,13 @@ impl Volumes {
     }
 }
 
-/// What a guest path is opened as: a directory, or (block) the device node
-/// bound onto a file.
-pub(super) fn guest_path_kind(mode: VolumeMode) -> OFlags {
-    match mode {
-        VolumeMode::Filesystem(_) => OFlags::DIRECTORY,
-        VolumeMode::Block => OFlags::empty(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::errors::Code;
-    use crate::volumes::state::tests::block_sample;
+    use crate::code::Code;
+    use crate::volumes::volume::tests::block_sample;
 
     fn bind(subpath: &str, read_only: bool, rro: RecursiveReadOnly) -> BindRequest {
         BindRequest {

@@ -18,31 +18,50 @@
 //! next start drops again; Unpublish needs no space.
 
 use std::collections::HashSet;
+use std::ffi::OsStr;
 use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use rustix::fs::FileType;
-use std::sync::{Arc, Mutex};
+use slog::{info, warn, Logger};
 
-use slog::{info, warn};
+use super::index::Index;
+use super::state::{Record, Store};
+use super::volume::Volume;
+use crate::error::Result;
+use crate::model::MountId;
+use crate::mount::unmount::{remove_node, unmount_tree, Expect};
+use crate::sys::beneath::{self, Root};
+use crate::sys::blockdev;
+use crate::sys::mountinfo::{self, shown};
+use crate::sys::sysfs::Sysfs;
 
-use super::state::Record;
-use super::{lock, Claim, Volume, Volumes};
-use crate::beneath;
-use crate::errors::Result;
-use crate::mount::{self, Expect};
-use crate::mountinfo::{self, shown};
-use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
+/// What recovery works with, before the table exists: it fills the index
+/// and hands the volumes it adopts to the table.
+pub(crate) struct Recovery<'a> {
+    /// The agent's root.
+    pub(crate) root: &'a Root,
+    /// The records.
+    pub(crate) store: &'a Store,
+    /// The claims and targets of adopted volumes go here.
+    pub(crate) index: &'a Index,
+    /// Where disks' sectors are read.
+    pub(crate) sysfs: &'a Sysfs,
+    /// Where what is taken back or down is said.
+    pub(crate) log: &'a Logger,
+}
 
-impl Volumes {
-    /// Adopts or clears everything a previous run left (see the module doc).
-    pub(super) fn recover(&self) -> Result<()> {
+impl Recovery<'_> {
+    /// Adopts or clears everything a previous run left (see the module
+    /// doc), and returns the volumes adopted.
+    pub(crate) fn run(&self) -> Result<Vec<Volume>> {
+        let mut adopted = Vec::new();
         // Disks the agent mounted (recorded or found in volumes/): their
         // mounts beneath the root must all be accounted for.
         let mut own_devices: HashSet<(u32, u32)> = HashSet::new();
         // Mounts that are accounted for.
-        let mut kept: HashSet<u64> = HashSet::new();
+        let mut kept: HashSet<MountId> = HashSet::new();
         // Block volumes forgotten: their read-only flags are cleared once
         // every record is read, unless an adopted volume holds the device.
         let mut forgotten: Vec<Volume> = Vec::new();
@@ -61,20 +80,22 @@ impl Volumes {
             let Some(vol) = self.adopt(vol, &mut forgotten) else {
                 continue;
             };
-            {
-                kept.insert(vol.mount_id);
-                kept.extend(vol.binds.iter().map(|b| b.mount_id));
-                self.claim_adopted(&vol);
-                self.publish_snapshot(&vol);
-                info!(self.log, "volume taken back from a previous run"; "volume" => &vol.id,
-                      "binds" => vol.binds.len(), "complete" => vol.complete);
-                lock(&self.slots).insert(vol.id.clone(), Arc::new(Mutex::new(Some(vol))));
-            }
+            kept.extend(vol.mount_id);
+            kept.extend(vol.binds.iter().filter_map(|b| b.mount_id));
+            self.claim_adopted(&vol);
+            self.index.show(&vol);
+            info!(self.log, "volume taken back from a previous run"; "volume" => &vol.id,
+                  "binds" => vol.binds.len(), "complete" => vol.complete);
+            adopted.push(vol);
         }
         for vol in &forgotten {
             // A stale record (one an unpublish could not remove) must not
             // make a device writable that a live volume set read-only.
-            if !lock(&self.devices).contains_key(&(vol.device.major, vol.device.minor)) {
+            if self
+                .index
+                .holder_of((vol.device.major, vol.device.minor))
+                .is_none()
+            {
                 self.release_block(vol);
             }
         }
@@ -83,7 +104,7 @@ impl Volumes {
             warn!(self.log, "the state directory could not be written at start: serving the volumes taken back and Unpublish; publishes and binds are refused until it can be written";
                   "why" => why);
         }
-        Ok(())
+        Ok(adopted)
     }
 
     /// Enters an adopted volume's device and sectors in the claims, so new
@@ -92,22 +113,12 @@ impl Volumes {
     /// are both kept as they are mounted, and said loudly: taking either
     /// down under a pod is not recovery's call.
     fn claim_adopted(&self, vol: &Volume) {
-        let key = (vol.device.major, vol.device.minor);
-        let extent = self.sysfs.extent(key);
-        let mut devices = lock(&self.devices);
-        for c in devices.values().filter(|c| c.extent.overlaps(&extent)) {
+        let extent = self.sysfs.extent((vol.device.major, vol.device.minor));
+        for c in self.index.claim_adopted(vol, extent) {
             warn!(self.log, "volumes taken back from a previous run share sectors of one disk; unpublish one of them";
                   "volume" => &vol.id, "device" => shown(&vol.device.path),
                   "other" => &c.id, "other_device" => &c.device, "how" => extent.describe(&c.extent));
         }
-        devices.insert(
-            key,
-            Claim {
-                id: vol.id.clone(),
-                device: shown(&vol.device.path),
-                extent,
-            },
-        );
     }
 
     /// Adopts `vol` if its mount is still there (updating what changed), or
@@ -128,12 +139,12 @@ impl Volumes {
                 warn!(self.log, "could not remove the record of a volume that is gone; the next start drops it again";
                       "volume" => &vol.id, "error" => %e);
             }
-            mount::remove_node(self.root.fd(), &rel);
+            remove_node(self.root.fd(), &rel);
             forgotten.push(vol);
             return None;
         };
-        let mut changed = vol.mount_id != mp.mount_id;
-        vol.mount_id = mp.mount_id;
+        let mut changed = vol.mount_id != Some(mp.mount_id);
+        vol.mount_id = Some(mp.mount_id);
         let binds = std::mem::take(&mut vol.binds);
         for mut b in binds {
             let live = beneath::open_parent(self.root.fd(), &b.rel)
@@ -142,14 +153,17 @@ impl Volumes {
                 .filter(|m| vol.is_own_bind(&b, m));
             let Some(m) = live else {
                 warn!(self.log, "bind from a previous run is gone"; "volume" => &vol.id, "target" => shown(&b.target));
-                mount::remove_node(self.root.fd(), &b.rel);
+                remove_node(self.root.fd(), &b.rel);
                 changed = true;
                 continue;
             };
             // Targets from state are reserved like a request's: a record
             // naming a taken, nested or covering target loses that bind
             // (the sweep then takes its mount down).
-            match self.reserve(&b.rel, &b.target, &vol.id) {
+            match self
+                .index
+                .reserve(&b.rel, &b.target, &vol.id, self.root.path())
+            {
                 Ok(r) => r.keep(),
                 Err(e) => {
                     warn!(self.log, "bind from a previous run conflicts with another; dropped"; "volume" => &vol.id,
@@ -158,8 +172,8 @@ impl Volumes {
                     continue;
                 }
             }
-            changed |= b.mount_id != m.mount_id;
-            b.mount_id = m.mount_id;
+            changed |= b.mount_id != Some(m.mount_id);
+            b.mount_id = Some(m.mount_id);
             vol.binds.push(b);
         }
         if changed {
@@ -173,7 +187,7 @@ impl Volumes {
 
     /// The disk the mount `id` at `rel` is of: the device of its filesystem,
     /// or, for a bind of a block device's node, that device.
-    fn disk_of(&self, rel: &Path, id: u64, fs_dev: (u32, u32)) -> (u32, u32) {
+    fn disk_of(&self, rel: &Path, id: MountId, fs_dev: (u32, u32)) -> (u32, u32) {
         beneath::open_parent(self.root.fd(), rel)
             .and_then(|(parent, name)| beneath::mount_point_at(parent.as_fd(), &name))
             .ok()
@@ -184,16 +198,16 @@ impl Volumes {
     /// Takes down what no adopted record explains: mounts directly in
     /// `volumes/`, then every mount beneath the root of a disk in
     /// `own_devices` that is not in `kept`, deepest first.
-    fn sweep(&self, own_devices: &mut HashSet<(u32, u32)>, kept: &HashSet<u64>) -> Result<()> {
+    fn sweep(&self, own_devices: &mut HashSet<(u32, u32)>, kept: &HashSet<MountId>) -> Result<()> {
         let root = self.root.path();
         let table = mountinfo::read()?;
-        let mut doomed: Vec<(PathBuf, u64, (u32, u32))> = Vec::new();
+        let mut doomed: Vec<(PathBuf, MountId, (u32, u32))> = Vec::new();
         // Mounts beneath the root that no record explains, with the disk
         // each is of.
-        let unexplained: Vec<(PathBuf, u64, (u32, u32))> = table
+        let unexplained: Vec<(PathBuf, MountId, (u32, u32))> = table
             .iter()
             .filter_map(|m| {
-                let id = u64::from(m.mount_id);
+                let id = m.mount_id;
                 let rel = m.mount_point.strip_prefix(root).ok()?;
                 if kept.contains(&id) || rel.as_os_str().is_empty() {
                     return None;
@@ -220,7 +234,7 @@ impl Volumes {
         doomed.sort_by_key(|(p, _, _)| std::cmp::Reverse(p.components().count()));
         for (rel, id, disk) in doomed {
             let at = root.join(&rel);
-            match mount::unmount_tree(
+            match unmount_tree(
                 self.root.fd(),
                 root,
                 &rel,
@@ -229,7 +243,7 @@ impl Volumes {
                 Ok(true) => {
                     warn!(self.log, "mount left by a previous run that no record explains; taken down";
                           "path" => shown(&at));
-                    mount::remove_node(self.root.fd(), &rel);
+                    remove_node(self.root.fd(), &rel);
                 }
                 Ok(false) => {}
                 Err(e) => {
@@ -239,5 +253,65 @@ impl Volumes {
             }
         }
         Ok(())
+    }
+
+    /// Clears the read-only flag of a block volume that recovery forgets
+    /// (its bind is gone): the agent set it, and nothing holds it now.
+    fn release_block(&self, vol: &Volume) {
+        if !vol.ro_set {
+            return;
+        }
+        match blockdev::open(&vol.device)
+            .and_then(|f| blockdev::set_read_only(&f, &vol.device, false))
+        {
+            Ok(()) => {
+                info!(self.log, "read-only flag of a forgotten block volume cleared"; "volume" => &vol.id)
+            }
+            Err(e) => {
+                warn!(self.log, "could not clear the read-only flag of a forgotten block volume";
+                            "volume" => &vol.id, "error" => %e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::volumes::state::encode;
+    use crate::volumes::volume::tests::sample;
+
+    #[test]
+    fn recovery_forgets_what_is_no_longer_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(&state).unwrap();
+        // A record whose mount is gone, a malformed one, and a half-written temp file.
+        let gone = state.join("vol-1.vol");
+        std::fs::write(&gone, encode(&sample())).unwrap();
+        std::fs::write(state.join("bad.vol"), "no equals sign").unwrap();
+        std::fs::write(state.join("vol-2.tmp"), "half").unwrap();
+        let root = Root::open(dir.path()).unwrap();
+        let store = Store::open(&root).unwrap();
+        let index = Index::default();
+        let adopted = Recovery {
+            root: &root,
+            store: &store,
+            index: &index,
+            sysfs: &Sysfs::system(),
+            log: &crate::logging::discard(),
+        }
+        .run()
+        .unwrap();
+        assert!(adopted.is_empty() && index.listed().is_empty());
+        assert!(
+            !gone.exists(),
+            "the record of an unmounted volume is dropped"
+        );
+        assert!(!state.join("vol-2.tmp").exists());
+        assert!(
+            !state.join("bad.vol").exists() && state.join("bad.vol.bad").exists(),
+            "an unreadable record is set aside for a human"
+        );
     }
 }

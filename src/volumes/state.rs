@@ -21,19 +21,21 @@ use std::sync::Mutex;
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
-use super::{Bind, Error, FsGroup, Source, Volume, VolumeMode};
-use crate::beneath;
-use crate::device::Device;
-use crate::errors::SysError;
-use crate::mount::{self, RecursiveReadOnly};
-use crate::mountinfo::shown;
-use crate::ownership::Policy;
-use crate::probe::FsType;
+use super::error::Error;
+use super::index::lock;
+use super::request::{FsGroup, Source};
+use super::volume::{Bind, Volume};
+use crate::model::{Device, FsType, MountId, Policy, RecursiveReadOnly, VolumeMode};
+use crate::mount::options::parse_options;
+use crate::sys::beneath;
+use crate::sys::error::SysError;
+use crate::sys::mountinfo::shown;
+use crate::sys::sysfs::parse_devnum;
 use crate::validate;
 
 /// The state directory, opened once beneath the root.
 #[derive(Debug)]
-pub(super) struct Store {
+pub(crate) struct Store {
     /// `<root>/state`, for messages.
     path: PathBuf,
     /// Opened for reading (readdir) and fsync, not O_PATH.
@@ -44,7 +46,7 @@ pub(super) struct Store {
 }
 
 /// What a listing of the state directory holds.
-pub(super) enum Record {
+pub(crate) enum Record {
     /// A record that decoded.
     Good(Box<Volume>),
     /// A record that does not decode: its file name (bytes, as listed) and why.
@@ -53,7 +55,7 @@ pub(super) enum Record {
 
 /// A state write that failed: ENOSPC and EDQUOT say the state's filesystem
 /// is full, EROFS that it is read-only; anything else is unexpected.
-fn write_error(call: &'static str, path: &Path, e: std::io::Error) -> crate::errors::Error {
+fn write_error(call: &'static str, path: &Path, e: std::io::Error) -> crate::error::Error {
     let full = |e: &std::io::Error| {
         e.raw_os_error()
             .is_some_and(|n| n == libc::ENOSPC || n == libc::EDQUOT)
@@ -69,7 +71,7 @@ fn write_error(call: &'static str, path: &Path, e: std::io::Error) -> crate::err
 
 impl Store {
     /// Opens `<root>/state` (creating it 0700), refusing a symlink there.
-    pub(super) fn open(root: &beneath::Root) -> Result<Store, SysError> {
+    pub(crate) fn open(root: &beneath::Root) -> Result<Store, SysError> {
         root.own_dir("state", 0o700)?;
         let path = root.join(Path::new("state"));
         let dir = beneath::open_with(
@@ -91,17 +93,17 @@ impl Store {
     }
 
     /// Why the last write to the state directory failed, if it did.
-    pub(super) fn problem(&self) -> Option<String> {
-        super::lock(&self.problem).clone()
+    pub(crate) fn problem(&self) -> Option<String> {
+        lock(&self.problem).clone()
     }
 
     /// Notes how a write ended: a failure is kept for GetAgentInfo; a
     /// record written (`cleared`: not a mere unlink, which works on a full
     /// filesystem too) shows the state is writable again.
-    fn note<T>(&self, r: crate::errors::Result<T>, cleared: bool) -> crate::errors::Result<T> {
+    fn note<T>(&self, r: crate::error::Result<T>, cleared: bool) -> crate::error::Result<T> {
         match &r {
-            Err(e) => *super::lock(&self.problem) = Some(e.to_string()),
-            Ok(_) if cleared => *super::lock(&self.problem) = None,
+            Err(e) => *lock(&self.problem) = Some(e.to_string()),
+            Ok(_) if cleared => *lock(&self.problem) = None,
             Ok(_) => {}
         }
         r
@@ -110,7 +112,7 @@ impl Store {
     /// Writes the volume's record atomically. A write that fails leaves the
     /// record as it was and no temp file behind: ENOSPC or EDQUOT answer
     /// RESOURCE_EXHAUSTED (`Error::StateFull`), EROFS FAILED_PRECONDITION.
-    pub(super) fn save(&self, vol: &Volume) -> crate::errors::Result<()> {
+    pub(crate) fn save(&self, vol: &Volume) -> crate::error::Result<()> {
         let name = Store::file(&vol.id);
         let tmp = format!("{}.tmp", vol.id);
         let shown_path = self.path.join(&name);
@@ -144,7 +146,7 @@ impl Store {
 
     /// Removes the volume's record; a missing one is fine. Needs no space,
     /// so it works on a full state filesystem.
-    pub(super) fn remove(&self, id: &str) -> crate::errors::Result<()> {
+    pub(crate) fn remove(&self, id: &str) -> crate::error::Result<()> {
         let name = Store::file(id);
         let r = match rustix::fs::unlinkat(&self.dir, name.as_str(), AtFlags::empty()) {
             Ok(()) | Err(Errno::NOENT) => Ok(()),
@@ -157,7 +159,7 @@ impl Store {
     /// human to look at; it no longer stands for a volume. Where even that
     /// rename fails (a full or read-only state filesystem), the record is
     /// left as it is: it is refused again at the next start.
-    pub(super) fn set_aside(&self, name: &[u8]) -> PathBuf {
+    pub(crate) fn set_aside(&self, name: &[u8]) -> PathBuf {
         let mut bad = name.to_vec();
         bad.extend_from_slice(b".bad");
         let (name, bad) = (OsStr::from_bytes(name), OsStr::from_bytes(&bad));
@@ -168,7 +170,7 @@ impl Store {
     /// Every record, decoded against `root`; half-written temp files are
     /// removed. Names are bytes: a file named so that it is not UTF-8 is
     /// not a record of the agent's, and is refused like any bad record.
-    pub(super) fn load(&self, root: &Path) -> Result<Vec<Record>, SysError> {
+    pub(crate) fn load(&self, root: &Path) -> Result<Vec<Record>, SysError> {
         let mut out = Vec::new();
         let dir = rustix::fs::openat(
             &self.dir,
@@ -317,7 +319,7 @@ fn rro_parse(s: &str) -> Option<RecursiveReadOnly> {
 }
 
 /// The record of `v`.
-pub(super) fn encode(v: &Volume) -> String {
+pub(crate) fn encode(v: &Volume) -> String {
     let mut o = match v.mode {
         VolumeMode::Filesystem(_) => String::from("version=2\n"),
         VolumeMode::Block => String::from("version=3\nmode=block\n"),
@@ -348,7 +350,7 @@ pub(super) fn encode(v: &Volume) -> String {
         };
         o += &format!("fs_group={}:{p}\n", g.gid);
     }
-    o += &format!("mount_id={}\n", v.mount_id);
+    o += &format!("mount_id={}\n", recorded(v.mount_id));
     o += &format!("complete={}\n", v.complete);
     for b in &v.binds {
         o += &format!(
@@ -358,10 +360,39 @@ pub(super) fn encode(v: &Volume) -> String {
             b.rro_applied,
             esc_path(&b.subpath),
             esc_path(&b.target),
-            b.mount_id
+            recorded(b.mount_id)
         );
     }
     o
+}
+
+/// A mount id as a record holds it: 0 for none (how records without ids,
+/// version 1, read).
+fn recorded(id: Option<MountId>) -> u64 {
+    id.map_or(0, |id| id.0)
+}
+
+/// A mount id from a record: 0 is none.
+fn mount_id(v: &str, what: &str) -> Result<Option<MountId>, String> {
+    let n: u64 = v.parse().map_err(|_| format!("{what} {v:?}"))?;
+    Ok((n != 0).then_some(MountId(n)))
+}
+
+/// A device's kernel name from a record: a name sysfs could give a block
+/// device, since recovery joins it into sysfs paths (and into the devtmpfs
+/// node it looks for): not empty, not `.` or `..`, no `/`, no control
+/// character (NUL among them), at most NAME_MAX bytes.
+fn device_name(name: String) -> Result<String, String> {
+    let bad = name.is_empty()
+        || name == "."
+        || name == ".."
+        || name.len() > validate::NAME_MAX
+        || name.contains('/')
+        || name.chars().any(char::is_control);
+    if bad {
+        return Err(format!("device name {name:?} is not a block device's name"));
+    }
+    Ok(name)
 }
 
 fn boolean(v: &str) -> Result<bool, String> {
@@ -428,13 +459,13 @@ fn bind_target(root: &Path, target: &Path) -> Result<(PathBuf, PathBuf), String>
 /// Decodes a record (bytes, as read), checking every field as a request's
 /// would be checked against `root` (the canonical root). The error says
 /// what is wrong.
-pub(super) fn decode(text: &(impl AsRef<[u8]> + ?Sized), root: &Path) -> Result<Volume, String> {
+pub(crate) fn decode(text: &(impl AsRef<[u8]> + ?Sized), root: &Path) -> Result<Volume, String> {
     let text = text.as_ref();
     let (mut id, mut source, mut dev, mut name, mut devnum, mut dserial, mut fs) =
         (None, None, None, None, None, None, None);
     let (mut options, mut read_only, mut fs_group, mut binds) =
         (Vec::new(), false, None, Vec::new());
-    let (mut version, mut mount_id, mut complete) = (0, 0u64, true);
+    let (mut version, mut vol_mount_id, mut complete) = (0, None, true);
     let (mut block, mut ro_set) = (false, false);
     for line in lines(text) {
         let (k, v) = line
@@ -464,10 +495,7 @@ pub(super) fn decode(text: &(impl AsRef<[u8]> + ?Sized), root: &Path) -> Result<
                 dev = Some(validate::device_path(&unesc(v.as_bytes(), "device")?).map_err(|e| e.0)?)
             }
             "name" => name = Some(unesc(v.as_bytes(), "name")?),
-            "devnum" => {
-                devnum =
-                    Some(crate::device::parse_devnum(v).ok_or_else(|| format!("devnum {v:?}"))?)
-            }
+            "devnum" => devnum = Some(parse_devnum(v).ok_or_else(|| format!("devnum {v:?}"))?),
             "device_serial" => dserial = Some(unesc(v.as_bytes(), "device_serial")?),
             "fs" => fs = Some(FsType::parse(v).ok_or_else(|| format!("fs {v:?}"))?),
             "option" => options.push(unesc(v.as_bytes(), "option")?),
@@ -493,7 +521,7 @@ pub(super) fn decode(text: &(impl AsRef<[u8]> + ?Sized), root: &Path) -> Result<
                 }
             }
             "ro_set" => ro_set = boolean(v)?,
-            "mount_id" => mount_id = v.parse().map_err(|_| format!("mount_id {v:?}"))?,
+            "mount_id" => vol_mount_id = mount_id(v, "mount_id")?,
             "complete" => complete = boolean(v)?,
             "bind" => {
                 let f: Vec<&str> = v.split('\t').collect();
@@ -514,7 +542,7 @@ pub(super) fn decode(text: &(impl AsRef<[u8]> + ?Sized), root: &Path) -> Result<
                         .map_err(|e| e.0)?,
                     target,
                     rel,
-                    mount_id: id.parse().map_err(|_| format!("bind mount id {id:?}"))?,
+                    mount_id: mount_id(id, "bind mount id")?,
                 });
             }
             _ => {}
@@ -526,10 +554,7 @@ pub(super) fn decode(text: &(impl AsRef<[u8]> + ?Sized), root: &Path) -> Result<
     let id: String = id.ok_or("no id")?;
     validate::volume_id(&id).map_err(|e| e.0)?;
     let (major, minor) = devnum.ok_or("no devnum")?;
-    let name: String = name.ok_or("no device name")?;
-    if name.is_empty() || name.contains('/') {
-        return Err(format!("device name {name:?}"));
-    }
+    let name = device_name(name.ok_or("no device name")?)?;
     // A block record has none of a filesystem's parameters, as a request would not.
     let mode = match (block, fs) {
         (false, Some(fs)) => VolumeMode::Filesystem(fs),
@@ -562,11 +587,11 @@ pub(super) fn decode(text: &(impl AsRef<[u8]> + ?Sized), root: &Path) -> Result<
             serial: dserial,
         },
         mode,
-        mount: mount::parse_options(&options, read_only).map_err(|e| e.to_string())?,
+        mount: parse_options(&options, read_only).map_err(|e| e.to_string())?,
         options,
         read_only,
         fs_group,
-        mount_id,
+        mount_id: vol_mount_id,
         complete,
         ro_set,
         binds,
@@ -577,6 +602,7 @@ pub(super) fn decode(text: &(impl AsRef<[u8]> + ?Sized), root: &Path) -> Result<
 /// `text` as a restart would and, when it decodes, checks that the record
 /// written for it decodes to the same volume (panics on any difference).
 /// Whether `text` decoded.
+#[cfg(feature = "fuzz")]
 pub(crate) fn fuzz_record(text: &[u8], root: &Path) -> bool {
     let Ok(v) = decode(text, root) else {
         return false;
@@ -596,44 +622,9 @@ pub(crate) fn fuzz_record(text: &[u8], root: &Path) -> bool {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
-
-    pub(crate) fn sample() -> Volume {
-        let options = vec!["noatime".into(), "weird%opt\twith\nbreaks".into()];
-        Volume {
-            id: "vol-1".into(),
-            source: Source::Serial("vol-0123".into()),
-            device: Device {
-                name: "vdb".into(),
-                path: "/dev/vdb".into(),
-                major: 254,
-                minor: 16,
-                serial: Some("vol-0123".into()),
-            },
-            mode: VolumeMode::Filesystem(FsType::Xfs),
-            mount: mount::parse_options(&options, false).unwrap(),
-            options,
-            read_only: false,
-            fs_group: Some(FsGroup {
-                gid: 2000,
-                policy: Policy::OnRootMismatch,
-            }),
-            guest_path: "/r/volumes/vol-1".into(),
-            mount_id: 77,
-            complete: true,
-            ro_set: false,
-            binds: vec![Bind {
-                target: "/r/pods/a b".into(),
-                rel: "pods/a b".into(),
-                subpath: "data/x".into(),
-                read_only: true,
-                rro: RecursiveReadOnly::IfPossible,
-                rro_applied: true,
-                mount_id: 78,
-            }],
-        }
-    }
+    use crate::volumes::volume::tests::{block_sample, sample};
 
     #[test]
     fn records_round_trip() {
@@ -646,7 +637,7 @@ pub(super) mod tests {
         assert_eq!(back.binds, v.binds);
         assert_eq!(back.device, v.device);
         assert_eq!(back.source, v.source);
-        assert_eq!((back.mount_id, back.complete), (77, true));
+        assert_eq!((back.mount_id, back.complete), (Some(MountId(77)), true));
         let mut half = v.clone();
         half.complete = false;
         assert!(!decode(&encode(&half), Path::new("/r")).unwrap().complete);
@@ -660,7 +651,7 @@ pub(super) mod tests {
     fn a_carriage_return_ending_a_value_survives_a_rewrite() {
         let mut v = sample();
         v.options = vec!["noatime\r".into(), "a\r\rb\r\r".into()];
-        v.mount = mount::parse_options(&v.options, false).unwrap();
+        v.mount = parse_options(&v.options, false).unwrap();
         v.device.serial = Some("ser\r".into());
         v.source = Source::Path("/dev/vdb\r".into());
         let back = decode(&encode(&v), Path::new("/r")).unwrap();
@@ -676,21 +667,14 @@ pub(super) mod tests {
         );
     }
 
-    /// A read-only block volume with one bind, as recorded.
-    pub(crate) fn block_sample() -> Volume {
+    /// An `ro` among the options is read-only, and reads back so.
+    #[test]
+    fn an_ro_option_reads_back_read_only() {
         let mut v = sample();
-        v.id = "blk-1".into();
-        v.guest_path = "/r/volumes/blk-1".into();
-        v.mode = VolumeMode::Block;
-        v.options = Vec::new();
-        v.read_only = true;
-        v.mount = mount::parse_options(&[], true).unwrap();
-        v.fs_group = None;
-        v.ro_set = true;
-        v.binds[0].subpath = PathBuf::new();
-        v.binds[0].rro = RecursiveReadOnly::Disabled;
-        v.binds[0].rro_applied = false;
-        v
+        v.options = vec!["noatime,ro".into()];
+        v.mount = parse_options(&v.options, false).unwrap();
+        let back = decode(&encode(&v), Path::new("/r")).unwrap();
+        assert!(back.mounted_read_only());
     }
 
     #[test]
@@ -808,9 +792,40 @@ pub(super) mod tests {
         let text = "version=1\nid=old\nserial=s1\ndevice=/dev/vdb\nname=vdb\ndevnum=254:16\n\
                     fs=ext4\nread_only=false\nbind=false\tdisabled\tfalse\t\t/r/pods/x\n";
         let v = decode(text, Path::new("/r")).unwrap();
-        assert_eq!((v.mount_id, v.complete), (0, true));
+        assert_eq!((v.mount_id, v.complete), (None, true));
         assert_eq!(v.binds[0].rel, PathBuf::from("pods/x"));
-        assert_eq!(v.binds[0].mount_id, 0);
+        assert_eq!(v.binds[0].mount_id, None);
+    }
+
+    /// Recovery joins a record's device name into sysfs paths (ext4's error
+    /// count, the devtmpfs node of a block volume): only a name the kernel
+    /// could give a block device reads back; `.`, `..`, control characters
+    /// and NUL are refused like `/` always was.
+    #[test]
+    fn device_names_must_be_names_the_kernel_gives() {
+        let root = Path::new("/r");
+        let good = encode(&sample());
+        assert!(good.contains("name=vdb\n"), "{good}");
+        let long = "x".repeat(256);
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "vd\0b",
+            "vd\nb",
+            "\u{1}",
+            "vdb\u{7f}",
+            &long,
+        ] {
+            let text = good.replacen("name=vdb\n", &format!("name={}\n", esc(bad)), 1);
+            let e = decode(&text, root).expect_err(bad);
+            assert!(e.contains("device name"), "{bad:?}: {e}");
+        }
+        for fine in ["vdb", "loop3p1", "nvme0n1", "cciss!c0d0", "dm-0"] {
+            let text = good.replacen("name=vdb\n", &format!("name={fine}\n"), 1);
+            assert_eq!(decode(&text, root).unwrap().device.name, fine);
+        }
     }
 
     #[test]

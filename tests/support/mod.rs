@@ -320,8 +320,8 @@ pub fn bind_req(
 
 /// Whether `path` is a mount point.
 pub fn is_mount(path: &Path) -> bool {
-    let table = crust_agent::mountinfo::read().unwrap();
-    crust_agent::mountinfo::mount_at(&table, path).is_some()
+    let table = crust_agent::sys::mountinfo::read().unwrap();
+    crust_agent::sys::mountinfo::mount_at(&table, path).is_some()
 }
 
 /// Set in the child that `own_mount_namespace` starts: the name of the test
@@ -344,7 +344,7 @@ pub fn own_mount_namespace() -> bool {
         .unwrap_or_default()
         .to_string();
     if std::env::var(OWN_NS).is_ok_and(|t| t == test) {
-        for m in crust_agent::mountinfo::read().unwrap_or_default() {
+        for m in crust_agent::sys::mountinfo::read().unwrap_or_default() {
             if m.source.starts_with("/dev/loop") {
                 let _ = rustix::mount::unmount(&m.mount_point, rustix::mount::UnmountFlags::DETACH);
             }

@@ -1,18 +1,22 @@
-//! A block volume's device as the agent handles it: opened by its node and
-//! checked by number, its kernel read-only flag (BLKROSET/BLKROGET), its size
-//! and its flush. Nothing here reads or writes a disk's contents: the agent
-//! never looks inside a block volume (opening a node, ioctls and fsync do not
-//! touch the data).
+//! A block device as the agent handles it: opened by its node and checked by
+//! number, and the block layer's ioctls, each wrapped once: its size
+//! (BLKGETSIZE64), its kernel read-only flag (BLKROGET/BLKROSET), and its
+//! flush. Nothing here reads or writes a disk's contents: the agent never
+//! looks inside a block volume (opening a node, ioctls and fsync do not
+//! touch the data). A leaf: the finder of disks, the condition checks and
+//! the table's block volumes all use it.
 
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 
 use rustix::fs::{FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::device::Device;
-use crate::errors::{Code, SysError};
+use crate::code::Code;
+use crate::model::Device;
+use crate::sys::error::SysError;
 
 /// What can go wrong with a block volume's device.
 #[derive(Debug, thiserror::Error)]
@@ -147,7 +151,18 @@ pub fn set_read_only(f: &File, dev: &Device, ro: bool) -> Result<(), Error> {
 
 /// BLKGETSIZE64: the device's size in bytes now.
 pub fn size(f: &File, dev: &Device) -> Result<u64, Error> {
-    Ok(crate::device::size_of(f, &dev.path)?)
+    Ok(size_of(f, &dev.path)?)
+}
+
+/// BLKGETSIZE64 of an open device; `device` names it in messages.
+pub fn size_of(file: &File, device: &Path) -> Result<u64, SysError> {
+    const BLKGETSIZE64: rustix::ioctl::Opcode = rustix::ioctl::opcode::read::<u64>(0x12, 114);
+    // SAFETY: BLKGETSIZE64 writes exactly one u64 (size_t on 64-bit Linux) into the output.
+    unsafe {
+        let get = rustix::ioctl::Getter::<BLKGETSIZE64, u64>::new();
+        rustix::ioctl::ioctl(file, get)
+    }
+    .map_err(|e| SysError::new("BLKGETSIZE64", device.display(), e))
 }
 
 /// Flushes what was written to the device (its page cache and the disk's
@@ -163,7 +178,7 @@ mod tests {
     use crate::testutil::{root_or_skip, LoopDisk};
 
     fn device(d: &LoopDisk) -> Device {
-        crate::device::from_path(&d.device).unwrap()
+        d.agent_device()
     }
 
     #[test]

@@ -1,95 +1,10 @@
-//! The fsGroup walk (kubelet's SetVolumeOwnership, done better): every entry
-//! of a volume gets the pod's group and group access, in parallel, through
-//! `*at()` calls relative to each directory's own fd, never following
-//! symlinks and never crossing into other mounts; entries already right are
-//! only read. docs/semantics.md §4 has the rules; this says how.
-//!
-//! # Depth and length do not matter
-//!
-//! No path is ever handed to the kernel below the root: a subdirectory is
-//! opened by its one-component name from its parent's fd, with
-//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV)` (so a
-//! symlink swapped in is refused, a mount point — another filesystem or a
-//! bind of this one — is skipped, and a rename cannot lead a lookup
-//! elsewhere), and every entry is changed by name relative to its
-//! directory's fd. A tree 100,000 levels deep or with paths far beyond
-//! PATH_MAX is walked like any other. Paths appear only in messages, built
-//! lossily for display (`/proc/self/fd`).
-//!
-//! # What a failed or stopped walk leaves behind
-//!
-//! The entries changed before the walk failed (an unreadable directory, no
-//! file descriptor left) or was stopped (the caller's deadline, its
-//! disconnect, shutdown) keep their new group and mode: a chown cannot be
-//! undone safely (the old owners may have been changed since by someone
-//! else, and undoing would mean a second walk that can fail the same way).
-//! The walk is idempotent, so a retry completes it and only reads what is
-//! already right. Publish undoes the mount of a volume whose walk failed.
-//!
-//! # Bounds
-//!
-//! - File descriptors: a directory's fd is closed as soon as its last
-//!   pending item (a subdirectory to open, a batch of entries) is done, so a
-//!   pure chain of any depth holds O(1) fds. What stays open is the
-//!   directories with pending siblings; when all walks of the process hold
-//!   [`DIR_FD_BUDGET`] of them, a worker that lists a directory with
-//!   subdirectories finishes that subtree alone, depth first, with at most
-//!   three fds (going back up by `..`, checked against the inode it left).
-//!   So all walks together hold at most `DIR_FD_BUDGET` + 4 per thread. If
-//!   the process runs out of fds anyway (EMFILE/ENFILE), the walk fails with
-//!   RESOURCE_EXHAUSTED naming the directory, never skipping silently.
-//! - Threads: a walk uses its caller's thread plus up to [`WORKERS_PER_CPU`]
-//!   × CPUs − 1 helpers, and all walks of the process together at most
-//!   [`HELPERS_PER_CPU`] × CPUs helpers: a walk that finds none free runs on
-//!   its caller's thread alone, and several publishes at once cannot
-//!   multiply threads.
-//! - Memory: the names of the directories being worked on and of the
-//!   subdirectories waiting their turn, plus, in a subtree walked alone, a
-//!   name and an inode number per level.
-//!
-//! # Speed
-//!
-//! Per entry the walk does what cannot be avoided — one statx, and a chown
-//! and a chmod only when needed — each by a one-component name from the
-//! directory's fd (kubelet's calls each resolve the whole path). Entries go
-//! in batches of up to 256, in inode order (neighbours share an inode
-//! table block), in three passes (statx, chown, chmod); directories are read
-//! with a 32 KiB getdents64 buffer (rustix's `Dir` reads ~30 entries a call).
-//!
-//! `make bench` (bench/src/fsgroup.rs: a loop ext4 with 1,000 directories ×
-//! 100 files + 1,000 symlinks, against kubelet's serial walk), 2-CPU
-//! development VM, Linux 6.18, the two quietest runs of 7 rounds each
-//! (medians; each round's own ratio in brackets):
-//!
-//! | tree | this walk | the path-relative walk before, same conditions |
-//! | --- | --- | --- |
-//! | fresh, warm | 2.39x, 2.39x (2.32–2.45) | 2.36x |
-//! | fresh, cold | 2.29x, 2.33x (2.15–2.42) | 2.19x |
-//! | already right | 13.1x, 13.2x (12.8–13.8) | 10.4x |
-//!
-//! Busier runs on the shared machine gave 2.0–2.3x warm and 2.1–2.3x cold.
-//! A fresh tree is CPU-bound in the kernel: a chown and a chmod cost about
-//! 4–5 µs each on ext4 (three journal handles between them) for either
-//! walk, and what the serial walk spends more is its path lookups — CPU per
-//! entry 8.9 µs against 11.4 warm, 14.0 against 17.3 cold. So 2 CPUs allow
-//! at best 2.58x warm and 2.48x cold (the bench prints this bound from each
-//! run's CPU time), and the walk reaches 92–94% of it. Issue 9's 3x needs
-//! more CPUs, or fewer syscalls per entry than stat + chown + chmod, which
-//! Linux does not offer (io_uring has no chown or chmod).
-//!
-//! Tried, with CPU time per entry as the measure (wall time on a shared
-//! 2-CPU machine varies ±30%): one worker per CPU against two (alike warm,
-//! two 8% faster cold), four and eight per CPU (no better); inode order and
-//! passes (3–6% less CPU on one worker, within the noise on two); fstatat
-//! against statx (alike; statx also tells a file mount point); an O_PATH
-//! fd per entry with fd-based calls (10% more: an open and a close cost
-//! more than the two lookups they save). Before Linux 6.6, opening a
-//! regular file read-only and fchmod'ing it would be 18% cheaper than the
-//! O_PATH + /proc/self/fd chmod, but an entry swapped for a device node in
-//! between would have the agent open a device (a watchdog, say): not done.
+//! The fsGroup walk (see the module doc of `ownership`): who does which
+//! directory, in parallel, within the process's budgets of descriptors and
+//! helper threads; the depth-first fallback past the descriptor budget;
+//! progress reports and cancellation between items. What is done to each
+//! entry is `entries`'; which mode it should end with is `rules`'.
 
 use std::ffi::CStr;
-use std::io;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -98,80 +13,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use rustix::fs::{AtFlags, FileType, Gid, Mode, OFlags, RawDir, ResolveFlags, StatxFlags};
+use rustix::fs::{FileType, Mode, OFlags, RawDir, ResolveFlags};
 use rustix::io::Errno;
 
-use crate::cancel::{Cancel, Stopped, Why};
-use crate::errors::{Code, SysError};
-
-/// What can go wrong in the walk as a whole (single entries only count as `errors`).
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The volume root is not a directory.
-    #[error("the volume root {root} is not a directory, so fsGroup cannot be applied to it")]
-    RootNotDirectory {
-        /// The root given.
-        root: String,
-    },
-    /// A directory could not be opened or read: the walk stopped there.
-    #[error("applying fsGroup {gid} stopped: directory {dir} could not be read: {source}; entries changed before that keep their new group and mode; check the filesystem's health (GetVolumeStats)")]
-    ReadDir {
-        /// The fsGroup being applied.
-        gid: u32,
-        /// The directory, for display.
-        dir: String,
-        /// The errno.
-        #[source]
-        source: io::Error,
-    },
-    /// The process has no file descriptor left (EMFILE or ENFILE).
-    #[error("applying fsGroup {gid} stopped at {dir}: the agent ran out of file descriptors ({source}); entries changed before that keep their new group and mode, and a retry completes the walk")]
-    OutOfFds {
-        /// The fsGroup being applied.
-        gid: u32,
-        /// The directory being opened, for display.
-        dir: String,
-        /// The errno.
-        #[source]
-        source: io::Error,
-    },
-    /// The walk was stopped (shutdown, the caller's deadline or disconnect).
-    #[error("{why} while {during}: stopped; entries changed before that keep their new group and mode (a chown cannot be undone safely), and a retry completes the walk", why = why_text(.0.why), during = .0.during)]
-    Stopped(#[from] Stopped),
-    /// An unexpected syscall failure.
-    #[error(transparent)]
-    Sys(#[from] SysError),
-}
-
-/// Why a walk stopped, as the start of a sentence.
-fn why_text(why: Why) -> &'static str {
-    match why {
-        Why::Shutdown => "the agent is shutting down",
-        Why::CallerGone => "the caller closed its connection",
-        Why::Deadline => "the caller's deadline passed",
-    }
-}
-
-impl Error {
-    /// The wire code of this error.
-    pub fn code(&self) -> Code {
-        match self {
-            Error::Stopped(s) => s.code(),
-            Error::RootNotDirectory { .. } => Code::FailedPrecondition,
-            Error::OutOfFds { .. } => Code::ResourceExhausted,
-            Error::ReadDir { .. } | Error::Sys(_) => Code::Internal,
-        }
-    }
-}
-
-/// Kubernetes' fsGroupChangePolicy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Policy {
-    /// Walk every time.
-    Always,
-    /// Walk only when the root is not already right.
-    OnRootMismatch,
-}
+use super::budget::{DirFd, Helpers, Limits, HELD_DIRS};
+use super::entries::{fix_dir, fix_entries, Counts, Names, Owner};
+use super::error::Error;
+use super::rules::root_is_right;
+use crate::cancel::Cancel;
+use crate::model::Policy;
+use crate::sys::error::SysError;
 
 /// What a run did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -188,159 +39,75 @@ pub struct Report {
     pub duration: Duration,
 }
 
-/// Group read/write, added to every entry (kubelet's rwMask).
-const RW: u32 = 0o660;
-/// Group (and owner) search on directories (kubelet's execMask).
-const X: u32 = 0o110;
-const S_ISUID: u32 = 0o4000;
-const S_ISGID: u32 = 0o2000;
-const PERM_BITS: u32 = 0o7777;
-
 /// Non-directory entries of one directory are handed out in batches this big,
 /// so that a single huge directory still keeps every CPU busy.
 const BATCH: usize = 256;
 /// The getdents64 buffer of each worker: about a thousand entries per call.
 const READDIR_BUF: usize = 32 << 10;
-/// Directory fds that pending items of all walks may keep open together;
-/// past it, a subtree with subdirectories is finished by one worker with
-/// three fds (see the module doc).
-pub const DIR_FD_BUDGET: usize = 256;
-/// Workers of one walk per CPU, its caller's thread included.
-pub const WORKERS_PER_CPU: usize = 2;
-/// Helper threads of all walks together, per CPU.
-pub const HELPERS_PER_CPU: usize = 4;
-/// Upper bound on one walk's workers, whatever the CPU count.
-const MAX_WORKERS: usize = 16;
-
-/// Directory fds kept open for pending items, all walks of the process together.
-static HELD_DIRS: AtomicUsize = AtomicUsize::new(0);
-/// Helper threads running, all walks of the process together.
-static HELPERS: AtomicUsize = AtomicUsize::new(0);
-
-/// How wide and how deep a walk may spread.
-#[derive(Clone, Copy, Debug)]
-struct Limits {
-    /// Workers of this walk, its caller's thread included.
-    workers: usize,
-    /// Helper threads of all walks together.
-    helpers: usize,
-    /// See [`DIR_FD_BUDGET`].
-    dir_fds: usize,
+/// One fsGroup walk: what to apply where, and how it reports and stops.
+#[derive(Clone, Copy)]
+pub struct Walk<'a> {
+    /// What to open as the root: `/proc/self/fd/N` for a directory the
+    /// caller resolved itself, beneath its own root (or a plain path).
+    pub open_at: &'a Path,
+    /// The root as messages name it.
+    pub shown: &'a Path,
+    /// The fsGroup.
+    pub gid: u32,
+    /// Always, or only when the root is not right yet.
+    pub policy: Policy,
+    /// The volume is read-only: OnRootMismatch looks for r-x, not rwx.
+    pub read_only: bool,
+    /// Roughly how often `progress` is called while the walk runs.
+    pub every: Duration,
+    /// Called with the counts so far (and the time since the start), from
+    /// one worker at a time, so that the caller can log a long walk; it runs
+    /// on the walk's threads: keep it short.
+    pub progress: &'a (dyn Fn(&Report) + Sync),
+    /// Stops the walk between two items (within milliseconds); what was
+    /// changed stays changed (see the module doc of `ownership`).
+    pub cancel: &'a Cancel,
 }
 
-impl Limits {
-    fn for_this_machine() -> Limits {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Limits {
-            workers: std::env::var("CRUST_WALK_WORKERS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or((WORKERS_PER_CPU * cpus).clamp(1, MAX_WORKERS)),
-            helpers: HELPERS_PER_CPU * cpus,
-            dir_fds: DIR_FD_BUDGET,
-        }
-    }
-}
-
-/// Helper threads taken from the process-wide allowance; given back on drop.
-struct Helpers(usize);
-
-impl Helpers {
-    /// Up to `want` helpers, fewer (maybe none) when other walks hold them.
-    fn take(want: usize, cap: usize) -> Helpers {
-        let mut now = HELPERS.load(Ordering::Relaxed);
-        loop {
-            let n = want.min(cap.saturating_sub(now));
-            if n == 0 {
-                return Helpers(0);
-            }
-            match HELPERS.compare_exchange_weak(now, now + n, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return Helpers(n),
-                Err(seen) => now = seen,
-            }
-        }
-    }
-
-    /// Gives one back early (its thread could not be started).
-    fn give_back_one(&mut self) {
-        if self.0 > 0 {
-            self.0 -= 1;
-            HELPERS.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
-}
-
-impl Drop for Helpers {
-    fn drop(&mut self) {
-        HELPERS.fetch_sub(self.0, Ordering::AcqRel);
-    }
-}
-
-/// Applies fsGroup `gid` to the tree at `root` (the mounted volume's root).
-///
-/// The mount point directory of another filesystem below `root` is neither
-/// changed nor counted: its inode belongs to the other filesystem (kubelet's
-/// filepath.Walk would change it and walk into it). A bind mount of this
-/// volume onto itself is skipped the same way (openat2 RESOLVE_NO_XDEV), and
-/// so is a file mounted over an entry.
+/// Applies fsGroup `gid` to the tree at `root` (the mounted volume's root),
+/// with no progress reports and nothing to stop it: [`run`] for a plain path.
 pub fn apply(root: &Path, gid: u32, policy: Policy, read_only: bool) -> Result<Report, Error> {
-    apply_with_progress(
-        root,
-        root,
+    run(&Walk {
+        open_at: root,
+        shown: root,
         gid,
         policy,
         read_only,
-        Duration::MAX,
-        &|_| {},
-        &Cancel::never(),
-    )
+        every: Duration::MAX,
+        progress: &|_| {},
+        cancel: &Cancel::never(),
+    })
 }
 
-/// `apply`, calling `progress` with the counts so far (and the time since
-/// the start) roughly every `every` while it walks, from one worker at a
-/// time, so that the caller can log a long walk; the final report is the
-/// same as `apply`'s. `progress` runs on the walk's threads: keep it short.
-/// `cancel` stops the walk between two items (within milliseconds); what
-/// was changed stays changed (see the module doc). The root is opened as
-/// `open_at` (`/proc/self/fd/N` for a directory the caller resolved itself,
-/// beneath its own root) and named `shown` in messages.
-#[allow(clippy::too_many_arguments)]
-pub fn apply_with_progress(
-    open_at: &Path,
-    shown: &Path,
-    gid: u32,
-    policy: Policy,
-    read_only: bool,
-    every: Duration,
-    progress: &(dyn Fn(&Report) + Sync),
-    cancel: &Cancel,
-) -> Result<Report, Error> {
-    let (report, _threads) = walk(
+/// Runs the walk `w` describes and reports what it did.
+///
+/// The mount point directory of another filesystem below the root is
+/// neither changed nor counted: its inode belongs to the other filesystem
+/// (kubelet's filepath.Walk would change it and walk into it). A bind mount
+/// of this volume onto itself is skipped the same way (openat2
+/// RESOLVE_NO_XDEV), and so is a file mounted over an entry.
+pub fn run(w: &Walk) -> Result<Report, Error> {
+    let (report, _threads) = walk(w, Limits::for_this_machine())?;
+    Ok(report)
+}
+
+/// [`run`] within `limits`; also says how many threads worked on it.
+fn walk(w: &Walk, limits: Limits) -> Result<(Report, usize), Error> {
+    let Walk {
         open_at,
-        shown,
+        shown: root,
         gid,
         policy,
         read_only,
         every,
         progress,
         cancel,
-        Limits::for_this_machine(),
-    )?;
-    Ok(report)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn walk(
-    open_at: &Path,
-    root: &Path,
-    gid: u32,
-    policy: Policy,
-    read_only: bool,
-    every: Duration,
-    progress: &(dyn Fn(&Report) + Sync),
-    cancel: &Cancel,
-    limits: Limits,
-) -> Result<(Report, usize), Error> {
+    } = *w;
     let start = Instant::now();
     let root_fd = rustix::fs::open(
         open_at,
@@ -368,7 +135,7 @@ fn walk(
         return Ok((skipped, 0));
     }
 
-    let walk = Walk {
+    let walk = Shared {
         root,
         gid,
         dev: st.st_dev,
@@ -423,54 +190,6 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// kubelet's requiresPermissionChange, negated: a directory with the group,
-/// setgid, and group+owner rwx (r-x when read-only).
-fn root_is_right(mode: u32, has_gid: u32, gid: u32, read_only: bool) -> bool {
-    let mask = if read_only { 0o550 } else { 0o770 };
-    FileType::from_raw_mode(mode) == FileType::Directory
-        && has_gid == gid
-        && mode & S_ISGID != 0
-        && mode & mask == mask
-}
-
-/// The mode an entry should end with: nothing removed, group access added.
-fn wanted_mode(mode: u32, is_dir: bool) -> u32 {
-    let perm = mode & PERM_BITS;
-    if is_dir {
-        perm | RW | X | S_ISGID
-    } else {
-        perm | RW
-    }
-}
-
-/// Whether a chmod to `want` is due after a chown (`chown`) of an entry
-/// whose mode was `mode`: the mode is not yet right, or the chown may have
-/// cleared a setuid/setgid bit that must be put back.
-fn chmod_due(mode: u32, want: u32, chown: bool) -> bool {
-    want != mode & PERM_BITS || (chown && mode & (S_ISUID | S_ISGID) != 0)
-}
-
-/// A directory kept open while items that need it are pending; the last
-/// item done closes it.
-struct DirFd {
-    fd: OwnedFd,
-    /// Levels below the root, for messages.
-    depth: u64,
-}
-
-impl DirFd {
-    fn new(fd: OwnedFd, depth: u64) -> DirFd {
-        HELD_DIRS.fetch_add(1, Ordering::Relaxed);
-        DirFd { fd, depth }
-    }
-}
-
-impl Drop for DirFd {
-    fn drop(&mut self) {
-        HELD_DIRS.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 /// A unit of work.
 enum Item {
     /// A directory already open (the root): fix it and list it.
@@ -487,71 +206,11 @@ struct Listing {
     names: Names,
 }
 
-/// Entry names, NUL-terminated, back to back: one allocation per directory,
-/// not one per entry.
-#[derive(Default)]
-struct Names {
-    bytes: Vec<u8>,
-    /// Each entry's inode number (from getdents) and where its name is in `bytes`.
-    index: Vec<(u64, Range<usize>)>,
-}
-
-impl Names {
-    fn push(&mut self, ino: u64, name: &CStr) {
-        let start = self.bytes.len();
-        self.bytes.extend_from_slice(name.to_bytes_with_nul());
-        self.index.push((ino, start..self.bytes.len()));
-    }
-
-    fn len(&self) -> usize {
-        self.index.len()
-    }
-
-    fn get(&self, i: usize) -> Option<&CStr> {
-        let (_, range) = self.index.get(i)?;
-        CStr::from_bytes_with_nul(self.bytes.get(range.clone())?).ok()
-    }
-
-    /// In inode order: neighbours share inode table blocks.
-    fn sort_by_inode(&mut self) {
-        self.index.sort_unstable_by_key(|(ino, _)| *ino);
-    }
-}
-
 /// What a directory holds: its subdirectories (by d_type) and the rest.
 #[derive(Default)]
 struct Contents {
     subdirs: Vec<Box<CStr>>,
     others: Names,
-}
-
-/// What the walk needs to know of an entry.
-struct Seen {
-    mode: u32,
-    gid: u32,
-    dev: u64,
-    ino: u64,
-    /// A mount sits on the entry (a file bind-mounted over it).
-    mount_root: bool,
-}
-
-/// Counters of one item, added to the shared ones once per item: shared
-/// atomics bumped per entry would bounce their cache line between CPUs.
-#[derive(Default)]
-struct Counts {
-    visited: u64,
-    changed: u64,
-    errors: u64,
-}
-
-impl Counts {
-    fn outcome(&mut self, ok: bool) {
-        if ok {
-            self.changed += 1;
-        } else {
-            self.errors += 1;
-        }
-    }
 }
 
 struct Queue {
@@ -573,7 +232,8 @@ struct Frame {
     subdirs: Vec<Box<CStr>>,
 }
 
-struct Walk<'a> {
+/// A walk in progress, shared by its workers.
+struct Shared<'a> {
     root: &'a Path,
     gid: u32,
     dev: u64,
@@ -600,7 +260,7 @@ struct Walk<'a> {
     cancel: &'a Cancel,
 }
 
-impl Walk<'_> {
+impl Shared<'_> {
     /// The counts so far.
     fn report(&self, duration: Duration) -> Report {
         Report {
@@ -816,7 +476,7 @@ impl Walk<'_> {
             visited: 1,
             ..Counts::default()
         };
-        self.fix_dir(fd, st.st_mode, st.st_gid, &mut counts);
+        fix_dir(fd, st.st_mode, st.st_gid, self.gid, &mut counts);
         self.add(&counts);
         let mut contents = Contents::default();
         let mut dir = RawDir::new(fd, buf);
@@ -1024,34 +684,15 @@ impl Walk<'_> {
         Ok(())
     }
 
-    /// Fixes a directory through its own fd: immune to renames.
-    fn fix_dir(&self, fd: &OwnedFd, mode: u32, has_gid: u32, counts: &mut Counts) {
-        let want = wanted_mode(mode, true);
-        let chown = has_gid != self.gid;
-        let mut ok = true;
-        if chown {
-            ok &= rustix::fs::fchown(fd, None, Some(Gid::from_raw(self.gid))).is_ok();
-        }
-        if ok && chmod_due(mode, want, chown) {
-            ok &= rustix::fs::fchmod(fd, Mode::from_raw_mode(want)).is_ok();
-        } else if !chown {
-            return;
-        }
-        counts.outcome(ok);
-    }
-
     fn add(&self, c: &Counts) {
         self.visited.fetch_add(c.visited, Ordering::Relaxed);
         self.changed.fetch_add(c.changed, Ordering::Relaxed);
         self.errors.fetch_add(c.errors, Ordering::Relaxed);
     }
 
-    /// Non-directory entries `range` of `names` in `dir`, in three passes:
-    /// look at each, chown those of another group (symlinks included, with
-    /// lchown semantics), chmod those short of their mode (never a symlink).
-    /// A pass runs one syscall over and over, hot in the CPU's caches, over
-    /// entries in inode order (neighbours share an inode table block).
-    /// Directories among them (filesystems without d_type) go to `subdirs`.
+    /// Non-directory entries `range` of `names` in `dir` (`depth` levels
+    /// down, for messages): `entries::fix_entries`, its counts added to the
+    /// walk's.
     fn entries(
         &self,
         dir: BorrowedFd<'_>,
@@ -1061,152 +702,18 @@ impl Walk<'_> {
         subdirs: &mut Vec<Box<CStr>>,
     ) -> Result<(), Error> {
         let mut counts = Counts::default();
-        let mut todo = Vec::with_capacity(range.len());
-        for i in range {
-            let Some(name) = names.get(i) else {
-                counts.errors += 1;
-                continue;
-            };
-            let seen = match look(dir, name) {
-                Ok(seen) => seen,
-                // Removed since it was listed: nothing left to fix.
-                Err(Errno::NOENT) => continue,
-                Err(_) => {
-                    counts.errors += 1;
-                    continue;
-                }
-            };
-            if seen.mount_root || seen.dev != self.dev {
-                continue; // a file mounted over the entry: not this volume's
-            }
-            if FileType::from_raw_mode(seen.mode) == FileType::Directory {
-                // d_type was unknown; the directory gets its turn like any other.
-                subdirs.push(name.into());
-                continue;
-            }
-            counts.visited += 1;
-            let chown = seen.gid != self.gid;
-            todo.push(Todo {
-                name,
-                seen,
-                chown,
-                ok: true,
-            });
-        }
-        for t in todo.iter_mut().filter(|t| t.chown) {
-            let gid = Some(Gid::from_raw(self.gid));
-            t.ok = rustix::fs::chownat(dir, t.name, None, gid, AtFlags::SYMLINK_NOFOLLOW).is_ok();
-        }
-        let mut out = Ok(());
-        for t in &todo {
-            let mode = t.seen.mode;
-            let want = wanted_mode(mode, false);
-            // A symlink gets lchown and nothing more: its mode means nothing.
-            if t.ok
-                && FileType::from_raw_mode(mode) != FileType::Symlink
-                && chmod_due(mode, want, t.chown)
-            {
-                match chmod_nofollow(dir, t.name, &t.seen, want) {
-                    Ok(()) => counts.changed += 1,
-                    // The pre-6.6 way needs an fd: out of them is the walk's failure, not the entry's.
-                    Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
-                        out = Err(Error::OutOfFds {
-                            gid: self.gid,
-                            dir: self.shown(dir, depth, Some(t.name)),
-                            source: e,
-                        });
-                        break;
-                    }
-                    Err(_) => counts.errors += 1,
-                }
-            } else if t.chown {
-                counts.outcome(t.ok);
-            }
-        }
-        self.add(&counts);
-        out
-    }
-}
-
-/// A non-directory entry of a batch, between the passes of `entries`.
-struct Todo<'a> {
-    name: &'a CStr,
-    seen: Seen,
-    /// Its group is not the fsGroup yet.
-    chown: bool,
-    /// No syscall on it failed so far.
-    ok: bool,
-}
-
-/// The stat of `name` in `dir`, not following a symlink nor an automount.
-fn look(dir: BorrowedFd<'_>, name: &CStr) -> Result<Seen, Errno> {
-    let want = StatxFlags::TYPE | StatxFlags::MODE | StatxFlags::GID | StatxFlags::INO;
-    let st = rustix::fs::statx(
-        dir,
-        name,
-        AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT,
-        want,
-    )?;
-    Ok(Seen {
-        mode: u32::from(st.stx_mode),
-        gid: st.stx_gid,
-        dev: rustix::fs::makedev(st.stx_dev_major, st.stx_dev_minor),
-        ino: st.stx_ino,
-        mount_root: st
-            .stx_attributes
-            .contains(rustix::fs::StatxAttributes::MOUNT_ROOT),
-    })
-}
-
-/// Whether fchmodat2 is known to be missing (Linux < 6.6).
-static NO_FCHMODAT2: AtomicBool = AtomicBool::new(false);
-
-/// chmod of `name` in `dir` without following a symlink, and only if it is
-/// still the entry `seen` (looked at just before). fchmodat2 with
-/// AT_SYMLINK_NOFOLLOW where the kernel has it (Linux 6.6+). On older
-/// kernels (the Debian 6.1 guest) the inode is pinned with an O_PATH,
-/// O_NOFOLLOW fd, checked against `seen`, and changed through its
-/// /proc/self/fd link, which names that inode and nothing else: a symlink
-/// swapped in meanwhile can never redirect the chmod.
-fn chmod_nofollow(dir: BorrowedFd<'_>, name: &CStr, seen: &Seen, mode: u32) -> io::Result<()> {
-    if !NO_FCHMODAT2.load(Ordering::Relaxed) {
-        // SAFETY: `name` is a valid NUL-terminated string borrowed for the
-        // call, `dir` a live directory fd; the kernel only reads them.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_fchmodat2,
-                dir.as_raw_fd(),
-                name.as_ptr(),
-                mode as libc::c_uint,
-                libc::AT_SYMLINK_NOFOLLOW as libc::c_uint,
-            )
+        let owner = Owner {
+            gid: self.gid,
+            dev: self.dev,
         };
-        if r == 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::ENOSYS) {
-            return Err(e);
-        }
-        NO_FCHMODAT2.store(true, Ordering::Relaxed);
+        let done = fix_entries(dir, names, range, owner, subdirs, &mut counts);
+        self.add(&counts);
+        done.map_err(|e| Error::OutOfFds {
+            gid: self.gid,
+            dir: self.shown(dir, depth, Some(e.name)),
+            source: e.source,
+        })
     }
-    let fd = rustix::fs::openat(
-        dir,
-        name,
-        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    let now = rustix::fs::fstat(&fd)?;
-    if (now.st_dev, now.st_ino) != (seen.dev, seen.ino)
-        || FileType::from_raw_mode(now.st_mode) == FileType::Symlink
-    {
-        return Err(io::Error::from_raw_os_error(libc::ESTALE));
-    }
-    rustix::fs::chmod(
-        format!("/proc/self/fd/{}", fd.as_raw_fd()),
-        Mode::from_raw_mode(mode),
-    )
-    .map_err(Into::into)
 }
 
 #[cfg(test)]
@@ -1215,90 +722,43 @@ fn chmod_nofollow(dir: BorrowedFd<'_>, name: &CStr, seen: &Seen, mode: u32) -> i
 mod tests {
     use super::*;
 
-    #[test]
-    fn chmod_without_fchmodat2_pins_the_inode() {
-        use std::os::fd::AsFd;
-        // What the walk does on kernels before 6.6 (the guest's 6.1).
-        let d = tempfile::tempdir().unwrap();
-        let dir =
-            rustix::fs::open(d.path(), OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap();
-        let outside = tempfile::NamedTempFile::new().unwrap();
-        std::fs::set_permissions(outside.path(), std::fs::Permissions::from_mode(0o600)).unwrap();
-        std::fs::write(d.path().join("f"), b"x").unwrap();
-        std::fs::set_permissions(d.path().join("f"), std::fs::Permissions::from_mode(0o600))
-            .unwrap();
-        symlink(outside.path(), d.path().join("l")).unwrap();
-        NO_FCHMODAT2.store(true, Ordering::Relaxed);
-        let lst = |n: &CStr| look(dir.as_fd(), n).unwrap();
-        let f_seen = lst(c"f");
-        chmod_nofollow(dir.as_fd(), c"f", &f_seen, 0o660).unwrap();
-        assert_eq!(
-            fs::metadata(d.path().join("f")).unwrap().mode() & 0o7777,
-            0o660
-        );
-        // A symlink is never followed, even when it is what was seen.
-        let l_seen = lst(c"l");
-        assert!(chmod_nofollow(dir.as_fd(), c"l", &l_seen, 0o666).is_err());
-        // An entry swapped for a symlink after it was examined is left alone.
-        fs::remove_file(d.path().join("f")).unwrap();
-        symlink(outside.path(), d.path().join("f")).unwrap();
-        let e = chmod_nofollow(dir.as_fd(), c"f", &f_seen, 0o666).unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::ESTALE));
-        assert_eq!(fs::metadata(outside.path()).unwrap().mode() & 0o7777, 0o600);
-    }
     use std::fs;
     use std::path::PathBuf;
 
-    use crate::cancel::Token;
+    use rustix::fs::AtFlags;
+
+    use crate::cancel::{Token, Why};
+    use crate::code::Code;
+    use crate::ownership::budget::{DIR_FD_BUDGET, HELPERS};
+    use crate::ownership::entries::NO_FCHMODAT2;
+    use crate::ownership::rules::{PERM_BITS, RW, S_ISGID, X};
     use std::os::unix::fs::{lchown, symlink, MetadataExt, PermissionsExt};
 
     use crate::testutil::{root_only_or_skip, root_or_skip, LoopDisk, Mounted};
 
     const GID: u32 = 4321;
 
-    #[test]
-    fn wanted_modes() {
-        let table = [
-            (0o600, false, 0o660),
-            (0o644, false, 0o664),
-            (0o4755, false, 0o4775),
-            (0o000, false, 0o660),
-            (0o777, false, 0o777),
-            (0o700, true, 0o2770),
-            (0o755, true, 0o2775),
-            (0o1777, true, 0o3777),
-            (0o2770, true, 0o2770),
-        ];
-        for (mode, dir, want) in table {
-            assert_eq!(
-                wanted_mode(mode | if dir { 0o040000 } else { 0o100000 }, dir),
-                want,
-                "{mode:o} dir={dir}"
-            );
-        }
-    }
-
-    #[test]
-    fn root_mismatch_test() {
-        let dir = 0o040000;
-        let table = [
-            (dir | 0o2770, GID, false, true),
-            (dir | 0o2775, GID, false, true),
-            (dir | 0o2770, GID + 1, false, false),
-            (dir | 0o0770, GID, false, false),
-            (dir | 0o2750, GID, false, false),
-            (dir | 0o2550, GID, true, true),
-            (dir | 0o2550, GID, false, false),
-            (dir | 0o2540, GID, true, false),
-            (0o100000 | 0o2770, GID, false, false),
-        ];
-        for (mode, gid, ro, right) in table {
-            assert_eq!(
-                root_is_right(mode, gid, GID, ro),
-                right,
-                "{mode:o} gid={gid} ro={ro}"
-            );
-        }
+    /// A walk of `root` (fsGroup GID, Always) within `limits`.
+    fn walk_in(
+        root: &Path,
+        every: Duration,
+        progress: &(dyn Fn(&Report) + Sync),
+        cancel: &Cancel,
+        limits: Limits,
+    ) -> Result<(Report, usize), Error> {
+        walk(
+            &Walk {
+                open_at: root,
+                shown: root,
+                gid: GID,
+                policy: Policy::Always,
+                read_only: false,
+                every,
+                progress,
+                cancel,
+            },
+            limits,
+        )
     }
 
     fn mode_of(p: &Path) -> u32 {
@@ -1546,16 +1006,16 @@ mod tests {
         let every = Duration::from_millis(1);
         let calls = Mutex::new(Vec::new());
         let record = |p: &Report| calls.lock().unwrap().push(p.clone());
-        let r = apply_with_progress(
-            &a,
-            &a,
-            GID,
-            Policy::Always,
-            false,
+        let r = run(&Walk {
+            open_at: &a,
+            shown: &a,
+            gid: GID,
+            policy: Policy::Always,
+            read_only: false,
             every,
-            &record,
-            &Cancel::never(),
-        )
+            progress: &record,
+            cancel: &Cancel::never(),
+        })
         .unwrap();
         let plain = apply(&b, GID, Policy::Always, false).unwrap();
         assert_eq!(
@@ -2003,18 +1463,7 @@ mod tests {
             };
             most.fetch_max(n, Ordering::Relaxed);
         };
-        let (r, _) = walk(
-            root,
-            root,
-            GID,
-            Policy::Always,
-            false,
-            every,
-            &count,
-            &Cancel::never(),
-            limits,
-        )
-        .unwrap();
+        let (r, _) = walk_in(root, every, &count, &Cancel::never(), limits).unwrap();
         (r, most.into_inner())
     }
 
@@ -2122,18 +1571,7 @@ mod tests {
                 fs::rename(root.join("d/d/d"), root.join("moved")).unwrap();
             }
         };
-        let (r, _) = walk(
-            &root,
-            &root,
-            GID,
-            Policy::Always,
-            false,
-            Duration::ZERO,
-            &mover,
-            &Cancel::never(),
-            limits,
-        )
-        .unwrap();
+        let (r, _) = walk_in(&root, Duration::ZERO, &mover, &Cancel::never(), limits).unwrap();
         assert!(calls.load(Ordering::Relaxed) > 40);
         assert!(root.join("moved").is_dir());
         // Nothing lost: the moved subtree was walked through its fds, the
@@ -2177,18 +1615,7 @@ mod tests {
                 }
             }
         };
-        let (r, _) = walk(
-            &root,
-            &root,
-            GID,
-            Policy::Always,
-            false,
-            Duration::ZERO,
-            &swap,
-            &Cancel::never(),
-            one,
-        )
-        .unwrap();
+        let (r, _) = walk_in(&root, Duration::ZERO, &swap, &Cancel::never(), one).unwrap();
         // The root changed; a and b were refused (ELOOP), each an error.
         assert_eq!((r.visited, r.changed, r.errors), (1, 1, 2), "{r:?}");
         for p in [&outside, &outside.join("secret")] {
@@ -2230,18 +1657,7 @@ mod tests {
                 }
             };
             let every = Duration::from_millis(2);
-            let e = walk(
-                root,
-                root,
-                GID,
-                Policy::Always,
-                false,
-                every,
-                &fire,
-                &cancel,
-                limits,
-            )
-            .unwrap_err();
+            let e = walk_in(root, every, &fire, &cancel, limits).unwrap_err();
             let after = fired.lock().unwrap().expect("fired").elapsed();
             assert!(
                 after < Duration::from_secs(1),
@@ -2289,36 +1705,14 @@ mod tests {
         };
         let (ra, rb) = std::thread::scope(|s| {
             let ta = s.spawn(|| {
-                walk(
-                    &a,
-                    &a,
-                    GID,
-                    Policy::Always,
-                    false,
-                    Duration::ZERO,
-                    &wait_for_b,
-                    &Cancel::never(),
-                    limits,
-                )
-                .unwrap()
+                walk_in(&a, Duration::ZERO, &wait_for_b, &Cancel::never(), limits).unwrap()
             });
             // B starts once A is under way (has made its first progress call).
             while HELPERS.load(Ordering::Relaxed) == 0 && !ta.is_finished() {
                 std::thread::sleep(Duration::from_millis(1));
             }
             std::thread::sleep(Duration::from_millis(20));
-            let rb = walk(
-                &b,
-                &b,
-                GID,
-                Policy::Always,
-                false,
-                Duration::MAX,
-                &|_| {},
-                &Cancel::never(),
-                limits,
-            )
-            .unwrap();
+            let rb = walk_in(&b, Duration::MAX, &|_| {}, &Cancel::never(), limits).unwrap();
             *b_done.0.lock().unwrap() = true;
             b_done.1.notify_all();
             (ta.join().unwrap(), rb)
@@ -2340,18 +1734,7 @@ mod tests {
         let c = d.path().join("c");
         fs::create_dir(&c).unwrap();
         bench_tree(&c, 1000);
-        let (r, threads) = walk(
-            &c,
-            &c,
-            GID,
-            Policy::Always,
-            false,
-            Duration::MAX,
-            &|_| {},
-            &Cancel::never(),
-            none,
-        )
-        .unwrap();
+        let (r, threads) = walk_in(&c, Duration::MAX, &|_| {}, &Cancel::never(), none).unwrap();
         assert_eq!((threads, r.visited, r.errors), (1, 1011, 0));
         assert_eq!(read_back(&c, GID), (1011, vec![]));
     }
@@ -2377,18 +1760,7 @@ mod tests {
             helpers: 0,
             dir_fds: 100_000,
         };
-        let e = walk(
-            &root,
-            &root,
-            GID,
-            Policy::Always,
-            false,
-            Duration::MAX,
-            &|_| {},
-            &Cancel::never(),
-            limits,
-        )
-        .unwrap_err();
+        let e = walk_in(&root, Duration::MAX, &|_| {}, &Cancel::never(), limits).unwrap_err();
         assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
         println!("CHILD-ERROR: {e}");
     }
@@ -2400,7 +1772,7 @@ mod tests {
         fs::create_dir(&root).unwrap();
         comb_holding_fds(&root, 200);
         let (passed, stdout) = crate::testutil::run_test_alone(
-            "ownership::tests::out_of_fds_child",
+            "ownership::walk::tests::out_of_fds_child",
             &[("CRUST_OUT_OF_FDS_ROOT", &root)],
         );
         assert!(passed, "{stdout}");

@@ -13,7 +13,8 @@ use std::path::{Component, Path, PathBuf};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, StatxAttributes, StatxFlags};
 use rustix::io::Errno;
 
-use crate::errors::SysError;
+use crate::model::MountId;
+use crate::sys::error::SysError;
 
 /// openat2 resolution beneath a directory fd: no `..` out of it, no
 /// symlinks at all, no magic links.
@@ -190,7 +191,7 @@ pub fn file_type(fd: BorrowedFd<'_>) -> Result<FileType, Errno> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MountPoint {
     /// The kernel's id of the mount the object is on (mountinfo's first field).
-    pub mount_id: u64,
+    pub mount_id: MountId,
     /// Whether the object is the root of that mount (something is mounted there).
     pub is_root: bool,
     /// The device of the filesystem (major, minor).
@@ -211,7 +212,7 @@ impl MountPoint {
 
 fn mount_point_of(st: &rustix::fs::Statx) -> MountPoint {
     MountPoint {
-        mount_id: st.stx_mnt_id,
+        mount_id: MountId(st.stx_mnt_id),
         is_root: st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT)
             && st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT),
         dev: (st.stx_dev_major, st.stx_dev_minor),

@@ -11,15 +11,16 @@ use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
-use crate::errors::SysError;
+use crate::model::MountId;
+use crate::sys::error::SysError;
 
 /// One line of mountinfo (proc(5)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MountEntry {
     /// Unique id of the mount.
-    pub mount_id: u32,
+    pub mount_id: MountId,
     /// Id of the parent mount.
-    pub parent_id: u32,
+    pub parent_id: MountId,
     /// Device major number of the filesystem.
     pub major: u32,
     /// Device minor number of the filesystem.
@@ -95,8 +96,8 @@ pub fn parse_line(line: &[u8]) -> Option<MountEntry> {
     let sep = line.windows(3).position(|w| w == b" - ")?;
     let (pre, post) = (&line[..sep], &line[sep + 3..]);
     let mut f = pre.split(|&c| c == b' ');
-    let mount_id = number(f.next()?)?;
-    let parent_id = number(f.next()?)?;
+    let mount_id = MountId(std::str::from_utf8(f.next()?).ok()?.parse().ok()?);
+    let parent_id = MountId(std::str::from_utf8(f.next()?).ok()?.parse().ok()?);
     let devnum = f.next()?;
     let colon = devnum.iter().position(|&c| c == b':')?;
     let (major, minor) = (number(&devnum[..colon])?, number(&devnum[colon + 1..])?);
@@ -156,14 +157,14 @@ pub fn mount_at<'a>(table: &'a [MountEntry], path: &Path) -> Option<&'a MountEnt
 }
 
 /// The mount with id `id` (as statx's stx_mnt_id gives it).
-pub fn by_id(table: &[MountEntry], id: u64) -> Option<&MountEntry> {
-    table.iter().find(|m| u64::from(m.mount_id) == id)
+pub fn by_id(table: &[MountEntry], id: MountId) -> Option<&MountEntry> {
+    table.iter().find(|m| m.mount_id == id)
 }
 
 /// Every mount below the mount `id` in the mount tree (its children, their
 /// children, …), by parent ids, not by path: the mounts that must come off
 /// before it can.
-pub fn descendants(table: &[MountEntry], id: u32) -> Vec<&MountEntry> {
+pub fn descendants(table: &[MountEntry], id: MountId) -> Vec<&MountEntry> {
     let mut out: Vec<&MountEntry> = Vec::new();
     let mut frontier = vec![id];
     while let Some(p) = frontier.pop() {
@@ -224,15 +225,21 @@ mod tests {
     fn finds_mounts_and_orders_for_unmount() {
         let t = parse(SAMPLE);
         let root = Path::new("/run/crust/volumes/vol 1");
-        assert_eq!(mount_at(&t, root).unwrap().mount_id, 36);
+        assert_eq!(mount_at(&t, root).unwrap().mount_id, MountId(36));
         assert!(mount_at(&t, Path::new("/run/crust")).is_none());
-        let under: Vec<u32> = mounts_under(&t, root).iter().map(|m| m.mount_id).collect();
+        let under: Vec<u64> = mounts_under(&t, root)
+            .iter()
+            .map(|m| m.mount_id.0)
+            .collect();
         assert_eq!(under, vec![38, 36]);
-        assert_eq!(by_id(&t, 37).unwrap().root, PathBuf::from("/data"));
-        assert!(by_id(&t, 99).is_none());
-        let below: Vec<u32> = descendants(&t, 36).iter().map(|m| m.mount_id).collect();
+        assert_eq!(by_id(&t, MountId(37)).unwrap().root, PathBuf::from("/data"));
+        assert!(by_id(&t, MountId(99)).is_none());
+        let below: Vec<u64> = descendants(&t, MountId(36))
+            .iter()
+            .map(|m| m.mount_id.0)
+            .collect();
         assert_eq!(below, vec![37, 38]);
-        assert!(descendants(&t, 38).is_empty());
+        assert!(descendants(&t, MountId(38)).is_empty());
     }
 
     #[test]

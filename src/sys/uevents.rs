@@ -1,5 +1,7 @@
 //! The kernel's uevents (NETLINK_KOBJECT_UEVENT): how the agent hears a
-//! disk arrive or change size instead of polling sysfs.
+//! disk arrive or change size instead of polling sysfs. The datagrams are
+//! an attacker's input (any process with CAP_NET_ADMIN in the guest, or a
+//! device's own strings): [`parse_uevent`] is total.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -8,7 +10,7 @@ use std::time::{Duration, Instant};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::net::{netlink, AddressFamily, RecvFlags, SocketFlags, SocketType};
 
-use super::{deadline_after, until};
+use crate::cancel::{deadline_after, until};
 
 /// One kernel uevent, the fields the agent cares about.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -50,13 +52,13 @@ pub fn parse_uevent(msg: &[u8]) -> Option<Uevent> {
 }
 
 /// A NETLINK_KOBJECT_UEVENT socket, or (if it cannot be opened) plain sleeping.
-pub(super) struct Uevents {
-    pub(super) fd: Option<OwnedFd>,
+pub struct Uevents {
+    fd: Option<OwnedFd>,
 }
 
 impl Uevents {
     /// Opens and binds the socket: do this before scanning, so no event falls in between.
-    pub(super) fn open() -> Uevents {
+    pub fn open() -> Uevents {
         let fd = (|| -> io::Result<OwnedFd> {
             let fd = rustix::net::socket_with(
                 AddressFamily::NETLINK,
@@ -76,7 +78,7 @@ impl Uevents {
 
     /// Waits up to `timeout` for an event `want` accepts; true when one came or
     /// events were lost (ENOBUFS), false on timeout.
-    pub(super) fn wait(&self, timeout: Duration, want: impl Fn(&Uevent) -> bool) -> bool {
+    pub fn wait(&self, timeout: Duration, want: impl Fn(&Uevent) -> bool) -> bool {
         let Some(fd) = &self.fd else {
             std::thread::sleep(timeout);
             return false;

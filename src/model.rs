@@ -1,0 +1,168 @@
+//! The shared domain types: what the capabilities, the table and the wire
+//! all speak of (a filesystem type, a disk, a mount's id, the fsGroup policy,
+//! recursive read-only), with no behaviour beyond naming and comparing them.
+//! A leaf: it imports nothing of the agent's.
+
+use std::path::PathBuf;
+
+/// The filesystems the agent mounts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FsType {
+    /// ext4 (the kernel's ext4 driver also mounts ext2/ext3, which share the magic).
+    Ext4,
+    /// xfs.
+    Xfs,
+}
+
+impl FsType {
+    /// The name the API and the kernel use ("ext4", "xfs").
+    pub fn name(self) -> &'static str {
+        match self {
+            FsType::Ext4 => "ext4",
+            FsType::Xfs => "xfs",
+        }
+    }
+
+    /// Parses an API `fs_type`; None for anything but "ext4" and "xfs".
+    pub fn parse(s: &str) -> Option<FsType> {
+        match s {
+            "ext4" => Some(FsType::Ext4),
+            "xfs" => Some(FsType::Xfs),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for FsType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Kubernetes' fsGroupChangePolicy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Walk every time.
+    Always,
+    /// Walk only when the root is not already right.
+    OnRootMismatch,
+}
+
+/// KEP-3857's recursive read-only modes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecursiveReadOnly {
+    /// Only the top mount is read-only; submounts stay writable.
+    Disabled,
+    /// Recursive where the kernel can (mount_setattr), else plain read-only.
+    IfPossible,
+    /// Recursive, or fail with nothing mounted.
+    Enabled,
+}
+
+/// What a volume is published as (KEP-565's volumeMode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VolumeMode {
+    /// The disk's filesystem, mounted on a directory.
+    Filesystem(FsType),
+    /// The disk itself: its node bound onto an empty file. The agent never
+    /// reads or writes its contents.
+    Block,
+}
+
+impl VolumeMode {
+    /// "ext4", "xfs", or "block".
+    pub fn name(self) -> &'static str {
+        match self {
+            VolumeMode::Filesystem(fs) => fs.name(),
+            VolumeMode::Block => "block",
+        }
+    }
+}
+
+/// A mount's id, as statx (`STATX_MNT_ID`) and /proc/self/mountinfo give
+/// it. The kernel recycles ids, so an id names a mount only together with
+/// the disk it is of (`mount::unmount::Expect`). Where none is known (a
+/// record written before ids were kept), the type is `Option<MountId>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MountId(pub u64);
+
+impl std::fmt::Display for MountId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Where a block device's sectors lie: the whole disk they are on and the
+/// range there, from sysfs. A whole disk is all of itself; a partition is
+/// `start`..`start + sectors` of its disk. Two devices share sectors when
+/// they are on one disk and their ranges meet ("one disk, one volume" is
+/// about sectors, not device numbers: a partition table, hostile or not,
+/// can make a whole disk and its partitions, or two partitions, overlap).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    /// The whole disk (major, minor).
+    pub disk: (u32, u32),
+    /// The first sector on that disk (512-byte units, as sysfs counts).
+    pub start: u64,
+    /// How many sectors; u64::MAX where sysfs did not say (all of the disk).
+    pub sectors: u64,
+    /// Whether the device is a partition (not the whole disk itself).
+    pub partition: bool,
+}
+
+impl Extent {
+    /// Whether the two share a sector. An empty range shares none.
+    pub fn overlaps(&self, other: &Extent) -> bool {
+        let end = |e: &Extent| e.start.saturating_add(e.sectors);
+        self.disk == other.disk
+            && self.sectors > 0
+            && other.sectors > 0
+            && self.start < end(other)
+            && other.start < end(self)
+    }
+
+    /// How the two lie on their disk, for a message: "sectors 2048..65536
+    /// of disk 7:0 against 0..65536".
+    pub fn describe(&self, other: &Extent) -> String {
+        let range = |e: &Extent| match e.sectors {
+            u64::MAX => format!("{}..end", e.start),
+            n => format!("{}..{}", e.start, e.start.saturating_add(n)),
+        };
+        format!(
+            "sectors {} of disk {}:{} against {}",
+            range(self),
+            self.disk.0,
+            self.disk.1,
+            range(other)
+        )
+    }
+}
+
+/// A whole disk (or, from a path, any block device) the agent may use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Device {
+    /// Kernel name ("vdb", "loop3").
+    pub name: String,
+    /// Its node ("/dev/vdb").
+    pub path: PathBuf,
+    /// Device major number.
+    pub major: u32,
+    /// Device minor number.
+    pub minor: u32,
+    /// The virtio-blk serial, when the disk has one.
+    pub serial: Option<String>,
+}
+
+/// What became of a disk the agent found earlier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiskState {
+    /// Still listed, with this many bytes.
+    Present {
+        /// The size sysfs reports, in bytes.
+        size_bytes: u64,
+    },
+    /// No longer in /sys/block (unplugged), or its name now belongs to another disk.
+    Gone,
+    /// Listed, but with size 0 (its backing went away).
+    ZeroSize,
+}

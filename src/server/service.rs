@@ -1,0 +1,403 @@
+//! The ttrpc service `crust.v1.Agent`: each method translates its request
+//! (`translate`), calls the volume table, and translates the answer or the
+//! error back. Every handler runs under `catch_unwind`, so a bug answers
+//! INTERNAL instead of taking PID 1 down, and logs one line with method,
+//! volume, code and time. [`lane`] is the service's rule for the transport:
+//! which methods answer at once, from memory.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crust_protocols::crust as pb;
+use crust_protocols::crust_ttrpc;
+use crust_protocols::protobuf::MessageField;
+use crust_protocols::ttrpc::{self, TtrpcContext};
+use slog::{debug, info, warn, Logger};
+
+use super::translate::{
+    bind_request, cancel_of, capability, publish_request_in, status_code, usage, volume_info,
+};
+use crate::error::{Error, Result};
+use crate::rpc::pool::Lane;
+use crate::stats::Measured;
+use crate::system::{self, Gate, Timeline};
+use crate::validate;
+use crate::volumes::table::Volumes;
+
+/// Which lane of the transport a method of this service takes (the
+/// transport knows no method names: this is its rule). GetCapabilities and
+/// GetAgentInfo answer from memory and /proc, take no lock a long operation
+/// holds and touch no disk: the event loop answers them itself, so a health
+/// check costs no thread hop. ListVolumes asks each volume's device its size
+/// (an ioctl), so it takes the quick workers: answered even while every
+/// regular worker waits for a disk, never holding up the loop. Every other
+/// method may wait for disks and walks.
+pub fn lane(path: &str) -> Lane {
+    match path {
+        "/crust.v1.Agent/GetCapabilities" | "/crust.v1.Agent/GetAgentInfo" => Lane::Inline,
+        "/crust.v1.Agent/ListVolumes" => Lane::Quick,
+        _ => Lane::Regular,
+    }
+}
+
+/// The service state shared by all connections.
+pub struct Service {
+    volumes: Arc<Volumes>,
+    log: Logger,
+    started: Instant,
+    timeline: Arc<Mutex<Timeline>>,
+    /// Told once a Shutdown request has unmounted everything.
+    shutdown: Mutex<Option<Sender<()>>>,
+    /// Open once the kernel modules for disks and filesystems are loaded.
+    modules: Arc<Gate>,
+}
+
+/// How long a request waits for the boot's module loading before going on anyway.
+const MODULES_WAIT: Duration = Duration::from_secs(60);
+
+impl Service {
+    /// A service over `volumes`; `shutdown` is signalled after a Shutdown
+    /// request; disk operations wait for `modules` to open.
+    pub fn new(
+        volumes: Arc<Volumes>,
+        log: Logger,
+        started: Instant,
+        timeline: Arc<Mutex<Timeline>>,
+        shutdown: Sender<()>,
+        modules: Arc<Gate>,
+    ) -> Service {
+        Service {
+            volumes,
+            log,
+            started,
+            timeline,
+            shutdown: Mutex::new(Some(shutdown)),
+            modules,
+        }
+    }
+
+    /// Runs one request: catches panics, logs the outcome, maps the error.
+    fn handle<T>(
+        &self,
+        method: &'static str,
+        volume: &str,
+        f: impl FnOnce() -> Result<T>,
+    ) -> ttrpc::Result<T> {
+        let start = Instant::now();
+        let result = catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_string());
+            Err(Error::Panic(method, what))
+        });
+        let us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        match &result {
+            Ok(_) => {
+                info!(self.log, "request"; "method" => method, "volume" => volume, "code" => "OK", "duration_us" => us)
+            }
+            Err(e) => {
+                warn!(self.log, "request"; "method" => method, "volume" => volume, "code" => e.code().name(),
+                            "duration_us" => us, "error" => %e)
+            }
+        }
+        result.map_err(|e| {
+            ttrpc::Error::RpcStatus(ttrpc::get_status(status_code(e.code()), e.to_string()))
+        })
+    }
+}
+
+impl crust_ttrpc::Agent for Service {
+    fn get_capabilities(
+        &self,
+        _: &TtrpcContext,
+        _: pb::GetCapabilitiesRequest,
+    ) -> ttrpc::Result<pb::GetCapabilitiesResponse> {
+        self.handle("GetCapabilities", "", || {
+            Ok(pb::GetCapabilitiesResponse {
+                capabilities: system::capabilities()
+                    .into_iter()
+                    .map(|c| capability(c).into())
+                    .collect(),
+                ..Default::default()
+            })
+        })
+    }
+
+    fn get_supported_file_systems(
+        &self,
+        ctx: &TtrpcContext,
+        _: pb::GetSupportedFileSystemsRequest,
+    ) -> ttrpc::Result<pb::GetSupportedFileSystemsResponse> {
+        self.handle("GetSupportedFileSystems", "", || {
+            self.modules.wait(MODULES_WAIT, &cancel_of(ctx));
+            Ok(pb::GetSupportedFileSystemsResponse {
+                file_systems: system::supported_filesystems()?,
+                ..Default::default()
+            })
+        })
+    }
+
+    fn publish_volume(
+        &self,
+        ctx: &TtrpcContext,
+        req: pb::PublishVolumeRequest,
+    ) -> ttrpc::Result<pb::PublishVolumeResponse> {
+        self.handle("PublishVolume", &req.volume_id, || {
+            let selinux = self.volumes.sysfs().selinux_enabled();
+            let (domain, not_applied) = publish_request_in(&req, selinux)?;
+            if !not_applied.is_empty() {
+                info!(self.log, "SELinux options left out: the guest has no SELinux";
+                      "method" => "PublishVolume", "volume" => &req.volume_id,
+                      "options_not_applied" => not_applied.join(" "));
+            }
+            let cancel = cancel_of(ctx);
+            // Device lookup needs virtio_blk, an xfs mount needs xfs: both may still be loading.
+            self.modules.wait(MODULES_WAIT, &cancel);
+            let out = self.volumes.publish(&domain, &cancel)?;
+            Ok(pb::PublishVolumeResponse {
+                guest_path: out.guest_path.display().to_string(),
+                device: out.device.display().to_string(),
+                already_published: out.already_published,
+                ownership: match out.ownership {
+                    None => MessageField::none(),
+                    Some(r) => MessageField::some(pb::OwnershipReport {
+                        skipped: r.skipped,
+                        visited: r.visited,
+                        changed: r.changed,
+                        errors: r.errors,
+                        duration_us: u64::try_from(r.duration.as_micros()).unwrap_or(u64::MAX),
+                        ..Default::default()
+                    }),
+                },
+                options_not_applied: not_applied,
+                ..Default::default()
+            })
+        })
+    }
+
+    fn unpublish_volume(
+        &self,
+        ctx: &TtrpcContext,
+        req: pb::UnpublishVolumeRequest,
+    ) -> ttrpc::Result<pb::UnpublishVolumeResponse> {
+        self.handle("UnpublishVolume", &req.volume_id, || {
+            validate::volume_id(&req.volume_id)?;
+            let was_published = self.volumes.unpublish(&req.volume_id, &cancel_of(ctx))?;
+            Ok(pb::UnpublishVolumeResponse {
+                was_published,
+                ..Default::default()
+            })
+        })
+    }
+
+    fn get_volume_stats(
+        &self,
+        ctx: &TtrpcContext,
+        req: pb::GetVolumeStatsRequest,
+    ) -> ttrpc::Result<pb::GetVolumeStatsResponse> {
+        self.handle("GetVolumeStats", &req.volume_id, || {
+            validate::volume_id(&req.volume_id)?;
+            let (u, c) = self.volumes.stats(&req.volume_id, &cancel_of(ctx))?;
+            let usage = match u {
+                None => Vec::new(),
+                // A device has no used or available bytes, as CSI plugins report block volumes.
+                Some(Measured::Block { device_bytes }) => {
+                    vec![usage(0, device_bytes, 0, pb::volume_usage::Unit::BYTES)]
+                }
+                Some(Measured::Filesystem(u)) => vec![
+                    usage(
+                        u.bytes_available,
+                        u.bytes_total,
+                        u.bytes_used,
+                        pb::volume_usage::Unit::BYTES,
+                    ),
+                    usage(
+                        u.inodes_available,
+                        u.inodes_total,
+                        u.inodes_used,
+                        pb::volume_usage::Unit::INODES,
+                    ),
+                ],
+            };
+            Ok(pb::GetVolumeStatsResponse {
+                usage,
+                condition: MessageField::some(pb::VolumeCondition {
+                    abnormal: c.abnormal,
+                    message: c.message,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+        })
+    }
+
+    fn expand_volume(
+        &self,
+        ctx: &TtrpcContext,
+        req: pb::ExpandVolumeRequest,
+    ) -> ttrpc::Result<pb::ExpandVolumeResponse> {
+        self.handle("ExpandVolume", &req.volume_id, || {
+            validate::volume_id(&req.volume_id)?;
+            let required = validate::required_bytes(req.required_bytes)?;
+            let out = self.volumes.expand(
+                &req.volume_id,
+                required,
+                validate::timeout(req.timeout_ms),
+                &cancel_of(ctx),
+            )?;
+            Ok(pb::ExpandVolumeResponse {
+                capacity_bytes: i64::try_from(out.capacity_bytes).unwrap_or(i64::MAX),
+                device_bytes: i64::try_from(out.device_bytes).unwrap_or(i64::MAX),
+                ..Default::default()
+            })
+        })
+    }
+
+    fn bind_mount(
+        &self,
+        ctx: &TtrpcContext,
+        req: pb::BindMountRequest,
+    ) -> ttrpc::Result<pb::BindMountResponse> {
+        self.handle("BindMount", &req.volume_id, || {
+            let out = self.volumes.bind(
+                &bind_request(&|t| self.volumes.target(t), &req)?,
+                &cancel_of(ctx),
+            )?;
+            Ok(pb::BindMountResponse {
+                recursive_read_only_applied: out.recursive_read_only_applied,
+                already_mounted: out.already_mounted,
+                ..Default::default()
+            })
+        })
+    }
+
+    fn unmount(
+        &self,
+        ctx: &TtrpcContext,
+        req: pb::UnmountRequest,
+    ) -> ttrpc::Result<pb::UnmountResponse> {
+        self.handle("Unmount", "", || {
+            let target = self.volumes.target(&req.target)?;
+            let was_mounted = self.volumes.unmount(&target, &cancel_of(ctx))?;
+            Ok(pb::UnmountResponse {
+                was_mounted,
+                ..Default::default()
+            })
+        })
+    }
+
+    fn list_volumes(
+        &self,
+        _: &TtrpcContext,
+        _: pb::ListVolumesRequest,
+    ) -> ttrpc::Result<pb::ListVolumesResponse> {
+        self.handle("ListVolumes", "", || {
+            Ok(pb::ListVolumesResponse {
+                volumes: self.volumes.list().into_iter().map(volume_info).collect(),
+                ..Default::default()
+            })
+        })
+    }
+
+    fn get_agent_info(
+        &self,
+        _: &TtrpcContext,
+        _: pb::GetAgentInfoRequest,
+    ) -> ttrpc::Result<pb::GetAgentInfoResponse> {
+        self.handle("GetAgentInfo", "", || {
+            let t = *self.timeline.lock().unwrap_or_else(|p| p.into_inner());
+            let i = system::agent_info(self.started, t)?;
+            Ok(pb::GetAgentInfoResponse {
+                version: i.version.to_string(),
+                kernel_release: i.kernel_release,
+                init_mode: i.init_mode,
+                uptime_ms: i.uptime_ms,
+                rss_bytes: i.rss_bytes,
+                state_problem: self.volumes.state_problem().unwrap_or_default(),
+                boot: MessageField::some(pb::BootTimeline {
+                    agent_start_ms: t.agent_start_ms,
+                    mounts_done_ms: t.mounts_done_ms,
+                    modules_loaded_ms: t.modules_loaded_ms,
+                    listening_ms: t.listening_ms,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+        })
+    }
+
+    fn shutdown(
+        &self,
+        _: &TtrpcContext,
+        _: pb::ShutdownRequest,
+    ) -> ttrpc::Result<pb::ShutdownResponse> {
+        self.handle("Shutdown", "", || {
+            let volumes_unmounted = self.volumes.shutdown();
+            if let Some(tx) = self
+                .shutdown
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+            {
+                debug!(self.log, "shutdown requested");
+                let _ = tx.send(());
+            }
+            Ok(pb::ShutdownResponse {
+                volumes_unmounted,
+                ..Default::default()
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::sysfs::Sysfs;
+
+    #[test]
+    fn a_panicking_handler_answers_internal_and_the_service_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let volumes =
+            Volumes::open(dir.path(), Sysfs::system(), crate::logging::discard()).unwrap();
+        let (tx, _rx) = std::sync::mpsc::channel();
+        let svc = Service::new(
+            Arc::new(volumes),
+            crate::logging::discard(),
+            Instant::now(),
+            Arc::new(Mutex::new(Timeline::default())),
+            tx,
+            Arc::new(Gate::new(true)),
+        );
+        let r: ttrpc::Result<()> = svc.handle("Test", "v", || panic!("boom at {}", 42));
+        match r {
+            Err(ttrpc::Error::RpcStatus(s)) => {
+                assert_eq!(s.code(), ttrpc::Code::INTERNAL);
+                assert!(s.message().contains("boom at 42"), "{}", s.message());
+            }
+            other => panic!("expected INTERNAL, got {other:?}"),
+        }
+        assert_eq!(svc.handle("Test", "v", || Ok(7)).unwrap(), 7);
+    }
+
+    #[test]
+    fn only_methods_that_answer_from_memory_are_inline() {
+        for m in crust_ttrpc::create_agent(Arc::new(NoAgent)).keys() {
+            let want = match m.rsplit('/').next() {
+                Some("GetCapabilities" | "GetAgentInfo") => Lane::Inline,
+                Some("ListVolumes") => Lane::Quick,
+                _ => Lane::Regular,
+            };
+            assert_eq!(lane(m), want, "{m}");
+        }
+        assert_eq!(lane("/other.Service/GetCapabilities"), Lane::Regular);
+    }
+
+    /// The generated table's method names, without a service behind them.
+    struct NoAgent;
+    impl crust_ttrpc::Agent for NoAgent {}
+}

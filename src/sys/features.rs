@@ -1,0 +1,56 @@
+//! What this kernel and this process can do, probed once: the syscalls the
+//! agent prefers where the kernel has them (mount_setattr, openat2,
+//! open_tree/move_mount), and CAP_SYS_RESOURCE, which ext4 online growth
+//! needs. A leaf: binds and growth ask it, and GetCapabilities reports it.
+
+use std::sync::OnceLock;
+
+/// Whether a syscall exists: it is called with arguments it must reject,
+/// and only ENOSYS (or EPERM from a seccomp filter) means "absent".
+fn syscall_exists(nr: libc::c_long) -> bool {
+    // SAFETY: every pointer argument is null and the fd is -1: the kernel
+    // rejects the call (EBADF/EFAULT/EINVAL) without touching memory.
+    let r = unsafe {
+        libc::syscall(
+            nr,
+            -1 as libc::c_long,
+            0 as libc::c_long,
+            0 as libc::c_long,
+            0 as libc::c_long,
+            0 as libc::c_long,
+        )
+    };
+    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    !(r == -1 && (errno == libc::ENOSYS || errno == libc::EPERM))
+}
+
+/// Kernel features the agent depends on, probed once.
+#[derive(Clone, Copy, Debug)]
+pub struct Features {
+    /// mount_setattr(2) (Linux 5.12): recursive read-only binds.
+    pub mount_setattr: bool,
+    /// openat2(2) (Linux 5.6): subpaths resolved beneath the volume root.
+    pub openat2: bool,
+    /// open_tree(2)/move_mount(2) (Linux 5.2): binds with no writable window.
+    pub open_tree: bool,
+}
+
+/// The probed features of the running kernel.
+pub fn features() -> Features {
+    static F: OnceLock<Features> = OnceLock::new();
+    *F.get_or_init(|| Features {
+        mount_setattr: syscall_exists(libc::SYS_mount_setattr),
+        openat2: syscall_exists(libc::SYS_openat2),
+        open_tree: syscall_exists(libc::SYS_open_tree) && syscall_exists(libc::SYS_move_mount),
+    })
+}
+
+/// Whether this process holds CAP_SYS_RESOURCE, which ext4 online growth needs.
+pub fn has_sys_resource() -> bool {
+    caps::has_cap(
+        None,
+        caps::CapSet::Effective,
+        caps::Capability::CAP_SYS_RESOURCE,
+    )
+    .unwrap_or(false)
+}

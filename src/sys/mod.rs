@@ -1,0 +1,21 @@
+//! The leaves that talk to the kernel: each syscall and ioctl the layers
+//! above share is wrapped once here, with its `// SAFETY:` note where it
+//! needs one, and its failure is a [`error::SysError`] (or, for a block
+//! device, the node's own refusals). Nothing here knows a request or a
+//! volume.
+//!
+//! - `error`: SysError, INTERNAL with the call, the object and the errno;
+//! - `beneath`: paths resolved beneath a root fd, mounts told by statx;
+//! - `mountinfo`: /proc/self/mountinfo, as bytes;
+//! - `sysfs`: every read of /sys, through one seam tests can point elsewhere;
+//! - `uevents`: the kernel's hot-plug events;
+//! - `blockdev`: a block device's node, size, read-only flag and flush;
+//! - `features`: what this kernel and process can do, probed once.
+
+pub mod beneath;
+pub mod blockdev;
+pub mod error;
+pub mod features;
+pub mod mountinfo;
+pub mod sysfs;
+pub mod uevents;

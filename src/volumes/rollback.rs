@@ -1,0 +1,128 @@
+//! One operation's undo list (a publish, a block publish, a bind): each step
+//! that changes something pushes, right after it, how to take it back. If
+//! the operation fails (a `?` anywhere, or a refusal), dropping the list
+//! undoes the steps last first; an undo that fails stops it there, leaving
+//! the earlier steps for recovery at the next start (a record kept for a
+//! mount that could not be taken down is how recovery finds it). Once the
+//! operation went through, `done` keeps everything.
+
+use std::fs::File;
+use std::path::PathBuf;
+
+use slog::warn;
+
+use super::table::Volumes;
+use crate::model::Device;
+use crate::mount::unmount::{unmount_tree, Expect};
+use crate::sys::beneath::{remove_created, Created};
+use crate::sys::blockdev;
+
+/// How to take back one step.
+pub(crate) enum Undo {
+    /// Nodes made on the way to a guest path or a bind target: removed,
+    /// last made first (a node that is not empty any more stays).
+    Nodes(Vec<Created>),
+    /// The volume's record, written: removed (so recovery does not look
+    /// for a mount that is not there).
+    Record,
+    /// The device's read-only flag, set by the agent through this open
+    /// device: cleared.
+    ReadOnly(File),
+    /// A mount the agent made and checked (by id, with its disk): taken
+    /// down, with whatever is mounted below it.
+    Mount {
+        /// Where, relative to the root.
+        rel: PathBuf,
+        /// Which mount it is.
+        expect: Expect,
+    },
+}
+
+/// The undo list of one operation on volume `id` (see the module doc).
+#[must_use = "dropping a Rollback undoes its steps"]
+pub(crate) struct Rollback<'a> {
+    table: &'a Volumes,
+    /// "publish", "bind": for the log.
+    what: &'static str,
+    /// The volume.
+    id: &'a str,
+    /// Its disk.
+    device: &'a Device,
+    steps: Vec<Undo>,
+}
+
+impl<'a> Rollback<'a> {
+    /// An empty list for a `what` ("publish", "bind") of volume `id` on `device`.
+    pub(crate) fn new(
+        table: &'a Volumes,
+        what: &'static str,
+        id: &'a str,
+        device: &'a Device,
+    ) -> Rollback<'a> {
+        Rollback {
+            table,
+            what,
+            id,
+            device,
+            steps: Vec::new(),
+        }
+    }
+
+    /// A step went through; `undo` takes it back if a later one fails.
+    pub(crate) fn push(&mut self, undo: Undo) {
+        self.steps.push(undo);
+    }
+
+    /// The operation went through: nothing is undone.
+    pub(crate) fn done(mut self) {
+        self.steps.clear();
+    }
+
+    /// The operation failed where undoing could do harm (its mount is no
+    /// longer where it was made, and might not be the agent's): nothing is
+    /// undone here; the record written stays, and recovery takes the
+    /// mount down at the next start.
+    pub(crate) fn leave_to_recovery(mut self) {
+        warn!(self.table.log, "the guest path changed during {}; recovery at the next start takes the mount down", self.what;
+              "volume" => self.id);
+        self.steps.clear();
+    }
+
+    /// Takes back one step; false when it could not be (the rest stays).
+    fn undo(&self, step: Undo) -> bool {
+        let (t, log) = (self.table, &self.table.log);
+        match step {
+            Undo::Nodes(mut created) => remove_created(&mut created),
+            Undo::Record => {
+                if let Err(e) = t.store.remove(self.id) {
+                    warn!(log, "could not remove the record of a failed {}", self.what;
+                          "volume" => self.id, "error" => %e);
+                }
+            }
+            Undo::ReadOnly(f) => {
+                if let Err(e) = blockdev::set_read_only(&f, self.device, false) {
+                    warn!(log, "could not clear the read-only flag of a failed {}", self.what;
+                          "volume" => self.id, "error" => %e);
+                }
+            }
+            Undo::Mount { rel, expect } => {
+                if let Err(e) = unmount_tree(t.root.fd(), t.root.path(), &rel, expect) {
+                    warn!(log, "could not undo a failed {}; recovery at the next start takes it down", self.what;
+                          "volume" => self.id, "error" => %e);
+                    return false;
+                }
+            }
+        }
+        true
+    }
+}
+
+impl Drop for Rollback<'_> {
+    fn drop(&mut self) {
+        while let Some(step) = self.steps.pop() {
+            if !self.undo(step) {
+                break;
+            }
+        }
+    }
+}

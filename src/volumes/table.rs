@@ -1,0 +1,280 @@
+//! The volume table: one slot per volume id, whose lock serializes the
+//! operations on that volume while different volumes proceed in parallel;
+//! the side maps (`index`); the state store; and what every operation
+//! shares (the root, finding a volume's own mount, cancellation at
+//! shutdown). The operations themselves are in `publish`, `block`, `bind`,
+//! `unpublish` and `query`, each an `impl Volumes` of its own.
+//!
+//! # Locks, and the order they are taken in
+//!
+//! 1. `slots`, the map of slots: held only to find, make or drop a slot,
+//!    never while waiting for anything (dropping a slot tries its lock, it
+//!    never waits for it).
+//! 2. A volume's slot: held for a whole operation on that volume, I/O and
+//!    waits included. It is taken with the request's cancellation
+//!    ([`lock_slot`]), so a request waiting behind a long walk gives up at
+//!    its deadline, when its caller goes, or at shutdown. No operation holds
+//!    two slots.
+//! 3. The index's maps (`claims`, `targets`, `listed`), under a slot or
+//!    without one: each taken for one lookup or update, one at a time,
+//!    never while another lock of the index is held, never across a
+//!    syscall (a device's sectors are read from sysfs before its claim).
+//! 4. The state store's `problem` note: a leaf, taken alone.
+//!
+//! So a thread holds at most: a slot, then one index map or the store's
+//! note, in that order; nothing ever waits for a slot while holding
+//! anything else.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use rustix::fs::OFlags;
+use rustix::io::Errno;
+use slog::Logger;
+
+use super::error::Error;
+use super::index::{lock, Index};
+use super::recover::Recovery;
+use super::state::Store;
+use super::volume::Volume;
+use crate::cancel::{Cancel, Token, Why};
+use crate::error::Result;
+use crate::mount;
+use crate::sys::beneath::{self, Root};
+use crate::sys::error::SysError;
+use crate::sys::sysfs::Sysfs;
+use crate::validate::{self, Invalid};
+
+/// Binds one volume may have: a pod's containers need a handful; the bound
+/// keeps one client from filling the mount table and the state file.
+pub const MAX_BINDS: usize = 1024;
+
+/// A volume's slot: empty while a first publish runs or after an unpublish.
+pub(crate) type Slot = Arc<Mutex<Option<Volume>>>;
+
+/// The agent's volumes.
+pub struct Volumes {
+    /// The agent's root, opened once.
+    pub(crate) root: Root,
+    /// `<root>/state`: the records.
+    pub(crate) store: Store,
+    /// Where disks are listed.
+    pub(crate) sysfs: Sysfs,
+    /// Where what happens is said.
+    pub(crate) log: Logger,
+    /// One slot per volume id (lock 1 of the module doc).
+    slots: Mutex<HashMap<String, Slot>>,
+    /// Claims, targets and the list (lock 3).
+    pub(crate) index: Index,
+    /// Set by Shutdown: no new volume or bind is accepted.
+    pub(crate) shutting_down: AtomicBool,
+    /// Fired by Shutdown: stops every wait and walk in flight.
+    stop: Token,
+    /// MAX_BINDS (smaller in tests).
+    pub(crate) max_binds: usize,
+}
+
+/// Locks a volume's slot, giving up when `cancel` fires (the caller left,
+/// its deadline passed, or the agent is shutting down).
+pub(crate) fn lock_slot<'a>(
+    slot: &'a Mutex<Option<Volume>>,
+    id: &str,
+    cancel: &Cancel,
+) -> Result<MutexGuard<'a, Option<Volume>>> {
+    let mut pause = Duration::from_micros(200);
+    loop {
+        match slot.try_lock() {
+            Ok(g) => return Ok(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Ok(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                cancel.check(|| format!("waiting for another operation on volume {id} to end"))?;
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(5));
+            }
+        }
+    }
+}
+
+/// What an openat2 failure on a path the agent resolves means.
+pub(crate) fn unsafe_or_sys(e: Errno, call: &'static str, path: &Path) -> crate::error::Error {
+    match e {
+        Errno::LOOP | Errno::XDEV | Errno::NOTDIR => mount::error::Error::Unsafe {
+            path: path.display().to_string(),
+        }
+        .into(),
+        _ => SysError::new(call, path.display(), e).into(),
+    }
+}
+
+impl Volumes {
+    /// Opens the table at `root` (created if missing; canonicalized, so a
+    /// root given through a symlink is the same root) and takes back the
+    /// volumes of a previous run (`recover`).
+    pub fn open(root: &Path, sysfs: Sysfs, log: Logger) -> Result<Volumes> {
+        let root = Root::open(root)?;
+        root.own_dir("volumes", 0o750)?;
+        let store = Store::open(&root)?;
+        let index = Index::default();
+        let adopted = Recovery {
+            root: &root,
+            store: &store,
+            index: &index,
+            sysfs: &sysfs,
+            log: &log,
+        }
+        .run()?;
+        let slots = adopted
+            .into_iter()
+            .map(|vol| (vol.id.clone(), Arc::new(Mutex::new(Some(vol)))))
+            .collect();
+        Ok(Volumes {
+            root,
+            store,
+            sysfs,
+            log,
+            slots: Mutex::new(slots),
+            index,
+            shutting_down: AtomicBool::new(false),
+            stop: Token::new(Why::Shutdown),
+            max_binds: MAX_BINDS,
+        })
+    }
+
+    /// Why the last write to the state directory failed, while it keeps
+    /// failing (GetAgentInfo's `state_problem`); None when the state is writable.
+    pub fn state_problem(&self) -> Option<String> {
+        self.store.problem()
+    }
+
+    /// The agent's root, canonical.
+    pub fn root(&self) -> &Path {
+        self.root.path()
+    }
+
+    /// Where the table reads sysfs (the server asks it about SELinux).
+    pub fn sysfs(&self) -> &Sysfs {
+        &self.sysfs
+    }
+
+    /// Validates a bind or unmount target (validate.rs's rules) given under
+    /// either spelling of the root, and returns its canonical spelling.
+    pub fn target(&self, s: &str) -> std::result::Result<PathBuf, Invalid> {
+        match validate::target(self.root.path(), s) {
+            Ok(p) => Ok(p),
+            Err(e) if self.root.given() == self.root.path() => Err(e),
+            Err(e) => {
+                let p = validate::target(self.root.given(), s).map_err(|_| e)?;
+                let rel = p.strip_prefix(self.root.given()).unwrap_or(&p);
+                Ok(self.root.join(rel))
+            }
+        }
+    }
+
+    /// `target` (canonical, validated) relative to the root.
+    pub(crate) fn rel_of<'a>(&self, target: &'a Path) -> Result<&'a Path> {
+        self.root.relative(target).ok_or_else(|| {
+            Invalid(format!(
+                "target {} is not beneath the agent's root {}",
+                target.display(),
+                self.root.path().display()
+            ))
+            .into()
+        })
+    }
+
+    /// Refuses new volumes and binds once Shutdown began.
+    pub(crate) fn accepting(&self) -> Result<()> {
+        if self.shutting_down.load(Ordering::SeqCst) {
+            return Err(Error::ShuttingDown.into());
+        }
+        Ok(())
+    }
+
+    /// Stops accepting, and fires the token every wait and walk in flight
+    /// watches. The slots are listed after this, so no publish slips past.
+    pub(crate) fn stop_accepting(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        self.stop.fire();
+    }
+
+    /// The ids of every slot (Shutdown's list to unpublish).
+    pub(crate) fn slot_ids(&self) -> Vec<String> {
+        lock(&self.slots).keys().cloned().collect()
+    }
+
+    /// The slot of volume `id`, made if missing (a first publish).
+    pub(crate) fn slot(&self, id: &str) -> Slot {
+        lock(&self.slots).entry(id.to_string()).or_default().clone()
+    }
+
+    /// The slot of volume `id`, if it has one.
+    pub(crate) fn existing_slot(&self, id: &str) -> Option<Slot> {
+        lock(&self.slots).get(id).cloned()
+    }
+
+    /// Drops an empty slot nobody else holds.
+    pub(crate) fn forget_slot(&self, id: &str) {
+        let mut slots = lock(&self.slots);
+        if let Some(s) = slots.get(id) {
+            if Arc::strong_count(s) == 1 && matches!(s.try_lock().as_deref(), Ok(None)) {
+                slots.remove(id);
+            }
+        }
+    }
+
+    /// `cancel`, also fired by Shutdown.
+    pub(crate) fn stop_with(&self, cancel: &Cancel) -> Cancel {
+        cancel.clone().with_token(&self.stop)
+    }
+
+    /// Runs `f` on a published volume under its lock.
+    pub(crate) fn with_volume<T>(
+        &self,
+        id: &str,
+        cancel: &Cancel,
+        f: impl FnOnce(&mut Volume) -> Result<T>,
+    ) -> Result<T> {
+        let slot = self
+            .existing_slot(id)
+            .ok_or_else(|| Error::NotPublished(id.to_string()))?;
+        let mut guard = lock_slot(&slot, id, cancel)?;
+        let vol = guard
+            .as_mut()
+            .ok_or_else(|| Error::NotPublished(id.to_string()))?;
+        f(vol)
+    }
+
+    /// An fd of the volume's mount root, checked to be the very mount the
+    /// agent made (resolved beneath the root with no symlinks; its mount id,
+    /// or its device where no id was recorded).
+    pub(crate) fn open_mount(&self, vol: &Volume) -> Result<OwnedFd> {
+        let gone = || -> crate::error::Error {
+            Error::MountGone {
+                id: vol.id.clone(),
+                path: vol.guest_path.display().to_string(),
+            }
+            .into()
+        };
+        let fd = match beneath::open_with(
+            self.root.fd(),
+            &vol.rel(),
+            OFlags::PATH | vol.guest_path_kind(),
+            beneath::strict(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT | Errno::LOOP | Errno::XDEV | Errno::NOTDIR) => return Err(gone()),
+            Err(e) => return Err(SysError::new("openat2", vol.guest_path.display(), e).into()),
+        };
+        let mp = beneath::mount_point(fd.as_fd())
+            .map_err(|e| SysError::new("statx", vol.guest_path.display(), e))?;
+        if vol.is_own_mount(&mp) {
+            Ok(fd)
+        } else {
+            Err(gone())
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! What the table's tests share: a table on a fresh root, a loop disk
+//! published on it, and a fake sysfs whose partitions overlap.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::request::{PublishRequest, Source};
+use super::table::Volumes;
+use crate::cancel::Cancel;
+use crate::model::{FsType, VolumeMode};
+use crate::mount::options::parse_options;
+use crate::sys::sysfs::Sysfs;
+
+pub(crate) fn table(root: &Path) -> Volumes {
+    Volumes::open(root, Sysfs::system(), crate::logging::discard()).unwrap()
+}
+
+pub(crate) fn publish_loop(v: &Volumes, id: &str, disk: &crate::testutil::LoopDisk) {
+    let options: Vec<String> = Vec::new();
+    let req = PublishRequest {
+        volume_id: id.into(),
+        source: Source::Path(disk.device.clone()),
+        mode: VolumeMode::Filesystem(FsType::Ext4),
+        mount: parse_options(&options, false).unwrap(),
+        options,
+        read_only: false,
+        fs_group: None,
+        timeout: Duration::from_secs(1),
+    };
+    v.publish(&req, &Cancel::never()).unwrap();
+}
+
+/// A sysfs in which the real devices `parts` are partitions of one fake
+/// disk at the given (start, sectors): what a hostile partition table
+/// makes of a guest's disk.
+pub(crate) fn fake_partitions(
+    dir: &Path,
+    parts: &[(&crate::testutil::LoopDisk, u64, u64)],
+) -> Sysfs {
+    let sysfs = Sysfs {
+        sys_block: dir.join("sys/block"),
+        dev_dir: PathBuf::from("/dev"),
+        dev_block: dir.join("sys/dev/block"),
+    };
+    let disk = sysfs.sys_block.join("vdz");
+    std::fs::create_dir_all(&disk).unwrap();
+    std::fs::create_dir_all(&sysfs.dev_block).unwrap();
+    std::fs::write(disk.join("dev"), "250:0\n").unwrap();
+    for (i, (d, start, sectors)) in parts.iter().enumerate() {
+        let dev = d.agent_device();
+        let name = format!("vdz{}", i + 1);
+        let p = disk.join(&name);
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::write(p.join("partition"), format!("{}\n", i + 1)).unwrap();
+        std::fs::write(p.join("start"), format!("{start}\n")).unwrap();
+        std::fs::write(p.join("size"), format!("{sectors}\n")).unwrap();
+        std::os::unix::fs::symlink(
+            format!("../../block/vdz/{name}"),
+            sysfs.dev_block.join(format!("{}:{}", dev.major, dev.minor)),
+        )
+        .unwrap();
+    }
+    sysfs
+}

@@ -1,0 +1,292 @@
+//! A published volume as the table holds it and its record stores it, and
+//! how it is told apart from everything else mounted: by its disk and its
+//! recorded mount ids, never by a path's spelling.
+
+use std::path::{Path, PathBuf};
+
+use rustix::fs::OFlags;
+
+use super::request::{FsGroup, PublishRequest, Source, VolumeInfo};
+use crate::model::{Device, MountId, RecursiveReadOnly, VolumeMode};
+use crate::mount::options::MountOptions;
+use crate::mount::unmount::Expect;
+use crate::sys::beneath::MountPoint;
+
+/// One bind of a volume, as recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Bind {
+    /// Absolute and canonical (beneath the canonical root).
+    pub(crate) target: PathBuf,
+    /// The same, relative to the root: what the agent resolves.
+    pub(crate) rel: PathBuf,
+    /// Relative to the volume's root; empty for the root.
+    pub(crate) subpath: PathBuf,
+    /// A read-only bind.
+    pub(crate) read_only: bool,
+    /// The recursive read-only mode asked for.
+    pub(crate) rro: RecursiveReadOnly,
+    /// Whether it was applied (submounts read-only too).
+    pub(crate) rro_applied: bool,
+    /// The bind's mount id; None when a record from an older agent had none.
+    pub(crate) mount_id: Option<MountId>,
+}
+
+impl Bind {
+    /// Which mount the bind is, for unmounting it by identity.
+    pub(crate) fn expect(&self, dev: &Device) -> Expect {
+        match self.mount_id {
+            Some(id) => Expect::Mount(id, dev.major, dev.minor),
+            None => Expect::Device(dev.major, dev.minor),
+        }
+    }
+}
+
+/// A published volume: what its record holds.
+#[derive(Clone, Debug)]
+pub(crate) struct Volume {
+    /// The host's volume id.
+    pub(crate) id: String,
+    /// Where the disk came from.
+    pub(crate) source: Source,
+    /// The disk.
+    pub(crate) device: Device,
+    /// Filesystem (which) or block.
+    pub(crate) mode: VolumeMode,
+    /// Mount options as the request gave them.
+    pub(crate) options: Vec<String>,
+    /// The same, parsed.
+    pub(crate) mount: MountOptions,
+    /// Published read-only.
+    pub(crate) read_only: bool,
+    /// fsGroup, if any.
+    pub(crate) fs_group: Option<FsGroup>,
+    /// `<canonical root>/volumes/<id>`.
+    pub(crate) guest_path: PathBuf,
+    /// The mount's id (statx); None until it is mounted, or from an older record.
+    pub(crate) mount_id: Option<MountId>,
+    /// False while the publish is not finished (mounted, fsGroup walk pending).
+    pub(crate) complete: bool,
+    /// A block volume whose device the agent set read-only (BLKROSET): it
+    /// clears the flag when the volume is unpublished.
+    pub(crate) ro_set: bool,
+    /// Its binds, in the order they were made.
+    pub(crate) binds: Vec<Bind>,
+}
+
+impl Volume {
+    /// What ListVolumes reports of it (the device's size left at 0).
+    pub(crate) fn info(&self) -> VolumeInfo {
+        VolumeInfo {
+            volume_id: self.id.clone(),
+            device: self.device.path.display().to_string(),
+            serial: match &self.source {
+                Source::Serial(s) => s.clone(),
+                Source::Path(_) => self.device.serial.clone().unwrap_or_default(),
+            },
+            fs_type: match self.mode {
+                VolumeMode::Filesystem(fs) => fs.name().to_string(),
+                VolumeMode::Block => String::new(),
+            },
+            guest_path: self.guest_path.display().to_string(),
+            read_only: self.mounted_read_only(),
+            bind_targets: self
+                .binds
+                .iter()
+                .map(|b| b.target.display().to_string())
+                .collect(),
+            block: self.mode == VolumeMode::Block,
+            device_bytes: 0,
+        }
+    }
+
+    /// Whether `mp` is a mount of this volume's disk: of its filesystem,
+    /// or, for a block volume, a bind of its node.
+    pub(crate) fn of_disk(&self, mp: &MountPoint) -> bool {
+        let dev = (self.device.major, self.device.minor);
+        match self.mode {
+            VolumeMode::Filesystem(_) => mp.dev == dev,
+            VolumeMode::Block => mp.is_block_node(dev),
+        }
+    }
+
+    /// Whether `mp` is the mount the agent made at the guest path: a mount
+    /// root of the disk, with the recorded mount id where one was kept.
+    pub(crate) fn is_own_mount(&self, mp: &MountPoint) -> bool {
+        mp.is_root && self.of_disk(mp) && self.mount_id.is_none_or(|id| id == mp.mount_id)
+    }
+
+    /// Whether `mp` is bind `b` of this volume, as the agent made it.
+    pub(crate) fn is_own_bind(&self, b: &Bind, mp: &MountPoint) -> bool {
+        mp.is_root && self.of_disk(mp) && b.mount_id.is_none_or(|id| id == mp.mount_id)
+    }
+
+    /// Read-only as mounted: `read_only`, or an `ro` among the options.
+    pub(crate) fn mounted_read_only(&self) -> bool {
+        self.mount.flags & libc::MS_RDONLY != 0
+    }
+
+    /// What its guest path is opened as: a directory, or (block) the
+    /// device node bound onto a file.
+    pub(crate) fn guest_path_kind(&self) -> OFlags {
+        match self.mode {
+            VolumeMode::Filesystem(_) => OFlags::DIRECTORY,
+            VolumeMode::Block => OFlags::empty(),
+        }
+    }
+
+    /// `volumes/<id>`, relative to the root.
+    pub(crate) fn rel(&self) -> PathBuf {
+        guest_rel(&self.id)
+    }
+
+    /// Which mount its guest path holds, for unmounting it by identity.
+    pub(crate) fn expect(&self) -> Expect {
+        match self.mount_id {
+            Some(id) => Expect::Mount(id, self.device.major, self.device.minor),
+            None => Expect::Device(self.device.major, self.device.minor),
+        }
+    }
+
+    /// Names the first parameter in which `req` differs from this volume.
+    pub(crate) fn differs_from(&self, req: &PublishRequest) -> Option<String> {
+        if self.source != req.source {
+            return Some(format!("source {:?} vs {:?}", self.source, req.source));
+        }
+        if self.mode != req.mode {
+            return Some(match (self.mode, req.mode) {
+                (VolumeMode::Filesystem(a), VolumeMode::Filesystem(b)) => {
+                    format!("fs_type {a} vs {b}")
+                }
+                (a, b) => format!("volume_mode {} vs {}", a.name(), b.name()),
+            });
+        }
+        if self.options != req.options {
+            return Some(format!(
+                "mount_options {:?} vs {:?}",
+                self.options, req.options
+            ));
+        }
+        if self.read_only != req.read_only {
+            return Some(format!("read_only {} vs {}", self.read_only, req.read_only));
+        }
+        if self.fs_group != req.fs_group {
+            return Some(format!(
+                "fs_group {:?} vs {:?}",
+                self.fs_group, req.fs_group
+            ));
+        }
+        None
+    }
+}
+
+/// `volumes/<id>`: where volume `id` is published, relative to the root.
+pub(crate) fn guest_rel(id: &str) -> PathBuf {
+    Path::new("volumes").join(id)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::model::{FsType, Policy};
+    use crate::mount::options::parse_options;
+
+    /// A filesystem volume with one bind, as recorded.
+    pub(crate) fn sample() -> Volume {
+        let options = vec!["noatime".into(), "weird%opt\twith\nbreaks".into()];
+        Volume {
+            id: "vol-1".into(),
+            source: Source::Serial("vol-0123".into()),
+            device: Device {
+                name: "vdb".into(),
+                path: "/dev/vdb".into(),
+                major: 254,
+                minor: 16,
+                serial: Some("vol-0123".into()),
+            },
+            mode: VolumeMode::Filesystem(FsType::Xfs),
+            mount: parse_options(&options, false).unwrap(),
+            options,
+            read_only: false,
+            fs_group: Some(FsGroup {
+                gid: 2000,
+                policy: Policy::OnRootMismatch,
+            }),
+            guest_path: "/r/volumes/vol-1".into(),
+            mount_id: Some(MountId(77)),
+            complete: true,
+            ro_set: false,
+            binds: vec![Bind {
+                target: "/r/pods/a b".into(),
+                rel: "pods/a b".into(),
+                subpath: "data/x".into(),
+                read_only: true,
+                rro: RecursiveReadOnly::IfPossible,
+                rro_applied: true,
+                mount_id: Some(MountId(78)),
+            }],
+        }
+    }
+
+    /// A read-only block volume with one bind, as recorded.
+    pub(crate) fn block_sample() -> Volume {
+        let mut v = sample();
+        v.id = "blk-1".into();
+        v.guest_path = "/r/volumes/blk-1".into();
+        v.mode = VolumeMode::Block;
+        v.options = Vec::new();
+        v.read_only = true;
+        v.mount = parse_options(&[], true).unwrap();
+        v.fs_group = None;
+        v.ro_set = true;
+        v.binds[0].subpath = PathBuf::new();
+        v.binds[0].rro = RecursiveReadOnly::Disabled;
+        v.binds[0].rro_applied = false;
+        v
+    }
+
+    #[test]
+    fn an_ro_option_counts_as_read_only() {
+        let mut v = sample();
+        assert!(!v.mounted_read_only());
+        v.options = vec!["noatime,ro".into()];
+        v.mount = parse_options(&v.options, false).unwrap();
+        assert!(v.mounted_read_only() && v.info().read_only);
+        v.options = vec!["ro".into(), "rw".into()];
+        v.mount = parse_options(&v.options, false).unwrap();
+        assert!(!v.mounted_read_only(), "a later rw overrides ro");
+    }
+
+    #[test]
+    fn differences_are_named() {
+        let v = sample();
+        let mut req = PublishRequest {
+            volume_id: "vol-1".into(),
+            source: Source::Serial("vol-0123".into()),
+            mode: VolumeMode::Filesystem(FsType::Xfs),
+            options: v.options.clone(),
+            mount: v.mount.clone(),
+            read_only: false,
+            fs_group: v.fs_group,
+            timeout: Duration::from_secs(1),
+        };
+        assert_eq!(v.differs_from(&req), None);
+        req.timeout = Duration::from_secs(9);
+        assert_eq!(
+            v.differs_from(&req),
+            None,
+            "the wait is not a parameter of the volume"
+        );
+        req.read_only = true;
+        assert!(v.differs_from(&req).unwrap().contains("read_only"));
+        req.read_only = false;
+        req.mode = VolumeMode::Filesystem(FsType::Ext4);
+        assert!(v.differs_from(&req).unwrap().contains("fs_type"));
+        req.mode = VolumeMode::Block;
+        assert!(v
+            .differs_from(&req)
+            .unwrap()
+            .contains("volume_mode xfs vs block"));
+    }
+}
