@@ -25,7 +25,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crust_agent::ownership::{self, Policy};
+use crust_agent::model::Policy;
+use crust_agent::ownership::walk as ownership;
 use serde_json::json;
 
 use crate::fsgroup::{cpu_time, kubelet_walk, GID};
