@@ -25,6 +25,8 @@ pub enum Why {
     CallerGone,
     /// The caller's deadline (its ttrpc timeout) passed.
     Deadline,
+    /// The volume is being unpublished (stops its fsGroup walk).
+    Unpublished,
 }
 
 /// Work stopped by a [`Cancel`]; what was done has been undone by the caller.
@@ -52,14 +54,19 @@ impl Stopped {
                 "the caller's deadline passed while {}; stopped, and nothing was left half-done (retry with a longer timeout)",
                 self.during
             ),
+            Why::Unpublished => format!(
+                "the volume was unpublished: stopped while {}",
+                self.during
+            ),
         }
     }
 
     /// The wire code: shutting down is FAILED_PRECONDITION, as every refusal
-    /// after Shutdown; a passed deadline DEADLINE_EXCEEDED; a gone caller CANCELLED.
+    /// after Shutdown, and so is an unpublish that overtook the work; a
+    /// passed deadline DEADLINE_EXCEEDED; a gone caller CANCELLED.
     pub fn code(&self) -> Code {
         match self.why {
-            Why::Shutdown => Code::FailedPrecondition,
+            Why::Shutdown | Why::Unpublished => Code::FailedPrecondition,
             Why::CallerGone => Code::Cancelled,
             Why::Deadline => Code::DeadlineExceeded,
         }

@@ -338,7 +338,7 @@ fn run(
         }
     };
     let volumes = match Volumes::open(&cfg.root, Sysfs::system(), log.clone()) {
-        Ok(v) => Arc::new(v),
+        Ok(v) => v,
         Err(e) => {
             error!(log, "cannot open the volume table"; "root" => %cfg.root.display(), "error" => %e);
             return ExitCode::FAILURE;

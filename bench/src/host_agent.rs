@@ -199,7 +199,7 @@ fn spawn_listening(mut cmd: Command, sock: &Path, log: &Path) -> R<(Proc, Durati
     }
 }
 
-fn spawn_agent(work: &Path, name: &str) -> R<(Proc, Duration)> {
+pub(crate) fn spawn_agent(work: &Path, name: &str) -> R<(Proc, Duration)> {
     spawn_agent_bin(&agent_bin(), work, name)
 }
 

@@ -8,6 +8,7 @@ mod fsgroup;
 mod fsgroup_scale;
 mod grow_xfs;
 mod host_agent;
+mod publish_retry;
 mod report;
 mod sys;
 mod vm_figs;
@@ -208,6 +209,23 @@ fn main() {
             eprintln!("echo-server: {e}");
             std::process::exit(1);
         }
+        return;
+    }
+    // The retry figure alone, on a volume already made (a loop ext4 with
+    // ENTRIES entries, not mounted): for trying the walk's deadlines
+    // without building the 1M-entry tree.
+    if argv.peek().map(String::as_str) == Some("publish-retry") {
+        argv.next();
+        let (Some(dev), Some(entries)) = (argv.next(), argv.next().and_then(|v| v.parse().ok()))
+        else {
+            eprintln!("usage: crust-bench publish-retry DEVICE ENTRIES");
+            std::process::exit(2);
+        };
+        let work = std::env::temp_dir().join(format!("crust-bench-retry-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&work);
+        let f = publish_retry::figure(&dev, &work, entries);
+        println!("{}", report::markdown(std::slice::from_ref(&f), ""));
+        let _ = std::fs::remove_dir_all(&work);
         return;
     }
     let args = match parse_args(argv) {

@@ -52,6 +52,7 @@ fn why_text(why: Why) -> &'static str {
         Why::Shutdown => "the agent is shutting down",
         Why::CallerGone => "the caller closed its connection",
         Why::Deadline => "the caller's deadline passed",
+        Why::Unpublished => "the volume was unpublished",
     }
 }
 

@@ -44,6 +44,11 @@ pub struct Report {
 const BATCH: usize = 256;
 /// The getdents64 buffer of each worker: about a thousand entries per call.
 const READDIR_BUF: usize = 32 << 10;
+/// A directory's non-directory entries are listed this many at a time (up
+/// to the end of the getdents buffer that reaches it), the rest read from
+/// the same fd once these are handed out: a directory of any size takes
+/// about a megabyte of names at a time, not one entry per file it holds.
+const CHUNK: usize = 16 << 10;
 /// One fsGroup walk: what to apply where, and how it reports and stops.
 #[derive(Clone, Copy)]
 pub struct Walk<'a> {
@@ -198,6 +203,8 @@ enum Item {
     Dir { parent: Arc<DirFd>, name: Box<CStr> },
     /// Non-directory entries of a listed directory: indexes into its names.
     Batch(Arc<Listing>, Range<usize>),
+    /// A directory listed in part: read its next chunk from its fd.
+    More(Arc<DirFd>),
 }
 
 /// The non-directory entries of a listed directory, shared by its batches.
@@ -353,6 +360,7 @@ impl Shared<'_> {
                 Item::Opened(fd) => self.opened(fd, 0, &mut buf),
                 Item::Dir { parent, name } => self.directory(parent, &name, &mut buf),
                 Item::Batch(listing, range) => self.batch(&listing, range),
+                Item::More(dir) => self.more(dir, &mut buf),
             };
             self.maybe_progress();
             let mut q = self.lock();
@@ -460,13 +468,14 @@ impl Shared<'_> {
         self.opened(fd, depth, buf)
     }
 
-    /// Fixes directory `fd` and reads its entries. `None`: not ours (another filesystem).
+    /// Fixes directory `fd` and reads its entries, the first chunk of them
+    /// (true: more to read). `None`: not ours (another filesystem).
     fn fix_and_list(
         &self,
         fd: &OwnedFd,
         depth: u64,
         buf: &mut [MaybeUninit<u8>],
-    ) -> Result<Option<(u64, Contents)>, Error> {
+    ) -> Result<Option<(u64, Contents, bool)>, Error> {
         let st =
             rustix::fs::fstat(fd).map_err(|e| self.read_dir_error(fd.as_fd(), depth, None, e))?;
         if st.st_dev != self.dev {
@@ -478,47 +487,77 @@ impl Shared<'_> {
         };
         fix_dir(fd, st.st_mode, st.st_gid, self.gid, &mut counts);
         self.add(&counts);
+        let (contents, more) = self.list(fd.as_fd(), depth, buf)?;
+        Ok(Some((st.st_ino, contents, more)))
+    }
+
+    /// Reads the next chunk of `fd`'s entries, from where the last read
+    /// left the fd's offset: at least CHUNK non-directory entries, or to the
+    /// end (false: nothing more). Only where a getdents buffer ends, so no
+    /// entry read is dropped.
+    fn list(
+        &self,
+        fd: BorrowedFd<'_>,
+        depth: u64,
+        buf: &mut [MaybeUninit<u8>],
+    ) -> Result<(Contents, bool), Error> {
         let mut contents = Contents::default();
         let mut dir = RawDir::new(fd, buf);
         while let Some(entry) = dir.next() {
-            let entry = entry.map_err(|e| self.read_dir_error(fd.as_fd(), depth, None, e))?;
+            let entry = entry.map_err(|e| self.read_dir_error(fd, depth, None, e))?;
             let name = entry.file_name();
-            if name == c"." || name == c".." {
-                continue;
+            if name != c"." && name != c".." {
+                match entry.file_type() {
+                    FileType::Directory => contents.subdirs.push(name.into()),
+                    _ => contents.others.push(entry.ino(), name),
+                }
             }
-            match entry.file_type() {
-                FileType::Directory => contents.subdirs.push(name.into()),
-                _ => contents.others.push(entry.ino(), name),
+            if contents.others.len() >= CHUNK && dir.is_buffer_empty() {
+                contents.others.sort_by_inode();
+                return Ok((contents, true));
             }
         }
         contents.others.sort_by_inode();
-        Ok(Some((st.st_ino, contents)))
+        Ok((contents, false))
     }
 
     /// Fixes and lists an open directory, hands out its subdirectories and
     /// batches of its other entries, and does the first batch.
     fn opened(&self, fd: OwnedFd, depth: u64, buf: &mut [MaybeUninit<u8>]) -> Result<(), Error> {
-        let Some((ino, contents)) = self.fix_and_list(&fd, depth, buf)? else {
+        let Some((ino, contents, more)) = self.fix_and_list(&fd, depth, buf)? else {
             return Ok(());
         };
         if !contents.subdirs.is_empty() && HELD_DIRS.load(Ordering::Relaxed) >= self.limits.dir_fds
         {
-            return self.alone(fd, depth, ino, contents, buf);
+            return self.alone(fd, depth, ino, (contents, more), buf);
         }
-        let dir = Arc::new(DirFd::new(fd, depth));
+        self.hand_out(Arc::new(DirFd::new(fd, depth)), contents, more)
+    }
+
+    /// The next chunk of a directory listed in part.
+    fn more(&self, dir: Arc<DirFd>, buf: &mut [MaybeUninit<u8>]) -> Result<(), Error> {
+        let (contents, more) = self.list(dir.fd.as_fd(), dir.depth, buf)?;
+        self.hand_out(dir, contents, more)
+    }
+
+    /// Hands out a chunk of `dir`'s entries: its subdirectories, batches of
+    /// the rest, and (if `more`) the reading of the next chunk, which goes
+    /// below them on the stack so this chunk's batches are done first; does
+    /// the first batch.
+    fn hand_out(&self, dir: Arc<DirFd>, contents: Contents, more: bool) -> Result<(), Error> {
         let n = contents.others.len();
         let listing = Arc::new(Listing {
             dir: Arc::clone(&dir),
             names: contents.others,
         });
-        let mut items: Vec<Item> = contents
-            .subdirs
-            .into_iter()
-            .map(|name| Item::Dir {
-                parent: Arc::clone(&dir),
-                name,
-            })
-            .collect();
+        let mut items: Vec<Item> = Vec::new();
+        if more {
+            items.push(Item::More(Arc::clone(&dir)));
+        }
+        items.extend(contents.subdirs.into_iter().map(|name| Item::Dir {
+            parent: Arc::clone(&dir),
+            name,
+        }));
         drop(dir);
         items.extend(
             (BATCH..n)
@@ -565,11 +604,10 @@ impl Shared<'_> {
         top: OwnedFd,
         depth: u64,
         ino: u64,
-        contents: Contents,
+        first: (Contents, bool),
         buf: &mut [MaybeUninit<u8>],
     ) -> Result<(), Error> {
-        let mut subdirs = contents.subdirs;
-        self.all_entries(top.as_fd(), depth, &contents.others, &mut subdirs)?;
+        let subdirs = self.drain(top.as_fd(), depth, first, buf)?;
         let mut stack = vec![Frame {
             name: c"".into(),
             ino,
@@ -592,11 +630,10 @@ impl Shared<'_> {
                 let Some(fd) = self.open_child(at, level, &name)? else {
                     continue;
                 };
-                let Some((ino, contents)) = self.fix_and_list(&fd, level + 1, buf)? else {
+                let Some((ino, contents, more)) = self.fix_and_list(&fd, level + 1, buf)? else {
                     continue;
                 };
-                let mut subdirs = contents.subdirs;
-                self.all_entries(fd.as_fd(), level + 1, &contents.others, &mut subdirs)?;
+                let subdirs = self.drain(fd.as_fd(), level + 1, (contents, more), buf)?;
                 if !subdirs.is_empty() {
                     stack.push(Frame { name, ino, subdirs });
                     here = Some(fd);
@@ -663,6 +700,28 @@ impl Shared<'_> {
             }
         }
         Ok(at)
+    }
+
+    /// Does every non-directory entry of `dir`, chunk by chunk from `first`
+    /// on, and gives back its subdirectories.
+    fn drain(
+        &self,
+        dir: BorrowedFd<'_>,
+        depth: u64,
+        first: (Contents, bool),
+        buf: &mut [MaybeUninit<u8>],
+    ) -> Result<Vec<Box<CStr>>, Error> {
+        let (mut contents, mut more) = first;
+        let mut subdirs = Vec::new();
+        loop {
+            subdirs.append(&mut contents.subdirs);
+            self.all_entries(dir, depth, &contents.others, &mut subdirs)?;
+            if !more {
+                return Ok(subdirs);
+            }
+            self.check_cancel()?;
+            (contents, more) = self.list(dir, depth, buf)?;
+        }
     }
 
     /// All non-directory entries of a directory, in batches with a look at
@@ -759,6 +818,45 @@ mod tests {
             },
             limits,
         )
+    }
+
+    #[test]
+    fn a_directory_larger_than_a_chunk_is_read_in_chunks_and_walked_whole() {
+        if !root_only_or_skip("a_directory_larger_than_a_chunk_is_read_in_chunks_and_walked_whole")
+        {
+            return;
+        }
+        let t = Tmpfs::new();
+        let files = 2 * CHUNK + 777;
+        for (name, limits) in [
+            ("shared", Limits::for_this_machine()),
+            (
+                "alone",
+                Limits {
+                    dir_fds: 0,
+                    ..Limits::for_this_machine()
+                },
+            ),
+        ] {
+            let root = t.path().join(name);
+            fs::create_dir(&root).unwrap();
+            // Subdirectories among the files, so chunks hand out both.
+            for i in 0..files {
+                if i % (CHUNK / 2) == 0 {
+                    fs::create_dir(root.join(format!("sub{i}"))).unwrap();
+                    fs::write(root.join(format!("sub{i}/x")), b"").unwrap();
+                }
+                fs::write(root.join(format!("f{i}")), b"").unwrap();
+            }
+            let subdirs = files.div_ceil(CHUNK / 2) as u64;
+            let entries = 1 + files as u64 + 2 * subdirs;
+            let (r, _) = walk_in(&root, Duration::MAX, &|_| {}, &Cancel::never(), limits).unwrap();
+            assert_eq!(
+                (r.visited, r.changed, r.errors),
+                (entries, entries, 0),
+                "{name}: {r:?}"
+            );
+        }
     }
 
     fn mode_of(p: &Path) -> u32 {

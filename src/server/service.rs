@@ -366,7 +366,7 @@ mod tests {
             Volumes::open(dir.path(), Sysfs::system(), crate::logging::discard()).unwrap();
         let (tx, _rx) = std::sync::mpsc::channel();
         let svc = Service::new(
-            Arc::new(volumes),
+            volumes,
             crate::logging::discard(),
             Instant::now(),
             Arc::new(Mutex::new(Timeline::default())),

@@ -19,7 +19,9 @@ use crate::mount::options::parse_options;
 use crate::mount::selinux::without_contexts;
 use crate::system::Capability;
 use crate::validate::{self, Invalid};
-use crate::volumes::request::{BindRequest, FsGroup, PublishRequest, Source, VolumeInfo};
+use crate::volumes::request::{
+    BindRequest, FsGroup, PublishRequest, Source, VolumeInfo, VolumeState,
+};
 
 /// The request's cancellation: the caller's ttrpc deadline, if it sent one,
 /// and its connection — ttrpc disconnects `cancel_rx` when the caller goes.
@@ -204,6 +206,12 @@ pub fn volume_info(v: VolumeInfo) -> pb::VolumeInfo {
         }
         .into(),
         device_bytes: v.device_bytes,
+        state: match v.state {
+            VolumeState::Ready => pb::VolumeState::VOLUME_STATE_READY,
+            VolumeState::Publishing => pb::VolumeState::VOLUME_STATE_PUBLISHING,
+        }
+        .into(),
+        ownership_done: v.ownership_done,
         ..Default::default()
     }
 }

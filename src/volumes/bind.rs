@@ -84,6 +84,7 @@ impl Volumes {
         let cancel = &self.stop_with(cancel);
         let rel = self.rel_of(&req.target)?.to_path_buf();
         self.with_volume(&req.volume_id, cancel, |vol| {
+            vol.not_publishing()?;
             if vol.mode == VolumeMode::Block {
                 check_bind(vol, req)?;
             }
@@ -112,10 +113,11 @@ impl Volumes {
                 warn!(self.log, "bind was gone; binding again"; "volume" => &vol.id, "target" => shown(&req.target));
                 self.index.drop_bind(vol, i);
             }
-            if vol.binds.len() >= self.max_binds {
+            let max = self.max_binds.load(std::sync::atomic::Ordering::Relaxed);
+            if vol.binds.len() >= max {
                 return Err(Error::TooManyBinds {
                     id: vol.id.clone(),
-                    max: self.max_binds,
+                    max,
                 }
                 .into());
             }
@@ -266,8 +268,7 @@ mod tests {
         let out = v.bind(&req, &Cancel::never()).unwrap();
         assert!(!out.already_mounted);
         // Binds per volume are bounded (MAX_BINDS; 2 here).
-        let mut v = v;
-        v.max_binds = 2;
+        v.max_binds.store(2, std::sync::atomic::Ordering::Relaxed);
         let mut second = req.clone();
         second.target = v.root().join("pods/p/two");
         v.bind(&second, &Cancel::never()).unwrap();

@@ -134,6 +134,7 @@ impl Volumes {
             complete: true,
             ro_set,
             binds: Vec::new(),
+            walk: None,
         };
         self.store.save(&vol)?;
         undo.push(Undo::Record);

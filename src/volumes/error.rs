@@ -3,6 +3,7 @@
 //! published, a disk or target held by another volume, the state directory
 //! full or read-only, a mount moved or stacked behind the agent's back.
 
+use crate::cancel::Why;
 use crate::code::Code;
 
 /// What the volume table refuses.
@@ -118,6 +119,36 @@ pub enum Error {
         /// The guest path.
         path: String,
     },
+    /// DEADLINE_EXCEEDED or CANCELLED: the caller stopped waiting for a
+    /// publish whose fsGroup walk goes on (walking.rs).
+    #[error("{} while volume {id} was applying fsGroup; the walk continues ({visited} entries so far, {seconds} s): repeat the same publish to wait for it, or unpublish to stop it", why_text(*why))]
+    WalkContinues {
+        /// The volume id.
+        id: String,
+        /// The caller's deadline passed, or the caller went away.
+        why: Why,
+        /// Entries visited so far.
+        visited: u64,
+        /// Seconds since the walk started.
+        seconds: u64,
+    },
+    /// FAILED_PRECONDITION: stats, expand or bind of a volume whose publish
+    /// is still walking.
+    #[error("volume {id} is still applying fsGroup ({visited} entries so far); repeat its publish until it answers OK, then retry")]
+    StillPublishing {
+        /// The volume id.
+        id: String,
+        /// Entries visited so far.
+        visited: u64,
+    },
+    /// The publish whose walk this call waited for failed (its code, its sentence).
+    #[error("{message}")]
+    PublishFailed {
+        /// The failure's code.
+        code: Code,
+        /// The failure, as a sentence.
+        message: String,
+    },
     /// FAILED_PRECONDITION: the agent is shutting down.
     #[error("the agent is shutting down and accepts no new volumes or binds")]
     ShuttingDown,
@@ -206,7 +237,23 @@ impl Error {
             | Error::GuestPathBusy { .. }
             | Error::ReadOnly(_)
             | Error::MountGone { .. }
+            | Error::StillPublishing { .. }
             | Error::ShuttingDown => Code::FailedPrecondition,
+            Error::WalkContinues { why, .. } => match why {
+                Why::CallerGone => Code::Cancelled,
+                _ => Code::DeadlineExceeded,
+            },
+            Error::PublishFailed { code, .. } => *code,
         }
+    }
+}
+
+/// Why a caller stopped waiting, as the start of a sentence.
+fn why_text(why: Why) -> &'static str {
+    match why {
+        Why::CallerGone => "the caller closed its connection",
+        Why::Deadline => "the caller's deadline passed",
+        Why::Shutdown => "the agent is shutting down",
+        Why::Unpublished => "the volume was unpublished",
     }
 }

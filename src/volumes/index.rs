@@ -8,7 +8,8 @@
 //!   in flight or bound, and its volume ("two binds never share, nest in or
 //!   cover each other");
 //! - `listed`: what ListVolumes answers, updated when an operation ends, so
-//!   a list never waits behind a long walk.
+//!   a list never waits behind a long walk; a volume whose fsGroup walk runs
+//!   is listed with the walk, whose progress is read live.
 //!
 //! A claim or a reservation made for an operation in flight is a [`Held`]
 //! guard: dropped, it is released; kept, it stays with the volume. Each map
@@ -17,11 +18,12 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::error::Error;
-use super::request::VolumeInfo;
+use super::request::{VolumeInfo, VolumeState};
 use super::volume::{Bind, Volume};
+use super::walking::WalkJob;
 use crate::model::{Device, Extent};
 use crate::sys::mountinfo::shown;
 
@@ -44,7 +46,16 @@ pub(crate) struct Claim {
 pub(crate) struct Index {
     claims: Mutex<BTreeMap<DevNum, Claim>>,
     targets: Mutex<BTreeMap<PathBuf, String>>,
-    listed: Mutex<BTreeMap<String, (VolumeInfo, Device)>>,
+    listed: Mutex<BTreeMap<String, Listed>>,
+}
+
+/// One volume as ListVolumes shows it.
+#[derive(Clone, Debug)]
+struct Listed {
+    info: VolumeInfo,
+    device: Device,
+    /// Its publish's walk, while one runs.
+    walk: Option<Arc<WalkJob>>,
 }
 
 /// A poisoned lock still guards consistent data here (every update is a
@@ -198,7 +209,12 @@ impl Index {
 
     /// Shows `vol` as it is now in ListVolumes.
     pub(crate) fn show(&self, vol: &Volume) {
-        lock(&self.listed).insert(vol.id.clone(), (vol.info(), vol.device.clone()));
+        let listed = Listed {
+            info: vol.info(),
+            device: vol.device.clone(),
+            walk: vol.walk.clone(),
+        };
+        lock(&self.listed).insert(vol.id.clone(), listed);
     }
 
     /// A publish went through: its claim stays with the volume, which
@@ -231,8 +247,19 @@ impl Index {
         lock(&self.listed).remove(&vol.id);
     }
 
-    /// Every volume ListVolumes shows, with its device.
+    /// Every volume ListVolumes shows, with its device; one still
+    /// publishing shows how far its walk is now.
     pub(crate) fn listed(&self) -> Vec<(VolumeInfo, Device)> {
-        lock(&self.listed).values().cloned().collect()
+        let listed: Vec<Listed> = lock(&self.listed).values().cloned().collect();
+        listed
+            .into_iter()
+            .map(|mut l| {
+                if let Some(job) = l.walk.as_ref().filter(|j| !j.finished()) {
+                    l.info.state = VolumeState::Publishing;
+                    l.info.ownership_done = job.visited();
+                }
+                (l.info, l.device)
+            })
+            .collect()
     }
 }

@@ -20,6 +20,7 @@
 //! - `publish` (with its steps and their undo), `steps`, `block`, `bind`,
 //!   `unpublish`, `query`: the operations;
 //! - `rollback`: the one undo list a publish or a bind keeps;
+//! - `walking`: a publish's fsGroup walk, owned by the volume, not the call;
 //! - `volume`, `request`, `error`: what a volume is, what is asked and
 //!   answered, what the table refuses;
 //! - `state`, `recover`: the records, and a restart.
@@ -40,3 +41,4 @@ pub mod table;
 mod testkit;
 pub mod unpublish;
 pub mod volume;
+pub mod walking;

@@ -14,23 +14,31 @@
 //! | mount the filesystem on the directory's fd | — (until checked, below) |
 //! | check the mount is there, the disk's | if not: nothing is undone, recovery takes it down |
 //! | record the mount's id | unmounting it by that id |
-//! | walk fsGroup | — (what a walk changed stays: a chown cannot be undone safely; a retry completes it) |
-//! | record the volume complete | — |
+//! | — from here on the volume is published, and the call may go — | |
+//! | walk fsGroup, on a thread of the volume's (walking.rs) | Unpublish (what a walk changed stays: a chown cannot be undone safely) |
+//! | record the volume complete | Unpublish |
+//!
+//! The caller waits for the walk within its own deadline; when the deadline
+//! passes or the caller goes, it is answered DEADLINE_EXCEEDED or CANCELLED
+//! and the walk goes on; the same publish again waits for the same walk.
 //!
 //! A block volume takes the same steps (`block`): an empty file instead of
 //! a directory, the device's read-only flag instead of the probe, its node
 //! bound instead of a filesystem mounted, no walk.
 
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use slog::info;
+use slog::{info, warn};
 
 use super::error::Error;
 use super::request::{PublishRequest, Published, Source};
 use super::rollback::{Rollback, Undo};
 use super::table::{lock_slot, Volumes};
 use super::volume::{guest_rel, Volume};
+use super::walking::{Outcome, WalkJob};
 use crate::cancel::Cancel;
 use crate::device;
 use crate::error::Result;
@@ -43,9 +51,26 @@ use crate::sys::beneath::{self, Leaf};
 use crate::sys::error::SysError;
 use crate::sys::mountinfo::{self, shown};
 
+/// What a publish answers once the volume's lock is let go: at once, or
+/// when the volume's fsGroup walk ends (walking.rs), waited for without
+/// holding the lock, so that a list, a stats or an unpublish is served
+/// meanwhile.
+enum Answer {
+    Now(Published),
+    Wait(Arc<WalkJob>, Published),
+}
+
+/// How often the walk's progress is taken (ListVolumes' `ownership_done`).
+const PROGRESS_EVERY: Duration = Duration::from_millis(200);
+/// How often a long walk is logged, in milliseconds.
+const LOG_EVERY_MS: u64 = 10_000;
+
 impl Volumes {
     /// Publishes a volume (semantics.md §1): idempotent for the same
-    /// request, refused for another.
+    /// request, refused for another. A publish whose fsGroup walk outlives
+    /// the caller's deadline answers DEADLINE_EXCEEDED (CANCELLED when the
+    /// caller went away) while the walk goes on; the same publish again
+    /// waits for that walk (semantics.md §4.1).
     pub fn publish(&self, req: &PublishRequest, cancel: &Cancel) -> Result<Published> {
         self.accepting()?;
         let cancel = &self.stop_with(cancel);
@@ -60,11 +85,23 @@ impl Volumes {
                 self.publish_locked(&mut guard, req, cancel)
             })
         };
-        if result.is_err() {
-            // A publish that failed leaves no trace, not even an empty slot.
-            self.forget_slot(&req.volume_id);
+        match result {
+            Ok(Answer::Now(out)) => Ok(out),
+            Ok(Answer::Wait(job, mut out)) => match job.wait(&req.volume_id, cancel)? {
+                Outcome::Done(report) => {
+                    out.ownership = report;
+                    Ok(out)
+                }
+                Outcome::Failed { code, message } => {
+                    Err(Error::PublishFailed { code, message }.into())
+                }
+            },
+            Err(e) => {
+                // A publish that failed leaves no trace, not even an empty slot.
+                self.forget_slot(&req.volume_id);
+                Err(e)
+            }
         }
-        result
     }
 
     fn publish_locked(
@@ -72,9 +109,9 @@ impl Volumes {
         guard: &mut Option<Volume>,
         req: &PublishRequest,
         cancel: &Cancel,
-    ) -> Result<Published> {
+    ) -> Result<Answer> {
         if let Some(vol) = guard.as_mut() {
-            return self.publish_again(vol, req, cancel);
+            return self.publish_again(vol, req);
         }
         let device = match &req.source {
             Source::Serial(s) => device::find_by_serial(&self.sysfs, s, req.timeout, cancel)?,
@@ -85,31 +122,36 @@ impl Volumes {
         let extent = self.sysfs.extent((device.major, device.minor));
         let claim = self.index.claim(&device, &req.volume_id, extent)?;
         self.check_not_mounted(&device, &extent)?;
-        let (vol, report) = match req.mode {
-            VolumeMode::Filesystem(_) => self.publish_filesystem(req, device, cancel)?,
-            VolumeMode::Block => (self.publish_block(req, device)?, None),
+        let vol = match req.mode {
+            VolumeMode::Filesystem(_) => self.publish_filesystem(req, device)?,
+            VolumeMode::Block => self.publish_block(req, device)?,
         };
         self.index.published(&vol, claim);
         let out = Published {
             guest_path: vol.guest_path.clone(),
             device: vol.device.path.clone(),
             already_published: false,
-            ownership: report,
+            // fsGroup on a read-only volume: left alone, and said so.
+            ownership: (vol.fs_group.is_some() && vol.mounted_read_only()).then(|| Report {
+                skipped: true,
+                ..Default::default()
+            }),
+        };
+        let answer = match &vol.walk {
+            Some(job) => Answer::Wait(Arc::clone(job), out),
+            None => Answer::Now(out),
         };
         *guard = Some(vol);
-        Ok(out)
+        Ok(answer)
     }
 
     /// The same request again: conflicts are refused, and the answer is
     /// given only while it is still true (the mount is checked). A volume
-    /// taken back from a run that stopped before its fsGroup walk ended
-    /// gets its walk finished.
-    fn publish_again(
-        &self,
-        vol: &mut Volume,
-        req: &PublishRequest,
-        cancel: &Cancel,
-    ) -> Result<Published> {
+    /// whose fsGroup walk runs is waited for (the call joins the walk); one
+    /// whose walk did not finish (taken back from a run that stopped
+    /// mid-walk, or whose walk failed and could not be taken down) gets a
+    /// walk that finishes it.
+    fn publish_again(&self, vol: &mut Volume, req: &PublishRequest) -> Result<Answer> {
         if let Some(differs) = vol.differs_from(req) {
             return Err(Error::Conflict {
                 id: req.volume_id.clone(),
@@ -118,35 +160,26 @@ impl Volumes {
             .into());
         }
         let fd = self.open_mount(vol)?;
-        let already = vol.complete;
-        let ownership = if vol.complete {
-            None
-        } else {
-            let report = self.walk(vol, &fd, cancel)?;
-            // Complete in memory only once the record says so.
-            let mut done = vol.clone();
-            done.complete = true;
-            self.store.save(&done)?;
-            vol.complete = true;
-            self.index.show(vol);
-            report
-        };
-        Ok(Published {
+        let out = Published {
             guest_path: vol.guest_path.clone(),
             device: vol.device.path.clone(),
-            already_published: already,
-            ownership,
-        })
+            already_published: vol.complete,
+            ownership: None,
+        };
+        if vol.complete {
+            return Ok(Answer::Now(out));
+        }
+        if let Some(job) = vol.walk.as_ref().filter(|j| !j.finished()) {
+            return Ok(Answer::Wait(Arc::clone(job), out));
+        }
+        let job = self.start_walk(vol, fd)?;
+        self.index.show(vol);
+        Ok(Answer::Wait(job, out))
     }
 
     /// A new filesystem volume on `device` (claimed by the caller): the
     /// steps of the module doc, each followed by its undo.
-    fn publish_filesystem(
-        &self,
-        req: &PublishRequest,
-        device: Device,
-        cancel: &Cancel,
-    ) -> Result<(Volume, Option<Report>)> {
+    fn publish_filesystem(&self, req: &PublishRequest, device: Device) -> Result<Volume> {
         let VolumeMode::Filesystem(fs) = req.mode else {
             unreachable!("publish_filesystem of a block request");
         };
@@ -183,6 +216,7 @@ impl Volumes {
             mount_id: None,
             complete: false,
             ro_set: false,
+            walk: None,
             binds: Vec::new(),
         };
         self.store.save(&vol)?;
@@ -214,42 +248,132 @@ impl Volumes {
         vol.mount_id = Some(id);
         vol.complete = vol.fs_group.is_none() || vol.mounted_read_only();
         self.store.save(&vol)?;
-
-        // fsGroup, from the mount's own fd. Nothing of the agent's may hold
-        // the mount when an undo takes it down (an fd on it, even O_PATH,
-        // makes umount fail with EBUSY): `fd` goes first.
-        let report = self.walk(&vol, &fd, cancel);
-        drop(fd);
-        let report = report?;
-        if !vol.complete {
-            vol.complete = true;
-            self.store.save(&vol)?;
-        }
         undo.done();
-        Ok((vol, report))
+
+        // fsGroup: from here on the publish belongs to the volume. Its walk
+        // runs on a thread of its own, from the mount's own fd; the one undo
+        // a failed walk has is Unpublish's (walking.rs).
+        if !vol.complete {
+            self.start_walk(&mut vol, fd)?;
+        }
+        Ok(vol)
+    }
+
+    /// Starts the fsGroup walk of `vol` (mounted and recorded, not complete)
+    /// on a thread of its own, holding `fd` (the mount's root) until it
+    /// ends; the job is kept in the volume.
+    fn start_walk(&self, vol: &mut Volume, fd: OwnedFd) -> Result<Arc<WalkJob>> {
+        let job = Arc::new(WalkJob::new());
+        let (table, walking, j) = (self.shared(), vol.clone(), Arc::clone(&job));
+        std::thread::Builder::new()
+            .name("fsgroup-walk".into())
+            .spawn(move || table.run_walk(&walking, fd, &j))
+            .map_err(|e| SysError::new("clone", "a thread for the fsGroup walk", e))?;
+        vol.walk = Some(Arc::clone(&job));
+        Ok(job)
+    }
+
+    /// The walk thread: walks, lets go of the mount, then finishes the
+    /// publish under the volume's lock and tells every waiter.
+    fn run_walk(&self, vol: &Volume, fd: OwnedFd, job: &Arc<WalkJob>) {
+        let cancel = job.cancel(&self.stop_token());
+        let walked = self.walk(vol, &fd, &cancel, Some(job));
+        // Nothing of the walk's may hold the mount when it is taken down
+        // (an fd on it, even O_PATH, makes umount fail with EBUSY).
+        drop(fd);
+        job.ended();
+        let outcome = self.finish_walk(&vol.id, job, walked, &cancel);
+        job.finish(outcome);
+    }
+
+    /// Takes the walk's outcome under the volume's lock: the volume
+    /// complete (recorded, then listed ready), or, when the walk or the
+    /// record failed, the volume taken down as by Unpublish. An Unpublish or
+    /// a Shutdown that stopped the walk holds the lock and takes the volume
+    /// down itself: `cancel` (fired by them) gives the lock up.
+    fn finish_walk(
+        &self,
+        id: &str,
+        job: &Arc<WalkJob>,
+        walked: Result<Option<Report>>,
+        cancel: &Cancel,
+    ) -> Outcome {
+        let failed = |e: &crate::error::Error| Outcome::Failed {
+            code: e.code(),
+            message: e.to_string(),
+        };
+        let Some(slot) = self.existing_slot(id) else {
+            return walked.map_or_else(|e| failed(&e), Outcome::Done);
+        };
+        let mut guard = match lock_slot(&slot, id, cancel) {
+            Ok(g) => g,
+            Err(e) => return failed(&walked.err().unwrap_or(e)),
+        };
+        let ours = guard
+            .as_ref()
+            .and_then(|v| v.walk.as_ref())
+            .is_some_and(|j| Arc::ptr_eq(j, job));
+        if !ours {
+            return walked.map_or_else(|e| failed(&e), Outcome::Done);
+        }
+        let recorded = walked.and_then(|report| {
+            let vol = guard.as_mut().expect("checked above");
+            let mut done = vol.clone();
+            done.complete = true;
+            done.walk = None;
+            self.store.save(&done)?;
+            *vol = done;
+            self.index.show(vol);
+            Ok(report)
+        });
+        let outcome = match recorded {
+            Ok(report) => Outcome::Done(report),
+            Err(e) => {
+                warn!(self.log, "publish failed after mounting; unpublishing the volume";
+                      "volume" => id, "error" => %e);
+                if let Err(undo) = self.unpublish_locked(&mut guard, &Cancel::never()) {
+                    warn!(self.log, "could not take the volume down; the next unpublish or start does";
+                          "volume" => id, "error" => %undo);
+                }
+                failed(&e)
+            }
+        };
+        let gone = guard.is_none();
+        drop(guard);
+        drop(slot);
+        if gone {
+            self.forget_slot(id);
+        }
+        outcome
     }
 
     /// The fsGroup walk of a freshly mounted volume (if asked for and
-    /// writable), from the mount's own fd, its progress logged every 10 s.
+    /// writable), from the mount's own fd; its progress is kept in `job`
+    /// (ListVolumes) and logged every 10 s.
     pub(crate) fn walk(
         &self,
         vol: &Volume,
         fd: &OwnedFd,
         cancel: &Cancel,
+        job: Option<&WalkJob>,
     ) -> Result<Option<Report>> {
-        let Some(g) = vol.fs_group else {
+        let Some(g) = vol.fs_group.filter(|_| !vol.mounted_read_only()) else {
             return Ok(None);
         };
-        if vol.mounted_read_only() {
-            return Ok(Some(Report {
-                skipped: true,
-                ..Default::default()
-            }));
-        }
+        // Milliseconds since the walk started at the last log line.
+        let logged = AtomicU64::new(0);
         let progress = |p: &Report| {
+            if let Some(job) = job {
+                job.progress(p.visited);
+            }
+            let ms = u64::try_from(p.duration.as_millis()).unwrap_or(u64::MAX);
+            if ms.saturating_sub(logged.load(Ordering::Relaxed)) < LOG_EVERY_MS {
+                return;
+            }
+            logged.store(ms, Ordering::Relaxed);
             info!(self.log, "fsGroup walk in progress"; "volume" => &vol.id,
                   "visited" => p.visited, "changed" => p.changed, "errors" => p.errors,
-                  "elapsed_ms" => u64::try_from(p.duration.as_millis()).unwrap_or(u64::MAX));
+                  "elapsed_ms" => ms);
         };
         let r = walk::run(&Walk {
             open_at: &beneath::proc_path(fd.as_fd()),
@@ -257,10 +381,13 @@ impl Volumes {
             gid: g.gid,
             policy: g.policy,
             read_only: false,
-            every: Duration::from_secs(10),
+            every: PROGRESS_EVERY,
             progress: &progress,
             cancel,
         })?;
+        if let Some(job) = job {
+            job.progress(r.visited);
+        }
         info!(self.log, "fsGroup applied"; "volume" => &vol.id, "gid" => g.gid,
               "skipped" => r.skipped, "visited" => r.visited, "changed" => r.changed,
               "errors" => r.errors,

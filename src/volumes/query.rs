@@ -22,6 +22,7 @@ impl Volumes {
     /// Usage and condition of a volume (semantics.md §5).
     pub fn stats(&self, id: &str, cancel: &Cancel) -> Result<(Option<Measured>, Condition)> {
         self.with_volume(id, cancel, |vol| {
+            vol.not_publishing()?;
             let rel = vol.rel();
             let fs = match vol.mode {
                 VolumeMode::Filesystem(fs) => fs,
@@ -54,6 +55,7 @@ impl Volumes {
     ) -> Result<Expanded> {
         let cancel = &self.stop_with(cancel);
         self.with_volume(id, cancel, |vol| {
+            vol.not_publishing()?;
             let fs = match vol.mode {
                 VolumeMode::Filesystem(fs) => fs,
                 VolumeMode::Block => return self.expand_block(vol, required_bytes, timeout, cancel),

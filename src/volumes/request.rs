@@ -107,6 +107,20 @@ pub struct VolumeInfo {
     pub block: bool,
     /// The device's size in bytes when it was last asked (0 if unknown).
     pub device_bytes: u64,
+    /// Ready, or still publishing (its fsGroup walk runs).
+    pub state: VolumeState,
+    /// While publishing: entries the fsGroup walk has visited so far.
+    pub ownership_done: u64,
+}
+
+/// Whether a volume's publish has finished.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VolumeState {
+    /// Published: every step done.
+    #[default]
+    Ready,
+    /// Mounted, its fsGroup walk still running (walking.rs).
+    Publishing,
 }
 
 /// The answer to an expand.

@@ -594,6 +594,7 @@ pub(crate) fn decode(text: &(impl AsRef<[u8]> + ?Sized), root: &Path) -> Result<
         mount_id: vol_mount_id,
         complete,
         ro_set,
+        walk: None,
         binds,
     })
 }

@@ -21,15 +21,20 @@
 //!    syscall (a device's sectors are read from sysfs before its claim).
 //! 4. The state store's `problem` note: a leaf, taken alone.
 //!
-//! So a thread holds at most: a slot, then one index map or the store's
-//! note, in that order; nothing ever waits for a slot while holding
-//! anything else.
+//! 5. A walk job's phase (walking.rs): a leaf. Unpublish, holding a slot,
+//!    waits on it for the walk to let go of the mount; the walk's thread
+//!    takes the slot only after it let go, with a cancellation Unpublish
+//!    fires, so the two never wait for each other.
+//!
+//! So a thread holds at most: a slot, then one index map, the store's note
+//! or a job's phase, in that order; nothing ever waits for a slot while
+//! holding anything else.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use rustix::fs::OFlags;
@@ -75,7 +80,10 @@ pub struct Volumes {
     /// Fired by Shutdown: stops every wait and walk in flight.
     stop: Token,
     /// MAX_BINDS (smaller in tests).
-    pub(crate) max_binds: usize,
+    pub(crate) max_binds: std::sync::atomic::AtomicUsize,
+    /// The table itself, for the threads of fsGroup walks (walking.rs),
+    /// which outlive the call that started them.
+    me: Weak<Volumes>,
 }
 
 /// Locks a volume's slot, giving up when `cancel` fires (the caller left,
@@ -114,7 +122,7 @@ impl Volumes {
     /// Opens the table at `root` (created if missing; canonicalized, so a
     /// root given through a symlink is the same root) and takes back the
     /// volumes of a previous run (`recover`).
-    pub fn open(root: &Path, sysfs: Sysfs, log: Logger) -> Result<Volumes> {
+    pub fn open(root: &Path, sysfs: Sysfs, log: Logger) -> Result<Arc<Volumes>> {
         let root = Root::open(root)?;
         root.own_dir("volumes", 0o750)?;
         let store = Store::open(&root)?;
@@ -131,7 +139,7 @@ impl Volumes {
             .into_iter()
             .map(|vol| (vol.id.clone(), Arc::new(Mutex::new(Some(vol)))))
             .collect();
-        Ok(Volumes {
+        Ok(Arc::new_cyclic(|me| Volumes {
             root,
             store,
             sysfs,
@@ -140,8 +148,9 @@ impl Volumes {
             index,
             shutting_down: AtomicBool::new(false),
             stop: Token::new(Why::Shutdown),
-            max_binds: MAX_BINDS,
-        })
+            max_binds: MAX_BINDS.into(),
+            me: me.clone(),
+        }))
     }
 
     /// Why the last write to the state directory failed, while it keeps
@@ -224,6 +233,20 @@ impl Volumes {
                 slots.remove(id);
             }
         }
+    }
+
+    /// The table, shared with a thread that outlives the call (a walk).
+    pub(crate) fn shared(&self) -> Arc<Volumes> {
+        // The table is only ever made by `open`, inside an Arc, and a call
+        // on it holds a reference: the upgrade cannot fail.
+        self.me
+            .upgrade()
+            .expect("the table lives in the Arc open made")
+    }
+
+    /// The token Shutdown fires.
+    pub(crate) fn stop_token(&self) -> Token {
+        self.stop.clone()
     }
 
     /// `cancel`, also fired by Shutdown.

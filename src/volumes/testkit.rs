@@ -11,7 +11,7 @@ use crate::model::{FsType, VolumeMode};
 use crate::mount::options::parse_options;
 use crate::sys::sysfs::Sysfs;
 
-pub(crate) fn table(root: &Path) -> Volumes {
+pub(crate) fn table(root: &Path) -> std::sync::Arc<Volumes> {
     Volumes::open(root, Sysfs::system(), crate::logging::discard()).unwrap()
 }
 

@@ -29,7 +29,7 @@ impl Volumes {
         };
         let result = {
             let locked = lock_slot(&slot, id, cancel);
-            locked.and_then(|mut guard| self.unpublish_locked(&mut guard))
+            locked.and_then(|mut guard| self.unpublish_locked(&mut guard, cancel))
         };
         drop(slot);
         if result.is_ok() {
@@ -38,10 +38,21 @@ impl Volumes {
         result
     }
 
-    fn unpublish_locked(&self, guard: &mut Option<Volume>) -> Result<bool> {
+    pub(crate) fn unpublish_locked(
+        &self,
+        guard: &mut Option<Volume>,
+        cancel: &Cancel,
+    ) -> Result<bool> {
         let Some(vol) = guard.as_mut() else {
             return Ok(false);
         };
+        // A publish's fsGroup walk still running is stopped first, and
+        // waited for until it let go of the mount (milliseconds: it looks
+        // at its token between two entries).
+        if let Some(job) = &vol.walk {
+            job.stop_and_wait(&vol.id, cancel)?;
+            vol.walk = None;
+        }
         // Nothing is written on the way: an unpublish needs no space in the
         // state directory. A record that still lists binds taken down (if
         // this stops half-way) lists only what recovery drops; the table in

@@ -3,10 +3,13 @@
 //! recorded mount ids, never by a path's spelling.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rustix::fs::OFlags;
 
-use super::request::{FsGroup, PublishRequest, Source, VolumeInfo};
+use super::error::Error;
+use super::request::{FsGroup, PublishRequest, Source, VolumeInfo, VolumeState};
+use super::walking::WalkJob;
 use crate::model::{Device, MountId, RecursiveReadOnly, VolumeMode};
 use crate::mount::options::MountOptions;
 use crate::mount::unmount::Expect;
@@ -71,6 +74,9 @@ pub(crate) struct Volume {
     pub(crate) ro_set: bool,
     /// Its binds, in the order they were made.
     pub(crate) binds: Vec<Bind>,
+    /// Its publish's fsGroup walk while one runs or until its outcome is
+    /// taken (walking.rs); never recorded.
+    pub(crate) walk: Option<Arc<WalkJob>>,
 }
 
 impl Volume {
@@ -96,6 +102,20 @@ impl Volume {
                 .collect(),
             block: self.mode == VolumeMode::Block,
             device_bytes: 0,
+            state: VolumeState::Ready,
+            ownership_done: 0,
+        }
+    }
+
+    /// Refuses what needs the publish finished (stats, expand, a bind)
+    /// while the volume's fsGroup walk runs.
+    pub(crate) fn not_publishing(&self) -> Result<(), Error> {
+        match self.walk.as_ref().filter(|j| !j.finished()) {
+            Some(job) => Err(Error::StillPublishing {
+                id: self.id.clone(),
+                visited: job.visited(),
+            }),
+            None => Ok(()),
         }
     }
 
@@ -217,6 +237,7 @@ pub(crate) mod tests {
             mount_id: Some(MountId(77)),
             complete: true,
             ro_set: false,
+            walk: None,
             binds: vec![Bind {
                 target: "/r/pods/a b".into(),
                 rel: "pods/a b".into(),
