@@ -14,7 +14,8 @@
 //! 3 wire          server/ (proto ↔ domain, error → status, the quick-method rule)
 //!                 rpc/ (the bounded ttrpc transport: knows no agent type)
 //! 2 table         volumes/ (the table, its locks and side maps, publish as steps
-//!                 with one undo list, binds, block volumes, state, recovery)
+//!                 with one undo list, the walk a volume owns, binds, block
+//!                 volumes, state, recovery)
 //!                 error.rs (joins the capabilities' errors)
 //! 1 capabilities  device · probe/ · mount/ · ownership/ · stats · grow
 //!                 each owns its syscalls and its error, and says its code
