@@ -424,7 +424,7 @@ pub fn figures(work: &Path, out: &Path, runs: usize) -> Vec<Figure> {
         "bench: fsGroup 1M-entry tree made in {}",
         fmt_secs(secs(t.elapsed()))
     );
-    let runs_small = runs.clamp(1, 3);
+    let runs_small = runs.clamp(1, 2);
     let runs_1m = runs.clamp(1, 2);
     let mut fresh: Vec<(&str, u64, R<[Samples; 2]>)> = Vec::new();
     for (label, sub, entries) in points() {

@@ -24,7 +24,7 @@ use report::{Figure, Verdict};
 const USAGE: &str =
     "usage: crust-bench [--runs N] [--vm-disks N] [--vm-boots N] [--only SECTION,...] [--out DIR] [--strict]
   SECTION: fsgroup, xfs, host, size, vm, crustd (default: all)
-  --runs N      runs per contender for the heavy figures (default 7)
+  --runs N      runs per contender for the heavy figures (default 5)
   --vm-disks N  disks hot-plugged (and grown) in the VM (default 5)
   --vm-boots N  VM boots for the boot timeline (default 3)
   --out DIR     where report.md/report.json go (default <workspace>/target/bench)
@@ -42,7 +42,7 @@ struct Args {
 
 fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut a = Args {
-        runs: 7,
+        runs: 5,
         vm_disks: 5,
         vm_boots: 3,
         only: Vec::new(),
