@@ -267,7 +267,21 @@ impl Volumes {
         let (table, walking, j) = (self.shared(), vol.clone(), Arc::clone(&job));
         std::thread::Builder::new()
             .name("fsgroup-walk".into())
-            .spawn(move || table.run_walk(&walking, fd, &j))
+            .spawn(move || {
+                // A bug in the walk must not leave its waiters, and an
+                // Unpublish or Shutdown stopping it, waiting for ever.
+                let run = std::panic::AssertUnwindSafe(|| table.run_walk(&walking, fd, &j));
+                if std::panic::catch_unwind(run).is_err() {
+                    j.ended();
+                    j.finish(Outcome::Failed {
+                        code: crate::code::Code::Internal,
+                        message: format!(
+                            "the agent hit an internal fault in the fsGroup walk of volume {}; unpublish it, then publish it again",
+                            walking.id
+                        ),
+                    });
+                }
+            })
             .map_err(|e| SysError::new("clone", "a thread for the fsGroup walk", e))?;
         vol.walk = Some(Arc::clone(&job));
         Ok(job)
