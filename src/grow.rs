@@ -699,15 +699,7 @@ mod tests {
         }
         for (fs, mb) in [(FsType::Ext4, 64u64), (FsType::Xfs, 320)] {
             let disk = LoopDisk::new(mb, Some(fs.name()));
-            let m = Mounted::new(
-                &disk.device,
-                fs.name(),
-                if fs == FsType::Ext4 {
-                    "errors=remount-ro"
-                } else {
-                    ""
-                },
-            );
+            let m = Mounted::as_the_agent(&disk.device, fs.name());
             let dev = disk.agent_device();
             let before = fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, fs).unwrap();
             disk.resize(mb - 16);

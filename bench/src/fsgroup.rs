@@ -406,11 +406,7 @@ pub fn figures(work: &Path, runs: usize) -> Vec<Figure> {
             "< 1 ms",
         ),
     ];
-    let fail = |why: String| -> Vec<Figure> {
-        keys.iter()
-            .map(|(k, t, tg)| Figure::not_measured(k, t, tg, why.clone()))
-            .collect()
-    };
+    let fail = |why: String| Figure::none_measured(&keys, &why);
     let t = Instant::now();
     let tree = match build(work) {
         Ok(t) => t,

@@ -409,12 +409,7 @@ fn figure(
 /// resets of a million entries).
 pub fn figures(work: &Path, out: &Path, runs: usize) -> Vec<Figure> {
     let [k_fresh, k_correct, k_scaling, _] = keys();
-    let fail = |why: String| -> Vec<Figure> {
-        keys()
-            .iter()
-            .map(|(k, t, g)| Figure::not_measured(k, t, g, why.clone()))
-            .collect()
-    };
+    let fail = |why: String| Figure::none_measured(&keys(), &why);
     let t = Instant::now();
     let tree = match build(work) {
         Ok(t) => t,

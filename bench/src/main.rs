@@ -94,11 +94,7 @@ fn section(
                 .cloned()
                 .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_else(|| "unknown panic".into());
-            keys.iter()
-                .map(|(k, t, g)| {
-                    Figure::not_measured(k, t, g, format!("the bench panicked: {msg}"))
-                })
-                .collect()
+            Figure::none_measured(keys, &format!("the bench panicked: {msg}"))
         }
     };
     eprintln!(

@@ -75,6 +75,14 @@ impl Figure {
             data: Value::Null,
         }
     }
+
+    /// Every figure of a section (`keys`: key, title, target), none
+    /// measured, for one reason.
+    pub fn none_measured(keys: &[(&str, &str, &str)], why: &str) -> Vec<Figure> {
+        keys.iter()
+            .map(|(k, t, g)| Figure::not_measured(k, t, g, why))
+            .collect()
+    }
 }
 
 /// Formats a duration in seconds with a unit that suits it.

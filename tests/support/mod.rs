@@ -203,9 +203,18 @@ impl Agent {
     }
 
     pub fn rss_kib(&self) -> u64 {
+        self.status_kib("VmRSS:")
+    }
+
+    /// The peak resident set (VmHWM), in KiB.
+    pub fn peak_rss_kib(&self) -> u64 {
+        self.status_kib("VmHWM:")
+    }
+
+    fn status_kib(&self, field: &str) -> u64 {
         let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
         s.lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .find_map(|l| l.strip_prefix(field))
             .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
             .unwrap()
     }

@@ -38,14 +38,15 @@ pub fn envelope(method: &str, payload: &[u8], timeout: Duration) -> Vec<u8> {
 
 /// A request frame for `method` with an encoded message.
 pub fn request(stream: u32, method: &str, msg: &impl Message) -> Vec<u8> {
+    request_within(stream, method, msg, Duration::from_secs(30))
+}
+
+/// The same, with the deadline `timeout` (the envelope's `timeout_nano`).
+pub fn request_within(stream: u32, method: &str, msg: &impl Message, timeout: Duration) -> Vec<u8> {
     frame(
         stream,
         1,
-        &envelope(
-            method,
-            &msg.write_to_bytes().unwrap(),
-            Duration::from_secs(30),
-        ),
+        &envelope(method, &msg.write_to_bytes().unwrap(), timeout),
     )
 }
 
