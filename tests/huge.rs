@@ -296,6 +296,64 @@ fn a_crash_mid_walk_is_finished_by_the_next_publish() {
 }
 
 #[test]
+fn a_walk_whose_end_cannot_be_recorded_takes_the_volume_down() {
+    if !privileged() {
+        return;
+    }
+    let (disk, entries) = tree_disk(60_000);
+    // The state directory on a filesystem of its own, filled mid-walk.
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("root/state");
+    std::fs::create_dir_all(&state).unwrap();
+    run(
+        "mount",
+        &[
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=64k,mode=700",
+            "crust-state",
+            state.to_str().unwrap(),
+        ],
+    );
+    let a = Agent::start_in(dir);
+    let req = walk_req("full", &disk, GID);
+    let (code, msg) = publish_with_deadline(&a, &req, Duration::from_millis(5));
+    assert_eq!(code, "DEADLINE_EXCEEDED", "{msg}");
+    let filler = state.join("filler");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).unwrap();
+        while f.write_all(&[0u8; 4096]).is_ok() {}
+    }
+    // The same publish joins the walk and hears how it ended: the volume
+    // could not be recorded complete, so it was taken down.
+    let joined = a.client().publish_volume(ctx(), &req);
+    let said = said(&joined);
+    assert!(
+        said.starts_with("RESOURCE_EXHAUSTED") && said.contains("no space left"),
+        "{said}"
+    );
+    assert!(listed(&a, "full").is_none());
+    assert!(mounts_of(&disk.path()).is_empty());
+    assert!(
+        a.log().contains("publish failed after mounting; unpublishing the volume"),
+        "{}",
+        a.log()
+    );
+    // Space again: the same publish walks the tree again and is complete.
+    std::fs::remove_file(&filler).unwrap();
+    let done = a.client().publish_volume(ctx(), &req).unwrap();
+    assert_eq!(done.ownership.as_ref().unwrap().visited, entries);
+    a.client()
+        .unpublish_volume(ctx(), &unpublish_req("full"))
+        .unwrap();
+    let dir = a.kill9();
+    run("umount", &[state.to_str().unwrap()]);
+    drop(dir);
+}
+
+#[test]
 fn memory_stays_bounded_through_a_huge_directory_and_a_deep_tree() {
     if !privileged() {
         return;
