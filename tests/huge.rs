@@ -337,7 +337,8 @@ fn a_walk_whose_end_cannot_be_recorded_takes_the_volume_down() {
     assert!(listed(&a, "full").is_none());
     assert!(mounts_of(&disk.path()).is_empty());
     assert!(
-        a.log().contains("publish failed after mounting; unpublishing the volume"),
+        a.log()
+            .contains("publish failed after mounting; unpublishing the volume"),
         "{}",
         a.log()
     );
