@@ -49,6 +49,12 @@ pub enum ConnectError {
         port: u32,
         timeout: Duration,
     },
+    #[error("{waiting} earlier connections to the hybrid vsock backend {} are still unanswered (CONNECT {port}): its guest is not accepting (hung, paused, or the backend lost the VM's vsock); not asking again until one is answered", .path.display())]
+    Unanswered {
+        path: PathBuf,
+        port: u32,
+        waiting: usize,
+    },
     #[error("stopped waiting for the hybrid vsock backend {} to answer CONNECT {port}: the caller gave up on it (has its VM stopped?)", .path.display())]
     HandshakeGivenUp { path: PathBuf, port: u32 },
     #[error("{call} failed while connecting to {addr}: {source}")]
@@ -125,6 +131,7 @@ pub fn connect_stream_until(
             s.as_fd().try_clone_to_owned().map_err(|e| io_err("dup", e))
         }
         Address::Hvsock { path, port } => {
+            hvsock::admit(path, *port)?;
             let s = connect_unix(&name, path, deadline, timeout)?;
             let s = hvsock::handshake(s, path, *port, deadline, timeout, keep_waiting)?;
             Ok(OwnedFd::from(s))

@@ -12,11 +12,17 @@
 //! of time hands its stream to a reaper thread, which keeps it open until
 //! the backend answers (`OK`, or the close that means "nobody listens") or
 //! goes away. The caller gets its timeout at once all the same.
+//!
+//! What one backend can make a process hold is bounded: with
+//! [`MAX_PARKED_PER_BACKEND`] of its `CONNECT`s unanswered (a guest hung or
+//! paused, or a backend that lost the VM's vsock), no new one is sent to it
+//! ([`admit`] refuses at once) until one is answered. So a sandbox whose
+//! guest never answers costs a few descriptors, not the process's limit.
 
 use std::{
     io::{self, Read, Write},
     os::unix::net::UnixStream,
-    path::Path,
+    path::{Path, PathBuf},
     sync::{Mutex, OnceLock},
     time::{Duration, Instant},
 };
@@ -27,10 +33,12 @@ use crate::connect::ConnectError;
 const MAX_LINE: usize = 256;
 /// How long one read waits before the caller's `keep_waiting` is asked again.
 const SLICE: Duration = Duration::from_millis(250);
-/// Streams whose `CONNECT` is still unanswered, held at most this many.
-/// Past it a timed-out stream is closed (the risk above), so that a caller
-/// looping against a backend that never answers cannot exhaust descriptors.
-const MAX_PARKED: usize = 1024;
+/// Unanswered `CONNECT`s held for one backend; a new `CONNECT` to a backend
+/// with this many is refused before it is sent ([`admit`]).
+pub const MAX_PARKED_PER_BACKEND: usize = 8;
+/// Unanswered `CONNECT`s held in all, whatever the backends. Past it a
+/// timed-out stream is closed (the risk above) rather than held.
+const MAX_PARKED: usize = 256;
 /// How often the reaper looks at the parked streams.
 const REAP_EVERY: Duration = Duration::from_millis(100);
 
@@ -96,18 +104,18 @@ pub(crate) fn handshake(
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            park(s);
+            park(s, path);
             return Err(timed_out());
         }
         if !keep_waiting() {
-            park(s);
+            park(s, path);
             return Err(ConnectError::HandshakeGivenUp {
                 path: path.to_path_buf(),
                 port,
             });
         }
         if let Err(e) = s.set_read_timeout(Some(left.min(SLICE))) {
-            park(s);
+            park(s, path);
             return Err(io_err("setsockopt", e));
         }
         let mut byte = [0u8; 1];
@@ -155,10 +163,11 @@ fn describe_reply(line: &[u8], closed: bool) -> String {
     }
 }
 
-/// Streams whose `CONNECT` is unanswered, until the reaper lets them go.
-static PARKED: OnceLock<Mutex<Vec<UnixStream>>> = OnceLock::new();
+/// Streams whose `CONNECT` is unanswered, with their backend, until the
+/// reaper lets them go.
+static PARKED: OnceLock<Mutex<Vec<(PathBuf, UnixStream)>>> = OnceLock::new();
 
-fn parked() -> &'static Mutex<Vec<UnixStream>> {
+fn parked() -> &'static Mutex<Vec<(PathBuf, UnixStream)>> {
     PARKED.get_or_init(|| {
         // One reaper for the process, started with the first parked stream.
         let _ = std::thread::Builder::new()
@@ -168,15 +177,38 @@ fn parked() -> &'static Mutex<Vec<UnixStream>> {
     })
 }
 
-/// Keeps `s` open until the backend answers its `CONNECT`.
-fn park(s: UnixStream) {
+/// Keeps `s` open until the backend at `path` answers its `CONNECT`.
+fn park(s: UnixStream, path: &Path) {
     if s.set_nonblocking(true).is_err() {
         return;
     }
     let mut p = parked().lock().unwrap_or_else(|e| e.into_inner());
-    if p.len() < MAX_PARKED {
-        p.push(s);
+    let mine = p.iter().filter(|(b, _)| b == path).count();
+    if p.len() < MAX_PARKED && mine < MAX_PARKED_PER_BACKEND {
+        p.push((path.to_path_buf(), s));
     }
+}
+
+/// Refuses, before anything is sent, a `CONNECT` to the backend at `path`
+/// while [`MAX_PARKED_PER_BACKEND`] of its earlier ones are unanswered.
+pub(crate) fn admit(path: &Path, port: u32) -> Result<(), ConnectError> {
+    let Some(p) = PARKED.get() else {
+        return Ok(());
+    };
+    let waiting = p
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|(b, _)| b == path)
+        .count();
+    if waiting >= MAX_PARKED_PER_BACKEND {
+        return Err(ConnectError::Unanswered {
+            path: path.to_path_buf(),
+            port,
+            waiting,
+        });
+    }
+    Ok(())
 }
 
 /// How many hybrid vsock `CONNECT`s this process gave up on are still
@@ -208,7 +240,7 @@ fn reap() {
     loop {
         std::thread::sleep(REAP_EVERY);
         let mut p = parked().lock().unwrap_or_else(|e| e.into_inner());
-        p.retain_mut(|s| {
+        p.retain_mut(|(_, s)| {
             let mut b = [0u8; 256];
             match s.read(&mut b) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => true,
@@ -387,6 +419,67 @@ mod tests {
         go.send(()).unwrap();
         let (wrote, _) = backend.join().unwrap();
         wrote.expect("the backend could write its answer");
+    }
+
+    /// Issue 21, defect 3: every call to a guest that never answers parked
+    /// one more stream, up to 1,024: the descriptors of the whole process.
+    #[test]
+    fn a_backend_that_never_answers_holds_a_few_descriptors_and_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.sock");
+        let l = UnixListener::bind(&path).unwrap();
+        // Accepts and reads CONNECT, never answers: a hung or paused guest.
+        let held = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let h = held.clone();
+        thread::spawn(move || {
+            for s in l.incoming().flatten() {
+                h.lock().unwrap().push(s);
+            }
+        });
+        let addr = Address::Hvsock {
+            path: path.clone(),
+            port: 1024,
+        };
+        let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+        for _ in 0..MAX_PARKED_PER_BACKEND {
+            let err = connect_stream(&addr, Duration::from_millis(50)).unwrap_err();
+            assert!(
+                matches!(err, ConnectError::HandshakeTimedOut { .. }),
+                "{err}"
+            );
+        }
+        let before = fds();
+        let t0 = Instant::now();
+        for _ in 0..200 {
+            let err = connect_stream(&addr, Duration::from_secs(30)).unwrap_err();
+            assert!(matches!(err, ConnectError::Unanswered { .. }), "{err}");
+            assert!(err.to_string().contains("still unanswered"), "{err}");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        assert!(fds() <= before + 2, "{} > {before}", fds());
+        assert_eq!(
+            held.lock().unwrap().len(),
+            MAX_PARKED_PER_BACKEND,
+            "no CONNECT sent past the bound"
+        );
+        // Another backend is not refused.
+        let (other, backend) = super::tests::backend_ok(dir.path());
+        connect_stream(&other, Duration::from_secs(5)).unwrap();
+        backend.join().unwrap();
+        // Once the backend answers (here: closes), it is admitted again.
+        held.lock().unwrap().clear();
+        let t = Instant::now();
+        while admit(&path, 1024).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(5));
+            thread::sleep(REAP_EVERY);
+        }
+    }
+
+    /// A backend in `dir` answering one CONNECT with OK.
+    pub(super) fn backend_ok(dir: &Path) -> (Address, thread::JoinHandle<String>) {
+        let d = dir.join("ok");
+        std::fs::create_dir_all(&d).unwrap();
+        backend(&d, b"OK 1\n", b"")
     }
 
     #[test]

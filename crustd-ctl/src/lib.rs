@@ -126,6 +126,37 @@ impl Kubelet {
             .map(|_| ())
     }
 
+    /// RuntimeUnpublishVolume with a gRPC deadline, as kubelet sends one.
+    pub fn unpublish_within(
+        &self,
+        sandbox: &str,
+        volume: &str,
+        deadline: Duration,
+    ) -> Result<(), Status> {
+        let mut r = tonic::Request::new(pb::RuntimeUnpublishVolumeRequest {
+            sandbox_id: sandbox.into(),
+            host_volume_id: volume.into(),
+        });
+        r.set_timeout(deadline);
+        self.call(|mut c| async move { c.runtime_unpublish_volume(r).await })
+            .map(|_| ())
+    }
+
+    /// RuntimeGetVolumeStats with a gRPC deadline, as kubelet sends one.
+    pub fn stats_within(
+        &self,
+        sandbox: &str,
+        volume: &str,
+        deadline: Duration,
+    ) -> Result<pb::RuntimeGetVolumeStatsResponse, Status> {
+        let mut r = tonic::Request::new(pb::RuntimeGetVolumeStatsRequest {
+            sandbox_id: sandbox.into(),
+            host_volume_id: volume.into(),
+        });
+        r.set_timeout(deadline);
+        self.call(|mut c| async move { c.runtime_get_volume_stats(r).await })
+    }
+
     pub fn stats(
         &self,
         sandbox: &str,

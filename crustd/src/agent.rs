@@ -4,7 +4,12 @@
 //! dropped and the call tried once more on a fresh one; every agent call is
 //! idempotent, so the retry is safe. An agent that cannot be reached or does
 //! not answer is UNAVAILABLE; an agent that answers with an error has its
-//! code and message passed through unchanged.
+//! code and message passed through, the message bounded.
+//!
+//! The guest is untrusted: what it answers is checked and bounded before
+//! crustd records it or passes it on. A guest path must be the agent's
+//! `<root>/volumes/<volume id>`; usage counts must be counts; messages are
+//! cut at [`MAX_MESSAGE`] bytes.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -14,6 +19,7 @@ use crust_client::proto as pb;
 use crust_client::{protobuf::MessageField, Address, CallError, CrustClient};
 
 use crate::error::{Code, Error, Result};
+use crate::volumes::{Stats, Usage};
 
 /// Open connections by sandbox id, with the address they were made to.
 pub type Connections = Mutex<HashMap<String, (String, CrustClient)>>;
@@ -30,6 +36,9 @@ pub struct Agent<'a> {
     pub timeout: Duration,
     /// How long the agent may wait for a disk to appear or grow.
     pub device_wait: Duration,
+    /// When the caller (kubelet) gives up: its gRPC deadline. None: it set
+    /// none, and a publish gets crustd's own `--agent-timeout`.
+    pub deadline: Option<Instant>,
 }
 
 /// What an agent publish needs.
@@ -43,9 +52,6 @@ pub struct Publish<'a> {
     pub fs_group: Option<(u32, bool)>,
     /// volumeMode: Block: the raw device, no filesystem.
     pub block: bool,
-    /// When the caller (kubelet) gives up: its gRPC deadline. None: it set
-    /// none, and the agent gets crustd's own `--agent-timeout`.
-    pub deadline: Option<Instant>,
 }
 
 /// How long the agent's answer may take to come back, past the deadline it was
@@ -124,7 +130,9 @@ impl Agent<'_> {
 
     fn sort(&self, e: CallError) -> Error {
         match e {
-            CallError::Status { code, message } => Error::new(Code::from_name(&code), message),
+            CallError::Status { code, message } => {
+                Error::new(Code::from_name(&code), bounded(&message))
+            }
             other => Error::unavailable(format!(
                 "the agent of sandbox {} at {}: {other}",
                 self.sandbox, self.addr
@@ -159,7 +167,7 @@ impl Agent<'_> {
             .into();
             r.fs_group = MessageField::some(g);
         }
-        let (told, wait) = match p.deadline {
+        let (told, wait) = match self.deadline {
             Some(d) => publish_deadlines(d.saturating_duration_since(Instant::now())),
             None => {
                 let told = crust_client::deadline_for_wait(self.timeout, r.timeout_ms);
@@ -174,7 +182,17 @@ impl Agent<'_> {
             Err(CallError::Connection { .. }) => once(),
             other => other,
         };
-        out.map(|resp| resp.guest_path).map_err(|e| self.sort(e))
+        let guest_path = out.map(|resp| resp.guest_path).map_err(|e| self.sort(e))?;
+        check_guest_path(p.volume_id, &guest_path).map_err(|why| {
+            Error::precondition(format!(
+                "the agent of sandbox {} answered the guest path {} for volume {}, which crustd refuses: {why}; the agent at {} is not one crustd can trust",
+                self.sandbox,
+                shown(&guest_path),
+                p.volume_id,
+                self.addr
+            ))
+        })?;
+        Ok(guest_path)
     }
 
     /// Whether the agent lists `volume_id` (mounted, its walk running or done).
@@ -190,11 +208,17 @@ impl Agent<'_> {
         self.call(|c| c.unpublish_volume(&r)).map(|_| ())
     }
 
-    /// GetVolumeStats, as the agent answers it.
-    pub fn stats(&self, volume_id: &str) -> Result<pb::GetVolumeStatsResponse> {
+    /// GetVolumeStats: the usage and condition the agent answers, checked.
+    pub fn stats(&self, volume_id: &str) -> Result<Stats> {
         let mut r = pb::GetVolumeStatsRequest::new();
         r.volume_id = volume_id.into();
-        self.call(|c| c.get_volume_stats(&r))
+        let s = self.call(|c| c.get_volume_stats(&r))?;
+        stats_of(&s).map_err(|why| {
+            Error::precondition(format!(
+                "the agent of sandbox {} answered stats for volume {volume_id} that crustd refuses: {why}",
+                self.sandbox
+            ))
+        })
     }
 
     /// ExpandVolume; answers the capacity in bytes.
@@ -203,14 +227,166 @@ impl Agent<'_> {
         r.volume_id = volume_id.into();
         r.required_bytes = required_bytes;
         r.timeout_ms = self.wait_ms();
-        self.call(|c| c.expand_volume(&r))
-            .map(|resp| resp.capacity_bytes)
+        let capacity = self.call(|c| c.expand_volume(&r))?.capacity_bytes;
+        if capacity < required_bytes {
+            return Err(Error::precondition(format!(
+                "the agent of sandbox {} answered a capacity of {capacity} bytes for volume {volume_id}, less than the {required_bytes} asked for, without an error: crustd refuses it",
+                self.sandbox
+            )));
+        }
+        Ok(capacity)
     }
+}
+
+/// The longest message from the agent passed on (an error's, a volume
+/// condition's): a sentence, not a file.
+pub const MAX_MESSAGE: usize = 4096;
+
+/// The longest guest path taken (PATH_MAX).
+const MAX_GUEST_PATH: usize = 4096;
+
+/// `text` cut at [`MAX_MESSAGE`] bytes (on a character boundary), saying so.
+fn bounded(text: &str) -> String {
+    if text.len() <= MAX_MESSAGE {
+        return text.to_string();
+    }
+    let mut end = MAX_MESSAGE;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{}… ({} bytes in all, cut by crustd)",
+        &text[..end],
+        text.len()
+    )
+}
+
+/// An answer from the guest, shown in a message: escaped and at most 80 characters.
+fn shown(text: &str) -> String {
+    let cut: String = text.chars().take(80).collect();
+    let more = if cut.len() < text.len() {
+        format!(" ({} bytes in all)", text.len())
+    } else {
+        String::new()
+    };
+    format!("{cut:?}{more}")
+}
+
+/// Whether `path` can be the agent's `<root>/volumes/<volume_id>`: an
+/// absolute, normal path (no empty, `.` or `..` component) of at most
+/// PATH_MAX bytes, without control characters, whose last two components
+/// are `volumes` and the volume's id.
+pub fn check_guest_path(volume_id: &str, path: &str) -> std::result::Result<(), String> {
+    if path.len() > MAX_GUEST_PATH {
+        return Err(format!("it has {} bytes, more than PATH_MAX", path.len()));
+    }
+    if path.chars().any(char::is_control) {
+        return Err("it holds control characters".into());
+    }
+    let Some(rest) = path.strip_prefix('/') else {
+        return Err("it is not absolute".into());
+    };
+    let parts: Vec<&str> = rest.split('/').collect();
+    if parts
+        .iter()
+        .any(|p| p.is_empty() || *p == "." || *p == "..")
+    {
+        return Err("it is not a normal path (an empty, . or .. component)".into());
+    }
+    match parts.as_slice() {
+        [.., "volumes", id] if *id == volume_id => Ok(()),
+        _ => Err(format!("it is not <root>/volumes/{volume_id}")),
+    }
+}
+
+/// The usage and condition of a stats answer, checked: each count at least
+/// 0 and used at most total, one entry per unit at most, the message bounded.
+fn stats_of(s: &pb::GetVolumeStatsResponse) -> std::result::Result<Stats, String> {
+    let mut usage = Vec::new();
+    for u in &s.usage {
+        let inodes = match u.unit.enum_value() {
+            Ok(pb::volume_usage::Unit::BYTES) => false,
+            Ok(pb::volume_usage::Unit::INODES) => true,
+            _ => return Err(format!("a usage in unit {}", u.unit.value())),
+        };
+        if usage.iter().any(|x: &Usage| x.inodes == inodes) {
+            return Err("two usages in one unit".into());
+        }
+        if u.available < 0 || u.total < 0 || u.used < 0 || u.used > u.total {
+            return Err(format!(
+                "available {}, total {}, used {} are not counts of one volume",
+                u.available, u.total, u.used
+            ));
+        }
+        usage.push(Usage {
+            available: u.available,
+            total: u.total,
+            used: u.used,
+            inodes,
+        });
+    }
+    Ok(Stats {
+        usage,
+        abnormal: s.condition.abnormal,
+        message: bounded(&s.condition.message),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_guest_path_is_the_agents_volume_path_and_nothing_else() {
+        let id = "crustd-0123456789abcdef";
+        for ok in [
+            format!("/run/crust/volumes/{id}"),
+            format!("/volumes/{id}"),
+            format!("/a b/volumes/{id}"),
+        ] {
+            assert_eq!(check_guest_path(id, &ok), Ok(()), "{ok}");
+        }
+        let huge = format!("/{}/volumes/{id}", "\x01".repeat(700_000));
+        for (bad, says) in [
+            (format!("run/crust/volumes/{id}"), "not absolute"),
+            (format!("/run/crust/volumes/{id}/"), "not a normal path"),
+            (format!("/run/../volumes/{id}"), "not a normal path"),
+            (format!("/run//volumes/{id}"), "not a normal path"),
+            ("/run/crust/volumes/other".to_string(), "not <root>/volumes"),
+            (format!("/run/crust/{id}"), "not <root>/volumes"),
+            (format!("/run/\u{1}/volumes/{id}"), "control"),
+            (format!("/run/x\ny/volumes/{id}"), "control"),
+            ("/etc/passwd".to_string(), "not <root>/volumes"),
+            (huge, "more than PATH_MAX"),
+        ] {
+            let why = check_guest_path(id, &bad).unwrap_err();
+            assert!(why.contains(says), "{bad:?}: {why}");
+        }
+        assert!(shown(&"\u{1}".repeat(1000)).len() < 1000);
+    }
+
+    #[test]
+    fn stats_are_counts_and_messages_are_bounded() {
+        let mut s = pb::GetVolumeStatsResponse::new();
+        let mut u = pb::VolumeUsage::new();
+        (u.available, u.total, u.used) = (700, 1000, 300);
+        u.unit = pb::volume_usage::Unit::BYTES.into();
+        s.usage.push(u.clone());
+        let mut c = pb::VolumeCondition::new();
+        c.message = "é".repeat(10_000);
+        s.condition = crust_client::protobuf::MessageField::some(c);
+        let st = stats_of(&s).unwrap();
+        assert_eq!(st.usage.len(), 1);
+        assert!(st.message.len() < MAX_MESSAGE + 64, "{}", st.message.len());
+        assert!(st.message.ends_with("cut by crustd)"));
+        s.usage.push(u.clone());
+        assert!(stats_of(&s).unwrap_err().contains("two usages"));
+        s.usage.pop();
+        s.usage[0].used = 1001;
+        assert!(stats_of(&s).is_err());
+        s.usage[0].used = -1;
+        assert!(stats_of(&s).is_err());
+    }
 
     #[test]
     fn the_agent_is_told_the_callers_deadline_less_a_margin() {

@@ -115,31 +115,72 @@ impl fmt::Display for Extent {
 #[derive(Debug)]
 pub struct Hold(#[allow(dead_code)] File);
 
-/// Resolves `host_volume_id` to a block device and opens it; anything else
-/// is INVALID_ARGUMENT.
-pub fn resolve(host_volume_id: &str) -> Result<HostDevice> {
-    check_path(host_volume_id)?;
-    let md = fs::metadata(host_volume_id).map_err(|e| {
-        Error::invalid(format!(
-            "host_volume_id {host_volume_id} is not a block device on this host: {e}"
-        ))
-    })?;
-    if !md.file_type().is_block_device() {
-        let kind = if md.is_dir() {
-            "a directory"
-        } else if md.is_file() {
-            "a regular file (attach it with losetup and give the /dev/loopN)"
-        } else {
-            "not a block device"
+/// What a path given as a volume's device is, when it is not a block device.
+#[derive(Debug)]
+pub enum NotBlock {
+    /// Nothing there, or nothing crustd can look at.
+    Missing(io::Error),
+    /// A directory.
+    Directory,
+    /// A regular file (an image not attached to a loop device).
+    RegularFile,
+    /// Anything else: a character device, a FIFO, a socket.
+    Other,
+}
+
+impl fmt::Display for NotBlock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self {
+            NotBlock::Missing(e) => return write!(f, "is not a block device on this host: {e}"),
+            NotBlock::Directory => "a directory",
+            NotBlock::RegularFile => {
+                "a regular file (attach it with losetup and give the /dev/loopN)"
+            }
+            NotBlock::Other => "not a block device",
         };
-        return Err(Error::invalid(format!(
-            "host_volume_id {host_volume_id} is {kind}: give the block device of the volume, e.g. /dev/sdx"
-        )));
+        write!(
+            f,
+            "is {kind}: give the block device of the volume, e.g. /dev/sdx"
+        )
+    }
+}
+
+/// Why [`open_block`] did not open a device.
+#[derive(Debug)]
+pub enum Unusable {
+    /// The path is not a block device: the caller says who named it.
+    NotBlock(NotBlock),
+    /// A block device that cannot be opened now, or changed while opened.
+    Failed(Error),
+}
+
+/// Opens the block device at `path` (a symlink to one is fine), read-only and
+/// not exclusively; anything but a block device is [`Unusable::NotBlock`].
+pub fn open_block(path: &str) -> std::result::Result<HostDevice, Unusable> {
+    let md = fs::metadata(path).map_err(|e| Unusable::NotBlock(NotBlock::Missing(e)))?;
+    if !md.file_type().is_block_device() {
+        return Err(Unusable::NotBlock(if md.is_dir() {
+            NotBlock::Directory
+        } else if md.is_file() {
+            NotBlock::RegularFile
+        } else {
+            NotBlock::Other
+        }));
     }
     // Only now is it opened: opening some character devices does things.
     // A block device that cannot be opened (no medium, a policy) is
     // FAILED_PRECONDITION: the argument is right, the device is not ready.
-    open_node(Path::new(host_volume_id), host_volume_id, md.rdev())
+    open_node(Path::new(path), path, md.rdev()).map_err(Unusable::Failed)
+}
+
+/// Resolves `host_volume_id` to a block device and opens it; anything else
+/// is INVALID_ARGUMENT.
+pub fn resolve(host_volume_id: &str) -> Result<HostDevice> {
+    check_path(host_volume_id)?;
+    open_block(host_volume_id).map_err(|e| match e {
+        Unusable::NotBlock(n) => Error::invalid(format!("host_volume_id {host_volume_id} {n}")),
+        Unusable::Failed(e) => e,
+    })
 }
 
 /// Opens the device a record names by `MAJOR:MINOR` (after a restart),
@@ -300,8 +341,9 @@ impl HostDevice {
 
 /// The processes other than crustd that have block device `rdev`
 /// (`MAJOR:MINOR`) open, in words ("process 12 (qemu-system-x86)"): a VMM
-/// whose monitor is gone but which still has the device would be one.
-pub fn openers(rdev: &str) -> Vec<String> {
+/// whose monitor is gone but which still has the device would be one. Only
+/// `devices` asks, before it frees a device.
+pub(crate) fn openers(rdev: &str) -> Vec<String> {
     match parse_dev(rdev) {
         Some((maj, min)) => users::openers(&Host::system(), rfs::makedev(maj, min)),
         None => Vec::new(),

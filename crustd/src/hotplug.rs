@@ -171,6 +171,37 @@ fn wait_deleted(q: &mut Qmp, id: &str, timeout: Duration) -> Result<()> {
     }
 }
 
+/// Asks QEMU to detach the device (device_del) if it still has it, without
+/// waiting for the guest; answers whether it had it.
+pub fn request_unplug(q: &mut Qmp, names: &Names) -> Result<bool> {
+    if !device_present(q, &names.device)? {
+        return Ok(false);
+    }
+    if let Err(e) = q.execute("device_del", Some(json!({ "id": names.device }))) {
+        // Already on its way out (a device_del before a restart): just wait.
+        let leaving = matches!(&e, QmpError::Refused { desc, .. } if desc.contains("in the process of unplug"));
+        if !leaving {
+            return Err(e.during(&format!("to detach {} (device_del)", names.device)));
+        }
+    }
+    Ok(true)
+}
+
+/// Whether QEMU no longer lists the device (the guest let go of it).
+pub fn device_gone(q: &mut Qmp, names: &Names) -> Result<bool> {
+    Ok(!device_present(q, &names.device)?)
+}
+
+/// Removes the block node (blockdev-del) if QEMU still has it; answers whether it had it.
+pub fn remove_node(q: &mut Qmp, names: &Names) -> Result<bool> {
+    if node_info(q, &names.node)?.is_none() {
+        return Ok(false);
+    }
+    q.execute("blockdev-del", Some(json!({ "node-name": names.node })))
+        .map_err(|e| e.during(&format!("to remove node {} (blockdev-del)", names.node)))?;
+    Ok(true)
+}
+
 /// Grows QEMU's view of `node` to `bytes` when it is smaller (the guest is
 /// told by virtio's config change). Returns QEMU's size before.
 pub fn grow(q: &mut Qmp, node: &str, bytes: u64) -> Result<u64> {

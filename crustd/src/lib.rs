@@ -21,8 +21,10 @@
 //! nothing depends back on crustd.
 
 pub mod agent;
-pub mod claims;
+pub mod calls;
 pub mod ctl;
+pub mod deadline;
+pub mod devices;
 pub mod direct;
 pub mod error;
 pub mod files;

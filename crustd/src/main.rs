@@ -155,9 +155,17 @@ async fn serve(cli: Cli, listener: StdListener) -> Result<(), String> {
     }
     // Reported, not forgotten: an Unpublish frees each of their volumes.
     let c = crustd.clone();
-    let dead = tokio::task::spawn_blocking(move || c.dead_sandboxes())
-        .await
-        .unwrap_or_default();
+    let dead = match tokio::task::spawn_blocking(move || c.dead_sandboxes()).await {
+        Ok(d) => d,
+        Err(e) => {
+            // Only a report: crustd serves without it, and says so.
+            log_line(serde_json::json!({
+                "msg": "looking for sandboxes whose VM is gone failed; none are reported",
+                "error": e.to_string(),
+            }));
+            Vec::new()
+        }
+    };
     for (sandbox, why, volumes) in dead {
         log_line(serde_json::json!({
             "msg": "a sandbox's VM is gone; its volumes stay recorded until unpublished",
@@ -198,8 +206,35 @@ async fn serve(cli: Cli, listener: StdListener) -> Result<(), String> {
     served.map_err(|e| format!("serving {}: {e}", cli.socket.display()))
 }
 
+/// Raises the soft limit on open files to the hard one (systemd's default
+/// soft limit is 1,024, the hard 524,288): every sandbox's calls use a few,
+/// and what one sandbox can hold is bounded far below either (`calls`).
+/// Answers (soft before, soft now).
+fn raise_open_files() -> std::io::Result<(Option<u64>, Option<u64>)> {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut l = getrlimit(Resource::Nofile);
+    let before = l.current;
+    if l.current < l.maximum {
+        l.current = l.maximum;
+        setrlimit(Resource::Nofile, l)?;
+    }
+    Ok((before, getrlimit(Resource::Nofile).current))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    match raise_open_files() {
+        Ok((before, now)) if before != now => log_line(serde_json::json!({
+            "msg": "raised the soft limit on open files to the hard limit",
+            "from": before,
+            "to": now,
+        })),
+        Ok(_) => {}
+        Err(e) => log_line(serde_json::json!({
+            "msg": "cannot raise the soft limit on open files",
+            "error": e.to_string(),
+        })),
+    }
     let listener = match bind(&cli.socket) {
         Ok(l) => l,
         Err(e) => {
@@ -207,8 +242,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // A thread for every call at work, up to the node's bound (`calls`).
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .max_blocking_threads(crustd::calls::IN_FLIGHT + 64)
         .build()
     {
         Ok(rt) => rt,

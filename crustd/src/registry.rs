@@ -42,20 +42,69 @@ struct Entry {
     agent: String,
 }
 
-/// One sandbox, resolved.
+/// A sandbox's directory, `DIR/<id>`: where `sandbox.json` and crustd's own
+/// state live. It can outlast the VM's entry (a runtime that removed, or is
+/// rewriting, `sandbox.json`): crustd's records, and the devices they hold,
+/// are still there.
 #[derive(Debug, Clone)]
-pub struct Sandbox {
+pub struct Home {
     /// The sandbox id, as kubelet sent it.
     pub id: String,
-    /// `DIR/<id>`: where sandbox.json and crustd's own state live (for messages).
+    /// `DIR/<id>`, for messages.
     pub dir: PathBuf,
     /// That directory, opened without following a symlink: every file crustd
     /// reads or writes there is reached through it.
-    pub dirfd: Arc<OwnedFd>,
+    dirfd: Arc<OwnedFd>,
+}
+
+impl Home {
+    /// The sandbox's directory fd.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.dirfd.as_fd()
+    }
+
+    /// The VM's entry, `sandbox.json`: NOT_FOUND when there is none, and
+    /// FAILED_PRECONDITION when it is not as documented.
+    pub fn vm(&self) -> Result<Sandbox> {
+        let path = self.dir.join(SANDBOX_FILE);
+        let text = match files::read_bounded(self.fd(), SANDBOX_FILE, MAX_SANDBOX_FILE) {
+            Ok(t) => t,
+            Err(ReadError::Missing) => return Err(unknown(&self.id, &self.dir)),
+            Err(ReadError::Io(e)) => {
+                return Err(Error::internal(format!("cannot read {}: {e}", path.display())))
+            }
+            Err(e) => {
+                return Err(Error::precondition(format!(
+                    "{} is not a valid sandbox entry: {e} (at most {MAX_SANDBOX_FILE} bytes); it must be a regular file written by whoever starts the VM",
+                    path.display()
+                )))
+            }
+        };
+        let (qmp, agent) = parse(&self.dir, &text)?;
+        Ok(Sandbox {
+            home: self.clone(),
+            qmp,
+            agent,
+        })
+    }
+}
+
+/// A sandbox whose VM has its entry: where its monitor and its agent are.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    /// Its directory.
+    pub home: Home,
     /// QEMU's QMP socket.
     pub qmp: PathBuf,
     /// The agent's address.
     pub agent: Address,
+}
+
+impl Sandbox {
+    /// The sandbox id.
+    pub fn id(&self) -> &str {
+        &self.home.id
+    }
 }
 
 /// Checks a sandbox id (`crust_protocols::names::sandbox_id`: 1–128
@@ -65,29 +114,22 @@ pub fn check_id(id: &str) -> Result<()> {
     crust_protocols::names::sandbox_id(id).map_err(|e| Error::invalid(e.to_string()))
 }
 
-impl Sandbox {
-    /// The sandbox's directory fd.
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.dirfd.as_fd()
-    }
+/// NOT_FOUND for sandbox `id` (directory `sdir`) that has no entry.
+fn unknown(id: &str, sdir: &Path) -> Error {
+    Error::not_found(format!(
+        "no sandbox {id}: {} does not exist (whoever starts the VM writes it; crust-vm up --dir {} does)",
+        sdir.join(SANDBOX_FILE).display(),
+        sdir.display()
+    ))
 }
 
-/// Reads sandbox `id` from the registry `dir`.
-/// Unknown sandbox: NOT_FOUND; a file or directory that is not as
-/// documented: FAILED_PRECONDITION.
-pub fn open(dir: &Path, id: &str) -> Result<Sandbox> {
+/// Opens the directory of sandbox `id` in the registry `dir`: NOT_FOUND when
+/// there is none, FAILED_PRECONDITION when it is not a real directory.
+pub fn home(dir: &Path, id: &str) -> Result<Home> {
     check_id(id)?;
     let sdir = dir.join(id);
-    let path = sdir.join(SANDBOX_FILE);
-    let unknown = || {
-        Error::not_found(format!(
-            "no sandbox {id}: {} does not exist (whoever starts the VM writes it; crust-vm up --dir {} does)",
-            path.display(),
-            sdir.display()
-        ))
-    };
     let root = files::open_dir(dir).map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound => unknown(),
+        io::ErrorKind::NotFound => unknown(id, &sdir),
         _ => Error::internal(format!(
             "cannot open the sandbox registry {}: {e}",
             dir.display()
@@ -95,7 +137,7 @@ pub fn open(dir: &Path, id: &str) -> Result<Sandbox> {
     })?;
     let fd = match files::open_dir_at(root.as_fd(), id) {
         Ok(fd) => fd,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(unknown()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(unknown(id, &sdir)),
         Err(e) if matches!(e.raw_os_error(), Some(code) if code == rustix::io::Errno::LOOP.raw_os_error() || code == rustix::io::Errno::NOTDIR.raw_os_error()) => {
             return Err(Error::precondition(format!(
                 "{} is not a directory (a symbolic link is not followed): a sandbox is a real directory holding sandbox.json",
@@ -104,27 +146,18 @@ pub fn open(dir: &Path, id: &str) -> Result<Sandbox> {
         }
         Err(e) => return Err(Error::internal(format!("cannot open {}: {e}", sdir.display()))),
     };
-    let text = match files::read_bounded(fd.as_fd(), SANDBOX_FILE, MAX_SANDBOX_FILE) {
-        Ok(t) => t,
-        Err(ReadError::Missing) => return Err(unknown()),
-        Err(ReadError::Io(e)) => {
-            return Err(Error::internal(format!("cannot read {}: {e}", path.display())))
-        }
-        Err(e) => {
-            return Err(Error::precondition(format!(
-                "{} is not a valid sandbox entry: {e} (at most {MAX_SANDBOX_FILE} bytes); it must be a regular file written by whoever starts the VM",
-                path.display()
-            )))
-        }
-    };
-    let (qmp, agent) = parse(&sdir, &text)?;
-    Ok(Sandbox {
+    Ok(Home {
         id: id.to_string(),
         dir: sdir,
         dirfd: Arc::new(fd),
-        qmp,
-        agent,
     })
+}
+
+/// Reads sandbox `id` from the registry `dir`.
+/// Unknown sandbox: NOT_FOUND; a file or directory that is not as
+/// documented: FAILED_PRECONDITION.
+pub fn open(dir: &Path, id: &str) -> Result<Sandbox> {
+    home(dir, id)?.vm()
 }
 
 /// Whether sandbox `id` in `dir` has its `sandbox.json` (its VM is up, as

@@ -1,6 +1,7 @@
 //! The gRPC layer: protobuf ↔ plain types, crustd's error → gRPC status, and
 //! one structured log line per call. Each call's work (blocking QMP and agent
-//! I/O) runs on tokio's blocking pool, so calls for different volumes and
+//! I/O) runs through `calls` (a thread of its own, bounded per sandbox,
+//! joined by the same call made again), so calls for different volumes and
 //! sandboxes proceed at once; `volumes` serializes what must be.
 
 use std::sync::Arc;
@@ -9,11 +10,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::json;
 use tonic::{Request, Response, Status};
 
+use crate::calls::{Calls, Reply, What};
 use crate::error::{Code, Error, Result};
 use crate::pb;
 use crate::pb::runtime_assisted_storage_management_server::RuntimeAssistedStorageManagement;
 use crate::pb::runtime_capability::rpc::Type as Cap;
-use crate::volumes::{self, Crustd, DirectRequest, PublishRequest};
+use crate::volumes::{self, Crustd, DirectRequest, Origin, PublishRequest};
 
 /// What crustd advertises: what works end to end through it with the guest
 /// this project builds, and nothing a call would refuse (no SUBPATH or
@@ -40,30 +42,47 @@ pub fn capabilities() -> Vec<Cap> {
 /// The tonic service around a [`Crustd`].
 #[derive(Clone)]
 pub struct Service {
-    inner: Arc<Crustd>,
+    calls: Arc<Calls>,
 }
 
 impl Service {
     pub fn new(inner: Arc<Crustd>) -> Service {
-        Service { inner }
+        Service {
+            calls: Arc::new(Calls::new(inner)),
+        }
     }
 
-    /// Runs `work` on the blocking pool and logs the call.
-    async fn run<T: Send + 'static>(
+    /// Makes the call `what` for a caller whose deadline is `at`, and logs it.
+    async fn run(
         &self,
-        method: &'static str,
+        what: What,
+        at: Option<Instant>,
         sandbox: &str,
         host_volume: &str,
-        work: impl FnOnce(&Crustd) -> Result<T> + Send + 'static,
-    ) -> std::result::Result<T, Status> {
+    ) -> std::result::Result<Reply, Status> {
         let t0 = Instant::now();
-        let inner = self.inner.clone();
-        let out = tokio::task::spawn_blocking(move || work(&inner))
-            .await
-            .unwrap_or_else(|e| Err(Error::internal(format!("{method} panicked: {e}"))));
+        let method = what_method(&what);
+        let out = self.calls.call(what, at).await;
         log(method, sandbox, host_volume, &out, t0);
         out.map_err(to_status)
     }
+}
+
+fn what_method(w: &What) -> &'static str {
+    match w {
+        What::Publish(_) => "RuntimePublishVolume",
+        What::Direct(_) => "RuntimePublishDirectVolume",
+        What::Unpublish { .. } => "RuntimeUnpublishVolume",
+        What::Stats { .. } => "RuntimeGetVolumeStats",
+        What::Expand { .. } => "RuntimeExpandVolume",
+    }
+}
+
+/// An answer of another shape than the call's: a defect of crustd's.
+fn mismatch(r: Reply) -> Status {
+    to_status(Error::internal(format!(
+        "crustd answered {r:?} to another call"
+    )))
 }
 
 fn log<T>(method: &str, sandbox: &str, host_volume: &str, out: &Result<T>, t0: Instant) {
@@ -181,7 +200,7 @@ impl RuntimeAssistedStorageManagement for Service {
         &self,
         req: Request<pb::RuntimePublishVolumeRequest>,
     ) -> std::result::Result<Response<pb::RuntimePublishVolumeResponse>, Status> {
-        let deadline = caller_deadline(&req);
+        let at = caller_deadline(&req);
         let r = req.into_inner();
         let p = PublishRequest {
             sandbox_id: r.sandbox_id,
@@ -194,67 +213,73 @@ impl RuntimeAssistedStorageManagement for Service {
             read_only: r.read_only,
             block: r.block,
             create_file_system: r.create_file_system,
-            direct: None,
-            deadline,
+            origin: Origin::Kubelet,
         };
         let (s, v) = (p.sandbox_id.clone(), p.host_volume_id.clone());
-        let guest_path = self
-            .run("RuntimePublishVolume", &s, &v, move |c| c.publish(&p))
-            .await?;
-        Ok(Response::new(pb::RuntimePublishVolumeResponse {
-            guest_path,
-        }))
+        match self.run(What::Publish(p), at, &s, &v).await? {
+            Reply::Path(guest_path) => Ok(Response::new(pb::RuntimePublishVolumeResponse {
+                guest_path,
+            })),
+            other => Err(mismatch(other)),
+        }
     }
 
     async fn runtime_publish_direct_volume(
         &self,
         req: Request<pb::RuntimePublishDirectVolumeRequest>,
     ) -> std::result::Result<Response<pb::RuntimePublishDirectVolumeResponse>, Status> {
-        let deadline = caller_deadline(&req);
+        let at = caller_deadline(&req);
         let r = req.into_inner();
         let d = DirectRequest {
             sandbox_id: r.sandbox_id,
             volume_path: r.volume_path,
             read_only: r.read_only,
-            deadline,
         };
         // The log names the volume path: the device is known only once the record is read.
         let (s, v) = (d.sandbox_id.clone(), d.volume_path.clone());
-        let (guest_path, host_volume_id) = self
-            .run("RuntimePublishDirectVolume", &s, &v, move |c| {
-                c.publish_direct(&d)
-            })
-            .await?;
-        Ok(Response::new(pb::RuntimePublishDirectVolumeResponse {
-            guest_path,
-            host_volume_id,
-        }))
+        match self.run(What::Direct(d), at, &s, &v).await? {
+            Reply::Direct(guest_path, host_volume_id) => {
+                Ok(Response::new(pb::RuntimePublishDirectVolumeResponse {
+                    guest_path,
+                    host_volume_id,
+                }))
+            }
+            other => Err(mismatch(other)),
+        }
     }
 
     async fn runtime_unpublish_volume(
         &self,
         req: Request<pb::RuntimeUnpublishVolumeRequest>,
     ) -> std::result::Result<Response<pb::RuntimeUnpublishVolumeResponse>, Status> {
+        let at = caller_deadline(&req);
         let r = req.into_inner();
-        let (s, v) = (r.sandbox_id.clone(), r.host_volume_id.clone());
-        self.run("RuntimeUnpublishVolume", &s, &v, move |c| {
-            c.unpublish(&r.sandbox_id, &r.host_volume_id)
-        })
-        .await?;
-        Ok(Response::new(pb::RuntimeUnpublishVolumeResponse {}))
+        let (s, v) = (r.sandbox_id, r.host_volume_id);
+        let what = What::Unpublish {
+            sandbox: s.clone(),
+            volume: v.clone(),
+        };
+        match self.run(what, at, &s, &v).await? {
+            Reply::Done => Ok(Response::new(pb::RuntimeUnpublishVolumeResponse {})),
+            other => Err(mismatch(other)),
+        }
     }
 
     async fn runtime_get_volume_stats(
         &self,
         req: Request<pb::RuntimeGetVolumeStatsRequest>,
     ) -> std::result::Result<Response<pb::RuntimeGetVolumeStatsResponse>, Status> {
+        let at = caller_deadline(&req);
         let r = req.into_inner();
-        let (s, v) = (r.sandbox_id.clone(), r.host_volume_id.clone());
-        let st = self
-            .run("RuntimeGetVolumeStats", &s, &v, move |c| {
-                c.stats(&r.sandbox_id, &r.host_volume_id)
-            })
-            .await?;
+        let (s, v) = (r.sandbox_id, r.host_volume_id);
+        let what = What::Stats {
+            sandbox: s.clone(),
+            volume: v.clone(),
+        };
+        let st = match self.run(what, at, &s, &v).await? {
+            Reply::Stats(st) => st,
+            other => return Err(mismatch(other)),
+        };
         use pb::volume_usage::Unit;
         Ok(Response::new(pb::RuntimeGetVolumeStatsResponse {
             usage: st
@@ -278,16 +303,20 @@ impl RuntimeAssistedStorageManagement for Service {
         &self,
         req: Request<pb::RuntimeExpandVolumeRequest>,
     ) -> std::result::Result<Response<pb::RuntimeExpandVolumeResponse>, Status> {
+        let at = caller_deadline(&req);
         let r = req.into_inner();
-        let (s, v) = (r.sandbox_id.clone(), r.host_volume_id.clone());
-        let capacity_bytes = self
-            .run("RuntimeExpandVolume", &s, &v, move |c| {
-                c.expand(&r.sandbox_id, &r.host_volume_id, r.required_bytes)
-            })
-            .await?;
-        Ok(Response::new(pb::RuntimeExpandVolumeResponse {
-            capacity_bytes,
-        }))
+        let (s, v) = (r.sandbox_id, r.host_volume_id);
+        let what = What::Expand {
+            sandbox: s.clone(),
+            volume: v.clone(),
+            bytes: r.required_bytes,
+        };
+        match self.run(what, at, &s, &v).await? {
+            Reply::Capacity(capacity_bytes) => Ok(Response::new(pb::RuntimeExpandVolumeResponse {
+                capacity_bytes,
+            })),
+            other => Err(mismatch(other)),
+        }
     }
 }
 

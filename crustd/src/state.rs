@@ -23,6 +23,11 @@ use crate::files::{self, ReadError};
 pub const STATE_FILE: &str = "crustd.json";
 /// The largest state file read: some thousands of volumes' records.
 pub const MAX_STATE_FILE: u64 = 4 << 20;
+/// The most volumes one sandbox may have recorded (far beyond the PCI slots
+/// a VM has for disks). With every field bounded where it comes in (a path
+/// at most PATH_MAX, names of fixed length), the file stays well under
+/// [`MAX_STATE_FILE`].
+pub const MAX_VOLUMES: usize = 256;
 
 /// How far a volume got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,10 +119,23 @@ pub fn load(dir: BorrowedFd<'_>, sandbox_dir: &Path) -> Result<State> {
 }
 
 /// Writes a sandbox's state atomically and durably into its directory `dir`.
+/// A state [`load`] would refuse to read back (larger than
+/// [`MAX_STATE_FILE`]) is never written: RESOURCE_EXHAUSTED, and the file
+/// stays as it was.
 pub fn save(dir: BorrowedFd<'_>, sandbox_dir: &Path, state: &State) -> Result<()> {
     let p = path(sandbox_dir);
     let text = serde_json::to_vec_pretty(state)
         .map_err(|e| Error::internal(format!("cannot encode crustd state: {e}")))?;
+    if u64::try_from(text.len()).map_or(true, |n| n > MAX_STATE_FILE) {
+        return Err(Error::new(
+            crate::error::Code::ResourceExhausted,
+            format!(
+                "crustd's state {} would grow to {} bytes, more than the {MAX_STATE_FILE} it reads back: the change was not made",
+                p.display(),
+                text.len()
+            ),
+        ));
+    }
     files::write_atomic(dir, STATE_FILE, &text)
         .map_err(|e| Error::internal(format!("cannot write {}: {e}", p.display())))
 }
@@ -222,6 +240,24 @@ mod tests {
         assert_eq!(fs::read(&victim).unwrap(), b"precious");
         assert!(fs::symlink_metadata(&planted).unwrap().is_symlink());
         assert_eq!(load(t.path()).unwrap(), State::default());
+    }
+
+    #[test]
+    fn a_state_too_large_to_read_back_is_never_written() {
+        let t = tempfile::tempdir().unwrap();
+        let mut s = State::default();
+        s.volumes.insert("/dev/loop3".into(), vol(Phase::Published));
+        save(t.path(), &s).unwrap();
+        let mut huge = vol(Phase::Published);
+        huge.guest_path = "\u{1}".repeat(usize::try_from(MAX_STATE_FILE).unwrap());
+        s.volumes.insert("/dev/loop4".into(), huge);
+        let e = save(t.path(), &s).unwrap_err();
+        assert_eq!(e.code, Code::ResourceExhausted);
+        assert_eq!(
+            load(t.path()).unwrap().volumes.len(),
+            1,
+            "the old file stays"
+        );
     }
 
     #[test]

@@ -734,7 +734,8 @@ fn a_dead_sandbox_lets_go_of_its_volumes() {
     let id = r.record_dir("/d/vol").join("pod-a");
     assert!(id.exists());
 
-    // The VM dies: its QMP socket and agent are gone.
+    // The VM dies: its devices closed, its QMP socket and agent gone.
+    fakes::die(&r.a.qemu);
     std::fs::remove_file(r.a.dir.join("qmp.sock")).unwrap();
     agent_gone(&r.a);
     // A restarted crustd says so, and forgets nothing.

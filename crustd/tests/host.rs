@@ -325,6 +325,7 @@ fn bad_input_is_refused_and_leaves_nothing() {
     k.unpublish("pod-a", &dev).unwrap();
     k.publish(req("pod-b", &dev, "ext4")).unwrap();
     // A sandbox whose entry is gone (VM down, crustd.json left) claims nothing.
+    fakes::die(&other.qemu);
     std::fs::rename(other.dir.join("sandbox.json"), other.dir.join("gone.json")).unwrap();
     k.publish(req("pod-a", &dev, "ext4")).unwrap();
     k.unpublish("pod-a", &dev).unwrap();

@@ -1,8 +1,10 @@
 //! Stand-ins for a sandbox, so crustd's own process can be tested on the host
 //! without a VM: a QEMU monitor that keeps block nodes and devices the way
-//! QEMU does (and sends DEVICE_DELETED after device_del's reply, as QEMU
-//! does once the guest lets go), and a crust.v1 agent over ttrpc whose
-//! answers a test chooses. Both log what they were asked.
+//! QEMU does (it opens each node's device read-write at blockdev-add and
+//! closes it at blockdev-del, as QEMU does, and sends DEVICE_DELETED after
+//! device_del's reply, as QEMU does once the guest lets go), and a crust.v1
+//! agent over ttrpc whose answers a test chooses. Both log what they were
+//! asked. [`die`] is the VM's process ending: its devices closed.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -31,6 +33,10 @@ pub struct QemuState {
     pub refuse_device_add: bool,
     /// device_del is accepted but the guest never lets go.
     pub never_release: bool,
+    /// The device each node has open, read-write, as QEMU's host_device driver does.
+    pub open: BTreeMap<String, std::fs::File>,
+    /// How long a command takes before QEMU answers it (a busy monitor).
+    pub delay: BTreeMap<String, Duration>,
 }
 
 pub type Qemu = Arc<Mutex<QemuState>>;
@@ -48,6 +54,12 @@ pub fn qemu(path: &Path) -> Qemu {
             for line in BufReader::new(s).lines() {
                 let Ok(line) = line else { break };
                 let m: Value = serde_json::from_str(&line).unwrap();
+                let delay = m["execute"]
+                    .as_str()
+                    .and_then(|c| st2.lock().unwrap().delay.get(c).copied());
+                if let Some(d) = delay {
+                    std::thread::sleep(d);
+                }
                 let (reply, events) = answer(&st2, &m);
                 let _ = writeln!(w, "{reply}");
                 for e in events {
@@ -57,6 +69,13 @@ pub fn qemu(path: &Path) -> Qemu {
         }
     });
     st
+}
+
+/// The VM's process ends: every device it had open is closed (its monitor
+/// is whatever the test leaves at its socket path).
+pub fn die(q: &Qemu) {
+    let files = std::mem::take(&mut q.lock().unwrap().open);
+    drop(files);
 }
 
 fn answer(st: &Qemu, m: &Value) -> (Value, Vec<Value>) {
@@ -98,10 +117,17 @@ fn answer(st: &Qemu, m: &Value) -> (Value, Vec<Value>) {
                     vec![],
                 );
             }
-            let size = std::fs::File::open(a["filename"].as_str().unwrap())
-                .and_then(|mut f| std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0)))
-                .unwrap_or(0);
-            s.nodes.insert(n, size);
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(!a["read-only"].as_bool().unwrap_or(false))
+                .open(a["filename"].as_str().unwrap());
+            let mut file = match file {
+                Ok(f) => f,
+                Err(e) => return (err(&format!("Could not open: {e}")), vec![]),
+            };
+            let size = std::io::Seek::seek(&mut file, std::io::SeekFrom::End(0)).unwrap_or(0);
+            s.nodes.insert(n.clone(), size);
+            s.open.insert(n, file);
             (ok, vec![])
         }
         "device_add" => {
@@ -147,6 +173,7 @@ fn answer(st: &Qemu, m: &Value) -> (Value, Vec<Value>) {
                     vec![],
                 );
             }
+            s.open.remove(n);
             (ok, vec![])
         }
         "block_resize" => {
@@ -174,6 +201,8 @@ pub enum OnPublish {
     /// DEADLINE_EXCEEDED with this message when the deadline it was told
     /// (`timeout_nano`) passes.
     Outlive(&'static str),
+    /// Answer OK with this guest path (a hostile guest's).
+    Path(String),
 }
 
 /// What the fake agent was asked, and how it answers.
@@ -239,6 +268,11 @@ impl crust_ttrpc::Agent for FakeAgent {
                     ttrpc::Code::DEADLINE_EXCEEDED,
                     msg,
                 )));
+            }
+            OnPublish::Path(p) => {
+                let mut resp = pb::PublishVolumeResponse::new();
+                resp.guest_path = p;
+                return Ok(resp);
             }
             OnPublish::Ok => {}
         }

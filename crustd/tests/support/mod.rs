@@ -70,6 +70,25 @@ impl Crustd {
         self.child.id()
     }
 
+    /// How many files crustd has open now.
+    pub fn open_files(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
+    /// crustd's (soft, hard) limits on open files, from /proc.
+    pub fn nofile(&self) -> (String, String) {
+        let limits = std::fs::read_to_string(format!("/proc/{}/limits", self.pid())).unwrap();
+        let line = limits
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .unwrap()
+            .to_string();
+        let f: Vec<&str> = line.split_whitespace().collect();
+        (f[3].to_string(), f[4].to_string())
+    }
+
     pub fn client(&self) -> Kubelet {
         Kubelet::connect(&self.socket, Duration::from_secs(60)).unwrap()
     }
@@ -83,24 +102,39 @@ impl Crustd {
     }
 }
 
-/// crustd's command line; `--umask=U` in `extra` runs it under that umask
-/// (through sh, so the test process's own umask is left alone).
+/// crustd's command line; `--umask=U` in `extra` runs it under that umask,
+/// `--soft-nofile=N` with that soft limit on open files (through sh, so
+/// the test process's own are left alone).
 fn command(socket: &Path, reg: &Path, extra: &[String]) -> Command {
-    let umask = extra.iter().find_map(|a| a.strip_prefix("--umask="));
-    let mut c = match umask {
-        Some(u) => {
-            let mut c = Command::new("sh");
-            c.args(["-c", &format!("umask {u} && exec \"$0\" \"$@\"")])
-                .arg(env!("CARGO_BIN_EXE_crustd"));
-            c
+    let mut shell = Vec::new();
+    for a in extra {
+        if let Some(u) = a.strip_prefix("--umask=") {
+            shell.push(format!("umask {u}"));
         }
-        None => Command::new(env!("CARGO_BIN_EXE_crustd")),
+        if let Some(n) = a.strip_prefix("--soft-nofile=") {
+            shell.push(format!("ulimit -Sn {n}"));
+        }
+    }
+    let mut c = if shell.is_empty() {
+        Command::new(env!("CARGO_BIN_EXE_crustd"))
+    } else {
+        let mut c = Command::new("sh");
+        c.args([
+            "-c",
+            &format!("{} && exec \"$0\" \"$@\"", shell.join(" && ")),
+        ])
+        .arg(env!("CARGO_BIN_EXE_crustd"));
+        c
     };
     c.arg("--socket")
         .arg(socket)
         .arg("--sandboxes")
         .arg(reg)
-        .args(extra.iter().filter(|a| !a.starts_with("--umask=")))
+        .args(
+            extra
+                .iter()
+                .filter(|a| !a.starts_with("--umask=") && !a.starts_with("--soft-nofile=")),
+        )
         .stdin(Stdio::null());
     c
 }

@@ -1,0 +1,370 @@
+//! The calls in flight. Each call's work runs on a blocking thread of its
+//! own, detached from its caller: when kubelet gives up (its deadline, a
+//! disconnect), the work goes on to its end, bounded by its own deadlines
+//! (it plugs nothing once the caller's deadline has passed), and the same
+//! call made again while it runs joins it instead of starting it twice.
+//! Two callers waiting at once for the same call each run it in turn (every
+//! call is idempotent); a retry after its caller left joins.
+//!
+//! What one sandbox can hold is bounded: at most [`PER_SANDBOX`] calls of a
+//! sandbox run at once (a hung guest ties up that many threads and no
+//! more); the next ones wait for a free slot until their deadline, then
+//! answer RESOURCE_EXHAUSTED. The whole node runs at most [`IN_FLIGHT`].
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+
+use crate::deadline::Deadline;
+use crate::error::{Code, Error, Result};
+use crate::volumes::{Crustd, DirectRequest, PublishRequest, Stats};
+
+/// The most calls of one sandbox that run at once.
+pub const PER_SANDBOX: usize = 16;
+/// The most calls that run at once on the node.
+pub const IN_FLIGHT: usize = 1024;
+/// How long before the caller's deadline its wait ends, so that the caller
+/// hears crustd's answer (DEADLINE_EXCEEDED, saying the call goes on)
+/// rather than tonic's own "Timeout expired", whose clock started a moment
+/// earlier, when the request arrived.
+const GRACE: Duration = Duration::from_millis(25);
+
+/// One call, by everything that makes it itself: equal calls join.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum What {
+    Publish(PublishRequest),
+    Direct(DirectRequest),
+    Unpublish {
+        sandbox: String,
+        volume: String,
+    },
+    Stats {
+        sandbox: String,
+        volume: String,
+    },
+    Expand {
+        sandbox: String,
+        volume: String,
+        bytes: i64,
+    },
+}
+
+impl What {
+    fn sandbox(&self) -> &str {
+        match self {
+            What::Publish(r) => &r.sandbox_id,
+            What::Direct(r) => &r.sandbox_id,
+            What::Unpublish { sandbox, .. }
+            | What::Stats { sandbox, .. }
+            | What::Expand { sandbox, .. } => sandbox,
+        }
+    }
+
+    fn method(&self) -> &'static str {
+        match self {
+            What::Publish(_) => "RuntimePublishVolume",
+            What::Direct(_) => "RuntimePublishDirectVolume",
+            What::Unpublish { .. } => "RuntimeUnpublishVolume",
+            What::Stats { .. } => "RuntimeGetVolumeStats",
+            What::Expand { .. } => "RuntimeExpandVolume",
+        }
+    }
+
+    /// Does the work, on a blocking thread.
+    fn run(&self, c: &Crustd, deadline: &Deadline) -> Result<Reply> {
+        match self {
+            What::Publish(r) => c.publish(r, deadline).map(Reply::Path),
+            What::Direct(r) => c
+                .publish_direct(r, deadline)
+                .map(|(p, d)| Reply::Direct(p, d)),
+            What::Unpublish { sandbox, volume } => {
+                c.unpublish(sandbox, volume, deadline).map(|()| Reply::Done)
+            }
+            What::Stats { sandbox, volume } => c.stats(sandbox, volume, deadline).map(Reply::Stats),
+            What::Expand {
+                sandbox,
+                volume,
+                bytes,
+            } => c
+                .expand(sandbox, volume, *bytes, deadline)
+                .map(Reply::Capacity),
+        }
+    }
+}
+
+/// What a call answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// A guest path.
+    Path(String),
+    /// A guest path and the device a direct-volume record named.
+    Direct(String, String),
+    Done,
+    Stats(Stats),
+    Capacity(i64),
+}
+
+type Outcome = Option<Result<Reply>>;
+
+/// One call at work.
+struct Running {
+    /// How many callers wait for it now; none: it outlived them, and the
+    /// same call joins it.
+    callers: AtomicUsize,
+    /// Its deadline, extended by a joining retry.
+    deadline: Deadline,
+    /// Its answer, once there.
+    done: watch::Receiver<Outcome>,
+}
+
+/// A caller's wait; when it ends (answered, or dropped by a caller that gave up), the call has one caller fewer.
+struct Waiting(Arc<Running>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.callers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The calls in flight; see the module doc.
+pub struct Calls {
+    crustd: Arc<Crustd>,
+    running: Mutex<HashMap<What, Arc<Running>>>,
+    sandboxes: Mutex<HashMap<String, Arc<Semaphore>>>,
+    node: Arc<Semaphore>,
+    per_sandbox: usize,
+}
+
+impl Calls {
+    pub fn new(crustd: Arc<Crustd>) -> Calls {
+        Calls::with_bounds(crustd, PER_SANDBOX, IN_FLIGHT)
+    }
+
+    /// With other bounds (for tests).
+    pub fn with_bounds(crustd: Arc<Crustd>, per_sandbox: usize, node: usize) -> Calls {
+        Calls {
+            crustd,
+            running: Mutex::default(),
+            sandboxes: Mutex::default(),
+            node: Arc::new(Semaphore::new(node)),
+            per_sandbox,
+        }
+    }
+
+    pub fn crustd(&self) -> &Arc<Crustd> {
+        &self.crustd
+    }
+
+    /// How many calls are at work, and how many sandboxes have one (a bound tests check).
+    pub fn in_flight(&self) -> (usize, usize) {
+        (lock(&self.running).len(), lock(&self.sandboxes).len())
+    }
+
+    /// Makes call `what` for a caller whose deadline is `at` (none: crustd's
+    /// own bounds), joining the same call if one outlived its caller.
+    pub async fn call(self: &Arc<Self>, what: What, at: Option<Instant>) -> Result<Reply> {
+        let running = match self.join(&what, at) {
+            Some(r) => r,
+            None => self.start(what.clone(), at).await?,
+        };
+        let waiting = Waiting(running);
+        let mut done = waiting.0.done.clone();
+        let answered = done.wait_for(Option::is_some);
+        let out = match at {
+            Some(d) => match tokio::time::timeout_at(
+                d.checked_sub(GRACE).unwrap_or(d).into(),
+                answered,
+            )
+            .await
+            {
+                Ok(r) => r.map(|v| v.clone()),
+                Err(_) => {
+                    return Err(Error::new(
+                        Code::DeadlineExceeded,
+                        format!(
+                            "{} was still at work at the caller's deadline: it goes on, and the same call made again joins it",
+                            what.method()
+                        ),
+                    ))
+                }
+            },
+            None => answered.await.map(|v| v.clone()),
+        };
+        match out {
+            Ok(Some(r)) => r,
+            _ => Err(Error::internal(format!(
+                "{} ended without an answer",
+                what.method()
+            ))),
+        }
+    }
+
+    /// The same call at work with no caller left, now the caller's.
+    fn join(&self, what: &What, at: Option<Instant>) -> Option<Arc<Running>> {
+        let map = lock(&self.running);
+        let r = map.get(what)?;
+        r.callers
+            .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
+            .ok()?;
+        r.deadline.extend(at);
+        Some(r.clone())
+    }
+
+    /// Starts `what` once its sandbox and the node have a free slot.
+    async fn start(self: &Arc<Self>, what: What, at: Option<Instant>) -> Result<Arc<Running>> {
+        let wait = self.crustd.config().wait_timeout;
+        let until = at.unwrap_or_else(|| crate::locks::after(wait));
+        let sem = self.semaphore(what.sandbox());
+        let permits = tokio::time::timeout_at(until.into(), async {
+            let s = sem.clone().acquire_owned().await;
+            let n = self.node.clone().acquire_owned().await;
+            (s, n)
+        })
+        .await;
+        let Ok((Ok(sandbox), Ok(node))) = permits else {
+            self.prune(what.sandbox());
+            return Err(Error::new(
+                Code::ResourceExhausted,
+                format!(
+                    "sandbox {} has {} calls at work (its VM is slow to answer, or gone), or the node {}: this {} waited for a turn until its deadline and did nothing; retry",
+                    what.sandbox(),
+                    self.per_sandbox,
+                    IN_FLIGHT,
+                    what.method()
+                ),
+            ));
+        };
+        let (tx, rx) = watch::channel(None);
+        let running = Arc::new(Running {
+            callers: AtomicUsize::new(1),
+            deadline: Deadline::new(at),
+            done: rx,
+        });
+        lock(&self.running).insert(what.clone(), running.clone());
+        let me = self.clone();
+        let r = running.clone();
+        // The work is detached: no one awaits this handle, the answer goes by `tx`.
+        drop(tokio::task::spawn_blocking(move || {
+            let out =
+                std::panic::catch_unwind(AssertUnwindSafe(|| what.run(&me.crustd, &r.deadline)))
+                    .unwrap_or_else(|_| {
+                        Err(Error::internal(format!(
+                            "{} panicked; crustd goes on",
+                            what.method()
+                        )))
+                    });
+            let _ = tx.send(Some(out));
+            me.finish(&what, &r, sandbox, node);
+        }));
+        Ok(running)
+    }
+
+    /// After a call's work: its entry and its slots let go.
+    fn finish(
+        &self,
+        what: &What,
+        r: &Arc<Running>,
+        s: OwnedSemaphorePermit,
+        n: OwnedSemaphorePermit,
+    ) {
+        {
+            let mut map = lock(&self.running);
+            if map.get(what).is_some_and(|x| Arc::ptr_eq(x, r)) {
+                map.remove(what);
+            }
+        }
+        drop((s, n));
+        self.prune(what.sandbox());
+    }
+
+    /// The slots of `sandbox`.
+    fn semaphore(&self, sandbox: &str) -> Arc<Semaphore> {
+        lock(&self.sandboxes)
+            .entry(sandbox.to_string())
+            .or_insert_with(|| Arc::new(Semaphore::new(self.per_sandbox)))
+            .clone()
+    }
+
+    /// Forgets the slots of `sandbox` when none is taken or waited for.
+    fn prune(&self, sandbox: &str) {
+        let mut m = lock(&self.sandboxes);
+        let idle = m.get(sandbox).is_some_and(|s| {
+            Arc::strong_count(s) == 1 && s.available_permits() == self.per_sandbox
+        });
+        if idle {
+            m.remove(sandbox);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How long a test waits for something that should happen at once.
+#[cfg(test)]
+const SOON: Duration = Duration::from_secs(5);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::volumes::Config;
+
+    fn calls(per_sandbox: usize) -> (tempfile::TempDir, Arc<Calls>) {
+        let t = tempfile::tempdir().unwrap();
+        let c = Arc::new(Crustd::new(Config::new(t.path())));
+        (t, Arc::new(Calls::with_bounds(c, per_sandbox, 8)))
+    }
+
+    fn stats(sandbox: &str) -> What {
+        What::Stats {
+            sandbox: sandbox.into(),
+            volume: "/dev/x".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn calls_end_and_leave_nothing_behind() {
+        let (_t, calls) = calls(2);
+        // No such sandbox: NOT_FOUND, and the maps are empty again.
+        let e = calls.call(stats("pod-a"), None).await.unwrap_err();
+        assert_eq!(e.code, Code::NotFound, "{e}");
+        let t = Instant::now();
+        while calls.in_flight() != (0, 0) {
+            assert!(t.elapsed() < SOON, "{:?}", calls.in_flight());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_sandbox_refuses_at_the_callers_deadline_and_others_go_on() {
+        let (_t, calls) = calls(1);
+        let sem = calls.semaphore("pod-hung");
+        let held = sem.clone().acquire_owned().await.unwrap();
+        let t0 = Instant::now();
+        let e = calls
+            .call(
+                stats("pod-hung"),
+                Some(Instant::now() + Duration::from_millis(200)),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, Code::ResourceExhausted, "{e}");
+        assert!(e.message.contains("pod-hung"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        // Another sandbox is not kept waiting.
+        let e = calls
+            .call(
+                stats("pod-b"),
+                Some(Instant::now() + Duration::from_secs(5)),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, Code::NotFound, "{e}");
+        drop(held);
+    }
+}

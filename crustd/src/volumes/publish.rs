@@ -1,0 +1,373 @@
+//! RuntimePublishVolume as a list of steps with one undo list: open the
+//! sandbox and the device, lock the volume, claim (and hold) the device,
+//! format it (createFilesystem), record it, plug it into QEMU, have the
+//! agent publish it, record the answer. Each step that changes something
+//! pushes what takes it back; a failure runs the list newest first, so a
+//! reader sees at each step the one undo that applies after it.
+//!
+//! A volume kubelet was told is published (or whose publish goes on in the
+//! guest) is never taken out by a failed retry: only what the retry itself
+//! added in QEMU is.
+
+use crate::hotplug::Added;
+
+use crate::deadline::Deadline;
+use crate::devices::{Key, Refusal};
+use crate::error::{Code, Error, Result};
+use crate::hostdev::{self, HostDevice, Names, Unusable};
+use crate::hotplug;
+use crate::mkfs;
+use crate::registry::{self, Sandbox};
+use crate::state::{Phase, Volume, MAX_VOLUMES};
+
+use super::request::fs_group;
+use super::{validate, Crustd, PublishRequest};
+use crate::agent;
+
+/// What takes one step back; run newest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Undo {
+    /// The claim this call made, before any record: released.
+    Claim,
+    /// The record and its claim (this call's, or an earlier attempt's that
+    /// kubelet was never told of): the claim released by the device table's
+    /// rule, then the record forgotten.
+    Forget,
+    /// The disk in QEMU, of a volume never reported published: the agent
+    /// asked to unpublish (best effort), device_del, blockdev-del.
+    TakeOut,
+    /// Only what this call added in QEMU, of a volume kubelet was told is
+    /// published (its disk had left QEMU behind crustd's back).
+    Added(Added),
+}
+
+/// One publish in progress.
+struct Steps<'a> {
+    c: &'a Crustd,
+    r: &'a PublishRequest,
+    sb: Sandbox,
+    key: Key,
+    names: Names,
+    deadline: &'a Deadline,
+    /// What undoes the steps done so far, oldest first.
+    undo: Vec<Undo>,
+}
+
+impl Crustd {
+    /// RuntimePublishVolume: answers the guest path.
+    pub fn publish(&self, r: &PublishRequest, deadline: &Deadline) -> Result<String> {
+        validate(r)?;
+        let sb = registry::open(&self.cfg.sandboxes, &r.sandbox_id)?;
+        let dev = hostdev::open_block(&r.host_volume_id).map_err(|e| match e {
+            Unusable::NotBlock(n) => r.origin.refuse(&r.host_volume_id, &n),
+            Unusable::Failed(e) => e,
+        })?;
+        let key = Key::new(&r.sandbox_id, &r.host_volume_id);
+        let _lock = self.lock_volume(&key, deadline)?;
+        let mut steps = Steps {
+            c: self,
+            r,
+            sb,
+            key,
+            names: Names::derive(&r.host_volume_id),
+            deadline,
+            undo: Vec::new(),
+        };
+        match steps.run(&dev) {
+            Ok(guest_path) => Ok(guest_path),
+            Err(e) => Err(steps.undo(e)),
+        }
+    }
+}
+
+impl Steps<'_> {
+    fn run(&mut self, dev: &HostDevice) -> Result<String> {
+        let (c, r) = (self.c, self.r);
+        let fs_group = fs_group(r)?;
+        let mut prior = c
+            .load(&self.sb.home, self.deadline)?
+            .volumes
+            .remove(&r.host_volume_id);
+        if let Some(p) = prior.as_ref().filter(|p| p.phase == Phase::Unplugging) {
+            // A previous unpublish or undo did not finish: finish it first.
+            c.take_out(&self.sb, &self.key, p, false, self.deadline)?;
+            prior = None;
+        }
+        // Whether kubelet was ever told this volume is published, or that its
+        // publish goes on: if neither, a failure below leaves nothing behind,
+        // whichever call plugged it.
+        let published_before = prior
+            .as_ref()
+            .is_some_and(|p| matches!(p.phase, Phase::Published | Phase::Publishing));
+        match &prior {
+            None => {
+                self.claim(dev)?;
+                self.create_file_system(dev)?;
+                self.record(dev)?;
+            }
+            Some(p) => {
+                if p.rdev != dev.rdev {
+                    return Err(Error::precondition(format!(
+                        "host_volume_id {} now names device {}, not {} which crustd published in sandbox {}: unpublish it first",
+                        r.host_volume_id, dev.rdev, p.rdev, self.key.sandbox
+                    )));
+                }
+                // Recorded before (a restart, a hold the kernel refused then): held again now.
+                c.devices
+                    .adopt(&self.key, &p.rdev)
+                    .map_err(|e| refusal(&self.key, &dev.path.display().to_string(), e))?;
+                if !published_before {
+                    self.undo.push(Undo::Forget);
+                }
+            }
+        }
+        if self.deadline.passed() {
+            return Err(Error::new(
+                Code::DeadlineExceeded,
+                format!(
+                    "the caller's deadline passed before host volume {} was plugged into sandbox {}: nothing was plugged; retry",
+                    r.host_volume_id, self.key.sandbox
+                ),
+            ));
+        }
+        self.plug(published_before)?;
+        if !published_before {
+            c.change(&self.sb.home, &r.host_volume_id, self.deadline, |v| {
+                v.phase = Phase::Plugged
+            })?;
+        }
+        let published = c.agent(&self.sb, self.deadline).publish(&agent::Publish {
+            volume_id: &self.names.volume_id,
+            serial: &self.names.serial,
+            fs_type: &r.file_system,
+            mount_options: &r.mount_options,
+            read_only: r.read_only,
+            // fsGroup does not apply to a raw device (kubelet does not chown one either).
+            fs_group: if r.block { None } else { fs_group },
+            block: r.block,
+        });
+        match published {
+            Ok(guest_path) => {
+                // Published in the guest: whatever happens now, nothing is undone.
+                self.undo.clear();
+                c.change(&self.sb.home, &r.host_volume_id, self.deadline, |v| {
+                    v.phase = Phase::Published;
+                    v.guest_path = guest_path.clone();
+                    v.host_target_path = r.host_target_path.clone();
+                    if let Some(d) = r.origin.direct() {
+                        v.direct = Some(d.to_string());
+                    }
+                })?;
+                Ok(guest_path)
+            }
+            Err(e) if matches!(e.code, Code::DeadlineExceeded | Code::Cancelled) => {
+                self.outlived(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Claims the device for this new volume. A conflict with a volume of a
+    /// sandbox whose VM is gone (no sandbox.json) frees that volume the way
+    /// Unpublish there would, which the device table allows only when no
+    /// process has the device open; then the claim is tried again.
+    fn claim(&mut self, dev: &HostDevice) -> Result<()> {
+        let c = self.c;
+        let device = dev.path.display().to_string();
+        let home = &self.sb.home;
+        if c.load(home, self.deadline)?.volumes.len() >= MAX_VOLUMES {
+            return Err(Error::new(
+                Code::ResourceExhausted,
+                format!(
+                    "sandbox {} has {MAX_VOLUMES} volumes recorded, crustd's most for one sandbox: unpublish one first",
+                    home.id
+                ),
+            ));
+        }
+        for _ in 0..4 {
+            match c.devices.claim(&self.key, dev) {
+                Ok(()) => {
+                    self.undo.push(Undo::Claim);
+                    return Ok(());
+                }
+                Err(Refusal::Conflict(k))
+                    if k.holder.sandbox != self.key.sandbox
+                        && !registry::alive(&c.cfg.sandboxes, &k.holder.sandbox) =>
+                {
+                    c.forget_gone(&k.holder, self.deadline)
+                        .map_err(|e| k.error(&self.key, &device).and(e.message))?;
+                }
+                Err(e) => return Err(refusal(&self.key, &device, e)),
+            }
+        }
+        Err(Error::unavailable(format!(
+            "host device {}: the sandboxes claiming it kept changing; try again",
+            hostdev::named(&self.key.host_volume, &device)
+        )))
+    }
+
+    /// createFilesystem for a volume this call has just claimed and holds:
+    /// a device that already holds `file_system` is left as it is; a
+    /// provably blank one is formatted, held all the while; anything else
+    /// is FAILED_PRECONDITION and not a byte of it is written.
+    fn create_file_system(&mut self, dev: &HostDevice) -> Result<()> {
+        if !self.r.create_file_system {
+            return Ok(());
+        }
+        let (fs, timeout) = (&self.r.file_system, self.c.cfg.mkfs_timeout);
+        if mkfs::inspect(dev, fs, timeout)? == mkfs::Content::Same {
+            return Ok(());
+        }
+        mkfs::format(dev, fs, timeout)
+    }
+
+    /// Records the new volume as `plugging`, before anything is plugged.
+    fn record(&mut self, dev: &HostDevice) -> Result<()> {
+        let (r, names) = (self.r, &self.names);
+        self.c.update(&self.sb.home, self.deadline, |st| {
+            st.volumes
+                .entry(r.host_volume_id.clone())
+                .or_insert_with(|| Volume {
+                    volume_id: names.volume_id.clone(),
+                    serial: names.serial.clone(),
+                    node: names.node.clone(),
+                    device: names.device.clone(),
+                    rdev: dev.rdev.clone(),
+                    host_target_path: r.host_target_path.clone(),
+                    guest_path: String::new(),
+                    file_system: r.file_system.clone(),
+                    read_only: r.read_only,
+                    block: r.block,
+                    phase: Phase::Plugging,
+                    direct: r.origin.direct().map(str::to_string),
+                });
+            Ok(())
+        })?;
+        // The claim is now the record's: both go together.
+        if self.undo.last() == Some(&Undo::Claim) {
+            self.undo.pop();
+        }
+        self.undo.push(Undo::Forget);
+        Ok(())
+    }
+
+    /// blockdev-add and device_add, each only if QEMU lacks it. Once QEMU
+    /// has been reached, a volume never reported published is taken out on
+    /// failure, whatever this call added; one kubelet knows keeps its disk,
+    /// less what this call added.
+    fn plug(&mut self, published_before: bool) -> Result<()> {
+        let (c, r) = (self.c, self.r);
+        let dev = std::path::PathBuf::from(&r.host_volume_id);
+        let mut reached = false;
+        let added = c.with_qmp(&self.sb, self.deadline, |q| {
+            reached = true;
+            hotplug::plug(q, &self.names, &dev, r.read_only)
+        });
+        match added {
+            Ok(a) if published_before => self.undo.push(Undo::Added(a)),
+            Ok(_) => self.undo.push(Undo::TakeOut),
+            Err(e) => {
+                if reached && !published_before {
+                    self.undo.push(Undo::TakeOut);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// The agent's publish ended with DEADLINE_EXCEEDED or CANCELLED. If the
+    /// agent lists the volume, it is mounted and its fsGroup walk goes on in
+    /// the guest: the disk stays plugged, the volume is recorded as
+    /// `publishing` (a retry joins the walk, Unpublish takes it out), and the
+    /// caller gets DEADLINE_EXCEEDED with the agent's message. If the agent
+    /// does not list it (no disk appeared in time), it is undone as any
+    /// failure is. If the agent cannot say, the disk stays: unplugging it
+    /// under a running walk would be worse than a record the next call settles.
+    fn outlived(&mut self, e: Error) -> Result<String> {
+        let (c, r) = (self.c, self.r);
+        if matches!(
+            c.agent(&self.sb, self.deadline)
+                .lists(&self.names.volume_id),
+            Ok(false)
+        ) {
+            return Err(e);
+        }
+        self.undo.clear();
+        c.change(&self.sb.home, &r.host_volume_id, self.deadline, |v| {
+            if v.phase != Phase::Published {
+                v.phase = Phase::Publishing;
+            }
+            v.host_target_path = r.host_target_path.clone();
+            if let Some(d) = r.origin.direct() {
+                v.direct = Some(d.to_string());
+            }
+        })?;
+        Err(Error::new(Code::DeadlineExceeded, e.message))
+    }
+
+    /// Runs the undo list newest first after `err`; answers `err`, with any
+    /// failure of the undo added to it (the record then stays `unplugging`
+    /// with its claim, and the next call finishes it).
+    fn undo(&mut self, err: Error) -> Error {
+        let (c, deadline) = (self.c, self.deadline);
+        while let Some(u) = self.undo.pop() {
+            let done = match u {
+                Undo::Claim => c.devices.release(
+                    &self.key,
+                    "the publish that claimed it failed",
+                    deadline.at(),
+                ),
+                Undo::Forget => c.forget(
+                    &self.sb.home,
+                    &self.key,
+                    "the publish that plugged it failed and its disk left the VM",
+                    None,
+                    deadline,
+                ),
+                Undo::TakeOut => c.undo_plug(&self.sb, &self.key, &self.names, deadline),
+                Undo::Added(a) => c.remove_added(&self.sb, &self.names, a, deadline),
+            };
+            if let Err(e2) = done {
+                return err.and(format!(
+                    "undoing the publish failed too ({e2}); RuntimeUnpublishVolume will finish it"
+                ));
+            }
+        }
+        err
+    }
+}
+
+/// A refused claim as the caller's error.
+fn refusal(key: &Key, device: &str, r: Refusal) -> Error {
+    match r {
+        Refusal::Conflict(c) => c.error(key, device),
+        Refusal::Other(e) => e,
+    }
+}
+
+impl Crustd {
+    /// Frees `holder`, a volume of a sandbox whose VM is gone, as Unpublish
+    /// there would: its device only if no process has it open.
+    fn forget_gone(&self, holder: &Key, deadline: &Deadline) -> Result<()> {
+        let home = registry::home(&self.cfg.sandboxes, &holder.sandbox);
+        let _lock = self.lock_volume(holder, deadline)?;
+        let why = format!(
+            "sandbox {}'s VM looks gone (its sandbox.json is missing)",
+            holder.sandbox
+        );
+        match home {
+            Ok(home) => {
+                let v = self
+                    .load(&home, deadline)?
+                    .volumes
+                    .remove(&holder.host_volume);
+                let direct = v.and_then(|v| v.direct);
+                self.forget(&home, holder, &why, direct.as_deref(), deadline)
+            }
+            // Its directory went too: only the claim is left.
+            Err(e) if e.code == Code::NotFound => self.devices.release(holder, &why, deadline.at()),
+            Err(e) => Err(e),
+        }
+    }
+}

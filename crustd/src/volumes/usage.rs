@@ -1,0 +1,118 @@
+//! RuntimeGetVolumeStats and RuntimeExpandVolume: what the agent says of a
+//! published volume, and its growth (QEMU's view first, then the
+//! filesystem, by the agent).
+
+use crust_client::qmp;
+
+use crate::deadline::Deadline;
+use crate::error::{Code, Error, Result};
+use crate::hostdev;
+use crate::hotplug;
+use crate::registry::Sandbox;
+use crate::state::{Phase, Volume};
+
+use super::{Crustd, Stats};
+
+impl Crustd {
+    /// The record of a published volume, else NOT_FOUND; one still
+    /// publishing (its fsGroup walk runs in the guest) only if `publishing`
+    /// may be, else FAILED_PRECONDITION.
+    fn published(
+        sandbox: &str,
+        host_volume_id: &str,
+        record: Option<Volume>,
+        publishing: bool,
+    ) -> Result<Volume> {
+        match record {
+            Some(v) if v.phase == Phase::Published => Ok(v),
+            Some(v) if v.phase == Phase::Publishing && publishing => Ok(v),
+            Some(v) if v.phase == Phase::Publishing => Err(Error::precondition(format!(
+                "host volume {host_volume_id} in sandbox {sandbox} is still publishing (the guest is applying fsGroup): retry RuntimePublishVolume until it answers OK, then this call"
+            ))),
+            _ => Err(Error::not_found(format!(
+                "host volume {host_volume_id} is not published in sandbox {sandbox}"
+            ))),
+        }
+    }
+
+    /// FAILED_PRECONDITION for a call that needs the VM of `sb`, gone (`why`).
+    fn dead(sb: &Sandbox, why: &str) -> Error {
+        Error::precondition(format!(
+            "sandbox {}'s VM is gone ({why}): its volumes can only be unpublished, which frees their devices",
+            sb.id()
+        ))
+    }
+
+    /// `err` from a call that could not reach `sb`'s VM, or FAILED_PRECONDITION
+    /// when the VM is gone.
+    fn unless_dead(&self, sb: &Sandbox, err: Error) -> Error {
+        if err.code != Code::Unavailable {
+            return err;
+        }
+        match qmp::gone(&sb.qmp, self.cfg.qmp_timeout) {
+            Some(why) => Crustd::dead(sb, &why),
+            None => err,
+        }
+    }
+
+    /// RuntimeGetVolumeStats: the agent's usage and condition, as they are.
+    pub fn stats(
+        &self,
+        sandbox_id: &str,
+        host_volume_id: &str,
+        deadline: &Deadline,
+    ) -> Result<Stats> {
+        let o = self.open_volume(sandbox_id, host_volume_id, deadline)?;
+        let sb = o.home.vm()?;
+        // Still publishing: the agent says how it stands (FAILED_PRECONDITION
+        // while its walk runs, the usage once it is done).
+        let v = Crustd::published(sandbox_id, host_volume_id, o.record, true)?;
+        self.agent(&sb, deadline)
+            .stats(&v.volume_id)
+            .map_err(|e| self.unless_dead(&sb, e))
+    }
+
+    /// RuntimeExpandVolume: QEMU grown to the host device's size, then the
+    /// filesystem by the agent; answers the capacity.
+    pub fn expand(
+        &self,
+        sandbox_id: &str,
+        host_volume_id: &str,
+        required_bytes: i64,
+        deadline: &Deadline,
+    ) -> Result<i64> {
+        hostdev::check_path(host_volume_id)?;
+        if required_bytes < 0 {
+            return Err(Error::invalid(format!(
+                "required_bytes {required_bytes} is negative"
+            )));
+        }
+        let o = self.open_volume(sandbox_id, host_volume_id, deadline)?;
+        let sb = o.home.vm()?;
+        let v = Crustd::published(sandbox_id, host_volume_id, o.record, false)?;
+        if let Some(why) = qmp::gone(&sb.qmp, self.cfg.qmp_timeout) {
+            return Err(Crustd::dead(&sb, &why));
+        }
+        let dev = hostdev::resolve(host_volume_id)?;
+        if dev.rdev != v.rdev {
+            return Err(Error::precondition(format!(
+                "host_volume_id {host_volume_id} now names device {}, not {} which crustd published in sandbox {sandbox_id}: crustd grows only the device it plugged",
+                dev.rdev, v.rdev
+            )));
+        }
+        let size = dev.size()?;
+        if size < required_bytes.unsigned_abs() {
+            return Err(Error::new(
+                Code::OutOfRange,
+                format!(
+                    "host device {host_volume_id} has {size} bytes, fewer than the {required_bytes} required: grow it on the host first (for a loop device: grow the file, then losetup -c)"
+                ),
+            ));
+        }
+        self.with_qmp(&sb, deadline, |q| hotplug::grow(q, &v.node, size))
+            .map_err(|e| self.unless_dead(&sb, e))?;
+        self.agent(&sb, deadline)
+            .expand(&v.volume_id, required_bytes)
+            .map_err(|e| self.unless_dead(&sb, e))
+    }
+}
