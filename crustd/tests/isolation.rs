@@ -34,7 +34,10 @@ fn req(sandbox: &str, dev: &str) -> pb::RuntimePublishVolumeRequest {
 fn code<T: std::fmt::Debug>(r: Result<T, tonic::Status>) -> (String, String) {
     match r {
         Err(s) => (code_name(s.code()), s.message().to_string()),
-        Ok(v) => panic!("expected an error, got {v:?}"),
+        Ok(v) => {
+            let v: String = format!("{v:?}").chars().take(200).collect();
+            panic!("expected an error, got {v}")
+        }
     }
 }
 
@@ -197,11 +200,6 @@ fn one_hung_sandbox_costs_only_itself() {
     let disks: Vec<LoopDisk> = (0..3).map(|_| LoopDisk::new(16, None)).collect();
     // systemd's default soft limit is 1,024; this one is lower still.
     let d = Crustd::start(&reg, &["--agent-timeout", "1", "--soft-nofile=256"]);
-    let (soft, hard) = d.nofile();
-    assert_eq!(
-        soft, hard,
-        "crustd raises its soft limit on open files to the hard one"
-    );
     let baseline = d.open_files();
 
     // kubelet's periodic stats and retried publishes into pod-hung, from
@@ -271,6 +269,11 @@ fn one_hung_sandbox_costs_only_itself() {
         sent.lock().unwrap().len()
     );
     assert!(ok.qemu.lock().unwrap().devices.is_empty());
+    let (soft, hard) = d.nofile();
+    assert_eq!(
+        soft, hard,
+        "crustd raises its soft limit on open files to the hard one"
+    );
 }
 
 /// Defect 4: on 6ef9837 crustd stored whatever guest path the agent
@@ -340,7 +343,10 @@ fn a_retry_joins_a_publish_that_outlived_its_caller() {
         .delay
         .insert("blockdev-add".into(), Duration::from_secs(2));
     let (c, m) = code(k.publish_within(req("pod-a", &dev), Duration::from_secs(1)));
-    assert_eq!(c, "DEADLINE_EXCEEDED", "{m}");
+    assert!(
+        matches!(c.as_str(), "DEADLINE_EXCEEDED" | "CANCELLED"),
+        "{c}: {m}"
+    );
     let r = k
         .publish_within(req("pod-a", &dev), Duration::from_secs(10))
         .unwrap();
