@@ -4,15 +4,19 @@
 //! plus crust.v1 calls to the crust-agent inside that sandbox's VM.
 //!
 //! The flow of a call: `service` (gRPC ↔ plain types, error → status, one
-//! log line) → `volumes` (the steps, locks and undo) → `registry` (where the
-//! sandbox's QMP socket and agent are), `state` (what crustd plugged, on
-//! disk), `claims` (the node-wide table of claimed devices), `hostdev` (the
-//! host block device: where its bytes lie, whether the host uses it, the
-//! exclusive hold), `files` (reading and writing in directories others
-//! write), `hotplug` (QEMU, over crust-client's QMP session), `agent`
-//! (crust-agent, over crust-client); `direct` (the
-//! direct-volume records CSI drivers write for Kata) and `mkfs`
-//! (createFilesystem on a provably blank device).
+//! log line) → `calls` (each call's work on a thread of its own, bounded per
+//! sandbox, joined by the same call made again, ended by the caller's
+//! `deadline`) → `volumes` (one file per call: the steps, locks and undo) →
+//! `registry` (where the sandbox's QMP socket and agent are), `state` (what
+//! crustd plugged, on disk), `devices` (the one owner of whether a host
+//! device is free: claims, exclusive holds, and the rule that frees one),
+//! `hostdev` (the host block device: where its bytes lie, whether the host
+//! uses it, who has it open), `files` (reading and writing in directories
+//! others write), `locks` (keyed locks whose waits end), `hotplug` (QEMU,
+//! over crust-client's QMP session), `agent` (crust-agent, over
+//! crust-client, its answers checked); `direct` (the direct-volume records
+//! CSI drivers write for Kata) and `mkfs` (createFilesystem on a provably
+//! blank device).
 //!
 //! `ctl` is the `crustd-ctl` command (kubelet's calls from a shell, and
 //! Kata's `direct-volume` verbs on the records `direct` reads), here beside
