@@ -45,6 +45,7 @@ use crate::error::{Error, Result};
 mod place;
 mod users;
 
+pub(crate) use place::LoopInfo64;
 use place::{aliases, extent_of, parse_dev, Host};
 
 /// A host block device, resolved and open (not exclusively).

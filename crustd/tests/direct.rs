@@ -708,6 +708,58 @@ fn create_filesystem_formats_only_a_provably_blank_device() {
     assert!(image(&scratch) == before);
 }
 
+/// Issue 21, defect 1: 6ef9837 formatted a disk holding an ext4 at 1 MiB
+/// (the usual first partition) whose partition table sector was lost: its
+/// first and last MiB were zeros and `blkid -p` found nothing at offset 0.
+#[test]
+fn a_file_system_behind_a_lost_partition_table_is_never_formatted() {
+    let Some(r) = Rig::new(
+        "a_file_system_behind_a_lost_partition_table_is_never_formatted",
+        &[],
+    ) else {
+        return;
+    };
+    let k = r.d.client();
+    let disk = LoopDisk::new(64, None);
+    let img = disk.image.to_str().unwrap().to_string();
+    disks::run(
+        "mkfs.ext4",
+        &["-q", "-F", "-E", "offset=1048576", &img, "40M"],
+    );
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&disk.image)
+            .unwrap();
+        f.write_at(&vec![0u8; 1 << 20], 0).unwrap();
+        f.write_at(&vec![0u8; 1 << 20], (64 << 20) - (1 << 20))
+            .unwrap();
+    }
+    disks::run("losetup", &["-c", &disk.path()]);
+    assert_eq!(
+        blkid(&disk.path(), "TYPE"),
+        "",
+        "blkid -p sees nothing at 0"
+    );
+    let before = image(&disk);
+    r.add("/c/lost", &disk.path(), "ext4", &["createFilesystem=true"]);
+    let (c, m) = code(k.publish_direct("pod-a", "/c/lost", false));
+    assert_eq!(c, "FAILED_PRECONDITION", "{m}");
+    assert!(m.contains("ext4 at byte 1048576"), "{m}");
+    let req = pb::RuntimePublishVolumeRequest {
+        sandbox_id: "pod-b".into(),
+        host_volume_id: disk.path(),
+        file_system: "xfs".into(),
+        create_file_system: true,
+        ..Default::default()
+    };
+    let (c, m) = code(k.publish(req));
+    assert_eq!(c, "FAILED_PRECONDITION", "{m}");
+    assert!(image(&disk) == before, "the old file system was written");
+    r.nothing_plugged("a file system at 1 MiB");
+}
+
 /// Writes sandbox.json of `sb` so its agent cannot be reached either (a
 /// dead VM's vsock has nobody behind it).
 fn agent_gone(sb: &fakes::Sandbox) {

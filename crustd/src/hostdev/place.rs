@@ -160,20 +160,20 @@ pub(super) fn sharing(p: &Place) -> io::Result<Vec<Place>> {
 /// `struct loop_info64` of linux/loop.h.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-struct LoopInfo64 {
-    lo_device: u64,
-    lo_inode: u64,
-    lo_rdevice: u64,
-    lo_offset: u64,
-    lo_sizelimit: u64,
-    lo_number: u32,
-    lo_encrypt_type: u32,
-    lo_encrypt_key_size: u32,
-    lo_flags: u32,
-    lo_file_name: [u8; 64],
-    lo_crypt_name: [u8; 64],
-    lo_encrypt_key: [u8; 32],
-    lo_init: [u64; 2],
+pub(crate) struct LoopInfo64 {
+    pub(crate) lo_device: u64,
+    pub(crate) lo_inode: u64,
+    pub(crate) lo_rdevice: u64,
+    pub(crate) lo_offset: u64,
+    pub(crate) lo_sizelimit: u64,
+    pub(crate) lo_number: u32,
+    pub(crate) lo_encrypt_type: u32,
+    pub(crate) lo_encrypt_key_size: u32,
+    pub(crate) lo_flags: u32,
+    pub(crate) lo_file_name: [u8; 64],
+    pub(crate) lo_crypt_name: [u8; 64],
+    pub(crate) lo_encrypt_key: [u8; 32],
+    pub(crate) lo_init: [u64; 2],
 }
 
 /// LOOP_GET_STATUS64 (linux/loop.h).
