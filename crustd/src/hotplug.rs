@@ -1,18 +1,17 @@
-//! The QMP steps of a volume, each one asking QEMU first so it can be
-//! repeated after a crash or a restart without plugging anything twice:
-//! plug (`blockdev-add` host_device with O_DIRECT, then `device_add
-//! virtio-blk-pci` with the serial), unplug (`device_del`, wait for
-//! `DEVICE_DELETED`, then `blockdev-del`), and growth (`block_resize`).
-//! The session itself (deadlines, bounded lines, events between replies)
-//! is crust-client's, shared with crust-vm; here its failures get crustd's
+//! The QMP steps of a volume: plug (`blockdev-add` host_device with
+//! O_DIRECT, then `device_add virtio-blk-pci` with the serial), unplug in
+//! steps (`device_del`; whether the guest let go; `blockdev-del`), so that
+//! the caller waits for the guest without holding the sandbox's QMP lock,
+//! and growth (`block_resize`). The commands and the session are
+//! crust-client's, shared with crust-vm, each asking QEMU first so it can be
+//! repeated after a crash or a restart; here their failures get crustd's
 //! codes: QEMU's refusal is FAILED_PRECONDITION with QEMU's words, a
 //! monitor that is missing, silent or broken is UNAVAILABLE.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crust_client::qmp::{Qmp, QmpError};
-use serde_json::{json, Value};
+use crust_client::qmp::{BlockDisk, Qmp, QmpError, Source};
 
 use crate::error::{Error, Result};
 use crate::hostdev::Names;
@@ -44,180 +43,60 @@ pub fn connect(path: &Path, timeout: Duration) -> Result<Qmp> {
     })
 }
 
-/// What one `plug` call added (what an undo must take away).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Added {
-    /// This call ran blockdev-add.
-    pub node: bool,
-    /// This call ran device_add.
-    pub device: bool,
+pub use crust_client::qmp::Added;
+
+/// QEMU's names for the volume `names` describes.
+fn disk(names: &Names) -> BlockDisk<'_> {
+    BlockDisk {
+        node: &names.node,
+        device: &names.device,
+        serial: &names.serial,
+    }
 }
 
-/// Whether QEMU has a device with id `id` (qdev ids live under /machine/peripheral).
-pub fn device_present(q: &mut Qmp, id: &str) -> Result<bool> {
-    let list = q
-        .execute("qom-list", Some(json!({ "path": "/machine/peripheral" })))
-        .map_err(|e| e.during("listing devices (qom-list)"))?;
-    Ok(list
-        .as_array()
-        .is_some_and(|a| a.iter().any(|p| p["name"] == id)))
-}
-
-/// QEMU's block node `node`, if it exists.
-fn node_info(q: &mut Qmp, node: &str) -> Result<Option<Value>> {
-    let list = q
-        .execute("query-named-block-nodes", Some(json!({ "flat": true })))
-        .map_err(|e| e.during("listing block nodes (query-named-block-nodes)"))?;
-    Ok(list
-        .as_array()
-        .and_then(|a| a.iter().find(|n| n["node-name"] == node).cloned()))
-}
-
-/// The size QEMU (and so the guest) sees for `node`, in bytes.
-pub fn node_size(q: &mut Qmp, node: &str) -> Result<Option<u64>> {
-    Ok(node_info(q, node)?.and_then(|n| n["image"]["virtual-size"].as_u64()))
-}
-
-/// Attaches `dev` as node `names.node` and virtio-blk device `names.device`
-/// with serial `names.serial`, adding only what QEMU does not have yet. A
-/// device refused after this call added the node removes the node again.
+/// Attaches host device `dev` as node `names.node` and virtio-blk device
+/// `names.device` with serial `names.serial`, adding only what QEMU does not
+/// have yet (crust-client's `Qmp::plug`).
 pub fn plug(q: &mut Qmp, names: &Names, dev: &Path, read_only: bool) -> Result<Added> {
-    let mut added = Added::default();
-    if node_info(q, &names.node)?.is_none() {
-        q.execute(
-            "blockdev-add",
-            Some(json!({
-                "node-name": names.node,
-                "driver": "host_device",
-                "filename": dev,
-                "cache": { "direct": true },
-                "read-only": read_only,
-            })),
-        )
-        .map_err(|e| e.during(&format!("to open {} (blockdev-add)", dev.display())))?;
-        added.node = true;
-    }
-    if !device_present(q, &names.device)? {
-        let r = q.execute(
-            "device_add",
-            Some(json!({
-                "driver": "virtio-blk-pci",
-                "drive": names.node,
-                "id": names.device,
-                "serial": names.serial,
-            })),
-        );
-        if let Err(e) = r {
-            let mut err = e.during(&format!("to attach {} (device_add)", dev.display()));
-            if added.node {
-                if let Err(e2) = q.execute("blockdev-del", Some(json!({ "node-name": names.node })))
-                {
-                    err = err.and(format!(
-                        "and removing node {} again failed: {}",
-                        names.node,
-                        e2.during("blockdev-del")
-                    ));
-                }
-            }
-            return Err(err);
-        }
-        added.device = true;
-    }
-    Ok(added)
-}
-
-/// Detaches the device and removes the node, whichever of them QEMU still
-/// has. The device is gone when QEMU says DEVICE_DELETED (the guest let go of
-/// it) or no longer lists it; after `timeout` without that, UNAVAILABLE.
-pub fn unplug(q: &mut Qmp, names: &Names, timeout: Duration) -> Result<()> {
-    if device_present(q, &names.device)? {
-        if let Err(e) = q.execute("device_del", Some(json!({ "id": names.device }))) {
-            // Already on its way out (a device_del before a restart): just wait.
-            let leaving = matches!(&e, QmpError::Refused { desc, .. } if desc.contains("in the process of unplug"));
-            if !leaving {
-                return Err(e.during(&format!("to detach {} (device_del)", names.device)));
-            }
-        }
-        wait_deleted(q, &names.device, timeout)?;
-    }
-    if node_info(q, &names.node)?.is_some() {
-        q.execute("blockdev-del", Some(json!({ "node-name": names.node })))
-            .map_err(|e| e.during(&format!("to remove node {} (blockdev-del)", names.node)))?;
-    }
-    Ok(())
-}
-
-fn wait_deleted(q: &mut Qmp, id: &str, timeout: Duration) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let slice = deadline
-            .saturating_duration_since(Instant::now())
-            .min(Duration::from_millis(500));
-        if q.wait_event("DEVICE_DELETED", |d| d["device"] == id, slice)
-            .map_err(|e| e.during("waiting for DEVICE_DELETED"))?
-            .is_some()
-        {
-            return Ok(());
-        }
-        // The event may have gone to an earlier session; ask.
-        if !device_present(q, id)? {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            return Err(Error::unavailable(format!(
-                "the guest did not release device {id} within {timeout:?} after device_del (is the guest kernel alive?); unpublish again to retry"
-            )));
-        }
-    }
+    q.plug(&disk(names), Source::HostDevice(dev), read_only)
+        .map_err(|e| {
+            e.during(&format!(
+                "to attach {} (blockdev-add, device_add)",
+                dev.display()
+            ))
+        })
 }
 
 /// Asks QEMU to detach the device (device_del) if it still has it, without
 /// waiting for the guest; answers whether it had it.
 pub fn request_unplug(q: &mut Qmp, names: &Names) -> Result<bool> {
-    if !device_present(q, &names.device)? {
-        return Ok(false);
-    }
-    if let Err(e) = q.execute("device_del", Some(json!({ "id": names.device }))) {
-        // Already on its way out (a device_del before a restart): just wait.
-        let leaving = matches!(&e, QmpError::Refused { desc, .. } if desc.contains("in the process of unplug"));
-        if !leaving {
-            return Err(e.during(&format!("to detach {} (device_del)", names.device)));
-        }
-    }
-    Ok(true)
+    q.request_unplug(&names.device)
+        .map_err(|e| e.during(&format!("to detach {} (device_del)", names.device)))
 }
 
 /// Whether QEMU no longer lists the device (the guest let go of it).
 pub fn device_gone(q: &mut Qmp, names: &Names) -> Result<bool> {
-    Ok(!device_present(q, &names.device)?)
+    q.device_present(&names.device)
+        .map(|present| !present)
+        .map_err(|e| e.during("listing devices (qom-list)"))
 }
 
 /// Removes the block node (blockdev-del) if QEMU still has it; answers whether it had it.
 pub fn remove_node(q: &mut Qmp, names: &Names) -> Result<bool> {
-    if node_info(q, &names.node)?.is_none() {
-        return Ok(false);
-    }
-    q.execute("blockdev-del", Some(json!({ "node-name": names.node })))
-        .map_err(|e| e.during(&format!("to remove node {} (blockdev-del)", names.node)))?;
-    Ok(true)
+    q.remove_node(&names.node)
+        .map_err(|e| e.during(&format!("to remove node {} (blockdev-del)", names.node)))
 }
 
 /// Grows QEMU's view of `node` to `bytes` when it is smaller (the guest is
 /// told by virtio's config change). Returns QEMU's size before.
 pub fn grow(q: &mut Qmp, node: &str, bytes: u64) -> Result<u64> {
-    let before = node_size(q, node)?.ok_or_else(|| {
-        Error::precondition(format!(
-            "QEMU has no block node {node}: the disk was unplugged behind crustd's back; unpublish and publish again"
-        ))
-    })?;
-    if before < bytes {
-        q.execute(
-            "block_resize",
-            Some(json!({ "node-name": node, "size": bytes })),
-        )
-        .map_err(|e| e.during(&format!("to grow {node} to {bytes} bytes (block_resize)")))?;
-    }
-    Ok(before)
+    q.grow(node, bytes)
+        .map_err(|e| e.during(&format!("to grow {node} to {bytes} bytes (block_resize)")))?
+        .ok_or_else(|| {
+            Error::precondition(format!(
+                "QEMU has no block node {node}: the disk was unplugged behind crustd's back; unpublish and publish again"
+            ))
+        })
 }
 
 #[cfg(test)]

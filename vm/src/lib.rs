@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crust_client::qmp::{Qmp, QmpError};
+use crust_client::qmp::{BlockDisk, Qmp, QmpError, Source};
 use crust_client::Address;
 use crust_protocols::crust::{GetAgentInfoRequest, GetAgentInfoResponse, ShutdownRequest};
 use crust_protocols::crust_ttrpc::AgentClient;
@@ -925,22 +925,12 @@ impl Vm {
         let image = fs::canonicalize(image)
             .map_err(io_err(format!("cannot find the image {}", image.display())))?;
         let (node, device) = disk_names(serial);
-        let mut q = self.qmp()?;
-        q.execute(
-            "blockdev-add",
-            Some(json!({
-                "node-name": node, "driver": "raw", "read-only": read_only,
-                "file": { "driver": "file", "filename": image },
-            })),
-        )?;
-        let added = q.execute(
-            "device_add",
-            Some(json!({ "driver": "virtio-blk-pci", "drive": node, "id": device, "serial": serial })),
-        );
-        if let Err(e) = added {
-            let _ = q.execute("blockdev-del", Some(json!({ "node-name": node })));
-            return Err(e.into());
-        }
+        let disk = BlockDisk {
+            node: &node,
+            device: &device,
+            serial,
+        };
+        self.qmp()?.plug(&disk, Source::Image(&image), read_only)?;
         self.state.disks.insert(
             serial.to_string(),
             Disk {
@@ -972,10 +962,12 @@ impl Vm {
         }
         f.set_len(bytes)
             .map_err(io_err(format!("cannot grow {}", disk.image.display())))?;
-        self.qmp()?.execute(
-            "block_resize",
-            Some(json!({ "node-name": disk.node, "size": bytes })),
-        )?;
+        self.qmp()?.grow(&disk.node, bytes)?.ok_or_else(|| {
+            Error::Qmp(format!(
+                "QEMU has no block node {} for disk {serial}: it was unplugged behind crust-vm's back",
+                disk.node
+            ))
+        })?;
         Ok(())
     }
 
@@ -984,16 +976,14 @@ impl Vm {
     pub fn unplug(&mut self, serial: &str) -> Result<()> {
         let disk = self.disk(serial)?.clone();
         let mut q = self.qmp()?;
-        q.execute("device_del", Some(json!({ "id": disk.device })))?;
         let id = disk.device.clone();
         let wait = Duration::from_secs(30);
-        q.wait_event("DEVICE_DELETED", |d| d["device"] == id.as_str(), wait)?
-            .ok_or_else(|| {
-                Error::Timeout(format!(
-                    "no DEVICE_DELETED event for {id} from QEMU within {wait:?}: has the guest let go of the disk?"
-                ))
-            })?;
-        q.execute("blockdev-del", Some(json!({ "node-name": disk.node })))?;
+        if q.request_unplug(&id)? && !q.wait_device_deleted(&id, wait)? {
+            return Err(Error::Timeout(format!(
+                "QEMU still has device {id} {wait:?} after device_del: has the guest let go of the disk?"
+            )));
+        }
+        q.remove_node(&disk.node)?;
         self.state.disks.remove(serial);
         self.save()
     }

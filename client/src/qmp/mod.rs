@@ -23,6 +23,10 @@ use thiserror::Error;
 use crate::address::Address;
 use crate::connect::{connect_stream, ConnectError};
 
+mod block;
+
+pub use block::{Added, BlockDisk, Source};
+
 /// The longest line read from QEMU (its replies to the queries made here
 /// are a few KiB; a flat node list of a busy VM some hundreds).
 pub const MAX_LINE: u64 = 16 << 20;
@@ -289,19 +293,19 @@ impl Qmp {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::os::unix::net::UnixListener;
     use std::sync::{Arc, Mutex};
 
     /// What the fake answers: (events to send first, the reply).
-    type Script = dyn FnMut(&str, &Value) -> (Vec<Value>, Value) + Send;
+    pub(super) type Script = dyn FnMut(&str, &Value) -> (Vec<Value>, Value) + Send;
 
     /// A stand-in QEMU monitor: serves sessions at `path` one after another
     /// (as QEMU does), greets, answers each command with `script`'s reply
     /// and can send events before it. Every command but qmp_capabilities is
     /// logged as `"cmd"` or `"cmd ARGS"`.
-    fn serve(path: &Path, mut script: Box<Script>) -> Arc<Mutex<Vec<String>>> {
+    pub(super) fn serve(path: &Path, mut script: Box<Script>) -> Arc<Mutex<Vec<String>>> {
         let l = UnixListener::bind(path).unwrap();
         let log = Arc::new(Mutex::new(Vec::new()));
         let log2 = log.clone();
