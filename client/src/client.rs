@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+pub use crust_protocols::code::Code;
 use crust_protocols::{crust::*, crust_ttrpc::AgentClient, ttrpc};
 use thiserror::Error;
 
@@ -23,8 +24,9 @@ pub enum CallError {
     /// The agent answered with an error status.
     #[error("{code}: {message}")]
     Status {
-        /// The canonical gRPC code name, e.g. `NOT_FOUND`.
-        code: String,
+        /// The code (a number gRPC does not define is UNKNOWN, the number
+        /// then leading the message).
+        code: Code,
         /// The agent's explanation.
         message: String,
     },
@@ -46,10 +48,9 @@ impl CallError {
     /// Sorts a ttrpc error of `method` (which was given `timeout`).
     pub fn from_ttrpc(method: &'static str, timeout: Duration, err: ttrpc::Error) -> Self {
         match err {
-            ttrpc::Error::RpcStatus(status) => CallError::Status {
-                code: code_name(status.code.value()),
-                message: status.message,
-            },
+            ttrpc::Error::RpcStatus(status) => {
+                CallError::status(status.code.value(), status.message)
+            }
             // ttrpc's sync client reports its own deadline only as this text.
             ttrpc::Error::Others(text) if text.contains("timeout") => {
                 CallError::TimedOut { method, timeout }
@@ -62,13 +63,23 @@ impl CallError {
     }
 }
 
-/// The canonical upper-case name of a gRPC status code number.
-pub fn code_name(code: i32) -> String {
-    use crust_protocols::protobuf::Enum;
-    match ttrpc::Code::from_i32(code) {
-        Some(c) => format!("{c:?}"),
-        None => format!("CODE_{code}"),
+impl CallError {
+    /// The agent's status numbered `code`, with its message.
+    pub fn status(code: i32, message: String) -> CallError {
+        match Code::from_number(code) {
+            Some(code) => CallError::Status { code, message },
+            None => CallError::Status {
+                code: Code::Unknown,
+                message: format!("{}: {message}", code_name(code)),
+            },
+        }
     }
+}
+
+/// The canonical upper-case name of a gRPC status code number (crust-protocols'
+/// table); `CODE_n` for a number gRPC does not define.
+pub fn code_name(code: i32) -> String {
+    Code::from_number(code).map_or_else(|| format!("CODE_{code}"), |c| c.name().to_string())
 }
 
 /// The deadline for a call in which the agent itself waits `agent_wait_ms`
@@ -268,7 +279,7 @@ mod tests {
         assert_eq!(
             CallError::from_ttrpc("GetVolumeStats", t, status),
             CallError::Status {
-                code: "NOT_FOUND".into(),
+                code: Code::NotFound,
                 message: "volume vol-1 is not published".into()
             }
         );

@@ -24,7 +24,7 @@ pub mod qmp;
 pub mod unary;
 
 pub use address::{Address, AddressError, VSOCK_CID_ANY};
-pub use client::{code_name, deadline_for_wait, CallError, CrustClient};
+pub use client::{code_name, deadline_for_wait, CallError, Code, CrustClient};
 pub use connect::{connect, connect_stream, connect_stream_until, connect_until, ConnectError};
 pub use crust_protocols::{crust as proto, protobuf, ttrpc};
 pub use hvsock::{settle, unanswered};

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crust_protocols::protobuf::Message;
 use crust_protocols::{crust::PublishVolumeRequest, crust::PublishVolumeResponse, ttrpc};
 
-use crate::{address::Address, client::code_name, connect::connect_stream, CallError};
+use crate::{address::Address, connect::connect_stream, CallError};
 
 /// The ttrpc frame header.
 const HEADER: usize = 10;
@@ -110,10 +110,9 @@ fn call(
         let r = ttrpc::Response::parse_from_bytes(&body)
             .map_err(|e| broke(format!("the answer is not a ttrpc Response: {e}")))?;
         return match r.status.as_ref() {
-            Some(st) if st.code.value() != 0 => Err(CallError::Status {
-                code: code_name(st.code.value()),
-                message: st.message.clone(),
-            }),
+            Some(st) if st.code.value() != 0 => {
+                Err(CallError::status(st.code.value(), st.message.clone()))
+            }
             _ => Ok(r.payload),
         };
     }
@@ -231,7 +230,7 @@ mod tests {
         assert_eq!(
             r.unwrap_err(),
             CallError::Status {
-                code: "DEADLINE_EXCEEDED".into(),
+                code: crate::Code::DeadlineExceeded,
                 message: "the walk continues, 42 entries so far".into()
             }
         );

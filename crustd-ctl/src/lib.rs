@@ -188,17 +188,12 @@ pub fn bytes(s: &pb::RuntimeGetVolumeStatsResponse) -> Option<(i64, i64, i64)> {
         .map(|u| (u.available, u.total, u.used))
 }
 
-/// The canonical upper-case name of a gRPC code, e.g. `NOT_FOUND`.
+/// The canonical upper-case name of a gRPC code, e.g. `NOT_FOUND` (the
+/// table crust-protocols keeps for every crate).
 pub fn code_name(code: tonic::Code) -> String {
-    let camel = format!("{code:?}");
-    let mut out = String::new();
-    for (i, ch) in camel.chars().enumerate() {
-        if ch.is_ascii_uppercase() && i > 0 {
-            out.push('_');
-        }
-        out.push(ch.to_ascii_uppercase());
-    }
-    out
+    let n = i32::from(code);
+    crust_protocols::code::Code::from_number(n)
+        .map_or_else(|| format!("CODE_{n}"), |c| c.name().to_string())
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crust_client::proto as pb;
 use crust_client::{protobuf::MessageField, Address, CallError, CrustClient};
 
-use crate::error::{Code, Error, Result};
+use crate::error::{Error, Result};
 use crate::volumes::{Stats, Usage};
 
 /// Open connections by sandbox id, with the address they were made to.
@@ -130,9 +130,7 @@ impl Agent<'_> {
 
     fn sort(&self, e: CallError) -> Error {
         match e {
-            CallError::Status { code, message } => {
-                Error::new(Code::from_name(&code), bounded(&message))
-            }
+            CallError::Status { code, message } => Error::new(code, bounded(&message)),
             other => Error::unavailable(format!(
                 "the agent of sandbox {} at {}: {other}",
                 self.sandbox, self.addr

@@ -3,64 +3,8 @@
 
 use std::fmt;
 
-/// The gRPC status codes crustd answers with (a subset, named as gRPC names them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Code {
-    Cancelled,
-    Unknown,
-    InvalidArgument,
-    DeadlineExceeded,
-    NotFound,
-    AlreadyExists,
-    PermissionDenied,
-    ResourceExhausted,
-    FailedPrecondition,
-    Aborted,
-    OutOfRange,
-    Unimplemented,
-    Internal,
-    Unavailable,
-    DataLoss,
-    Unauthenticated,
-}
-
-/// Upper-case gRPC names, for logs and for codes passed through from the agent.
-const NAMES: [(Code, &str); 16] = [
-    (Code::Cancelled, "CANCELLED"),
-    (Code::Unknown, "UNKNOWN"),
-    (Code::InvalidArgument, "INVALID_ARGUMENT"),
-    (Code::DeadlineExceeded, "DEADLINE_EXCEEDED"),
-    (Code::NotFound, "NOT_FOUND"),
-    (Code::AlreadyExists, "ALREADY_EXISTS"),
-    (Code::PermissionDenied, "PERMISSION_DENIED"),
-    (Code::ResourceExhausted, "RESOURCE_EXHAUSTED"),
-    (Code::FailedPrecondition, "FAILED_PRECONDITION"),
-    (Code::Aborted, "ABORTED"),
-    (Code::OutOfRange, "OUT_OF_RANGE"),
-    (Code::Unimplemented, "UNIMPLEMENTED"),
-    (Code::Internal, "INTERNAL"),
-    (Code::Unavailable, "UNAVAILABLE"),
-    (Code::DataLoss, "DATA_LOSS"),
-    (Code::Unauthenticated, "UNAUTHENTICATED"),
-];
-
-impl Code {
-    /// The gRPC name, e.g. `NOT_FOUND`.
-    pub fn name(self) -> &'static str {
-        NAMES
-            .iter()
-            .find(|(c, _)| *c == self)
-            .map_or("UNKNOWN", |(_, n)| n)
-    }
-
-    /// The code with gRPC name `name`; an unknown name is `Unknown`.
-    pub fn from_name(name: &str) -> Code {
-        NAMES
-            .iter()
-            .find(|(_, n)| *n == name)
-            .map_or(Code::Unknown, |(c, _)| *c)
-    }
-}
+/// The gRPC status codes, one table for the agent, crust-client and crustd.
+pub use crust_protocols::code::Code;
 
 /// A failed call: its code and message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,18 +55,3 @@ impl std::error::Error for Error {}
 
 /// Result with crustd's error.
 pub type Result<T> = std::result::Result<T, Error>;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_round_trip() {
-        for (c, n) in NAMES {
-            assert_eq!(c.name(), n);
-            assert_eq!(Code::from_name(n), c);
-        }
-        assert_eq!(Code::from_name("OK"), Code::Unknown);
-        assert_eq!(Code::from_name("CODE_99"), Code::Unknown);
-    }
-}

@@ -11,7 +11,7 @@ use serde_json::json;
 use tonic::{Request, Response, Status};
 
 use crate::calls::{Calls, Reply, What};
-use crate::error::{Code, Error, Result};
+use crate::error::{Error, Result};
 use crate::pb;
 use crate::pb::runtime_assisted_storage_management_server::RuntimeAssistedStorageManagement;
 use crate::pb::runtime_capability::rpc::Type as Cap;
@@ -134,27 +134,9 @@ pub fn grpc_timeout(value: &str) -> Option<Duration> {
     })
 }
 
-/// crustd's error as a gRPC status.
+/// crustd's error as a gRPC status (the codes share gRPC's numbers).
 pub fn to_status(e: Error) -> Status {
-    let code = match e.code {
-        Code::Cancelled => tonic::Code::Cancelled,
-        Code::Unknown => tonic::Code::Unknown,
-        Code::InvalidArgument => tonic::Code::InvalidArgument,
-        Code::DeadlineExceeded => tonic::Code::DeadlineExceeded,
-        Code::NotFound => tonic::Code::NotFound,
-        Code::AlreadyExists => tonic::Code::AlreadyExists,
-        Code::PermissionDenied => tonic::Code::PermissionDenied,
-        Code::ResourceExhausted => tonic::Code::ResourceExhausted,
-        Code::FailedPrecondition => tonic::Code::FailedPrecondition,
-        Code::Aborted => tonic::Code::Aborted,
-        Code::OutOfRange => tonic::Code::OutOfRange,
-        Code::Unimplemented => tonic::Code::Unimplemented,
-        Code::Internal => tonic::Code::Internal,
-        Code::Unavailable => tonic::Code::Unavailable,
-        Code::DataLoss => tonic::Code::DataLoss,
-        Code::Unauthenticated => tonic::Code::Unauthenticated,
-    };
-    Status::new(code, e.message)
+    Status::new(tonic::Code::from_i32(e.code.number()), e.message)
 }
 
 #[tonic::async_trait]

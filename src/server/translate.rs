@@ -37,20 +37,10 @@ pub fn cancel_of(ctx: &TtrpcContext) -> Cancel {
     }
 }
 
-/// The ttrpc status code of an error class.
+/// The ttrpc status code of an error class (the same numbers).
 pub fn status_code(c: Code) -> ttrpc::Code {
-    match c {
-        Code::InvalidArgument => ttrpc::Code::INVALID_ARGUMENT,
-        Code::NotFound => ttrpc::Code::NOT_FOUND,
-        Code::AlreadyExists => ttrpc::Code::ALREADY_EXISTS,
-        Code::FailedPrecondition => ttrpc::Code::FAILED_PRECONDITION,
-        Code::DeadlineExceeded => ttrpc::Code::DEADLINE_EXCEEDED,
-        Code::OutOfRange => ttrpc::Code::OUT_OF_RANGE,
-        Code::Internal => ttrpc::Code::INTERNAL,
-        Code::Unimplemented => ttrpc::Code::UNIMPLEMENTED,
-        Code::Cancelled => ttrpc::Code::CANCELLED,
-        Code::ResourceExhausted => ttrpc::Code::RESOURCE_EXHAUSTED,
-    }
+    use crust_protocols::protobuf::Enum;
+    ttrpc::Code::from_i32(c.number()).unwrap_or(ttrpc::Code::INTERNAL)
 }
 
 /// The contract's number of a capability.

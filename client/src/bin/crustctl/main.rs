@@ -248,7 +248,7 @@ fn main() -> ExitCode {
                 Failure::Call(CallError::Status { code, message }) => {
                     eprintln!("error: {code}: {message}");
                     if cli.json {
-                        print(&format!("{}\n", json::error(code, message)));
+                        print(&format!("{}\n", json::error(code.name(), message)));
                     }
                 }
                 Failure::Call(e) => eprintln!("error: {e}"),
@@ -637,7 +637,7 @@ mod tests {
     #[test]
     fn exit_codes_say_who_failed() {
         let status = Failure::Call(CallError::Status {
-            code: "NOT_FOUND".into(),
+            code: crust_client::Code::NotFound,
             message: "m".into(),
         });
         assert_eq!(status.exit_code(), 1);
