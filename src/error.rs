@@ -46,6 +46,13 @@ pub enum Error {
     Panic(&'static str, String),
 }
 
+/// A mount option the table refused is a mount error.
+impl From<crate::mount::options::BadOption> for Error {
+    fn from(b: crate::mount::options::BadOption) -> Error {
+        Error::Mount(b.into())
+    }
+}
+
 impl Error {
     /// The wire code of this error.
     pub fn code(&self) -> Code {

@@ -300,7 +300,10 @@ pub fn mount_options(data: &[u8]) {
             let rdonly = libc::MS_RDONLY as u64;
             assert!(!read_only || m.flags & rdonly != 0, "read_only lost");
         }
-        Err(e) => assert_eq!(e.code(), AgentCode::InvalidArgument, "{e}"),
+        Err(e) => assert_eq!(
+            crate::mount::error::Error::from(e).code(),
+            AgentCode::InvalidArgument
+        ),
     }
 }
 

@@ -534,6 +534,7 @@ pub fn grow(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::testdisk::AgentDevice;
     use crate::sys::blockdev;
     use crate::testutil::{root_or_skip, run, LoopDisk, Mounted};
     use std::os::fd::{AsFd, OwnedFd};

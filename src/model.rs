@@ -166,3 +166,28 @@ pub enum DiskState {
     /// Listed, but with size 0 (its backing went away).
     ZeroSize,
 }
+
+/// The fixtures' disks as the agent knows a disk (the fixtures are shared
+/// with crates that do not link the agent).
+#[cfg(test)]
+pub(crate) mod testdisk {
+    /// A loop disk as the agent's [`super::Device`].
+    pub(crate) trait AgentDevice {
+        /// Its node, kernel name and numbers (a loop device has no serial).
+        fn agent_device(&self) -> super::Device;
+    }
+
+    impl AgentDevice for crate::testutil::LoopDisk {
+        fn agent_device(&self) -> super::Device {
+            use std::os::unix::fs::MetadataExt;
+            let rdev = std::fs::metadata(&self.device).unwrap().rdev();
+            super::Device {
+                name: self.name(),
+                path: self.device.clone(),
+                major: rustix::fs::major(rdev),
+                minor: rustix::fs::minor(rdev),
+                serial: None,
+            }
+        }
+    }
+}

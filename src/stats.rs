@@ -426,6 +426,7 @@ fn condition_of(problems: Vec<String>) -> Condition {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::testdisk::AgentDevice;
     use crate::testutil::{root_or_skip, run, LoopDisk, Mounted};
     use std::os::fd::AsFd;
     use std::time::{Duration, Instant};

@@ -330,7 +330,7 @@ impl MountInfo {
             Some(c) => return Err(RecordError::CreateFilesystem(c.to_string())),
         };
         // The agent's own option table, so that a refused option plugs nothing.
-        crust_agent::mount::options::parse_options(&self.options, false)
+        crust_protocols::options::parse_options(&self.options, false)
             .map_err(|e| RecordError::Option(e.to_string()))?;
         Ok(Record {
             volume_type: self.volume_type,

@@ -1,11 +1,12 @@
 //! crust.v1, the wire contract of crust-agent: protobuf messages and the
 //! ttrpc `Agent` service, generated from `crust.proto` at build time; and
 //! [`names`], the rules for the names the contracts carry (a disk's serial,
-//! a sandbox's id), and [`code`], the gRPC status codes, each written once
-//! for the agent and the host crates.
+//! a sandbox's id), [`code`], the gRPC status codes, and [`options`], the
+//! mount option table, each written once for the agent and the host crates.
 
 pub mod code;
 pub mod names;
+pub mod options;
 
 /// The generated code, with the lints it was not written for turned off once.
 #[allow(

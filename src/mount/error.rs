@@ -10,14 +10,10 @@ use crate::sys::error::SysError;
 /// What can go wrong while mounting, binding or unmounting.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// An option publishing forbids, or a malformed option list.
-    #[error("mount option {option:?} is not accepted: {why}")]
-    BadOption {
-        /// The offending option, as given.
-        option: String,
-        /// Why it is refused and what to do instead.
-        why: &'static str,
-    },
+    /// An option publishing forbids, or a malformed option list (the
+    /// option table's own refusal, crust-protocols').
+    #[error(transparent)]
+    BadOption(#[from] super::options::BadOption),
     /// mount(2) said EINVAL to a data string: the filesystem refused an option.
     #[error("the kernel refused the mount options {data:?} for {fs_type} on {device} (mounting at {target}): {source}; check them against the {fs_type} documentation")]
     KernelRefusedOptions {
@@ -158,7 +154,7 @@ impl Error {
     /// The wire code of this error.
     pub fn code(&self) -> Code {
         match self {
-            Error::BadOption { .. }
+            Error::BadOption(_)
             | Error::KernelRefusedOptions { .. }
             | Error::KernelRefusedOption { .. }
             | Error::Invalid(_)
@@ -175,6 +171,67 @@ impl Error {
             | Error::RecursiveUnsupported { .. }
             | Error::NoOpenat2 { .. } => Code::FailedPrecondition,
             Error::Sys(_) => Code::Internal,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::code::Code;
+    use crate::mount::options::parse_options;
+
+    fn opts(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn refuses_bad_options() {
+        let long = "x".repeat(2000);
+        let long_utf8 = "é".repeat(1000);
+        let many_utf8: Vec<String> = (0..500).map(|i| format!("o{i}=ééééé")).collect();
+        let many: Vec<String> = (0..500).map(|i| format!("opt{i}=abcdef")).collect();
+        let table: Vec<Vec<String>> = vec![
+            opts(&["bind"]),
+            opts(&["rbind"]),
+            opts(&["noatime,remount"]),
+            opts(&["move"]),
+            opts(&["loop"]),
+            opts(&["loop=/dev/loop0"]),
+            opts(&["shared"]),
+            opts(&["rshared"]),
+            opts(&["private"]),
+            opts(&["rprivate"]),
+            opts(&["slave"]),
+            opts(&["rslave"]),
+            opts(&["unbindable"]),
+            opts(&["runbindable"]),
+            opts(&["errors=panic"]),
+            opts(&["noatime,errors=panic"]),
+            opts(&["errors=remount-ro,errors=panic"]),
+            opts(&["errors="]),
+            opts(&["errors"]),
+            opts(&["errors=Panic"]),
+            opts(&["errors=remount-ro "]),
+            opts(&["journal_dev=2049"]),
+            opts(&["journal_path=/dev/vdc"]),
+            opts(&["logdev=/dev/vdc"]),
+            opts(&["rtdev=/dev/vdc"]),
+            opts(&["sb=8193"]),
+            opts(&["source=/dev/vdc"]),
+            opts(&[""]),
+            opts(&["noatime,,nosuid"]),
+            opts(&["noatime,"]),
+            opts(&["disc\0ard"]),
+            vec![long],
+            vec![long_utf8],
+            many,
+            many_utf8,
+        ];
+        for input in table {
+            let err =
+                parse_options(&input, false).expect_err(&format!("{input:?} must be refused"));
+            assert_eq!(Error::from(err).code(), Code::InvalidArgument, "{input:?}");
         }
     }
 }

@@ -11,6 +11,7 @@ use rustix::io::Errno;
 use rustix::mount::MountFlags;
 
 use super::error::Error;
+use super::options::BadOption;
 use super::options::MountOptions;
 use crate::sys::beneath;
 use crate::sys::error::SysError;
@@ -31,12 +32,12 @@ pub fn mount_filesystem(
     fs_type: &str,
     opts: &MountOptions,
 ) -> Result<(), Error> {
-    let flags = u32::try_from(opts.flags).map_err(|_| Error::BadOption {
+    let flags = u32::try_from(opts.flags).map_err(|_| BadOption {
         option: format!("{:#x}", opts.flags),
         why: "the flags do not fit mount(2)",
     })?;
     let kernel_data = opts.kernel_data(fs_type);
-    let data = CString::new(kernel_data.as_str()).map_err(|_| Error::BadOption {
+    let data = CString::new(kernel_data.as_str()).map_err(|_| BadOption {
         option: opts.data.clone(),
         why: "it contains a NUL byte",
     })?;

@@ -175,6 +175,7 @@ pub fn flush(f: &File, dev: &Device) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::testdisk::AgentDevice;
     use crate::testutil::{root_or_skip, LoopDisk};
 
     fn device(d: &LoopDisk) -> Device {

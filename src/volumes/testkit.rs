@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::request::{PublishRequest, Source};
 use super::table::Volumes;
 use crate::cancel::Cancel;
+use crate::model::testdisk::AgentDevice;
 use crate::model::{FsType, VolumeMode};
 use crate::mount::options::parse_options;
 use crate::sys::sysfs::Sysfs;
