@@ -43,7 +43,7 @@ fn not_measured(why: &str) -> Vec<Figure> {
 }
 
 /// The crustd process; killed on drop.
-struct Daemon(Child);
+pub(crate) struct Daemon(Child);
 
 impl Drop for Daemon {
     fn drop(&mut self) {
@@ -60,7 +60,8 @@ pub fn figures(work: &Path, disks: usize) -> Vec<Figure> {
     }
 }
 
-fn run(work: &Path, disks: usize) -> R<Vec<Figure>> {
+/// The release crustd, if it was built.
+pub(crate) fn binary() -> R<std::path::PathBuf> {
     let crustd = sys::workspace_root().join("target/x86_64-unknown-linux-gnu/release/crustd");
     if !crustd.is_file() {
         return Err(format!(
@@ -68,6 +69,47 @@ fn run(work: &Path, disks: usize) -> R<Vec<Figure>> {
             crustd.display()
         ));
     }
+    Ok(crustd)
+}
+
+/// Starts `crustd` for the registry `reg` on `work/crustd.sock` and waits
+/// until it listens.
+pub(crate) fn daemon(work: &Path, reg: &Path, crustd: &Path) -> R<(Daemon, std::path::PathBuf)> {
+    let socket = work.join("crustd.sock");
+    // Its log (one JSON line per call) beside the work, for a look afterwards.
+    let log = std::fs::File::create(work.join("crustd.log"))
+        .map(Stdio::from)
+        .unwrap_or_else(|_| Stdio::null());
+    let child = Command::new(crustd)
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--sandboxes")
+        .arg(reg)
+        .stdin(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .map_err(|e| format!("cannot start crustd: {e}"))?;
+    sys::register_child(child.id());
+    let d = Daemon(child);
+    let t = Instant::now();
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        if t.elapsed() > Duration::from_secs(20) {
+            return Err("crustd did not listen".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok((d, socket))
+}
+
+impl Daemon {
+    /// Its process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+fn run(work: &Path, disks: usize) -> R<Vec<Figure>> {
+    let crustd = binary()?;
     let reg = work.join("sandboxes");
     let opts = VmOptions::new(reg.join(SANDBOX));
     if !opts.initrd.is_file() {
@@ -83,25 +125,7 @@ fn run(work: &Path, disks: usize) -> R<Vec<Figure>> {
 }
 
 fn measure(work: &Path, reg: &Path, crustd: &Path, vm: &Vm, disks: usize) -> R<Vec<Figure>> {
-    let socket = work.join("crustd.sock");
-    let child = Command::new(crustd)
-        .arg("--socket")
-        .arg(&socket)
-        .arg("--sandboxes")
-        .arg(reg)
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start crustd: {e}"))?;
-    sys::register_child(child.id());
-    let _d = Daemon(child);
-    let t = Instant::now();
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        if t.elapsed() > Duration::from_secs(20) {
-            return Err("crustd did not listen".into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (_d, socket) = daemon(work, reg, crustd)?;
     let k = Kubelet::connect(&socket, Duration::from_secs(120))?;
     let addr: Address = vm.address().parse().map_err(|e| format!("{e}"))?;
     let qmp_path = vm.dir().join("qmp.sock");

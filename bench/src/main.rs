@@ -4,6 +4,7 @@
 //! targets are met. A figure whose prerequisite is missing says so instead.
 
 mod crustd_figs;
+mod crustd_scale;
 mod fsgroup;
 mod fsgroup_scale;
 mod grow_xfs;
@@ -23,7 +24,7 @@ use report::{Figure, Verdict};
 
 const USAGE: &str =
     "usage: crust-bench [--runs N] [--vm-disks N] [--vm-boots N] [--only SECTION,...] [--out DIR] [--strict]
-  SECTION: fsgroup, xfs, host, size, vm, crustd (default: all)
+  SECTION: fsgroup, xfs, host, size, vm, crustd, crustd-scale (default: all)
   --runs N      runs per contender for the heavy figures (default 5)
   --vm-disks N  disks hot-plugged (and grown) in the VM (default 5)
   --vm-boots N  VM boots for the boot timeline (default 3)
@@ -62,7 +63,17 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--only" => {
                 let v = it.next().ok_or("--only needs sections")?;
                 for s in v.split(',') {
-                    if !["fsgroup", "xfs", "host", "size", "vm", "crustd"].contains(&s) {
+                    if ![
+                        "fsgroup",
+                        "xfs",
+                        "host",
+                        "size",
+                        "vm",
+                        "crustd",
+                        "crustd-scale",
+                    ]
+                    .contains(&s)
+                    {
                         return Err(format!("unknown section {s}"));
                     }
                     a.only.push(s.to_string());
@@ -107,7 +118,11 @@ fn section(
 /// Brings down the VMs an earlier (interrupted) run left in `work/vm` and
 /// `work/sandboxes/bench` (the crustd section's).
 fn stop_stale_vm(work: &Path) {
-    for dir in [work.join("vm"), work.join("sandboxes/bench")] {
+    let scale = (0..8).map(|i| work.join(format!("scale-sandboxes/s{i}")));
+    for dir in [work.join("vm"), work.join("sandboxes/bench")]
+        .into_iter()
+        .chain(scale)
+    {
         if !dir.join("state.json").exists() {
             continue;
         }
@@ -357,6 +372,13 @@ fn main() {
         figures.extend(section("crustd", &crustd_figs::keys(), || {
             crustd_figs::figures(&work, args.vm_disks)
         }));
+    }
+    if want("crustd-scale") {
+        figures.extend(section(
+            "crustd at node scale",
+            &crustd_scale::keys(),
+            || crustd_scale::figures(&work, args.vm_disks),
+        ));
     }
     cleanup_all(&work);
     let _ = std::fs::remove_dir_all(&work);

@@ -80,7 +80,23 @@ pub fn publish_deadlines(left: Duration) -> (Duration, Duration) {
     (told, wait)
 }
 
+/// The least time an agent call is given, even when the caller has almost
+/// none left: enough to be answered by an agent that is there.
+const LEAST_BUDGET: Duration = Duration::from_millis(100);
+
 impl Agent<'_> {
+    /// How long a call may take now: `--agent-timeout`, or less when the
+    /// caller's deadline comes sooner (a call never outlives its caller by
+    /// more than [`LEAST_BUDGET`]).
+    fn budget(&self) -> Duration {
+        self.deadline
+            .map_or(self.timeout, |d| {
+                d.saturating_duration_since(Instant::now())
+                    .min(self.timeout)
+            })
+            .max(LEAST_BUDGET)
+    }
+
     /// The kept connection to this agent, or a new one.
     fn client(&self, fresh: bool) -> Result<CrustClient> {
         let addr = self.addr.to_string();
@@ -93,7 +109,7 @@ impl Agent<'_> {
                 }
             }
         }
-        let c = CrustClient::connect(self.addr, self.timeout).map_err(|e| {
+        let c = CrustClient::connect(self.addr, self.budget()).map_err(|e| {
             Error::unavailable(format!(
                 "cannot reach the agent of sandbox {} at {}: {e}",
                 self.sandbox, self.addr
@@ -113,11 +129,16 @@ impl Agent<'_> {
             .remove(self.sandbox);
     }
 
-    /// Runs `f` on the kept connection; once more on a fresh one if it broke.
+    /// Runs `f` on the kept connection, within [`Agent::budget`]; once more
+    /// on a fresh one if it broke.
     fn call<T>(&self, f: impl Fn(&CrustClient) -> std::result::Result<T, CallError>) -> Result<T> {
-        let first = f(&self.client(false)?);
+        let timed = |mut c: CrustClient| {
+            c.set_timeout(self.budget());
+            f(&c)
+        };
+        let first = timed(self.client(false)?);
         let out = match first {
-            Err(CallError::Connection { .. }) => f(&self.client(true)?),
+            Err(CallError::Connection { .. }) => timed(self.client(true)?),
             other => other,
         };
         out.map_err(|e| {
@@ -138,8 +159,14 @@ impl Agent<'_> {
         }
     }
 
+    /// How long the agent may wait for a disk: `--device-wait`, or less
+    /// when the caller's deadline comes sooner.
     fn wait_ms(&self) -> u32 {
-        u32::try_from(self.device_wait.as_millis()).unwrap_or(u32::MAX)
+        let wait = match self.deadline {
+            Some(_) => self.device_wait.min(self.budget()),
+            None => self.device_wait,
+        };
+        u32::try_from(wait.as_millis()).unwrap_or(u32::MAX)
     }
 
     /// PublishVolume by serial; answers the guest path.
@@ -333,6 +360,29 @@ fn stats_of(s: &pb::GetVolumeStatsResponse) -> std::result::Result<Stats, String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_agent_call_never_outlives_its_caller() {
+        let connections = Connections::default();
+        let addr: Address = "unix:///nowhere".parse().unwrap();
+        let mut a = Agent {
+            connections: &connections,
+            addr: &addr,
+            sandbox: "s",
+            timeout: Duration::from_secs(30),
+            device_wait: Duration::from_secs(30),
+            deadline: None,
+        };
+        assert_eq!(a.budget(), Duration::from_secs(30));
+        assert_eq!(a.wait_ms(), 30_000);
+        a.deadline = Some(Instant::now() + Duration::from_secs(2));
+        assert!(a.budget() <= Duration::from_secs(2), "{:?}", a.budget());
+        assert!(a.wait_ms() <= 2000);
+        a.deadline = Some(Instant::now());
+        assert_eq!(a.budget(), LEAST_BUDGET);
+        a.deadline = Some(Instant::now() + Duration::from_secs(3600));
+        assert_eq!(a.budget(), Duration::from_secs(30));
+    }
 
     #[test]
     fn a_guest_path_is_the_agents_volume_path_and_nothing_else() {

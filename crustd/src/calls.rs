@@ -64,7 +64,8 @@ impl What {
         }
     }
 
-    fn method(&self) -> &'static str {
+    /// The CRUST method, for messages and the log.
+    pub fn method(&self) -> &'static str {
         match self {
             What::Publish(_) => "RuntimePublishVolume",
             What::Direct(_) => "RuntimePublishDirectVolume",

@@ -61,20 +61,10 @@ impl Service {
         host_volume: &str,
     ) -> std::result::Result<Reply, Status> {
         let t0 = Instant::now();
-        let method = what_method(&what);
+        let method = what.method();
         let out = self.calls.call(what, at).await;
         log(method, sandbox, host_volume, &out, t0);
         out.map_err(to_status)
-    }
-}
-
-fn what_method(w: &What) -> &'static str {
-    match w {
-        What::Publish(_) => "RuntimePublishVolume",
-        What::Direct(_) => "RuntimePublishDirectVolume",
-        What::Unpublish { .. } => "RuntimeUnpublishVolume",
-        What::Stats { .. } => "RuntimeGetVolumeStats",
-        What::Expand { .. } => "RuntimeExpandVolume",
     }
 }
 

@@ -742,22 +742,6 @@ fn a_disk_and_its_partitions_are_one_disk_in_every_sandbox() {
     assert_eq!(state(&b)["volumes"], serde_json::json!({}));
 }
 
-/// Whether the host can mount `dev` (ext4) now; unmounts it again.
-fn host_can_mount(disk: &LoopDisk, dev: &str) -> bool {
-    let at = disk.scratch("host-mount");
-    let ok = std::process::Command::new("mount")
-        .args(["-t", "ext4", dev])
-        .arg(&at)
-        .output()
-        .unwrap()
-        .status
-        .success();
-    if ok {
-        disks::run("umount", &[at.to_str().unwrap()]);
-    }
-    ok
-}
-
 /// Swap on a device, turned off on drop.
 struct Swap(String);
 impl Drop for Swap {
@@ -844,20 +828,20 @@ fn a_device_the_host_uses_is_refused_and_one_published_is_held() {
     // Published: held exclusively, so the host cannot mount it behind
     // crustd's back, also after crustd restarts; let go after unpublish.
     let dev = free.path();
-    assert!(host_can_mount(&free, &dev));
+    assert!(free.host_can_mount(&dev));
     k.publish(req("pod-a", &dev, "ext4")).unwrap();
     assert!(
-        !host_can_mount(&free, &dev),
+        !free.host_can_mount(&dev),
         "mounted on the host while published"
     );
     d.kill_and_restart();
     assert!(
-        !host_can_mount(&free, &dev),
+        !free.host_can_mount(&dev),
         "mounted on the host after a crustd restart"
     );
     let k = d.client();
     k.unpublish("pod-a", &dev).unwrap();
-    assert!(host_can_mount(&free, &dev), "still held after unpublish");
+    assert!(free.host_can_mount(&dev), "still held after unpublish");
     // A failed publish lets go too.
     sb.agent.lock().unwrap().on_publish = OnPublish::Fail(ttrpc::Code::FAILED_PRECONDITION, "no");
     assert_eq!(
@@ -865,7 +849,7 @@ fn a_device_the_host_uses_is_refused_and_one_published_is_held() {
         "FAILED_PRECONDITION"
     );
     assert!(
-        host_can_mount(&free, &dev),
+        free.host_can_mount(&dev),
         "still held after a failed publish"
     );
 }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crustd_ctl::{code_name, pb};
 use disks::{root_or_skip, LoopDisk};
 use fakes::OnPublish;
-use support::Crustd;
+use support::{code, Crustd};
 
 fn req(sandbox: &str, dev: &str) -> pb::RuntimePublishVolumeRequest {
     pb::RuntimePublishVolumeRequest {
@@ -31,37 +31,11 @@ fn req(sandbox: &str, dev: &str) -> pb::RuntimePublishVolumeRequest {
     }
 }
 
-fn code<T: std::fmt::Debug>(r: Result<T, tonic::Status>) -> (String, String) {
-    match r {
-        Err(s) => (code_name(s.code()), s.message().to_string()),
-        Ok(v) => {
-            let v: String = format!("{v:?}").chars().take(200).collect();
-            panic!("expected an error, got {v}")
-        }
-    }
-}
-
 fn state(dir: &Path) -> serde_json::Value {
     match std::fs::read_to_string(dir.join("crustd.json")) {
         Ok(t) => serde_json::from_str(&t).unwrap(),
         Err(_) => serde_json::json!({"volumes": {}}),
     }
-}
-
-/// Whether the host can mount `dev` (ext4) now; unmounts it again.
-fn host_can_mount(disk: &LoopDisk, dev: &str) -> bool {
-    let at = disk.scratch("host-mount");
-    let ok = std::process::Command::new("mount")
-        .args(["-t", "ext4", dev])
-        .arg(&at)
-        .output()
-        .unwrap()
-        .status
-        .success();
-    if ok {
-        disks::run("umount", &[at.to_str().unwrap()]);
-    }
-    ok
 }
 
 /// Defect 2: on 6ef9837 any call naming a sandbox whose sandbox.json was
@@ -83,7 +57,7 @@ fn a_missing_sandbox_json_frees_nothing_a_vm_still_writes() {
     let mut d = Crustd::start(&reg, &["--qmp-timeout", "2"]);
     let k = d.client();
     k.publish(req("pod-a", &dev)).unwrap();
-    assert!(!host_can_mount(&disk, &dev));
+    assert!(!disk.host_can_mount(&dev));
 
     // The runtime rewrites pod-a's entry (removed, not yet written again);
     // its VM runs on and has the disk open read-write.
@@ -96,7 +70,7 @@ fn a_missing_sandbox_json_frees_nothing_a_vm_still_writes() {
         assert_eq!(code(k.publish(req("pod-a", &dev))).0, "NOT_FOUND");
         assert_eq!(code(k.expand("pod-a", &dev, 0)).0, "NOT_FOUND");
         assert!(
-            !host_can_mount(&disk, &dev),
+            !disk.host_can_mount(&dev),
             "the host mounted a disk a VM writes"
         );
         // Another sandbox's publish: refused, naming the process that has it open.
@@ -137,7 +111,7 @@ fn a_missing_sandbox_json_frees_nothing_a_vm_still_writes() {
         state(&b.dir)
     );
     k.unpublish("pod-a", &dev).unwrap();
-    assert!(host_can_mount(&disk, &dev));
+    assert!(disk.host_can_mount(&dev));
 }
 
 /// A hybrid vsock backend whose guest never answers CONNECT (hung, paused,

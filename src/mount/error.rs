@@ -181,57 +181,19 @@ mod tests {
     use crate::code::Code;
     use crate::mount::options::parse_options;
 
-    fn opts(list: &[&str]) -> Vec<String> {
-        list.iter().map(|s| s.to_string()).collect()
-    }
-
+    /// Every option the table refuses (its own test walks them all) is
+    /// the request's fault: INVALID_ARGUMENT.
     #[test]
-    fn refuses_bad_options() {
-        let long = "x".repeat(2000);
-        let long_utf8 = "é".repeat(1000);
-        let many_utf8: Vec<String> = (0..500).map(|i| format!("o{i}=ééééé")).collect();
-        let many: Vec<String> = (0..500).map(|i| format!("opt{i}=abcdef")).collect();
-        let table: Vec<Vec<String>> = vec![
-            opts(&["bind"]),
-            opts(&["rbind"]),
-            opts(&["noatime,remount"]),
-            opts(&["move"]),
-            opts(&["loop"]),
-            opts(&["loop=/dev/loop0"]),
-            opts(&["shared"]),
-            opts(&["rshared"]),
-            opts(&["private"]),
-            opts(&["rprivate"]),
-            opts(&["slave"]),
-            opts(&["rslave"]),
-            opts(&["unbindable"]),
-            opts(&["runbindable"]),
-            opts(&["errors=panic"]),
-            opts(&["noatime,errors=panic"]),
-            opts(&["errors=remount-ro,errors=panic"]),
-            opts(&["errors="]),
-            opts(&["errors"]),
-            opts(&["errors=Panic"]),
-            opts(&["errors=remount-ro "]),
-            opts(&["journal_dev=2049"]),
-            opts(&["journal_path=/dev/vdc"]),
-            opts(&["logdev=/dev/vdc"]),
-            opts(&["rtdev=/dev/vdc"]),
-            opts(&["sb=8193"]),
-            opts(&["source=/dev/vdc"]),
-            opts(&[""]),
-            opts(&["noatime,,nosuid"]),
-            opts(&["noatime,"]),
-            opts(&["disc\0ard"]),
-            vec![long],
-            vec![long_utf8],
-            many,
-            many_utf8,
-        ];
-        for input in table {
-            let err =
-                parse_options(&input, false).expect_err(&format!("{input:?} must be refused"));
-            assert_eq!(Error::from(err).code(), Code::InvalidArgument, "{input:?}");
+    fn a_refused_option_is_invalid_argument() {
+        for bad in [
+            "bind",
+            "errors=panic",
+            "journal_dev=2049",
+            "noatime,,nosuid",
+            "disc\0ard",
+        ] {
+            let err = parse_options(&[bad.to_string()], false).expect_err(bad);
+            assert_eq!(Error::from(err).code(), Code::InvalidArgument, "{bad}");
         }
     }
 }

@@ -31,6 +31,10 @@ pub use block::{Added, BlockDisk, Source};
 /// are a few KiB; a flat node list of a busy VM some hundreds).
 pub const MAX_LINE: u64 = 16 << 20;
 
+/// The most events read before QEMU's greeting (ones it emitted as the
+/// client connected); more is not QEMU.
+const MAX_EARLY_EVENTS: usize = 64;
+
 /// Why a QMP session or command failed. Every message names the socket.
 #[derive(Debug, Error)]
 pub enum QmpError {
@@ -159,10 +163,20 @@ impl Qmp {
             path: path.to_path_buf(),
             timeout,
         };
-        let greeting = q.read().map_err(|e| match e {
-            QmpError::Silent { path, timeout } => QmpError::NoGreeting { path, timeout },
-            other => other,
-        })?;
+        // QEMU may write an event it emitted just as this client connected
+        // (a DEVICE_DELETED from an earlier session's device_del) before
+        // its greeting: kept, as events between replies are, a few at most.
+        let mut greeting = Value::Null;
+        for _ in 0..MAX_EARLY_EVENTS {
+            greeting = q.read().map_err(|e| match e {
+                QmpError::Silent { path, timeout } => QmpError::NoGreeting { path, timeout },
+                other => other,
+            })?;
+            if greeting.get("event").is_none() {
+                break;
+            }
+            q.events.push(std::mem::take(&mut greeting));
+        }
         if greeting.get("QMP").is_none() {
             return Err(q.broken(format!(
                 "{} did not greet like QMP: {greeting}",
@@ -343,6 +357,48 @@ pub(super) mod tests {
             }
         });
         log
+    }
+
+    /// Seen under a real VM: a DEVICE_DELETED emitted as a new client
+    /// connected came before QEMU's greeting, and the session was refused.
+    #[test]
+    fn an_event_before_the_greeting_is_kept_not_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("qmp.sock");
+        let l = UnixListener::bind(&p).unwrap();
+        std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            let mut w = s.try_clone().unwrap();
+            let ev = json!({"event": "DEVICE_DELETED", "data": {"device": "d1"}});
+            writeln!(w, "{ev}").unwrap();
+            writeln!(w, "{}", json!({"QMP": {"version": {}, "capabilities": []}})).unwrap();
+            for line in BufReader::new(s).lines() {
+                let Ok(_) = line else { break };
+                writeln!(w, "{}", json!({"return": {}})).unwrap();
+            }
+        });
+        let mut q = Qmp::connect(&p, Duration::from_secs(5)).unwrap();
+        let got = q
+            .wait_event(
+                "DEVICE_DELETED",
+                |d| d["device"] == "d1",
+                Duration::from_millis(100),
+            )
+            .unwrap();
+        assert!(got.is_some(), "the early event was kept");
+        // A stream of events that never greets is not QEMU.
+        let p2 = t.path().join("noisy.sock");
+        let l = UnixListener::bind(&p2).unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            for _ in 0..1000 {
+                if writeln!(s, "{}", json!({"event": "X"})).is_err() {
+                    break;
+                }
+            }
+        });
+        let e = Qmp::connect(&p2, Duration::from_secs(5)).unwrap_err();
+        assert!(e.to_string().contains("did not greet like QMP"), "{e}");
     }
 
     #[test]

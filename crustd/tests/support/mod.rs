@@ -260,3 +260,15 @@ impl Drop for Crustd {
         let _ = self.child.wait();
     }
 }
+
+/// The code name and message of a call that must have failed; a success
+/// panics, showing the first 200 characters of what came back.
+pub fn code<T: std::fmt::Debug>(r: Result<T, tonic::Status>) -> (String, String) {
+    match r {
+        Err(s) => (crustd_ctl::code_name(s.code()), s.message().to_string()),
+        Ok(v) => {
+            let v: String = format!("{v:?}").chars().take(200).collect();
+            panic!("expected an error, got {v}")
+        }
+    }
+}
