@@ -367,6 +367,17 @@ pub fn check_path(host_volume_id: &str) -> Result<()> {
             "host_volume_id is empty: give the volume's block device on the host, e.g. /dev/sdx",
         ));
     }
+    if host_volume_id.len() > PATH_MAX || host_volume_id.contains('\0') {
+        return Err(Error::invalid(format!(
+            "host_volume_id has {} bytes{}: a device path has at most {PATH_MAX}, and no NUL",
+            host_volume_id.len(),
+            if host_volume_id.contains('\0') {
+                " and a NUL byte"
+            } else {
+                ""
+            }
+        )));
+    }
     if !host_volume_id.starts_with('/') {
         return Err(Error::invalid(format!(
             "host_volume_id {host_volume_id:?} is not an absolute path: give the block device, e.g. /dev/sdx"
@@ -374,6 +385,9 @@ pub fn check_path(host_volume_id: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// The longest path the kernel takes.
+const PATH_MAX: usize = 4096;
 
 /// The device's size in bytes as the host kernel sees it now (what
 /// BLKGETSIZE64 answers; seeking to the end of a block device gives the same
@@ -453,9 +467,12 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let f = t.path().join("img");
         fs::write(&f, b"x").unwrap();
+        let long = format!("/{}", "d".repeat(5000));
         for (p, what) in [
             ("", "empty"),
             ("dev/loop0", "absolute"),
+            (long.as_str(), "5001 bytes"),
+            ("/dev/lo\0op0", "NUL"),
             ("/nonexistent/x", "No such file"),
             (t.path().to_str().unwrap(), "a directory"),
             (f.to_str().unwrap(), "regular file"),
