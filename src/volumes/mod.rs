@@ -14,7 +14,8 @@
 //!
 //! One idea a file:
 //!
-//! - `table`: the table itself, its slots, and the lock order;
+//! - `table`: the table itself and the lock order;
+//! - `slots`: one slot per volume, its lock taken in turn;
 //! - `index`: the side maps (device claims, bind targets, the list), kept in
 //!   step with the volumes there alone;
 //! - `publish` (with its steps and their undo), `steps`, `block`, `bind`,
@@ -34,6 +35,7 @@ pub mod query;
 pub mod recover;
 pub mod request;
 pub mod rollback;
+pub(crate) mod slots;
 pub mod state;
 pub mod steps;
 pub mod table;

@@ -36,7 +36,7 @@ use slog::{info, warn};
 use super::error::Error;
 use super::request::{PublishRequest, Published, Source};
 use super::rollback::{Rollback, Undo};
-use super::table::{lock_slot, Volumes};
+use super::table::Volumes;
 use super::volume::{guest_rel, Volume};
 use super::walking::{Outcome, WalkJob};
 use crate::cancel::Cancel;
@@ -76,7 +76,7 @@ impl Volumes {
         let cancel = &self.stop_with(cancel);
         let result = {
             let slot = self.slot(&req.volume_id);
-            let locked = lock_slot(&slot, &req.volume_id, cancel);
+            let locked = slot.lock(&req.volume_id, cancel);
             locked.and_then(|mut guard| {
                 // Checked again now that the slot exists: a Shutdown that
                 // listed the slots before this one was made set the flag
@@ -319,7 +319,7 @@ impl Volumes {
         let Some(slot) = self.existing_slot(id) else {
             return walked.map_or_else(|e| failed(&e), Outcome::Done);
         };
-        let mut guard = match lock_slot(&slot, id, cancel) {
+        let mut guard = match slot.lock(id, cancel) {
             Ok(g) => g,
             Err(e) => return failed(&walked.err().unwrap_or(e)),
         };

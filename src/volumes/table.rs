@@ -7,14 +7,13 @@
 //!
 //! # Locks, and the order they are taken in
 //!
-//! 1. `slots`, the map of slots: held only to find, make or drop a slot,
-//!    never while waiting for anything (dropping a slot tries its lock, it
-//!    never waits for it).
+//! 1. `slots`, the map of slots (`slots.rs`): held only to find, make or
+//!    drop a slot, never while waiting for anything.
 //! 2. A volume's slot: held for a whole operation on that volume, I/O and
-//!    waits included. It is taken with the request's cancellation
-//!    ([`lock_slot`]), so a request waiting behind a long walk gives up at
-//!    its deadline, when its caller goes, or at shutdown. No operation holds
-//!    two slots.
+//!    waits included. It is taken in turn, with the request's cancellation
+//!    (`Slot::lock`), so a request waiting behind a long walk gives up at
+//!    its deadline, when its caller goes, or at shutdown, and waiters are
+//!    served in the order they came. No operation holds two slots.
 //! 3. The index's maps (`claims`, `targets`, `listed`), under a slot or
 //!    without one: each taken for one lookup or update, one at a time,
 //!    never while another lock of the index is held, never across a
@@ -30,20 +29,19 @@
 //! or a job's phase, in that order; nothing ever waits for a slot while
 //! holding anything else.
 
-use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::sync::{Arc, Weak};
 
 use rustix::fs::OFlags;
 use rustix::io::Errno;
 use slog::Logger;
 
 use super::error::Error;
-use super::index::{lock, Index};
+use super::index::Index;
 use super::recover::Recovery;
+use super::slots::{Slot, Slots};
 use super::state::Store;
 use super::volume::Volume;
 use crate::cancel::{Cancel, Token, Why};
@@ -58,9 +56,6 @@ use crate::validate::{self, Invalid};
 /// keeps one client from filling the mount table and the state file.
 pub const MAX_BINDS: usize = 1024;
 
-/// A volume's slot: empty while a first publish runs or after an unpublish.
-pub(crate) type Slot = Arc<Mutex<Option<Volume>>>;
-
 /// The agent's volumes.
 pub struct Volumes {
     /// The agent's root, opened once.
@@ -71,8 +66,8 @@ pub struct Volumes {
     pub(crate) sysfs: Sysfs,
     /// Where what happens is said.
     pub(crate) log: Logger,
-    /// One slot per volume id (lock 1 of the module doc).
-    slots: Mutex<HashMap<String, Slot>>,
+    /// One slot per volume id (locks 1 and 2 of the module doc).
+    slots: Slots,
     /// Claims, targets and the list (lock 3).
     pub(crate) index: Index,
     /// Set by Shutdown: no new volume or bind is accepted.
@@ -84,27 +79,6 @@ pub struct Volumes {
     /// The table itself, for the threads of fsGroup walks (walking.rs),
     /// which outlive the call that started them.
     me: Weak<Volumes>,
-}
-
-/// Locks a volume's slot, giving up when `cancel` fires (the caller left,
-/// its deadline passed, or the agent is shutting down).
-pub(crate) fn lock_slot<'a>(
-    slot: &'a Mutex<Option<Volume>>,
-    id: &str,
-    cancel: &Cancel,
-) -> Result<MutexGuard<'a, Option<Volume>>> {
-    let mut pause = Duration::from_micros(200);
-    loop {
-        match slot.try_lock() {
-            Ok(g) => return Ok(g),
-            Err(std::sync::TryLockError::Poisoned(p)) => return Ok(p.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => {
-                cancel.check(|| format!("waiting for another operation on volume {id} to end"))?;
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(5));
-            }
-        }
-    }
 }
 
 /// What an openat2 failure on a path the agent resolves means.
@@ -135,16 +109,12 @@ impl Volumes {
             log: &log,
         }
         .run()?;
-        let slots = adopted
-            .into_iter()
-            .map(|vol| (vol.id.clone(), Arc::new(Mutex::new(Some(vol)))))
-            .collect();
         Ok(Arc::new_cyclic(|me| Volumes {
             root,
             store,
             sysfs,
             log,
-            slots: Mutex::new(slots),
+            slots: Slots::adopted(adopted),
             index,
             shutting_down: AtomicBool::new(false),
             stop: Token::new(Why::Shutdown),
@@ -212,27 +182,22 @@ impl Volumes {
 
     /// The ids of every slot (Shutdown's list to unpublish).
     pub(crate) fn slot_ids(&self) -> Vec<String> {
-        lock(&self.slots).keys().cloned().collect()
+        self.slots.ids()
     }
 
     /// The slot of volume `id`, made if missing (a first publish).
-    pub(crate) fn slot(&self, id: &str) -> Slot {
-        lock(&self.slots).entry(id.to_string()).or_default().clone()
+    pub(crate) fn slot(&self, id: &str) -> Arc<Slot> {
+        self.slots.get_or_make(id)
     }
 
     /// The slot of volume `id`, if it has one.
-    pub(crate) fn existing_slot(&self, id: &str) -> Option<Slot> {
-        lock(&self.slots).get(id).cloned()
+    pub(crate) fn existing_slot(&self, id: &str) -> Option<Arc<Slot>> {
+        self.slots.get(id)
     }
 
     /// Drops an empty slot nobody else holds.
     pub(crate) fn forget_slot(&self, id: &str) {
-        let mut slots = lock(&self.slots);
-        if let Some(s) = slots.get(id) {
-            if Arc::strong_count(s) == 1 && matches!(s.try_lock().as_deref(), Ok(None)) {
-                slots.remove(id);
-            }
-        }
+        self.slots.forget(id)
     }
 
     /// The table, shared with a thread that outlives the call (a walk).
@@ -264,7 +229,7 @@ impl Volumes {
         let slot = self
             .existing_slot(id)
             .ok_or_else(|| Error::NotPublished(id.to_string()))?;
-        let mut guard = lock_slot(&slot, id, cancel)?;
+        let mut guard = slot.lock(id, cancel)?;
         let vol = guard
             .as_mut()
             .ok_or_else(|| Error::NotPublished(id.to_string()))?;

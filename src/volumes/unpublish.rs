@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use slog::warn;
 
 use super::error::Error;
-use super::table::{lock_slot, Volumes};
+use super::table::Volumes;
 use super::volume::Volume;
 use crate::cancel::Cancel;
 use crate::error::Result;
@@ -28,7 +28,7 @@ impl Volumes {
             return Ok(false);
         };
         let result = {
-            let locked = lock_slot(&slot, id, cancel);
+            let locked = slot.lock(id, cancel);
             locked.and_then(|mut guard| self.unpublish_locked(&mut guard, cancel))
         };
         drop(slot);
