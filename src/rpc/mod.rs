@@ -26,3 +26,4 @@ pub mod reactor;
 mod tests;
 pub mod transport;
 pub mod wire;
+mod worker;

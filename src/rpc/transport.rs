@@ -1,6 +1,6 @@
-//! The transport started and stopped: the worker threads (each takes a
-//! request from the queue, runs it through the service table and answers
-//! straight to its connection's socket) and the event loop's thread.
+//! The transport started and stopped: the worker threads (`worker.rs`) and
+//! the event loop's thread. A transport that fails to start leaves no
+//! thread behind.
 
 use std::collections::HashMap;
 use std::io;
@@ -8,18 +8,53 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rustix::event::epoll;
 use rustix::event::{eventfd, EventfdFlags};
 use slog::{warn, Logger};
 
-use super::dispatch::{self, Done, Methods, Outbox};
+use super::dispatch::{Methods, Outbox};
 use super::limits::{Limits, FD_RESERVE};
 use super::listen::{raise_fd_limit, Peers};
 use super::lograte::LogRate;
 use super::pool::{Lane, LaneRule, Queue};
 use super::reactor::{Reactor, FIRST_CONN};
+use super::worker::Worker;
+
+/// Starts a thread for each worker with `spawn`. If one cannot start, the
+/// workers already started would wait for jobs for ever: their queue is
+/// closed and each joined before the error is answered.
+fn start_workers(
+    queue: &Queue,
+    workers: impl Iterator<Item = Worker>,
+    mut spawn: impl FnMut(String, Worker) -> io::Result<JoinHandle<()>>,
+) -> io::Result<Vec<JoinHandle<()>>> {
+    let mut started = Vec::new();
+    for (i, w) in workers.enumerate() {
+        let name = match w.lane {
+            Lane::Regular => format!("rpc-worker-{i}"),
+            Lane::Quick | Lane::Inline => format!("rpc-quick-{i}"),
+        };
+        match spawn(name, w) {
+            Ok(h) => started.push(h),
+            Err(e) => {
+                stop_workers(queue, started);
+                return Err(e);
+            }
+        }
+    }
+    Ok(started)
+}
+
+/// Ends the workers of a transport that did not start: their queue closed,
+/// each joined.
+fn stop_workers(queue: &Queue, workers: Vec<JoinHandle<()>>) {
+    queue.close();
+    for w in workers {
+        let _ = w.join();
+    }
+}
 
 /// A running transport.
 pub struct Server {
@@ -65,47 +100,21 @@ impl Server {
             .map(|_| Lane::Regular)
             .chain((0..limits.quick_workers).map(|_| Lane::Quick));
         let cap = limits.in_flight_per_connection;
-        for (i, lane) in lanes.enumerate() {
-            let (queue, methods, done_tx, wake, log, rate) = (
-                queue.clone(),
-                methods.clone(),
-                done_tx.clone(),
-                wake.clone(),
-                log.clone(),
-                rate.clone(),
-            );
-            let name = match lane {
-                Lane::Regular => format!("rpc-worker-{i}"),
-                Lane::Quick | Lane::Inline => format!("rpc-quick-{i}"),
-            };
-            std::thread::Builder::new().name(name).spawn(move || {
-                let out = Outbox::new();
-                while let Some(job) = queue.pop(lane) {
-                    let (conn, path, start) = (job.conn, job.path.clone(), Instant::now());
-                    let wire = job.wire.clone();
-                    let (frame, failure) = dispatch::run(&methods, job, &out);
-                    if let Some((code, why)) = failure {
-                        if let Some(held) = rate.allow() {
-                            warn!(log, "request"; "method" => path, "code" => format!("{code:?}"),
-                                  "duration_us" => u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
-                                  "error" => why, "lines_held_back" => held);
-                        }
-                    }
-                    // Answer straight away; the loop is needed only for what
-                    // the socket did not take, or to resume reading a
-                    // connection held at its in-flight limit.
-                    let pending = wire.answer(&frame).unwrap_or(1);
-                    let before = wire.in_flight.fetch_sub(1, Ordering::SeqCst);
-                    drop(wire);
-                    if pending > 0 || before >= cap {
-                        if done_tx.send(Done { conn }).is_err() {
-                            return;
-                        }
-                        let _ = rustix::io::write(&*wake, &1u64.to_ne_bytes());
-                    }
-                }
-            })?;
-        }
+        let workers = lanes.map(|lane| Worker {
+            lane,
+            queue: queue.clone(),
+            methods: methods.clone(),
+            done: done_tx.clone(),
+            wake: wake.clone(),
+            log: log.clone(),
+            rate: rate.clone(),
+            cap,
+        });
+        let workers = start_workers(&queue, workers, |name, w| {
+            std::thread::Builder::new()
+                .name(name)
+                .spawn(move || w.run())
+        })?;
 
         let reactor = Reactor {
             epoll,
@@ -116,7 +125,7 @@ impl Server {
             methods,
             lane,
             outbox: Outbox::new(),
-            queue,
+            queue: queue.clone(),
             done: done_rx,
             limits,
             log,
@@ -125,10 +134,20 @@ impl Server {
             accept_paused_until: None,
             peers,
         };
-        reactor.register()?;
-        let event_loop = std::thread::Builder::new()
+        if let Err(e) = reactor.register() {
+            stop_workers(&queue, workers);
+            return Err(e.into());
+        }
+        let event_loop = match std::thread::Builder::new()
             .name("rpc-loop".into())
-            .spawn(move || reactor.run(grace))?;
+            .spawn(move || reactor.run(grace))
+        {
+            Ok(h) => h,
+            Err(e) => {
+                stop_workers(&queue, workers);
+                return Err(e);
+            }
+        };
         Ok(Server {
             stop,
             wake,
@@ -144,5 +163,51 @@ impl Server {
         if let Some(h) = self.event_loop.take() {
             let _ = h.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker that cannot be started leaves none of the others waiting.
+    #[test]
+    fn a_worker_that_cannot_start_stops_the_ones_started() {
+        let queue = Arc::new(Queue::new(4, 4));
+        let (done, _rx) = std::sync::mpsc::channel();
+        let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC).unwrap());
+        let worker = |lane| Worker {
+            lane,
+            queue: queue.clone(),
+            methods: Arc::new(Methods::default()),
+            done: done.clone(),
+            wake: wake.clone(),
+            log: crate::logging::discard(),
+            rate: Arc::new(LogRate::new()),
+            cap: 1,
+        };
+        let ended = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut n = 0;
+        let e = start_workers(
+            &queue,
+            [Lane::Regular, Lane::Regular, Lane::Quick, Lane::Quick]
+                .into_iter()
+                .map(worker),
+            |name, w| {
+                n += 1;
+                if n == 3 {
+                    return Err(io::Error::other("no more threads"));
+                }
+                let ended = ended.clone();
+                std::thread::Builder::new().name(name).spawn(move || {
+                    w.run();
+                    ended.fetch_add(1, Ordering::SeqCst);
+                })
+            },
+        )
+        .unwrap_err();
+        assert_eq!(e.to_string(), "no more threads");
+        // Joined before the error came back: both started workers ended.
+        assert_eq!(ended.load(Ordering::SeqCst), 2);
     }
 }

@@ -20,6 +20,7 @@ use super::translate::{
     bind_request, cancel_of, capability, publish_request_in, status_code, usage, volume_info,
 };
 use crate::error::{Error, Result};
+use crate::rpc::lograte::LogRate;
 use crate::rpc::pool::Lane;
 use crate::stats::Measured;
 use crate::system::{self, Gate, Timeline};
@@ -35,9 +36,15 @@ use crate::volumes::table::Volumes;
 /// regular worker waits for a disk, never holding up the loop. Every other
 /// method may wait for disks and walks.
 pub fn lane(path: &str) -> Lane {
-    match path {
-        "/crust.v1.Agent/GetCapabilities" | "/crust.v1.Agent/GetAgentInfo" => Lane::Inline,
-        "/crust.v1.Agent/ListVolumes" => Lane::Quick,
+    path.strip_prefix("/crust.v1.Agent/")
+        .map_or(Lane::Regular, method_lane)
+}
+
+/// [`lane`] of a method of this service, by its name.
+fn method_lane(method: &str) -> Lane {
+    match method {
+        "GetCapabilities" | "GetAgentInfo" => Lane::Inline,
+        "ListVolumes" => Lane::Quick,
         _ => Lane::Regular,
     }
 }
@@ -52,6 +59,9 @@ pub struct Service {
     shutdown: Mutex<Option<Sender<()>>>,
     /// Open once the kernel modules for disks and filesystems are loaded.
     modules: Arc<Gate>,
+    /// The rate of the log lines of the methods the event loop answers
+    /// itself: a flood of them must not pace the loop at the console's speed.
+    inline_lines: LogRate,
 }
 
 /// How long a request waits for the boot's module loading before going on anyway.
@@ -75,6 +85,7 @@ impl Service {
             timeline,
             shutdown: Mutex::new(Some(shutdown)),
             modules,
+            inline_lines: LogRate::new(),
         }
     }
 
@@ -86,28 +97,57 @@ impl Service {
         f: impl FnOnce() -> Result<T>,
     ) -> ttrpc::Result<T> {
         let start = Instant::now();
-        let result = catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
-            let what = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".to_string());
-            Err(Error::Panic(method, what))
-        });
+        let result =
+            catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| Err(panicked(method, &*p)));
+        self.log_outcome(method, volume, start, result.as_ref().err());
+        map_status(result)
+    }
+}
+
+impl Service {
+    /// The request's log line. Not generic, so written once in the binary
+    /// rather than once per method. The loop's own methods log at the
+    /// transport's rate, saying how many lines were held back; every other
+    /// method logs each call.
+    #[inline(never)]
+    fn log_outcome(&self, method: &'static str, volume: &str, start: Instant, err: Option<&Error>) {
         let us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
-        match &result {
-            Ok(_) => {
-                info!(self.log, "request"; "method" => method, "volume" => volume, "code" => "OK", "duration_us" => us)
+        let held = if method_lane(method) == Lane::Inline {
+            match self.inline_lines.allow() {
+                Some(held) => held,
+                None => return,
             }
-            Err(e) => {
+        } else {
+            0
+        };
+        match err {
+            None => {
+                info!(self.log, "request"; "method" => method, "volume" => volume, "code" => "OK", "duration_us" => us,
+                      "lines_held_back" => held)
+            }
+            Some(e) => {
                 warn!(self.log, "request"; "method" => method, "volume" => volume, "code" => e.code().name(),
-                            "duration_us" => us, "error" => %e)
+                            "duration_us" => us, "error" => %e, "lines_held_back" => held)
             }
         }
-        result.map_err(|e| {
-            ttrpc::Error::RpcStatus(ttrpc::get_status(status_code(e.code()), e.to_string()))
-        })
     }
+}
+
+/// A request handler's panic, as the error it is answered with.
+fn panicked(method: &'static str, p: &(dyn std::any::Any + Send)) -> Error {
+    let what = p
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string());
+    Error::Panic(method, what)
+}
+
+/// An answer as ttrpc's: the error's class and sentence.
+fn map_status<T>(result: Result<T>) -> ttrpc::Result<T> {
+    result.map_err(|e| {
+        ttrpc::Error::RpcStatus(ttrpc::get_status(status_code(e.code()), e.to_string()))
+    })
 }
 
 impl crust_ttrpc::Agent for Service {
@@ -382,6 +422,52 @@ mod tests {
             other => panic!("expected INTERNAL, got {other:?}"),
         }
         assert_eq!(svc.handle("Test", "v", || Ok(7)).unwrap(), 7);
+    }
+
+    /// Counts the records logged through it.
+    struct Counting(Arc<std::sync::atomic::AtomicUsize>);
+
+    impl slog::Drain for Counting {
+        type Ok = ();
+        type Err = slog::Never;
+        fn log(
+            &self,
+            _: &slog::Record,
+            _: &slog::OwnedKVList,
+        ) -> std::result::Result<(), slog::Never> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    /// A flood of the loop's own methods logs at the transport's rate; every
+    /// other method logs each call.
+    #[test]
+    fn the_loops_own_methods_log_at_a_rate() {
+        let dir = tempfile::tempdir().unwrap();
+        let volumes =
+            Volumes::open(dir.path(), Sysfs::system(), crate::logging::discard()).unwrap();
+        let (tx, _rx) = std::sync::mpsc::channel();
+        let lines = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let svc = Service::new(
+            volumes,
+            slog::Logger::root(Counting(lines.clone()), slog::o!()),
+            Instant::now(),
+            Arc::new(Mutex::new(Timeline::default())),
+            tx,
+            Arc::new(Gate::new(true)),
+        );
+        let n = || lines.load(std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..1000 {
+            svc.handle("GetCapabilities", "", || Ok(())).unwrap();
+        }
+        let rate = usize::try_from(crate::rpc::lograte::PER_SECOND).unwrap();
+        assert!(n() <= 2 * rate, "{} lines for 1000 calls", n());
+        let before = n();
+        for _ in 0..100 {
+            svc.handle("Unmount", "", || Ok(())).unwrap();
+        }
+        assert_eq!(n() - before, 100);
     }
 
     #[test]
