@@ -769,6 +769,7 @@ fn an_ro_option_makes_the_volume_read_only() {
         r.ownership.skipped,
         "a read-only volume's ownership is left alone"
     );
+
     let gp = a.root.join("volumes/ro-opt");
     assert_ne!(std::fs::metadata(&gp).unwrap().gid(), 777);
     let list = c

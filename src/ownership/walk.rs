@@ -27,7 +27,8 @@ use crate::sys::error::SysError;
 /// What a run did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Report {
-    /// OnRootMismatch found the root already right and did not walk.
+    /// OnRootMismatch found the root already right and did not walk (the
+    /// table reports a read-only volume's fsGroup as skipped too).
     pub skipped: bool,
     /// Entries looked at (the root included; mount points of other mounts and what is below them not).
     pub visited: u64,

@@ -188,7 +188,10 @@ fn thousands(n: u64) -> String {
     groups.join(",")
 }
 
-pub fn publish(volume_id: &str, r: &proto::PublishVolumeResponse) -> String {
+/// `read_only` is whether the request asked for a read-only mount (its flag
+/// or an `ro` option): the agent leaves such a volume's ownership alone, as
+/// kubelet does, and reports it as skipped.
+pub fn publish(volume_id: &str, read_only: bool, r: &proto::PublishVolumeResponse) -> String {
     let mut out = if r.already_published {
         format!(
             "{volume_id} was already published at {} (device {})\n",
@@ -201,7 +204,11 @@ pub fn publish(volume_id: &str, r: &proto::PublishVolumeResponse) -> String {
         )
     };
     if let Some(o) = r.ownership.as_ref() {
-        if o.skipped {
+        if o.skipped && read_only {
+            out.push_str(
+                "ownership: not applied: the volume is mounted read-only (kubelet does not apply fsGroup to a read-only volume either)\n",
+            );
+        } else if o.skipped {
             out.push_str(
                 "ownership: the root already had the right group; walk skipped (OnRootMismatch)\n",
             );
@@ -387,7 +394,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            publish("vol-1", &r),
+            publish("vol-1", false, &r),
             "published vol-1 at /run/crust/volumes/vol-1 (device /dev/vdb)\n"
         );
         r.already_published = true;
@@ -397,9 +404,17 @@ mod tests {
         })
         .into();
         assert_eq!(
-            publish("vol-1", &r),
+            publish("vol-1", false, &r),
             "vol-1 was already published at /run/crust/volumes/vol-1 (device /dev/vdb)\n\
              ownership: the root already had the right group; walk skipped (OnRootMismatch)\n"
+        );
+        // A read-only volume: not walked, and said why.
+        assert!(
+            publish("vol-1", true, &r).ends_with(
+                "ownership: not applied: the volume is mounted read-only (kubelet does not apply fsGroup to a read-only volume either)\n"
+            ),
+            "{}",
+            publish("vol-1", true, &r)
         );
         r.ownership = Some(proto::OwnershipReport {
             visited: 102_400,
@@ -409,10 +424,10 @@ mod tests {
             ..Default::default()
         })
         .into();
-        assert!(publish("vol-1", &r)
+        assert!(publish("vol-1", false, &r)
             .ends_with("ownership: visited 102400 entries, changed 102399, 1 errors, in 1.234s\n"));
         r.options_not_applied = vec!["context=system_u:object_r:container_file_t:s0".into()];
-        assert!(publish("vol-1", &r).ends_with(
+        assert!(publish("vol-1", false, &r).ends_with(
             "left out of the mount (this guest has no SELinux, so no label applies): \
              context=system_u:object_r:container_file_t:s0\n"
         ));

@@ -310,7 +310,8 @@ fn run(cli: &Cli, addr: &Address) -> Result<String, Failure> {
         Command::Publish(a) => {
             let req = publish_request(a);
             let resp = agent.publish_volume(&req).map_err(Failure::Call)?;
-            render(j, &resp, |r| human::publish(&a.volume_id, r))
+            let read_only = req.read_only || req.mount_options.iter().any(|o| o == "ro");
+            render(j, &resp, |r| human::publish(&a.volume_id, read_only, r))
         }
         Command::Unpublish { volume_id } => {
             let req = proto::UnpublishVolumeRequest {
