@@ -27,7 +27,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::connect::ConnectError;
+use crate::connect_error::ConnectError;
 
 /// The longest handshake answer read before calling the backend broken.
 const MAX_LINE: usize = 256;
@@ -254,13 +254,37 @@ fn reap() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{connect_stream, connect_stream_until, Address};
+    use crate::address::Address;
     use std::{
         io::{BufRead, BufReader},
         os::unix::net::UnixListener,
         sync::mpsc,
         thread,
     };
+
+    /// What `connect::connect_stream` does for a hybrid vsock address: the
+    /// backend's admission, the unix connect, the handshake (here, so that
+    /// the handshake's tests need nothing of the modules above it).
+    fn connect_stream(addr: &Address, timeout: Duration) -> Result<UnixStream, ConnectError> {
+        connect_stream_until(addr, Instant::now() + timeout, &mut || true)
+    }
+
+    fn connect_stream_until(
+        addr: &Address,
+        deadline: Instant,
+        keep_waiting: &mut dyn FnMut() -> bool,
+    ) -> Result<UnixStream, ConnectError> {
+        let Address::Hvsock { path, port } = addr else {
+            panic!("{addr} is not hvsock")
+        };
+        admit(path, *port)?;
+        let s = UnixStream::connect(path).map_err(|source| ConnectError::Unreachable {
+            addr: addr.to_string(),
+            source,
+        })?;
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        handshake(s, path, *port, deadline, timeout, keep_waiting)
+    }
 
     /// A one-shot fake hybrid vsock backend: reads the CONNECT line, answers
     /// `reply` and then writes `after` (bytes of the "ttrpc stream").
@@ -290,7 +314,7 @@ mod tests {
         let (addr, backend) = backend(dir.path(), b"OK 1073741824\n", b"ttrpc!");
         let fd = connect_stream(&addr, Duration::from_secs(5)).unwrap();
         assert_eq!(backend.join().unwrap(), "CONNECT 1024\n");
-        let mut stream = UnixStream::from(fd);
+        let mut stream = fd;
         let mut rest = String::new();
         stream.read_to_string(&mut rest).unwrap();
         assert_eq!(rest, "ttrpc!");

@@ -19,6 +19,7 @@
 mod address;
 mod client;
 mod connect;
+mod connect_error;
 mod hvsock;
 pub mod qmp;
 pub mod unary;

@@ -19,7 +19,6 @@ use crust_client::proto as pb;
 use crust_client::{protobuf::MessageField, Address, CallError, CrustClient};
 
 use crate::error::{Error, Result};
-use crate::volumes::{Stats, Usage};
 
 /// Open connections by sandbox id, with the address they were made to.
 pub type Connections = Mutex<HashMap<String, (String, CrustClient)>>;
@@ -261,6 +260,24 @@ impl Agent<'_> {
         }
         Ok(capacity)
     }
+}
+
+/// Bytes or inodes, as the agent counts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub available: i64,
+    pub total: i64,
+    pub used: i64,
+    /// true: inodes; false: bytes.
+    pub inodes: bool,
+}
+
+/// RuntimeGetVolumeStats, in plain types.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stats {
+    pub usage: Vec<Usage>,
+    pub abnormal: bool,
+    pub message: String,
 }
 
 /// The longest message from the agent passed on (an error's, a volume

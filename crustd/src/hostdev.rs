@@ -47,6 +47,7 @@ mod users;
 
 pub(crate) use place::LoopInfo64;
 use place::{aliases, extent_of, parse_dev, Host};
+pub use place::{Backing, Extent};
 
 /// A host block device, resolved and open (not exclusively).
 #[derive(Debug)]
@@ -62,53 +63,6 @@ pub struct HostDevice {
     /// Opened read-only, non-blocking, not exclusive: the identity every
     /// check below goes by, so a path changed meanwhile changes nothing.
     file: File,
-}
-
-/// Where a device's bytes lie on the host's storage.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Extent {
-    /// The whole disk, or the file behind a loop device.
-    pub backing: Backing,
-    /// First byte.
-    pub start: u64,
-    /// One past the last byte; `None`: to the end, whatever size it grows to.
-    pub end: Option<u64>,
-}
-
-/// What an extent is a range of.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backing {
-    /// A whole disk, by its number.
-    Disk { major: u32, minor: u32 },
-    /// A file behind loop devices, by its filesystem's device and inode.
-    File { dev: u64, ino: u64 },
-}
-
-impl Extent {
-    /// Whether the two ranges share a byte.
-    pub fn overlaps(&self, other: &Extent) -> bool {
-        self.backing == other.backing
-            && self.start < other.end.unwrap_or(u64::MAX)
-            && other.start < self.end.unwrap_or(u64::MAX)
-    }
-}
-
-impl fmt::Display for Extent {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.backing {
-            Backing::Disk { major, minor } => write!(f, "disk {major}:{minor}")?,
-            Backing::File { dev, ino } => write!(
-                f,
-                "the file with inode {ino} on device {}:{} (behind a loop device)",
-                major(dev),
-                minor(dev)
-            )?,
-        }
-        match self.end {
-            Some(end) => write!(f, " bytes {}..{end}", self.start),
-            None => write!(f, " from byte {} to its end", self.start),
-        }
-    }
 }
 
 /// crustd's exclusive hold on a published device (an O_EXCL open); the
@@ -399,14 +353,6 @@ pub fn size(path: &Path) -> Result<u64> {
     })
 }
 
-fn major(rdev: u64) -> u64 {
-    ((rdev >> 32) & 0xffff_f000) | ((rdev >> 8) & 0xfff)
-}
-
-fn minor(rdev: u64) -> u64 {
-    ((rdev >> 12) & 0xffff_ff00) | (rdev & 0xff)
-}
-
 /// The names one host volume gets, all derived from `host_volume_id`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Names {
@@ -482,14 +428,6 @@ mod tests {
             assert_eq!(e.code, Code::InvalidArgument, "{p}");
             assert!(e.message.contains(what), "{p}: {e}");
         }
-    }
-
-    #[test]
-    fn device_numbers() {
-        // makedev(7, 3) and makedev(259, 1048577) in glibc's encoding.
-        assert_eq!((major(0x703), minor(0x703)), (7, 3));
-        let big: u64 = (259 << 8) | ((1_048_577 & 0xff) | ((1_048_577 & !0xff) << 12));
-        assert_eq!((major(big), minor(big)), (259, 1_048_577));
     }
 
     /// A loop device over `image` from `offset` for `limit` bytes (0: to the end), detached on drop.

@@ -45,18 +45,26 @@ pub fn write_newc(entries: &BTreeMap<String, Entry>) -> Vec<u8> {
         };
         push_header(
             &mut out,
-            newc(i + 1),
-            mode,
-            nlink,
-            newc(data.len()),
-            rmaj,
-            rmin,
+            &Header {
+                ino: newc(i + 1),
+                mode,
+                nlink,
+                size: newc(data.len()),
+                rdev: (rmaj, rmin),
+            },
             path,
         );
         out.extend_from_slice(data);
         pad4(&mut out);
     }
-    push_header(&mut out, 0, 0, 1, 0, 0, 0, "TRAILER!!!");
+    let trailer = Header {
+        ino: 0,
+        mode: 0,
+        nlink: 1,
+        size: 0,
+        rdev: (0, 0),
+    };
+    push_header(&mut out, &trailer, "TRAILER!!!");
     out
 }
 
@@ -66,29 +74,29 @@ fn newc(n: usize) -> u32 {
     u32::try_from(n).expect("a cpio newc field holds at most 32 bits")
 }
 
-#[allow(clippy::too_many_arguments)]
-fn push_header(
-    out: &mut Vec<u8>,
+/// The fields of a newc header that vary (owner root, mtime 0, no device).
+struct Header {
     ino: u32,
     mode: u32,
     nlink: u32,
     size: u32,
-    rmaj: u32,
-    rmin: u32,
-    name: &str,
-) {
+    /// A device node's major and minor.
+    rdev: (u32, u32),
+}
+
+fn push_header(out: &mut Vec<u8>, h: &Header, name: &str) {
     let fields = [
-        ino,
-        mode,
+        h.ino,
+        h.mode,
         0,
         0,
-        nlink,
+        h.nlink,
         0,
-        size,
+        h.size,
         0,
         0,
-        rmaj,
-        rmin,
+        h.rdev.0,
+        h.rdev.1,
         newc(name.len() + 1),
         0,
     ];

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::{Qmp, QmpError};
+use super::session::{Qmp, QmpError};
 
 /// QEMU's names for one disk.
 #[derive(Debug, Clone, Copy)]
@@ -207,7 +207,7 @@ mod tests {
     fn qemu(path: &Path) -> (Arc<Mutex<Qemu>>, Arc<Mutex<Vec<String>>>) {
         let st = Arc::new(Mutex::new(Qemu::default()));
         let s = st.clone();
-        let log = super::super::tests::serve(
+        let log = super::super::fake::serve(
             path,
             Box::new(move |cmd, a| {
                 let mut q = s.lock().unwrap();

@@ -11,7 +11,54 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{self as rfs, Mode, OFlags};
 
-use super::{Backing, Extent};
+use std::fmt;
+
+/// Where a device's bytes lie on the host's storage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Extent {
+    /// The whole disk, or the file behind a loop device.
+    pub backing: Backing,
+    /// First byte.
+    pub start: u64,
+    /// One past the last byte; `None`: to the end, whatever size it grows to.
+    pub end: Option<u64>,
+}
+
+/// What an extent is a range of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backing {
+    /// A whole disk, by its number.
+    Disk { major: u32, minor: u32 },
+    /// A file behind loop devices, by its filesystem's device and inode.
+    File { dev: u64, ino: u64 },
+}
+
+impl Extent {
+    /// Whether the two ranges share a byte.
+    pub fn overlaps(&self, other: &Extent) -> bool {
+        self.backing == other.backing
+            && self.start < other.end.unwrap_or(u64::MAX)
+            && other.start < self.end.unwrap_or(u64::MAX)
+    }
+}
+
+impl fmt::Display for Extent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.backing {
+            Backing::Disk { major, minor } => write!(f, "disk {major}:{minor}")?,
+            Backing::File { dev, ino } => write!(
+                f,
+                "the file with inode {ino} on device {}:{} (behind a loop device)",
+                rfs::major(dev),
+                rfs::minor(dev)
+            )?,
+        }
+        match self.end {
+            Some(end) => write!(f, " bytes {}..{end}", self.start),
+            None => write!(f, " from byte {} to its end", self.start),
+        }
+    }
+}
 
 /// Bytes in one of the 512-byte sectors sysfs counts `start` and `size` in.
 const SECTOR: u64 = 512;

@@ -35,15 +35,8 @@ mod request;
 mod takeout;
 mod usage;
 
-pub use request::{validate, DirectRequest, Origin, PublishRequest, Stats, Usage};
-
-/// Block volumes (volumeMode: Block): the agent publishes the raw device
-/// (VolumeMode BLOCK). This one switch gates both the publish and the
-/// BLOCK_VOLUME capability.
-pub const BLOCK_VOLUMES: bool = true;
-
-/// The filesystems crustd publishes: what the guest this project builds mounts.
-pub const FILE_SYSTEMS: [&str; 2] = ["ext4", "xfs"];
+pub use crate::agent::{Stats, Usage};
+pub use request::{validate, DirectRequest, Origin, PublishRequest, BLOCK_VOLUMES, FILE_SYSTEMS};
 
 /// Deadlines and places.
 #[derive(Debug, Clone)]

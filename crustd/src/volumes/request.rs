@@ -7,7 +7,13 @@ use crate::error::{Code, Error, Result};
 use crate::hostdev;
 use crate::registry;
 
-use super::{BLOCK_VOLUMES, FILE_SYSTEMS};
+/// Block volumes (volumeMode: Block): the agent publishes the raw device
+/// (VolumeMode BLOCK). This one switch gates both the publish and the
+/// BLOCK_VOLUME capability.
+pub const BLOCK_VOLUMES: bool = true;
+
+/// The filesystems crustd publishes: what the guest this project builds mounts.
+pub const FILE_SYSTEMS: [&str; 2] = ["ext4", "xfs"];
 
 /// The longest `host_target_path` recorded (PATH_MAX): kubelet's own path,
 /// kept in crustd's state, which must stay small enough to read back.
@@ -69,24 +75,6 @@ pub struct DirectRequest {
     pub sandbox_id: String,
     pub volume_path: String,
     pub read_only: bool,
-}
-
-/// Bytes or inodes, as the agent counts them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Usage {
-    pub available: i64,
-    pub total: i64,
-    pub used: i64,
-    /// true: inodes; false: bytes.
-    pub inodes: bool,
-}
-
-/// RuntimeGetVolumeStats, in plain types.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stats {
-    pub usage: Vec<Usage>,
-    pub abnormal: bool,
-    pub message: String,
 }
 
 /// Checks a publish request without looking at the host or the sandbox.
