@@ -182,6 +182,100 @@ fn announce_ready(target: Target, cfg: &Config, log: slog::Logger) {
     }
 }
 
+/// As PID 1: the early mounts, then the kernel command line's `crust.*`
+/// settings into `cfg`. Answers what could not be taken, for the log.
+fn pid1_settings(cfg: &mut Config, timeline: &mut Timeline) -> Vec<String> {
+    let mut warnings = init::early_mounts();
+    timeline.mounts_done_ms = system::boottime_ms();
+    // Bytes: one word that is not UTF-8 (another program's argument, say)
+    // must not cost the agent every crust.* setting.
+    let raw = std::fs::read("/proc/cmdline").unwrap_or_default();
+    let cmdline = String::from_utf8_lossy(&raw);
+    if std::str::from_utf8(&raw).is_err() {
+        warnings.push(
+            "the kernel command line holds bytes that are not UTF-8; they were read as U+FFFD"
+                .to_string(),
+        );
+    }
+    let s = init::kernel_settings(&cmdline);
+    let pairs = s
+        .listen
+        .iter()
+        .map(|v| ("listen", v.clone()))
+        .map(|(k, v): (&str, String)| (k, v))
+        .chain(s.root.map(|v| ("root", v)))
+        .chain(s.log.map(|v| ("log", v)))
+        .chain(s.log_format.map(|v| ("log_format", v)))
+        .chain(s.vsock_peers.map(|v| ("vsock_peers", v)))
+        // crust.notify= wins over systemd's credential spelling of the same.
+        .chain(s.notify.or(s.vmm_notify_socket).map(|v| ("notify", v)));
+    for (k, v) in pairs {
+        if let Err(e) = apply(cfg, k, &v) {
+            warnings.push(format!("kernel command line: {e}; ignored"));
+        }
+    }
+    cfg.modules = s.modules;
+    warnings
+}
+
+/// The service manager's socket, as sd_notify(3) finds it; for PID 1 the
+/// kernel passes NOTIFY_SOCKET= from its command line the same way.
+fn notify_from_env(cfg: &mut Config, warnings: &mut Vec<String>) {
+    if cfg.notify.is_some() {
+        return;
+    }
+    if let Some(v) = std::env::var_os("NOTIFY_SOCKET") {
+        match Target::parse(&v.to_string_lossy()) {
+            Ok(t) => cfg.notify = Some(t),
+            Err(e) => warnings.push(format!("NOTIFY_SOCKET: {e}; ignored")),
+        }
+    }
+}
+
+/// As PID 1: the vsock stack's modules now, so the agent listens as early
+/// as it can; the rest (virtio_blk, xfs: the slow one) in a thread once it
+/// listens, which opens `modules` when done.
+fn load_modules(
+    cfg: &Config,
+    log: &slog::Logger,
+    timeline: &Arc<Mutex<Timeline>>,
+    modules: &Arc<Gate>,
+) -> Box<dyn FnOnce() + Send> {
+    let dir = Path::new("/lib/modules").join(system::kernel_release());
+    let early: Vec<String> = EARLY_MODULES.iter().map(|m| m.to_string()).collect();
+    let report = init::load_named(&dir, &early);
+    for (m, why) in &report.failed {
+        warn!(log, "module not loaded"; "module" => m, "error" => why);
+    }
+    let (log, timeline, modules, extra) = (
+        log.clone(),
+        timeline.clone(),
+        modules.clone(),
+        cfg.modules.clone(),
+    );
+    Box::new(move || {
+        let spawned = std::thread::Builder::new()
+            .name("modules".into())
+            .spawn(move || {
+                let report = init::load_modules(&dir, &extra);
+                for (m, why) in &report.failed {
+                    warn!(log, "module not loaded"; "module" => m, "error" => why);
+                }
+                let now = system::boottime_ms();
+                timeline
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .modules_loaded_ms = now;
+                info!(log, "modules loaded"; "count" => report.loaded.len(), "boot_ms" => now);
+                modules.open();
+            });
+        if spawned.is_err() {
+            // Without the thread nothing would open the gate: requests then wait their bound and go on.
+            eprintln!("crust-agent: cannot start the module loader thread");
+        }
+    })
+}
+
 fn main() -> ExitCode {
     // Whatever the agent creates (its root, state, sockets, mount points) is
     // for root alone, whatever umask it was started with; the modes it asks
@@ -196,40 +290,11 @@ fn main() -> ExitCode {
     };
     // Signals are blocked before any thread exists, so only the signal thread receives them.
     init::block_signals();
-    let mut early_warnings = Vec::new();
     let mut cfg = Config::default();
+    let mut early_warnings = Vec::new();
     if pid1 {
         init::install_panic_hook();
-        early_warnings = init::early_mounts();
-        timeline.mounts_done_ms = system::boottime_ms();
-        // Bytes: one word that is not UTF-8 (another program's argument, say)
-        // must not cost the agent every crust.* setting.
-        let raw = std::fs::read("/proc/cmdline").unwrap_or_default();
-        let cmdline = String::from_utf8_lossy(&raw);
-        if std::str::from_utf8(&raw).is_err() {
-            early_warnings.push(
-                "the kernel command line holds bytes that are not UTF-8; they were read as U+FFFD"
-                    .to_string(),
-            );
-        }
-        let s = init::kernel_settings(&cmdline);
-        let pairs = s
-            .listen
-            .iter()
-            .map(|v| ("listen", v.clone()))
-            .map(|(k, v): (&str, String)| (k, v))
-            .chain(s.root.map(|v| ("root", v)))
-            .chain(s.log.map(|v| ("log", v)))
-            .chain(s.log_format.map(|v| ("log_format", v)))
-            .chain(s.vsock_peers.map(|v| ("vsock_peers", v)))
-            // crust.notify= wins over systemd's credential spelling of the same.
-            .chain(s.notify.or(s.vmm_notify_socket).map(|v| ("notify", v)));
-        for (k, v) in pairs {
-            if let Err(e) = apply(&mut cfg, k, &v) {
-                early_warnings.push(format!("kernel command line: {e}; ignored"));
-            }
-        }
-        cfg.modules = s.modules;
+        early_warnings = pid1_settings(&mut cfg, &mut timeline);
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
     match parse_flags(&args, &mut cfg) {
@@ -249,16 +314,7 @@ fn main() -> ExitCode {
     if cfg.listen.is_empty() {
         cfg.listen.push("vsock://-1:1024".to_string());
     }
-    // The service manager's socket, as sd_notify(3) finds it; for PID 1 the
-    // kernel passes NOTIFY_SOCKET= from its command line the same way.
-    if cfg.notify.is_none() {
-        if let Some(v) = std::env::var_os("NOTIFY_SOCKET") {
-            match Target::parse(&v.to_string_lossy()) {
-                Ok(t) => cfg.notify = Some(t),
-                Err(e) => early_warnings.push(format!("NOTIFY_SOCKET: {e}; ignored")),
-            }
-        }
-    }
+    notify_from_env(&mut cfg, &mut early_warnings);
     let log = logging::logger(cfg.format, cfg.level);
     info!(log, "crust-agent starting"; "version" => env!("CARGO_PKG_VERSION"), "pid1" => pid1,
           "root" => %cfg.root.display(), "listen" => cfg.listen.join(","),
@@ -269,40 +325,7 @@ fn main() -> ExitCode {
     }
     let timeline = Arc::new(Mutex::new(timeline));
     let modules = Arc::new(Gate::new(!pid1));
-    let mut after_listening: Option<Box<dyn FnOnce() + Send>> = None;
-    if pid1 {
-        let dir = Path::new("/lib/modules").join(system::kernel_release());
-        // The vsock stack first, so the agent listens as early as it can;
-        // disks and filesystems (virtio_blk, xfs: the slow one) load after.
-        let early: Vec<String> = EARLY_MODULES.iter().map(|m| m.to_string()).collect();
-        let report = init::load_named(&dir, &early);
-        for (m, why) in &report.failed {
-            warn!(log, "module not loaded"; "module" => m, "error" => why);
-        }
-        let (log, timeline, modules, extra) = (
-            log.clone(),
-            timeline.clone(),
-            modules.clone(),
-            cfg.modules.clone(),
-        );
-        after_listening =
-            Some(Box::new(move || {
-                let spawned = std::thread::Builder::new().name("modules".into()).spawn(move || {
-                let report = init::load_modules(&dir, &extra);
-                for (m, why) in &report.failed {
-                    warn!(log, "module not loaded"; "module" => m, "error" => why);
-                }
-                let now = system::boottime_ms();
-                timeline.lock().unwrap_or_else(|p| p.into_inner()).modules_loaded_ms = now;
-                info!(log, "modules loaded"; "count" => report.loaded.len(), "boot_ms" => now);
-                modules.open();
-            });
-                if spawned.is_err() {
-                    // Without the thread nothing would open the gate: requests then wait their bound and go on.
-                    eprintln!("crust-agent: cannot start the module loader thread");
-                }
-            }));
-    }
+    let after_listening = pid1.then(|| load_modules(&cfg, &log, &timeline, &modules));
 
     // As PID 1, exiting (or unwinding out of main) would panic the kernel:
     // whatever happens, the guest ends in an orderly power-off.

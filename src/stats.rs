@@ -14,7 +14,7 @@ use rustix::io::Errno;
 
 use crate::code::Code;
 use crate::model::{Device, DiskState, FsType, MountId};
-use crate::sys::beneath;
+use crate::sys::beneath::{self, MountPoint};
 use crate::sys::blockdev;
 use crate::sys::error::SysError;
 use crate::sys::mountinfo::{self, MountEntry};
@@ -181,129 +181,123 @@ fn mount_of_fd(fd: BorrowedFd<'_>) -> Option<MountEntry> {
     mountinfo::by_id(&table, id).cloned()
 }
 
-/// Checks everything semantics.md §5 lists. The mount point is resolved
-/// beneath `e.base` (no symlinks) and judged by what it is (mount id,
-/// device), not by its spelling. Usage comes back whenever statfs works on
-/// the volume's own filesystem (not on whatever replaced its mount).
-pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
+/// The sentence for a failed call `call` on the volume's path.
+fn failing_fs(e: &Expected, call: &str, err: Errno) -> String {
     let path = e.path.display();
-    let dev = e.device;
-    let mut problems: Vec<String> = Vec::new();
-    let failing_fs = |call: &str, err: Errno| {
-        if failing(err) {
-            format!(
-                "{call} on {path} fails with {}: the filesystem has shut down or its disk is failing",
-                errno_name(err)
-            )
-        } else {
-            format!("{call} on {path} fails with {}", errno_name(err))
-        }
-    };
-
-    let mut usage = None;
-    // The filesystem's own size (not statfs's, which leaves out metadata),
-    // to hold against the disk's below.
-    let mut fs_bytes = None;
-    match beneath::open_path(e.base, e.rel) {
-        Err(Errno::NOENT) => problems.push(format!(
-            "{path} is gone: the volume was unmounted and removed behind the agent's back"
-        )),
-        Err(Errno::LOOP | Errno::XDEV) => problems.push(format!(
-            "{path} is now a symlink or leads outside the agent's root: the volume was unmounted behind the agent's back"
-        )),
-        Err(err) => problems.push(failing_fs("open", err)),
-        Ok(fd) => {
-            let mp = beneath::mount_point(fd.as_fd());
-            let ours = match &mp {
-                Err(err) => {
-                    problems.push(failing_fs("statx", *err));
-                    // A filesystem that fails statx (a shut-down xfs) is
-                    // still told apart by the mount its fd is on, which the
-                    // kernel reports without asking the filesystem.
-                    mount_of_fd(fd.as_fd()).is_some_and(|m| {
-                        e.mount_id.is_none_or(|id| id == m.mount_id)
-                            && (m.major, m.minor) == (dev.major, dev.minor)
-                            && m.root == Path::new("/")
-                    })
-                }
-                Ok(mp) if !mp.is_root => {
-                    problems.push(format!(
-                        "{path} is no longer a mount point: the volume was unmounted behind the agent's back"
-                    ));
-                    false
-                }
-                Ok(mp) if mp.dev != (dev.major, dev.minor) => {
-                    problems.push(format!(
-                        "{path} is now a mount of device {}:{}, not of the volume's disk {} ({}:{})",
-                        mp.dev.0, mp.dev.1, dev.name, dev.major, dev.minor
-                    ));
-                    false
-                }
-                Ok(mp) if e.mount_id.is_some_and(|id| id != mp.mount_id) => {
-                    problems.push(format!(
-                        "{path} is now another mount of the volume's disk {} than the agent made (mount {} instead of {})",
-                        dev.name,
-                        mp.mount_id,
-                        e.mount_id.unwrap_or(MountId(0))
-                    ));
-                    true
-                }
-                Ok(_) => true,
-            };
-            let st = rustix::fs::fstatvfs(&fd);
-            if let Err(err) = &st {
-                problems.push(failing_fs("statfs", *err));
-            }
-            // statfs can still answer from the superblock while lookups fail (a shut-down xfs).
-            if let Err(err) = rustix::fs::statat(&fd, c".", AtFlags::empty()) {
-                if failing(err) {
-                    problems.push(failing_fs("stat", err));
-                }
-            }
-            if ours {
-                usage = st.as_ref().ok().map(usage_of);
-                fs_bytes = (e.fs_bytes)(fd.as_fd());
-                let st_ro = st
-                    .as_ref()
-                    .is_ok_and(|s| s.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY));
-                let entry = match (mountinfo::read(), &mp) {
-                    (Ok(table), Ok(mp)) => mountinfo::by_id(&table, mp.mount_id).cloned(),
-                    (Err(err), _) => {
-                        problems.push(format!(
-                            "cannot tell how {path} is mounted: {err}"
-                        ));
-                        None
-                    }
-                    _ => None,
-                };
-                let mut ro = st_ro;
-                if let Some(m) = &entry {
-                    if m.root != Path::new("/") {
-                        problems.push(format!(
-                            "{path} now shows {} inside the disk's filesystem, not its root",
-                            m.root.display()
-                        ));
-                    }
-                    if m.fs_type != e.fs.name() {
-                        problems.push(format!("{path} is now a {} mount, not {}", m.fs_type, e.fs));
-                    }
-                    ro |= m.read_only() || m.super_read_only();
-                }
-                if !e.read_only && ro {
-                    let hint = match e.fs {
-                        FsType::Ext4 => {
-                            " (ext4 remounts read-only after an error under errors=remount-ro)"
-                        }
-                        FsType::Xfs => "",
-                    };
-                    problems.push(format!(
-                        "{path} was published read-write but is now read-only{hint}"
-                    ));
-                }
-            }
-        }
+    if failing(err) {
+        format!(
+            "{call} on {path} fails with {}: the filesystem has shut down or its disk is failing",
+            errno_name(err)
+        )
+    } else {
+        format!("{call} on {path} fails with {}", errno_name(err))
     }
+}
 
+/// The volume's path could not be opened beneath the root: why, in words.
+fn open_problem(e: &Expected, err: Errno) -> String {
+    let path = e.path.display();
+    match err {
+        Errno::NOENT => format!(
+            "{path} is gone: the volume was unmounted and removed behind the agent's back"
+        ),
+        Errno::LOOP | Errno::XDEV => format!(
+            "{path} is now a symlink or leads outside the agent's root: the volume was unmounted behind the agent's back"
+        ),
+        err => failing_fs(e, "open", err),
+    }
+}
+
+/// Whether the mount at `fd` (whose mount point is `mp`) is still the
+/// volume's own, adding what is wrong to `problems`. A shut-down
+/// filesystem that fails statx is told apart by the mount its fd is on,
+/// which the kernel reports without asking the filesystem.
+fn is_ours(
+    e: &Expected,
+    fd: BorrowedFd<'_>,
+    mp: &Result<MountPoint, Errno>,
+    problems: &mut Vec<String>,
+) -> bool {
+    let (path, dev) = (e.path.display(), e.device);
+    match mp {
+        Err(err) => {
+            problems.push(failing_fs(e, "statx", *err));
+            mount_of_fd(fd).is_some_and(|m| {
+                e.mount_id.is_none_or(|id| id == m.mount_id)
+                    && (m.major, m.minor) == (dev.major, dev.minor)
+                    && m.root == Path::new("/")
+            })
+        }
+        Ok(mp) if !mp.is_root => {
+            problems.push(format!(
+                "{path} is no longer a mount point: the volume was unmounted behind the agent's back"
+            ));
+            false
+        }
+        Ok(mp) if mp.dev != (dev.major, dev.minor) => {
+            problems.push(format!(
+                "{path} is now a mount of device {}:{}, not of the volume's disk {} ({}:{})",
+                mp.dev.0, mp.dev.1, dev.name, dev.major, dev.minor
+            ));
+            false
+        }
+        Ok(mp) if e.mount_id.is_some_and(|id| id != mp.mount_id) => {
+            problems.push(format!(
+                "{path} is now another mount of the volume's disk {} than the agent made (mount {} instead of {})",
+                dev.name,
+                mp.mount_id,
+                e.mount_id.unwrap_or(MountId(0))
+            ));
+            true
+        }
+        Ok(_) => true,
+    }
+}
+
+/// What is wrong with how the volume's own mount is mounted now: another
+/// root or filesystem type in the mount table, or read-only when it was
+/// published read-write (`st_ro`: statfs says read-only).
+fn mount_state(e: &Expected, mp: &Result<MountPoint, Errno>, st_ro: bool) -> Vec<String> {
+    let path = e.path.display();
+    let mut problems = Vec::new();
+    let entry = match (mountinfo::read(), mp) {
+        (Ok(table), Ok(mp)) => mountinfo::by_id(&table, mp.mount_id).cloned(),
+        (Err(err), _) => {
+            problems.push(format!("cannot tell how {path} is mounted: {err}"));
+            None
+        }
+        _ => None,
+    };
+    let mut ro = st_ro;
+    if let Some(m) = &entry {
+        if m.root != Path::new("/") {
+            problems.push(format!(
+                "{path} now shows {} inside the disk's filesystem, not its root",
+                m.root.display()
+            ));
+        }
+        if m.fs_type != e.fs.name() {
+            problems.push(format!("{path} is now a {} mount, not {}", m.fs_type, e.fs));
+        }
+        ro |= m.read_only() || m.super_read_only();
+    }
+    if !e.read_only && ro {
+        let hint = match e.fs {
+            FsType::Ext4 => " (ext4 remounts read-only after an error under errors=remount-ro)",
+            FsType::Xfs => "",
+        };
+        problems.push(format!(
+            "{path} was published read-write but is now read-only{hint}"
+        ));
+    }
+    problems
+}
+
+/// What the volume's disk says: ext4's recorded errors, a disk gone,
+/// replaced or shrunk below its filesystem (`fs_bytes`, when known).
+fn disk_checks(sysfs: &Sysfs, e: &Expected, fs_bytes: Option<u64>) -> Vec<String> {
+    let dev = e.device;
+    let mut problems = Vec::new();
     if e.fs == FsType::Ext4 {
         if let Some(n) = sysfs.ext4_errors_count(&dev.name).filter(|n| *n > 0) {
             problems.push(format!(
@@ -313,19 +307,56 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
             ));
         }
     }
-
     match sysfs.disk_state(dev) {
         DiskState::Present { size_bytes } => {
             if let Some(fs_bytes) = fs_bytes.filter(|n| *n > size_bytes) {
                 problems.push(format!(
-                    "the filesystem is larger than its device: the {} at {path} is {fs_bytes} bytes but disk {} now holds only {size_bytes} bytes (it shrank under the mount; reads past its end fail)",
-                    e.fs, dev.name
+                    "the filesystem is larger than its device: the {} at {} is {fs_bytes} bytes but disk {} now holds only {size_bytes} bytes (it shrank under the mount; reads past its end fail)",
+                    e.fs, e.path.display(), dev.name
                 ));
             }
         }
         state => problems.extend(disk_problem(sysfs, dev, state)),
     }
+    problems
+}
 
+/// Checks everything semantics.md §5 lists. The mount point is resolved
+/// beneath `e.base` (no symlinks) and judged by what it is (mount id,
+/// device), not by its spelling. Usage comes back whenever statfs works on
+/// the volume's own filesystem (not on whatever replaced its mount).
+pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
+    let mut problems: Vec<String> = Vec::new();
+    let mut usage = None;
+    // The filesystem's own size (not statfs's, which leaves out metadata),
+    // to hold against the disk's.
+    let mut fs_bytes = None;
+    match beneath::open_path(e.base, e.rel) {
+        Err(err) => problems.push(open_problem(e, err)),
+        Ok(fd) => {
+            let mp = beneath::mount_point(fd.as_fd());
+            let ours = is_ours(e, fd.as_fd(), &mp, &mut problems);
+            let st = rustix::fs::fstatvfs(&fd);
+            if let Err(err) = &st {
+                problems.push(failing_fs(e, "statfs", *err));
+            }
+            // statfs can still answer from the superblock while lookups fail (a shut-down xfs).
+            if let Err(err) = rustix::fs::statat(&fd, c".", AtFlags::empty()) {
+                if failing(err) {
+                    problems.push(failing_fs(e, "stat", err));
+                }
+            }
+            if ours {
+                usage = st.as_ref().ok().map(usage_of);
+                fs_bytes = (e.fs_bytes)(fd.as_fd());
+                let st_ro = st
+                    .as_ref()
+                    .is_ok_and(|s| s.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY));
+                problems.extend(mount_state(e, &mp, st_ro));
+            }
+        }
+    }
+    problems.extend(disk_checks(sysfs, e, fs_bytes));
     (usage, condition_of(problems))
 }
 

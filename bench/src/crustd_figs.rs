@@ -158,48 +158,8 @@ fn measure(work: &Path, reg: &Path, crustd: &Path, vm: &Vm, disks: usize) -> R<V
         k.unpublish(SANDBOX, &dev)
             .map_err(|s| format!("crustd unpublish: {s}"))?;
 
-        // The same by hand: QMP session + blockdev-add + device_add, then agent publish.
-        let dev = loops[2 * i + 1].dev.clone();
-        let serial = format!("bench-direct-{i}");
-        let (node, device) = (format!("bd-{i}"), format!("bd-dev-{i}"));
-        let t = Instant::now();
-        {
-            let mut q =
-                Qmp::connect(&qmp_path, Duration::from_secs(10)).map_err(|e| e.to_string())?;
-            q.execute(
-                "blockdev-add",
-                Some(json!({"node-name": node, "driver": "host_device", "filename": dev, "cache": {"direct": true}})),
-            )
-            .map_err(|e| e.to_string())?;
-            q.execute(
-                "device_add",
-                Some(json!({"driver": "virtio-blk-pci", "drive": node, "id": device, "serial": serial})),
-            )
-            .map_err(|e| e.to_string())?;
-        }
-        let c = CrustClient::connect(&addr, Duration::from_secs(60)).map_err(|e| e.to_string())?;
-        let mut r = PublishVolumeRequest::new();
-        r.volume_id = format!("direct-{i}");
-        r.set_serial(serial);
-        r.fs_type = "ext4".into();
-        r.timeout_ms = 30_000;
-        c.publish_volume(&r).map_err(|e| e.to_string())?;
-        direct.push(secs(t.elapsed()));
-        let mut u = UnpublishVolumeRequest::new();
-        u.volume_id = format!("direct-{i}");
-        c.unpublish_volume(&u).map_err(|e| e.to_string())?;
-        let mut q = Qmp::connect(&qmp_path, Duration::from_secs(10)).map_err(|e| e.to_string())?;
-        q.execute("device_del", Some(json!({"id": device})))
-            .map_err(|e| e.to_string())?;
-        q.wait_event(
-            "DEVICE_DELETED",
-            |d| d["device"] == device.as_str(),
-            Duration::from_secs(60),
-        )
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("no DEVICE_DELETED for {device} within 60 s"))?;
-        q.execute("blockdev-del", Some(json!({"node-name": node})))
-            .map_err(|e| e.to_string())?;
+        // The same by hand.
+        direct.push(by_hand(&qmp_path, &addr, &loops[2 * i + 1].dev, i)?);
     }
     drop(loops);
     let (ours, base) = (median(&through), median(&direct));
@@ -230,6 +190,54 @@ fn measure(work: &Path, reg: &Path, crustd: &Path, vm: &Vm, disks: usize) -> R<V
         data: json!({"crustd_s": s_ours, "direct_new_connection_s": s_conn, "direct_kept_connection_s": s_kept}),
     };
     Ok(vec![publish, stats_fig])
+}
+
+/// One publish by hand, as a runtime without crustd would do it: a QMP
+/// session, blockdev-add and device_add, then the agent's publish; its
+/// seconds, after taking it all down again.
+fn by_hand(qmp_path: &Path, addr: &Address, dev: &str, i: usize) -> R<f64> {
+    let serial = format!("bench-direct-{i}");
+    let (node, device) = (format!("bd-{i}"), format!("bd-dev-{i}"));
+    let t = Instant::now();
+    {
+        let mut q = Qmp::connect(qmp_path, Duration::from_secs(10)).map_err(|e| e.to_string())?;
+        q.execute(
+            "blockdev-add",
+            Some(json!({"node-name": node, "driver": "host_device", "filename": dev, "cache": {"direct": true}})),
+        )
+        .map_err(|e| e.to_string())?;
+        q.execute(
+            "device_add",
+            Some(
+                json!({"driver": "virtio-blk-pci", "drive": node, "id": device, "serial": serial}),
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+    }
+    let c = CrustClient::connect(addr, Duration::from_secs(60)).map_err(|e| e.to_string())?;
+    let mut r = PublishVolumeRequest::new();
+    r.volume_id = format!("direct-{i}");
+    r.set_serial(serial);
+    r.fs_type = "ext4".into();
+    r.timeout_ms = 30_000;
+    c.publish_volume(&r).map_err(|e| e.to_string())?;
+    let took = secs(t.elapsed());
+    let mut u = UnpublishVolumeRequest::new();
+    u.volume_id = format!("direct-{i}");
+    c.unpublish_volume(&u).map_err(|e| e.to_string())?;
+    let mut q = Qmp::connect(qmp_path, Duration::from_secs(10)).map_err(|e| e.to_string())?;
+    q.execute("device_del", Some(json!({"id": device})))
+        .map_err(|e| e.to_string())?;
+    q.wait_event(
+        "DEVICE_DELETED",
+        |d| d["device"] == device.as_str(),
+        Duration::from_secs(60),
+    )
+    .map_err(|e| e.to_string())?
+    .ok_or_else(|| format!("no DEVICE_DELETED for {device} within 60 s"))?;
+    q.execute("blockdev-del", Some(json!({"node-name": node})))
+        .map_err(|e| e.to_string())?;
+    Ok(took)
 }
 
 /// Medians of (through crustd, agent with a new connection per call, agent

@@ -598,7 +598,22 @@ pub fn plot(points: &[Point]) -> String {
         top + ph / 2.0,
         top + ph / 2.0
     );
-    // One polyline with its points per walk.
+    draw_series(&mut s, points, &x, &y, (left, top));
+    s.push_str("</svg>\n");
+    s
+}
+
+/// One polyline with its points per walk, and its legend line at the top
+/// left inside the plot (`corner`: the plot's left and top).
+fn draw_series(
+    s: &mut String,
+    points: &[Point],
+    x: &dyn Fn(f64) -> f64,
+    y: &dyn Fn(f64) -> f64,
+    corner: (f64, f64),
+) {
+    use std::fmt::Write;
+    let (left, top) = corner;
     type Series = (&'static str, &'static str, fn(&Point) -> f64);
     let series: [Series; 2] = [
         ("crust (ownership::apply)", "#d62728", |p| p.2),
@@ -636,8 +651,6 @@ pub fn plot(points: &[Point]) -> String {
             ly + 4.0
         );
     }
-    s.push_str("</svg>\n");
-    s
 }
 
 /// A tick value without a useless fraction: 2, 2.5, 0.25.

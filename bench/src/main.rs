@@ -206,37 +206,7 @@ fn environment(load_start: &str) -> serde_json::Value {
 
 fn main() {
     let mut argv = std::env::args().skip(1).peekable();
-    if argv.peek().map(String::as_str) == Some("echo-server") {
-        argv.next();
-        let (Some(sock), Some(req), Some(resp)) = (
-            argv.next(),
-            argv.next().and_then(|v| v.parse().ok()),
-            argv.next().and_then(|v| v.parse().ok()),
-        ) else {
-            eprintln!("usage: crust-bench echo-server SOCKET REQUEST_BYTES RESPONSE_BYTES");
-            std::process::exit(2);
-        };
-        if let Err(e) = host_agent::echo_server(Path::new(&sock), req, resp) {
-            eprintln!("echo-server: {e}");
-            std::process::exit(1);
-        }
-        return;
-    }
-    // The retry figure alone, on a volume already made (a loop ext4 with
-    // ENTRIES entries, not mounted): for trying the walk's deadlines
-    // without building the 1M-entry tree.
-    if argv.peek().map(String::as_str) == Some("publish-retry") {
-        argv.next();
-        let (Some(dev), Some(entries)) = (argv.next(), argv.next().and_then(|v| v.parse().ok()))
-        else {
-            eprintln!("usage: crust-bench publish-retry DEVICE ENTRIES");
-            std::process::exit(2);
-        };
-        let work = std::env::temp_dir().join(format!("crust-bench-retry-{}", std::process::id()));
-        let _ = std::fs::create_dir_all(&work);
-        let f = publish_retry::figure(&dev, &work, entries);
-        println!("{}", report::markdown(std::slice::from_ref(&f), ""));
-        let _ = std::fs::remove_dir_all(&work);
+    if one_figure_command(&mut argv) {
         return;
     }
     let args = match parse_args(argv) {
@@ -254,7 +224,57 @@ fn main() {
         eprintln!("crust-bench: run as root (loop devices, mounts, chown, drop_caches)");
         std::process::exit(2);
     }
-    let want = |s: &str| args.only.is_empty() || args.only.iter().any(|o| o == s);
+    let work = work_dir(&args);
+    let started = Instant::now();
+    let load_start = loadavg();
+    let figures = measure(&args, &work);
+    cleanup_all(&work);
+    let _ = std::fs::remove_dir_all(&work);
+    finish(&args, &figures, started, &load_start);
+}
+
+/// The commands that are not the bench (the echo server the round-trip
+/// figure runs, and the retry figure alone): true when one ran.
+fn one_figure_command(argv: &mut std::iter::Peekable<impl Iterator<Item = String>>) -> bool {
+    if argv.peek().map(String::as_str) == Some("echo-server") {
+        argv.next();
+        let (Some(sock), Some(req), Some(resp)) = (
+            argv.next(),
+            argv.next().and_then(|v| v.parse().ok()),
+            argv.next().and_then(|v| v.parse().ok()),
+        ) else {
+            eprintln!("usage: crust-bench echo-server SOCKET REQUEST_BYTES RESPONSE_BYTES");
+            std::process::exit(2);
+        };
+        if let Err(e) = host_agent::echo_server(Path::new(&sock), req, resp) {
+            eprintln!("echo-server: {e}");
+            std::process::exit(1);
+        }
+        return true;
+    }
+    // The retry figure alone, on a volume already made (a loop ext4 with
+    // ENTRIES entries, not mounted): for trying the walk's deadlines
+    // without building the 1M-entry tree.
+    if argv.peek().map(String::as_str) == Some("publish-retry") {
+        argv.next();
+        let (Some(dev), Some(entries)) = (argv.next(), argv.next().and_then(|v| v.parse().ok()))
+        else {
+            eprintln!("usage: crust-bench publish-retry DEVICE ENTRIES");
+            std::process::exit(2);
+        };
+        let work = std::env::temp_dir().join(format!("crust-bench-retry-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&work);
+        let f = publish_retry::figure(&dev, &work, entries);
+        println!("{}", report::markdown(std::slice::from_ref(&f), ""));
+        let _ = std::fs::remove_dir_all(&work);
+        return true;
+    }
+    false
+}
+
+/// The bench's scratch directory, emptied of an earlier run's leftovers,
+/// cleaned up on signals.
+fn work_dir(args: &Args) -> PathBuf {
     let work = args.out.join("work");
     cleanup_all(&work);
     let _ = std::fs::remove_dir_all(&work);
@@ -264,8 +284,13 @@ fn main() {
     }
     let work = std::fs::canonicalize(&work).unwrap_or(work);
     cleanup_on_signals(work.clone());
-    let started = Instant::now();
-    let load_start = loadavg();
+    work
+}
+
+/// Every section the arguments ask for, in order.
+fn measure(args: &Args, work: &Path) -> Vec<Figure> {
+    let want = |s: &str| args.only.is_empty() || args.only.iter().any(|o| o == s);
+    let work = work.to_path_buf();
     let mut figures = Vec::new();
     if want("fsgroup") {
         figures.extend(section(
@@ -339,6 +364,14 @@ fn main() {
             || vec![host_agent::size_figure()],
         ));
     }
+    figures.extend(vm_sections(&want, &work, args));
+    figures
+}
+
+/// The sections that boot VMs.
+fn vm_sections(want: &dyn Fn(&str) -> bool, work: &Path, args: &Args) -> Vec<Figure> {
+    let work = work.to_path_buf();
+    let mut figures = Vec::new();
     if want("vm") {
         figures.extend(section(
             "microVM",
@@ -380,11 +413,14 @@ fn main() {
             || crustd_scale::figures(&work, args.vm_disks),
         ));
     }
-    cleanup_all(&work);
-    let _ = std::fs::remove_dir_all(&work);
+    figures
+}
 
+/// The report written and printed, a line per figure, and the exit status
+/// `--strict` asks for.
+fn finish(args: &Args, figures: &[Figure], started: Instant, load_start: &str) {
     let total = started.elapsed().as_secs_f64();
-    let env = environment(&load_start);
+    let env = environment(load_start);
     let preamble = format!(
         "Medians; every baseline measured on this machine in this run. Total bench time {}.\n\n\
          Machine: Linux {}, {} CPUs ({}); commit {}. Load average {} at the start, {} at the end \
@@ -397,8 +433,8 @@ fn main() {
         load_start,
         env["loadavg_at_end"].as_str().unwrap_or(""),
     );
-    let md = report::markdown(&figures, &preamble);
-    let js = report::json(&figures, env);
+    let md = report::markdown(figures, &preamble);
+    let js = report::json(figures, env);
     if let Err(e) = report::write(&args.out, &md, &js) {
         eprintln!("crust-bench: {e}");
         std::process::exit(1);
@@ -408,7 +444,7 @@ fn main() {
     let met = count(&|v| *v == Verdict::Met);
     let not_met = count(&|v| *v == Verdict::NotMet);
     let unmeasured = count(&|v| matches!(v, Verdict::NotMeasured(_)));
-    for f in &figures {
+    for f in figures {
         let mark = match &f.verdict {
             Verdict::Met => "MET    ",
             Verdict::NotMet => "NOT MET",

@@ -456,147 +456,185 @@ fn bind_target(root: &Path, target: &Path) -> Result<(PathBuf, PathBuf), String>
     Ok((target, rel))
 }
 
-/// Decodes a record (bytes, as read), checking every field as a request's
-/// would be checked against `root` (the canonical root). The error says
-/// what is wrong.
-pub(crate) fn decode(text: &(impl AsRef<[u8]> + ?Sized), root: &Path) -> Result<Volume, String> {
-    let text = text.as_ref();
-    let (mut id, mut source, mut dev, mut name, mut devnum, mut dserial, mut fs) =
-        (None, None, None, None, None, None, None);
-    let (mut options, mut read_only, mut fs_group, mut binds) =
-        (Vec::new(), false, None, Vec::new());
-    let (mut version, mut vol_mount_id, mut complete) = (0, None, true);
-    let (mut block, mut ro_set) = (false, false);
-    for line in lines(text) {
-        let (k, v) = line
-            .split_once('=')
-            .ok_or_else(|| format!("line {line:?} is not key=value"))?;
+/// The fields of a record as read, before they are checked together.
+#[derive(Default)]
+struct Fields {
+    version: u32,
+    id: Option<String>,
+    source: Option<Source>,
+    device: Option<PathBuf>,
+    name: Option<String>,
+    devnum: Option<(u32, u32)>,
+    device_serial: Option<String>,
+    fs: Option<FsType>,
+    options: Vec<String>,
+    read_only: bool,
+    fs_group: Option<FsGroup>,
+    block: bool,
+    ro_set: bool,
+    mount_id: Option<MountId>,
+    /// A record says `complete=false` while its fsGroup walk was unfinished.
+    incomplete: bool,
+    binds: Vec<Bind>,
+}
+
+impl Fields {
+    /// Takes one `key=value` line; unknown keys are left for newer agents.
+    fn take(&mut self, k: &str, v: &str, root: &Path) -> Result<(), String> {
         match k {
             "version" => {
-                version = match v {
+                self.version = match v {
                     "1" => 1,
                     "2" => 2,
                     "3" => 3,
                     _ => return Err(format!("version {v} is not one this agent knows")),
                 }
             }
-            "id" => id = Some(unesc(v.as_bytes(), "id")?),
+            "id" => self.id = Some(unesc(v.as_bytes(), "id")?),
             "serial" => {
                 let s = unesc(v.as_bytes(), "serial")?;
                 validate::serial(&s).map_err(|e| e.0)?;
-                source = Some(Source::Serial(s));
+                self.source = Some(Source::Serial(s));
             }
             "device_path" => {
-                source = Some(Source::Path(
-                    validate::device_path(&unesc(v.as_bytes(), "device_path")?).map_err(|e| e.0)?,
-                ))
+                let p = unesc(v.as_bytes(), "device_path")?;
+                self.source = Some(Source::Path(validate::device_path(&p).map_err(|e| e.0)?))
             }
             "device" => {
-                dev = Some(validate::device_path(&unesc(v.as_bytes(), "device")?).map_err(|e| e.0)?)
+                let p = unesc(v.as_bytes(), "device")?;
+                self.device = Some(validate::device_path(&p).map_err(|e| e.0)?)
             }
-            "name" => name = Some(unesc(v.as_bytes(), "name")?),
-            "devnum" => devnum = Some(parse_devnum(v).ok_or_else(|| format!("devnum {v:?}"))?),
-            "device_serial" => dserial = Some(unesc(v.as_bytes(), "device_serial")?),
-            "fs" => fs = Some(FsType::parse(v).ok_or_else(|| format!("fs {v:?}"))?),
-            "option" => options.push(unesc(v.as_bytes(), "option")?),
-            "read_only" => read_only = boolean(v)?,
-            "fs_group" => {
-                let (g, p) = v.split_once(':').ok_or_else(|| format!("fs_group {v:?}"))?;
-                let policy = match p {
-                    "always" => Policy::Always,
-                    "on-root-mismatch" => Policy::OnRootMismatch,
-                    _ => return Err(format!("fs_group policy {p:?}")),
-                };
-                let gid = g.parse().map_err(|_| format!("fs_group gid {g:?}"))?;
-                fs_group = Some(FsGroup {
-                    gid: validate::gid(gid).map_err(|e| e.0)?,
-                    policy,
-                });
-            }
+            "name" => self.name = Some(unesc(v.as_bytes(), "name")?),
+            "devnum" => self.devnum = Some(parse_devnum(v).ok_or_else(|| format!("devnum {v:?}"))?),
+            "device_serial" => self.device_serial = Some(unesc(v.as_bytes(), "device_serial")?),
+            "fs" => self.fs = Some(FsType::parse(v).ok_or_else(|| format!("fs {v:?}"))?),
+            "option" => self.options.push(unesc(v.as_bytes(), "option")?),
+            "read_only" => self.read_only = boolean(v)?,
+            "fs_group" => self.fs_group = Some(fs_group(v)?),
             "mode" => {
-                block = match v {
+                self.block = match v {
                     "block" => true,
                     "filesystem" => false,
                     _ => return Err(format!("mode {v:?}")),
                 }
             }
-            "ro_set" => ro_set = boolean(v)?,
-            "mount_id" => vol_mount_id = mount_id(v, "mount_id")?,
-            "complete" => complete = boolean(v)?,
-            "bind" => {
-                let f: Vec<&str> = v.split('\t').collect();
-                let (ro, rro, applied, sub, target, id) = match (version, f.as_slice()) {
-                    (1, [a, b, c, d, e]) => (*a, *b, *c, *d, *e, "0"),
-                    (2 | 3, [a, b, c, d, e, g]) => (*a, *b, *c, *d, *e, *g),
-                    _ => return Err(format!("bind {v:?} has the wrong number of fields")),
-                };
-                let (target, rel) = bind_target(root, &unesc_path(target.as_bytes()))?;
-                let rro = rro_parse(rro).ok_or_else(|| format!("recursive_read_only {rro:?}"))?;
-                let read_only = boolean(ro)?;
-                validate::recursive_read_only(read_only, rro).map_err(|e| e.0)?;
-                binds.push(Bind {
-                    read_only,
-                    rro,
-                    rro_applied: boolean(applied)?,
-                    subpath: validate::subpath(&unesc(sub.as_bytes(), "subpath")?)
-                        .map_err(|e| e.0)?,
-                    target,
-                    rel,
-                    mount_id: mount_id(id, "bind mount id")?,
-                });
-            }
+            "ro_set" => self.ro_set = boolean(v)?,
+            "mount_id" => self.mount_id = mount_id(v, "mount_id")?,
+            "complete" => self.incomplete = !boolean(v)?,
+            "bind" => self.binds.push(bind(self.version, v, root)?),
             _ => {}
         }
+        Ok(())
     }
-    if version == 0 {
-        return Err("no version line".into());
-    }
-    let id: String = id.ok_or("no id")?;
-    validate::volume_id(&id).map_err(|e| e.0)?;
-    let (major, minor) = devnum.ok_or("no devnum")?;
-    let name = device_name(name.ok_or("no device name")?)?;
-    // A block record has none of a filesystem's parameters, as a request would not.
-    let mode = match (block, fs) {
-        (false, Some(fs)) => VolumeMode::Filesystem(fs),
-        (false, None) => return Err("no fs".into()),
-        (true, None) if options.is_empty() && fs_group.is_none() => VolumeMode::Block,
-        (true, _) => {
-            return Err("a block volume with a filesystem, mount options or an fsGroup".into())
+
+    /// The volume the fields describe, checked as a request would be.
+    fn volume(self, root: &Path) -> Result<Volume, String> {
+        if self.version == 0 {
+            return Err("no version line".into());
         }
-    };
-    if block && version < 3 {
-        return Err(format!("a block volume in a version {version} record"));
-    }
-    if ro_set && !(block && read_only) {
-        return Err("ro_set on a volume that is not a read-only block volume".into());
-    }
-    for b in &binds {
-        if block && (!b.subpath.as_os_str().is_empty() || b.rro != RecursiveReadOnly::Disabled) {
+        let id: String = self.id.ok_or("no id")?;
+        validate::volume_id(&id).map_err(|e| e.0)?;
+        let (major, minor) = self.devnum.ok_or("no devnum")?;
+        let name = device_name(self.name.ok_or("no device name")?)?;
+        let block = self.block;
+        // A block record has none of a filesystem's parameters, as a request would not.
+        let mode = match (block, self.fs) {
+            (false, Some(fs)) => VolumeMode::Filesystem(fs),
+            (false, None) => return Err("no fs".into()),
+            (true, None) if self.options.is_empty() && self.fs_group.is_none() => VolumeMode::Block,
+            (true, _) => {
+                return Err("a block volume with a filesystem, mount options or an fsGroup".into())
+            }
+        };
+        if block && self.version < 3 {
+            return Err(format!(
+                "a block volume in a version {} record",
+                self.version
+            ));
+        }
+        if self.ro_set && !(block && self.read_only) {
+            return Err("ro_set on a volume that is not a read-only block volume".into());
+        }
+        let plain =
+            |b: &Bind| b.subpath.as_os_str().is_empty() && b.rro == RecursiveReadOnly::Disabled;
+        if block && !self.binds.iter().all(plain) {
             return Err("a block volume's bind with a subpath or recursive read-only".into());
         }
+        Ok(Volume {
+            guest_path: root.join("volumes").join(&id),
+            id,
+            source: self.source.ok_or("no source")?,
+            device: Device {
+                name,
+                path: self.device.ok_or("no device")?,
+                major,
+                minor,
+                serial: self.device_serial,
+            },
+            mode,
+            mount: parse_options(&self.options, self.read_only).map_err(|e| e.to_string())?,
+            options: self.options,
+            read_only: self.read_only,
+            fs_group: self.fs_group,
+            mount_id: self.mount_id,
+            complete: !self.incomplete,
+            ro_set: self.ro_set,
+            walk: None,
+            binds: self.binds,
+        })
     }
-    Ok(Volume {
-        guest_path: root.join("volumes").join(&id),
-        id,
-        source: source.ok_or("no source")?,
-        device: Device {
-            name,
-            path: dev.ok_or("no device")?,
-            major,
-            minor,
-            serial: dserial,
-        },
-        mode,
-        mount: parse_options(&options, read_only).map_err(|e| e.to_string())?,
-        options,
-        read_only,
-        fs_group,
-        mount_id: vol_mount_id,
-        complete,
-        ro_set,
-        walk: None,
-        binds,
+}
+
+/// A record's `fs_group=GID:POLICY`.
+fn fs_group(v: &str) -> Result<FsGroup, String> {
+    let (g, p) = v.split_once(':').ok_or_else(|| format!("fs_group {v:?}"))?;
+    let policy = match p {
+        "always" => Policy::Always,
+        "on-root-mismatch" => Policy::OnRootMismatch,
+        _ => return Err(format!("fs_group policy {p:?}")),
+    };
+    let gid = g.parse().map_err(|_| format!("fs_group gid {g:?}"))?;
+    Ok(FsGroup {
+        gid: validate::gid(gid).map_err(|e| e.0)?,
+        policy,
     })
+}
+
+/// A record's `bind=…` line (tab-separated; version 1 had no mount id).
+fn bind(version: u32, v: &str, root: &Path) -> Result<Bind, String> {
+    let f: Vec<&str> = v.split('\t').collect();
+    let (ro, rro, applied, sub, target, id) = match (version, f.as_slice()) {
+        (1, [a, b, c, d, e]) => (*a, *b, *c, *d, *e, "0"),
+        (2 | 3, [a, b, c, d, e, g]) => (*a, *b, *c, *d, *e, *g),
+        _ => return Err(format!("bind {v:?} has the wrong number of fields")),
+    };
+    let (target, rel) = bind_target(root, &unesc_path(target.as_bytes()))?;
+    let rro = rro_parse(rro).ok_or_else(|| format!("recursive_read_only {rro:?}"))?;
+    let read_only = boolean(ro)?;
+    validate::recursive_read_only(read_only, rro).map_err(|e| e.0)?;
+    Ok(Bind {
+        read_only,
+        rro,
+        rro_applied: boolean(applied)?,
+        subpath: validate::subpath(&unesc(sub.as_bytes(), "subpath")?).map_err(|e| e.0)?,
+        target,
+        rel,
+        mount_id: mount_id(id, "bind mount id")?,
+    })
+}
+
+/// Decodes a record (bytes, as read), checking every field as a request's
+/// would be checked against `root` (the canonical root). The error says
+/// what is wrong.
+pub(crate) fn decode(text: &(impl AsRef<[u8]> + ?Sized), root: &Path) -> Result<Volume, String> {
+    let mut f = Fields::default();
+    for line in lines(text.as_ref()) {
+        let (k, v) = line
+            .split_once('=')
+            .ok_or_else(|| format!("line {line:?} is not key=value"))?;
+        f.take(k, v, root)?;
+    }
+    f.volume(root)
 }
 
 /// The fuzz target's way in (`crust_agent::fuzz::state_record`): decodes
