@@ -15,12 +15,11 @@ use crate::cancel::{Cancel, Token, Why};
 use crate::code::Code;
 use crate::error::{Error, Result};
 use crate::model::{Policy, RecursiveReadOnly, VolumeMode};
-use crate::mount::options::parse_options;
 use crate::mount::selinux::without_contexts;
 use crate::system::Capability;
 use crate::validate::{self, Invalid};
 use crate::volumes::request::{
-    BindRequest, FsGroup, PublishRequest, Source, VolumeInfo, VolumeState,
+    BindRequest, FsGroup, Options, PublishRequest, Source, Spec, VolumeInfo, VolumeState,
 };
 
 /// The request's cancellation: the caller's ttrpc deadline, if it sent one,
@@ -70,6 +69,14 @@ fn known<E: crust_protocols::protobuf::Enum>(
 
 /// PublishVolumeRequest → a validated domain request.
 pub fn publish_request(req: &pb::PublishVolumeRequest) -> Result<PublishRequest, Error> {
+    publish_request_with(req, req.mount_options.clone())
+}
+
+/// [`publish_request`] with `options` in place of the request's.
+fn publish_request_with(
+    req: &pb::PublishVolumeRequest,
+    options: Vec<String>,
+) -> Result<PublishRequest, Error> {
     validate::volume_id(&req.volume_id)?;
     let source = match &req.source {
         Some(PbSource::Serial(s)) => {
@@ -91,13 +98,13 @@ pub fn publish_request(req: &pb::PublishVolumeRequest) -> Result<PublishRequest,
             validate::block_publish(
                 &req.volume_id,
                 &req.fs_type,
-                &req.mount_options,
+                &options,
                 req.fs_group.is_some(),
             )?;
             VolumeMode::Block
         }
     };
-    let mount = parse_options(&req.mount_options, req.read_only)?;
+    let options = Options::parse(options, req.read_only)?;
     let fs_group = match req.fs_group.as_ref() {
         None => None,
         Some(g) => Some(FsGroup {
@@ -109,13 +116,13 @@ pub fn publish_request(req: &pb::PublishVolumeRequest) -> Result<PublishRequest,
         }),
     };
     Ok(PublishRequest {
-        volume_id: req.volume_id.clone(),
-        source,
-        mode,
-        options: req.mount_options.clone(),
-        mount,
-        read_only: req.read_only,
-        fs_group,
+        spec: Spec {
+            volume_id: req.volume_id.clone(),
+            source,
+            mode,
+            options,
+            fs_group,
+        },
         timeout: validate::timeout(req.timeout_ms),
     })
 }
@@ -128,14 +135,7 @@ pub fn publish_request_in(
     selinux: bool,
 ) -> Result<(PublishRequest, Vec<String>), Error> {
     let (kept, not_applied) = without_contexts(&req.mount_options, selinux);
-    if not_applied.is_empty() {
-        return Ok((publish_request(req)?, not_applied));
-    }
-    let req = pb::PublishVolumeRequest {
-        mount_options: kept,
-        ..req.clone()
-    };
-    Ok((publish_request(&req)?, not_applied))
+    Ok((publish_request_with(req, kept)?, not_applied))
 }
 
 /// BindMountRequest → a validated domain request; `target` validates the
@@ -229,7 +229,7 @@ mod tests {
         g.gid = 2000;
         g.change_policy = pb::FsGroupChangePolicy::ON_ROOT_MISMATCH.into();
         r.fs_group = MessageField::some(g);
-        let d = publish_request(&r).unwrap();
+        let d = publish_request(&r).unwrap().spec;
         assert_eq!(d.source, Source::Serial("vol-0123".into()));
         assert_eq!(
             d.fs_group,
@@ -238,9 +238,12 @@ mod tests {
                 policy: Policy::OnRootMismatch
             })
         );
-        assert_eq!(d.timeout, validate::DEFAULT_TIMEOUT);
-        assert_eq!(d.mount.data, "discard");
-        assert_ne!(d.mount.flags & libc::MS_NOATIME, 0);
+        assert_eq!(
+            publish_request(&r).unwrap().timeout,
+            validate::DEFAULT_TIMEOUT
+        );
+        assert_eq!(d.options.mount().data, "discard");
+        assert_ne!(d.options.mount().flags & libc::MS_NOATIME, 0);
     }
 
     #[test]
@@ -333,10 +336,10 @@ mod tests {
         r.volume_mode = pb::VolumeMode::BLOCK.into();
         r.fs_type.clear();
         r.read_only = true;
-        let d = publish_request(&r).unwrap();
+        let d = publish_request(&r).unwrap().spec;
         assert_eq!(d.mode, VolumeMode::Block);
-        assert!(d.read_only && d.options.is_empty() && d.fs_group.is_none());
-        assert_ne!(d.mount.flags & libc::MS_RDONLY, 0);
+        assert!(d.options.read_only_flag() && d.options.given().is_empty() && d.fs_group.is_none());
+        assert!(d.options.read_only());
     }
 
     #[test]

@@ -85,7 +85,7 @@ impl Volumes {
         let rel = self.rel_of(&req.target)?.to_path_buf();
         self.with_volume(&req.volume_id, cancel, |vol| {
             vol.not_publishing()?;
-            if vol.mode == VolumeMode::Block {
+            if vol.mode() == VolumeMode::Block {
                 check_bind(vol, req)?;
             }
             if let Some(i) = vol.binds.iter().position(|b| b.rel == rel) {
@@ -96,7 +96,7 @@ impl Volumes {
                 {
                     return Err(Error::TargetTaken {
                         target: req.target.display().to_string(),
-                        what: format!("a bind of volume {} with other parameters", vol.id),
+                        what: format!("a bind of volume {} with other parameters", vol.id()),
                     }
                     .into());
                 }
@@ -110,13 +110,13 @@ impl Volumes {
                 // The record is rewritten with the new bind below; if that
                 // bind fails, a record still listing the old one lists a
                 // bind that is gone, which the next start drops.
-                warn!(self.log, "bind was gone; binding again"; "volume" => &vol.id, "target" => shown(&req.target));
+                warn!(self.log, "bind was gone; binding again"; "volume" => vol.id(), "target" => shown(&req.target));
                 self.index.drop_bind(vol, i);
             }
             let max = self.max_binds.load(std::sync::atomic::Ordering::Relaxed);
             if vol.binds.len() >= max {
                 return Err(Error::TooManyBinds {
-                    id: vol.id.clone(),
+                    id: vol.id().to_string(),
                     max,
                 }
                 .into());
@@ -131,7 +131,7 @@ impl Volumes {
     fn bind_new(&self, vol: &mut Volume, req: &BindRequest, rel: &Path) -> Result<BindOutcome> {
         let reservation = self
             .index
-            .reserve(rel, &req.target, &vol.id, self.root.path())?;
+            .reserve(rel, &req.target, vol.id(), self.root.path())?;
         self.check_target(rel, &req.target)?;
         let source = self.open_mount(vol)?;
         let out = mount::bind::bind(&BindSpec {
@@ -146,7 +146,7 @@ impl Volumes {
         })?;
         drop(source);
         let device = vol.device.clone();
-        let mut undo = Rollback::new(self, "bind", &vol.id, &device);
+        let mut undo = Rollback::new(self, "bind", &vol.spec.volume_id, &device);
         undo.push(Undo::Nodes(out.created));
         undo.push(Undo::Mount {
             rel: rel.to_path_buf(),
@@ -183,7 +183,7 @@ impl Volumes {
                 let Some(i) = vol.binds.iter().position(|b| b.rel == rel) else {
                     return Ok(None);
                 };
-                let was = self.take_down(&rel, vol.binds[i].expect(&vol.device))?;
+                let was = self.take_down(&rel, vol.binds[i].mount_identity(&vol.device))?;
                 self.index.drop_bind(vol, i);
                 // The bind is down, as asked, and the table says so. A record
                 // that cannot be rewritten now (a full state filesystem) still
@@ -191,7 +191,7 @@ impl Volumes {
                 // record or the next start drops.
                 if let Err(e) = self.store.save(vol) {
                     warn!(self.log, "bind taken down, but its volume's record could not be rewritten; it is dropped from the record later";
-                          "volume" => &vol.id, "target" => shown(target), "error" => %e);
+                          "volume" => vol.id(), "target" => shown(target), "error" => %e);
                 }
                 Ok(Some(was))
             });

@@ -5,35 +5,32 @@
 //! not stop writes to the device. The agent never reads or writes a block
 //! volume's contents: no probe, no walk, no filesystem.
 
-use std::os::fd::AsFd;
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
-use rustix::fs::FileType;
 use slog::{info, warn};
 
 use super::error::Error;
-use super::request::{BindRequest, Expanded, PublishRequest, VolumeInfo};
+use super::request::{BindRequest, Expanded, VolumeInfo};
 use super::rollback::{Rollback, Undo};
 use super::table::Volumes;
-use super::volume::{guest_rel, Volume};
+use super::volume::Volume;
 use crate::cancel::Cancel;
 use crate::device;
 use crate::error::Result;
-use crate::model::{Device, RecursiveReadOnly, VolumeMode};
+use crate::model::{Device, RecursiveReadOnly};
 use crate::mount;
 use crate::mount::bind::BindSpec;
-use crate::mount::unmount::Expect;
 use crate::stats::{self, Condition, Measured};
-use crate::sys::beneath::{self, Leaf};
 use crate::sys::blockdev;
-use crate::sys::error::SysError;
 
 /// Refuses what a bind of a block volume cannot be: a subpath, recursive
 /// read-only, or read-only on a read-write volume (BindMount, api.md §2).
 pub(crate) fn check_bind(vol: &Volume, req: &BindRequest) -> Result<()> {
     let invalid = |why| Error::BlockBindInvalid {
-        id: vol.id.clone(),
+        id: vol.id().to_string(),
         why,
     };
     if !req.subpath.as_os_str().is_empty() {
@@ -48,8 +45,11 @@ pub(crate) fn check_bind(vol: &Volume, req: &BindRequest) -> Result<()> {
         )
         .into());
     }
-    if req.read_only && !vol.read_only {
-        return Err(Error::BlockBindReadOnly { id: vol.id.clone() }.into());
+    if req.read_only && !vol.spec.options.read_only_flag() {
+        return Err(Error::BlockBindReadOnly {
+            id: vol.id().to_string(),
+        }
+        .into());
     }
     Ok(())
 }
@@ -71,126 +71,65 @@ pub(crate) fn refresh(info: &mut VolumeInfo, dev: &Device) {
     }
 }
 
+/// A block volume's prepare step, what its attach step takes: the
+/// device's node (O_PATH), the device opened, and whether the agent is to
+/// set it read-only (only a flag the agent set is the agent's to clear: a
+/// disk the host attached read-only stays read-only).
+pub(crate) struct Opened {
+    node: OwnedFd,
+    dev: File,
+    /// The agent sets the device's read-only flag (and clears it at Unpublish).
+    pub(crate) ro_set: bool,
+}
+
+/// A block volume's prepare step: the device opened and its read-only flag
+/// read (publish.rs has the steps). Nothing here reads or writes the disk.
+pub(crate) fn prepare(device: &Device, read_only: bool) -> Result<Opened> {
+    let node = blockdev::open_node(device)?;
+    let dev = blockdev::open(device)?;
+    let ro_set = read_only && !blockdev::read_only(&dev, device)?;
+    Ok(Opened { node, dev, ro_set })
+}
+
 impl Volumes {
-    /// Publishes `device` (claimed by the caller) as the block volume `req`
-    /// asks for, in the steps of a filesystem publish (`publish`), each
-    /// followed by its undo:
-    ///
-    /// | step | undone by |
-    /// | --- | --- |
-    /// | make the guest path, an empty 0600 file of the agent's | removing what was made |
-    /// | open the device, read its read-only flag | — |
-    /// | record the volume | removing the record |
-    /// | set the device read-only, if asked and not already | clearing the flag |
-    /// | bind its node onto the file | — (until checked, below) |
-    /// | check the bind is there, of the device's node | if not: nothing is undone, recovery takes it down |
-    /// | record the bind's id | unbinding it by that id |
-    ///
-    /// Nothing here reads or writes the disk.
-    pub(crate) fn publish_block(&self, req: &PublishRequest, device: Device) -> Result<Volume> {
-        let rel = guest_rel(&req.volume_id);
-        let guest_path = self.root.join(&rel);
-        let node = blockdev::open_node(&device)?;
-        let mut undo = Rollback::new(self, "publish", &req.volume_id, &device);
-
-        // The guest path: an empty file of the agent's, not a mount point.
-        let file = self.guest_node(&rel, Leaf::File(0o600), "an empty file", &mut undo)?;
-        let here = beneath::mount_point(file.as_fd())
-            .map_err(|e| SysError::new("statx", guest_path.display(), e))?;
-        if here.is_root {
-            return Err(Error::GuestPathBusy {
-                path: guest_path.display().to_string(),
-            }
-            .into());
+    /// A block volume's attach step (publish.rs has the steps): the
+    /// device set read-only if asked and not already (its undo pushed),
+    /// then its node bound onto `file`, the guest path, through their fds.
+    pub(crate) fn attach_block(
+        &self,
+        opened: Opened,
+        vol: &Volume,
+        file: OwnedFd,
+        undo: &mut Rollback<'_>,
+    ) -> Result<()> {
+        if opened.ro_set {
+            blockdev::set_read_only(&opened.dev, &vol.device, true)?;
+            undo.push(Undo::ReadOnly(opened.dev));
         }
-        let empty = rustix::fs::fstat(&file).is_ok_and(|st| st.st_size == 0);
-        if here.kind != FileType::RegularFile || !empty {
-            return Err(Error::GuestPathUnsafe {
-                path: guest_path.display().to_string(),
-                what: "an empty file",
-            }
-            .into());
-        }
-
-        // The device, and whether the agent is to set it read-only: only a
-        // flag the agent set is the agent's to clear (a disk the host
-        // attached read-only stays read-only).
-        let dev = blockdev::open(&device)?;
-        let ro_set = req.read_only && !blockdev::read_only(&dev, &device)?;
-
-        // Recorded before the device is touched: a crash from here on leaves
-        // a record that recovery adopts or clears (and its flag with it).
-        let mut vol = Volume {
-            id: req.volume_id.clone(),
-            source: req.source.clone(),
-            device: device.clone(),
-            mode: VolumeMode::Block,
-            options: Vec::new(),
-            mount: req.mount.clone(),
-            read_only: req.read_only,
-            fs_group: None,
-            guest_path: guest_path.clone(),
-            mount_id: None,
-            complete: true,
-            ro_set,
-            binds: Vec::new(),
-            walk: None,
-        };
-        self.store.save(&vol)?;
-        undo.push(Undo::Record);
-
-        if ro_set {
-            blockdev::set_read_only(&dev, &device, true)?;
-            undo.push(Undo::ReadOnly(dev));
-        }
-
-        // The node bound onto the file, through their fds.
         let bound = mount::bind::bind_node(
             &BindSpec {
-                source_root: node.as_fd(),
-                source_path: &device.path,
+                source_root: opened.node.as_fd(),
+                source_path: &vol.device.path,
                 subpath: Path::new(""),
                 target_base: self.root.fd(),
-                target_rel: &rel,
-                target_path: &guest_path,
-                read_only: req.read_only,
+                target_rel: &vol.rel(),
+                target_path: &vol.guest_path,
+                read_only: vol.spec.options.read_only_flag(),
                 recursive_read_only: RecursiveReadOnly::Disabled,
             },
             &file,
         );
         drop(file);
-        drop(node);
+        drop(opened.node);
         bound?;
-
-        // What is bound at the guest path now must be the device's node;
-        // if it is not, undoing could hit what is there instead.
-        let id = match self.mounted_here(&vol) {
-            Ok((_, id)) => id,
-            Err(_) => {
-                undo.leave_to_recovery();
-                return Err(mount::error::Error::Moved {
-                    path: guest_path.display().to_string(),
-                }
-                .into());
-            }
-        };
-        undo.push(Undo::Mount {
-            rel,
-            expect: Expect::Mount(id, device.major, device.minor),
-        });
-        vol.mount_id = Some(id);
-        self.store.save(&vol)?;
-        undo.done();
-        info!(self.log, "block volume published"; "volume" => &vol.id, "device" => %device.path.display(),
-              "read_only" => vol.read_only, "ro_set" => ro_set);
-        Ok(vol)
+        Ok(())
     }
 
     /// Takes a block volume down once its binds are gone: the guest path's
     /// bind, a flush of the device, its read-only flag if the agent set it,
     /// the file. A disk already unplugged has nothing left to flush or clear.
     pub(crate) fn unpublish_block(&self, vol: &Volume) -> Result<()> {
-        self.take_down(&vol.rel(), vol.expect())?;
+        self.take_down(&vol.rel(), vol.mount_identity())?;
         match blockdev::open(&vol.device) {
             Ok(f) => {
                 blockdev::flush(&f, &vol.device)?;
@@ -200,7 +139,7 @@ impl Volumes {
             }
             Err(e @ (blockdev::Error::Gone { .. } | blockdev::Error::Replaced { .. })) => {
                 warn!(self.log, "block volume's disk is gone: nothing to flush or make writable again";
-                      "volume" => &vol.id, "error" => %e);
+                      "volume" => vol.id(), "error" => %e);
             }
             Err(e) => return Err(e.into()),
         }
@@ -219,7 +158,7 @@ impl Volumes {
                 rel: &rel,
                 mount_id: vol.mount_id,
                 device: &vol.device,
-                read_only: vol.read_only,
+                read_only: vol.spec.options.read_only_flag(),
             },
         );
         (
@@ -247,7 +186,7 @@ impl Volumes {
             device::wait_for_size(&self.sysfs, &vol.device, required_bytes, timeout, cancel)?
         };
         if bytes != now {
-            info!(self.log, "block volume grew"; "volume" => &vol.id, "from" => now, "to" => bytes);
+            info!(self.log, "block volume grew"; "volume" => vol.id(), "from" => now, "to" => bytes);
         }
         Ok(Expanded {
             capacity_bytes: bytes,
@@ -279,7 +218,7 @@ mod tests {
         let mut ro = block_sample();
         ro.binds.clear();
         let mut rw = ro.clone();
-        rw.read_only = false;
+        rw.spec.options = crate::volumes::request::Options::parse(Vec::new(), false).unwrap();
         let code = |v: &Volume, b: &BindRequest| check_bind(v, b).map_err(|e| e.code());
         let plain = bind("", false, RecursiveReadOnly::Disabled);
         let read_only = bind("", true, RecursiveReadOnly::Disabled);

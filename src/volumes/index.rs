@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::error::Error;
 use super::request::{VolumeInfo, VolumeState};
 use super::volume::{Bind, Volume};
-use super::walking::WalkJob;
+use super::walking::job::WalkJob;
 use crate::model::{Device, Extent};
 use crate::sys::mountinfo::shown;
 
@@ -147,7 +147,7 @@ impl Index {
         claims.insert(
             (vol.device.major, vol.device.minor),
             Claim {
-                id: vol.id.clone(),
+                id: vol.id().to_string(),
                 device: shown(&vol.device.path),
                 extent,
             },
@@ -214,7 +214,7 @@ impl Index {
             device: vol.device.clone(),
             walk: vol.walk.clone(),
         };
-        lock(&self.listed).insert(vol.id.clone(), listed);
+        lock(&self.listed).insert(vol.id().to_string(), listed);
     }
 
     /// A publish went through: its claim stays with the volume, which
@@ -244,7 +244,7 @@ impl Index {
     /// again and ListVolumes no longer shows it.
     pub(crate) fn forget(&self, vol: &Volume) {
         lock(&self.claims).remove(&(vol.device.major, vol.device.minor));
-        lock(&self.listed).remove(&vol.id);
+        lock(&self.listed).remove(vol.id());
     }
 
     /// Every volume ListVolumes shows, with its device; one still

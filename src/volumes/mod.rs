@@ -18,12 +18,18 @@
 //! - `slots`: one slot per volume, its lock taken in turn;
 //! - `index`: the side maps (device claims, bind targets, the list), kept in
 //!   step with the volumes there alone;
-//! - `publish` (with its steps and their undo), `steps`, `block`, `bind`,
-//!   `unpublish`, `query`: the operations;
+//! - `publish`: the one publish, filesystem and block alike, as a table of
+//!   steps with one undo list; `steps`: the guest node it makes and the one
+//!   check of "is this our mount" every operation makes;
+//! - `block`: what only a block volume does (its prepare and attach steps,
+//!   its stats, expand and take-down);
+//! - `bind`, `unpublish`, `query`: the other operations;
 //! - `rollback`: the one undo list a publish or a bind keeps;
-//! - `walking`: a publish's fsGroup walk, owned by the volume, not the call;
-//! - `volume`, `request`, `error`: what a volume is, what is asked and
-//!   answered, what the table refuses;
+//! - `walking/`: a publish's fsGroup walk, owned by the volume, not the
+//!   call: the job (`job`) and its whole lifecycle (`lifecycle`);
+//! - `volume`, `request`, `error`: what a volume is (the request's `Spec`,
+//!   then what the agent found and did), what is asked and answered, what
+//!   the table refuses;
 //! - `state`, `recover`: the records, and a restart.
 
 pub mod bind;

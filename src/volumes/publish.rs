@@ -1,40 +1,38 @@
 //! Publishing a volume (semantics.md §1): idempotent for the same request,
 //! refused for another; a new one as explicit steps with one undo list.
 //!
-//! A new filesystem volume, step by step, and what undoes each if a later
-//! step fails (`Rollback`, last first):
+//! A new volume, step by step (`publish_new`), and what undoes each if a
+//! later step fails (`Rollback`, last first). A filesystem and a block
+//! volume (`block`) take the same steps; they differ only where the table
+//! says:
 //!
-//! | step | undone by |
-//! | --- | --- |
-//! | find the disk, claim it (and its sectors) | the claim is released |
-//! | check nothing else mounts it or shares its sectors | — |
-//! | make the guest path, a directory of the agent's | removing what was made |
-//! | probe: the disk holds the filesystem asked for | — |
-//! | record the volume, incomplete | removing the record |
-//! | mount the filesystem on the directory's fd | — (until checked, below) |
-//! | check the mount is there, the disk's | if not: nothing is undone, recovery takes it down |
-//! | record the mount's id | unmounting it by that id |
-//! | — from here on the volume is published, and the call may go — | |
-//! | walk fsGroup, on a thread of the volume's (walking.rs) | Unpublish (what a walk changed stays: a chown cannot be undone safely) |
-//! | record the volume complete | Unpublish |
+//! | step | filesystem | block | undone by |
+//! | --- | --- | --- | --- |
+//! | find the disk, claim it (and its sectors) | | | the claim is released |
+//! | check nothing else mounts it or shares its sectors | | | — |
+//! | make the guest path, a node of the agent's (`guest_node`) | a directory | an empty 0600 file | removing what was made |
+//! | prepare | probe: the disk holds the filesystem asked for | open the device, read its read-only flag | — |
+//! | record the volume, incomplete (`Volume::new`) | | | removing the record |
+//! | attach | mount the filesystem on the directory's fd | set the device read-only if asked and not already (undone by clearing it), bind its node onto the file | — (until checked, below) |
+//! | check the mount is the volume's own (`own_mount`) | | | if not: nothing is undone, recovery takes it down |
+//! | record the mount's id | | | unmounting it by that id |
+//! | — from here on the volume is published, and the call may go — | | | |
+//! | walk fsGroup, on a thread of the volume's (`walking`) | if asked and writable | never | Unpublish (what a walk changed stays: a chown cannot be undone safely) |
+//! | record the volume complete | | | Unpublish |
 //!
 //! The caller waits for the walk within its own deadline; when the deadline
 //! passes or the caller goes, it is answered DEADLINE_EXCEEDED or CANCELLED
 //! and the walk goes on; the same publish again waits for the same walk.
-//!
-//! A block volume takes the same steps (`block`): an empty file instead of
-//! a directory, the device's read-only flag instead of the probe, its node
-//! bound instead of a filesystem mounted, no walk.
+//! Nothing of a block volume's publish reads or writes the disk.
 
-use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::os::fd::AsFd;
 use std::sync::Arc;
-use std::time::Duration;
 
-use slog::{info, warn};
+use slog::info;
 
+use super::block;
 use super::error::Error;
-use super::request::{PublishRequest, Published, Source};
+use super::request::{PublishRequest, Published, Source, Spec};
 use super::rollback::{Rollback, Undo};
 use super::table::Volumes;
 use super::volume::{guest_rel, Volume};
@@ -42,13 +40,10 @@ use super::walking::{Outcome, WalkJob};
 use crate::cancel::Cancel;
 use crate::device;
 use crate::error::Result;
-use crate::model::{Device, Extent, VolumeMode};
+use crate::model::{Device, Extent, FsType, VolumeMode};
 use crate::mount::filesystem::mount_filesystem;
-use crate::mount::unmount::Expect;
-use crate::ownership::walk::{self, Report, Walk};
+use crate::ownership::walk::Report;
 use crate::probe::judge;
-use crate::sys::beneath::{self, Leaf};
-use crate::sys::error::SysError;
 use crate::sys::mountinfo::{self, shown};
 
 /// What a publish answers once the volume's lock is let go: at once, or
@@ -60,10 +55,12 @@ enum Answer {
     Wait(Arc<WalkJob>, Published),
 }
 
-/// How often the walk's progress is taken (ListVolumes' `ownership_done`).
-const PROGRESS_EVERY: Duration = Duration::from_millis(200);
-/// How often a long walk is logged, in milliseconds.
-const LOG_EVERY_MS: u64 = 10_000;
+/// What a publish's prepare step found, for its attach step: the
+/// filesystem the disk holds, or a block volume's device opened.
+enum Prepared {
+    Filesystem(FsType),
+    Block(block::Opened),
+}
 
 impl Volumes {
     /// Publishes a volume (semantics.md §1): idempotent for the same
@@ -75,8 +72,8 @@ impl Volumes {
         self.accepting()?;
         let cancel = &self.stop_with(cancel);
         let result = {
-            let slot = self.slot(&req.volume_id);
-            let locked = slot.lock(&req.volume_id, cancel);
+            let slot = self.slot(&req.spec.volume_id);
+            let locked = slot.lock(&req.spec.volume_id, cancel);
             locked.and_then(|mut guard| {
                 // Checked again now that the slot exists: a Shutdown that
                 // listed the slots before this one was made set the flag
@@ -87,7 +84,7 @@ impl Volumes {
         };
         match result {
             Ok(Answer::Now(out)) => Ok(out),
-            Ok(Answer::Wait(job, mut out)) => match job.wait(&req.volume_id, cancel)? {
+            Ok(Answer::Wait(job, mut out)) => match job.wait(&req.spec.volume_id, cancel)? {
                 Outcome::Done(report) => {
                     out.ownership = report;
                     Ok(out)
@@ -98,7 +95,7 @@ impl Volumes {
             },
             Err(e) => {
                 // A publish that failed leaves no trace, not even an empty slot.
-                self.forget_slot(&req.volume_id);
+                self.forget_slot(&req.spec.volume_id);
                 Err(e)
             }
         }
@@ -113,26 +110,23 @@ impl Volumes {
         if let Some(vol) = guard.as_mut() {
             return self.publish_again(vol, req);
         }
-        let device = match &req.source {
+        let device = match &req.spec.source {
             Source::Serial(s) => device::find_by_serial(&self.sysfs, s, req.timeout, cancel)?,
             Source::Path(p) => device::from_path(&self.sysfs, p)?,
         };
         // Claimed for the whole publish: a concurrent publish of the same
         // disk, or of one sharing its sectors, is refused.
         let extent = self.sysfs.extent((device.major, device.minor));
-        let claim = self.index.claim(&device, &req.volume_id, extent)?;
+        let claim = self.index.claim(&device, &req.spec.volume_id, extent)?;
         self.check_not_mounted(&device, &extent)?;
-        let vol = match req.mode {
-            VolumeMode::Filesystem(_) => self.publish_filesystem(req, device)?,
-            VolumeMode::Block => self.publish_block(req, device)?,
-        };
+        let vol = self.publish_new(&req.spec, device)?;
         self.index.published(&vol, claim);
         let out = Published {
             guest_path: vol.guest_path.clone(),
             device: vol.device.path.clone(),
             already_published: false,
             // fsGroup on a read-only volume: left alone, and said so.
-            ownership: (vol.fs_group.is_some() && vol.mounted_read_only()).then(|| Report {
+            ownership: (vol.spec.fs_group.is_some() && vol.mounted_read_only()).then(|| Report {
                 skipped: true,
                 ..Default::default()
             }),
@@ -152,9 +146,9 @@ impl Volumes {
     /// mid-walk, or whose walk failed and could not be taken down) gets a
     /// walk that finishes it.
     fn publish_again(&self, vol: &mut Volume, req: &PublishRequest) -> Result<Answer> {
-        if let Some(differs) = vol.differs_from(req) {
+        if let Some(differs) = vol.differs_from(&req.spec) {
             return Err(Error::Conflict {
-                id: req.volume_id.clone(),
+                id: req.spec.volume_id.clone(),
                 differs,
             }
             .into());
@@ -177,78 +171,76 @@ impl Volumes {
         Ok(Answer::Wait(job, out))
     }
 
-    /// A new filesystem volume on `device` (claimed by the caller): the
-    /// steps of the module doc, each followed by its undo.
-    fn publish_filesystem(&self, req: &PublishRequest, device: Device) -> Result<Volume> {
-        let VolumeMode::Filesystem(fs) = req.mode else {
-            unreachable!("publish_filesystem of a block request");
-        };
-        let rel = guest_rel(&req.volume_id);
-        let guest_path = self.root.join(&rel);
-        let mut undo = Rollback::new(self, "publish", &req.volume_id, &device);
+    /// A new volume on `device` (claimed by the caller): the steps of the
+    /// module doc, each followed by its undo. A filesystem and a block
+    /// volume differ only in their guest node, their prepare step and
+    /// their attach step.
+    fn publish_new(&self, spec: &Spec, device: Device) -> Result<Volume> {
+        let rel = guest_rel(&spec.volume_id);
+        let mut undo = Rollback::new(self, "publish", &spec.volume_id, &device);
 
-        // The guest path: a directory of the agent's, not a mount point.
-        let dir = self.guest_node(&rel, Leaf::Dir(0o750), "a plain directory", &mut undo)?;
-        let here = beneath::mount_point(dir.as_fd())
-            .map_err(|e| SysError::new("statx", guest_path.display(), e))?;
-        if here.is_root {
-            return Err(Error::GuestPathBusy {
-                path: guest_path.display().to_string(),
+        // The guest path: a node of the agent's, not a mount point.
+        let node = self.guest_node(&rel, spec.mode, &mut undo)?;
+
+        // What the disk must hold, or the device's read-only flag.
+        let prepared = match spec.mode {
+            VolumeMode::Filesystem(fs) => {
+                judge::check(&device.path, fs)?;
+                Prepared::Filesystem(fs)
             }
-            .into());
-        }
-
-        // The disk holds the filesystem asked for, and a superblock the agent mounts.
-        judge::check(&device.path, fs)?;
-
-        // Recorded before anything is mounted: a crash from here on leaves a
-        // record that recovery adopts or clears, never an unknown mount.
-        let mut vol = Volume {
-            id: req.volume_id.clone(),
-            source: req.source.clone(),
-            device: device.clone(),
-            mode: req.mode,
-            options: req.options.clone(),
-            mount: req.mount.clone(),
-            read_only: req.read_only,
-            fs_group: req.fs_group,
-            guest_path: guest_path.clone(),
-            mount_id: None,
-            complete: false,
-            ro_set: false,
-            walk: None,
-            binds: Vec::new(),
+            VolumeMode::Block => {
+                Prepared::Block(block::prepare(&device, spec.options.read_only_flag())?)
+            }
         };
+
+        // Recorded before anything is mounted or set: a crash from here on
+        // leaves a record that recovery adopts or clears, never an unknown
+        // mount (nor a flag nobody clears).
+        let ro_set = matches!(prepared, Prepared::Block(ref b) if b.ro_set);
+        let mut vol = Volume::new(spec.clone(), device.clone(), self.root.join(&rel), ro_set);
         self.store.save(&vol)?;
         undo.push(Undo::Record);
 
-        // Mounted on the directory's fd, so no rename or symlink moves it.
-        mount_filesystem(
-            &device.path,
-            dir.as_fd(),
-            &guest_path,
-            fs.name(),
-            &req.mount,
-        )?;
-        drop(dir);
+        // Mounted (or bound) through the node's fd, so no rename or
+        // symlink moves it.
+        match prepared {
+            Prepared::Filesystem(fs) => {
+                mount_filesystem(
+                    &device.path,
+                    node.as_fd(),
+                    &vol.guest_path,
+                    fs.name(),
+                    spec.options.mount(),
+                )?;
+                drop(node);
+            }
+            Prepared::Block(b) => self.attach_block(b, &vol, node, &mut undo)?,
+        }
 
         // What is mounted at the guest path now must be the device just
         // mounted; if it is not, undoing could hit what is there instead.
-        let (fd, id) = match self.mounted_here(&vol) {
-            Ok(found) => found,
-            Err(e) => {
+        let (fd, id) = match self.own_mount(&vol) {
+            Ok(Some(found)) => found,
+            other => {
                 undo.leave_to_recovery();
-                return Err(e);
+                return Err(other.err().unwrap_or_else(|| {
+                    crate::mount::error::Error::Moved {
+                        path: vol.guest_path.display().to_string(),
+                    }
+                    .into()
+                }));
             }
         };
-        undo.push(Undo::Mount {
-            rel: rel.clone(),
-            expect: Expect::Mount(id, device.major, device.minor),
-        });
         vol.mount_id = Some(id);
-        vol.complete = vol.fs_group.is_none() || vol.mounted_read_only();
+        undo.push(Undo::Mount {
+            rel,
+            expect: vol.mount_identity(),
+        });
+        vol.complete = !vol.needs_walk();
         self.store.save(&vol)?;
         undo.done();
+        info!(self.log, "volume published"; "volume" => vol.id(), "device" => %device.path.display(),
+              "mode" => vol.mode().name(), "read_only" => vol.mounted_read_only(), "ro_set" => ro_set);
 
         // fsGroup: from here on the publish belongs to the volume. Its walk
         // runs on a thread of its own, from the mount's own fd; the one undo
@@ -257,156 +249,6 @@ impl Volumes {
             self.start_walk(&mut vol, fd)?;
         }
         Ok(vol)
-    }
-
-    /// Starts the fsGroup walk of `vol` (mounted and recorded, not complete)
-    /// on a thread of its own, holding `fd` (the mount's root) until it
-    /// ends; the job is kept in the volume.
-    fn start_walk(&self, vol: &mut Volume, fd: OwnedFd) -> Result<Arc<WalkJob>> {
-        let job = Arc::new(WalkJob::new());
-        let (table, walking, j) = (self.shared(), vol.clone(), Arc::clone(&job));
-        std::thread::Builder::new()
-            .name("fsgroup-walk".into())
-            .spawn(move || {
-                // A bug in the walk must not leave its waiters, and an
-                // Unpublish or Shutdown stopping it, waiting for ever.
-                let run = std::panic::AssertUnwindSafe(|| table.run_walk(&walking, fd, &j));
-                if std::panic::catch_unwind(run).is_err() {
-                    j.ended();
-                    j.finish(Outcome::Failed {
-                        code: crate::code::Code::Internal,
-                        message: format!(
-                            "the agent hit an internal fault in the fsGroup walk of volume {}; unpublish it, then publish it again",
-                            walking.id
-                        ),
-                    });
-                }
-            })
-            .map_err(|e| SysError::new("clone", "a thread for the fsGroup walk", e))?;
-        vol.walk = Some(Arc::clone(&job));
-        Ok(job)
-    }
-
-    /// The walk thread: walks, lets go of the mount, then finishes the
-    /// publish under the volume's lock and tells every waiter.
-    fn run_walk(&self, vol: &Volume, fd: OwnedFd, job: &Arc<WalkJob>) {
-        let cancel = job.cancel(&self.stop_token());
-        let walked = self.walk(vol, &fd, &cancel, Some(job));
-        // Nothing of the walk's may hold the mount when it is taken down
-        // (an fd on it, even O_PATH, makes umount fail with EBUSY).
-        drop(fd);
-        job.ended();
-        let outcome = self.finish_walk(&vol.id, job, walked, &cancel);
-        job.finish(outcome);
-    }
-
-    /// Takes the walk's outcome under the volume's lock: the volume
-    /// complete (recorded, then listed ready), or, when the walk or the
-    /// record failed, the volume taken down as by Unpublish. An Unpublish or
-    /// a Shutdown that stopped the walk holds the lock and takes the volume
-    /// down itself: `cancel` (fired by them) gives the lock up.
-    fn finish_walk(
-        &self,
-        id: &str,
-        job: &Arc<WalkJob>,
-        walked: Result<Option<Report>>,
-        cancel: &Cancel,
-    ) -> Outcome {
-        let failed = |e: &crate::error::Error| Outcome::Failed {
-            code: e.code(),
-            message: e.to_string(),
-        };
-        let Some(slot) = self.existing_slot(id) else {
-            return walked.map_or_else(|e| failed(&e), Outcome::Done);
-        };
-        let mut guard = match slot.lock(id, cancel) {
-            Ok(g) => g,
-            Err(e) => return failed(&walked.err().unwrap_or(e)),
-        };
-        let ours = guard
-            .as_ref()
-            .and_then(|v| v.walk.as_ref())
-            .is_some_and(|j| Arc::ptr_eq(j, job));
-        if !ours {
-            return walked.map_or_else(|e| failed(&e), Outcome::Done);
-        }
-        let recorded = walked.and_then(|report| {
-            let vol = guard.as_mut().expect("checked above");
-            let mut done = vol.clone();
-            done.complete = true;
-            done.walk = None;
-            self.store.save(&done)?;
-            *vol = done;
-            self.index.show(vol);
-            Ok(report)
-        });
-        let outcome = match recorded {
-            Ok(report) => Outcome::Done(report),
-            Err(e) => {
-                warn!(self.log, "publish failed after mounting; unpublishing the volume";
-                      "volume" => id, "error" => %e);
-                if let Err(undo) = self.unpublish_locked(&mut guard, &Cancel::never()) {
-                    warn!(self.log, "could not take the volume down; the next unpublish or start does";
-                          "volume" => id, "error" => %undo);
-                }
-                failed(&e)
-            }
-        };
-        let gone = guard.is_none();
-        drop(guard);
-        drop(slot);
-        if gone {
-            self.forget_slot(id);
-        }
-        outcome
-    }
-
-    /// The fsGroup walk of a freshly mounted volume (if asked for and
-    /// writable), from the mount's own fd; its progress is kept in `job`
-    /// (ListVolumes) and logged every 10 s.
-    pub(crate) fn walk(
-        &self,
-        vol: &Volume,
-        fd: &OwnedFd,
-        cancel: &Cancel,
-        job: Option<&WalkJob>,
-    ) -> Result<Option<Report>> {
-        let Some(g) = vol.fs_group.filter(|_| !vol.mounted_read_only()) else {
-            return Ok(None);
-        };
-        // Milliseconds since the walk started at the last log line.
-        let logged = AtomicU64::new(0);
-        let progress = |p: &Report| {
-            if let Some(job) = job {
-                job.progress(p.visited);
-            }
-            let ms = u64::try_from(p.duration.as_millis()).unwrap_or(u64::MAX);
-            if ms.saturating_sub(logged.load(Ordering::Relaxed)) < LOG_EVERY_MS {
-                return;
-            }
-            logged.store(ms, Ordering::Relaxed);
-            info!(self.log, "fsGroup walk in progress"; "volume" => &vol.id,
-                  "visited" => p.visited, "changed" => p.changed, "errors" => p.errors,
-                  "elapsed_ms" => ms);
-        };
-        let r = walk::run(&Walk {
-            open_at: &beneath::proc_path(fd.as_fd()),
-            shown: &vol.guest_path,
-            gid: g.gid,
-            policy: g.policy,
-            read_only: false,
-            every: PROGRESS_EVERY,
-            progress: &progress,
-            cancel,
-        })?;
-        if let Some(job) = job {
-            job.progress(r.visited);
-        }
-        info!(self.log, "fsGroup applied"; "volume" => &vol.id, "gid" => g.gid,
-              "skipped" => r.skipped, "visited" => r.visited, "changed" => r.changed,
-              "errors" => r.errors,
-              "duration_us" => u64::try_from(r.duration.as_micros()).unwrap_or(u64::MAX));
-        Ok(Some(r))
     }
 
     /// Refuses a device whose filesystem is mounted already, or one that
@@ -455,6 +297,7 @@ mod tests {
     use crate::volumes::request::BindRequest;
     use crate::volumes::testkit::{fake_partitions, publish_loop, table};
     use crate::volumes::volume::tests::sample;
+    use std::time::Duration;
 
     #[test]
     fn partitions_that_overlap_are_one_volume() {
@@ -474,13 +317,13 @@ mod tests {
         );
         let v = Volumes::open(&dir.path().join("root"), sysfs, crate::logging::discard()).unwrap();
         let block = |id: &str, d: &crate::testutil::LoopDisk| PublishRequest {
-            volume_id: id.into(),
-            source: Source::Path(d.device.clone()),
-            mode: VolumeMode::Block,
-            options: Vec::new(),
-            mount: crate::mount::options::parse_options(&[], false).unwrap(),
-            read_only: false,
-            fs_group: None,
+            spec: Spec {
+                volume_id: id.into(),
+                source: Source::Path(d.device.clone()),
+                mode: VolumeMode::Block,
+                options: crate::volumes::request::Options::parse(Vec::new(), false).unwrap(),
+                fs_group: None,
+            },
             timeout: Duration::from_secs(1),
         };
         publish_loop(&v, "pa", &a);
@@ -512,15 +355,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let v = table(dir.path());
         assert_eq!(v.shutdown(), 0);
-        let s = sample();
+        let mut spec = sample().spec;
+        spec.volume_id = "late".into();
+        spec.fs_group = None;
         let req = PublishRequest {
-            volume_id: "late".into(),
-            source: s.source.clone(),
-            mode: s.mode,
-            options: s.options.clone(),
-            mount: s.mount.clone(),
-            read_only: false,
-            fs_group: None,
+            spec,
             timeout: Duration::from_millis(1),
         };
         let e = v.publish(&req, &Cancel::never()).unwrap_err();

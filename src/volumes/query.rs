@@ -24,7 +24,7 @@ impl Volumes {
         self.with_volume(id, cancel, |vol| {
             vol.not_publishing()?;
             let rel = vol.rel();
-            let fs = match vol.mode {
+            let fs = match vol.mode() {
                 VolumeMode::Filesystem(fs) => fs,
                 VolumeMode::Block => return Ok(self.stats_block(vol)),
             };
@@ -56,7 +56,7 @@ impl Volumes {
         let cancel = &self.stop_with(cancel);
         self.with_volume(id, cancel, |vol| {
             vol.not_publishing()?;
-            let fs = match vol.mode {
+            let fs = match vol.mode() {
                 VolumeMode::Filesystem(fs) => fs,
                 VolumeMode::Block => return self.expand_block(vol, required_bytes, timeout, cancel),
             };

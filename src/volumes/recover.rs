@@ -6,8 +6,10 @@
 //! that no record explains, and any mount of a volume's disk beneath the
 //! root that is not a recorded bind. A block volume's mounts are binds of
 //! its disk's node (their mountinfo device is devtmpfs's): they are told by
-//! the node's device number (statx), not by mountinfo's. A crash at any
-//! point of any request thus leaves nothing that no RPC can remove.
+//! the node's device number (statx), not by mountinfo's. A guest node in
+//! `volumes/` that no record explains (an empty directory or file, made by
+//! a publish killed before it recorded the volume) is removed. A crash at
+//! any point of any request thus leaves nothing that no RPC can remove.
 //!
 //! Recovery writes to the state directory (a record pruned of binds that are
 //! gone, the record of a volume that is gone removed) but never depends on
@@ -84,7 +86,7 @@ impl Recovery<'_> {
             kept.extend(vol.binds.iter().filter_map(|b| b.mount_id));
             self.claim_adopted(&vol);
             self.index.show(&vol);
-            info!(self.log, "volume taken back from a previous run"; "volume" => &vol.id,
+            info!(self.log, "volume taken back from a previous run"; "volume" => vol.id(),
                   "binds" => vol.binds.len(), "complete" => vol.complete);
             adopted.push(vol);
         }
@@ -100,6 +102,7 @@ impl Recovery<'_> {
             }
         }
         self.sweep(&mut own_devices, &kept)?;
+        self.clear_strays(&adopted);
         if let Some(why) = self.store.problem() {
             warn!(self.log, "the state directory could not be written at start: serving the volumes taken back and Unpublish; publishes and binds are refused until it can be written";
                   "why" => why);
@@ -116,7 +119,7 @@ impl Recovery<'_> {
         let extent = self.sysfs.extent((vol.device.major, vol.device.minor));
         for c in self.index.claim_adopted(vol, extent) {
             warn!(self.log, "volumes taken back from a previous run share sectors of one disk; unpublish one of them";
-                  "volume" => &vol.id, "device" => shown(&vol.device.path),
+                  "volume" => vol.id(), "device" => shown(&vol.device.path),
                   "other" => &c.id, "other_device" => &c.device, "how" => extent.describe(&c.extent));
         }
     }
@@ -132,12 +135,12 @@ impl Recovery<'_> {
         let live = here.filter(|mp| vol.is_own_mount(mp));
         let Some(mp) = live else {
             warn!(self.log, "volume from a previous run is not mounted (as recorded) any more; forgetting it";
-                  "volume" => &vol.id, "guest_path" => shown(&vol.guest_path));
+                  "volume" => vol.id(), "guest_path" => shown(&vol.guest_path));
             // Its binds come down in the sweep; a flag the agent set on the
             // device goes with the volume (in `recover`).
-            if let Err(e) = self.store.remove(&vol.id) {
+            if let Err(e) = self.store.remove(vol.id()) {
                 warn!(self.log, "could not remove the record of a volume that is gone; the next start drops it again";
-                      "volume" => &vol.id, "error" => %e);
+                      "volume" => vol.id(), "error" => %e);
             }
             remove_node(self.root.fd(), &rel);
             forgotten.push(vol);
@@ -152,7 +155,7 @@ impl Recovery<'_> {
                 .and_then(|(parent, name)| beneath::mount_point_at(parent.as_fd(), &name).ok())
                 .filter(|m| vol.is_own_bind(&b, m));
             let Some(m) = live else {
-                warn!(self.log, "bind from a previous run is gone"; "volume" => &vol.id, "target" => shown(&b.target));
+                warn!(self.log, "bind from a previous run is gone"; "volume" => vol.id(), "target" => shown(&b.target));
                 remove_node(self.root.fd(), &b.rel);
                 changed = true;
                 continue;
@@ -162,11 +165,11 @@ impl Recovery<'_> {
             // (the sweep then takes its mount down).
             match self
                 .index
-                .reserve(&b.rel, &b.target, &vol.id, self.root.path())
+                .reserve(&b.rel, &b.target, vol.id(), self.root.path())
             {
                 Ok(r) => r.keep(),
                 Err(e) => {
-                    warn!(self.log, "bind from a previous run conflicts with another; dropped"; "volume" => &vol.id,
+                    warn!(self.log, "bind from a previous run conflicts with another; dropped"; "volume" => vol.id(),
                           "target" => shown(&b.target), "error" => %e);
                     changed = true;
                     continue;
@@ -179,7 +182,7 @@ impl Recovery<'_> {
         if changed {
             if let Err(e) = self.store.save(&vol) {
                 warn!(self.log, "could not write back the record of a volume taken back; it still lists binds that are gone, which the next start drops again";
-                      "volume" => &vol.id, "error" => %e);
+                      "volume" => vol.id(), "error" => %e);
             }
         }
         Some(vol)
@@ -255,6 +258,25 @@ impl Recovery<'_> {
         Ok(())
     }
 
+    /// Removes the guest nodes in `volumes/` that no adopted volume
+    /// explains: an empty directory or an empty file, not a mount point
+    /// (`remove_node`), left by a publish killed after it made its guest
+    /// path and before it recorded the volume. Left there, it would refuse a
+    /// later publish of the same id in the other mode (a directory where a
+    /// block volume's file goes). Anything else there stays.
+    fn clear_strays(&self, adopted: &[Volume]) {
+        let ours: HashSet<&OsStr> = adopted.iter().map(|v| OsStr::new(v.id())).collect();
+        let Ok(entries) = std::fs::read_dir(self.root.join(Path::new("volumes"))) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            if !ours.contains(name.as_os_str()) {
+                remove_node(self.root.fd(), &Path::new("volumes").join(&name));
+            }
+        }
+    }
+
     /// Clears the read-only flag of a block volume that recovery forgets
     /// (its bind is gone): the agent set it, and nothing holds it now.
     fn release_block(&self, vol: &Volume) {
@@ -265,11 +287,11 @@ impl Recovery<'_> {
             .and_then(|f| blockdev::set_read_only(&f, &vol.device, false))
         {
             Ok(()) => {
-                info!(self.log, "read-only flag of a forgotten block volume cleared"; "volume" => &vol.id)
+                info!(self.log, "read-only flag of a forgotten block volume cleared"; "volume" => vol.id())
             }
             Err(e) => {
                 warn!(self.log, "could not clear the read-only flag of a forgotten block volume";
-                            "volume" => &vol.id, "error" => %e)
+                            "volume" => vol.id(), "error" => %e)
             }
         }
     }
@@ -313,5 +335,32 @@ mod tests {
             !state.join("bad.vol").exists() && state.join("bad.vol.bad").exists(),
             "an unreadable record is set aside for a human"
         );
+    }
+
+    /// A publish killed after it made its guest path and before it recorded
+    /// the volume leaves an empty directory or file: the next start removes
+    /// it, so the id can be published in either mode. What is not empty stays.
+    #[test]
+    fn guest_nodes_no_record_explains_are_cleared_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let volumes = dir.path().join("volumes");
+        std::fs::create_dir_all(volumes.join("dir-left")).unwrap();
+        std::fs::write(volumes.join("file-left"), "").unwrap();
+        std::fs::create_dir_all(volumes.join("full")).unwrap();
+        std::fs::write(volumes.join("full/data"), "keep").unwrap();
+        std::fs::write(volumes.join("written"), "keep").unwrap();
+        let root = Root::open(dir.path()).unwrap();
+        let store = Store::open(&root).unwrap();
+        Recovery {
+            root: &root,
+            store: &store,
+            index: &Index::default(),
+            sysfs: &Sysfs::system(),
+            log: &crate::logging::discard(),
+        }
+        .run()
+        .unwrap();
+        assert!(!volumes.join("dir-left").exists() && !volumes.join("file-left").exists());
+        assert!(volumes.join("full/data").exists() && volumes.join("written").exists());
     }
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::model::{Policy, RecursiveReadOnly, VolumeMode};
-use crate::mount::options::MountOptions;
+use crate::mount::options::{parse_options, BadOption, MountOptions};
 use crate::ownership::walk::Report;
 
 /// Where the disk comes from.
@@ -27,23 +27,79 @@ pub struct FsGroup {
     pub policy: Policy,
 }
 
-/// A validated PublishVolume request.
+/// Mount options, carried once: as the request spelled them (what a
+/// repeated request is compared with, and what the record keeps), the
+/// request's read-only flag, and both parsed for mount(2).
 #[derive(Clone, Debug)]
-pub struct PublishRequest {
+pub struct Options {
+    given: Vec<String>,
+    read_only: bool,
+    parsed: MountOptions,
+}
+
+impl Options {
+    /// `given` with the flag `read_only`, parsed (an option publishing
+    /// refuses is an error).
+    pub fn parse(given: Vec<String>, read_only: bool) -> Result<Options, BadOption> {
+        let parsed = parse_options(&given, read_only)?;
+        Ok(Options {
+            given,
+            read_only,
+            parsed,
+        })
+    }
+
+    /// The options as the request spelled them.
+    pub fn given(&self) -> &[String] {
+        &self.given
+    }
+
+    /// The request's read-only flag (an `ro` option is not it).
+    pub fn read_only_flag(&self) -> bool {
+        self.read_only
+    }
+
+    /// What mount(2) is given.
+    pub fn mount(&self) -> &MountOptions {
+        &self.parsed
+    }
+
+    /// Read-only as mounted: the flag, or an `ro` the options leave in force.
+    pub fn read_only(&self) -> bool {
+        self.parsed.flags & libc::MS_RDONLY != 0
+    }
+}
+
+impl PartialEq for Options {
+    /// The parsed form follows from the other two.
+    fn eq(&self, other: &Options) -> bool {
+        self.given == other.given && self.read_only == other.read_only
+    }
+}
+
+impl Eq for Options {}
+
+/// What a publish asks for, as the volume keeps it and its record stores
+/// it: a repeated publish must ask the same.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Spec {
     /// The host's volume id.
     pub volume_id: String,
     /// Where the disk comes from.
     pub source: Source,
     /// Filesystem (and which one the disk must hold) or block.
     pub mode: VolumeMode,
-    /// Mount options as given: what a repeated request is compared with.
-    pub options: Vec<String>,
-    /// The same options parsed, with `read_only` applied.
-    pub mount: MountOptions,
-    /// Mount read-only.
-    pub read_only: bool,
+    /// Mount options, and read-only.
+    pub options: Options,
     /// fsGroup, if any.
     pub fs_group: Option<FsGroup>,
+}
+
+/// A validated PublishVolume request.
+#[derive(Clone, Debug)]
+pub struct PublishRequest {
+    /// What is asked.
+    pub spec: Spec,
     /// How long to wait for the device to appear.
     pub timeout: Duration,
 }

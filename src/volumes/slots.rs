@@ -133,7 +133,7 @@ impl Slots {
     pub(crate) fn adopted(volumes: Vec<Volume>) -> Slots {
         let map = volumes
             .into_iter()
-            .map(|v| (v.id.clone(), Arc::new(Slot::with(v))))
+            .map(|v| (v.id().to_string(), Arc::new(Slot::with(v))))
             .collect();
         Slots {
             map: Mutex::new(map),

@@ -23,10 +23,9 @@ use rustix::io::Errno;
 
 use super::error::Error;
 use super::index::lock;
-use super::request::{FsGroup, Source};
+use super::request::{FsGroup, Options, Source, Spec};
 use super::volume::{Bind, Volume};
 use crate::model::{Device, FsType, MountId, Policy, RecursiveReadOnly, VolumeMode};
-use crate::mount::options::parse_options;
 use crate::sys::beneath;
 use crate::sys::error::SysError;
 use crate::sys::mountinfo::shown;
@@ -113,8 +112,8 @@ impl Store {
     /// record as it was and no temp file behind: ENOSPC or EDQUOT answer
     /// RESOURCE_EXHAUSTED (`Error::StateFull`), EROFS FAILED_PRECONDITION.
     pub(crate) fn save(&self, vol: &Volume) -> crate::error::Result<()> {
-        let name = Store::file(&vol.id);
-        let tmp = format!("{}.tmp", vol.id);
+        let name = Store::file(vol.id());
+        let tmp = format!("{}.tmp", vol.id());
         let shown_path = self.path.join(&name);
         let text = encode(vol);
         let write = || -> std::io::Result<()> {
@@ -203,9 +202,9 @@ impl Store {
             let record = match read_at(self.dir.as_fd(), name) {
                 Err(e) => Record::Bad(raw.clone(), format!("unreadable: {e}")),
                 Ok(text) => match decode(&text, root) {
-                    Ok(v) if v.id == id => Record::Good(Box::new(v)),
+                    Ok(v) if v.id() == id => Record::Good(Box::new(v)),
                     Ok(v) => {
-                        Record::Bad(raw.clone(), format!("it names volume {}, not {id}", v.id))
+                        Record::Bad(raw.clone(), format!("it names volume {}, not {id}", v.id()))
                     }
                     Err(why) => Record::Bad(raw.clone(), why),
                 },
@@ -320,12 +319,12 @@ fn rro_parse(s: &str) -> Option<RecursiveReadOnly> {
 
 /// The record of `v`.
 pub(crate) fn encode(v: &Volume) -> String {
-    let mut o = match v.mode {
+    let mut o = match v.mode() {
         VolumeMode::Filesystem(_) => String::from("version=2\n"),
         VolumeMode::Block => String::from("version=3\nmode=block\n"),
     };
-    o += &format!("id={}\n", esc(&v.id));
-    match &v.source {
+    o += &format!("id={}\n", esc(v.id()));
+    match &v.spec.source {
         Source::Serial(s) => o += &format!("serial={}\n", esc(s)),
         Source::Path(p) => o += &format!("device_path={}\n", esc_path(p)),
     }
@@ -335,15 +334,15 @@ pub(crate) fn encode(v: &Volume) -> String {
     if let Some(s) = &v.device.serial {
         o += &format!("device_serial={}\n", esc(s));
     }
-    match v.mode {
+    match v.mode() {
         VolumeMode::Filesystem(fs) => o += &format!("fs={}\n", fs.name()),
         VolumeMode::Block => o += &format!("ro_set={}\n", v.ro_set),
     }
-    for opt in &v.options {
+    for opt in v.spec.options.given() {
         o += &format!("option={}\n", esc(opt));
     }
-    o += &format!("read_only={}\n", v.read_only);
-    if let Some(g) = v.fs_group {
+    o += &format!("read_only={}\n", v.spec.options.read_only_flag());
+    if let Some(g) = v.spec.fs_group {
         let p = match g.policy {
             Policy::Always => "always",
             Policy::OnRootMismatch => "on-root-mismatch",
@@ -562,8 +561,13 @@ impl Fields {
         }
         Ok(Volume {
             guest_path: root.join("volumes").join(&id),
-            id,
-            source: self.source.ok_or("no source")?,
+            spec: Spec {
+                volume_id: id,
+                source: self.source.ok_or("no source")?,
+                mode,
+                options: Options::parse(self.options, self.read_only).map_err(|e| e.to_string())?,
+                fs_group: self.fs_group,
+            },
             device: Device {
                 name,
                 path: self.device.ok_or("no device")?,
@@ -571,11 +575,6 @@ impl Fields {
                 minor,
                 serial: self.device_serial,
             },
-            mode,
-            mount: parse_options(&self.options, self.read_only).map_err(|e| e.to_string())?,
-            options: self.options,
-            read_only: self.read_only,
-            fs_group: self.fs_group,
             mount_id: self.mount_id,
             complete: !self.incomplete,
             ro_set: self.ro_set,
@@ -670,12 +669,10 @@ mod tests {
         let v = sample();
         let back = decode(&encode(&v), Path::new("/r")).unwrap();
         assert_eq!(back.info(), v.info());
-        assert_eq!(back.options, v.options);
-        assert_eq!(back.mount, v.mount);
-        assert_eq!(back.fs_group, v.fs_group);
+        assert_eq!(back.spec, v.spec);
+        assert_eq!(back.spec.options.mount(), v.spec.options.mount());
         assert_eq!(back.binds, v.binds);
         assert_eq!(back.device, v.device);
-        assert_eq!(back.source, v.source);
         assert_eq!((back.mount_id, back.complete), (Some(MountId(77)), true));
         let mut half = v.clone();
         half.complete = false;
@@ -689,29 +686,24 @@ mod tests {
     #[test]
     fn a_carriage_return_ending_a_value_survives_a_rewrite() {
         let mut v = sample();
-        v.options = vec!["noatime\r".into(), "a\r\rb\r\r".into()];
-        v.mount = parse_options(&v.options, false).unwrap();
+        v.spec.options =
+            Options::parse(vec!["noatime\r".into(), "a\r\rb\r\r".into()], false).unwrap();
         v.device.serial = Some("ser\r".into());
-        v.source = Source::Path("/dev/vdb\r".into());
+        v.spec.source = Source::Path("/dev/vdb\r".into());
         let back = decode(&encode(&v), Path::new("/r")).unwrap();
-        assert_eq!(back.options, v.options);
-        assert_eq!(back.mount, v.mount);
+        assert_eq!(back.spec, v.spec);
+        assert_eq!(back.spec.options.mount(), v.spec.options.mount());
         assert_eq!(back.device, v.device);
-        assert_eq!(back.source, v.source);
         // A record whose lines end in CRLF still reads.
         let crlf = encode(&sample()).replace('\n', "\r\n");
-        assert_eq!(
-            decode(&crlf, Path::new("/r")).unwrap().options,
-            sample().options
-        );
+        assert_eq!(decode(&crlf, Path::new("/r")).unwrap().spec, sample().spec);
     }
 
     /// An `ro` among the options is read-only, and reads back so.
     #[test]
     fn an_ro_option_reads_back_read_only() {
         let mut v = sample();
-        v.options = vec!["noatime,ro".into()];
-        v.mount = parse_options(&v.options, false).unwrap();
+        v.spec.options = Options::parse(vec!["noatime,ro".into()], false).unwrap();
         let back = decode(&encode(&v), Path::new("/r")).unwrap();
         assert!(back.mounted_read_only());
     }
@@ -723,8 +715,8 @@ mod tests {
         assert!(text.starts_with("version=3\nmode=block\n"), "{text}");
         assert!(!text.contains("fs="), "{text}");
         let back = decode(&text, Path::new("/r")).unwrap();
-        assert_eq!(back.mode, VolumeMode::Block);
-        assert!(back.ro_set && back.read_only && back.mounted_read_only());
+        assert_eq!(back.mode(), VolumeMode::Block);
+        assert!(back.ro_set && back.spec.options.read_only_flag() && back.mounted_read_only());
         assert_eq!(back.binds, v.binds);
         assert_eq!(back.info(), v.info());
         // A filesystem volume keeps the version older agents read.

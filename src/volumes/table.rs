@@ -29,12 +29,10 @@
 //! or a job's phase, in that order; nothing ever waits for a slot while
 //! holding anything else.
 
-use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
-use rustix::fs::OFlags;
 use rustix::io::Errno;
 use slog::Logger;
 
@@ -47,7 +45,7 @@ use super::volume::Volume;
 use crate::cancel::{Cancel, Token, Why};
 use crate::error::Result;
 use crate::mount;
-use crate::sys::beneath::{self, Root};
+use crate::sys::beneath::Root;
 use crate::sys::error::SysError;
 use crate::sys::sysfs::Sysfs;
 use crate::validate::{self, Invalid};
@@ -234,35 +232,5 @@ impl Volumes {
             .as_mut()
             .ok_or_else(|| Error::NotPublished(id.to_string()))?;
         f(vol)
-    }
-
-    /// An fd of the volume's mount root, checked to be the very mount the
-    /// agent made (resolved beneath the root with no symlinks; its mount id,
-    /// or its device where no id was recorded).
-    pub(crate) fn open_mount(&self, vol: &Volume) -> Result<OwnedFd> {
-        let gone = || -> crate::error::Error {
-            Error::MountGone {
-                id: vol.id.clone(),
-                path: vol.guest_path.display().to_string(),
-            }
-            .into()
-        };
-        let fd = match beneath::open_with(
-            self.root.fd(),
-            &vol.rel(),
-            OFlags::PATH | vol.guest_path_kind(),
-            beneath::strict(),
-        ) {
-            Ok(fd) => fd,
-            Err(Errno::NOENT | Errno::LOOP | Errno::XDEV | Errno::NOTDIR) => return Err(gone()),
-            Err(e) => return Err(SysError::new("openat2", vol.guest_path.display(), e).into()),
-        };
-        let mp = beneath::mount_point(fd.as_fd())
-            .map_err(|e| SysError::new("statx", vol.guest_path.display(), e))?;
-        if vol.is_own_mount(&mp) {
-            Ok(fd)
-        } else {
-            Err(gone())
-        }
     }
 }

@@ -4,12 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::request::{PublishRequest, Source};
+use super::request::{Options, PublishRequest, Source, Spec};
 use super::table::Volumes;
 use crate::cancel::Cancel;
 use crate::model::testdisk::AgentDevice;
 use crate::model::{FsType, VolumeMode};
-use crate::mount::options::parse_options;
 use crate::sys::sysfs::Sysfs;
 
 pub(crate) fn table(root: &Path) -> std::sync::Arc<Volumes> {
@@ -17,15 +16,14 @@ pub(crate) fn table(root: &Path) -> std::sync::Arc<Volumes> {
 }
 
 pub(crate) fn publish_loop(v: &Volumes, id: &str, disk: &crate::testutil::LoopDisk) {
-    let options: Vec<String> = Vec::new();
     let req = PublishRequest {
-        volume_id: id.into(),
-        source: Source::Path(disk.device.clone()),
-        mode: VolumeMode::Filesystem(FsType::Ext4),
-        mount: parse_options(&options, false).unwrap(),
-        options,
-        read_only: false,
-        fs_group: None,
+        spec: Spec {
+            volume_id: id.into(),
+            source: Source::Path(disk.device.clone()),
+            mode: VolumeMode::Filesystem(FsType::Ext4),
+            options: Options::parse(Vec::new(), false).unwrap(),
+            fs_group: None,
+        },
         timeout: Duration::from_secs(1),
     };
     v.publish(&req, &Cancel::never()).unwrap();

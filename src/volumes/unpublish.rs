@@ -50,7 +50,7 @@ impl Volumes {
         // waited for until it let go of the mount (milliseconds: it looks
         // at its token between two entries).
         if let Some(job) = &vol.walk {
-            job.stop_and_wait(&vol.id, cancel)?;
+            job.stop_and_wait(vol.id(), cancel)?;
             vol.walk = None;
         }
         // Nothing is written on the way: an unpublish needs no space in the
@@ -58,16 +58,16 @@ impl Volumes {
         // this stops half-way) lists only what recovery drops; the table in
         // memory follows every unmount, so ListVolumes stays true.
         while let Some(b) = vol.binds.last() {
-            self.take_down(&b.rel, b.expect(&vol.device))?;
+            self.take_down(&b.rel, b.mount_identity(&vol.device))?;
             self.index.drop_bind(vol, vol.binds.len() - 1);
         }
-        match vol.mode {
+        match vol.mode() {
             // Flushed while it is certainly the volume's own mount.
             VolumeMode::Filesystem(_) => {
                 if let Ok(fd) = self.open_mount(vol) {
                     sync_filesystem(fd.as_fd(), &vol.guest_path)?;
                 }
-                self.take_down(&vol.rel(), vol.expect())?;
+                self.take_down(&vol.rel(), vol.mount_identity())?;
             }
             VolumeMode::Block => self.unpublish_block(vol)?,
         }
@@ -76,9 +76,9 @@ impl Volumes {
         // Unlinking needs no space; where even that fails (a read-only or
         // failing state filesystem), every mount is down all the same, and
         // the record names a volume whose mount is gone, which recovery drops.
-        if let Err(e) = self.store.remove(&vol.id) {
+        if let Err(e) = self.store.remove(vol.id()) {
             warn!(self.log, "could not remove the record of an unpublished volume; the next start drops it";
-                  "volume" => &vol.id, "error" => %e);
+                  "volume" => vol.id(), "error" => %e);
         }
         self.index.forget(vol);
         *guard = None;
@@ -96,7 +96,7 @@ impl Volumes {
         let (root_fd, root) = (self.root.fd(), self.root.path());
         let disk = (vol.device.major, vol.device.minor);
         let node = Path::new("/").join(&vol.device.name);
-        let of_disk = |m: &MountEntry| match vol.mode {
+        let of_disk = |m: &MountEntry| match vol.mode() {
             VolumeMode::Filesystem(_) => (m.major, m.minor) == disk,
             VolumeMode::Block => m.fs_type == "devtmpfs" && m.root == node,
         };
@@ -118,12 +118,12 @@ impl Volumes {
             match unmount_tree(root_fd, root, rel, expect) {
                 Ok(true) => {
                     warn!(self.log, "a mount of the volume's disk was left beneath the root (moved or copied behind the agent's back); taken down";
-                          "volume" => &vol.id, "path" => shown(&root.join(rel)));
+                          "volume" => vol.id(), "path" => shown(&root.join(rel)));
                 }
                 Ok(false) => {}
                 Err(e) => {
                     return Err(Error::StillMounted {
-                        id: vol.id.clone(),
+                        id: vol.id().to_string(),
                         at: shown(&root.join(rel)),
                         why: e.to_string(),
                     }
@@ -136,7 +136,7 @@ impl Volumes {
             .find(|m| of_disk(m) && beneath_root(m).is_some())
         {
             return Err(Error::StillMounted {
-                id: vol.id.clone(),
+                id: vol.id().to_string(),
                 at: shown(&m.mount_point),
                 why: "it came back or could not be reached beneath the root".into(),
             }

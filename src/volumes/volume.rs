@@ -8,10 +8,9 @@ use std::sync::Arc;
 use rustix::fs::OFlags;
 
 use super::error::Error;
-use super::request::{FsGroup, PublishRequest, Source, VolumeInfo, VolumeState};
-use super::walking::WalkJob;
+use super::request::{Source, Spec, VolumeInfo, VolumeState};
+use super::walking::job::WalkJob;
 use crate::model::{Device, MountId, RecursiveReadOnly, VolumeMode};
-use crate::mount::options::MountOptions;
 use crate::mount::unmount::Expect;
 use crate::sys::beneath::MountPoint;
 
@@ -36,7 +35,7 @@ pub(crate) struct Bind {
 
 impl Bind {
     /// Which mount the bind is, for unmounting it by identity.
-    pub(crate) fn expect(&self, dev: &Device) -> Expect {
+    pub(crate) fn mount_identity(&self, dev: &Device) -> Expect {
         match self.mount_id {
             Some(id) => Expect::Mount(id, dev.major, dev.minor),
             None => Expect::Device(dev.major, dev.minor),
@@ -44,25 +43,14 @@ impl Bind {
     }
 }
 
-/// A published volume: what its record holds.
+/// A published volume: what its record holds. What the publish asked for
+/// (`spec`), then what the agent found and did.
 #[derive(Clone, Debug)]
 pub(crate) struct Volume {
-    /// The host's volume id.
-    pub(crate) id: String,
-    /// Where the disk came from.
-    pub(crate) source: Source,
+    /// What the publish asked for.
+    pub(crate) spec: Spec,
     /// The disk.
     pub(crate) device: Device,
-    /// Filesystem (which) or block.
-    pub(crate) mode: VolumeMode,
-    /// Mount options as the request gave them.
-    pub(crate) options: Vec<String>,
-    /// The same, parsed.
-    pub(crate) mount: MountOptions,
-    /// Published read-only.
-    pub(crate) read_only: bool,
-    /// fsGroup, if any.
-    pub(crate) fs_group: Option<FsGroup>,
     /// `<canonical root>/volumes/<id>`.
     pub(crate) guest_path: PathBuf,
     /// The mount's id (statx); None until it is mounted, or from an older record.
@@ -80,16 +68,48 @@ pub(crate) struct Volume {
 }
 
 impl Volume {
+    /// A volume about to be published: `spec` on `device` at `guest_path`,
+    /// nothing mounted yet (`ro_set`: the agent sets a block device's
+    /// read-only flag). The one place a new volume is made.
+    pub(crate) fn new(spec: Spec, device: Device, guest_path: PathBuf, ro_set: bool) -> Volume {
+        Volume {
+            spec,
+            device,
+            guest_path,
+            mount_id: None,
+            complete: false,
+            ro_set,
+            binds: Vec::new(),
+            walk: None,
+        }
+    }
+
+    /// The host's volume id.
+    pub(crate) fn id(&self) -> &str {
+        &self.spec.volume_id
+    }
+
+    /// Filesystem (which) or block.
+    pub(crate) fn mode(&self) -> VolumeMode {
+        self.spec.mode
+    }
+
+    /// Whether its publish has an fsGroup walk to do: an fsGroup, on a
+    /// volume mounted writable (kubelet leaves a read-only volume alone).
+    pub(crate) fn needs_walk(&self) -> bool {
+        self.spec.fs_group.is_some() && !self.mounted_read_only()
+    }
+
     /// What ListVolumes reports of it (the device's size left at 0).
     pub(crate) fn info(&self) -> VolumeInfo {
         VolumeInfo {
-            volume_id: self.id.clone(),
+            volume_id: self.id().to_string(),
             device: self.device.path.display().to_string(),
-            serial: match &self.source {
+            serial: match &self.spec.source {
                 Source::Serial(s) => s.clone(),
                 Source::Path(_) => self.device.serial.clone().unwrap_or_default(),
             },
-            fs_type: match self.mode {
+            fs_type: match self.spec.mode {
                 VolumeMode::Filesystem(fs) => fs.name().to_string(),
                 VolumeMode::Block => String::new(),
             },
@@ -100,7 +120,7 @@ impl Volume {
                 .iter()
                 .map(|b| b.target.display().to_string())
                 .collect(),
-            block: self.mode == VolumeMode::Block,
+            block: self.spec.mode == VolumeMode::Block,
             device_bytes: 0,
             state: VolumeState::Ready,
             ownership_done: 0,
@@ -112,7 +132,7 @@ impl Volume {
     pub(crate) fn not_publishing(&self) -> Result<(), Error> {
         match self.walk.as_ref().filter(|j| !j.finished()) {
             Some(job) => Err(Error::StillPublishing {
-                id: self.id.clone(),
+                id: self.id().to_string(),
                 visited: job.visited(),
             }),
             None => Ok(()),
@@ -123,7 +143,7 @@ impl Volume {
     /// or, for a block volume, a bind of its node.
     pub(crate) fn of_disk(&self, mp: &MountPoint) -> bool {
         let dev = (self.device.major, self.device.minor);
-        match self.mode {
+        match self.spec.mode {
             VolumeMode::Filesystem(_) => mp.dev == dev,
             VolumeMode::Block => mp.is_block_node(dev),
         }
@@ -142,13 +162,13 @@ impl Volume {
 
     /// Read-only as mounted: `read_only`, or an `ro` among the options.
     pub(crate) fn mounted_read_only(&self) -> bool {
-        self.mount.flags & libc::MS_RDONLY != 0
+        self.spec.options.read_only()
     }
 
     /// What its guest path is opened as: a directory, or (block) the
     /// device node bound onto a file.
     pub(crate) fn guest_path_kind(&self) -> OFlags {
-        match self.mode {
+        match self.spec.mode {
             VolumeMode::Filesystem(_) => OFlags::DIRECTORY,
             VolumeMode::Block => OFlags::empty(),
         }
@@ -156,43 +176,49 @@ impl Volume {
 
     /// `volumes/<id>`, relative to the root.
     pub(crate) fn rel(&self) -> PathBuf {
-        guest_rel(&self.id)
+        guest_rel(self.id())
     }
 
     /// Which mount its guest path holds, for unmounting it by identity.
-    pub(crate) fn expect(&self) -> Expect {
+    pub(crate) fn mount_identity(&self) -> Expect {
         match self.mount_id {
             Some(id) => Expect::Mount(id, self.device.major, self.device.minor),
             None => Expect::Device(self.device.major, self.device.minor),
         }
     }
 
-    /// Names the first parameter in which `req` differs from this volume.
-    pub(crate) fn differs_from(&self, req: &PublishRequest) -> Option<String> {
-        if self.source != req.source {
-            return Some(format!("source {:?} vs {:?}", self.source, req.source));
+    /// Names the first parameter in which `asked` differs from this volume.
+    pub(crate) fn differs_from(&self, asked: &Spec) -> Option<String> {
+        let (mine, o) = (&self.spec, &asked.options);
+        if mine.source != asked.source {
+            return Some(format!("source {:?} vs {:?}", mine.source, asked.source));
         }
-        if self.mode != req.mode {
-            return Some(match (self.mode, req.mode) {
+        if mine.mode != asked.mode {
+            return Some(match (mine.mode, asked.mode) {
                 (VolumeMode::Filesystem(a), VolumeMode::Filesystem(b)) => {
                     format!("fs_type {a} vs {b}")
                 }
                 (a, b) => format!("volume_mode {} vs {}", a.name(), b.name()),
             });
         }
-        if self.options != req.options {
+        if mine.options.given() != o.given() {
             return Some(format!(
                 "mount_options {:?} vs {:?}",
-                self.options, req.options
+                mine.options.given(),
+                o.given()
             ));
         }
-        if self.read_only != req.read_only {
-            return Some(format!("read_only {} vs {}", self.read_only, req.read_only));
+        if mine.options.read_only_flag() != o.read_only_flag() {
+            return Some(format!(
+                "read_only {} vs {}",
+                mine.options.read_only_flag(),
+                o.read_only_flag()
+            ));
         }
-        if self.fs_group != req.fs_group {
+        if mine.fs_group != asked.fs_group {
             return Some(format!(
                 "fs_group {:?} vs {:?}",
-                self.fs_group, req.fs_group
+                mine.fs_group, asked.fs_group
             ));
         }
         None
@@ -210,14 +236,22 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::model::{FsType, Policy};
-    use crate::mount::options::parse_options;
+    use crate::volumes::request::{FsGroup, Options, PublishRequest};
 
     /// A filesystem volume with one bind, as recorded.
     pub(crate) fn sample() -> Volume {
         let options = vec!["noatime".into(), "weird%opt\twith\nbreaks".into()];
         Volume {
-            id: "vol-1".into(),
-            source: Source::Serial("vol-0123".into()),
+            spec: Spec {
+                volume_id: "vol-1".into(),
+                source: Source::Serial("vol-0123".into()),
+                mode: VolumeMode::Filesystem(FsType::Xfs),
+                options: Options::parse(options, false).unwrap(),
+                fs_group: Some(FsGroup {
+                    gid: 2000,
+                    policy: Policy::OnRootMismatch,
+                }),
+            },
             device: Device {
                 name: "vdb".into(),
                 path: "/dev/vdb".into(),
@@ -225,14 +259,6 @@ pub(crate) mod tests {
                 minor: 16,
                 serial: Some("vol-0123".into()),
             },
-            mode: VolumeMode::Filesystem(FsType::Xfs),
-            mount: parse_options(&options, false).unwrap(),
-            options,
-            read_only: false,
-            fs_group: Some(FsGroup {
-                gid: 2000,
-                policy: Policy::OnRootMismatch,
-            }),
             guest_path: "/r/volumes/vol-1".into(),
             mount_id: Some(MountId(77)),
             complete: true,
@@ -253,13 +279,11 @@ pub(crate) mod tests {
     /// A read-only block volume with one bind, as recorded.
     pub(crate) fn block_sample() -> Volume {
         let mut v = sample();
-        v.id = "blk-1".into();
+        v.spec.volume_id = "blk-1".into();
         v.guest_path = "/r/volumes/blk-1".into();
-        v.mode = VolumeMode::Block;
-        v.options = Vec::new();
-        v.read_only = true;
-        v.mount = parse_options(&[], true).unwrap();
-        v.fs_group = None;
+        v.spec.mode = VolumeMode::Block;
+        v.spec.options = Options::parse(Vec::new(), true).unwrap();
+        v.spec.fs_group = None;
         v.ro_set = true;
         v.binds[0].subpath = PathBuf::new();
         v.binds[0].rro = RecursiveReadOnly::Disabled;
@@ -271,11 +295,9 @@ pub(crate) mod tests {
     fn an_ro_option_counts_as_read_only() {
         let mut v = sample();
         assert!(!v.mounted_read_only());
-        v.options = vec!["noatime,ro".into()];
-        v.mount = parse_options(&v.options, false).unwrap();
+        v.spec.options = Options::parse(vec!["noatime,ro".into()], false).unwrap();
         assert!(v.mounted_read_only() && v.info().read_only);
-        v.options = vec!["ro".into(), "rw".into()];
-        v.mount = parse_options(&v.options, false).unwrap();
+        v.spec.options = Options::parse(vec!["ro".into(), "rw".into()], false).unwrap();
         assert!(!v.mounted_read_only(), "a later rw overrides ro");
     }
 
@@ -283,30 +305,24 @@ pub(crate) mod tests {
     fn differences_are_named() {
         let v = sample();
         let mut req = PublishRequest {
-            volume_id: "vol-1".into(),
-            source: Source::Serial("vol-0123".into()),
-            mode: VolumeMode::Filesystem(FsType::Xfs),
-            options: v.options.clone(),
-            mount: v.mount.clone(),
-            read_only: false,
-            fs_group: v.fs_group,
+            spec: v.spec.clone(),
             timeout: Duration::from_secs(1),
         };
-        assert_eq!(v.differs_from(&req), None);
+        assert_eq!(v.differs_from(&req.spec), None);
         req.timeout = Duration::from_secs(9);
         assert_eq!(
-            v.differs_from(&req),
+            v.differs_from(&req.spec),
             None,
             "the wait is not a parameter of the volume"
         );
-        req.read_only = true;
-        assert!(v.differs_from(&req).unwrap().contains("read_only"));
-        req.read_only = false;
-        req.mode = VolumeMode::Filesystem(FsType::Ext4);
-        assert!(v.differs_from(&req).unwrap().contains("fs_type"));
-        req.mode = VolumeMode::Block;
+        req.spec.options = Options::parse(v.spec.options.given().to_vec(), true).unwrap();
+        assert!(v.differs_from(&req.spec).unwrap().contains("read_only"));
+        req.spec.options = v.spec.options.clone();
+        req.spec.mode = VolumeMode::Filesystem(FsType::Ext4);
+        assert!(v.differs_from(&req.spec).unwrap().contains("fs_type"));
+        req.spec.mode = VolumeMode::Block;
         assert!(v
-            .differs_from(&req)
+            .differs_from(&req.spec)
             .unwrap()
             .contains("volume_mode xfs vs block"));
     }

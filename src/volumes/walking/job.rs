@@ -1,32 +1,14 @@
-//! A publish's fsGroup walk belongs to the volume, not to the call that
-//! started it (semantics.md §4.1). Once the filesystem is mounted and its
-//! mount recorded, the walk runs on a thread of its own:
-//!
-//! - the caller waits for it within its own deadline; when the deadline
-//!   passes or the caller goes away, the caller is answered
-//!   DEADLINE_EXCEEDED or CANCELLED, saying how far the walk got, and the
-//!   walk goes on;
-//! - a publish of the same volume with the same parameters waits for the
-//!   same walk (it joins it; nothing starts again from the top);
-//! - Unpublish stops the walk, waits until it has let go of the mount, and
-//!   takes the volume down; Shutdown does the same for every volume;
-//! - when the walk ends, its thread takes the volume's lock and finishes the
-//!   publish: the volume complete (recorded), or, if the walk failed, taken
-//!   down as by Unpublish — the one undo a walk has, since what it changed
-//!   stays changed (a chown cannot be undone safely).
-//!
-//! A job goes Walking → Ended (the walk returned and closed its fd on the
-//! mount, so an unmount does not find it busy) → Finished (the outcome is
-//! known: every waiter gets it).
+//! One volume's fsGroup walk in flight, and how it ends (the room's doc is
+//! in `mod.rs`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::error::Error;
 use crate::cancel::{Cancel, Token, Why};
 use crate::code::Code;
 use crate::ownership::walk::Report;
+use crate::volumes::error::Error;
 
 /// How a job ended, as every waiter is told.
 #[derive(Clone, Debug)]
