@@ -29,7 +29,7 @@ use crate::sys::mountinfo::{self, shown};
 impl Volumes {
     /// Whether bind `b` of `vol` is still mounted, as the agent made it.
     fn bind_is_live(&self, vol: &Volume, b: &Bind) -> bool {
-        let Ok((parent, name)) = beneath::open_parent(self.root.fd(), &b.rel) else {
+        let Ok((parent, name)) = beneath::open_parent(self.root_dir().fd(), &b.rel) else {
             return false;
         };
         beneath::mount_point_at(parent.as_fd(), &name).is_ok_and(|mp| vol.is_own_bind(b, &mp))
@@ -41,15 +41,16 @@ impl Volumes {
         let mut at = Some(rel);
         while let Some(p) = at {
             let found = if p.as_os_str().is_empty() {
-                Ok(rustix::io::fcntl_dupfd_cloexec(self.root.fd(), 0)
-                    .map_err(|e| SysError::new("dup", self.root.path().display(), e))?)
+                Ok(rustix::io::fcntl_dupfd_cloexec(self.root_dir().fd(), 0)
+                    .map_err(|e| SysError::new("dup", self.root_dir().path().display(), e))?)
             } else {
-                beneath::open_path(self.root.fd(), p)
+                beneath::open_path(self.root_dir().fd(), p)
             };
             match found {
                 Ok(fd) => {
-                    let mp = beneath::mount_point(fd.as_fd())
-                        .map_err(|e| SysError::new("statx", self.root.join(p).display(), e))?;
+                    let mp = beneath::mount_point(fd.as_fd()).map_err(|e| {
+                        SysError::new("statx", self.root_dir().join(p).display(), e)
+                    })?;
                     if p == rel && mp.is_root {
                         let table = mountinfo::read()?;
                         let what = mountinfo::by_id(&table, mp.mount_id)
@@ -61,7 +62,7 @@ impl Volumes {
                         }
                         .into());
                     }
-                    if let Some(volume) = self.index.holder_of(mp.dev) {
+                    if let Some(volume) = self.index().holder_of(mp.dev) {
                         return Err(Error::TargetInVolume {
                             target: target.display().to_string(),
                             volume,
@@ -71,7 +72,7 @@ impl Volumes {
                     return Ok(());
                 }
                 Err(Errno::NOENT) => at = p.parent(),
-                Err(e) => return Err(unsafe_or_sys(e, "openat2", &self.root.join(p))),
+                Err(e) => return Err(unsafe_or_sys(e, "openat2", &self.root_dir().join(p))),
             }
         }
         Ok(())
@@ -82,7 +83,8 @@ impl Volumes {
     pub fn bind(&self, req: &BindRequest, cancel: &Cancel) -> Result<BindOutcome> {
         self.accepting()?;
         let cancel = &self.stop_with(cancel);
-        let rel = self.rel_of(&req.target)?.to_path_buf();
+        let target = self.target_of(&req.target)?;
+        let rel = self.rel_of(&target)?.to_path_buf();
         self.with_volume(&req.volume_id, cancel, |vol| {
             vol.not_publishing()?;
             if vol.mode() == VolumeMode::Block {
@@ -95,7 +97,7 @@ impl Volumes {
                     || b.rro != req.recursive_read_only
                 {
                     return Err(Error::TargetTaken {
-                        target: req.target.display().to_string(),
+                        target: target.display().to_string(),
                         what: format!("a bind of volume {} with other parameters", vol.id()),
                     }
                     .into());
@@ -110,10 +112,10 @@ impl Volumes {
                 // The record is rewritten with the new bind below; if that
                 // bind fails, a record still listing the old one lists a
                 // bind that is gone, which the next start drops.
-                warn!(self.log, "bind was gone; binding again"; "volume" => vol.id(), "target" => shown(&req.target));
-                self.index.drop_bind(vol, i);
+                warn!(self.log(), "bind was gone; binding again"; "volume" => vol.id(), "target" => shown(&target));
+                self.index().drop_bind(vol, i);
             }
-            let max = self.max_binds.load(std::sync::atomic::Ordering::Relaxed);
+            let max = self.max_binds_cell().load(std::sync::atomic::Ordering::Relaxed);
             if vol.binds.len() >= max {
                 return Err(Error::TooManyBinds {
                     id: vol.id().to_string(),
@@ -121,26 +123,33 @@ impl Volumes {
                 }
                 .into());
             }
-            self.bind_new(vol, req, &rel)
+            self.bind_new(vol, req, &target, &rel)
         })
     }
 
-    /// A new bind of `vol` at `rel`, as the request asks: the target
-    /// reserved and checked, the bind made, then recorded; a bind whose
-    /// record cannot be written is taken down again (`Rollback`).
-    fn bind_new(&self, vol: &mut Volume, req: &BindRequest, rel: &Path) -> Result<BindOutcome> {
+    /// A new bind of `vol` at `target` (canonical; `rel` beneath the root),
+    /// as the request asks: the target reserved and checked, the bind made,
+    /// then recorded; a bind whose record cannot be written is taken down
+    /// again (`Rollback`).
+    fn bind_new(
+        &self,
+        vol: &mut Volume,
+        req: &BindRequest,
+        target: &Path,
+        rel: &Path,
+    ) -> Result<BindOutcome> {
         let reservation = self
-            .index
-            .reserve(rel, &req.target, vol.id(), self.root.path())?;
-        self.check_target(rel, &req.target)?;
+            .index()
+            .reserve(rel, target, vol.id(), self.root_dir().path())?;
+        self.check_target(rel, target)?;
         let source = self.open_mount(vol)?;
         let out = mount::bind::bind(&BindSpec {
             source_root: source.as_fd(),
             source_path: &vol.guest_path,
             subpath: &req.subpath,
-            target_base: self.root.fd(),
+            target_base: self.root_dir().fd(),
             target_rel: rel,
-            target_path: &req.target,
+            target_path: target,
             read_only: req.read_only,
             recursive_read_only: req.recursive_read_only,
         })?;
@@ -153,7 +162,7 @@ impl Volumes {
             expect: Expect::Mount(out.mount_id, device.major, device.minor),
         });
         vol.binds.push(Bind {
-            target: self.root.join(rel),
+            target: self.root_dir().join(rel),
             rel: rel.to_path_buf(),
             subpath: req.subpath.clone(),
             read_only: req.read_only,
@@ -161,12 +170,12 @@ impl Volumes {
             rro_applied: out.recursive_read_only_applied,
             mount_id: Some(out.mount_id),
         });
-        if let Err(e) = self.store.save(vol) {
+        if let Err(e) = self.store().save(vol) {
             vol.binds.pop();
             return Err(e);
         }
         undo.done();
-        self.index.bound(vol, reservation);
+        self.index().bound(vol, reservation);
         Ok(BindOutcome {
             recursive_read_only_applied: out.recursive_read_only_applied,
             already_mounted: false,
@@ -177,21 +186,22 @@ impl Volumes {
     /// False when nothing is mounted there; a mount the agent did not make is
     /// refused and left alone.
     pub fn unmount(&self, target: &Path, cancel: &Cancel) -> Result<bool> {
-        let rel = self.rel_of(target)?.to_path_buf();
-        if let Some(id) = self.index.owner_of(&rel) {
+        let target = self.target_of(target)?;
+        let rel = self.rel_of(&target)?.to_path_buf();
+        if let Some(id) = self.index().owner_of(&rel) {
             let r = self.with_volume(&id, cancel, |vol| {
                 let Some(i) = vol.binds.iter().position(|b| b.rel == rel) else {
                     return Ok(None);
                 };
                 let was = self.take_down(&rel, vol.binds[i].mount_identity(&vol.device))?;
-                self.index.drop_bind(vol, i);
+                self.index().drop_bind(vol, i);
                 // The bind is down, as asked, and the table says so. A record
                 // that cannot be rewritten now (a full state filesystem) still
                 // lists it: a bind that is gone, which the next write of this
                 // record or the next start drops.
-                if let Err(e) = self.store.save(vol) {
-                    warn!(self.log, "bind taken down, but its volume's record could not be rewritten; it is dropped from the record later";
-                          "volume" => vol.id(), "target" => shown(target), "error" => %e);
+                if let Err(e) = self.store().save(vol) {
+                    warn!(self.log(), "bind taken down, but its volume's record could not be rewritten; it is dropped from the record later";
+                          "volume" => vol.id(), "target" => shown(&target), "error" => %e);
                 }
                 Ok(Some(was))
             });
@@ -203,10 +213,10 @@ impl Volumes {
             }
         }
         // Not a bind of the agent's: say whether something is there, touch nothing.
-        let (parent, name) = match beneath::open_parent(self.root.fd(), &rel) {
+        let (parent, name) = match beneath::open_parent(self.root_dir().fd(), &rel) {
             Ok(p) => p,
             Err(Errno::NOENT | Errno::NOTDIR) => return Ok(false),
-            Err(e) => return Err(unsafe_or_sys(e, "openat2", target)),
+            Err(e) => return Err(unsafe_or_sys(e, "openat2", &target)),
         };
         match beneath::mount_point_at(parent.as_fd(), &name) {
             Ok(mp) if mp.is_root => {
@@ -268,7 +278,8 @@ mod tests {
         let out = v.bind(&req, &Cancel::never()).unwrap();
         assert!(!out.already_mounted);
         // Binds per volume are bounded (MAX_BINDS; 2 here).
-        v.max_binds.store(2, std::sync::atomic::Ordering::Relaxed);
+        v.max_binds_cell()
+            .store(2, std::sync::atomic::Ordering::Relaxed);
         let mut second = req.clone();
         second.target = v.root().join("pods/p/two");
         v.bind(&second, &Cancel::never()).unwrap();

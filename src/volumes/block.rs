@@ -111,7 +111,7 @@ impl Volumes {
                 source_root: opened.node.as_fd(),
                 source_path: &vol.device.path,
                 subpath: Path::new(""),
-                target_base: self.root.fd(),
+                target_base: self.root_dir().fd(),
                 target_rel: &vol.rel(),
                 target_path: &vol.guest_path,
                 read_only: vol.spec.options.read_only_flag(),
@@ -138,12 +138,12 @@ impl Volumes {
                 }
             }
             Err(e @ (blockdev::Error::Gone { .. } | blockdev::Error::Replaced { .. })) => {
-                warn!(self.log, "block volume's disk is gone: nothing to flush or make writable again";
+                warn!(self.log(), "block volume's disk is gone: nothing to flush or make writable again";
                       "volume" => vol.id(), "error" => %e);
             }
             Err(e) => return Err(e.into()),
         }
-        mount::unmount::remove_node(self.root.fd(), &vol.rel());
+        mount::unmount::remove_node(self.root_dir().fd(), &vol.rel());
         Ok(())
     }
 
@@ -151,10 +151,10 @@ impl Volumes {
     pub(crate) fn stats_block(&self, vol: &Volume) -> (Option<Measured>, Condition) {
         let rel = vol.rel();
         let (bytes, condition) = stats::check_block(
-            &self.sysfs,
+            self.sysfs(),
             &stats::BlockExpected {
                 path: &vol.guest_path,
-                base: self.root.fd(),
+                base: self.root_dir().fd(),
                 rel: &rel,
                 mount_id: vol.mount_id,
                 device: &vol.device,
@@ -183,10 +183,10 @@ impl Volumes {
         let bytes = if required_bytes <= now {
             now
         } else {
-            device::wait_for_size(&self.sysfs, &vol.device, required_bytes, timeout, cancel)?
+            device::wait_for_size(self.sysfs(), &vol.device, required_bytes, timeout, cancel)?
         };
         if bytes != now {
-            info!(self.log, "block volume grew"; "volume" => vol.id(), "from" => now, "to" => bytes);
+            info!(self.log(), "block volume grew"; "volume" => vol.id(), "from" => now, "to" => bytes);
         }
         Ok(Expanded {
             capacity_bytes: bytes,

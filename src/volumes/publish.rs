@@ -111,16 +111,16 @@ impl Volumes {
             return self.publish_again(vol, req);
         }
         let device = match &req.spec.source {
-            Source::Serial(s) => device::find_by_serial(&self.sysfs, s, req.timeout, cancel)?,
-            Source::Path(p) => device::from_path(&self.sysfs, p)?,
+            Source::Serial(s) => device::find_by_serial(self.sysfs(), s, req.timeout, cancel)?,
+            Source::Path(p) => device::from_path(self.sysfs(), p)?,
         };
         // Claimed for the whole publish: a concurrent publish of the same
         // disk, or of one sharing its sectors, is refused.
-        let extent = self.sysfs.extent((device.major, device.minor));
-        let claim = self.index.claim(&device, &req.spec.volume_id, extent)?;
+        let extent = self.sysfs().extent((device.major, device.minor));
+        let claim = self.index().claim(&device, &req.spec.volume_id, extent)?;
         self.check_not_mounted(&device, &extent)?;
         let vol = self.publish_new(&req.spec, device)?;
-        self.index.published(&vol, claim);
+        self.index().published(&vol, claim);
         let out = Published {
             guest_path: vol.guest_path.clone(),
             device: vol.device.path.clone(),
@@ -167,7 +167,7 @@ impl Volumes {
             return Ok(Answer::Wait(Arc::clone(job), out));
         }
         let job = self.start_walk(vol, fd)?;
-        self.index.show(vol);
+        self.index().show(vol);
         Ok(Answer::Wait(job, out))
     }
 
@@ -197,8 +197,13 @@ impl Volumes {
         // leaves a record that recovery adopts or clears, never an unknown
         // mount (nor a flag nobody clears).
         let ro_set = matches!(prepared, Prepared::Block(ref b) if b.ro_set);
-        let mut vol = Volume::new(spec.clone(), device.clone(), self.root.join(&rel), ro_set);
-        self.store.save(&vol)?;
+        let mut vol = Volume::new(
+            spec.clone(),
+            device.clone(),
+            self.root_dir().join(&rel),
+            ro_set,
+        );
+        self.store().save(&vol)?;
         undo.push(Undo::Record);
 
         // Mounted (or bound) through the node's fd, so no rename or
@@ -237,9 +242,9 @@ impl Volumes {
             expect: vol.mount_identity(),
         });
         vol.complete = !vol.needs_walk();
-        self.store.save(&vol)?;
+        self.store().save(&vol)?;
         undo.done();
-        info!(self.log, "volume published"; "volume" => vol.id(), "device" => %device.path.display(),
+        info!(self.log(), "volume published"; "volume" => vol.id(), "device" => %device.path.display(),
               "mode" => vol.mode().name(), "read_only" => vol.mounted_read_only(), "ro_set" => ro_set);
 
         // fsGroup: from here on the publish belongs to the volume. Its walk
@@ -272,7 +277,9 @@ impl Volumes {
             if dev.0 == 0 {
                 continue;
             }
-            let other = *extents.entry(dev).or_insert_with(|| self.sysfs.extent(dev));
+            let other = *extents
+                .entry(dev)
+                .or_insert_with(|| self.sysfs().extent(dev));
             if other.overlaps(extent) {
                 return Err(Error::DeviceOverlapsMount {
                     device: shown(&device.path),

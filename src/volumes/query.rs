@@ -29,10 +29,10 @@ impl Volumes {
                 VolumeMode::Block => return Ok(self.stats_block(vol)),
             };
             let (usage, condition) = stats::check(
-                &self.sysfs,
+                self.sysfs(),
                 &stats::Expected {
                     path: &vol.guest_path,
-                    base: self.root.fd(),
+                    base: self.root_dir().fd(),
                     rel: &rel,
                     mount_id: vol.mount_id,
                     device: &vol.device,
@@ -74,16 +74,16 @@ impl Volumes {
                 });
             }
             let device_bytes =
-                device::wait_for_size(&self.sysfs, &vol.device, required_bytes, timeout, cancel)?;
+                device::wait_for_size(self.sysfs(), &vol.device, required_bytes, timeout, cancel)?;
             let capacity_bytes = grow::grow(
                 fd.as_fd(),
                 &vol.guest_path,
                 &vol.device,
                 fs,
                 device_bytes,
-                &self.sysfs,
+                self.sysfs(),
             )?;
-            info!(self.log, "filesystem grown"; "volume" => id, "from" => current, "to" => capacity_bytes,
+            info!(self.log(), "filesystem grown"; "volume" => id, "from" => current, "to" => capacity_bytes,
                   "device_bytes" => device_bytes);
             Ok(Expanded {
                 capacity_bytes,
@@ -96,7 +96,7 @@ impl Volumes {
     /// The device's size, and a block volume's read-only flag, are the
     /// kernel's now.
     pub fn list(&self) -> Vec<VolumeInfo> {
-        let mut list = self.index.listed();
+        let mut list = self.index().listed();
         for (info, dev) in &mut list {
             refresh(info, dev);
         }

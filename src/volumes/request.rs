@@ -124,7 +124,7 @@ pub struct BindRequest {
     pub volume_id: String,
     /// Relative to the volume root; empty for the root.
     pub subpath: PathBuf,
-    /// Absolute, beneath the agent's root.
+    /// As the request gave it: the table validates it beneath its root.
     pub target: PathBuf,
     /// Read-only bind.
     pub read_only: bool,

@@ -83,18 +83,18 @@ impl<'a> Rollback<'a> {
     /// undone here; the record written stays, and recovery takes the
     /// mount down at the next start.
     pub(crate) fn leave_to_recovery(mut self) {
-        warn!(self.table.log, "the guest path changed during {}; recovery at the next start takes the mount down", self.what;
+        warn!(self.table.log(), "the guest path changed during {}; recovery at the next start takes the mount down", self.what;
               "volume" => self.id);
         self.steps.clear();
     }
 
     /// Takes back one step; false when it could not be (the rest stays).
     fn undo(&self, step: Undo) -> bool {
-        let (t, log) = (self.table, &self.table.log);
+        let (t, log) = (self.table, self.table.log());
         match step {
             Undo::Nodes(mut created) => remove_created(&mut created),
             Undo::Record => {
-                if let Err(e) = t.store.remove(self.id) {
+                if let Err(e) = t.store().remove(self.id) {
                     warn!(log, "could not remove the record of a failed {}", self.what;
                           "volume" => self.id, "error" => %e);
                 }
@@ -106,7 +106,7 @@ impl<'a> Rollback<'a> {
                 }
             }
             Undo::Mount { rel, expect } => {
-                if let Err(e) = unmount_tree(t.root.fd(), t.root.path(), &rel, expect) {
+                if let Err(e) = unmount_tree(t.root_dir().fd(), t.root_dir().path(), &rel, expect) {
                     warn!(log, "could not undo a failed {}; recovery at the next start takes it down", self.what;
                           "volume" => self.id, "error" => %e);
                     return false;

@@ -32,9 +32,9 @@ impl Volumes {
             VolumeMode::Filesystem(_) => (Leaf::Dir(0o750), "a plain directory"),
             VolumeMode::Block => (Leaf::File(0o600), "an empty file"),
         };
-        let guest_path = self.root.join(rel);
+        let guest_path = self.root_dir().join(rel);
         let mut created = Vec::new();
-        let made = beneath::make_path(self.root.fd(), rel, 0o750, leaf, &mut created);
+        let made = beneath::make_path(self.root_dir().fd(), rel, 0o750, leaf, &mut created);
         undo.push(Undo::Nodes(created));
         let node = match made {
             Ok(fd) => fd,
@@ -82,7 +82,7 @@ impl Volumes {
     /// nothing of the volume's is there.
     pub(crate) fn own_mount(&self, vol: &Volume) -> Result<Option<(OwnedFd, MountId)>> {
         let fd = match beneath::open_with(
-            self.root.fd(),
+            self.root_dir().fd(),
             &vol.rel(),
             OFlags::PATH | vol.guest_path_kind(),
             beneath::strict(),

@@ -57,23 +57,23 @@ pub const MAX_BINDS: usize = 1024;
 /// The agent's volumes.
 pub struct Volumes {
     /// The agent's root, opened once.
-    pub(crate) root: Root,
+    root: Root,
     /// `<root>/state`: the records.
-    pub(crate) store: Store,
+    store: Store,
     /// Where disks are listed.
-    pub(crate) sysfs: Sysfs,
+    sysfs: Sysfs,
     /// Where what happens is said.
-    pub(crate) log: Logger,
+    log: Logger,
     /// One slot per volume id (locks 1 and 2 of the module doc).
     slots: Slots,
     /// Claims, targets and the list (lock 3).
-    pub(crate) index: Index,
+    index: Index,
     /// Set by Shutdown: no new volume or bind is accepted.
-    pub(crate) shutting_down: AtomicBool,
+    shutting_down: AtomicBool,
     /// Fired by Shutdown: stops every wait and walk in flight.
     stop: Token,
     /// MAX_BINDS (smaller in tests).
-    pub(crate) max_binds: std::sync::atomic::AtomicUsize,
+    max_binds: std::sync::atomic::AtomicUsize,
     /// The table itself, for the threads of fsGroup walks (walking.rs),
     /// which outlive the call that started them.
     me: Weak<Volumes>,
@@ -132,9 +132,35 @@ impl Volumes {
         self.root.path()
     }
 
-    /// Where the table reads sysfs (the server asks it about SELinux).
+    /// Where the table reads sysfs.
     pub fn sysfs(&self) -> &Sysfs {
         &self.sysfs
+    }
+
+    /// The agent's root, opened: what every path the table acts on is
+    /// resolved beneath.
+    pub(crate) fn root_dir(&self) -> &Root {
+        &self.root
+    }
+
+    /// The records (state.rs's room).
+    pub(crate) fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The side maps: claims, bind targets, the list (index.rs's room).
+    pub(crate) fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// Where what happens is said.
+    pub(crate) fn log(&self) -> &Logger {
+        &self.log
+    }
+
+    /// MAX_BINDS (smaller in tests).
+    pub(crate) fn max_binds_cell(&self) -> &std::sync::atomic::AtomicUsize {
+        &self.max_binds
     }
 
     /// Validates a bind or unmount target (validate.rs's rules) given under
@@ -149,6 +175,16 @@ impl Volumes {
                 Ok(self.root.join(rel))
             }
         }
+    }
+
+    /// A bind or unmount target as the request gave it, validated
+    /// (`target`); a target that is not UTF-8 cannot have come from the wire
+    /// and is refused the same way.
+    pub(crate) fn target_of(&self, given: &Path) -> Result<PathBuf> {
+        let s = given
+            .to_str()
+            .ok_or_else(|| Invalid(format!("target {} is not UTF-8", given.display())))?;
+        Ok(self.target(s)?)
     }
 
     /// `target` (canonical, validated) relative to the root.

@@ -59,7 +59,7 @@ impl Volumes {
         // memory follows every unmount, so ListVolumes stays true.
         while let Some(b) = vol.binds.last() {
             self.take_down(&b.rel, b.mount_identity(&vol.device))?;
-            self.index.drop_bind(vol, vol.binds.len() - 1);
+            self.index().drop_bind(vol, vol.binds.len() - 1);
         }
         match vol.mode() {
             // Flushed while it is certainly the volume's own mount.
@@ -76,11 +76,11 @@ impl Volumes {
         // Unlinking needs no space; where even that fails (a read-only or
         // failing state filesystem), every mount is down all the same, and
         // the record names a volume whose mount is gone, which recovery drops.
-        if let Err(e) = self.store.remove(vol.id()) {
-            warn!(self.log, "could not remove the record of an unpublished volume; the next start drops it";
+        if let Err(e) = self.store().remove(vol.id()) {
+            warn!(self.log(), "could not remove the record of an unpublished volume; the next start drops it";
                   "volume" => vol.id(), "error" => %e);
         }
-        self.index.forget(vol);
+        self.index().forget(vol);
         *guard = None;
         Ok(true)
     }
@@ -93,7 +93,7 @@ impl Volumes {
     /// let the host detach a disk that is still mounted. One that cannot be
     /// taken down is an error naming it.
     fn take_down_leftovers(&self, vol: &Volume) -> Result<()> {
-        let (root_fd, root) = (self.root.fd(), self.root.path());
+        let (root_fd, root) = (self.root_dir().fd(), self.root_dir().path());
         let disk = (vol.device.major, vol.device.minor);
         let node = Path::new("/").join(&vol.device.name);
         let of_disk = |m: &MountEntry| match vol.mode() {
@@ -117,7 +117,7 @@ impl Volumes {
             let expect = Expect::Mount(*id, disk.0, disk.1);
             match unmount_tree(root_fd, root, rel, expect) {
                 Ok(true) => {
-                    warn!(self.log, "a mount of the volume's disk was left beneath the root (moved or copied behind the agent's back); taken down";
+                    warn!(self.log(), "a mount of the volume's disk was left beneath the root (moved or copied behind the agent's back); taken down";
                           "volume" => vol.id(), "path" => shown(&root.join(rel)));
                 }
                 Ok(false) => {}
@@ -152,7 +152,7 @@ impl Volumes {
     /// found by its id and taken down where it is now, if that is beneath the
     /// root; moved outside the root, it is an error naming where it is.
     pub(crate) fn take_down(&self, rel: &Path, expect: Expect) -> Result<bool> {
-        let (root_fd, root) = (self.root.fd(), self.root.path());
+        let (root_fd, root) = (self.root_dir().fd(), self.root_dir().path());
         match unmount_tree(root_fd, root, rel, expect) {
             Ok(was) => {
                 if was {
@@ -170,7 +170,7 @@ impl Volumes {
                 };
                 match now.mount_point.strip_prefix(root) {
                     Ok(moved) if moved != rel && !moved.as_os_str().is_empty() => {
-                        warn!(self.log, "mount moved behind the agent's back; taken down where it is now";
+                        warn!(self.log(), "mount moved behind the agent's back; taken down where it is now";
                               "was" => shown(&root.join(rel)), "now" => shown(&now.mount_point));
                         Ok(unmount_tree(root_fd, root, moved, expect)?)
                     }
@@ -197,7 +197,7 @@ impl Volumes {
                 Ok(true) => n += 1,
                 Ok(false) => {}
                 Err(e) => {
-                    warn!(self.log, "could not unpublish at shutdown"; "volume" => &id, "error" => %e)
+                    warn!(self.log(), "could not unpublish at shutdown"; "volume" => &id, "error" => %e)
                 }
             }
         }

@@ -100,18 +100,18 @@ impl Volumes {
             let mut done = vol.clone();
             done.complete = true;
             done.walk = None;
-            self.store.save(&done)?;
+            self.store().save(&done)?;
             *vol = done;
-            self.index.show(vol);
+            self.index().show(vol);
             Ok(report)
         });
         let outcome = match recorded {
             Ok(report) => Outcome::Done(report),
             Err(e) => {
-                warn!(self.log, "publish failed after mounting; unpublishing the volume";
+                warn!(self.log(), "publish failed after mounting; unpublishing the volume";
                       "volume" => id, "error" => %e);
                 if let Err(undo) = self.unpublish_locked(&mut guard, &Cancel::never()) {
-                    warn!(self.log, "could not take the volume down; the next unpublish or start does";
+                    warn!(self.log(), "could not take the volume down; the next unpublish or start does";
                           "volume" => id, "error" => %undo);
                 }
                 failed(&e)
@@ -150,7 +150,7 @@ impl Volumes {
                 return;
             }
             logged.store(ms, Ordering::Relaxed);
-            info!(self.log, "fsGroup walk in progress"; "volume" => vol.id(),
+            info!(self.log(), "fsGroup walk in progress"; "volume" => vol.id(),
                   "visited" => p.visited, "changed" => p.changed, "errors" => p.errors,
                   "elapsed_ms" => ms);
         };
@@ -167,7 +167,7 @@ impl Volumes {
         if let Some(job) = job {
             job.progress(r.visited);
         }
-        info!(self.log, "fsGroup applied"; "volume" => vol.id(), "gid" => g.gid,
+        info!(self.log(), "fsGroup applied"; "volume" => vol.id(), "gid" => g.gid,
               "skipped" => r.skipped, "visited" => r.visited, "changed" => r.changed,
               "errors" => r.errors,
               "duration_us" => u64::try_from(r.duration.as_micros()).unwrap_or(u64::MAX));
