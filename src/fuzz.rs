@@ -470,7 +470,7 @@ impl crust_ttrpc::Agent for Translate {
     ) -> ttrpc::Result<pb::BindMountResponse> {
         let _ = cancel_of(ctx);
         let root = Path::new(ROOT);
-        reply(bind_request(&|t| validate::target(root, t), &req).map(drop))
+        reply(bind_request(&req).and_then(|_| Ok(validate::target(root, &req.target).map(drop)?)))
     }
 
     fn unmount(

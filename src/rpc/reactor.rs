@@ -380,7 +380,8 @@ impl Reactor {
 
     /// Admits held frames while the limits allow; whether any was taken.
     fn admit_frames(&mut self, id: u64, now: Instant) -> bool {
-        let Some(c) = self.conns.get_mut(&id) else {
+        // Out of the map meanwhile, so the loop's own methods can be run.
+        let Some(mut c) = self.conns.remove(&id) else {
             return false;
         };
         let mut any = false;
@@ -400,28 +401,6 @@ impl Reactor {
                 }
                 Admit::Run { stream, path, req } => {
                     let lane = (self.lane)(&path);
-                    if lane == Lane::Inline {
-                        let job = Job {
-                            conn: id,
-                            fd: c.raw(),
-                            stream,
-                            path,
-                            req,
-                            gone: c.gone_rx(),
-                            wire: c.wire.clone(),
-                        };
-                        let (path, start) = (job.path.clone(), Instant::now());
-                        let (frame, failure) = dispatch::run(&self.methods, job, &self.outbox);
-                        c.queue(&frame);
-                        if let Some((code, why)) = failure {
-                            if let Some(held) = self.rate.allow() {
-                                warn!(self.log, "request"; "method" => path, "code" => format!("{code:?}"),
-                                      "duration_us" => u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
-                                      "error" => why, "lines_held_back" => held);
-                            }
-                        }
-                        continue;
-                    }
                     let first = c.in_flight() == 0;
                     let job = Job {
                         conn: id,
@@ -432,32 +411,56 @@ impl Reactor {
                         gone: c.gone_rx(),
                         wire: c.wire.clone(),
                     };
-                    // Counted before the push: a worker may finish it at once.
-                    c.wire.in_flight.fetch_add(1, Ordering::SeqCst);
-                    match self.queue.push(job, lane, first) {
-                        Ok(()) => {}
-                        Err((job, waiting)) => {
-                            c.wire.in_flight.fetch_sub(1, Ordering::SeqCst);
-                            let msg = format!(
-                                "the agent is busy: {waiting} requests are already waiting for a worker; retry shortly"
-                            );
-                            let f = dispatch::status_frame(
-                                stream,
-                                crust_protocols::ttrpc::Code::RESOURCE_EXHAUSTED,
-                                &msg,
-                            );
-                            c.queue(&f);
-                            if let Some(held) = self.rate.allow() {
-                                warn!(self.log, "request refused"; "conn" => id, "method" => job.path,
-                                      "code" => "RESOURCE_EXHAUSTED", "error" => msg, "lines_held_back" => held);
-                            }
-                        }
+                    let frame = match lane {
+                        Lane::Inline => Some(self.run_inline(job)),
+                        _ => self.enqueue(job, lane, first),
+                    };
+                    if let Some(f) = frame {
+                        c.queue(&f);
                     }
                 }
             }
         }
         c.note_partial(now);
+        self.conns.insert(id, c);
         any
+    }
+
+    /// Runs a job of the inline lane on the loop's own thread: its answer.
+    fn run_inline(&self, job: Job) -> Vec<u8> {
+        let (path, start) = (job.path.clone(), Instant::now());
+        let (frame, failure) = dispatch::run(&self.methods, job, &self.outbox);
+        if let Some((code, why)) = failure {
+            if let Some(held) = self.rate.allow() {
+                warn!(self.log, "request"; "method" => path, "code" => format!("{code:?}"),
+                      "duration_us" => u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
+                      "error" => why, "lines_held_back" => held);
+            }
+        }
+        frame
+    }
+
+    /// Hands a job to the workers of its lane (`first`: its connection has
+    /// nothing else in flight); when the lane's queue is full, the
+    /// RESOURCE_EXHAUSTED answer to send instead.
+    fn enqueue(&self, job: Job, lane: Lane, first: bool) -> Option<Vec<u8>> {
+        let (conn, stream, wire) = (job.conn, job.stream, job.wire.clone());
+        // Counted before the push: a worker may finish it at once.
+        wire.in_flight.fetch_add(1, Ordering::SeqCst);
+        let (job, waiting) = self.queue.push(job, lane, first).err()?;
+        wire.in_flight.fetch_sub(1, Ordering::SeqCst);
+        let msg = format!(
+            "the agent is busy: {waiting} requests are already waiting for a worker; retry shortly"
+        );
+        if let Some(held) = self.rate.allow() {
+            warn!(self.log, "request refused"; "conn" => conn, "method" => &job.path,
+                  "code" => "RESOURCE_EXHAUSTED", "error" => &msg, "lines_held_back" => held);
+        }
+        Some(dispatch::status_frame(
+            stream,
+            crust_protocols::ttrpc::Code::RESOURCE_EXHAUSTED,
+            &msg,
+        ))
     }
 
     /// Takes up connections whose workers left answers pending or whose

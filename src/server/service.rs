@@ -17,12 +17,14 @@ use crust_protocols::ttrpc::{self, TtrpcContext};
 use slog::{debug, info, warn, Logger};
 
 use super::translate::{
-    bind_request, cancel_of, capability, publish_request_in, status_code, usage, volume_info,
+    bind_request, cancel_of, capability, publish_request_in, published, status_code, usage,
+    volume_info,
 };
 use crate::error::{Error, Result};
 use crate::rpc::lograte::LogRate;
 use crate::rpc::pool::Lane;
 use crate::stats::Measured;
+use crate::sys::sysfs::Sysfs;
 use crate::system::{self, Gate, Timeline};
 use crate::validate;
 use crate::volumes::table::Volumes;
@@ -59,6 +61,9 @@ pub struct Service {
     shutdown: Mutex<Option<Sender<()>>>,
     /// Open once the kernel modules for disks and filesystems are loaded.
     modules: Arc<Gate>,
+    /// Where the guest's SELinux is seen (a guest without it leaves SELinux
+    /// context options out of a mount).
+    sysfs: Sysfs,
     /// The rate of the log lines of the methods the event loop answers
     /// itself: a flood of them must not pace the loop at the console's speed.
     inline_lines: LogRate,
@@ -85,6 +90,7 @@ impl Service {
             timeline,
             shutdown: Mutex::new(Some(shutdown)),
             modules,
+            sysfs: Sysfs::system(),
             inline_lines: LogRate::new(),
         }
     }
@@ -187,7 +193,7 @@ impl crust_ttrpc::Agent for Service {
         req: pb::PublishVolumeRequest,
     ) -> ttrpc::Result<pb::PublishVolumeResponse> {
         self.handle("PublishVolume", &req.volume_id, || {
-            let selinux = self.volumes.sysfs().selinux_enabled();
+            let selinux = self.sysfs.selinux_enabled();
             let (domain, not_applied) = publish_request_in(&req, selinux)?;
             if !not_applied.is_empty() {
                 info!(self.log, "SELinux options left out: the guest has no SELinux";
@@ -198,24 +204,7 @@ impl crust_ttrpc::Agent for Service {
             // Device lookup needs virtio_blk, an xfs mount needs xfs: both may still be loading.
             self.modules.wait(MODULES_WAIT, &cancel);
             let out = self.volumes.publish(&domain, &cancel)?;
-            Ok(pb::PublishVolumeResponse {
-                guest_path: out.guest_path.display().to_string(),
-                device: out.device.display().to_string(),
-                already_published: out.already_published,
-                ownership: match out.ownership {
-                    None => MessageField::none(),
-                    Some(r) => MessageField::some(pb::OwnershipReport {
-                        skipped: r.skipped,
-                        visited: r.visited,
-                        changed: r.changed,
-                        errors: r.errors,
-                        duration_us: u64::try_from(r.duration.as_micros()).unwrap_or(u64::MAX),
-                        ..Default::default()
-                    }),
-                },
-                options_not_applied: not_applied,
-                ..Default::default()
-            })
+            Ok(published(out, not_applied))
         })
     }
 
@@ -303,10 +292,7 @@ impl crust_ttrpc::Agent for Service {
         req: pb::BindMountRequest,
     ) -> ttrpc::Result<pb::BindMountResponse> {
         self.handle("BindMount", &req.volume_id, || {
-            let out = self.volumes.bind(
-                &bind_request(&|t| self.volumes.target(t), &req)?,
-                &cancel_of(ctx),
-            )?;
+            let out = self.volumes.bind(&bind_request(&req)?, &cancel_of(ctx))?;
             Ok(pb::BindMountResponse {
                 recursive_read_only_applied: out.recursive_read_only_applied,
                 already_mounted: out.already_mounted,
@@ -321,8 +307,8 @@ impl crust_ttrpc::Agent for Service {
         req: pb::UnmountRequest,
     ) -> ttrpc::Result<pb::UnmountResponse> {
         self.handle("Unmount", "", || {
-            let target = self.volumes.target(&req.target)?;
-            let was_mounted = self.volumes.unmount(&target, &cancel_of(ctx))?;
+            let target = std::path::Path::new(&req.target);
+            let was_mounted = self.volumes.unmount(target, &cancel_of(ctx))?;
             Ok(pb::UnmountResponse {
                 was_mounted,
                 ..Default::default()

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crossbeam_channel::TryRecvError;
 use crust_protocols::crust::{self as pb, publish_volume_request::Source as PbSource};
-use crust_protocols::protobuf::EnumOrUnknown;
+use crust_protocols::protobuf::{EnumOrUnknown, MessageField};
 use crust_protocols::ttrpc::{self, TtrpcContext};
 
 use crate::cancel::{Cancel, Token, Why};
@@ -19,7 +19,7 @@ use crate::mount::selinux::without_contexts;
 use crate::system::Capability;
 use crate::validate::{self, Invalid};
 use crate::volumes::request::{
-    BindRequest, FsGroup, Options, PublishRequest, Source, Spec, VolumeInfo, VolumeState,
+    BindRequest, FsGroup, Options, PublishRequest, Published, Source, Spec, VolumeInfo, VolumeState,
 };
 
 /// The request's cancellation: the caller's ttrpc deadline, if it sent one,
@@ -138,15 +138,35 @@ pub fn publish_request_in(
     Ok((publish_request_with(req, kept)?, not_applied))
 }
 
-/// BindMountRequest → a validated domain request; `target` validates the
-/// target and gives its canonical spelling (`Volumes::target`).
-pub fn bind_request(
-    target: &dyn Fn(&str) -> Result<PathBuf, Invalid>,
-    req: &pb::BindMountRequest,
-) -> Result<BindRequest, Error> {
+/// The table's answer to a publish → the wire's, with the SELinux options
+/// left out of the mount (`publish_request_in`).
+pub fn published(out: Published, not_applied: Vec<String>) -> pb::PublishVolumeResponse {
+    pb::PublishVolumeResponse {
+        guest_path: out.guest_path.display().to_string(),
+        device: out.device.display().to_string(),
+        already_published: out.already_published,
+        ownership: match out.ownership {
+            None => MessageField::none(),
+            Some(r) => MessageField::some(pb::OwnershipReport {
+                skipped: r.skipped,
+                visited: r.visited,
+                changed: r.changed,
+                errors: r.errors,
+                duration_us: u64::try_from(r.duration.as_micros()).unwrap_or(u64::MAX),
+                ..Default::default()
+            }),
+        },
+        options_not_applied: not_applied,
+        ..Default::default()
+    }
+}
+
+/// BindMountRequest → a validated domain request (the target as given: the
+/// table validates it beneath its root).
+pub fn bind_request(req: &pb::BindMountRequest) -> Result<BindRequest, Error> {
     validate::volume_id(&req.volume_id)?;
     let subpath = validate::subpath(&req.subpath)?;
-    let target = target(&req.target)?;
+    let target = PathBuf::from(&req.target);
     let rro = match known("recursive_read_only", req.recursive_read_only)? {
         pb::RecursiveReadOnly::DISABLED => RecursiveReadOnly::Disabled,
         pb::RecursiveReadOnly::IF_POSSIBLE => RecursiveReadOnly::IfPossible,
@@ -344,29 +364,27 @@ mod tests {
 
     #[test]
     fn bind_requests_are_checked() {
-        let root = std::path::Path::new("/run/crust");
         let mut r = pb::BindMountRequest::new();
         r.volume_id = "v".into();
         r.target = "/run/crust/pods/a".into();
         r.subpath = "data".into();
         r.read_only = true;
         r.recursive_read_only = pb::RecursiveReadOnly::ENABLED.into();
-        let d = bind_request(&|t| validate::target(root, t), &r).unwrap();
+        let d = bind_request(&r).unwrap();
         assert_eq!(d.recursive_read_only, RecursiveReadOnly::Enabled);
+        // The target as given: the table validates it beneath its root.
+        assert_eq!(d.target, std::path::Path::new("/run/crust/pods/a"));
         let bad: Vec<Mutation<pb::BindMountRequest>> = vec![
             Box::new(|r| r.read_only = false),
             Box::new(|r| r.recursive_read_only = EnumOrUnknown::from_i32(9)),
             Box::new(|r| r.subpath = "../x".into()),
             Box::new(|r| r.subpath = "/etc".into()),
-            Box::new(|r| r.target = "relative".into()),
-            Box::new(|r| r.target = "/etc/x".into()),
             Box::new(|r| r.volume_id.clear()),
         ];
         for (i, mutate) in bad.iter().enumerate() {
             let mut r2 = r.clone();
             mutate(&mut r2);
-            let e =
-                bind_request(&|t| validate::target(root, t), &r2).expect_err(&format!("case {i}"));
+            let e = bind_request(&r2).expect_err(&format!("case {i}"));
             assert_eq!(e.code(), Code::InvalidArgument, "case {i}: {e}");
         }
     }
