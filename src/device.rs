@@ -12,17 +12,17 @@ use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::cancel::{deadline_after, until, Cancel, Stopped};
-use crate::code::Code;
 use crate::model::{Device, DiskState};
 use crate::sys::blockdev::size_of;
 use crate::sys::error::SysError;
 use crate::sys::sysfs::{parse_devnum, read_attr, Sysfs};
 use crate::sys::uevents::Uevents;
 
+crate::code::coded_errors! {
 /// What can go wrong finding or sizing a disk.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// No disk with the serial appeared in time.
+    #[code(DeadlineExceeded)]
     #[error("no disk with serial {serial} appeared within {} ms; check that the host attached it as virtio-blk with that serial", .waited.as_millis())]
     SerialNotFound {
         /// The serial asked for.
@@ -30,7 +30,7 @@ pub enum Error {
         /// How long the agent waited.
         waited: Duration,
     },
-    /// The disk is in sysfs, but its device node never showed up.
+    #[code(DeadlineExceeded)]
     #[error("disk {name} with serial {serial} is listed in sysfs but {} did not appear within {} ms; is devtmpfs mounted on /dev?", .node.display(), .waited.as_millis())]
     NodeMissing {
         /// The serial asked for.
@@ -42,7 +42,7 @@ pub enum Error {
         /// How long the agent waited.
         waited: Duration,
     },
-    /// The node under /dev is not the disk sysfs describes.
+    #[code(FailedPrecondition)]
     #[error("{} is not the block device {major}:{minor} that sysfs lists as {name} ({found}); refusing a node that may be another disk", .node.display())]
     NodeMismatch {
         /// The disk's kernel name.
@@ -56,7 +56,7 @@ pub enum Error {
         /// What the node is instead.
         found: String,
     },
-    /// Two disks claim the same serial.
+    #[code(FailedPrecondition)]
     #[error("several disks have serial {serial} ({names}); the agent cannot tell which is the volume: give each disk a unique serial")]
     DuplicateSerial {
         /// The serial asked for.
@@ -64,10 +64,10 @@ pub enum Error {
         /// The disks that have it.
         names: String,
     },
-    /// An empty serial, which would match every disk the host gave no serial.
+    #[code(InvalidArgument)]
     #[error("the serial is empty; give the serial the host set on the disk")]
     EmptySerial,
-    /// A `device_path` that is not a block device under /dev.
+    #[code(InvalidArgument)]
     #[error("device path {path} {reason}; give the absolute path of a block device under /dev")]
     BadPath {
         /// The path as given.
@@ -75,7 +75,7 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
-    /// The disk stayed smaller than required.
+    #[code(OutOfRange)]
     #[error("{} is {actual} bytes, less than the required {required} bytes, still after waiting {} ms; the host must grow the disk first", .device.display(), .waited.as_millis())]
     TooSmall {
         /// The device node.
@@ -87,7 +87,7 @@ pub enum Error {
         /// How long the agent waited.
         waited: Duration,
     },
-    /// The disk disappeared while the agent waited on it.
+    #[code(FailedPrecondition)]
     #[error("disk {name} ({major}:{minor}) is gone from sysfs or now reports size 0; the host must re-attach it")]
     Gone {
         /// The disk's kernel name.
@@ -97,28 +97,13 @@ pub enum Error {
         /// Its minor number.
         minor: u32,
     },
-    /// The wait was stopped (shutdown, the caller's deadline or disconnect).
+    #[code(inner)]
     #[error(transparent)]
     Stopped(#[from] Stopped),
-    /// An unexpected syscall failure.
+    #[code(Internal)]
     #[error(transparent)]
     Sys(#[from] SysError),
 }
-
-impl Error {
-    /// The wire code of this error.
-    pub fn code(&self) -> Code {
-        match self {
-            Error::Stopped(s) => s.code(),
-            Error::SerialNotFound { .. } | Error::NodeMissing { .. } => Code::DeadlineExceeded,
-            Error::NodeMismatch { .. } | Error::DuplicateSerial { .. } | Error::Gone { .. } => {
-                Code::FailedPrecondition
-            }
-            Error::BadPath { .. } | Error::EmptySerial => Code::InvalidArgument,
-            Error::TooSmall { .. } => Code::OutOfRange,
-            Error::Sys(_) => Code::Internal,
-        }
-    }
 }
 
 /// How often a serial lookup rescans even without uevents (missed events, fake trees).
@@ -355,6 +340,7 @@ pub fn wait_for_size(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::code::Code;
     use crate::model::Extent;
     use crate::testutil::{root_or_skip, run, LoopDisk};
 

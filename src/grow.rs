@@ -14,7 +14,6 @@ use std::path::Path;
 
 use rustix::ioctl::{opcode, Opcode};
 
-use crate::code::Code;
 use crate::model::{Device, FsType};
 use crate::superblock;
 use crate::sys::beneath;
@@ -22,16 +21,17 @@ use crate::sys::error::SysError;
 use crate::sys::features::has_sys_resource;
 use crate::sys::sysfs::Sysfs;
 
+crate::code::coded_errors! {
 /// What can go wrong growing a filesystem.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The mount is read-only.
+    #[code(FailedPrecondition)]
     #[error("{path} is mounted read-only; a read-only filesystem cannot be grown")]
     ReadOnly {
         /// The mount path.
         path: String,
     },
-    /// The path holds another filesystem than the volume's.
+    #[code(FailedPrecondition)]
     #[error(
         "{path} is not an {expected} filesystem (statfs type {found:#x}); refusing to grow it"
     )]
@@ -43,13 +43,13 @@ pub enum Error {
         /// The statfs magic found instead.
         found: u64,
     },
-    /// ext4 online growth needs CAP_SYS_RESOURCE, and the agent lacks it.
+    #[code(FailedPrecondition)]
     #[error("growing ext4 online at {path} needs CAP_SYS_RESOURCE, which the agent does not have; run the agent with that capability (as PID 1 it has it), or grow the filesystem offline")]
     NeedsCapSysResource {
         /// The mount path.
         path: String,
     },
-    /// The ext4 has errors recorded; the kernel refuses to resize it.
+    #[code(FailedPrecondition)]
     #[error("the ext4 filesystem at {path} ({device}) has errors recorded; the kernel refuses online growth until e2fsck has repaired it on the host")]
     HasErrors {
         /// The mount path.
@@ -57,7 +57,7 @@ pub enum Error {
         /// Its device.
         device: String,
     },
-    /// The kernel refused the resize ioctl.
+    #[code(FailedPrecondition)]
     #[error("the kernel refused to grow {fs} at {path}: {call} failed with {source}")]
     Refused {
         /// The mount path.
@@ -70,7 +70,7 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// The ioctl succeeded, but the size read back is not the one asked for.
+    #[code(Internal)]
     #[error("growing {fs} at {path} to fill {wanted} bytes was accepted, but the filesystem is {after} bytes (it was {before}); not reporting a growth that did not happen")]
     NotGrown {
         /// The mount path.
@@ -84,7 +84,7 @@ pub enum Error {
         /// The device size it should have filled, bytes.
         wanted: u64,
     },
-    /// The path is not a mount of the volume's device.
+    #[code(FailedPrecondition)]
     #[error(
         "{path} is not mounted from {device} ({major}:{minor}); refusing to grow what is there"
     )]
@@ -98,7 +98,7 @@ pub enum Error {
         /// Its minor number.
         minor: u32,
     },
-    /// The device is smaller than the filesystem on it: it shrank under the mount.
+    #[code(OutOfRange)]
     #[error("the {fs} at {path} is {fs_bytes} bytes but its disk {device} now holds only {device_bytes} bytes: the disk shrank under the mounted filesystem, which cannot shrink, and reads past the disk's end fail; give the disk back at least {fs_bytes} bytes")]
     LargerThanDevice {
         /// The mount path.
@@ -112,7 +112,7 @@ pub enum Error {
         /// The device's size now, bytes.
         device_bytes: u64,
     },
-    /// The filesystem's geometry gives a size beyond 64 bits: a corrupt superblock.
+    #[code(Internal)]
     #[error("the filesystem at {path} claims {blocks} blocks of {block_size} bytes, more than 2^64 bytes; its superblock is corrupt: check it on the host")]
     Overflow {
         /// The mount path.
@@ -122,25 +122,10 @@ pub enum Error {
         /// The block size.
         block_size: u64,
     },
-    /// An unexpected syscall failure.
+    #[code(Internal)]
     #[error(transparent)]
     Sys(#[from] SysError),
 }
-
-impl Error {
-    /// The wire code of this error.
-    pub fn code(&self) -> Code {
-        match self {
-            Error::ReadOnly { .. }
-            | Error::WrongFs { .. }
-            | Error::NeedsCapSysResource { .. }
-            | Error::HasErrors { .. }
-            | Error::NotOnDevice { .. }
-            | Error::Refused { .. } => Code::FailedPrecondition,
-            Error::LargerThanDevice { .. } => Code::OutOfRange,
-            Error::NotGrown { .. } | Error::Overflow { .. } | Error::Sys(_) => Code::Internal,
-        }
-    }
 }
 
 // ---- xfs ----
@@ -534,6 +519,7 @@ pub fn grow(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::code::Code;
     use crate::model::testdisk::AgentDevice;
     use crate::sys::blockdev;
     use crate::testutil::{root_or_skip, run, LoopDisk, Mounted};

@@ -12,7 +12,6 @@ use std::path::Path;
 use rustix::fs::AtFlags;
 use rustix::io::Errno;
 
-use crate::code::Code;
 use crate::model::{Device, DiskState, FsType, MountId};
 use crate::sys::beneath::{self, MountPoint};
 use crate::sys::blockdev;
@@ -98,21 +97,14 @@ pub struct Condition {
     pub message: String,
 }
 
+crate::code::coded_errors! {
 /// What can go wrong reading usage.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// statfs failed.
+    #[code(Internal)]
     #[error(transparent)]
     Sys(#[from] SysError),
 }
-
-impl Error {
-    /// The wire code of this error.
-    pub fn code(&self) -> Code {
-        match self {
-            Error::Sys(_) => Code::Internal,
-        }
-    }
 }
 
 fn usage_of(st: &rustix::fs::StatVfs) -> Usage {

@@ -4,19 +4,19 @@
 use std::io;
 
 use crate::cancel::{Stopped, Why};
-use crate::code::Code;
 use crate::sys::error::SysError;
 
+crate::code::coded_errors! {
 /// What can go wrong in the walk as a whole (single entries only count as `errors`).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The volume root is not a directory.
+    #[code(FailedPrecondition)]
     #[error("the volume root {root} is not a directory, so fsGroup cannot be applied to it")]
     RootNotDirectory {
         /// The root given.
         root: String,
     },
-    /// A directory could not be opened or read: the walk stopped there.
+    #[code(Internal)]
     #[error("applying fsGroup {gid} stopped: directory {dir} could not be read: {source}; entries changed before that keep their new group and mode; check the filesystem's health (GetVolumeStats)")]
     ReadDir {
         /// The fsGroup being applied.
@@ -27,7 +27,7 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// The process has no file descriptor left (EMFILE or ENFILE).
+    #[code(ResourceExhausted)]
     #[error("applying fsGroup {gid} stopped at {dir}: the agent ran out of file descriptors ({source}); entries changed before that keep their new group and mode, and a retry completes the walk")]
     OutOfFds {
         /// The fsGroup being applied.
@@ -38,12 +38,13 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// The walk was stopped (shutdown, the caller's deadline or disconnect).
+    #[code(inner)]
     #[error("{why} while {during}: stopped; entries changed before that keep their new group and mode (a chown cannot be undone safely), and a retry completes the walk", why = why_text(.0.why), during = .0.during)]
     Stopped(#[from] Stopped),
-    /// An unexpected syscall failure.
+    #[code(Internal)]
     #[error(transparent)]
     Sys(#[from] SysError),
+}
 }
 
 /// Why a walk stopped, as the start of a sentence.
@@ -53,17 +54,5 @@ fn why_text(why: Why) -> &'static str {
         Why::CallerGone => "the caller closed its connection",
         Why::Deadline => "the caller's deadline passed",
         Why::Unpublished => "the volume was unpublished",
-    }
-}
-
-impl Error {
-    /// The wire code of this error.
-    pub fn code(&self) -> Code {
-        match self {
-            Error::Stopped(s) => s.code(),
-            Error::RootNotDirectory { .. } => Code::FailedPrecondition,
-            Error::OutOfFds { .. } => Code::ResourceExhausted,
-            Error::ReadDir { .. } | Error::Sys(_) => Code::Internal,
-        }
     }
 }

@@ -1,14 +1,14 @@
 //! What the probe refuses, each with its code: every refusal is the disk's
 //! (FAILED_PRECONDITION), never the request's; a failed read is INTERNAL.
 
-use crate::code::Code;
 use crate::model::FsType;
 use crate::sys::error::SysError;
 
+crate::code::coded_errors! {
 /// What can go wrong when identifying a disk's filesystem.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The disk holds another filesystem than the requested one.
+    #[code(FailedPrecondition)]
     #[error("{device} holds {found}, not the requested {expected}; the agent never formats or mounts a mismatched disk")]
     Mismatch {
         /// The device path.
@@ -18,7 +18,7 @@ pub enum Error {
         /// What the request asked for.
         expected: FsType,
     },
-    /// No recognisable filesystem at all.
+    #[code(FailedPrecondition)]
     #[error("{device} holds no filesystem the agent recognises (it looks unformatted), not the requested {expected}; the agent never formats a disk: create the filesystem on the host first")]
     Unformatted {
         /// The device path.
@@ -26,7 +26,7 @@ pub enum Error {
         /// What the request asked for.
         expected: FsType,
     },
-    /// Several superblock signatures at once: the disk carries stale signatures.
+    #[code(FailedPrecondition)]
     #[error("{device} carries the signatures of several filesystems ({found}); the agent will not guess which one is real: wipe the stale signatures on the host (wipefs)")]
     Ambiguous {
         /// The device path.
@@ -34,7 +34,7 @@ pub enum Error {
         /// The signatures found, comma-separated.
         found: String,
     },
-    /// The superblock says the filesystem is larger than the device holding it.
+    #[code(FailedPrecondition)]
     #[error("the {fs} on {device} is {fs_bytes} bytes ({blocks} blocks of {block_size}) but the device holds only {device_bytes} bytes: the image was cut short or the disk shrank, and the kernel would refuse it; give the disk back at least {fs_bytes} bytes, or restore the image")]
     LargerThanDevice {
         /// The device path.
@@ -50,7 +50,7 @@ pub enum Error {
         /// The device's size.
         device_bytes: u64,
     },
-    /// A superblock field no kernel mounts, or a structure it points to that is not there.
+    #[code(FailedPrecondition)]
     #[error("the {fs} superblock on {device} is corrupt: {what}; check the disk on the host (e2fsck -fn, xfs_repair -n)")]
     Corrupt {
         /// The device path.
@@ -60,7 +60,7 @@ pub enum Error {
         /// What is wrong.
         what: String,
     },
-    /// The filesystem needs another device than the disk: an external journal, log or realtime section.
+    #[code(FailedPrecondition)]
     #[error("the {fs} on {device} {what}, which lives on another device; the agent publishes a volume from its one disk and will not let the kernel open another: use a filesystem that is whole on the disk")]
     NeedsAnotherDevice {
         /// The device path.
@@ -70,7 +70,7 @@ pub enum Error {
         /// "has an external journal", ….
         what: &'static str,
     },
-    /// ext4 multi-mount protection that would hold the mount in the kernel, or says the disk is in use.
+    #[code(FailedPrecondition)]
     #[error("the ext4 on {device} has multi-mount protection (MMP) and {what}; MMP is for disks shared between machines, not a sandbox's disk: turn it off on the host (tune2fs -O ^mmp), or if no other machine uses the disk, reset it (tune2fs -f -E clear_mmp)")]
     Mmp {
         /// The device path.
@@ -78,7 +78,7 @@ pub enum Error {
         /// What the superblock and the MMP block say.
         what: String,
     },
-    /// s_mount_opts plants a mount option the agent does not let a disk choose.
+    #[code(FailedPrecondition)]
     #[error("the ext4 superblock on {device} carries the mount option {option:?} (s_mount_opts), which the agent does not let a disk choose: {why}; clear them on the host (tune2fs -E mount_opts= {device}) and give options in the request instead")]
     PlantedOption {
         /// The device path.
@@ -88,26 +88,10 @@ pub enum Error {
         /// Why it is refused.
         why: &'static str,
     },
-    /// Opening or reading the device failed.
+    #[code(Internal)]
     #[error(transparent)]
     Sys(#[from] SysError),
 }
-
-impl Error {
-    /// The wire code of this error.
-    pub fn code(&self) -> Code {
-        match self {
-            Error::Mismatch { .. }
-            | Error::Unformatted { .. }
-            | Error::Ambiguous { .. }
-            | Error::LargerThanDevice { .. }
-            | Error::Corrupt { .. }
-            | Error::NeedsAnotherDevice { .. }
-            | Error::Mmp { .. }
-            | Error::PlantedOption { .. } => Code::FailedPrecondition,
-            Error::Sys(_) => Code::Internal,
-        }
-    }
 }
 
 /// Refuses a filesystem of `blocks` × `block_size` bytes larger than the device.

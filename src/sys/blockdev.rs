@@ -14,14 +14,14 @@ use std::path::Path;
 use rustix::fs::{FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::code::Code;
 use crate::model::Device;
 use crate::sys::error::SysError;
 
+crate::code::coded_errors! {
 /// What can go wrong with a block volume's device.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The node is gone (the disk was unplugged).
+    #[code(FailedPrecondition)]
     #[error(
         "the node {node} of disk {name} ({major}:{minor}) is gone; the host detached the disk"
     )]
@@ -35,7 +35,7 @@ pub enum Error {
         /// Its minor number.
         minor: u32,
     },
-    /// The node is now something else than the disk that was published.
+    #[code(FailedPrecondition)]
     #[error("{node} is no longer block device {major}:{minor} ({found}); the disk was replaced behind the agent's back")]
     Replaced {
         /// The node.
@@ -47,19 +47,10 @@ pub enum Error {
         /// What the node is now.
         found: String,
     },
-    /// An unexpected syscall failure.
+    #[code(Internal)]
     #[error(transparent)]
     Sys(#[from] SysError),
 }
-
-impl Error {
-    /// The wire code of this error.
-    pub fn code(&self) -> Code {
-        match self {
-            Error::Gone { .. } | Error::Replaced { .. } => Code::FailedPrecondition,
-            Error::Sys(_) => Code::Internal,
-        }
-    }
 }
 
 /// Checks that `fd` is the node of block device `dev`.

@@ -6,13 +6,14 @@
 use crate::cancel::Why;
 use crate::code::Code;
 
+crate::code::coded_errors! {
 /// What the volume table refuses.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// NOT_FOUND: stats, expand or bind of an unknown volume.
+    #[code(NotFound)]
     #[error("volume {0} is not published; publish it first")]
     NotPublished(String),
-    /// ALREADY_EXISTS: the id is taken by a publish with other parameters.
+    #[code(AlreadyExists)]
     #[error("volume {id} is already published with different parameters ({differs}); unpublish it first, or repeat the original request")]
     Conflict {
         /// The volume id.
@@ -20,7 +21,7 @@ pub enum Error {
         /// Which parameter differs.
         differs: String,
     },
-    /// FAILED_PRECONDITION: the device is published under another id.
+    #[code(FailedPrecondition)]
     #[error("device {device} is already published as volume {other}; a disk is published once, under one volume id (as a filesystem or as a block volume, not both)")]
     DeviceInUse {
         /// The device node.
@@ -28,9 +29,7 @@ pub enum Error {
         /// The volume that holds it.
         other: String,
     },
-    /// FAILED_PRECONDITION: the device shares sectors with a device published
-    /// under another id (a whole disk and one of its partitions, or two
-    /// partitions that overlap).
+    #[code(FailedPrecondition)]
     #[error("device {device} shares sectors with {held} ({how}), which is published as volume {other}; a disk is published once: a whole disk and its partitions, or partitions that overlap, are never published side by side")]
     DeviceOverlaps {
         /// The device node asked for.
@@ -42,7 +41,7 @@ pub enum Error {
         /// The volume that holds it.
         other: String,
     },
-    /// FAILED_PRECONDITION: a device that shares sectors with this one is mounted by someone else.
+    #[code(FailedPrecondition)]
     #[error("device {device} shares sectors with {other_device} ({how}), which is mounted at {at}; the agent never mounts or publishes a disk whose sectors are in use")]
     DeviceOverlapsMount {
         /// The device node asked for.
@@ -54,19 +53,19 @@ pub enum Error {
         /// Where it is mounted.
         at: String,
     },
-    /// RESOURCE_EXHAUSTED: the state filesystem is full.
+    #[code(ResourceExhausted)]
     #[error("no space left to write the agent's state record {path}; nothing was changed: free space on the filesystem that holds the agent's state directory, then retry (unpublish needs no space)")]
     StateFull {
         /// The record.
         path: String,
     },
-    /// FAILED_PRECONDITION: the state filesystem is read-only.
+    #[code(FailedPrecondition)]
     #[error("the agent's state record {path} cannot be written: its filesystem is read-only; nothing was changed: make it writable, then retry")]
     StateReadOnly {
         /// The record.
         path: String,
     },
-    /// FAILED_PRECONDITION: a mount of the volume's disk is left after unpublish took down its own.
+    #[code(FailedPrecondition)]
     #[error("volume {id} is still mounted at {at} ({why}); the disk must not be detached yet: unmount it there, then unpublish again")]
     StillMounted {
         /// The volume id.
@@ -76,7 +75,7 @@ pub enum Error {
         /// Why the agent left it.
         why: String,
     },
-    /// FAILED_PRECONDITION: a mount of the agent's was moved outside its root.
+    #[code(FailedPrecondition)]
     #[error("the mount the agent made at {was} was moved behind its back to {now}, outside the agent's root, where the agent acts on nothing; unmount it there, then retry")]
     MovedOutside {
         /// Where the agent made it.
@@ -84,7 +83,7 @@ pub enum Error {
         /// Where it is now.
         now: String,
     },
-    /// FAILED_PRECONDITION: the device is mounted by someone else.
+    #[code(FailedPrecondition)]
     #[error("device {device} is already mounted at {at}; the agent never mounts one disk twice")]
     DeviceMounted {
         /// The device node.
@@ -92,7 +91,7 @@ pub enum Error {
         /// Where it is mounted.
         at: String,
     },
-    /// FAILED_PRECONDITION: something is already mounted where the volume goes.
+    #[code(FailedPrecondition)]
     #[error(
         "{path} is already a mount point, though no volume is published there; unmount it first"
     )]
@@ -100,10 +99,10 @@ pub enum Error {
         /// The volume's guest path.
         path: String,
     },
-    /// FAILED_PRECONDITION: expand of a read-only volume.
+    #[code(FailedPrecondition)]
     #[error("volume {0} is published read-only; a read-only filesystem cannot grow online")]
     ReadOnly(String),
-    /// ALREADY_EXISTS: the bind target is already a mount of something else.
+    #[code(AlreadyExists)]
     #[error("bind target {target} is already {what}; unmount it first or choose another target")]
     TargetTaken {
         /// The target path.
@@ -111,7 +110,7 @@ pub enum Error {
         /// What holds it.
         what: String,
     },
-    /// FAILED_PRECONDITION: the volume's mount went away behind the agent's back.
+    #[code(FailedPrecondition)]
     #[error("volume {id} is published, but its mount at {path} is gone (unmounted behind the agent's back); unpublish it, then publish it again")]
     MountGone {
         /// The volume id.
@@ -119,8 +118,10 @@ pub enum Error {
         /// The guest path.
         path: String,
     },
-    /// DEADLINE_EXCEEDED or CANCELLED: the caller stopped waiting for a
-    /// publish whose fsGroup walk goes on (walking.rs).
+    #[code(why => match why {
+        Why::CallerGone => Code::Cancelled,
+        _ => Code::DeadlineExceeded,
+    })]
     #[error("{} while volume {id} was applying fsGroup; the walk continues ({visited} entries so far, {seconds} s): repeat the same publish to wait for it, or unpublish to stop it", why_text(*why))]
     WalkContinues {
         /// The volume id.
@@ -132,8 +133,7 @@ pub enum Error {
         /// Seconds since the walk started.
         seconds: u64,
     },
-    /// FAILED_PRECONDITION: stats, expand or bind of a volume whose publish
-    /// is still walking.
+    #[code(FailedPrecondition)]
     #[error("volume {id} is still applying fsGroup ({visited} entries so far); repeat its publish until it answers OK, then retry")]
     StillPublishing {
         /// The volume id.
@@ -141,7 +141,7 @@ pub enum Error {
         /// Entries visited so far.
         visited: u64,
     },
-    /// The publish whose walk this call waited for failed (its code, its sentence).
+    #[code(code => *code)]
     #[error("{message}")]
     PublishFailed {
         /// The failure's code.
@@ -149,11 +149,10 @@ pub enum Error {
         /// The failure, as a sentence.
         message: String,
     },
-    /// FAILED_PRECONDITION: the agent is shutting down.
+    #[code(FailedPrecondition)]
     #[error("the agent is shutting down and accepts no new volumes or binds")]
     ShuttingDown,
-    /// FAILED_PRECONDITION: the guest path is a symlink or not what the
-    /// agent makes there (a directory; an empty file for a block volume).
+    #[code(FailedPrecondition)]
     #[error("{path} is not {what} of the agent's (a symlink or something else was put there); remove it, then publish again")]
     GuestPathUnsafe {
         /// The volume's guest path.
@@ -161,7 +160,7 @@ pub enum Error {
         /// What the agent expected there.
         what: &'static str,
     },
-    /// INVALID_ARGUMENT: a bind of a block volume with a subpath or recursive read-only.
+    #[code(InvalidArgument)]
     #[error("volume {id} is a block volume: {why}")]
     BlockBindInvalid {
         /// The volume id.
@@ -169,13 +168,13 @@ pub enum Error {
         /// What the request asked that a device cannot do.
         why: &'static str,
     },
-    /// FAILED_PRECONDITION: a read-only bind of a read-write block volume.
+    #[code(FailedPrecondition)]
     #[error("volume {id} is a read-write block volume: a read-only bind of it is impossible, since a device node's mount flags do not stop writes and the device's own read-only flag is shared by every bind of it; publish the volume read-only instead")]
     BlockBindReadOnly {
         /// The volume id.
         id: String,
     },
-    /// INVALID_ARGUMENT: the bind target lies inside another bind.
+    #[code(InvalidArgument)]
     #[error("bind target {target} lies inside {inner_of}, the bind of volume {volume}; a bind there would be created inside that volume: choose a target outside every bind")]
     TargetNested {
         /// The target asked for.
@@ -185,7 +184,7 @@ pub enum Error {
         /// That bind's volume.
         volume: String,
     },
-    /// FAILED_PRECONDITION: the bind target holds other binds below it.
+    #[code(FailedPrecondition)]
     #[error("bind target {target} holds {inner}, the bind of volume {volume}, beneath it; a bind over it would hide that bind: unmount it first or choose another target")]
     TargetCovers {
         /// The target asked for.
@@ -195,7 +194,7 @@ pub enum Error {
         /// That bind's volume.
         volume: String,
     },
-    /// RESOURCE_EXHAUSTED: the volume has as many binds as the agent keeps.
+    #[code(ResourceExhausted)]
     #[error("volume {id} already has {max} binds, as many as the agent keeps for one volume; unmount some first")]
     TooManyBinds {
         /// The volume id.
@@ -203,7 +202,7 @@ pub enum Error {
         /// The bound.
         max: usize,
     },
-    /// INVALID_ARGUMENT: the bind target's directory is on a volume's filesystem.
+    #[code(InvalidArgument)]
     #[error("bind target {target} would be created on the filesystem of volume {volume}; binds go outside the volumes")]
     TargetInVolume {
         /// The target asked for.
@@ -212,40 +211,6 @@ pub enum Error {
         volume: String,
     },
 }
-
-impl Error {
-    /// The wire code of this error.
-    pub fn code(&self) -> Code {
-        match self {
-            Error::NotPublished(_) => Code::NotFound,
-            Error::TooManyBinds { .. } => Code::ResourceExhausted,
-            Error::Conflict { .. } | Error::TargetTaken { .. } => Code::AlreadyExists,
-            Error::TargetNested { .. }
-            | Error::TargetInVolume { .. }
-            | Error::BlockBindInvalid { .. } => Code::InvalidArgument,
-            Error::GuestPathUnsafe { .. }
-            | Error::TargetCovers { .. }
-            | Error::BlockBindReadOnly { .. } => Code::FailedPrecondition,
-            Error::StateFull { .. } => Code::ResourceExhausted,
-            Error::DeviceInUse { .. }
-            | Error::DeviceOverlaps { .. }
-            | Error::DeviceOverlapsMount { .. }
-            | Error::StateReadOnly { .. }
-            | Error::StillMounted { .. }
-            | Error::MovedOutside { .. }
-            | Error::DeviceMounted { .. }
-            | Error::GuestPathBusy { .. }
-            | Error::ReadOnly(_)
-            | Error::MountGone { .. }
-            | Error::StillPublishing { .. }
-            | Error::ShuttingDown => Code::FailedPrecondition,
-            Error::WalkContinues { why, .. } => match why {
-                Why::CallerGone => Code::Cancelled,
-                _ => Code::DeadlineExceeded,
-            },
-            Error::PublishFailed { code, .. } => *code,
-        }
-    }
 }
 
 /// Why a caller stopped waiting, as the start of a sentence.
