@@ -130,7 +130,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "probe/",
             "mount/",
             "ownership/",
-            "stats.rs",
+            "stats/",
             "grow.rs",
         ],
     ),

@@ -12,7 +12,13 @@ use std::path::Path;
 use rustix::fs::AtFlags;
 use rustix::io::Errno;
 
-use crate::model::{Device, DiskState, FsType, MountId};
+mod judge;
+pub mod problem;
+
+use judge::{DeviceFacts, DiskFacts, MountFacts, TableFacts};
+use problem::Problem;
+
+use crate::model::{Device, FsType, MountId};
 use crate::sys::beneath::{self, MountPoint};
 use crate::sys::blockdev;
 use crate::sys::error::SysError;
@@ -130,34 +136,6 @@ pub fn usage(path: &Path) -> Result<Usage, Error> {
     Ok(usage_of(&st))
 }
 
-/// Errnos that mean the filesystem or its disk is failing, not that the request was odd.
-fn failing(e: rustix::io::Errno) -> bool {
-    use rustix::io::Errno;
-    [
-        Errno::IO,
-        Errno::NODEV,
-        Errno::NOTCONN,
-        Errno::STALE,
-        Errno::NXIO,
-    ]
-    .contains(&e)
-}
-
-fn errno_name(e: rustix::io::Errno) -> String {
-    use rustix::io::Errno;
-    let name = match e {
-        Errno::IO => "EIO",
-        Errno::NODEV => "ENODEV",
-        Errno::NOTCONN => "ENOTCONN",
-        Errno::STALE => "ESTALE",
-        Errno::NXIO => "ENXIO",
-        Errno::NOENT => "ENOENT",
-        Errno::ACCESS => "EACCES",
-        _ => return format!("errno {}", e.raw_os_error()),
-    };
-    name.to_string()
-}
-
 /// The mountinfo entry of the mount `fd` is on (its id from
 /// /proc/self/fdinfo, which does not touch the filesystem).
 fn mount_of_fd(fd: BorrowedFd<'_>) -> Option<MountEntry> {
@@ -173,183 +151,78 @@ fn mount_of_fd(fd: BorrowedFd<'_>) -> Option<MountEntry> {
     mountinfo::by_id(&table, id).cloned()
 }
 
-/// The sentence for a failed call `call` on the volume's path.
-fn failing_fs(e: &Expected, call: &str, err: Errno) -> String {
-    let path = e.path.display();
-    if failing(err) {
-        format!(
-            "{call} on {path} fails with {}: the filesystem has shut down or its disk is failing",
-            errno_name(err)
-        )
-    } else {
-        format!("{call} on {path} fails with {}", errno_name(err))
-    }
-}
-
-/// The volume's path could not be opened beneath the root: why, in words.
-fn open_problem(e: &Expected, err: Errno) -> String {
-    let path = e.path.display();
-    match err {
-        Errno::NOENT => format!(
-            "{path} is gone: the volume was unmounted and removed behind the agent's back"
-        ),
-        Errno::LOOP | Errno::XDEV => format!(
-            "{path} is now a symlink or leads outside the agent's root: the volume was unmounted behind the agent's back"
-        ),
-        err => failing_fs(e, "open", err),
-    }
-}
-
-/// Whether the mount at `fd` (whose mount point is `mp`) is still the
-/// volume's own, adding what is wrong to `problems`. A shut-down
-/// filesystem that fails statx is told apart by the mount its fd is on,
-/// which the kernel reports without asking the filesystem.
-fn is_ours(
-    e: &Expected,
-    fd: BorrowedFd<'_>,
-    mp: &Result<MountPoint, Errno>,
-    problems: &mut Vec<String>,
-) -> bool {
-    let (path, dev) = (e.path.display(), e.device);
-    match mp {
-        Err(err) => {
-            problems.push(failing_fs(e, "statx", *err));
-            mount_of_fd(fd).is_some_and(|m| {
-                e.mount_id.is_none_or(|id| id == m.mount_id)
-                    && (m.major, m.minor) == (dev.major, dev.minor)
-                    && m.root == Path::new("/")
-            })
-        }
-        Ok(mp) if !mp.is_root => {
-            problems.push(format!(
-                "{path} is no longer a mount point: the volume was unmounted behind the agent's back"
-            ));
-            false
-        }
-        Ok(mp) if mp.dev != (dev.major, dev.minor) => {
-            problems.push(format!(
-                "{path} is now a mount of device {}:{}, not of the volume's disk {} ({}:{})",
-                mp.dev.0, mp.dev.1, dev.name, dev.major, dev.minor
-            ));
-            false
-        }
-        Ok(mp) if e.mount_id.is_some_and(|id| id != mp.mount_id) => {
-            problems.push(format!(
-                "{path} is now another mount of the volume's disk {} than the agent made (mount {} instead of {})",
-                dev.name,
-                mp.mount_id,
-                e.mount_id.unwrap_or(MountId(0))
-            ));
-            true
-        }
-        Ok(_) => true,
-    }
-}
-
-/// What is wrong with how the volume's own mount is mounted now: another
-/// root or filesystem type in the mount table, or read-only when it was
-/// published read-write (`st_ro`: statfs says read-only).
-fn mount_state(e: &Expected, mp: &Result<MountPoint, Errno>, st_ro: bool) -> Vec<String> {
-    let path = e.path.display();
-    let mut problems = Vec::new();
-    let entry = match (mountinfo::read(), mp) {
-        (Ok(table), Ok(mp)) => mountinfo::by_id(&table, mp.mount_id).cloned(),
-        (Err(err), _) => {
-            problems.push(format!("cannot tell how {path} is mounted: {err}"));
-            None
-        }
-        _ => None,
+/// What the guest path's mount root shows (`fd`), and its statfs for the usage.
+fn look_at_mount(fd: BorrowedFd<'_>) -> (MountFacts, Option<rustix::fs::StatVfs>) {
+    let mount_point = beneath::mount_point(fd);
+    let fd_mount = mount_point.is_err().then(|| mount_of_fd(fd)).flatten();
+    let st = rustix::fs::fstatvfs(fd);
+    let facts = MountFacts {
+        mount_point,
+        fd_mount,
+        statfs: st
+            .as_ref()
+            .map(|s| s.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
+            .map_err(|e| *e),
+        stat: rustix::fs::statat(fd, c".", AtFlags::empty()).err(),
     };
-    let mut ro = st_ro;
-    if let Some(m) = &entry {
-        if m.root != Path::new("/") {
-            problems.push(format!(
-                "{path} now shows {} inside the disk's filesystem, not its root",
-                m.root.display()
-            ));
-        }
-        if m.fs_type != e.fs.name() {
-            problems.push(format!("{path} is now a {} mount, not {}", m.fs_type, e.fs));
-        }
-        ro |= m.read_only() || m.super_read_only();
-    }
-    if !e.read_only && ro {
-        let hint = match e.fs {
-            FsType::Ext4 => " (ext4 remounts read-only after an error under errors=remount-ro)",
-            FsType::Xfs => "",
-        };
-        problems.push(format!(
-            "{path} was published read-write but is now read-only{hint}"
-        ));
-    }
-    problems
+    (facts, st.ok())
 }
 
-/// What the volume's disk says: ext4's recorded errors, a disk gone,
-/// replaced or shrunk below its filesystem (`fs_bytes`, when known).
-fn disk_checks(sysfs: &Sysfs, e: &Expected, fs_bytes: Option<u64>) -> Vec<String> {
-    let dev = e.device;
-    let mut problems = Vec::new();
-    if e.fs == FsType::Ext4 {
-        if let Some(n) = sysfs.ext4_errors_count(&dev.name).filter(|n| *n > 0) {
-            problems.push(format!(
-                "ext4 on {} has recorded {n} error(s) ({}); check the filesystem with e2fsck on the host",
-                dev.name,
-                sysfs.ext4_errors_count_file(&dev.name).display()
-            ));
-        }
+/// The entry of the mount at `mp` in the mount table.
+fn look_up(mp: &Result<MountPoint, Errno>) -> TableFacts {
+    match (mountinfo::read(), mp) {
+        (Ok(table), Ok(mp)) => Ok(mountinfo::by_id(&table, mp.mount_id).cloned()),
+        (Err(err), _) => Err(err.to_string()),
+        _ => Ok(None),
     }
-    match sysfs.disk_state(dev) {
-        DiskState::Present { size_bytes } => {
-            if let Some(fs_bytes) = fs_bytes.filter(|n| *n > size_bytes) {
-                problems.push(format!(
-                    "the filesystem is larger than its device: the {} at {} is {fs_bytes} bytes but disk {} now holds only {size_bytes} bytes (it shrank under the mount; reads past its end fail)",
-                    e.fs, e.path.display(), dev.name
-                ));
-            }
-        }
-        state => problems.extend(disk_problem(sysfs, dev, state)),
-    }
-    problems
 }
 
-/// Checks everything semantics.md §5 lists. The mount point is resolved
-/// beneath `e.base` (no symlinks) and judged by what it is (mount id,
-/// device), not by its spelling. Usage comes back whenever statfs works on
-/// the volume's own filesystem (not on whatever replaced its mount).
+/// What sysfs says of the disk (`ext4`: whether to read ext4's error count).
+fn look_at_disk(sysfs: &Sysfs, dev: &Device, ext4: bool, fs_bytes: Option<u64>) -> DiskFacts {
+    DiskFacts {
+        ext4_errors: ext4.then(|| sysfs.ext4_errors_count(&dev.name)).flatten(),
+        ext4_errors_file: if ext4 {
+            sysfs
+                .ext4_errors_count_file(&dev.name)
+                .display()
+                .to_string()
+        } else {
+            String::new()
+        },
+        state: sysfs.disk_state(dev),
+        dev_block: sysfs.dev_block.display().to_string(),
+        fs_bytes,
+    }
+}
+
+/// Checks everything semantics.md §5 lists (judge.rs has the checks). The
+/// mount point is resolved beneath `e.base` (no symlinks) and judged by
+/// what it is (mount id, device), not by its spelling. Usage comes back
+/// whenever statfs works on the volume's own filesystem (not on whatever
+/// replaced its mount).
 pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
-    let mut problems: Vec<String> = Vec::new();
-    let mut usage = None;
-    // The filesystem's own size (not statfs's, which leaves out metadata),
-    // to hold against the disk's.
-    let mut fs_bytes = None;
-    match beneath::open_path(e.base, e.rel) {
-        Err(err) => problems.push(open_problem(e, err)),
-        Ok(fd) => {
-            let mp = beneath::mount_point(fd.as_fd());
-            let ours = is_ours(e, fd.as_fd(), &mp, &mut problems);
-            let st = rustix::fs::fstatvfs(&fd);
-            if let Err(err) = &st {
-                problems.push(failing_fs(e, "statfs", *err));
-            }
-            // statfs can still answer from the superblock while lookups fail (a shut-down xfs).
-            if let Err(err) = rustix::fs::statat(&fd, c".", AtFlags::empty()) {
-                if failing(err) {
-                    problems.push(failing_fs(e, "stat", err));
-                }
-            }
-            if ours {
-                usage = st.as_ref().ok().map(usage_of);
-                fs_bytes = (e.fs_bytes)(fd.as_fd());
-                let st_ro = st
-                    .as_ref()
-                    .is_ok_and(|s| s.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY));
-                problems.extend(mount_state(e, &mp, st_ro));
-            }
+    let v = judge::Volume {
+        path: e.path,
+        mount_id: e.mount_id,
+        device: e.device,
+        read_only: e.read_only,
+        fs: e.fs,
+    };
+    let (mut usage, mut fs_bytes, mut table) = (None, None, None);
+    let mount = beneath::open_path(e.base, e.rel).map(|fd| {
+        let (facts, st) = look_at_mount(fd.as_fd());
+        if judge::ours(&v, &facts).0 {
+            usage = st.as_ref().map(usage_of);
+            // The filesystem's own size (not statfs's, which leaves out
+            // metadata), to hold against the disk's.
+            fs_bytes = (e.fs_bytes)(fd.as_fd());
+            table = Some(look_up(&facts.mount_point));
         }
-    }
-    problems.extend(disk_checks(sysfs, e, fs_bytes));
-    (usage, condition_of(problems))
+        facts
+    });
+    let disk = look_at_disk(sysfs, e.device, e.fs == FsType::Ext4, fs_bytes);
+    let (_, problems) = judge::filesystem(&v, &mount, table.as_ref(), &disk);
+    (usage, condition_of(&problems))
 }
 
 /// The condition of a block volume (semantics.md §5) and its device's size:
@@ -358,90 +231,36 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
 /// gone or its node is another device now, or when the kernel's read-only
 /// flag disagrees with how it was published. Reads nothing of the disk.
 pub fn check_block(sysfs: &Sysfs, e: &BlockExpected) -> (Option<u64>, Condition) {
-    let path = e.path.display();
-    let dev = e.device;
-    let mut problems: Vec<String> = Vec::new();
+    let v = judge::BlockVolume {
+        path: e.path,
+        mount_id: e.mount_id,
+        device: e.device,
+        read_only: e.read_only,
+    };
     let here = beneath::open_parent(e.base, e.rel)
         .and_then(|(parent, name)| beneath::mount_point_at(parent.as_fd(), &name));
-    match here {
-        Err(Errno::NOENT) => problems.push(format!(
-            "{path} is gone: the block volume's bind was removed behind the agent's back"
-        )),
-        Err(Errno::LOOP | Errno::XDEV) => problems.push(format!(
-            "{path} now leads through a symlink or outside the agent's root: the block volume's bind was removed behind the agent's back"
-        )),
-        Err(err) => problems.push(format!("statx on {path} fails with {}", errno_name(err))),
-        Ok(mp) if !mp.is_root => problems.push(format!(
-            "{path} is no longer bound to disk {} ({}:{}): the bind was removed behind the agent's back",
-            dev.name, dev.major, dev.minor
-        )),
-        Ok(mp) if !mp.is_block_node((dev.major, dev.minor)) => problems.push(format!(
-            "{path} is now a mount of something else than disk {} ({}:{})",
-            dev.name, dev.major, dev.minor
-        )),
-        Ok(mp) if e.mount_id.is_some_and(|id| id != mp.mount_id) => problems.push(format!(
-            "{path} is now another bind of disk {} than the agent made (mount {} instead of {})",
-            dev.name,
-            mp.mount_id,
-            e.mount_id.unwrap_or(MountId(0))
-        )),
-        Ok(_) => {}
-    }
-    let mut bytes = None;
-    match blockdev::open(dev) {
-        Err(err) => problems.push(err.to_string()),
-        Ok(f) => {
-            match blockdev::size(&f, dev) {
-                Ok(n) => bytes = Some(n),
-                Err(err) => problems.push(err.to_string()),
-            }
-            match blockdev::read_only(&f, dev) {
-                Ok(true) if !e.read_only => problems.push(format!(
-                    "disk {} was published read-write but the kernel now refuses writes to it (its read-only flag was set behind the agent's back, or the host made the disk read-only)",
-                    dev.name
-                )),
-                Ok(false) if e.read_only => problems.push(format!(
-                    "disk {} was published read-only but the kernel accepts writes to it again (its read-only flag was cleared behind the agent's back)",
-                    dev.name
-                )),
-                Ok(_) => {}
-                Err(err) => problems.push(err.to_string()),
-            }
-        }
-    }
-    problems.extend(disk_problem(sysfs, dev, sysfs.disk_state(dev)));
-    (bytes, condition_of(problems))
+    let dev = blockdev::open(e.device)
+        .map(|f| DeviceFacts {
+            size: blockdev::size(&f, e.device).map_err(|err| err.to_string()),
+            read_only: blockdev::read_only(&f, e.device).map_err(|err| err.to_string()),
+        })
+        .map_err(|err| err.to_string());
+    let bytes = dev.as_ref().ok().and_then(|d| d.size.clone().ok());
+    let disk = look_at_disk(sysfs, e.device, false, None);
+    (bytes, condition_of(&judge::block(&v, &here, &dev, &disk)))
 }
 
-/// What a disk's state says is wrong with a volume on it, if anything: the
-/// same words for a filesystem and a block volume.
-fn disk_problem(sysfs: &Sysfs, dev: &Device, state: DiskState) -> Option<String> {
-    match state {
-        DiskState::Present { .. } => None,
-        DiskState::Gone => Some(format!(
-            "disk {} ({}:{}) is gone from {}: the host detached it",
-            dev.name,
-            dev.major,
-            dev.minor,
-            sysfs.dev_block.display()
-        )),
-        DiskState::ZeroSize => Some(format!(
-            "disk {} ({}:{}) reports size 0: its backing storage is gone",
-            dev.name, dev.major, dev.minor
-        )),
-    }
-}
-
-fn condition_of(problems: Vec<String>) -> Condition {
+fn condition_of(problems: &[Problem]) -> Condition {
     if problems.is_empty() {
         Condition {
             abnormal: false,
             message: "ok".to_string(),
         }
     } else {
+        let said: Vec<String> = problems.iter().map(Problem::to_string).collect();
         Condition {
             abnormal: true,
-            message: problems.join("; "),
+            message: said.join("; "),
         }
     }
 }

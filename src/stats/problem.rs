@@ -1,0 +1,189 @@
+//! What a check of a volume's condition can find wrong, one sentence each:
+//! the condition's message is these, joined.
+
+use std::fmt;
+
+use rustix::io::Errno;
+
+use crate::model::{Device, FsType, MountId};
+
+/// A disk as the messages name it: `vdb (254:16)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Disk {
+    /// Its kernel name.
+    pub name: String,
+    /// Its device number.
+    pub major: u32,
+    /// Its device number.
+    pub minor: u32,
+}
+
+impl Disk {
+    /// How the messages name `dev`.
+    pub fn of(dev: &Device) -> Disk {
+        Disk {
+            name: dev.name.clone(),
+            major: dev.major,
+            minor: dev.minor,
+        }
+    }
+}
+
+impl fmt::Display for Disk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({}:{})", self.name, self.major, self.minor)
+    }
+}
+
+/// Errnos that mean the filesystem or its disk is failing, not that the
+/// request was odd.
+pub fn failing(e: Errno) -> bool {
+    [
+        Errno::IO,
+        Errno::NODEV,
+        Errno::NOTCONN,
+        Errno::STALE,
+        Errno::NXIO,
+    ]
+    .contains(&e)
+}
+
+/// An errno as the messages name it.
+pub fn errno_name(e: Errno) -> String {
+    let name = match e {
+        Errno::IO => "EIO",
+        Errno::NODEV => "ENODEV",
+        Errno::NOTCONN => "ENOTCONN",
+        Errno::STALE => "ESTALE",
+        Errno::NXIO => "ENXIO",
+        Errno::NOENT => "ENOENT",
+        Errno::ACCESS => "EACCES",
+        _ => return format!("errno {}", e.raw_os_error()),
+    };
+    name.to_string()
+}
+
+/// What the call's failure says of the filesystem.
+fn failing_text(e: Errno) -> &'static str {
+    if failing(e) {
+        ": the filesystem has shut down or its disk is failing"
+    } else {
+        ""
+    }
+}
+
+/// What ext4 does on an error, when it is why a volume is read-only.
+fn read_only_hint(fs: FsType) -> &'static str {
+    match fs {
+        FsType::Ext4 => " (ext4 remounts read-only after an error under errors=remount-ro)",
+        FsType::Xfs => "",
+    }
+}
+
+/// One thing wrong with a volume.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Problem {
+    /// The guest path is gone.
+    #[error("{path} is gone: the volume was unmounted and removed behind the agent's back")]
+    PathGone { path: String },
+    /// The guest path now leads through a symlink or out of the root.
+    #[error("{path} is now a symlink or leads outside the agent's root: the volume was unmounted behind the agent's back")]
+    PathEscapes { path: String },
+    /// A call on the volume fails.
+    #[error("{call} on {path} fails with {}{}", errno_name(*errno), failing_text(*errno))]
+    CallFails {
+        call: &'static str,
+        path: String,
+        errno: Errno,
+    },
+    /// Nothing is mounted at the guest path.
+    #[error("{path} is no longer a mount point: the volume was unmounted behind the agent's back")]
+    NotMountPoint { path: String },
+    /// Another disk is mounted at the guest path.
+    #[error("{path} is now a mount of device {}:{}, not of the volume's disk {disk}", found.0, found.1)]
+    OtherDevice {
+        path: String,
+        found: (u32, u32),
+        disk: Disk,
+    },
+    /// Another mount of the volume's disk is at the guest path.
+    #[error("{path} is now another mount of the volume's disk {disk_name} than the agent made (mount {found} instead of {made})")]
+    OtherMount {
+        path: String,
+        disk_name: String,
+        found: MountId,
+        made: MountId,
+    },
+    /// The mount table could not be read.
+    #[error("cannot tell how {path} is mounted: {why}")]
+    TableUnreadable { path: String, why: String },
+    /// The mount shows a directory of the filesystem, not its root.
+    #[error("{path} now shows {root} inside the disk's filesystem, not its root")]
+    OtherRoot { path: String, root: String },
+    /// The mount is of another filesystem type.
+    #[error("{path} is now a {found} mount, not {fs}")]
+    OtherType {
+        path: String,
+        found: String,
+        fs: FsType,
+    },
+    /// A volume published read-write is read-only now.
+    #[error("{path} was published read-write but is now read-only{}", read_only_hint(*fs))]
+    NowReadOnly { path: String, fs: FsType },
+    /// ext4 recorded errors.
+    #[error("ext4 on {disk_name} has recorded {count} error(s) ({file}); check the filesystem with e2fsck on the host")]
+    Ext4Errors {
+        disk_name: String,
+        count: u64,
+        file: String,
+    },
+    /// The disk shrank under its filesystem.
+    #[error("the filesystem is larger than its device: the {fs} at {path} is {fs_bytes} bytes but disk {disk_name} now holds only {size_bytes} bytes (it shrank under the mount; reads past its end fail)")]
+    LargerThanDevice {
+        fs: FsType,
+        path: String,
+        fs_bytes: u64,
+        disk_name: String,
+        size_bytes: u64,
+    },
+    /// The disk was detached.
+    #[error("disk {disk} is gone from {dir}: the host detached it")]
+    DiskGone { disk: Disk, dir: String },
+    /// The disk's backing storage is gone.
+    #[error("disk {disk} reports size 0: its backing storage is gone")]
+    DiskEmpty { disk: Disk },
+    /// A block volume's guest path is gone.
+    #[error("{path} is gone: the block volume's bind was removed behind the agent's back")]
+    BindGone { path: String },
+    /// A block volume's guest path leads through a symlink or out of the root.
+    #[error("{path} now leads through a symlink or outside the agent's root: the block volume's bind was removed behind the agent's back")]
+    BindEscapes { path: String },
+    /// statx of a block volume's guest path fails.
+    #[error("statx on {path} fails with {}", errno_name(*errno))]
+    BindStatx { path: String, errno: Errno },
+    /// A block volume's node is no longer bound there.
+    #[error(
+        "{path} is no longer bound to disk {disk}: the bind was removed behind the agent's back"
+    )]
+    NotBound { path: String, disk: Disk },
+    /// Something else is mounted at a block volume's guest path.
+    #[error("{path} is now a mount of something else than disk {disk}")]
+    BoundOther { path: String, disk: Disk },
+    /// Another bind of the disk is at a block volume's guest path.
+    #[error("{path} is now another bind of disk {disk_name} than the agent made (mount {found} instead of {made})")]
+    OtherBind {
+        path: String,
+        disk_name: String,
+        found: MountId,
+        made: MountId,
+    },
+    /// The block device refused or went away (its own sentence).
+    #[error("{0}")]
+    Device(String),
+    /// A block volume published read-write refuses writes now.
+    #[error("disk {disk_name} was published read-write but the kernel now refuses writes to it (its read-only flag was set behind the agent's back, or the host made the disk read-only)")]
+    RefusesWrites { disk_name: String },
+    /// A block volume published read-only accepts writes again.
+    #[error("disk {disk_name} was published read-only but the kernel accepts writes to it again (its read-only flag was cleared behind the agent's back)")]
+    AcceptsWrites { disk_name: String },
+}
