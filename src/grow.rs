@@ -534,7 +534,7 @@ mod tests {
     fn fd(p: &Path) -> OwnedFd {
         rustix::fs::open(
             p,
-            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         )
         .unwrap()

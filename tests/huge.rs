@@ -371,14 +371,18 @@ fn memory_stays_bounded_through_a_huge_directory_and_a_deep_tree() {
     }
     // A chain DEPTH levels deep, made from directory fds (its path is far
     // past PATH_MAX).
-    let mut at =
-        rustix::fs::open(&m, rustix::fs::OFlags::DIRECTORY, rustix::fs::Mode::empty()).unwrap();
+    let mut at = rustix::fs::open(
+        &m,
+        rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .unwrap();
     for _ in 0..DEPTH {
         rustix::fs::mkdirat(&at, "d", rustix::fs::Mode::from_raw_mode(0o755)).unwrap();
         at = rustix::fs::openat(
             &at,
             "d",
-            rustix::fs::OFlags::DIRECTORY,
+            rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         )
         .unwrap();

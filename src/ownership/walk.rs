@@ -1428,7 +1428,13 @@ mod tests {
             if comb {
                 rustix::fs::mkdirat(&dir, c"s", Mode::from_raw_mode(0o700)).unwrap();
             }
-            dir = rustix::fs::openat(&dir, name, OFlags::DIRECTORY, Mode::empty()).unwrap();
+            dir = rustix::fs::openat(
+                &dir,
+                name,
+                OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .unwrap();
         }
         1 + levels as u64 * if comb { 3 } else { 2 }
     }
@@ -1494,7 +1500,13 @@ mod tests {
         let mut newest_first = false;
         for _ in 0..levels {
             let next = comb_level(&dir, &mut newest_first);
-            dir = rustix::fs::openat(&dir, &next, OFlags::DIRECTORY, Mode::empty()).unwrap();
+            dir = rustix::fs::openat(
+                &dir,
+                &next,
+                OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .unwrap();
         }
         1 + 2 * levels as u64
     }
@@ -1537,8 +1549,13 @@ mod tests {
                 }
             }
             for name in subdirs {
-                let sub =
-                    rustix::fs::openat(&dir, &name, OFlags::DIRECTORY, Mode::empty()).unwrap();
+                let sub = rustix::fs::openat(
+                    &dir,
+                    &name,
+                    OFlags::DIRECTORY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .unwrap();
                 stack.push((sub, depth + 1));
             }
         }

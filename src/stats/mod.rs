@@ -287,7 +287,7 @@ mod tests {
         let parent = m.path.parent().unwrap();
         let fd = rustix::fs::open(
             parent,
-            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         )
         .unwrap();
