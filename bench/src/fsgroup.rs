@@ -278,6 +278,28 @@ pub(crate) fn cpu_time() -> f64 {
     get(libc::RUSAGE_SELF) + get(libc::RUSAGE_CHILDREN)
 }
 
+/// The machine's CPU seconds so far, from /proc/stat's first line: (busy,
+/// idle). Busy counts every thread on the machine (the kernel's journal and
+/// writeback threads included, which no process's rusage shows); idle
+/// counts iowait too.
+pub(crate) fn machine_cpu() -> (f64, f64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let at = |i: usize| ticks.get(i).copied().unwrap_or(0.0) / hz;
+    // user nice system idle iowait irq softirq steal
+    let busy = at(0) + at(1) + at(2) + at(5) + at(6) + at(7);
+    (busy, at(3) + at(4))
+}
+
 /// One timed run: its wall time and the CPU time it used.
 fn run_one(c: Contender, tree: &Tree) -> R<(Duration, f64)> {
     let cpu = cpu_time();

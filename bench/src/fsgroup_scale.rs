@@ -29,7 +29,9 @@ use crust_agent::model::Policy;
 use crust_agent::ownership::walk as ownership;
 use serde_json::json;
 
-use crate::fsgroup::{against_bound, bound, cpu_time, kubelet_walk, share_text, BOUND_TARGET, GID};
+use crate::fsgroup::{
+    against_bound, bound, cpu_time, kubelet_walk, machine_cpu, share_text, BOUND_TARGET, GID,
+};
 use crate::report::{fmt_secs, Figure, Verdict};
 use crate::sys::{self, median, secs, Loop, Mount, R};
 
@@ -291,9 +293,11 @@ impl Walk {
     }
 }
 
-/// One timed walk of `path`: (wall, CPU seconds of this process's threads).
-fn walk(w: Walk, path: &Path, entries: u64) -> R<(Duration, f64)> {
+/// One timed walk of `path`: (wall, CPU seconds of this process's threads,
+/// and the machine's other busy and idle CPU seconds meanwhile).
+fn walk(w: Walk, path: &Path, entries: u64) -> R<(Duration, f64, Machine)> {
     let cpu = cpu_time();
+    let (busy, idle) = machine_cpu();
     let t = Instant::now();
     let visited = match w {
         Walk::Crust => {
@@ -314,13 +318,28 @@ fn walk(w: Walk, path: &Path, entries: u64) -> R<(Duration, f64)> {
     };
     let d = t.elapsed();
     let cpu = cpu_time() - cpu;
+    let (busy2, idle2) = machine_cpu();
+    let machine = Machine {
+        others: (busy2 - busy - cpu).max(0.0),
+        idle: idle2 - idle,
+    };
     if visited != entries {
         return Err(format!(
             "{} visited {visited} of {entries} entries",
             w.name()
         ));
     }
-    Ok((d, cpu))
+    Ok((d, cpu, machine))
+}
+
+/// What the rest of the machine did during a walk, in CPU seconds.
+#[derive(Clone, Copy, Debug, Default)]
+struct Machine {
+    /// Busy outside this process: the kernel's journal commits and
+    /// writeback, which a walk's changes cause but its rusage does not show.
+    others: f64,
+    /// Idle (iowait included): CPU the walk left unused.
+    idle: f64,
 }
 
 /// One point of the plot: (size label, entries, crust seconds, serial seconds).
@@ -331,6 +350,8 @@ pub type Point<'a> = (&'a str, u64, f64, f64);
 struct Samples {
     wall: Vec<f64>,
     cpu: Vec<f64>,
+    others: Vec<f64>,
+    idle: Vec<f64>,
 }
 
 /// `runs` rounds of both walks over `path`, the order alternating; `fresh`:
@@ -344,17 +365,21 @@ fn measure(path: &Path, entries: u64, runs: usize, fresh: bool, label: &str) -> 
             if fresh {
                 reset(path)?;
             }
-            let (d, cpu) = walk(w, path, entries).map_err(|e| format!("{}: {e}", w.name()))?;
+            let (d, cpu, m) = walk(w, path, entries).map_err(|e| format!("{}: {e}", w.name()))?;
             verify(path, entries).map_err(|e| format!("{}: {e}", w.name()))?;
             s[j].wall.push(secs(d));
             s[j].cpu.push(cpu);
+            s[j].others.push(m.others);
+            s[j].idle.push(m.idle);
             eprintln!(
-                "bench: fsGroup {label} {} run {}: {} {} (CPU {})",
+                "bench: fsGroup {label} {} run {}: {} {} (CPU {}; the rest of the machine busy {}, idle {})",
                 if fresh { "fresh" } else { "correct" },
                 i + 1,
                 w.name(),
                 fmt_secs(secs(d)),
-                fmt_secs(cpu)
+                fmt_secs(cpu),
+                fmt_secs(m.others),
+                fmt_secs(m.idle)
             );
         }
     }
@@ -381,6 +406,8 @@ fn figure(key: &str, title: &str, target: &str, s: &[Samples; 2], entries: u64) 
             "crust_s": s[0].wall, "serial_s": s[1].wall,
             "median_crust_s": ours, "median_serial_s": serial,
             "crust_cpu_s": s[0].cpu, "serial_cpu_s": s[1].cpu,
+            "others_busy_s": { "crust": s[0].others, "serial": s[1].others },
+            "idle_s": { "crust": s[0].idle, "serial": s[1].idle },
             "cpu_per_entry_us": { "crust": per_entry_us(cpu_ours), "serial": per_entry_us(cpu_serial) },
             "cpu_bound_ceiling": ceiling,
             "note": format!(
