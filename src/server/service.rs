@@ -12,18 +12,16 @@ use std::time::{Duration, Instant};
 
 use crust_protocols::crust as pb;
 use crust_protocols::crust_ttrpc;
-use crust_protocols::protobuf::MessageField;
 use crust_protocols::ttrpc::{self, TtrpcContext};
 use slog::{debug, info, warn, Logger};
 
 use super::translate::{
-    bind_request, cancel_of, capability, publish_request_in, published, status_code, usage,
-    volume_info,
+    agent_info, bind_request, bound, cancel_of, capabilities, expanded, file_systems,
+    publish_request_in, published, shut_down, stats, status_code, unmounted, unpublished, volumes,
 };
 use crate::error::{Error, Result};
 use crate::rpc::lograte::LogRate;
 use crate::rpc::pool::Lane;
-use crate::stats::Measured;
 use crate::sys::sysfs::Sysfs;
 use crate::system::{self, Gate, Timeline};
 use crate::validate;
@@ -163,13 +161,7 @@ impl crust_ttrpc::Agent for Service {
         _: pb::GetCapabilitiesRequest,
     ) -> ttrpc::Result<pb::GetCapabilitiesResponse> {
         self.handle("GetCapabilities", "", || {
-            Ok(pb::GetCapabilitiesResponse {
-                capabilities: system::capabilities()
-                    .into_iter()
-                    .map(|c| capability(c).into())
-                    .collect(),
-                ..Default::default()
-            })
+            Ok(capabilities(system::capabilities()))
         })
     }
 
@@ -180,10 +172,7 @@ impl crust_ttrpc::Agent for Service {
     ) -> ttrpc::Result<pb::GetSupportedFileSystemsResponse> {
         self.handle("GetSupportedFileSystems", "", || {
             self.modules.wait(MODULES_WAIT, &cancel_of(ctx));
-            Ok(pb::GetSupportedFileSystemsResponse {
-                file_systems: system::supported_filesystems()?,
-                ..Default::default()
-            })
+            Ok(file_systems(system::supported_filesystems()?))
         })
     }
 
@@ -216,10 +205,7 @@ impl crust_ttrpc::Agent for Service {
         self.handle("UnpublishVolume", &req.volume_id, || {
             validate::volume_id(&req.volume_id)?;
             let was_published = self.volumes.unpublish(&req.volume_id, &cancel_of(ctx))?;
-            Ok(pb::UnpublishVolumeResponse {
-                was_published,
-                ..Default::default()
-            })
+            Ok(unpublished(was_published))
         })
     }
 
@@ -231,36 +217,7 @@ impl crust_ttrpc::Agent for Service {
         self.handle("GetVolumeStats", &req.volume_id, || {
             validate::volume_id(&req.volume_id)?;
             let (u, c) = self.volumes.stats(&req.volume_id, &cancel_of(ctx))?;
-            let usage = match u {
-                None => Vec::new(),
-                // A device has no used or available bytes, as CSI plugins report block volumes.
-                Some(Measured::Block { device_bytes }) => {
-                    vec![usage(0, device_bytes, 0, pb::volume_usage::Unit::BYTES)]
-                }
-                Some(Measured::Filesystem(u)) => vec![
-                    usage(
-                        u.bytes_available,
-                        u.bytes_total,
-                        u.bytes_used,
-                        pb::volume_usage::Unit::BYTES,
-                    ),
-                    usage(
-                        u.inodes_available,
-                        u.inodes_total,
-                        u.inodes_used,
-                        pb::volume_usage::Unit::INODES,
-                    ),
-                ],
-            };
-            Ok(pb::GetVolumeStatsResponse {
-                usage,
-                condition: MessageField::some(pb::VolumeCondition {
-                    abnormal: c.abnormal,
-                    message: c.message,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
+            Ok(stats(u, c))
         })
     }
 
@@ -278,11 +235,7 @@ impl crust_ttrpc::Agent for Service {
                 validate::timeout(req.timeout_ms),
                 &cancel_of(ctx),
             )?;
-            Ok(pb::ExpandVolumeResponse {
-                capacity_bytes: i64::try_from(out.capacity_bytes).unwrap_or(i64::MAX),
-                device_bytes: i64::try_from(out.device_bytes).unwrap_or(i64::MAX),
-                ..Default::default()
-            })
+            Ok(expanded(out))
         })
     }
 
@@ -293,11 +246,7 @@ impl crust_ttrpc::Agent for Service {
     ) -> ttrpc::Result<pb::BindMountResponse> {
         self.handle("BindMount", &req.volume_id, || {
             let out = self.volumes.bind(&bind_request(&req)?, &cancel_of(ctx))?;
-            Ok(pb::BindMountResponse {
-                recursive_read_only_applied: out.recursive_read_only_applied,
-                already_mounted: out.already_mounted,
-                ..Default::default()
-            })
+            Ok(bound(out))
         })
     }
 
@@ -309,10 +258,7 @@ impl crust_ttrpc::Agent for Service {
         self.handle("Unmount", "", || {
             let target = std::path::Path::new(&req.target);
             let was_mounted = self.volumes.unmount(target, &cancel_of(ctx))?;
-            Ok(pb::UnmountResponse {
-                was_mounted,
-                ..Default::default()
-            })
+            Ok(unmounted(was_mounted))
         })
     }
 
@@ -321,12 +267,7 @@ impl crust_ttrpc::Agent for Service {
         _: &TtrpcContext,
         _: pb::ListVolumesRequest,
     ) -> ttrpc::Result<pb::ListVolumesResponse> {
-        self.handle("ListVolumes", "", || {
-            Ok(pb::ListVolumesResponse {
-                volumes: self.volumes.list().into_iter().map(volume_info).collect(),
-                ..Default::default()
-            })
-        })
+        self.handle("ListVolumes", "", || Ok(volumes(self.volumes.list())))
     }
 
     fn get_agent_info(
@@ -337,22 +278,7 @@ impl crust_ttrpc::Agent for Service {
         self.handle("GetAgentInfo", "", || {
             let t = *self.timeline.lock().unwrap_or_else(|p| p.into_inner());
             let i = system::agent_info(self.started, t)?;
-            Ok(pb::GetAgentInfoResponse {
-                version: i.version.to_string(),
-                kernel_release: i.kernel_release,
-                init_mode: i.init_mode,
-                uptime_ms: i.uptime_ms,
-                rss_bytes: i.rss_bytes,
-                state_problem: self.volumes.state_problem().unwrap_or_default(),
-                boot: MessageField::some(pb::BootTimeline {
-                    agent_start_ms: t.agent_start_ms,
-                    mounts_done_ms: t.mounts_done_ms,
-                    modules_loaded_ms: t.modules_loaded_ms,
-                    listening_ms: t.listening_ms,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
+            Ok(agent_info(i, t, self.volumes.state_problem()))
         })
     }
 
@@ -372,10 +298,7 @@ impl crust_ttrpc::Agent for Service {
                 debug!(self.log, "shutdown requested");
                 let _ = tx.send(());
             }
-            Ok(pb::ShutdownResponse {
-                volumes_unmounted,
-                ..Default::default()
-            })
+            Ok(shut_down(volumes_unmounted))
         })
     }
 }

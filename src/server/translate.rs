@@ -16,10 +16,12 @@ use crate::code::Code;
 use crate::error::{Error, Result};
 use crate::model::{Policy, RecursiveReadOnly, VolumeMode};
 use crate::mount::selinux::without_contexts;
-use crate::system::Capability;
+use crate::stats::{Condition, Measured};
+use crate::system::{AgentInfo, Capability, Timeline};
 use crate::validate::{self, Invalid};
 use crate::volumes::request::{
-    BindRequest, FsGroup, Options, PublishRequest, Published, Source, Spec, VolumeInfo, VolumeState,
+    BindOutcome, BindRequest, Expanded, FsGroup, Options, PublishRequest, Published, Source, Spec,
+    VolumeInfo, VolumeState,
 };
 
 /// The request's cancellation: the caller's ttrpc deadline, if it sent one,
@@ -161,6 +163,125 @@ pub fn published(out: Published, not_applied: Vec<String>) -> pb::PublishVolumeR
     }
 }
 
+/// The capabilities this guest has → GetCapabilities' answer.
+pub fn capabilities(caps: Vec<Capability>) -> pb::GetCapabilitiesResponse {
+    pb::GetCapabilitiesResponse {
+        capabilities: caps.into_iter().map(|c| capability(c).into()).collect(),
+        ..Default::default()
+    }
+}
+
+/// The filesystems the kernel mounts → GetSupportedFileSystems' answer.
+pub fn file_systems(file_systems: Vec<String>) -> pb::GetSupportedFileSystemsResponse {
+    pb::GetSupportedFileSystemsResponse {
+        file_systems,
+        ..Default::default()
+    }
+}
+
+/// Unpublish's answer.
+pub fn unpublished(was_published: bool) -> pb::UnpublishVolumeResponse {
+    pb::UnpublishVolumeResponse {
+        was_published,
+        ..Default::default()
+    }
+}
+
+/// A volume's size and condition → GetVolumeStats' answer. A device has no
+/// used or available bytes, as CSI plugins report block volumes.
+pub fn stats(measured: Option<Measured>, c: Condition) -> pb::GetVolumeStatsResponse {
+    use pb::volume_usage::Unit;
+    let usage = match measured {
+        None => Vec::new(),
+        Some(Measured::Block { device_bytes }) => vec![usage(0, device_bytes, 0, Unit::BYTES)],
+        Some(Measured::Filesystem(u)) => vec![
+            usage(u.bytes_available, u.bytes_total, u.bytes_used, Unit::BYTES),
+            usage(
+                u.inodes_available,
+                u.inodes_total,
+                u.inodes_used,
+                Unit::INODES,
+            ),
+        ],
+    };
+    pb::GetVolumeStatsResponse {
+        usage,
+        condition: MessageField::some(pb::VolumeCondition {
+            abnormal: c.abnormal,
+            message: c.message,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Expand's answer, each size clamped to the wire's i64.
+pub fn expanded(out: Expanded) -> pb::ExpandVolumeResponse {
+    pb::ExpandVolumeResponse {
+        capacity_bytes: i64::try_from(out.capacity_bytes).unwrap_or(i64::MAX),
+        device_bytes: i64::try_from(out.device_bytes).unwrap_or(i64::MAX),
+        ..Default::default()
+    }
+}
+
+/// BindMount's answer.
+pub fn bound(out: BindOutcome) -> pb::BindMountResponse {
+    pb::BindMountResponse {
+        recursive_read_only_applied: out.recursive_read_only_applied,
+        already_mounted: out.already_mounted,
+        ..Default::default()
+    }
+}
+
+/// Unmount's answer.
+pub fn unmounted(was_mounted: bool) -> pb::UnmountResponse {
+    pb::UnmountResponse {
+        was_mounted,
+        ..Default::default()
+    }
+}
+
+/// The table's list → ListVolumes' answer.
+pub fn volumes(list: Vec<VolumeInfo>) -> pb::ListVolumesResponse {
+    pb::ListVolumesResponse {
+        volumes: list.into_iter().map(volume_info).collect(),
+        ..Default::default()
+    }
+}
+
+/// What the agent says of itself, its boot and its state directory →
+/// GetAgentInfo's answer.
+pub fn agent_info(
+    i: AgentInfo,
+    t: Timeline,
+    state_problem: Option<String>,
+) -> pb::GetAgentInfoResponse {
+    pb::GetAgentInfoResponse {
+        version: i.version.to_string(),
+        kernel_release: i.kernel_release,
+        init_mode: i.init_mode,
+        uptime_ms: i.uptime_ms,
+        rss_bytes: i.rss_bytes,
+        state_problem: state_problem.unwrap_or_default(),
+        boot: MessageField::some(pb::BootTimeline {
+            agent_start_ms: t.agent_start_ms,
+            mounts_done_ms: t.mounts_done_ms,
+            modules_loaded_ms: t.modules_loaded_ms,
+            listening_ms: t.listening_ms,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Shutdown's answer.
+pub fn shut_down(volumes_unmounted: u32) -> pb::ShutdownResponse {
+    pb::ShutdownResponse {
+        volumes_unmounted,
+        ..Default::default()
+    }
+}
+
 /// BindMountRequest → a validated domain request (the target as given: the
 /// table validates it beneath its root).
 pub fn bind_request(req: &pb::BindMountRequest) -> Result<BindRequest, Error> {
@@ -239,6 +360,44 @@ mod tests {
         r.set_serial("vol-0123".into());
         r.fs_type = "ext4".into();
         r
+    }
+
+    #[test]
+    fn stats_answers_carry_bytes_inodes_and_the_condition() {
+        let sick = Condition {
+            abnormal: true,
+            message: "disk vdb is gone".into(),
+        };
+        let r = stats(Some(Measured::Block { device_bytes: 5 }), sick.clone());
+        assert_eq!(r.usage.len(), 1);
+        assert_eq!((r.usage[0].total, r.usage[0].used), (5, 0));
+        assert_eq!(r.condition.message, "disk vdb is gone");
+        assert!(r.condition.abnormal);
+        let u = crate::stats::Usage {
+            bytes_total: u64::MAX,
+            bytes_available: 1,
+            bytes_used: 2,
+            inodes_total: 10,
+            inodes_available: 7,
+            inodes_used: 3,
+        };
+        let r = stats(Some(Measured::Filesystem(u)), sick);
+        assert_eq!(r.usage.len(), 2);
+        assert_eq!(r.usage[0].total, i64::MAX, "clamped to the wire's i64");
+        assert_eq!(
+            r.usage[1].unit.enum_value(),
+            Ok(pb::volume_usage::Unit::INODES)
+        );
+        assert_eq!((r.usage[1].available, r.usage[1].used), (7, 3));
+        assert!(stats(
+            None,
+            Condition {
+                abnormal: false,
+                message: "ok".into()
+            }
+        )
+        .usage
+        .is_empty());
     }
 
     #[test]
