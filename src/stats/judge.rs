@@ -223,26 +223,23 @@ pub fn disk_gone(dev: &Device, d: &DiskFacts) -> Option<Problem> {
 }
 
 /// Every problem of a filesystem volume, in the order the condition says
-/// them, and whether its mount is its own (whose usage then counts).
-/// `mount`: what the guest path showed, or why it did not open; `table`:
-/// the own mount's entry, asked only when the mount is its own.
+/// them. `mount`: what the guest path showed, or why it did not open;
+/// `table`: the mount's entry, which the gathering asks only when the mount
+/// is the volume's own (`ours`).
 pub fn filesystem(
     v: &Volume,
     mount: &Result<MountFacts, Errno>,
     table: Option<&TableFacts>,
     disk: &DiskFacts,
-) -> (bool, Vec<Problem>) {
+) -> Vec<Problem> {
     let mut problems = Vec::new();
-    let mut own = false;
     match mount {
         Err(err) => problems.push(open_failed(v, *err)),
         Ok(f) => {
-            let (is_own, p) = ours(v, f);
-            own = is_own;
-            problems.extend(p);
+            problems.extend(ours(v, f).1);
             problems.extend(statfs_fails(v, f));
             problems.extend(lookups_fail(v, f));
-            if let (true, Some(t)) = (own, table) {
+            if let Some(t) = table {
                 problems.extend(table_unreadable(v, t));
                 problems.extend(other_root(v, t));
                 problems.extend(other_type(v, t));
@@ -253,7 +250,7 @@ pub fn filesystem(
     problems.extend(ext4_errors(v, disk));
     problems.extend(shrank(v, disk));
     problems.extend(disk_gone(v.device, disk));
-    (own, problems)
+    problems
 }
 
 /// What a block volume is checked against.
@@ -423,7 +420,8 @@ mod tests {
         table: Option<TableFacts>,
         disk: DiskFacts,
     ) -> (bool, Vec<String>) {
-        let (own, p) = filesystem(v, &mount, table.as_ref(), &disk);
+        let own = mount.as_ref().is_ok_and(|f| ours(v, f).0);
+        let p = filesystem(v, &mount, table.as_ref(), &disk);
         (own, p.iter().map(Problem::to_string).collect())
     }
 

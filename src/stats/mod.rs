@@ -12,7 +12,7 @@ use std::path::Path;
 use rustix::fs::AtFlags;
 use rustix::io::Errno;
 
-mod judge;
+pub mod judge;
 pub mod problem;
 
 use judge::{DeviceFacts, DiskFacts, MountFacts, TableFacts};
@@ -42,44 +42,30 @@ pub struct Usage {
     pub inodes_used: u64,
 }
 
-/// What a published volume should look like.
+/// What a published volume should look like, and where to look.
 #[derive(Clone, Copy)]
 pub struct Expected<'a> {
-    /// Where it is mounted (`<root>/volumes/<id>`), for messages.
-    pub path: &'a Path,
+    /// The volume as published (what the checks hold the facts against).
+    pub volume: judge::Volume<'a>,
     /// The directory the mount point is resolved beneath, strictly.
     pub base: BorrowedFd<'a>,
     /// The mount point relative to `base`.
     pub rel: &'a Path,
-    /// The id of the mount the agent made, when it recorded one.
-    pub mount_id: Option<MountId>,
-    /// The disk it was mounted from.
-    pub device: &'a Device,
-    /// Whether it was published read-only.
-    pub read_only: bool,
-    /// Its filesystem.
-    pub fs: FsType,
     /// The filesystem's own size (not statfs's total, which leaves out
     /// metadata), measured through an fd of its mount root: held against
     /// the disk's. How to read it is growth's business; the caller says.
     pub fs_bytes: &'a dyn Fn(BorrowedFd<'_>) -> Option<u64>,
 }
 
-/// What a block volume should look like.
-#[derive(Clone, Copy, Debug)]
+/// What a block volume should look like, and where to look.
+#[derive(Clone, Copy)]
 pub struct BlockExpected<'a> {
-    /// Its guest path (`<root>/volumes/<id>`), for messages.
-    pub path: &'a Path,
+    /// The volume as published.
+    pub volume: judge::BlockVolume<'a>,
     /// The directory the guest path is resolved beneath, strictly.
     pub base: BorrowedFd<'a>,
     /// The guest path relative to `base`.
     pub rel: &'a Path,
-    /// The id of the bind the agent made, when it recorded one.
-    pub mount_id: Option<MountId>,
-    /// The disk whose node is bound there.
-    pub device: &'a Device,
-    /// Whether it was published read-only.
-    pub read_only: bool,
 }
 
 /// The size GetVolumeStats reports.
@@ -201,13 +187,7 @@ fn look_at_disk(sysfs: &Sysfs, dev: &Device, ext4: bool, fs_bytes: Option<u64>) 
 /// whenever statfs works on the volume's own filesystem (not on whatever
 /// replaced its mount).
 pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
-    let v = judge::Volume {
-        path: e.path,
-        mount_id: e.mount_id,
-        device: e.device,
-        read_only: e.read_only,
-        fs: e.fs,
-    };
+    let v = e.volume;
     let (mut usage, mut fs_bytes, mut table) = (None, None, None);
     let mount = beneath::open_path(e.base, e.rel).map(|fd| {
         let (facts, st) = look_at_mount(fd.as_fd());
@@ -220,8 +200,8 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
         }
         facts
     });
-    let disk = look_at_disk(sysfs, e.device, e.fs == FsType::Ext4, fs_bytes);
-    let (_, problems) = judge::filesystem(&v, &mount, table.as_ref(), &disk);
+    let disk = look_at_disk(sysfs, v.device, v.fs == FsType::Ext4, fs_bytes);
+    let problems = judge::filesystem(&v, &mount, table.as_ref(), &disk);
     (usage, condition_of(&problems))
 }
 
@@ -231,22 +211,17 @@ pub fn check(sysfs: &Sysfs, e: &Expected) -> (Option<Usage>, Condition) {
 /// gone or its node is another device now, or when the kernel's read-only
 /// flag disagrees with how it was published. Reads nothing of the disk.
 pub fn check_block(sysfs: &Sysfs, e: &BlockExpected) -> (Option<u64>, Condition) {
-    let v = judge::BlockVolume {
-        path: e.path,
-        mount_id: e.mount_id,
-        device: e.device,
-        read_only: e.read_only,
-    };
+    let v = e.volume;
     let here = beneath::open_parent(e.base, e.rel)
         .and_then(|(parent, name)| beneath::mount_point_at(parent.as_fd(), &name));
-    let dev = blockdev::open(e.device)
+    let dev = blockdev::open(v.device)
         .map(|f| DeviceFacts {
-            size: blockdev::size(&f, e.device).map_err(|err| err.to_string()),
-            read_only: blockdev::read_only(&f, e.device).map_err(|err| err.to_string()),
+            size: blockdev::size(&f, v.device).map_err(|err| err.to_string()),
+            read_only: blockdev::read_only(&f, v.device).map_err(|err| err.to_string()),
         })
         .map_err(|err| err.to_string());
     let bytes = dev.as_ref().ok().and_then(|d| d.size.clone().ok());
-    let disk = look_at_disk(sysfs, e.device, false, None);
+    let disk = look_at_disk(sysfs, v.device, false, None);
     (bytes, condition_of(&judge::block(&v, &here, &dev, &disk)))
 }
 
@@ -294,13 +269,15 @@ mod tests {
         check(
             sysfs,
             &Expected {
-                path: &m.path,
+                volume: judge::Volume {
+                    path: &m.path,
+                    mount_id: None,
+                    device: dev,
+                    read_only,
+                    fs,
+                },
                 base: fd.as_fd(),
                 rel: Path::new(m.path.file_name().unwrap()),
-                mount_id: None,
-                device: dev,
-                read_only,
-                fs,
                 fs_bytes: &|_| fs_bytes,
             },
         )

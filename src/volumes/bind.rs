@@ -245,6 +245,35 @@ mod tests {
     use crate::model::RecursiveReadOnly;
     use crate::volumes::testkit::{publish_loop, table};
 
+    /// A target is validated by the table, beneath its root, whatever spelling
+    /// it comes in: outside the root, relative, or not UTF-8 (which no wire
+    /// request can carry) is INVALID_ARGUMENT, and nothing is made.
+    #[test]
+    fn targets_outside_the_root_or_not_utf8_are_refused() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let v = table(dir.path());
+        let not_utf8 = v.root().join(std::ffi::OsStr::from_bytes(b"pods/\xff"));
+        for t in [
+            PathBuf::from("/etc/x"),
+            PathBuf::from("relative"),
+            not_utf8.clone(),
+        ] {
+            let e = v.unmount(&t, &Cancel::never()).unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{}: {e}", t.display());
+            let b = BindRequest {
+                volume_id: "v".into(),
+                subpath: PathBuf::new(),
+                target: t.clone(),
+                read_only: false,
+                recursive_read_only: RecursiveReadOnly::Disabled,
+            };
+            let e = v.bind(&b, &Cancel::never()).unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{}: {e}", t.display());
+        }
+        assert!(!not_utf8.parent().unwrap().exists(), "nothing is made");
+    }
+
     #[test]
     fn a_bind_whose_record_cannot_be_written_leaves_nothing() {
         if !crate::testutil::root_or_skip("a_bind_whose_record_cannot_be_written_leaves_nothing") {

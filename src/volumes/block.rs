@@ -153,12 +153,14 @@ impl Volumes {
         let (bytes, condition) = stats::check_block(
             self.sysfs(),
             &stats::BlockExpected {
-                path: &vol.guest_path,
+                volume: stats::judge::BlockVolume {
+                    path: &vol.guest_path,
+                    mount_id: vol.mount_id,
+                    device: &vol.device,
+                    read_only: vol.spec.options.read_only_flag(),
+                },
                 base: self.root_dir().fd(),
                 rel: &rel,
-                mount_id: vol.mount_id,
-                device: &vol.device,
-                read_only: vol.spec.options.read_only_flag(),
             },
         );
         (

@@ -31,13 +31,15 @@ impl Volumes {
             let (usage, condition) = stats::check(
                 self.sysfs(),
                 &stats::Expected {
-                    path: &vol.guest_path,
+                    volume: stats::judge::Volume {
+                        path: &vol.guest_path,
+                        mount_id: vol.mount_id,
+                        device: &vol.device,
+                        read_only: vol.mounted_read_only(),
+                        fs,
+                    },
                     base: self.root_dir().fd(),
                     rel: &rel,
-                    mount_id: vol.mount_id,
-                    device: &vol.device,
-                    read_only: vol.mounted_read_only(),
-                    fs,
                     fs_bytes: &|at| grow::fs_size_bytes(at, &vol.guest_path, &vol.device, fs).ok(),
                 },
             );

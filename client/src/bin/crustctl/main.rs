@@ -310,8 +310,9 @@ fn run(cli: &Cli, addr: &Address) -> Result<String, Failure> {
         Command::Publish(a) => {
             let req = publish_request(a);
             let resp = agent.publish_volume(&req).map_err(Failure::Call)?;
-            let read_only = req.read_only || req.mount_options.iter().any(|o| o == "ro");
-            render(j, &resp, |r| human::publish(&a.volume_id, read_only, r))
+            render(j, &resp, |r| {
+                human::publish(&a.volume_id, mounted_read_only(&req), r)
+            })
         }
         Command::Unpublish { volume_id } => {
             let req = proto::UnpublishVolumeRequest {
@@ -405,6 +406,20 @@ fn publish_request(a: &PublishArgs) -> proto::PublishVolumeRequest {
     }
 }
 
+/// Whether the agent mounts what `req` asks for read-only: its flag, or an
+/// `ro` that no later `rw` undoes (the agent's own rule).
+fn mounted_read_only(req: &proto::PublishVolumeRequest) -> bool {
+    let by_options = req
+        .mount_options
+        .iter()
+        .fold(false, |ro, o| match o.as_str() {
+            "ro" => true,
+            "rw" => false,
+            _ => ro,
+        });
+    req.read_only || by_options
+}
+
 fn bind_request(a: &BindArgs) -> proto::BindMountRequest {
     proto::BindMountRequest {
         volume_id: a.volume_id.clone(),
@@ -466,6 +481,21 @@ mod tests {
         assert!(parse_wait("1e10").is_err());
         assert!(parse_seconds("0").is_err());
         assert_eq!(parse_seconds("1.5"), Ok(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn read_only_is_the_flag_or_the_last_of_ro_and_rw() {
+        let req = |opts: &[&str], flag: bool| proto::PublishVolumeRequest {
+            mount_options: opts.iter().map(|o| o.to_string()).collect(),
+            read_only: flag,
+            ..Default::default()
+        };
+        assert!(!mounted_read_only(&req(&["noatime"], false)));
+        assert!(mounted_read_only(&req(&["noatime"], true)));
+        assert!(mounted_read_only(&req(&["noatime", "ro"], false)));
+        assert!(!mounted_read_only(&req(&["ro", "rw"], false)));
+        assert!(mounted_read_only(&req(&["rw", "ro"], false)));
+        assert!(mounted_read_only(&req(&["ro", "rw"], true)));
     }
 
     #[test]
