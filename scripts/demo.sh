@@ -113,6 +113,28 @@ ctl expand pvc-xfs --bytes 8G --wait 1
 ctl stats pvc-ext4
 ctl stats pvc-xfs
 
+section "A consistent snapshot, the way a backup tool takes one: freeze, copy the disk on the host, thaw"
+ctl freeze pvc-ext4 pvc-xfs --thaw-after 60
+ctl list
+echo "  while frozen, what writes is refused, naming the freeze:"
+ctl expand pvc-ext4 --bytes 1G --wait 1
+run cp --sparse=always "$DEMO/ext4.img" "$DEMO/ext4.snap"
+ctl thaw pvc-ext4 pvc-xfs
+echo "  the copy needs no journal replay and is clean:"
+dumpe2fs -h "$DEMO/ext4.snap" 2>/dev/null | grep '^Filesystem features' | sed 's/^/  /'
+run e2fsck -f -n "$DEMO/ext4.snap"
+echo "  a freeze nobody thaws ends by itself; the late thaw says so (ABORTED):"
+ctl freeze pvc-xfs --thaw-after 1
+sleep 2
+ctl thaw pvc-xfs
+
+section "Free space back to the host (FITRIM; the hot-plug asked QEMU for discard=unmap), and CSI 1.13 health"
+printf '  ext4.img holds %s KiB on the host\n' "$(du -k "$DEMO/ext4.img" | cut -f1)"
+ctl trim pvc-ext4
+printf '  ext4.img holds %s KiB on the host\n' "$(du -k "$DEMO/ext4.img" | cut -f1)"
+ctl health pvc-ext4
+ctl health pvc-ghost
+
 section "Surfacing volumes to containers: a subpath, read-only, recursively read-only"
 ctl bind pvc-ext4 /run/crust/pods/web/data --subpath app/data --read-only --recursive-read-only enabled
 ctl bind pvc-xfs /run/crust/pods/web/logs --subpath app/logs

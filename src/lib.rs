@@ -48,6 +48,7 @@ pub mod mount;
 pub mod notify;
 pub mod ownership;
 pub mod probe;
+pub mod quiesce;
 pub mod rpc;
 pub mod server;
 pub mod stats;

@@ -36,6 +36,12 @@ pub enum Capability {
     RecursiveReadOnly,
     /// Block volumes (volume_mode BLOCK).
     BlockVolume,
+    /// FreezeVolumes and ThawVolumes.
+    Freeze,
+    /// TrimVolume.
+    Trim,
+    /// GetVolumeHealth.
+    VolumeHealth,
 }
 
 /// What the agent can do here: subpaths need openat2, RRO needs
@@ -56,6 +62,14 @@ pub fn capabilities() -> Vec<Capability> {
         caps.push(Capability::RecursiveReadOnly);
     }
     caps.push(Capability::BlockVolume);
+    // FIFREEZE/FITHAW (2.6.29) and FITRIM (2.6.37) are in every kernel the
+    // agent runs on, for ext4 and xfs alike; whether a disk takes discards
+    // is answered per volume (TrimVolume says FAILED_PRECONDITION).
+    caps.extend([
+        Capability::Freeze,
+        Capability::Trim,
+        Capability::VolumeHealth,
+    ]);
     caps
 }
 

@@ -132,6 +132,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "ownership/",
             "stats/",
             "grow.rs",
+            "quiesce.rs",
         ],
     ),
     ("table", &["volumes/", "error.rs"]),

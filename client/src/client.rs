@@ -219,6 +219,41 @@ impl CrustClient {
         })
     }
 
+    /// Freezes volumes' filesystems, all or none, until thawed or the
+    /// request's `timeout_ms` passes (then the agent thaws them itself).
+    pub fn freeze_volumes(
+        &self,
+        req: &FreezeVolumesRequest,
+    ) -> Result<FreezeVolumesResponse, CallError> {
+        self.call("FreezeVolumes", self.timeout, req, |c, x, r| {
+            c.freeze_volumes(x, r)
+        })
+    }
+
+    /// Thaws volumes; ABORTED when a freeze had already ended by itself.
+    pub fn thaw_volumes(&self, req: &ThawVolumesRequest) -> Result<ThawVolumesResponse, CallError> {
+        self.call("ThawVolumes", self.timeout, req, |c, x, r| {
+            c.thaw_volumes(x, r)
+        })
+    }
+
+    /// Gives a volume's free space back to its disk (FITRIM).
+    pub fn trim_volume(&self, req: &TrimVolumeRequest) -> Result<TrimVolumeResponse, CallError> {
+        self.call("TrimVolume", self.timeout, req, |c, x, r| {
+            c.trim_volume(x, r)
+        })
+    }
+
+    /// A volume's health in CSI 1.13's shape: empty when healthy.
+    pub fn get_volume_health(
+        &self,
+        req: &GetVolumeHealthRequest,
+    ) -> Result<GetVolumeHealthResponse, CallError> {
+        self.call("GetVolumeHealth", self.timeout, req, |c, x, r| {
+            c.get_volume_health(x, r)
+        })
+    }
+
     /// Asks the agent to unmount everything and power off (when it is PID 1).
     pub fn shutdown(&self) -> Result<ShutdownResponse, CallError> {
         let req = ShutdownRequest::new();

@@ -17,7 +17,8 @@ use slog::{debug, info, warn, Logger};
 
 use super::translate::{
     agent_info, bind_request, bound, cancel_of, capabilities, expanded, file_systems,
-    publish_request_in, published, shut_down, stats, status_code, unmounted, unpublished, volumes,
+    freeze_timeout, frozen, health, publish_request_in, published, shut_down, stats, status_code,
+    thawed, trimmed, unmounted, unpublished, volume_ids, volumes,
 };
 use crate::error::{Error, Result};
 use crate::rpc::lograte::LogRate;
@@ -299,6 +300,60 @@ impl crust_ttrpc::Agent for Service {
                 let _ = tx.send(());
             }
             Ok(shut_down(volumes_unmounted))
+        })
+    }
+
+    fn freeze_volumes(
+        &self,
+        ctx: &TtrpcContext,
+        req: pb::FreezeVolumesRequest,
+    ) -> ttrpc::Result<pb::FreezeVolumesResponse> {
+        self.handle("FreezeVolumes", &req.volume_ids.join(","), || {
+            let ids = volume_ids(&req.volume_ids)?;
+            let timeout = freeze_timeout(req.timeout_ms)?;
+            Ok(frozen(self.volumes.freeze(
+                &ids,
+                timeout,
+                &cancel_of(ctx),
+            )?))
+        })
+    }
+
+    fn thaw_volumes(
+        &self,
+        _: &TtrpcContext,
+        req: pb::ThawVolumesRequest,
+    ) -> ttrpc::Result<pb::ThawVolumesResponse> {
+        self.handle("ThawVolumes", &req.volume_ids.join(","), || {
+            let ids = volume_ids(&req.volume_ids)?;
+            Ok(thawed(self.volumes.thaw(&ids)?))
+        })
+    }
+
+    fn trim_volume(
+        &self,
+        ctx: &TtrpcContext,
+        req: pb::TrimVolumeRequest,
+    ) -> ttrpc::Result<pb::TrimVolumeResponse> {
+        self.handle("TrimVolume", &req.volume_id, || {
+            validate::volume_id(&req.volume_id)?;
+            let out = self
+                .volumes
+                .trim(&req.volume_id, req.min_extent_bytes, &cancel_of(ctx))?;
+            Ok(trimmed(out))
+        })
+    }
+
+    fn get_volume_health(
+        &self,
+        ctx: &TtrpcContext,
+        req: pb::GetVolumeHealthRequest,
+    ) -> ttrpc::Result<pb::GetVolumeHealthResponse> {
+        self.handle("GetVolumeHealth", &req.volume_id, || {
+            validate::volume_id(&req.volume_id)?;
+            Ok(health(
+                self.volumes.health(&req.volume_id, &cancel_of(ctx))?,
+            ))
         })
     }
 }

@@ -16,13 +16,18 @@ use crate::code::Code;
 use crate::error::{Error, Result};
 use crate::model::{Policy, RecursiveReadOnly, VolumeMode};
 use crate::mount::selinux::without_contexts;
+use crate::stats::problem::Health;
 use crate::stats::{Condition, Measured};
 use crate::system::{AgentInfo, Capability, Timeline};
 use crate::validate::{self, Invalid};
+use crate::volumes::freeze::Frozen;
+use crate::volumes::freezer;
+use crate::volumes::health::Said;
 use crate::volumes::request::{
     BindOutcome, BindRequest, Expanded, FsGroup, Options, PublishRequest, Published, Source, Spec,
     VolumeInfo, VolumeState,
 };
+use crate::volumes::trim::Trimmed;
 
 /// The request's cancellation: the caller's ttrpc deadline, if it sent one,
 /// and its connection — ttrpc disconnects `cancel_rx` when the caller goes.
@@ -57,6 +62,9 @@ pub fn capability(c: Capability) -> pb::Capability {
         Capability::VolumeCondition => pb::Capability::CAPABILITY_VOLUME_CONDITION,
         Capability::RecursiveReadOnly => pb::Capability::CAPABILITY_RECURSIVE_READ_ONLY,
         Capability::BlockVolume => pb::Capability::CAPABILITY_BLOCK_VOLUME,
+        Capability::Freeze => pb::Capability::CAPABILITY_FREEZE,
+        Capability::Trim => pb::Capability::CAPABILITY_TRIM,
+        Capability::VolumeHealth => pb::Capability::CAPABILITY_VOLUME_HEALTH,
     }
 }
 
@@ -343,6 +351,94 @@ pub fn volume_info(v: VolumeInfo) -> pb::VolumeInfo {
         }
         .into(),
         ownership_done: v.ownership_done,
+        freeze_id: v.frozen.as_ref().map(|f| f.0.clone()).unwrap_or_default(),
+        frozen_ms_left: v
+            .frozen
+            .map_or(0, |f| u64::try_from(f.1.as_millis()).unwrap_or(u64::MAX)),
+        ..Default::default()
+    }
+}
+
+/// The most volumes one freeze or thaw names: a pod's volumes, with room.
+pub const MAX_GROUP: usize = 64;
+
+/// A freeze's or a thaw's volume ids, validated: 1 to MAX_GROUP, each
+/// well formed, none twice.
+pub fn volume_ids(ids: &[String]) -> Result<Vec<String>, Invalid> {
+    if ids.is_empty() || ids.len() > MAX_GROUP {
+        return Err(Invalid(format!(
+            "volume_ids names {} volumes; name 1 to {MAX_GROUP}",
+            ids.len()
+        )));
+    }
+    for (i, id) in ids.iter().enumerate() {
+        validate::volume_id(id)?;
+        if ids[..i].contains(id) {
+            return Err(Invalid(format!("volume_ids names {id} twice")));
+        }
+    }
+    Ok(ids.to_vec())
+}
+
+/// A freeze's timeout: 0 is the default; more than the maximum is refused.
+pub fn freeze_timeout(ms: u32) -> Result<Duration, Invalid> {
+    let asked = Duration::from_millis(u64::from(ms));
+    match asked {
+        d if d.is_zero() => Ok(freezer::DEFAULT_TIMEOUT),
+        d if d > freezer::MAX_TIMEOUT => Err(Invalid(format!(
+            "timeout_ms {ms} is longer than the longest freeze, {} ms: a pod's writes wait for all of it",
+            freezer::MAX_TIMEOUT.as_millis()
+        ))),
+        d => Ok(d),
+    }
+}
+
+/// FreezeVolumes' answer.
+pub fn frozen(f: Frozen) -> pb::FreezeVolumesResponse {
+    pb::FreezeVolumesResponse {
+        freeze_id: f.freeze_id,
+        thaw_at_unix_ms: f.thaw_at_unix_ms,
+        timeout_ms: u32::try_from(f.timeout.as_millis()).unwrap_or(u32::MAX),
+        ..Default::default()
+    }
+}
+
+/// ThawVolumes' answer.
+pub fn thawed(thawed: Vec<String>) -> pb::ThawVolumesResponse {
+    pb::ThawVolumesResponse {
+        thawed,
+        ..Default::default()
+    }
+}
+
+/// TrimVolume's answer.
+pub fn trimmed(t: Trimmed) -> pb::TrimVolumeResponse {
+    pb::TrimVolumeResponse {
+        trimmed_bytes: t.trimmed_bytes,
+        covered_bytes: t.covered_bytes,
+        duration_us: u64::try_from(t.duration.as_micros()).unwrap_or(u64::MAX),
+        ..Default::default()
+    }
+}
+
+/// GetVolumeHealth's answer: CSI's list, empty when healthy.
+pub fn health(said: Vec<Said>) -> pb::GetVolumeHealthResponse {
+    use pb::volume_health::Status;
+    pb::GetVolumeHealthResponse {
+        health: said
+            .into_iter()
+            .map(|s| pb::VolumeHealth {
+                status: match s.status {
+                    Health::Inaccessible => Status::INACCESSIBLE,
+                    Health::DataLoss => Status::DATA_LOSS,
+                    Health::Degraded => Status::DEGRADED,
+                }
+                .into(),
+                reason: s.reason.to_string(),
+                message: s.message,
+                ..Default::default()
+            })
+            .collect(),
         ..Default::default()
     }
 }
@@ -367,6 +463,7 @@ mod tests {
         let sick = Condition {
             abnormal: true,
             message: "disk vdb is gone".into(),
+            problems: Vec::new(),
         };
         let r = stats(Some(Measured::Block { device_bytes: 5 }), sick.clone());
         assert_eq!(r.usage.len(), 1);
@@ -393,7 +490,8 @@ mod tests {
             None,
             Condition {
                 abnormal: false,
-                message: "ok".into()
+                message: "ok".into(),
+                problems: Vec::new(),
             }
         )
         .usage

@@ -87,6 +87,8 @@ pub struct Condition {
     pub abnormal: bool,
     /// "ok", or every failed check, separated by "; ".
     pub message: String,
+    /// Every failed check (GetVolumeHealth says each).
+    pub problems: Vec<Problem>,
 }
 
 crate::code::coded_errors! {
@@ -230,12 +232,14 @@ fn condition_of(problems: &[Problem]) -> Condition {
         Condition {
             abnormal: false,
             message: "ok".to_string(),
+            problems: Vec::new(),
         }
     } else {
         let said: Vec<String> = problems.iter().map(Problem::to_string).collect();
         Condition {
             abnormal: true,
             message: said.join("; "),
+            problems: problems.to_vec(),
         }
     }
 }
@@ -299,7 +303,8 @@ mod tests {
             cond,
             &Condition {
                 abnormal: false,
-                message: "ok".into()
+                message: "ok".into(),
+                problems: Vec::new(),
             }
         );
     }

@@ -187,3 +187,46 @@ pub enum Problem {
     #[error("disk {disk_name} was published read-only but the kernel accepts writes to it again (its read-only flag was cleared behind the agent's back)")]
     AcceptsWrites { disk_name: String },
 }
+
+/// How bad a problem is, in CSI 1.13's words (NodeGetVolumeHealth).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Health {
+    /// The volume cannot be reached: unmounted, replaced, or its disk gone.
+    Inaccessible,
+    /// Data may be lost: the filesystem recorded errors, or outgrew its disk.
+    DataLoss,
+    /// Reachable, but not as published: read-only now, or failing I/O.
+    Degraded,
+}
+
+impl Problem {
+    /// Its health status and reason (CamelCase, as CSI asks).
+    pub fn health(&self) -> (Health, &'static str) {
+        use Health::*;
+        match self {
+            Problem::PathGone { .. } | Problem::NotMountPoint { .. } => (Inaccessible, "Unmounted"),
+            Problem::PathEscapes { .. } => (Inaccessible, "PathReplaced"),
+            Problem::CallFails { errno, .. } if failing(*errno) => (Degraded, "IOErrors"),
+            Problem::CallFails { .. } => (Inaccessible, "CallFails"),
+            Problem::OtherDevice { .. }
+            | Problem::OtherMount { .. }
+            | Problem::OtherRoot { .. }
+            | Problem::OtherType { .. } => (Inaccessible, "MountReplaced"),
+            Problem::TableUnreadable { .. } => (Inaccessible, "MountTableUnreadable"),
+            Problem::NowReadOnly { .. } => (Degraded, "RemountedReadOnly"),
+            Problem::Ext4Errors { .. } => (DataLoss, "FilesystemErrorsRecorded"),
+            Problem::LargerThanDevice { .. } => (DataLoss, "FilesystemLargerThanDisk"),
+            Problem::DiskGone { .. } => (Inaccessible, "DiskDetached"),
+            Problem::DiskEmpty { .. } => (Inaccessible, "DiskEmpty"),
+            Problem::BindGone { .. } | Problem::NotBound { .. } => (Inaccessible, "Unmounted"),
+            Problem::BindEscapes { .. } => (Inaccessible, "PathReplaced"),
+            Problem::BindStatx { .. } => (Inaccessible, "CallFails"),
+            Problem::BoundOther { .. } | Problem::OtherBind { .. } => {
+                (Inaccessible, "MountReplaced")
+            }
+            Problem::Device(_) => (Inaccessible, "DeviceFails"),
+            Problem::RefusesWrites { .. } => (Degraded, "RefusesWrites"),
+            Problem::AcceptsWrites { .. } => (Degraded, "AcceptsWrites"),
+        }
+    }
+}

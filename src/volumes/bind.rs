@@ -87,6 +87,7 @@ impl Volumes {
         let rel = self.rel_of(&target)?.to_path_buf();
         self.with_volume(&req.volume_id, cancel, |vol| {
             vol.not_publishing()?;
+            self.not_frozen(&req.volume_id)?;
             if vol.mode() == VolumeMode::Block {
                 check_bind(vol, req)?;
             }
@@ -284,7 +285,7 @@ mod tests {
         let v = table(dir.path());
         publish_loop(&v, "rec", &disk);
         // A directory where the record's temp file goes: the next save fails.
-        let tmp = v.root().join("state/rec.tmp");
+        let tmp = v.root().join("state/rec.vol.tmp");
         std::fs::create_dir(&tmp).unwrap();
         let target = v.root().join("pods/p/data");
         let req = BindRequest {

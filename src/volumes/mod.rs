@@ -24,6 +24,11 @@
 //! - `block`: what only a block volume does (its prepare and attach steps,
 //!   its stats, expand and take-down);
 //! - `bind`, `unpublish`, `query`: the other operations;
+//! - `freeze` and `freezer`: freezing for a snapshot, and the room that
+//!   holds what is frozen and ends a freeze at its timeout; `trim`: free
+//!   space given back; `health`: CSI's volume health, from the condition's
+//!   problems, and `failures`: the bounded record of failed publishes it
+//!   answers for;
 //! - `rollback`: the one undo list a publish or a bind keeps;
 //! - `walking/`: a publish's fsGroup walk, owned by the volume, not the
 //!   call: the job (`job`) and its whole lifecycle (`lifecycle`);
@@ -35,6 +40,10 @@
 pub mod bind;
 pub mod block;
 pub mod error;
+pub(crate) mod failures;
+pub mod freeze;
+pub(crate) mod freezer;
+pub mod health;
 pub mod index;
 pub mod publish;
 pub mod query;
@@ -47,6 +56,7 @@ pub mod steps;
 pub mod table;
 #[cfg(test)]
 mod testkit;
+pub mod trim;
 pub mod unpublish;
 pub mod volume;
 pub mod walking;

@@ -32,6 +32,7 @@ use slog::info;
 
 use super::block;
 use super::error::Error;
+use super::failures::Failure;
 use super::request::{PublishRequest, Published, Source, Spec};
 use super::rollback::{Rollback, Undo};
 use super::table::Volumes;
@@ -82,6 +83,16 @@ impl Volumes {
                 self.publish_locked(&mut guard, req, cancel)
             })
         };
+        match &result {
+            Ok(_) => self.failures().forget(&req.spec.volume_id),
+            Err(e) => self.failures().note(
+                &req.spec.volume_id,
+                Failure {
+                    code: e.code(),
+                    message: e.to_string(),
+                },
+            ),
+        }
         match result {
             Ok(Answer::Now(out)) => Ok(out),
             Ok(Answer::Wait(job, mut out)) => match job.wait(&req.spec.volume_id, cancel)? {

@@ -58,6 +58,7 @@ impl Volumes {
         let cancel = &self.stop_with(cancel);
         self.with_volume(id, cancel, |vol| {
             vol.not_publishing()?;
+            self.not_frozen(id)?;
             let fs = match vol.mode() {
                 VolumeMode::Filesystem(fs) => fs,
                 VolumeMode::Block => return self.expand_block(vol, required_bytes, timeout, cancel),
@@ -101,6 +102,10 @@ impl Volumes {
         let mut list = self.index().listed();
         for (info, dev) in &mut list {
             refresh(info, dev);
+            info.frozen = self
+                .freezer()
+                .holding(&info.volume_id)
+                .map(|h| (h.freeze, h.left));
         }
         list.into_iter().map(|(info, _)| info).collect()
     }

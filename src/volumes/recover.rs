@@ -25,15 +25,17 @@ use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::FileType;
+use rustix::fs::{FileType, OFlags};
+use rustix::io::Errno;
 use slog::{info, warn, Logger};
 
 use super::index::Index;
 use super::state::{Record, Store};
-use super::volume::Volume;
+use super::volume::{guest_rel, Volume};
 use crate::error::Result;
 use crate::model::MountId;
 use crate::mount::unmount::{remove_node, unmount_tree, Expect};
+use crate::quiesce;
 use crate::sys::beneath::{self, Root};
 use crate::sys::blockdev;
 use crate::sys::mountinfo::{self, shown};
@@ -295,6 +297,50 @@ impl Recovery<'_> {
             }
         }
     }
+}
+
+/// At start, before anything is taken back or down: thaws the filesystem
+/// of every volume a frozen mark names (a previous run was killed while it
+/// was frozen; a frozen filesystem hangs every writer, and its unmount).
+/// Only a mount root at the volume's own guest path is thawed; the marks go.
+pub(crate) fn thaw_left_frozen(root: &Root, store: &Store, log: &Logger) {
+    for id in store.frozen_marks() {
+        let rel = guest_rel(&id);
+        let path = root.join(&rel);
+        match thaw_at(root, &rel, &path) {
+            Ok(true) => {
+                warn!(log, "thawed a volume a previous run left frozen"; "volume" => &id)
+            }
+            Ok(false) => {}
+            Err(e) => {
+                warn!(log, "could not thaw a volume a previous run left frozen"; "volume" => &id, "error" => %e)
+            }
+        }
+        let _ = store.clear_frozen(&id);
+    }
+}
+
+/// FITHAW on the mount root at `rel` beneath the root, if one is there.
+fn thaw_at(root: &Root, rel: &Path, path: &Path) -> Result<bool> {
+    let at = match beneath::open_with(
+        root.fd(),
+        rel,
+        OFlags::PATH | OFlags::DIRECTORY,
+        beneath::strict(),
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT | Errno::LOOP | Errno::XDEV | Errno::NOTDIR) => return Ok(false),
+        Err(e) => {
+            return Err(crate::sys::error::SysError::new("openat2", path.display(), e).into())
+        }
+    };
+    let mp = beneath::mount_point(at.as_fd())
+        .map_err(|e| crate::sys::error::SysError::new("statx", path.display(), e))?;
+    if !mp.is_root {
+        return Ok(false);
+    }
+    let dir = quiesce::open(at.as_fd(), path)?;
+    Ok(quiesce::thaw(&dir, path)?)
 }
 
 #[cfg(test)]

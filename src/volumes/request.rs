@@ -167,6 +167,8 @@ pub struct VolumeInfo {
     pub state: VolumeState,
     /// While publishing: entries the fsGroup walk has visited so far.
     pub ownership_done: u64,
+    /// The freeze that holds it frozen, and until it ends by itself.
+    pub frozen: Option<(String, std::time::Duration)>,
 }
 
 /// Whether a volume's publish has finished.

@@ -112,10 +112,39 @@ impl Store {
     /// record as it was and no temp file behind: ENOSPC or EDQUOT answer
     /// RESOURCE_EXHAUSTED (`Error::StateFull`), EROFS FAILED_PRECONDITION.
     pub(crate) fn save(&self, vol: &Volume) -> crate::error::Result<()> {
-        let name = Store::file(vol.id());
-        let tmp = format!("{}.tmp", vol.id());
-        let shown_path = self.path.join(&name);
-        let text = encode(vol);
+        self.write(&Store::file(vol.id()), &encode(vol))
+    }
+
+    /// Writes `<id>.frozen`, the mark that volume `id`'s filesystem is
+    /// frozen (`text`: the freeze, for a human), atomically, before the
+    /// freeze: a restarted agent thaws what a mark names (recover.rs).
+    pub(crate) fn mark_frozen(&self, id: &str, text: &str) -> crate::error::Result<()> {
+        self.write(&format!("{id}.frozen"), text)
+    }
+
+    /// Removes volume `id`'s frozen mark; a missing one is fine.
+    pub(crate) fn clear_frozen(&self, id: &str) -> crate::error::Result<()> {
+        self.unlink(&format!("{id}.frozen"))
+    }
+
+    /// The volume ids that have a frozen mark (names that are not UTF-8
+    /// are no mark of the agent's).
+    pub(crate) fn frozen_marks(&self) -> Vec<String> {
+        self.names()
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|raw| {
+                let id = raw.strip_suffix(b".frozen")?;
+                std::str::from_utf8(id).ok().map(str::to_string)
+            })
+            .collect()
+    }
+
+    /// Writes `name` atomically (temp file `<name>.tmp`, fsync, rename,
+    /// fsync of the directory); a write that fails leaves no temp file behind.
+    fn write(&self, name: &str, text: &str) -> crate::error::Result<()> {
+        let tmp = format!("{name}.tmp");
+        let shown_path = self.path.join(name);
         let write = || -> std::io::Result<()> {
             let fd = rustix::fs::openat(
                 &self.dir,
@@ -130,7 +159,7 @@ impl Store {
             let mut f = std::fs::File::from(fd);
             f.write_all(text.as_bytes())?;
             f.sync_all()?;
-            rustix::fs::renameat(&self.dir, tmp.as_str(), &self.dir, name.as_str())?;
+            rustix::fs::renameat(&self.dir, tmp.as_str(), &self.dir, name)?;
             // The rename is durable once the directory is.
             rustix::fs::fsync(&self.dir)?;
             Ok(())
@@ -143,15 +172,19 @@ impl Store {
         self.note(r, true)
     }
 
-    /// Removes the volume's record; a missing one is fine. Needs no space,
-    /// so it works on a full state filesystem.
-    pub(crate) fn remove(&self, id: &str) -> crate::error::Result<()> {
-        let name = Store::file(id);
-        let r = match rustix::fs::unlinkat(&self.dir, name.as_str(), AtFlags::empty()) {
+    /// Unlinks `name`; a missing one is fine. Needs no space.
+    fn unlink(&self, name: &str) -> crate::error::Result<()> {
+        let r = match rustix::fs::unlinkat(&self.dir, name, AtFlags::empty()) {
             Ok(()) | Err(Errno::NOENT) => Ok(()),
             Err(e) => Err(write_error("unlink", &self.path.join(name), e.into())),
         };
         self.note(r, false)
+    }
+
+    /// Removes the volume's record; a missing one is fine. Needs no space,
+    /// so it works on a full state filesystem.
+    pub(crate) fn remove(&self, id: &str) -> crate::error::Result<()> {
+        self.unlink(&Store::file(id))
     }
 
     /// Sets aside a record that does not decode (`<name>.bad`), for a
@@ -166,11 +199,8 @@ impl Store {
         self.path.join(bad)
     }
 
-    /// Every record, decoded against `root`; half-written temp files are
-    /// removed. Names are bytes: a file named so that it is not UTF-8 is
-    /// not a record of the agent's, and is refused like any bad record.
-    pub(crate) fn load(&self, root: &Path) -> Result<Vec<Record>, SysError> {
-        let mut out = Vec::new();
+    /// The names in the state directory, as bytes, sorted.
+    fn names(&self) -> Result<Vec<Vec<u8>>, SysError> {
         let dir = rustix::fs::openat(
             &self.dir,
             c".",
@@ -186,7 +216,15 @@ impl Store {
             names.push(entry.file_name().to_bytes().to_vec());
         }
         names.sort();
-        for raw in names {
+        Ok(names)
+    }
+
+    /// Every record, decoded against `root`; half-written temp files are
+    /// removed. Names are bytes: a file named so that it is not UTF-8 is
+    /// not a record of the agent's, and is refused like any bad record.
+    pub(crate) fn load(&self, root: &Path) -> Result<Vec<Record>, SysError> {
+        let mut out = Vec::new();
+        for raw in self.names()? {
             let name = OsStr::from_bytes(&raw);
             if raw.ends_with(b".tmp") {
                 let _ = rustix::fs::unlinkat(&self.dir, name, AtFlags::empty());

@@ -25,6 +25,10 @@
 //!    takes the slot only after it let go, with a cancellation Unpublish
 //!    fires, so the two never wait for each other.
 //!
+//! 6. The freezer's and the failed publishes' maps (freezer.rs,
+//!    failures.rs): leaves, each taken alone for one lookup or update,
+//!    never across a syscall.
+//!
 //! So a thread holds at most: a slot, then one index map, the store's note
 //! or a job's phase, in that order; nothing ever waits for a slot while
 //! holding anything else.
@@ -37,8 +41,10 @@ use rustix::io::Errno;
 use slog::Logger;
 
 use super::error::Error;
+use super::failures::Failures;
+use super::freezer::Freezer;
 use super::index::Index;
-use super::recover::Recovery;
+use super::recover::{thaw_left_frozen, Recovery};
 use super::slots::{Slot, Slots};
 use super::state::Store;
 use super::volume::Volume;
@@ -74,6 +80,10 @@ pub struct Volumes {
     stop: Token,
     /// MAX_BINDS (smaller in tests).
     max_binds: std::sync::atomic::AtomicUsize,
+    /// What is frozen (lock 6).
+    freezer: Freezer,
+    /// The last failure of publishes that left no volume (lock 6).
+    failures: Failures,
     /// The table itself, for the threads of fsGroup walks (walking.rs),
     /// which outlive the call that started them.
     me: Weak<Volumes>,
@@ -99,6 +109,9 @@ impl Volumes {
         root.own_dir("volumes", 0o750)?;
         let store = Store::open(&root)?;
         let index = Index::default();
+        // Before anything is taken back or down: a frozen filesystem hangs
+        // its writers and its unmount.
+        thaw_left_frozen(&root, &store, &log);
         let adopted = Recovery {
             root: &root,
             store: &store,
@@ -117,6 +130,8 @@ impl Volumes {
             shutting_down: AtomicBool::new(false),
             stop: Token::new(Why::Shutdown),
             max_binds: MAX_BINDS.into(),
+            freezer: Freezer::default(),
+            failures: Failures::default(),
             me: me.clone(),
         }))
     }
@@ -156,6 +171,16 @@ impl Volumes {
     /// Where what happens is said.
     pub(crate) fn log(&self) -> &Logger {
         &self.log
+    }
+
+    /// What is frozen (freezer.rs's room).
+    pub(crate) fn freezer(&self) -> &Freezer {
+        &self.freezer
+    }
+
+    /// The failed publishes (failures.rs's room).
+    pub(crate) fn failures(&self) -> &Failures {
+        &self.failures
     }
 
     /// MAX_BINDS (smaller in tests).

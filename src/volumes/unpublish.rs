@@ -53,6 +53,10 @@ impl Volumes {
             job.stop_and_wait(vol.id(), cancel)?;
             vol.walk = None;
         }
+        // Thawed first: a frozen filesystem would hang its flush and unmount.
+        self.thaw_one(vol.id());
+        self.freezer().forget(vol.id());
+        self.failures().forget(vol.id());
         // Nothing is written on the way: an unpublish needs no space in the
         // state directory. A record that still lists binds taken down (if
         // this stops half-way) lists only what recovery drops; the table in

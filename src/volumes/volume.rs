@@ -124,6 +124,7 @@ impl Volume {
             device_bytes: 0,
             state: VolumeState::Ready,
             ownership_done: 0,
+            frozen: None,
         }
     }
 

@@ -79,18 +79,27 @@ impl Qmp {
         let mut added = Added::default();
         if self.node_info(disk.node)?.is_none() {
             let args = match source {
+                // discard "unmap": a guest's trim reaches the host's storage
+                // (a hole punched in an image, a discard sent to a device);
+                // QEMU's default ("ignore") drops it.
                 Source::HostDevice(dev) => json!({
                     "node-name": disk.node,
                     "driver": "host_device",
                     "filename": dev,
                     "cache": { "direct": true },
                     "read-only": read_only,
+                    "discard": if read_only { "ignore" } else { "unmap" },
                 }),
                 Source::Image(img) => json!({
                     "node-name": disk.node,
                     "driver": "raw",
                     "read-only": read_only,
-                    "file": { "driver": "file", "filename": img },
+                    "discard": if read_only { "ignore" } else { "unmap" },
+                    "file": {
+                        "driver": "file",
+                        "filename": img,
+                        "discard": if read_only { "ignore" } else { "unmap" },
+                    },
                 }),
             };
             self.execute("blockdev-add", Some(args))?;

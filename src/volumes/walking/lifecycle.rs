@@ -28,6 +28,7 @@ impl Volumes {
     /// on a thread of its own, holding `fd` (the mount's root) until it
     /// ends; the job is kept in the volume.
     pub(crate) fn start_walk(&self, vol: &mut Volume, fd: OwnedFd) -> Result<Arc<WalkJob>> {
+        self.not_frozen(vol.id())?;
         let job = Arc::new(WalkJob::new());
         let (table, walking, j) = (self.shared(), vol.clone(), Arc::clone(&job));
         std::thread::Builder::new()

@@ -167,6 +167,9 @@ pub fn list(r: &proto::ListVolumesResponse) -> String {
 
 /// `ready`, or `publishing (123,456 entries)` while the fsGroup walk runs.
 fn state(v: &proto::VolumeInfo) -> String {
+    if !v.freeze_id.is_empty() {
+        return format!("frozen ({} s left)", v.frozen_ms_left.div_ceil(1000));
+    }
     match v.state.enum_value() {
         Ok(proto::VolumeState::VOLUME_STATE_READY) => "ready".into(),
         Ok(proto::VolumeState::VOLUME_STATE_PUBLISHING) => {
@@ -227,6 +230,57 @@ pub fn publish(volume_id: &str, read_only: bool, r: &proto::PublishVolumeRespons
             "left out of the mount (this guest has no SELinux, so no label applies): {}\n",
             r.options_not_applied.join(",")
         ));
+    }
+    out
+}
+
+pub fn frozen(ids: &[String], r: &proto::FreezeVolumesResponse) -> String {
+    format!(
+        "frozen {} ({}); thawed by the agent in {} s unless thawed first\n",
+        ids.join(" "),
+        r.freeze_id,
+        r.timeout_ms.div_ceil(1000)
+    )
+}
+
+pub fn thawed(ids: &[String], r: &proto::ThawVolumesResponse) -> String {
+    let not: Vec<&str> = ids
+        .iter()
+        .filter(|id| !r.thawed.contains(id))
+        .map(String::as_str)
+        .collect();
+    let mut out = String::new();
+    if !r.thawed.is_empty() {
+        out += &format!("thawed {}\n", r.thawed.join(" "));
+    }
+    if !not.is_empty() {
+        out += &format!("{} not frozen; nothing to do\n", not.join(" "));
+    }
+    out
+}
+
+pub fn trimmed(volume_id: &str, r: &proto::TrimVolumeResponse) -> String {
+    format!(
+        "{volume_id}: {} ({} bytes) given back to the disk, over {} of filesystem, in {} ms\n",
+        size(i64::try_from(r.trimmed_bytes).unwrap_or(i64::MAX)),
+        r.trimmed_bytes,
+        size(i64::try_from(r.covered_bytes).unwrap_or(i64::MAX)),
+        r.duration_us / 1000
+    )
+}
+
+pub fn health(volume_id: &str, r: &proto::GetVolumeHealthResponse) -> String {
+    if r.health.is_empty() {
+        return format!("{volume_id}: healthy\n");
+    }
+    let mut out = String::new();
+    for h in &r.health {
+        out += &format!(
+            "{volume_id}: {} {}: {}\n",
+            enum_name(h.status),
+            h.reason,
+            h.message
+        );
     }
     out
 }

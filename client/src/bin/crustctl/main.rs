@@ -72,6 +72,29 @@ enum Command {
     Unmount { target: String },
     /// Unmount everything and power the VM off (when the agent is PID 1).
     Shutdown,
+    /// Freeze volumes' filesystems for a consistent snapshot, all or none.
+    Freeze {
+        #[arg(required = true)]
+        volume_ids: Vec<String>,
+        /// Seconds after which the agent thaws them by itself (default 60,
+        /// at most 600) if nobody thaws them first.
+        #[arg(long, value_name = "SECS", value_parser = parse_wait)]
+        thaw_after: Option<u32>,
+    },
+    /// Thaw frozen volumes (fine when they are not frozen).
+    Thaw {
+        #[arg(required = true)]
+        volume_ids: Vec<String>,
+    },
+    /// Give a volume's free space back to its disk (FITRIM).
+    Trim {
+        volume_id: String,
+        /// Skip free extents shorter than this (bytes or 64K, 1M...).
+        #[arg(long, value_name = "N", value_parser = parse_size)]
+        min_extent: Option<i64>,
+    },
+    /// The volume's health in CSI 1.13's shape (empty when healthy).
+    Health { volume_id: String },
 }
 
 #[derive(Debug, Args)]
@@ -362,8 +385,70 @@ fn run(cli: &Cli, addr: &Address) -> Result<String, Failure> {
             &agent.shutdown().map_err(Failure::Call)?,
             human::shutdown,
         ),
+        Command::Freeze {
+            volume_ids,
+            thaw_after,
+        } => freeze(&agent, j, volume_ids, *thaw_after)?,
+        Command::Thaw { volume_ids } => thaw(&agent, j, volume_ids)?,
+        Command::Trim {
+            volume_id,
+            min_extent,
+        } => trim(&agent, j, volume_id, *min_extent)?,
+        Command::Health { volume_id } => health(&agent, j, volume_id)?,
     };
     Ok(out)
+}
+
+/// `freeze ID... [--thaw-after SECS]`.
+fn freeze(
+    agent: &CrustClient,
+    j: bool,
+    volume_ids: &[String],
+    thaw_after: Option<u32>,
+) -> Result<String, Failure> {
+    let req = proto::FreezeVolumesRequest {
+        volume_ids: volume_ids.to_vec(),
+        timeout_ms: thaw_after.unwrap_or(0),
+        ..Default::default()
+    };
+    let resp = agent.freeze_volumes(&req).map_err(Failure::Call)?;
+    Ok(render(j, &resp, |r| human::frozen(volume_ids, r)))
+}
+
+/// `thaw ID...`.
+fn thaw(agent: &CrustClient, j: bool, volume_ids: &[String]) -> Result<String, Failure> {
+    let req = proto::ThawVolumesRequest {
+        volume_ids: volume_ids.to_vec(),
+        ..Default::default()
+    };
+    let resp = agent.thaw_volumes(&req).map_err(Failure::Call)?;
+    Ok(render(j, &resp, |r| human::thawed(volume_ids, r)))
+}
+
+/// `trim ID [--min-extent N]`.
+fn trim(
+    agent: &CrustClient,
+    j: bool,
+    volume_id: &str,
+    min_extent: Option<i64>,
+) -> Result<String, Failure> {
+    let req = proto::TrimVolumeRequest {
+        volume_id: volume_id.to_string(),
+        min_extent_bytes: u64::try_from(min_extent.unwrap_or(0)).unwrap_or(0),
+        ..Default::default()
+    };
+    let resp = agent.trim_volume(&req).map_err(Failure::Call)?;
+    Ok(render(j, &resp, |r| human::trimmed(volume_id, r)))
+}
+
+/// `health ID`.
+fn health(agent: &CrustClient, j: bool, volume_id: &str) -> Result<String, Failure> {
+    let req = proto::GetVolumeHealthRequest {
+        volume_id: volume_id.to_string(),
+        ..Default::default()
+    };
+    let resp = agent.get_volume_health(&req).map_err(Failure::Call)?;
+    Ok(render(j, &resp, |r| human::health(volume_id, r)))
 }
 
 fn publish_request(a: &PublishArgs) -> proto::PublishVolumeRequest {

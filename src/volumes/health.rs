@@ -1,0 +1,56 @@
+//! A volume's health in CSI 1.13's shape (NodeGetVolumeHealth): the
+//! condition's problems (stats/), each with its status and reason; empty
+//! when healthy. A volume whose last publish failed and left nothing is
+//! INACCESSIBLE with that failure; an id never seen is NOT_FOUND.
+
+use super::error::Error;
+use super::table::Volumes;
+use crate::cancel::Cancel;
+use crate::error::Result;
+use crate::stats::problem::Health;
+
+/// One thing wrong with a volume, as CSI says it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Said {
+    /// How bad.
+    pub status: Health,
+    /// Why, in CamelCase.
+    pub reason: &'static str,
+    /// The sentence the condition says.
+    pub message: String,
+}
+
+impl Volumes {
+    /// The health of volume `id`.
+    pub fn health(&self, id: &str, cancel: &Cancel) -> Result<Vec<Said>> {
+        if self.existing_slot(id).is_none() {
+            return match self.failures().of(id) {
+                Some(f) => Ok(vec![Said {
+                    status: Health::Inaccessible,
+                    reason: "PublishFailed",
+                    message: f.message,
+                }]),
+                None => Err(Error::NotPublished(id.to_string()).into()),
+            };
+        }
+        let (_, condition) = match self.stats(id, cancel) {
+            // Its fsGroup walk still runs: nothing is wrong yet.
+            Err(crate::error::Error::Volume(Error::StillPublishing { .. })) => {
+                return Ok(Vec::new())
+            }
+            r => r?,
+        };
+        Ok(condition
+            .problems
+            .iter()
+            .map(|p| {
+                let (status, reason) = p.health();
+                Said {
+                    status,
+                    reason,
+                    message: p.to_string(),
+                }
+            })
+            .collect())
+    }
+}

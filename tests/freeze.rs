@@ -1,0 +1,412 @@
+//! Freeze and thaw, trim and health through the real agent on loop devices
+//! with real ext4 and xfs: a write into a frozen volume is seen to block
+//! from the host, and every refusal changes nothing.
+
+mod support;
+
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use support::*;
+
+fn freeze_req(ids: &[&str], timeout_ms: u32) -> pb::FreezeVolumesRequest {
+    let mut r = pb::FreezeVolumesRequest::new();
+    r.volume_ids = ids.iter().map(|s| s.to_string()).collect();
+    r.timeout_ms = timeout_ms;
+    r
+}
+
+fn thaw_req(ids: &[&str]) -> pb::ThawVolumesRequest {
+    let mut r = pb::ThawVolumesRequest::new();
+    r.volume_ids = ids.iter().map(|s| s.to_string()).collect();
+    r
+}
+
+fn health_req(id: &str) -> pb::GetVolumeHealthRequest {
+    let mut r = pb::GetVolumeHealthRequest::new();
+    r.volume_id = id.into();
+    r
+}
+
+fn trim_req(id: &str) -> pb::TrimVolumeRequest {
+    let mut r = pb::TrimVolumeRequest::new();
+    r.volume_id = id.into();
+    r
+}
+
+/// Writes a file under `dir` on a thread of its own and says when the
+/// write (and its fsync) is done.
+fn write_in(dir: &Path, name: &str) -> mpsc::Receiver<()> {
+    let (tx, rx) = mpsc::channel();
+    let path = dir.join(name);
+    std::thread::spawn(move || {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.write_all(b"written").unwrap();
+        f.sync_all().unwrap();
+        let _ = tx.send(());
+    });
+    rx
+}
+
+/// Publishes `disk` as `id`, answering its guest path.
+fn publish(c: &AgentClient, id: &str, disk: &LoopDisk, fs: &str) -> String {
+    c.publish_volume(ctx(), &publish_req(id, &disk.path(), fs))
+        .unwrap()
+        .guest_path
+}
+
+use crust_protocols::crust_ttrpc::AgentClient;
+
+#[test]
+fn a_frozen_volume_blocks_writes_until_thawed_and_says_so_everywhere() {
+    if !privileged() {
+        return;
+    }
+    for fs in ["ext4", "xfs"] {
+        let disk = LoopDisk::new(320, Some(fs));
+        let a = Agent::start();
+        let c = a.client();
+        let path = publish(&c, "v", &disk, fs);
+        let f = c
+            .freeze_volumes(ctx(), &freeze_req(&["v"], 30_000))
+            .unwrap();
+        assert!(f.freeze_id.starts_with("freeze-"), "{}", f.freeze_id);
+        assert_eq!(f.timeout_ms, 30_000);
+        // The write blocks, seen from the host.
+        let done = write_in(Path::new(&path), "during");
+        assert!(
+            done.recv_timeout(Duration::from_millis(700)).is_err(),
+            "{fs}: a write went through a frozen volume"
+        );
+        // The list says it, with the time left.
+        let l = c
+            .list_volumes(ctx(), &pb::ListVolumesRequest::new())
+            .unwrap();
+        assert_eq!(l.volumes[0].freeze_id, f.freeze_id);
+        assert!(l.volumes[0].frozen_ms_left > 20_000 && l.volumes[0].frozen_ms_left <= 30_000);
+        // A second freeze is refused, naming the freeze that holds it.
+        let again = c.freeze_volumes(ctx(), &freeze_req(&["v"], 0));
+        assert_eq!(code(again.clone()), "FAILED_PRECONDITION");
+        assert!(message(again).contains(&f.freeze_id));
+        // What writes is refused while frozen; stats still answer.
+        let mut e = pb::ExpandVolumeRequest::new();
+        e.volume_id = "v".into();
+        assert_eq!(code(c.expand_volume(ctx(), &e)), "FAILED_PRECONDITION");
+        let target = a.root.join("binds/t");
+        let b = bind_req("v", &target, "", false, pb::RecursiveReadOnly::DISABLED);
+        let refused = c.bind_mount(ctx(), &b);
+        assert!(message(refused).contains("is frozen by"));
+        assert!(!target.exists(), "a refused bind made its target");
+        assert_eq!(
+            code(c.trim_volume(ctx(), &trim_req("v"))),
+            "FAILED_PRECONDITION"
+        );
+        assert!(
+            !c.get_volume_stats(ctx(), &stats_req("v"))
+                .unwrap()
+                .condition
+                .abnormal
+        );
+        // Thaw: the write ends, and thawing again is fine.
+        let t = c.thaw_volumes(ctx(), &thaw_req(&["v"])).unwrap();
+        assert_eq!(t.thawed, vec!["v".to_string()]);
+        done.recv_timeout(Duration::from_secs(10))
+            .expect("the write ends after the thaw");
+        let t = c.thaw_volumes(ctx(), &thaw_req(&["v"])).unwrap();
+        assert!(t.thawed.is_empty());
+        let l = c
+            .list_volumes(ctx(), &pb::ListVolumesRequest::new())
+            .unwrap();
+        assert_eq!(l.volumes[0].freeze_id, "");
+        assert!(!a.root.join("state/v.frozen").exists());
+        c.unpublish_volume(ctx(), &unpublish_req("v")).unwrap();
+    }
+}
+
+#[test]
+fn a_freeze_is_all_or_none() {
+    if !privileged() {
+        return;
+    }
+    let (d1, d2) = (LoopDisk::new(64, Some("ext4")), LoopDisk::new(64, None));
+    let a = Agent::start();
+    let c = a.client();
+    let path = publish(&c, "fs", &d1, "ext4");
+    publish(&c, "blk", &d2, "block");
+    // An unknown id: NOT_FOUND; a block volume: FAILED_PRECONDITION. Both
+    // leave the first volume writable.
+    for (ids, want) in [
+        (vec!["fs", "nope"], "NOT_FOUND"),
+        (vec!["fs", "blk"], "FAILED_PRECONDITION"),
+    ] {
+        let r = c.freeze_volumes(ctx(), &freeze_req(&ids, 0));
+        assert_eq!(code(r), want, "{ids:?}");
+        write_in(Path::new(&path), "after")
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the volume a failed freeze froze first is thawed");
+        assert!(!a.root.join("state/fs.frozen").exists());
+    }
+    // Bad requests: INVALID_ARGUMENT, nothing frozen.
+    let many: Vec<String> = (0..65).map(|n| format!("v{n}")).collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    for (ids, timeout) in [
+        (vec![], 0),
+        (many, 0),
+        (vec!["fs", "fs"], 0),
+        (vec!["../x"], 0),
+        (vec!["fs"], 600_001),
+    ] {
+        let r = c.freeze_volumes(ctx(), &freeze_req(&ids, timeout));
+        assert_eq!(code(r), "INVALID_ARGUMENT", "{ids:?} {timeout}");
+    }
+    assert_eq!(
+        code(c.thaw_volumes(ctx(), &thaw_req(&["nope"]))),
+        "NOT_FOUND"
+    );
+    let l = c
+        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
+        .unwrap();
+    assert!(l.volumes.iter().all(|v| v.freeze_id.is_empty()));
+}
+
+#[test]
+fn a_freeze_nobody_thaws_ends_by_itself_and_the_thaw_says_when() {
+    if !privileged() {
+        return;
+    }
+    let disk = LoopDisk::new(320, Some("xfs"));
+    let a = Agent::start();
+    let c = a.client();
+    let path = publish(&c, "v", &disk, "xfs");
+    let start = Instant::now();
+    c.freeze_volumes(ctx(), &freeze_req(&["v"], 1_000)).unwrap();
+    write_in(Path::new(&path), "waits")
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the freeze ended at its timeout");
+    assert!(start.elapsed() >= Duration::from_millis(900));
+    let r = c.thaw_volumes(ctx(), &thaw_req(&["v"]));
+    assert_eq!(code(r.clone()), "ABORTED");
+    assert!(message(r).contains("ended by itself"));
+    assert!(a.log().contains("freeze ended by itself"));
+    assert!(!a.root.join("state/v.frozen").exists());
+    // A new freeze starts afresh.
+    c.freeze_volumes(ctx(), &freeze_req(&["v"], 0)).unwrap();
+    assert_eq!(
+        c.thaw_volumes(ctx(), &thaw_req(&["v"]))
+            .unwrap()
+            .thawed
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn unpublish_and_shutdown_thaw_first() {
+    if !privileged() {
+        return;
+    }
+    let (d1, d2) = (
+        LoopDisk::new(64, Some("ext4")),
+        LoopDisk::new(320, Some("xfs")),
+    );
+    let a = Agent::start();
+    let c = a.client();
+    let p1 = publish(&c, "a", &d1, "ext4");
+    publish(&c, "b", &d2, "xfs");
+    c.freeze_volumes(ctx(), &freeze_req(&["a", "b"], 0))
+        .unwrap();
+    let blocked = write_in(Path::new(&p1), "f");
+    assert!(
+        c.unpublish_volume(ctx(), &unpublish_req("a"))
+            .unwrap()
+            .was_published
+    );
+    // The blocked writer was let go with the thaw (its file may live on
+    // the unmounted filesystem: the write itself finished).
+    blocked
+        .recv_timeout(Duration::from_secs(10))
+        .expect("unpublish thawed the writer");
+    assert!(mounts_of(&d1.path()).is_empty());
+    let r = c.shutdown(ctx(), &pb::ShutdownRequest::new()).unwrap();
+    assert_eq!(r.volumes_unmounted, 1);
+    assert!(mounts_of(&d2.path()).is_empty());
+}
+
+#[test]
+fn a_kill_9_while_frozen_is_thawed_by_the_next_agent() {
+    if !privileged() {
+        return;
+    }
+    let disk = LoopDisk::new(64, Some("ext4"));
+    let a = Agent::start();
+    let c = a.client();
+    let path = publish(&c, "v", &disk, "ext4");
+    c.freeze_volumes(ctx(), &freeze_req(&["v"], 600_000))
+        .unwrap();
+    assert!(a.root.join("state/v.frozen").exists());
+    let dir = a.kill9();
+    let blocked = write_in(Path::new(&path), "f");
+    assert!(blocked.recv_timeout(Duration::from_millis(500)).is_err());
+    let b = Agent::start_in(dir);
+    blocked
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the restarted agent thawed the volume");
+    assert!(
+        b.log()
+            .contains("thawed a volume a previous run left frozen"),
+        "{}",
+        b.log()
+    );
+    let c = b.client();
+    let l = c
+        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
+        .unwrap();
+    assert_eq!((l.volumes.len(), l.volumes[0].freeze_id.as_str()), (1, ""));
+    assert!(!b.root.join("state/v.frozen").exists());
+    c.unpublish_volume(ctx(), &unpublish_req("v")).unwrap();
+}
+
+#[test]
+fn trim_gives_deleted_blocks_back_to_the_disk() {
+    if !privileged() {
+        return;
+    }
+    for fs in ["ext4", "xfs"] {
+        let disk = LoopDisk::new(320, Some(fs));
+        let a = Agent::start();
+        let c = a.client();
+        let path = publish(&c, "v", &disk, fs);
+        c.trim_volume(ctx(), &trim_req("v")).unwrap();
+        let file = Path::new(&path).join("big");
+        std::fs::write(&file, vec![0x5a; 64 << 20]).unwrap();
+        run("sync", &[]);
+        let before = allocated(&disk.image);
+        std::fs::remove_file(&file).unwrap();
+        run("sync", &[]);
+        // xfs frees a deleted file's blocks in the background (inodegc),
+        // and skips extents its log has not yet committed free: a trim
+        // right after the delete may find them still busy, as fstrim would.
+        let mut after = before;
+        for _ in 0..50 {
+            let t = c.trim_volume(ctx(), &trim_req("v")).unwrap();
+            assert!(t.covered_bytes > 200 << 20);
+            after = allocated(&disk.image);
+            if before - after >= 60 << 20 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(
+            before - after >= 60 << 20,
+            "{fs}: the image kept its blocks ({before} -> {after})"
+        );
+        // A block volume and an unknown id are refused.
+        assert_eq!(code(c.trim_volume(ctx(), &trim_req("nope"))), "NOT_FOUND");
+        c.unpublish_volume(ctx(), &unpublish_req("v")).unwrap();
+    }
+}
+
+/// Bytes the file holds on its filesystem.
+fn allocated(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).unwrap().blocks() * 512
+}
+
+#[test]
+fn trim_stops_at_the_callers_deadline_with_what_it_did() {
+    if !privileged() {
+        return;
+    }
+    let disk = LoopDisk::new(64, Some("ext4"));
+    let a = Agent::start();
+    let c = a.client();
+    publish(&c, "v", &disk, "ext4");
+    // A deadline gone by the time the trim looks at it, sent by hand (a
+    // ttrpc client would stop waiting before the answer comes).
+    let mut raw = support::raw::Raw::connect(&a.sock);
+    raw.send(&support::raw::request_within(
+        1,
+        "TrimVolume",
+        &trim_req("v"),
+        Duration::from_nanos(1),
+    ));
+    let (code, message) = raw.status(1);
+    assert_eq!(code, "DEADLINE_EXCEEDED", "{message}");
+    assert!(
+        message.contains("while trimming volume v: stopped after 0 of"),
+        "{message}"
+    );
+    assert!(a.log().contains("trim stopped"));
+}
+
+#[test]
+fn health_speaks_csi_for_healthy_broken_failed_and_unknown_volumes() {
+    if !privileged() {
+        return;
+    }
+    let disk = LoopDisk::new(64, Some("ext4"));
+    let a = Agent::start();
+    let c = a.client();
+    let path = publish(&c, "v", &disk, "ext4");
+    assert!(c
+        .get_volume_health(ctx(), &health_req("v"))
+        .unwrap()
+        .health
+        .is_empty());
+    // Unmounted behind the agent's back: INACCESSIBLE.
+    run("umount", &[&path]);
+    let h = c.get_volume_health(ctx(), &health_req("v")).unwrap().health;
+    assert!(!h.is_empty());
+    assert_eq!(
+        h[0].status.enum_value().unwrap(),
+        pb::volume_health::Status::INACCESSIBLE
+    );
+    assert_eq!(h[0].reason, "Unmounted");
+    assert!(
+        h[0].message.contains("no longer a mount point"),
+        "{}",
+        h[0].message
+    );
+    c.unpublish_volume(ctx(), &unpublish_req("v")).unwrap();
+    // A publish that failed: INACCESSIBLE with its failure; then forgotten
+    // by a publish that works.
+    let r = c.publish_volume(ctx(), &publish_req("w", &disk.path(), "xfs"));
+    let failure = message(r);
+    let h = c.get_volume_health(ctx(), &health_req("w")).unwrap().health;
+    assert_eq!((h.len(), h[0].reason.as_str()), (1, "PublishFailed"));
+    assert_eq!(h[0].message, failure);
+    publish(&c, "w", &disk, "ext4");
+    assert!(c
+        .get_volume_health(ctx(), &health_req("w"))
+        .unwrap()
+        .health
+        .is_empty());
+    // An id never seen: NOT_FOUND; a malformed one: INVALID_ARGUMENT.
+    assert_eq!(
+        code(c.get_volume_health(ctx(), &health_req("never"))),
+        "NOT_FOUND"
+    );
+    assert_eq!(
+        code(c.get_volume_health(ctx(), &health_req("../x"))),
+        "INVALID_ARGUMENT"
+    );
+}
+
+#[test]
+fn capabilities_advertise_freeze_trim_and_health() {
+    let a = Agent::start();
+    let caps = a
+        .client()
+        .get_capabilities(ctx(), &pb::GetCapabilitiesRequest::new())
+        .unwrap()
+        .capabilities;
+    for want in [
+        pb::Capability::CAPABILITY_FREEZE,
+        pb::Capability::CAPABILITY_TRIM,
+        pb::Capability::CAPABILITY_VOLUME_HEALTH,
+    ] {
+        assert!(caps.contains(&want.into()), "{want:?}");
+    }
+}
