@@ -246,6 +246,14 @@ kubelet expand pod-demo "$E" --bytes $((1024 << 20))
 kubelet expand pod-demo "$E" --bytes $((4096 << 20))
 kubelet stats pod-demo "$E"
 
+section "A consistent snapshot through crustd (RuntimeFreezeVolumes across the pod's volumes, all or none), then trim and health"
+kubelet freeze "pod-demo:$E" "pod-demo:$X" --thaw-after 30
+run cp --sparse=always "$DEMO/k-ext4.img" "$DEMO/k-ext4.snap"
+kubelet thaw "pod-demo:$E" "pod-demo:$X"
+run e2fsck -f -n "$DEMO/k-ext4.snap"
+kubelet trim pod-demo "$E"
+kubelet health pod-demo "$E"
+
 section "RuntimeUnpublishVolume: unmount, device_del, DEVICE_DELETED, blockdev-del"
 kubelet unpublish pod-demo "$X"
 kubelet unpublish pod-demo "$X"

@@ -11,6 +11,7 @@ mod grow_xfs;
 mod host_agent;
 mod publish_retry;
 mod report;
+mod snapshot;
 mod sys;
 mod vm_figs;
 
@@ -24,7 +25,7 @@ use report::{Figure, Verdict};
 
 const USAGE: &str =
     "usage: crust-bench [--runs N] [--vm-disks N] [--vm-boots N] [--only SECTION,...] [--out DIR] [--strict]
-  SECTION: fsgroup, xfs, host, size, vm, crustd, crustd-scale (default: all)
+  SECTION: fsgroup, xfs, host, snapshot, size, vm, crustd, crustd-scale (default: all)
   --runs N      runs per contender for the heavy figures (default 5)
   --vm-disks N  disks hot-plugged (and grown) in the VM (default 5)
   --vm-boots N  VM boots for the boot timeline (default 3)
@@ -71,6 +72,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                         "vm",
                         "crustd",
                         "crustd-scale",
+                        "snapshot",
                     ]
                     .contains(&s)
                     {
@@ -356,6 +358,11 @@ fn measure(args: &Args, work: &Path) -> Vec<Figure> {
             ],
             || host_agent::figures(&work),
         ));
+    }
+    if want("snapshot") {
+        figures.extend(section("snapshots and space", &snapshot::keys(), || {
+            snapshot::figures(&work, args.runs)
+        }));
     }
     if want("size") {
         figures.extend(section(

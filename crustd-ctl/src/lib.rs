@@ -178,6 +178,60 @@ impl Kubelet {
         self.call(|mut c| async move { c.runtime_expand_volume(r).await })
             .map(|r| r.capacity_bytes)
     }
+
+    /// RuntimeFreezeVolumes of (sandbox, host volume) pairs, all or none.
+    pub fn freeze(
+        &self,
+        volumes: &[(String, String)],
+        timeout_ms: u32,
+    ) -> Result<pb::RuntimeFreezeVolumesResponse, Status> {
+        let r = pb::RuntimeFreezeVolumesRequest {
+            volumes: refs(volumes),
+            timeout_ms,
+        };
+        self.call(|mut c| async move { c.runtime_freeze_volumes(r).await })
+    }
+
+    /// RuntimeThawVolumes; ABORTED when a freeze had ended by itself.
+    pub fn thaw(&self, volumes: &[(String, String)]) -> Result<(), Status> {
+        let r = pb::RuntimeThawVolumesRequest {
+            volumes: refs(volumes),
+        };
+        self.call(|mut c| async move { c.runtime_thaw_volumes(r).await })
+            .map(|_| ())
+    }
+
+    /// RuntimeTrimVolume; answers the bytes given back.
+    pub fn trim(&self, sandbox: &str, volume: &str, min_extent_bytes: u64) -> Result<u64, Status> {
+        let r = pb::RuntimeTrimVolumeRequest {
+            sandbox_id: sandbox.into(),
+            host_volume_id: volume.into(),
+            min_extent_bytes,
+        };
+        self.call(|mut c| async move { c.runtime_trim_volume(r).await })
+            .map(|r| r.trimmed_bytes)
+    }
+
+    /// RuntimeGetVolumeHealth: CSI 1.13's list, empty when healthy.
+    pub fn health(&self, sandbox: &str, volume: &str) -> Result<Vec<pb::VolumeHealth>, Status> {
+        let r = pb::RuntimeGetVolumeHealthRequest {
+            sandbox_id: sandbox.into(),
+            host_volume_id: volume.into(),
+        };
+        self.call(|mut c| async move { c.runtime_get_volume_health(r).await })
+            .map(|r| r.health)
+    }
+}
+
+/// (sandbox, host volume) pairs as the protocol's references.
+fn refs(volumes: &[(String, String)]) -> Vec<pb::VolumeRef> {
+    volumes
+        .iter()
+        .map(|(s, v)| pb::VolumeRef {
+            sandbox_id: s.clone(),
+            host_volume_id: v.clone(),
+        })
+        .collect()
 }
 
 /// The bytes usage of a stats answer: (available, total, used).

@@ -262,6 +262,97 @@ impl Agent<'_> {
     }
 }
 
+impl Agent<'_> {
+    /// FreezeVolumes of `ids` for `timeout_ms`; answers the guest's freeze id.
+    pub fn freeze(&self, ids: &[String], timeout_ms: u32) -> Result<String> {
+        let mut r = pb::FreezeVolumesRequest::new();
+        r.volume_ids = ids.to_vec();
+        r.timeout_ms = timeout_ms;
+        let out = self.call(|c| c.freeze_volumes(&r))?;
+        Ok(bounded(&out.freeze_id))
+    }
+
+    /// ThawVolumes of `ids`; ABORTED passes through (a freeze that ended by itself).
+    pub fn thaw(&self, ids: &[String]) -> Result<()> {
+        let mut r = pb::ThawVolumesRequest::new();
+        r.volume_ids = ids.to_vec();
+        self.call(|c| c.thaw_volumes(&r)).map(|_| ())
+    }
+
+    /// TrimVolume; answers the bytes given back.
+    pub fn trim(&self, volume_id: &str, min_extent_bytes: u64) -> Result<u64> {
+        let mut r = pb::TrimVolumeRequest::new();
+        r.volume_id = volume_id.into();
+        r.min_extent_bytes = min_extent_bytes;
+        Ok(self.call(|c| c.trim_volume(&r))?.trimmed_bytes)
+    }
+
+    /// GetVolumeHealth: the agent's list, checked.
+    pub fn health(&self, volume_id: &str) -> Result<Vec<Health>> {
+        let mut r = pb::GetVolumeHealthRequest::new();
+        r.volume_id = volume_id.into();
+        let out = self.call(|c| c.get_volume_health(&r))?;
+        health_of(&out).map_err(|why| {
+            Error::precondition(format!(
+                "the agent of sandbox {} answered a health for volume {volume_id} that crustd refuses: {why}",
+                self.sandbox
+            ))
+        })
+    }
+}
+
+/// One entry of a volume's health (CSI 1.13).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    /// 1 INACCESSIBLE, 2 DATA_LOSS, 3 DEGRADED (the protos' numbers).
+    pub status: i32,
+    /// CamelCase.
+    pub reason: String,
+    pub message: String,
+}
+
+/// The most entries of a health list taken from a guest.
+const MAX_HEALTH: usize = 32;
+
+/// The agent's health list, checked: a bounded list of known statuses,
+/// reasons that are CamelCase words, messages bounded.
+fn health_of(h: &pb::GetVolumeHealthResponse) -> std::result::Result<Vec<Health>, String> {
+    if h.health.len() > MAX_HEALTH {
+        return Err(format!(
+            "{} entries, more than {MAX_HEALTH}",
+            h.health.len()
+        ));
+    }
+    h.health
+        .iter()
+        .map(|e| {
+            let status = match e.status.enum_value() {
+                Ok(
+                    s @ (pb::volume_health::Status::INACCESSIBLE
+                    | pb::volume_health::Status::DATA_LOSS
+                    | pb::volume_health::Status::DEGRADED),
+                ) => s as i32,
+                _ => return Err(format!("status {} is none of CSI's", e.status.value())),
+            };
+            let camel = !e.reason.is_empty()
+                && e.reason.len() <= 64
+                && e.reason.starts_with(|c: char| c.is_ascii_uppercase())
+                && e.reason.bytes().all(|b| b.is_ascii_alphanumeric());
+            if !camel {
+                return Err(format!(
+                    "reason {} is not a CamelCase word",
+                    shown(&e.reason)
+                ));
+            }
+            Ok(Health {
+                status,
+                reason: e.reason.clone(),
+                message: bounded(&e.message),
+            })
+        })
+        .collect()
+}
+
 /// Bytes or inodes, as the agent counts them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Usage {

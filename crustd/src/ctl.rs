@@ -93,6 +93,38 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         bytes: i64,
     },
+    /// RuntimeFreezeVolumes: freeze volumes across sandboxes, all or none.
+    Freeze {
+        /// SANDBOX:HOST_VOLUME, e.g. pod-a:/dev/loop3 (1 to 64).
+        #[arg(required = true, value_parser = volume_ref)]
+        volumes: Vec<(String, String)>,
+        /// Seconds after which the guests and crustd thaw by themselves (default 60, at most 600).
+        #[arg(long, default_value_t = 0)]
+        thaw_after: u32,
+    },
+    /// RuntimeThawVolumes (ABORTED, exit 1, when a freeze had ended by itself).
+    Thaw {
+        /// SANDBOX:HOST_VOLUME.
+        #[arg(required = true, value_parser = volume_ref)]
+        volumes: Vec<(String, String)>,
+    },
+    /// RuntimeTrimVolume: give the volume's free space back to the host's device.
+    Trim {
+        sandbox: String,
+        volume: String,
+        #[arg(long, default_value_t = 0)]
+        min_extent: u64,
+    },
+    /// RuntimeGetVolumeHealth: CSI 1.13's list, empty when healthy.
+    Health { sandbox: String, volume: String },
+}
+
+/// `SANDBOX:HOST_VOLUME` (a sandbox id holds no colon).
+fn volume_ref(s: &str) -> Result<(String, String), String> {
+    match s.split_once(':') {
+        Some((sb, v)) if !sb.is_empty() && !v.is_empty() => Ok((sb.to_string(), v.to_string())),
+        _ => Err(format!("'{s}' is not SANDBOX:HOST_VOLUME")),
+    }
 }
 
 #[derive(Subcommand)]
@@ -185,37 +217,56 @@ fn unreachable_record<T>(shown: &str) -> Result<T, Failed> {
     ))))
 }
 
+/// `direct-volume add|remove|stats|resize`: Kata's records, and the calls
+/// on the volume a record names.
+fn direct_volume(
+    records: &Records,
+    connect: impl Fn() -> Result<Kubelet, Failed>,
+    d: Direct,
+) -> Result<Value, Failed> {
+    Ok(match d {
+        Direct::Add {
+            volume_path,
+            mount_info,
+        } => {
+            let file = records.add(volume_path.as_bytes(), mount_info.as_bytes())?;
+            json!({ "record": file })
+        }
+        Direct::Remove { volume_path } => {
+            records.remove(volume_path.as_bytes())?;
+            json!({})
+        }
+        Direct::Stats { volume_path } => {
+            let (sandbox, device) = placed(records, &volume_path)?;
+            stats_json(connect()?.stats(&sandbox, &device)?)
+        }
+        Direct::Resize { volume_path, size } => {
+            let (sandbox, device) = placed(records, &volume_path)?;
+            let bytes = i64::try_from(size).map_err(|_| {
+                Failed::Status(tonic::Status::invalid_argument(format!(
+                    "--size {size} is more than a volume can have"
+                )))
+            })?;
+            json!({ "capacity_bytes": connect()?.expand(&sandbox, &device, bytes)? })
+        }
+    })
+}
+
+/// RuntimeGetVolumeHealth's list as JSON.
+fn health_json(list: Vec<pb::VolumeHealth>) -> Value {
+    let list: Vec<Value> = list
+        .into_iter()
+        .map(|h| json!({ "status": h.status().as_str_name(), "reason": h.reason, "message": h.message }))
+        .collect();
+    json!({ "health": list })
+}
+
 fn run(cli: &Cli, cmd: Cmd) -> Result<Value, Failed> {
     let records = Records::new(&cli.direct_volumes);
     let connect =
         || Kubelet::connect(&cli.socket, Duration::from_secs(cli.timeout)).map_err(Failed::Connect);
     if let Cmd::DirectVolume(d) = cmd {
-        return Ok(match d {
-            Direct::Add {
-                volume_path,
-                mount_info,
-            } => {
-                let file = records.add(volume_path.as_bytes(), mount_info.as_bytes())?;
-                json!({ "record": file })
-            }
-            Direct::Remove { volume_path } => {
-                records.remove(volume_path.as_bytes())?;
-                json!({})
-            }
-            Direct::Stats { volume_path } => {
-                let (sandbox, device) = placed(&records, &volume_path)?;
-                stats_json(connect()?.stats(&sandbox, &device)?)
-            }
-            Direct::Resize { volume_path, size } => {
-                let (sandbox, device) = placed(&records, &volume_path)?;
-                let bytes = i64::try_from(size).map_err(|_| {
-                    Failed::Status(tonic::Status::invalid_argument(format!(
-                        "--size {size} is more than a volume can have"
-                    )))
-                })?;
-                json!({ "capacity_bytes": connect()?.expand(&sandbox, &device, bytes)? })
-            }
-        });
+        return direct_volume(&records, connect, d);
     }
     let k = connect()?;
     let k = &k;
@@ -278,6 +329,23 @@ fn run(cli: &Cli, cmd: Cmd) -> Result<Value, Failed> {
             volume,
             bytes,
         } => json!({ "capacity_bytes": k.expand(&sandbox, &volume, bytes)? }),
+        Cmd::Freeze {
+            volumes,
+            thaw_after,
+        } => {
+            let r = k.freeze(&volumes, thaw_after.saturating_mul(1000))?;
+            json!({ "freeze_id": r.freeze_id, "thaw_at_unix_ms": r.thaw_at_unix_ms })
+        }
+        Cmd::Thaw { volumes } => {
+            k.thaw(&volumes)?;
+            json!({})
+        }
+        Cmd::Trim {
+            sandbox,
+            volume,
+            min_extent,
+        } => json!({ "trimmed_bytes": k.trim(&sandbox, &volume, min_extent)? }),
+        Cmd::Health { sandbox, volume } => health_json(k.health(&sandbox, &volume)?),
     })
 }
 
@@ -328,5 +396,43 @@ where
         code,
         stdout,
         stderr,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volume_refs_are_sandbox_colon_host_volume() {
+        assert_eq!(
+            volume_ref("pod-a:/dev/loop3"),
+            Ok(("pod-a".into(), "/dev/loop3".into()))
+        );
+        // A colon in the volume stays in the volume.
+        assert_eq!(
+            volume_ref("pod-a:/dev/disk/by-path/pci-0000:00:1f.2"),
+            Ok(("pod-a".into(), "/dev/disk/by-path/pci-0000:00:1f.2".into()))
+        );
+        for bad in ["pod-a", ":/dev/x", "pod-a:", ""] {
+            assert!(volume_ref(bad).is_err(), "{bad}");
+        }
+        // The verbs parse as the docs write them.
+        let out = run_cli([
+            "crustd-ctl",
+            "--socket",
+            "/nonexistent",
+            "freeze",
+            "nocolon",
+        ]);
+        assert_eq!(out.code, 2, "{out:?}");
+        let out = run_cli([
+            "crustd-ctl",
+            "--socket",
+            "/nonexistent",
+            "thaw",
+            "pod-a:/dev/x",
+        ]);
+        assert_eq!(out.code, 3, "no crustd there: {out:?}");
     }
 }

@@ -32,6 +32,7 @@ pub mod devices;
 pub mod direct;
 pub mod error;
 pub mod files;
+pub mod freezes;
 pub mod hostdev;
 pub mod hotplug;
 pub mod locks;

@@ -32,6 +32,9 @@ pub fn capabilities() -> Vec<Cap> {
         Cap::VolumeStats,
         Cap::VolumeResize,
         Cap::VolumeCondition,
+        Cap::Freeze,
+        Cap::Trim,
+        Cap::VolumeHealth,
     ];
     if volumes::BLOCK_VOLUMES {
         caps.push(Cap::BlockVolume);
@@ -290,6 +293,100 @@ impl RuntimeAssistedStorageManagement for Service {
             other => Err(mismatch(other)),
         }
     }
+
+    async fn runtime_freeze_volumes(
+        &self,
+        req: Request<pb::RuntimeFreezeVolumesRequest>,
+    ) -> std::result::Result<Response<pb::RuntimeFreezeVolumesResponse>, Status> {
+        let at = caller_deadline(&req);
+        let r = req.into_inner();
+        let volumes = refs(&r.volumes);
+        let (s, v) = first_ref(&volumes);
+        let what = What::Freeze {
+            volumes,
+            timeout_ms: r.timeout_ms,
+        };
+        match self.run(what, at, &s, &v).await? {
+            Reply::Frozen(freeze_id, thaw_at_unix_ms) => {
+                Ok(Response::new(pb::RuntimeFreezeVolumesResponse {
+                    freeze_id,
+                    thaw_at_unix_ms,
+                }))
+            }
+            other => Err(mismatch(other)),
+        }
+    }
+
+    async fn runtime_thaw_volumes(
+        &self,
+        req: Request<pb::RuntimeThawVolumesRequest>,
+    ) -> std::result::Result<Response<pb::RuntimeThawVolumesResponse>, Status> {
+        let at = caller_deadline(&req);
+        let volumes = refs(&req.into_inner().volumes);
+        let (s, v) = first_ref(&volumes);
+        match self.run(What::Thaw { volumes }, at, &s, &v).await? {
+            Reply::Done => Ok(Response::new(pb::RuntimeThawVolumesResponse {})),
+            other => Err(mismatch(other)),
+        }
+    }
+
+    async fn runtime_trim_volume(
+        &self,
+        req: Request<pb::RuntimeTrimVolumeRequest>,
+    ) -> std::result::Result<Response<pb::RuntimeTrimVolumeResponse>, Status> {
+        let at = caller_deadline(&req);
+        let r = req.into_inner();
+        let (s, v) = (r.sandbox_id, r.host_volume_id);
+        let what = What::Trim {
+            sandbox: s.clone(),
+            volume: v.clone(),
+            min_extent: r.min_extent_bytes,
+        };
+        match self.run(what, at, &s, &v).await? {
+            Reply::Trimmed(trimmed_bytes) => Ok(Response::new(pb::RuntimeTrimVolumeResponse {
+                trimmed_bytes,
+            })),
+            other => Err(mismatch(other)),
+        }
+    }
+
+    async fn runtime_get_volume_health(
+        &self,
+        req: Request<pb::RuntimeGetVolumeHealthRequest>,
+    ) -> std::result::Result<Response<pb::RuntimeGetVolumeHealthResponse>, Status> {
+        let at = caller_deadline(&req);
+        let r = req.into_inner();
+        let (s, v) = (r.sandbox_id, r.host_volume_id);
+        let what = What::Health {
+            sandbox: s.clone(),
+            volume: v.clone(),
+        };
+        match self.run(what, at, &s, &v).await? {
+            Reply::Health(list) => Ok(Response::new(pb::RuntimeGetVolumeHealthResponse {
+                health: list
+                    .into_iter()
+                    .map(|h| pb::VolumeHealth {
+                        status: h.status,
+                        reason: h.reason,
+                        message: h.message,
+                    })
+                    .collect(),
+            })),
+            other => Err(mismatch(other)),
+        }
+    }
+}
+
+/// A request's volume references as (sandbox, host volume) pairs.
+fn refs(v: &[pb::VolumeRef]) -> Vec<(String, String)> {
+    v.iter()
+        .map(|r| (r.sandbox_id.clone(), r.host_volume_id.clone()))
+        .collect()
+}
+
+/// The first of them, for the log line ("" when there is none).
+fn first_ref(v: &[(String, String)]) -> (String, String) {
+    v.first().cloned().unwrap_or_default()
 }
 
 #[cfg(test)]

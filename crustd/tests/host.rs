@@ -86,6 +86,9 @@ fn publish_stats_expand_unpublish_and_restart() {
             C::VolumeStats,
             C::VolumeResize,
             C::VolumeCondition,
+            C::Freeze,
+            C::Trim,
+            C::VolumeHealth,
             C::BlockVolume
         ]
         .map(|c| c as i32)
@@ -101,6 +104,8 @@ fn publish_stats_expand_unpublish_and_restart() {
     assert_eq!(verbs(&log), ["blockdev-add", "device_add"], "{log:?}");
     assert!(log[0].contains("\"driver\":\"host_device\""), "{}", log[0]);
     assert!(log[0].contains("\"cache\":{\"direct\":true}"), "{}", log[0]);
+    // A guest's trim reaches the host's device.
+    assert!(log[0].contains("\"discard\":\"unmap\""), "{}", log[0]);
     assert!(
         log[0].contains(&format!("\"filename\":\"{dev}\"")),
         "{}",

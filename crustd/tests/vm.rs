@@ -36,10 +36,15 @@ fn req(dev: &str, fs: &str, gid: Option<i64>) -> pb::RuntimePublishVolumeRequest
     }
 }
 
-/// A loop device with a filesystem and files owned by 1234:1234, mode 0700/0600.
+/// A loop device with a filesystem and files owned by 1234:1234, mode
+/// 0700/0600, and the blocks of a 48 MiB file deleted on the host still
+/// held by its image file (the host's mount does not discard).
 fn volume(mib: u64, fs: &str) -> LoopDisk {
     let d = LoopDisk::new(mib, Some(fs));
     let m = Mounted::new(&d.device, fs, "");
+    std::fs::write(m.path.join("big"), vec![0x5a; 48 << 20]).unwrap();
+    run("sync", &[]);
+    std::fs::remove_file(m.path.join("big")).unwrap();
     std::fs::create_dir_all(m.path.join("data/deep")).unwrap();
     for i in 0..20 {
         std::fs::write(m.path.join(format!("data/deep/f{i}")), format!("{i}")).unwrap();
@@ -110,6 +115,8 @@ fn kubelet_through_crustd_into_a_real_guest() {
     // xfs, no fsGroup.
     let px = k.publish(req(&x, "xfs", None)).unwrap();
     assert_ne!(pe.guest_path, px.guest_path);
+    consistent_snapshot_and_trim(&k, &ext4, &xfs, t.path());
+
     // The guest has both, as the agent reports them.
     let list = vm
         .agent()
@@ -229,6 +236,72 @@ fn kubelet_through_crustd_into_a_real_guest() {
     );
     let sv = df_bytes(&m.path);
     assert!(sv > 400 << 20, "{sv}");
+}
+
+/// Bytes the image file holds on the host's filesystem.
+fn allocated(img: &std::path::Path) -> u64 {
+    std::fs::metadata(img).unwrap().blocks() * 512
+}
+
+/// The way a backup tool takes a consistent snapshot through crustd:
+/// freeze both volumes (their journals hold the fsGroup walk's changes),
+/// copy the images on the host, thaw; the copies need no journal replay
+/// (xfs: only the covering records every xfs freeze leaves, semantics.md
+/// §10) and hold the walk's changes. Then a trim through crustd punches the
+/// blocks deleted on the host out of the image (discard=unmap).
+fn consistent_snapshot_and_trim(
+    k: &crustd_ctl::Kubelet,
+    ext4: &LoopDisk,
+    xfs: &LoopDisk,
+    dir: &std::path::Path,
+) {
+    let pair = [
+        (SANDBOX.to_string(), ext4.path()),
+        (SANDBOX.to_string(), xfs.path()),
+    ];
+    let f = k.freeze(&pair, 60_000).unwrap();
+    let copies = [
+        (dir.join("ext4.snap"), &ext4.image, "ext4"),
+        (dir.join("xfs.snap"), &xfs.image, "xfs"),
+    ];
+    for (copy, img, _) in &copies {
+        std::fs::copy(img, copy).unwrap();
+    }
+    k.thaw(&pair).unwrap();
+    for (copy, _, fs) in &copies {
+        let p = copy.to_str().unwrap();
+        if *fs == "ext4" {
+            let h = run("dumpe2fs", &["-h", p]);
+            let features = h
+                .lines()
+                .find(|l| l.starts_with("Filesystem features"))
+                .unwrap();
+            assert!(!features.contains("needs_recovery"), "{f:?}: {features}");
+            run("e2fsck", &["-f", "-n", p]);
+        } else {
+            let m = dir.join("replay");
+            std::fs::create_dir_all(&m).unwrap();
+            run("mount", &["-o", "loop,nouuid", p, m.to_str().unwrap()]);
+            run("umount", &[m.to_str().unwrap()]);
+            run("xfs_repair", &["-n", "-f", p]);
+        }
+        if *fs == "ext4" {
+            let m = dir.join("snapcheck");
+            std::fs::create_dir_all(&m).unwrap();
+            run("mount", &["-o", "loop,ro,noload", p, m.to_str().unwrap()]);
+            let gid = std::fs::metadata(m.join("data/deep/f3")).map(|md| md.gid());
+            run("umount", &[m.to_str().unwrap()]);
+            assert_eq!(gid.unwrap(), 4321, "the walk's change is in the snapshot");
+        }
+    }
+    let before = allocated(&ext4.image);
+    let trimmed = k.trim(SANDBOX, &ext4.path(), 0).unwrap();
+    let after = allocated(&ext4.image);
+    assert!(
+        before.saturating_sub(after) >= 40 << 20,
+        "the image holds {before} then {after} bytes after a trim of {trimmed} bytes"
+    );
+    assert!(k.health(SANDBOX, &ext4.path()).unwrap().is_empty());
 }
 
 /// Whether the host can mount `disk` now (read-only, no journal replay, so

@@ -180,19 +180,22 @@ fn a_blank_device_is_formatted_while_held_and_verified_and_no_loop_device_is_lef
     ) {
         return;
     }
-    let loops = || disks::run("losetup", &["-a"]).lines().count();
+    // The loop devices whose backing is `dev` (`losetup -j`, by device and
+    // inode): the format's own. Counting every loop device on the machine
+    // failed under load, when other tests or programs made their own.
+    let loops = |dev: &str| disks::run("losetup", &["-j", dev]).lines().count();
     for fs in ["ext4", "xfs"] {
         let d = LoopDisk::new(320, None);
         let dev = hostdev::resolve(&d.path()).unwrap();
         assert_eq!(inspect(&dev, fs, T).unwrap(), Content::Blank);
-        let before = loops();
+        assert_eq!(loops(&d.path()), 0);
         // crustd's exclusive hold, kept all the while: mkfs never needs the
         // device's own exclusive open.
         let held = dev.hold().unwrap();
         format(&dev, fs, T).unwrap();
         assert!(dev.hold().is_err(), "still held by us");
         assert_eq!(inspect(&dev, fs, T).unwrap(), Content::Same, "{fs}");
-        assert_eq!(loops(), before, "{fs}: a loop device was left behind");
+        assert_eq!(loops(&d.path()), 0, "{fs}: a loop device was left behind");
         drop(held);
         // What the host's own tools say of it.
         let out = disks::run("blkid", &["-p", "-o", "value", "-s", "TYPE", &d.path()]);
@@ -204,12 +207,11 @@ fn a_blank_device_is_formatted_while_held_and_verified_and_no_loop_device_is_lef
     // mkfs failing (here: a device too small for any ext4) leaves no loop device.
     let d = LoopDisk::new(1, None);
     let dev = hostdev::resolve(&d.path()).unwrap();
-    let before = loops();
     let held = dev.hold().unwrap();
     let e = format(&dev, "xfs", T).unwrap_err();
     assert_eq!(e.code, Code::FailedPrecondition, "{e}");
     assert!(!e.message.contains("Usage"), "{e}");
-    assert_eq!(loops(), before);
+    assert_eq!(loops(&d.path()), 0);
     drop(held);
 }
 

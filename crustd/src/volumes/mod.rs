@@ -3,7 +3,8 @@
 //! QEMU (`hotplug`) and the agent (`agent`). A file per call:
 //! `publish` (the steps and their one undo list), `direct` (a Kata record's
 //! publish), `takeout` (Unpublish, and the undo of a hot-plug), `usage`
-//! (Stats and Expand), `recover` (crustd's start).
+//! (Stats and Expand), `snapshot` (Freeze and Thaw across sandboxes, Trim,
+//! Health), `recover` (crustd's start).
 //!
 //! Locks, each wait ending at the caller's deadline: one per (sandbox, host
 //! volume), so two calls for one volume run one after the other while other
@@ -21,6 +22,7 @@ use crate::deadline::Deadline;
 use crate::devices::{Devices, Key};
 use crate::direct::{self, Records};
 use crate::error::{Code, Error, Result};
+use crate::freezes::Freezes;
 use crate::hostdev;
 use crate::hotplug;
 use crate::locks::{Guard, KeyedLocks};
@@ -32,6 +34,7 @@ mod direct_volume;
 mod publish;
 mod recover;
 mod request;
+pub mod snapshot;
 mod takeout;
 mod usage;
 
@@ -90,6 +93,8 @@ pub struct Crustd {
     connections: agent::Connections,
     /// Kata's direct-volume records.
     records: Records,
+    /// The groups frozen across sandboxes, with the host's timer.
+    freezes: Freezes,
 }
 
 /// A volume's call after its prologue: the sandbox's directory, the
@@ -110,6 +115,7 @@ impl Crustd {
             devices: Devices::default(),
             connections: agent::Connections::default(),
             records: Records::new(&cfg.direct_volumes),
+            freezes: Freezes::default(),
             cfg,
         }
     }

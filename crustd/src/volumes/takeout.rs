@@ -33,6 +33,8 @@ impl Crustd {
         host_volume_id: &str,
         deadline: &Deadline,
     ) -> Result<()> {
+        // A freeze of it is over: the agent thaws before it unpublishes.
+        self.freezes.forget(sandbox_id, host_volume_id);
         let o = match self.open_volume(sandbox_id, host_volume_id, deadline) {
             Ok(o) => o,
             Err(e) if e.code == Code::NotFound => {

@@ -17,7 +17,7 @@ impl Crustd {
     /// The record of a published volume, else NOT_FOUND; one still
     /// publishing (its fsGroup walk runs in the guest) only if `publishing`
     /// may be, else FAILED_PRECONDITION.
-    fn published(
+    pub(super) fn published(
         sandbox: &str,
         host_volume_id: &str,
         record: Option<Volume>,
@@ -45,7 +45,7 @@ impl Crustd {
 
     /// `err` from a call that could not reach `sb`'s VM, or FAILED_PRECONDITION
     /// when the VM is gone.
-    fn unless_dead(&self, sb: &Sandbox, err: Error) -> Error {
+    pub(super) fn unless_dead(&self, sb: &Sandbox, err: Error) -> Error {
         if err.code != Code::Unavailable {
             return err;
         }

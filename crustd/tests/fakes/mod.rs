@@ -215,6 +215,12 @@ pub struct AgentState {
     pub told: Vec<Duration>,
     /// What ListVolumes lists: volume id → still publishing.
     pub listed: std::collections::BTreeMap<String, bool>,
+    /// FreezeVolumes answers this error instead of OK.
+    pub fail_freeze: Option<(ttrpc::Code, &'static str)>,
+    /// ThawVolumes answers ABORTED (the guest's freeze ended by itself).
+    pub thaw_aborted: bool,
+    /// What GetVolumeHealth answers: (status, reason, message).
+    pub health: Vec<(pb::volume_health::Status, String, String)>,
 }
 
 pub struct FakeAgent {
@@ -360,6 +366,73 @@ impl crust_ttrpc::Agent for FakeAgent {
         resp.capacity_bytes = r.required_bytes;
         Ok(resp)
     }
+
+    fn freeze_volumes(
+        &self,
+        _: &ttrpc::TtrpcContext,
+        r: pb::FreezeVolumesRequest,
+    ) -> ttrpc::Result<pb::FreezeVolumesResponse> {
+        let mut s = self.state.lock().unwrap();
+        s.log.push(format!(
+            "freeze {} {}",
+            r.volume_ids.join(","),
+            r.timeout_ms
+        ));
+        if let Some((code, msg)) = s.fail_freeze {
+            return Err(ttrpc::Error::RpcStatus(ttrpc::get_status(code, msg)));
+        }
+        let mut resp = pb::FreezeVolumesResponse::new();
+        resp.freeze_id = "freeze-1-1".into();
+        resp.timeout_ms = r.timeout_ms;
+        Ok(resp)
+    }
+
+    fn thaw_volumes(
+        &self,
+        _: &ttrpc::TtrpcContext,
+        r: pb::ThawVolumesRequest,
+    ) -> ttrpc::Result<pb::ThawVolumesResponse> {
+        let mut s = self.state.lock().unwrap();
+        s.log.push(format!("thaw {}", r.volume_ids.join(",")));
+        if s.thaw_aborted {
+            return Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
+                ttrpc::Code::ABORTED,
+                "freeze-1-1 of volume x ended by itself 3 s ago",
+            )));
+        }
+        Ok(pb::ThawVolumesResponse::new())
+    }
+
+    fn trim_volume(
+        &self,
+        _: &ttrpc::TtrpcContext,
+        r: pb::TrimVolumeRequest,
+    ) -> ttrpc::Result<pb::TrimVolumeResponse> {
+        let mut s = self.state.lock().unwrap();
+        s.log
+            .push(format!("trim {} {}", r.volume_id, r.min_extent_bytes));
+        let mut resp = pb::TrimVolumeResponse::new();
+        resp.trimmed_bytes = 12345;
+        Ok(resp)
+    }
+
+    fn get_volume_health(
+        &self,
+        _: &ttrpc::TtrpcContext,
+        r: pb::GetVolumeHealthRequest,
+    ) -> ttrpc::Result<pb::GetVolumeHealthResponse> {
+        let mut s = self.state.lock().unwrap();
+        s.log.push(format!("health {}", r.volume_id));
+        let mut resp = pb::GetVolumeHealthResponse::new();
+        for (status, reason, message) in &s.health {
+            let mut h = pb::VolumeHealth::new();
+            h.status = (*status).into();
+            h.reason = reason.clone();
+            h.message = message.clone();
+            resp.health.push(h);
+        }
+        Ok(resp)
+    }
 }
 
 /// A fake agent serving on `unix://path`; keep the server alive while in use.
@@ -369,6 +442,9 @@ pub fn agent(path: &Path) -> (Arc<Mutex<AgentState>>, ttrpc::Server) {
         log: Vec::new(),
         told: Vec::new(),
         listed: Default::default(),
+        fail_freeze: None,
+        thaw_aborted: false,
+        health: Vec::new(),
     }));
     let svc: Arc<dyn crust_ttrpc::Agent + Send + Sync> = Arc::new(FakeAgent {
         state: state.clone(),
