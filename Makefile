@@ -4,7 +4,7 @@
 TRIPLE := x86_64-unknown-linux-gnu
 RELEASE := target/$(TRIPLE)/release
 
-.PHONY: all build deps initrd test test-host test-fuzz test-vm fuzz stress demo bench lint
+.PHONY: all build deps initrd guest-image test test-host test-fuzz test-vm fuzz stress demo bench lint
 
 all: build
 
@@ -20,14 +20,21 @@ build:
 initrd: deps
 	sh initrd/build.sh
 
+# build/guest/: a Debian 12 sandbox guest with systemd, udev and crun on the
+# same kernel, for the agent as a service (scripts/guest-image.sh; cached,
+# about a minute when its inputs change).
+guest-image: deps initrd
+	sh scripts/guest-image.sh
+
 # Everything: unit tests, host tests on loop devices (root), a short fuzzing
 # round, then the VM tests (the agent as PID 1 under QEMU, hot-plug over QMP).
 # Nothing is skipped here: CRUST_REQUIRE_PRIVILEGED=1 makes a test that cannot
 # run (not root, no losetup or mkfs) fail instead of skipping.
-test: deps initrd test-host test-fuzz test-vm
+test: deps initrd guest-image test-host test-fuzz test-vm
 
 test-host: deps
 	CRUST_REQUIRE_PRIVILEGED=1 cargo test --workspace --no-fail-fast
+	sh scripts/embed-example.sh
 
 # Fuzzing (fuzz/, README "Fuzzing"): every parser a hostile host or disk
 # feeds (ttrpc frames and requests, mountinfo, state records, uevents,
@@ -47,9 +54,9 @@ test-fuzz: deps
 fuzz: deps
 	fuzz/run.sh $(FUZZ_SECS)
 
-test-vm: deps initrd
+test-vm: deps initrd guest-image
 	CRUST_REQUIRE_PRIVILEGED=1 cargo test -p crust-vm --tests -- --ignored --test-threads=1
-	CRUST_REQUIRE_PRIVILEGED=1 cargo test -p crustd --test vm -- --ignored --test-threads=1
+	CRUST_REQUIRE_PRIVILEGED=1 cargo test -p crustd --test vm --test guest -- --ignored --test-threads=1
 
 # The concurrency and crash suite (tests/chaos.rs) as a soak: STRESS_SECS of
 # random rounds (make test runs about 20 s of them). CRUST_CHAOS_SEED=N replays a seed.

@@ -35,6 +35,7 @@ extern crate self as crust_agent;
 pub mod cancel;
 pub mod code;
 pub mod device;
+pub mod embed;
 pub mod error;
 #[cfg(feature = "fuzz")]
 #[doc(hidden)]

@@ -34,14 +34,18 @@ const NOTIFY_ATTEMPTS: u32 = 8;
 
 const USAGE: &str = "\
 usage: crust-agent [--listen ADDR]... [--root DIR] [--log-level LEVEL] [--log-format text|json]
-                   [--vsock-peers PEERS] [--notify NOTIFY]
-  ADDR    vsock://-1:1024 (the default) | vsock://CID:PORT | unix:///path/to.sock (mode 0600)
+                   [--vsock-peers PEERS] [--notify NOTIFY] [--on-sigterm unpublish|exit]
+  ADDR    vsock://-1:2857 (the default) | vsock://CID:PORT | unix:///path/to.sock (mode 0600)
   DIR     where volumes and binds live: DIR/volumes/<id>, DIR/state; default /run/crust
           (created 0700; one agent per DIR: a second one is refused)
   LEVEL   error | warn | info (the default) | debug
   PEERS   who may connect over vsock: host (CID 2, the default) | any | a list such as host,5
   NOTIFY  where to send READY=1 once listening (sd_notify): vsock-stream:CID:PORT | /path | @name;
           default $NOTIFY_SOCKET
+  --on-sigterm  unpublish (the default): unmount every volume, then exit; exit: thaw what is
+          frozen, flush, and exit leaving volumes and binds mounted for the next start to adopt
+          (under a service manager: a restart keeps the pods' volumes; the guest's shutdown
+          unmounts them)
 As PID 1 the same settings come from the kernel command line: crust.listen=,
 crust.root=, crust.log=, crust.log_format=, crust.vsock_peers=, crust.notify=
 (or systemd.set_credential=vmm.notify_socket:ADDR), crust.modules=mod1,mod2.";
@@ -56,6 +60,8 @@ struct Config {
     modules: Vec<String>,
     vsock_peers: Peers,
     notify: Option<Target>,
+    /// On SIGTERM, unpublish everything (true) or leave it for the next start.
+    unpublish_on_sigterm: bool,
 }
 
 impl Default for Config {
@@ -68,6 +74,7 @@ impl Default for Config {
             modules: Vec::new(),
             vsock_peers: Peers::default(),
             notify: None,
+            unpublish_on_sigterm: true,
         }
     }
 }
@@ -95,6 +102,13 @@ fn apply(cfg: &mut Config, key: &str, value: &str) -> Result<(), String> {
         }
         "vsock-peers" | "vsock_peers" => cfg.vsock_peers = Peers::parse(value)?,
         "notify" => cfg.notify = Some(Target::parse(value)?),
+        "on-sigterm" | "on_sigterm" => {
+            cfg.unpublish_on_sigterm = match value {
+                "unpublish" => true,
+                "exit" => false,
+                _ => return Err(format!("on-sigterm {value:?} is not unpublish or exit")),
+            }
+        }
         _ => return Err(format!("unknown setting {key:?}")),
     }
     Ok(())
@@ -115,7 +129,7 @@ fn parse_flags(args: &[String], cfg: &mut Config) -> Result<Option<()>, String> 
                 return Ok(None);
             }
             "--listen" | "--root" | "--log-level" | "--log-format" | "--vsock-peers"
-            | "--notify" => {
+            | "--notify" | "--on-sigterm" => {
                 let v = match inline {
                     Some(v) => v,
                     None => it.next().cloned().ok_or(format!("{key} needs a value"))?,
@@ -312,7 +326,8 @@ fn main() -> ExitCode {
         Err(e) => early_warnings.push(format!("arguments: {e}; ignored")),
     }
     if cfg.listen.is_empty() {
-        cfg.listen.push("vsock://-1:1024".to_string());
+        cfg.listen
+            .push(format!("vsock://-1:{}", crust_protocols::DEFAULT_PORT));
     }
     notify_from_env(&mut cfg, &mut early_warnings);
     let log = logging::logger(cfg.format, cfg.level);
@@ -437,16 +452,41 @@ fn run(
         announce_ready(target, cfg, log.clone());
     }
     let signal_tx = tx.clone();
+    let signalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let by_signal = signalled.clone();
     init::start_reaper_and_signals(move || {
+        by_signal.store(true, std::sync::atomic::Ordering::SeqCst);
         let _ = signal_tx.send(());
     });
     let _ = rx.recv();
-    // After a Shutdown request this finds nothing left; after a signal it does the work.
-    let n = volumes.shutdown();
-    info!(log, "shutting down"; "volumes_unmounted_now" => n);
+    let by_signal = signalled.load(std::sync::atomic::Ordering::SeqCst);
+    wind_down(cfg, log, &volumes, server, &made, by_signal)
+}
+
+/// After a Shutdown request or a signal: every volume unpublished (nothing
+/// left after a Shutdown request), or, on SIGTERM with `--on-sigterm exit`,
+/// everything left mounted for the next start; then the server stopped,
+/// its sockets removed, the disks flushed.
+fn wind_down(
+    cfg: &Config,
+    log: &slog::Logger,
+    volumes: &Volumes,
+    server: Server,
+    made: &[PathBuf],
+    by_signal: bool,
+) -> ExitCode {
+    if by_signal && !cfg.unpublish_on_sigterm {
+        // Nothing is left frozen (no timer would end it), and what is
+        // written is on the disks.
+        let n = volumes.thaw_all();
+        info!(log, "exiting, volumes left mounted for the next start"; "thawed" => n);
+    } else {
+        let n = volumes.shutdown();
+        info!(log, "shutting down"; "volumes_unmounted_now" => n);
+    }
     // Answers in flight (the Shutdown response among them) leave within the grace.
     server.shutdown();
-    for p in &made {
+    for p in made {
         let _ = std::fs::remove_file(p);
     }
     rustix::fs::sync();
@@ -509,6 +549,7 @@ mod tests {
             &["--vsock-peers", "nobody"],
             &["--vsock-peers", "host,"],
             &["--notify", "vsock-dgram:2:1"],
+            &["--on-sigterm", "stay"],
             &["--frob"],
         ] {
             assert!(
@@ -520,5 +561,9 @@ mod tests {
             parse_flags(&args(&["--help"]), &mut Config::default()),
             Ok(None)
         );
+        let mut c = Config::default();
+        assert!(c.unpublish_on_sigterm);
+        parse_flags(&args(&["--on-sigterm=exit"]), &mut c).unwrap();
+        assert!(!c.unpublish_on_sigterm);
     }
 }

@@ -142,6 +142,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "init.rs",
             "instance.rs",
+            "embed.rs",
             "notify.rs",
             "fuzz.rs",
             "main.rs",

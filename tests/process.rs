@@ -319,3 +319,75 @@ fn a_socket_another_agent_listens_on_is_not_taken() {
     wait_for_socket(&mut c, &stale, &log3);
     stop(c, &stale);
 }
+
+/// Under a service manager (`--on-sigterm exit`, as crust-agent.service
+/// runs it), SIGTERM thaws what is frozen, flushes and exits 0, leaving
+/// volumes and binds mounted; the next start adopts them. Without the flag,
+/// SIGTERM unpublishes everything.
+#[test]
+fn sigterm_under_a_service_manager_leaves_volumes_for_the_next_start() {
+    if !privileged() {
+        return;
+    }
+    let disk = LoopDisk::new(64, Some("ext4"));
+    let dir = tempfile::tempdir().unwrap();
+    let (root, sock, log) = (
+        dir.path().join("root"),
+        dir.path().join("a.sock"),
+        dir.path().join("a.log"),
+    );
+    let args = [
+        "--listen".to_string(),
+        format!("unix://{}", sock.display()),
+        "--root".to_string(),
+        root.display().to_string(),
+        "--on-sigterm".to_string(),
+        "exit".to_string(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut a = spawn(0o022, &args, &log);
+    wait_for_socket(&mut a, &sock, &log);
+    let addr = format!("unix://{}", sock.display());
+    let c = connect(&addr).unwrap();
+    let guest = c
+        .publish_volume(ctx(), &publish_req("v", &disk.path(), "ext4"))
+        .unwrap()
+        .guest_path;
+    let target = root.join("pods/p/data");
+    c.bind_mount(
+        ctx(),
+        &bind_req("v", &target, "", false, pb::RecursiveReadOnly::DISABLED),
+    )
+    .unwrap();
+    let mut f = pb::FreezeVolumesRequest::new();
+    f.volume_ids = vec!["v".into()];
+    c.freeze_volumes(ctx(), &f).unwrap();
+    drop(c);
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(a.id() as libc::pid_t, libc::SIGTERM) };
+    let st = exit_of(&mut a).expect("the agent exits on SIGTERM");
+    assert!(st.success(), "{st}");
+    assert!(is_mount(Path::new(&guest)), "the volume stays mounted");
+    assert!(is_mount(&target), "the bind stays mounted");
+    // Thawed before it went: a write goes through.
+    std::fs::write(Path::new(&guest).join("after"), b"x").unwrap();
+    // The next start adopts both.
+    let mut b = spawn(0o022, &args, &log);
+    wait_for_socket(&mut b, &sock, &log);
+    let c = connect(&addr).unwrap();
+    let l = c
+        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
+        .unwrap();
+    assert_eq!(l.volumes.len(), 1);
+    assert_eq!(
+        l.volumes[0].bind_targets,
+        vec![target.display().to_string()]
+    );
+    assert!(
+        c.unpublish_volume(ctx(), &unpublish_req("v"))
+            .unwrap()
+            .was_published
+    );
+    assert!(!is_mount(&target) && !is_mount(Path::new(&guest)));
+    stop(b, &sock);
+}

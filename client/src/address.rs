@@ -58,6 +58,10 @@ pub enum AddressError {
     AnyCidForConnect(String),
 }
 
+/// [`crust_protocols::DEFAULT_PORT`], as an address would spell it.
+const DEFAULT_PORT_TEXT: &str = "2857";
+const _: () = assert!(crust_protocols::DEFAULT_PORT == 2857);
+
 impl Address {
     /// Checks that a client can connect here (a listener can use more, e.g. CID -1).
     pub fn check_connectable(&self) -> Result<(), AddressError> {
@@ -80,9 +84,8 @@ impl FromStr for Address {
         match scheme {
             "unix" => Ok(Address::Unix(socket_path(s, rest)?)),
             "vsock" => {
-                let (cid, port) = rest
-                    .rsplit_once(':')
-                    .ok_or(AddressError::MissingPort(s.to_string(), "vsock://CID:PORT"))?;
+                // No port: the agent's default one.
+                let (cid, port) = rest.rsplit_once(':').unwrap_or((rest, DEFAULT_PORT_TEXT));
                 let cid = match cid {
                     "-1" => VSOCK_CID_ANY,
                     _ => number(cid).ok_or_else(|| AddressError::BadCid {
@@ -96,11 +99,13 @@ impl FromStr for Address {
                 })
             }
             "hvsock" => {
-                // The path may itself contain ':', the port never does.
-                let (path, port) = rest.rsplit_once(':').ok_or(AddressError::MissingPort(
-                    s.to_string(),
-                    "hvsock://PATH:PORT",
-                ))?;
+                // The path may itself contain ':', the port never does (nor
+                // a '/'): no ':' after the path's last '/' means no port,
+                // and the agent's default one.
+                let (path, port) = match rest.rsplit_once(':') {
+                    Some((path, port)) if !port.contains('/') => (path, port),
+                    _ => (rest, DEFAULT_PORT_TEXT),
+                };
                 let port = port_number(s, port)?;
                 Ok(Address::Hvsock {
                     path: socket_path(s, path)?,
@@ -223,6 +228,29 @@ mod tests {
     }
 
     #[test]
+    fn an_address_without_a_port_has_the_agents_default_port() {
+        let d = crust_protocols::DEFAULT_PORT;
+        assert_eq!(
+            "vsock://3".parse::<Address>().unwrap(),
+            Address::Vsock { cid: 3, port: d }
+        );
+        assert_eq!(
+            "hvsock:///run/a:b/vsock.sock".parse::<Address>().unwrap(),
+            Address::Hvsock {
+                path: "/run/a:b/vsock.sock".into(),
+                port: d
+            }
+        );
+        assert_eq!(
+            "hvsock:///run/v.sock"
+                .parse::<Address>()
+                .unwrap()
+                .to_string(),
+            format!("hvsock:///run/v.sock:{d}")
+        );
+    }
+
+    #[test]
     fn bad_addresses_are_refused_with_the_reason() {
         let long = format!("unix:///{}", "x".repeat(107));
         let table: &[(&str, &str)] = &[
@@ -235,7 +263,6 @@ mod tests {
             ("unix://run/crust.sock", "absolute socket path"),
             ("unix:///a\0b", "NUL byte"),
             (&long, "at most 107"),
-            ("vsock://3", "lacks a port"),
             ("vsock://3:", "lacks a port"),
             ("vsock://:1024", "CID ''"),
             ("vsock://x:1024", "CID 'x'"),
@@ -247,7 +274,6 @@ mod tests {
             ("vsock://3:4294967296", "port '4294967296'"),
             ("vsock://3:1 ", "port '1 '"),
             ("vsock://1:2:3", "CID '1:2'"),
-            ("hvsock:///run/v.sock", "lacks a port"),
             ("hvsock:///run/v.sock:", "lacks a port"),
             ("hvsock://v.sock:1024", "absolute socket path"),
             ("hvsock://:1024", "absolute socket path"),

@@ -35,6 +35,7 @@ pub mod files;
 pub mod freezes;
 pub mod hostdev;
 pub mod hotplug;
+pub mod kata;
 pub mod locks;
 pub mod mkfs;
 pub mod registry;

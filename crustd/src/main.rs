@@ -48,6 +48,16 @@ struct Cli {
     /// Seconds blkid or mkfs may take for createFilesystem.
     #[arg(long, default_value_t = 300)]
     mkfs_timeout: u64,
+    /// Also find Kata Containers' sandboxes, with no sandbox.json, from
+    /// Kata's files under this directory (its runtime's /run/vc):
+    /// sbs/<id>/persist.json for the agent's vsock address, and QEMU's
+    /// extra monitor vm/<id>/extra-monitor.sock (Kata's QEMU configuration
+    /// needs enable_debug = true and extra_monitor_socket = "qmp").
+    #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = crustd::kata::DEFAULT_RUN)]
+    kata_runtime_dir: Option<PathBuf>,
+    /// The port crust-agent listens on in Kata's guests (beside kata-agent's 1024).
+    #[arg(long, default_value_t = crust_protocols::DEFAULT_PORT)]
+    kata_agent_port: u32,
 }
 
 /// Binds `path`, mode 0600 whatever the umask, replacing only a stale
@@ -135,6 +145,13 @@ async fn serve(cli: Cli, listener: StdListener) -> Result<(), String> {
     cfg.unplug_timeout = Duration::from_secs(cli.unplug_timeout);
     cfg.direct_volumes = cli.direct_volumes.clone();
     cfg.mkfs_timeout = Duration::from_secs(cli.mkfs_timeout);
+    cfg.kata = cli
+        .kata_runtime_dir
+        .clone()
+        .map(|run| crustd::registry::Kata {
+            run,
+            port: cli.kata_agent_port,
+        });
     let ours = identity(&cli.socket);
     let listener = UnixListener::from_std(listener)
         .map_err(|e| format!("cannot listen on {}: {e}", cli.socket.display()))?;

@@ -3,7 +3,7 @@
 //! agent's address:
 //!
 //! ```json
-//! {"qmp": "/run/vm/qmp.sock", "agent": "hvsock:///run/vm/vsock.sock:1024"}
+//! {"qmp": "/run/vm/qmp.sock", "agent": "hvsock:///run/vm/vsock.sock:2857"}
 //! ```
 //!
 //! `agent` is any address crust-client accepts. A relative `qmp` path is taken
@@ -42,6 +42,15 @@ struct Entry {
     agent: String,
 }
 
+/// Kata's sandboxes, found from Kata's files (`--kata-runtime-dir`,
+/// kata.rs): its runtime directory, and the port crust-agent listens on in
+/// Kata's guests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kata {
+    pub run: PathBuf,
+    pub port: u32,
+}
+
 /// A sandbox's directory, `DIR/<id>`: where `sandbox.json` and crustd's own
 /// state live. It can outlast the VM's entry (a runtime that removed, or is
 /// rewriting, `sandbox.json`): crustd's records, and the devices they hold,
@@ -55,6 +64,8 @@ pub struct Home {
     /// That directory, opened without following a symlink: every file crustd
     /// reads or writes there is reached through it.
     dirfd: Arc<OwnedFd>,
+    /// Where Kata's sandboxes are, when crustd looks there too.
+    kata: Option<Kata>,
 }
 
 impl Home {
@@ -69,7 +80,19 @@ impl Home {
         let path = self.dir.join(SANDBOX_FILE);
         let text = match files::read_bounded(self.fd(), SANDBOX_FILE, MAX_SANDBOX_FILE) {
             Ok(t) => t,
-            Err(ReadError::Missing) => return Err(unknown(&self.id, &self.dir)),
+            Err(ReadError::Missing) => {
+                return match &self.kata {
+                    Some(k) => {
+                        let (qmp, agent) = crate::kata::vm(&k.run, &self.id, k.port)?;
+                        Ok(Sandbox {
+                            home: self.clone(),
+                            qmp,
+                            agent,
+                        })
+                    }
+                    None => Err(unknown(&self.id, &self.dir)),
+                }
+            }
             Err(ReadError::Io(e)) => {
                 return Err(Error::internal(format!("cannot read {}: {e}", path.display())))
             }
@@ -126,8 +149,28 @@ fn unknown(id: &str, sdir: &Path) -> Error {
 /// Opens the directory of sandbox `id` in the registry `dir`: NOT_FOUND when
 /// there is none, FAILED_PRECONDITION when it is not a real directory.
 pub fn home(dir: &Path, id: &str) -> Result<Home> {
+    home_with(dir, id, None)
+}
+
+/// [`home`], and with `kata`, a sandbox Kata has (its `persist.json`) gets
+/// its directory in the registry made (0700), for crustd's own state.
+pub fn home_with(dir: &Path, id: &str, kata: Option<&Kata>) -> Result<Home> {
     check_id(id)?;
     let sdir = dir.join(id);
+    if let Some(k) = kata {
+        if !sdir.exists() && crate::kata::has(&k.run, id) {
+            use std::os::unix::fs::DirBuilderExt;
+            let made = fs::DirBuilder::new().mode(0o700).create(&sdir);
+            if let Err(e) = made {
+                if e.kind() != io::ErrorKind::AlreadyExists {
+                    return Err(Error::internal(format!(
+                        "cannot make {} for Kata's sandbox {id}: {e}",
+                        sdir.display()
+                    )));
+                }
+            }
+        }
+    }
     let root = files::open_dir(dir).map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => unknown(id, &sdir),
         _ => Error::internal(format!(
@@ -150,6 +193,7 @@ pub fn home(dir: &Path, id: &str) -> Result<Home> {
         id: id.to_string(),
         dir: sdir,
         dirfd: Arc::new(fd),
+        kata: kata.cloned(),
     })
 }
 
@@ -158,6 +202,16 @@ pub fn home(dir: &Path, id: &str) -> Result<Home> {
 /// documented: FAILED_PRECONDITION.
 pub fn open(dir: &Path, id: &str) -> Result<Sandbox> {
     home(dir, id)?.vm()
+}
+
+/// [`open`], with Kata's sandboxes too.
+pub fn open_with(dir: &Path, id: &str, kata: Option<&Kata>) -> Result<Sandbox> {
+    home_with(dir, id, kata)?.vm()
+}
+
+/// [`alive`], with Kata's sandboxes too.
+pub fn alive_with(dir: &Path, id: &str, kata: Option<&Kata>) -> bool {
+    alive(dir, id) || kata.is_some_and(|k| check_id(id).is_ok() && crate::kata::has(&k.run, id))
 }
 
 /// Whether sandbox `id` in `dir` has its `sandbox.json` (its VM is up, as
@@ -174,7 +228,7 @@ pub fn parse(sdir: &Path, text: &[u8]) -> Result<(PathBuf, Address)> {
     let path = sdir.join(SANDBOX_FILE);
     let bad = |why: String| {
         Error::precondition(format!(
-            "{} is not a valid sandbox entry: {why}; it must be {{\"qmp\": \"/path/qmp.sock\", \"agent\": \"hvsock:///path/vsock.sock:1024\"}}",
+            "{} is not a valid sandbox entry: {why}; it must be {{\"qmp\": \"/path/qmp.sock\", \"agent\": \"hvsock:///path/vsock.sock:2857\"}}",
             path.display()
         ))
     };

@@ -467,3 +467,73 @@ fn a_kata_direct_volume_in_a_real_guest() {
     assert_eq!(md.gid(), 4321);
     assert!(df_bytes(&m.path) > 400 << 20);
 }
+
+/// crustd finds a Kata sandbox from Kata's own files (`--kata-runtime-dir`),
+/// with no sandbox.json: `sbs/<id>/persist.json` written as Kata's Go
+/// runtime writes it (0600 in a 0700 directory, `AgentState.URL` naming
+/// kata-agent's port 1024), and QEMU's extra monitor at
+/// `vm/<id>/extra-monitor.sock`. Our QEMU VM stands in for Kata's: its
+/// hybrid vsock is in the URL (Kata writes `hvsock://` for Firecracker and
+/// Cloud Hypervisor, `vsock://CID` for its QEMU, whose vhost-vsock these
+/// machines lack), and the extra monitor is a symlink to its QMP socket
+/// (Kata's is QEMU's own socket; connect() goes where the link points
+/// either way). crustd takes the guest from the URL and its own agent port.
+#[test]
+#[ignore = "boots a VM: run make test-vm"]
+fn a_kata_sandbox_is_found_from_katas_files() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempfile::tempdir().unwrap();
+    let id = "0f3c1a9e7b2d4c58a6e1f2b3c4d5e6f7";
+    let vm_dir = t.path().join("qemu");
+    let reg = t.path().join("sandboxes");
+    std::fs::create_dir_all(&reg).unwrap();
+    let run_vc = t.path().join("run/vc");
+    let opts = VmOptions::new(&vm_dir);
+    assert!(opts.initrd.is_file(), "run `make initrd` first");
+    let mut vm = Vm::up(opts).expect("the VM boots and the agent answers");
+    let sbs = run_vc.join("sbs").join(id);
+    std::fs::create_dir_all(&sbs).unwrap();
+    std::fs::set_permissions(&sbs, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let persist = serde_json::json!({
+        "PersistVersion": 2,
+        "State": "running",
+        "HypervisorState": {"Pid": vm.pids().0, "Type": "qemu"},
+        "AgentState": {"URL": format!("hvsock://{}:1024", vm_dir.join("vsock.sock").display())},
+        "Config": {"HypervisorType": "qemu"}
+    });
+    std::fs::write(sbs.join("persist.json"), persist.to_string()).unwrap();
+    std::fs::set_permissions(
+        sbs.join("persist.json"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    let vmd = run_vc.join("vm").join(id);
+    std::fs::create_dir_all(&vmd).unwrap();
+    std::os::unix::fs::symlink(vm_dir.join("qmp.sock"), vmd.join("extra-monitor.sock")).unwrap();
+
+    // Without the flag, crustd does not know the sandbox.
+    let d = Crustd::start(&reg, &[]);
+    let disk = volume(128, "ext4");
+    let mut r = req(&disk.path(), "ext4", Some(4321));
+    r.sandbox_id = id.into();
+    assert_eq!(
+        code_name(d.client().publish(r.clone()).unwrap_err().code()),
+        "NOT_FOUND"
+    );
+    drop(d);
+    let run_arg = run_vc.display().to_string();
+    let d = Crustd::start(&reg, &["--kata-runtime-dir", &run_arg]);
+    let k = d.client();
+    let p = k.publish(r).unwrap();
+    assert!(
+        p.guest_path.starts_with("/run/crust/volumes/crustd-"),
+        "{p:?}"
+    );
+    assert!(bytes(&k.stats(id, &disk.path()).unwrap()).is_some());
+    // crustd's own state in its registry, no sandbox.json there.
+    assert!(reg.join(id).join("crustd.json").is_file());
+    assert!(!reg.join(id).join("sandbox.json").exists());
+    k.unpublish(id, &disk.path()).unwrap();
+    drop(d);
+    vm.down().unwrap();
+}

@@ -8,6 +8,19 @@ pub mod code;
 pub mod names;
 pub mod options;
 
+/// The vsock port the agent listens on by default, and the port the host
+/// programs (crust-vm, crustctl, crustd) assume when an address names none.
+///
+/// 2857, after KEP-2857 (CRUST). Chosen to collide with no other guest
+/// agent, so both can run in one guest: not 1024 (kata-agent's
+/// `DEFAULT_AGENT_VSOCK_PORT`, and Apple's vminitd, `Vminitd.port`), 1025
+/// (nerdbox's vminitd RPC port under libkrun, and a debug shell in some
+/// libkrun sandboxes), 1026 (Kata's debug console, nerdbox's stream port),
+/// 10789 (firecracker-containerd's agent), nor 2222 (SSH-over-vsock
+/// helpers). microsandbox's agent speaks over a virtio-console port, not
+/// vsock.
+pub const DEFAULT_PORT: u32 = 2857;
+
 /// The generated code, with the lints it was not written for turned off once.
 #[allow(
     clippy::all,

@@ -20,6 +20,7 @@ use super::translate::{
     freeze_timeout, frozen, health, publish_request_in, published, shut_down, stats, status_code,
     thawed, trimmed, unmounted, unpublished, volume_ids, volumes,
 };
+use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::rpc::lograte::LogRate;
 use crate::rpc::pool::Lane;
@@ -101,11 +102,7 @@ impl Service {
         volume: &str,
         f: impl FnOnce() -> Result<T>,
     ) -> ttrpc::Result<T> {
-        let start = Instant::now();
-        let result =
-            catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| Err(panicked(method, &*p)));
-        self.log_outcome(method, volume, start, result.as_ref().err());
-        map_status(result)
+        map_status(self.run(method, volume, f))
     }
 }
 
@@ -155,6 +152,168 @@ fn map_status<T>(result: Result<T>) -> ttrpc::Result<T> {
     })
 }
 
+/// Each method's work, from its request to its answer, with the caller's
+/// cancellation: what the ttrpc methods below run under [`Service::handle`],
+/// and what an embedding program calls (`crate::embed`).
+impl Service {
+    /// Runs one request for an embedding program: catches panics and logs
+    /// the outcome as the ttrpc methods do; the error keeps its code.
+    pub fn run<T>(
+        &self,
+        method: &'static str,
+        volume: &str,
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let start = Instant::now();
+        let result =
+            catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| Err(panicked(method, &*p)));
+        self.log_outcome(method, volume, start, result.as_ref().err());
+        result
+    }
+
+    /// GetSupportedFileSystems.
+    pub fn file_systems_in(&self, cancel: &Cancel) -> Result<pb::GetSupportedFileSystemsResponse> {
+        self.modules.wait(MODULES_WAIT, cancel);
+        Ok(file_systems(system::supported_filesystems()?))
+    }
+
+    /// PublishVolume.
+    pub fn publish_in(
+        &self,
+        req: &pb::PublishVolumeRequest,
+        cancel: &Cancel,
+    ) -> Result<pb::PublishVolumeResponse> {
+        let selinux = self.sysfs.selinux_enabled();
+        let (domain, not_applied) = publish_request_in(req, selinux)?;
+        if !not_applied.is_empty() {
+            info!(self.log, "SELinux options left out: the guest has no SELinux";
+                  "method" => "PublishVolume", "volume" => &req.volume_id,
+                  "options_not_applied" => not_applied.join(" "));
+        }
+        // Device lookup needs virtio_blk, an xfs mount needs xfs: both may still be loading.
+        self.modules.wait(MODULES_WAIT, cancel);
+        let out = self.volumes.publish(&domain, cancel)?;
+        Ok(published(out, not_applied))
+    }
+
+    /// UnpublishVolume.
+    pub fn unpublish_in(
+        &self,
+        req: &pb::UnpublishVolumeRequest,
+        cancel: &Cancel,
+    ) -> Result<pb::UnpublishVolumeResponse> {
+        validate::volume_id(&req.volume_id)?;
+        Ok(unpublished(self.volumes.unpublish(&req.volume_id, cancel)?))
+    }
+
+    /// GetVolumeStats.
+    pub fn stats_in(
+        &self,
+        req: &pb::GetVolumeStatsRequest,
+        cancel: &Cancel,
+    ) -> Result<pb::GetVolumeStatsResponse> {
+        validate::volume_id(&req.volume_id)?;
+        let (u, c) = self.volumes.stats(&req.volume_id, cancel)?;
+        Ok(stats(u, c))
+    }
+
+    /// ExpandVolume.
+    pub fn expand_in(
+        &self,
+        req: &pb::ExpandVolumeRequest,
+        cancel: &Cancel,
+    ) -> Result<pb::ExpandVolumeResponse> {
+        validate::volume_id(&req.volume_id)?;
+        let required = validate::required_bytes(req.required_bytes)?;
+        let out = self.volumes.expand(
+            &req.volume_id,
+            required,
+            validate::timeout(req.timeout_ms),
+            cancel,
+        )?;
+        Ok(expanded(out))
+    }
+
+    /// BindMount.
+    pub fn bind_in(
+        &self,
+        req: &pb::BindMountRequest,
+        cancel: &Cancel,
+    ) -> Result<pb::BindMountResponse> {
+        Ok(bound(self.volumes.bind(&bind_request(req)?, cancel)?))
+    }
+
+    /// Unmount.
+    pub fn unmount_in(
+        &self,
+        req: &pb::UnmountRequest,
+        cancel: &Cancel,
+    ) -> Result<pb::UnmountResponse> {
+        let target = std::path::Path::new(&req.target);
+        Ok(unmounted(self.volumes.unmount(target, cancel)?))
+    }
+
+    /// ListVolumes.
+    pub fn list_in(&self) -> pb::ListVolumesResponse {
+        volumes(self.volumes.list())
+    }
+
+    /// FreezeVolumes.
+    pub fn freeze_in(
+        &self,
+        req: &pb::FreezeVolumesRequest,
+        cancel: &Cancel,
+    ) -> Result<pb::FreezeVolumesResponse> {
+        let ids = volume_ids(&req.volume_ids)?;
+        let timeout = freeze_timeout(req.timeout_ms)?;
+        Ok(frozen(self.volumes.freeze(&ids, timeout, cancel)?))
+    }
+
+    /// ThawVolumes.
+    pub fn thaw_in(&self, req: &pb::ThawVolumesRequest) -> Result<pb::ThawVolumesResponse> {
+        let ids = volume_ids(&req.volume_ids)?;
+        Ok(thawed(self.volumes.thaw(&ids)?))
+    }
+
+    /// TrimVolume.
+    pub fn trim_in(
+        &self,
+        req: &pb::TrimVolumeRequest,
+        cancel: &Cancel,
+    ) -> Result<pb::TrimVolumeResponse> {
+        validate::volume_id(&req.volume_id)?;
+        let out = self
+            .volumes
+            .trim(&req.volume_id, req.min_extent_bytes, cancel)?;
+        Ok(trimmed(out))
+    }
+
+    /// GetVolumeHealth.
+    pub fn health_in(
+        &self,
+        req: &pb::GetVolumeHealthRequest,
+        cancel: &Cancel,
+    ) -> Result<pb::GetVolumeHealthResponse> {
+        validate::volume_id(&req.volume_id)?;
+        Ok(health(self.volumes.health(&req.volume_id, cancel)?))
+    }
+
+    /// Shutdown: every volume unpublished; the shutdown sender told.
+    pub fn shutdown_in(&self) -> pb::ShutdownResponse {
+        let volumes_unmounted = self.volumes.shutdown();
+        if let Some(tx) = self
+            .shutdown
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            debug!(self.log, "shutdown requested");
+            let _ = tx.send(());
+        }
+        shut_down(volumes_unmounted)
+    }
+}
+
 impl crust_ttrpc::Agent for Service {
     fn get_capabilities(
         &self,
@@ -172,8 +331,7 @@ impl crust_ttrpc::Agent for Service {
         _: pb::GetSupportedFileSystemsRequest,
     ) -> ttrpc::Result<pb::GetSupportedFileSystemsResponse> {
         self.handle("GetSupportedFileSystems", "", || {
-            self.modules.wait(MODULES_WAIT, &cancel_of(ctx));
-            Ok(file_systems(system::supported_filesystems()?))
+            self.file_systems_in(&cancel_of(ctx))
         })
     }
 
@@ -183,18 +341,7 @@ impl crust_ttrpc::Agent for Service {
         req: pb::PublishVolumeRequest,
     ) -> ttrpc::Result<pb::PublishVolumeResponse> {
         self.handle("PublishVolume", &req.volume_id, || {
-            let selinux = self.sysfs.selinux_enabled();
-            let (domain, not_applied) = publish_request_in(&req, selinux)?;
-            if !not_applied.is_empty() {
-                info!(self.log, "SELinux options left out: the guest has no SELinux";
-                      "method" => "PublishVolume", "volume" => &req.volume_id,
-                      "options_not_applied" => not_applied.join(" "));
-            }
-            let cancel = cancel_of(ctx);
-            // Device lookup needs virtio_blk, an xfs mount needs xfs: both may still be loading.
-            self.modules.wait(MODULES_WAIT, &cancel);
-            let out = self.volumes.publish(&domain, &cancel)?;
-            Ok(published(out, not_applied))
+            self.publish_in(&req, &cancel_of(ctx))
         })
     }
 
@@ -204,9 +351,7 @@ impl crust_ttrpc::Agent for Service {
         req: pb::UnpublishVolumeRequest,
     ) -> ttrpc::Result<pb::UnpublishVolumeResponse> {
         self.handle("UnpublishVolume", &req.volume_id, || {
-            validate::volume_id(&req.volume_id)?;
-            let was_published = self.volumes.unpublish(&req.volume_id, &cancel_of(ctx))?;
-            Ok(unpublished(was_published))
+            self.unpublish_in(&req, &cancel_of(ctx))
         })
     }
 
@@ -216,9 +361,7 @@ impl crust_ttrpc::Agent for Service {
         req: pb::GetVolumeStatsRequest,
     ) -> ttrpc::Result<pb::GetVolumeStatsResponse> {
         self.handle("GetVolumeStats", &req.volume_id, || {
-            validate::volume_id(&req.volume_id)?;
-            let (u, c) = self.volumes.stats(&req.volume_id, &cancel_of(ctx))?;
-            Ok(stats(u, c))
+            self.stats_in(&req, &cancel_of(ctx))
         })
     }
 
@@ -228,15 +371,7 @@ impl crust_ttrpc::Agent for Service {
         req: pb::ExpandVolumeRequest,
     ) -> ttrpc::Result<pb::ExpandVolumeResponse> {
         self.handle("ExpandVolume", &req.volume_id, || {
-            validate::volume_id(&req.volume_id)?;
-            let required = validate::required_bytes(req.required_bytes)?;
-            let out = self.volumes.expand(
-                &req.volume_id,
-                required,
-                validate::timeout(req.timeout_ms),
-                &cancel_of(ctx),
-            )?;
-            Ok(expanded(out))
+            self.expand_in(&req, &cancel_of(ctx))
         })
     }
 
@@ -246,8 +381,7 @@ impl crust_ttrpc::Agent for Service {
         req: pb::BindMountRequest,
     ) -> ttrpc::Result<pb::BindMountResponse> {
         self.handle("BindMount", &req.volume_id, || {
-            let out = self.volumes.bind(&bind_request(&req)?, &cancel_of(ctx))?;
-            Ok(bound(out))
+            self.bind_in(&req, &cancel_of(ctx))
         })
     }
 
@@ -256,11 +390,7 @@ impl crust_ttrpc::Agent for Service {
         ctx: &TtrpcContext,
         req: pb::UnmountRequest,
     ) -> ttrpc::Result<pb::UnmountResponse> {
-        self.handle("Unmount", "", || {
-            let target = std::path::Path::new(&req.target);
-            let was_mounted = self.volumes.unmount(target, &cancel_of(ctx))?;
-            Ok(unmounted(was_mounted))
-        })
+        self.handle("Unmount", "", || self.unmount_in(&req, &cancel_of(ctx)))
     }
 
     fn list_volumes(
@@ -268,7 +398,7 @@ impl crust_ttrpc::Agent for Service {
         _: &TtrpcContext,
         _: pb::ListVolumesRequest,
     ) -> ttrpc::Result<pb::ListVolumesResponse> {
-        self.handle("ListVolumes", "", || Ok(volumes(self.volumes.list())))
+        self.handle("ListVolumes", "", || Ok(self.list_in()))
     }
 
     fn get_agent_info(
@@ -288,19 +418,7 @@ impl crust_ttrpc::Agent for Service {
         _: &TtrpcContext,
         _: pb::ShutdownRequest,
     ) -> ttrpc::Result<pb::ShutdownResponse> {
-        self.handle("Shutdown", "", || {
-            let volumes_unmounted = self.volumes.shutdown();
-            if let Some(tx) = self
-                .shutdown
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take()
-            {
-                debug!(self.log, "shutdown requested");
-                let _ = tx.send(());
-            }
-            Ok(shut_down(volumes_unmounted))
-        })
+        self.handle("Shutdown", "", || Ok(self.shutdown_in()))
     }
 
     fn freeze_volumes(
@@ -309,13 +427,7 @@ impl crust_ttrpc::Agent for Service {
         req: pb::FreezeVolumesRequest,
     ) -> ttrpc::Result<pb::FreezeVolumesResponse> {
         self.handle("FreezeVolumes", &req.volume_ids.join(","), || {
-            let ids = volume_ids(&req.volume_ids)?;
-            let timeout = freeze_timeout(req.timeout_ms)?;
-            Ok(frozen(self.volumes.freeze(
-                &ids,
-                timeout,
-                &cancel_of(ctx),
-            )?))
+            self.freeze_in(&req, &cancel_of(ctx))
         })
     }
 
@@ -325,8 +437,7 @@ impl crust_ttrpc::Agent for Service {
         req: pb::ThawVolumesRequest,
     ) -> ttrpc::Result<pb::ThawVolumesResponse> {
         self.handle("ThawVolumes", &req.volume_ids.join(","), || {
-            let ids = volume_ids(&req.volume_ids)?;
-            Ok(thawed(self.volumes.thaw(&ids)?))
+            self.thaw_in(&req)
         })
     }
 
@@ -336,11 +447,7 @@ impl crust_ttrpc::Agent for Service {
         req: pb::TrimVolumeRequest,
     ) -> ttrpc::Result<pb::TrimVolumeResponse> {
         self.handle("TrimVolume", &req.volume_id, || {
-            validate::volume_id(&req.volume_id)?;
-            let out = self
-                .volumes
-                .trim(&req.volume_id, req.min_extent_bytes, &cancel_of(ctx))?;
-            Ok(trimmed(out))
+            self.trim_in(&req, &cancel_of(ctx))
         })
     }
 
@@ -350,10 +457,7 @@ impl crust_ttrpc::Agent for Service {
         req: pb::GetVolumeHealthRequest,
     ) -> ttrpc::Result<pb::GetVolumeHealthResponse> {
         self.handle("GetVolumeHealth", &req.volume_id, || {
-            validate::volume_id(&req.volume_id)?;
-            Ok(health(
-                self.volumes.health(&req.volume_id, &cancel_of(ctx))?,
-            ))
+            self.health_in(&req, &cancel_of(ctx))
         })
     }
 }

@@ -133,6 +133,13 @@ impl Volumes {
         }
     }
 
+    /// Thaws every frozen volume (the agent exits leaving its volumes
+    /// mounted); answers how many were frozen.
+    pub fn thaw_all(&self) -> usize {
+        let ids = self.freezer().held_ids();
+        ids.iter().filter(|id| self.thaw_one(id).is_some()).count()
+    }
+
     fn put_back(&self, id: &str, taken: Taken) {
         self.freezer().put_back(id, taken, Duration::from_secs(1));
     }

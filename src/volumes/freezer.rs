@@ -123,6 +123,11 @@ impl Freezer {
         })
     }
 
+    /// The ids of every frozen volume.
+    pub(crate) fn held_ids(&self) -> Vec<String> {
+        lock(&self.inner).held.keys().cloned().collect()
+    }
+
     /// The freeze of volume `id` that ended by itself, if one did since it
     /// was last frozen.
     pub(crate) fn ended(&self, id: &str) -> Option<Ended> {

@@ -8,7 +8,7 @@ use crate::accel::Accel;
 /// The guest's vsock context id.
 pub const GUEST_CID: u32 = 3;
 /// The agent's default vsock port.
-pub const AGENT_PORT: u32 = 1024;
+pub const AGENT_PORT: u32 = crust_protocols::DEFAULT_PORT;
 /// The host port the agent announces readiness to (`crust.notify=`).
 pub const NOTIFY_PORT: u32 = 1025;
 /// Without a READY (an agent that does not announce, or `notify` off), the
@@ -52,6 +52,11 @@ pub struct VmOptions {
     /// (one vhost-device-vsock can serve several guests, which may then
     /// reach each other).
     pub vhost_socket: Option<PathBuf>,
+    /// A root filesystem image to boot from (a raw disk, virtio-blk, the
+    /// guest's `/dev/vda`, `root=/dev/vda rw` on the command line): a guest
+    /// whose init is systemd (`make guest-image`) rather than the agent.
+    /// Disks hot-plugged later come after it.
+    pub root_disk: Option<PathBuf>,
 }
 
 impl VmOptions {
@@ -71,6 +76,7 @@ impl VmOptions {
             cid: GUEST_CID,
             notify: true,
             vhost_socket: None,
+            root_disk: None,
         }
     }
 }

@@ -26,6 +26,9 @@ fn kernel_append(opts: &VmOptions) -> String {
     if opts.notify {
         append.push_str(&format!(" crust.notify=vsock-stream:2:{NOTIFY_PORT}"));
     }
+    if opts.root_disk.is_some() {
+        append.push_str(" root=/dev/vda rw");
+    }
     if !opts.append.trim().is_empty() {
         append.push(' ');
         append.push_str(opts.append.trim());
@@ -76,6 +79,14 @@ fn qemu_command(opts: &VmOptions, accel: Accel, dir: &Path, vhost_socket: &Path)
     ))
     .stdin(Stdio::null())
     .process_group(0);
+    if let Some(root) = &opts.root_disk {
+        qemu.arg("-drive")
+            .arg(format!(
+                "file={},if=none,id=root,format=raw,cache=writeback",
+                root.display()
+            ))
+            .args(["-device", "virtio-blk-pci,drive=root,serial=crust-root"]);
+    }
     qemu
 }
 

@@ -186,7 +186,11 @@ fn cli_up_in_background_and_down_from_another_process() {
     let dir = std::fs::canonicalize(&dir).unwrap();
     assert_eq!(
         addr.trim(),
-        format!("hvsock://{}/vsock.sock:1024", dir.display())
+        format!(
+            "hvsock://{}/vsock.sock:{}",
+            dir.display(),
+            crust_protocols::DEFAULT_PORT
+        )
     );
 
     // The processes outlived the CLI; a second `up` on the same dir is refused.

@@ -1,8 +1,8 @@
 //! Who may talk to the agent over vsock: by default only the host (CID 2).
 //! Two guests share one vhost-device-vsock (its sibling-VM forwarding, one
-//! group), so the second guest's agent can reach the first one's port 1024:
+//! group), so the second guest's agent can reach the first one's port 2857 (the default):
 //! it is told to announce its readiness there (`crust.notify=vsock-stream:
-//! 3:1024`), which makes it connect as peer CID 4. The first agent must
+//! 3:2857`), which makes it connect as peer CID 4. The first agent must
 //! refuse that connection at accept and say so on its console; with
 //! `crust.vsock_peers=host,4` it must take it.
 //! Run with `make test-vm` (ignored by a plain `cargo test`).
@@ -94,7 +94,7 @@ fn sibling_connects(append: &str, shows: impl Fn(&str) -> bool) -> (bool, String
     let tmp = tempfile::tempdir().unwrap();
     let be = Backend::start(tmp.path());
     let mut a = guest(&be.a, 3, append, true);
-    let mut b = guest(&be.b, 4, "crust.notify=vsock-stream:3:1024", false);
+    let mut b = guest(&be.b, 4, "crust.notify=vsock-stream:3:2857", false);
     let (ok, console) = console_until(&a, shows);
     // Whatever a sibling did, the host still gets answers.
     a.agent()

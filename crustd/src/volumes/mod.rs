@@ -61,6 +61,8 @@ pub struct Config {
     /// How long a call whose caller set no deadline waits for a lock or a
     /// free slot (kubelet always sets one).
     pub wait_timeout: Duration,
+    /// Kata's sandboxes, found from Kata's files too (`--kata-runtime-dir`).
+    pub kata: Option<registry::Kata>,
 }
 
 impl Config {
@@ -74,6 +76,7 @@ impl Config {
             qmp_timeout: Duration::from_secs(10),
             unplug_timeout: Duration::from_secs(60),
             wait_timeout: Duration::from_secs(120),
+            kata: None,
         }
     }
 }
@@ -208,7 +211,7 @@ impl Crustd {
         deadline: &Deadline,
     ) -> Result<Opened<'_>> {
         hostdev::check_path(host_volume_id)?;
-        let home = registry::home(&self.cfg.sandboxes, sandbox_id)?;
+        let home = registry::home_with(&self.cfg.sandboxes, sandbox_id, self.cfg.kata.as_ref())?;
         let key = Key::new(sandbox_id, host_volume_id);
         let lock = self.lock_volume(&key, deadline)?;
         let record = self.load(&home, deadline)?.volumes.remove(host_volume_id);

@@ -57,7 +57,7 @@ impl Crustd {
     /// RuntimePublishVolume: answers the guest path.
     pub fn publish(&self, r: &PublishRequest, deadline: &Deadline) -> Result<String> {
         validate(r)?;
-        let sb = registry::open(&self.cfg.sandboxes, &r.sandbox_id)?;
+        let sb = registry::open_with(&self.cfg.sandboxes, &r.sandbox_id, self.cfg.kata.as_ref())?;
         let dev = hostdev::open_block(&r.host_volume_id).map_err(|e| match e {
             Unusable::NotBlock(n) => r.origin.refuse(&r.host_volume_id, &n),
             Unusable::Failed(e) => e,
@@ -192,7 +192,11 @@ impl Steps<'_> {
                 }
                 Err(Refusal::Conflict(k))
                     if k.holder.sandbox != self.key.sandbox
-                        && !registry::alive(&c.cfg.sandboxes, &k.holder.sandbox) =>
+                        && !registry::alive_with(
+                            &c.cfg.sandboxes,
+                            &k.holder.sandbox,
+                            c.cfg.kata.as_ref(),
+                        ) =>
                 {
                     c.forget_gone(&k.holder, self.deadline)
                         .map_err(|e| k.error(&self.key, &device).and(e.message))?;
@@ -350,7 +354,8 @@ impl Crustd {
     /// Frees `holder`, a volume of a sandbox whose VM is gone, as Unpublish
     /// there would: its device only if no process has it open.
     fn forget_gone(&self, holder: &Key, deadline: &Deadline) -> Result<()> {
-        let home = registry::home(&self.cfg.sandboxes, &holder.sandbox);
+        let home =
+            registry::home_with(&self.cfg.sandboxes, &holder.sandbox, self.cfg.kata.as_ref());
         let _lock = self.lock_volume(holder, deadline)?;
         let why = format!(
             "sandbox {}'s VM looks gone (its sandbox.json is missing)",

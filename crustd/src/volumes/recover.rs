@@ -22,7 +22,7 @@ impl Crustd {
         let deadline = Deadline::new(None);
         let mut failed = Vec::new();
         for id in registry::all_ids(&self.cfg.sandboxes) {
-            let home = match registry::home(&self.cfg.sandboxes, &id) {
+            let home = match registry::home_with(&self.cfg.sandboxes, &id, self.cfg.kata.as_ref()) {
                 Ok(h) => h,
                 Err(e) if e.code == Code::NotFound => continue,
                 Err(e) => {
@@ -59,7 +59,8 @@ impl Crustd {
         let deadline = Deadline::new(None);
         let mut out = Vec::new();
         for id in registry::all_ids(&self.cfg.sandboxes) {
-            let Ok(home) = registry::home(&self.cfg.sandboxes, &id) else {
+            let Ok(home) = registry::home_with(&self.cfg.sandboxes, &id, self.cfg.kata.as_ref())
+            else {
                 continue;
             };
             let Ok(st) = self.load(&home, &deadline) else {

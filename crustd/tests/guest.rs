@@ -1,0 +1,312 @@
+//! The agent as a service in a real sandbox guest: Debian 12 with systemd
+//! as init, udev and crun (`make guest-image`), the release agent and the
+//! repository's `guest/crust-agent.service` copied into a copy of the image,
+//! nothing else of ours. crustd publishes a loop device there with an
+//! fsGroup; the agent binds it read-write and recursively read-only; a crun
+//! container, run by a oneshot unit inside the guest as uid 1000 in the
+//! pod's group, writes through the first and gets EROFS on the second; the
+//! unit then kills the agent with SIGKILL, systemd restarts it, and the
+//! volume and both binds are still listed, and unpublish works.
+//! Run with `make test-vm` (root, `make initrd` and `make guest-image`).
+
+mod support;
+
+#[path = "../../tests/fixtures/disks.rs"]
+mod disks;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crust_protocols::crust as agent_pb;
+use crust_vm::{default_build_dir, Vm, VmOptions};
+use crustd_ctl::pb;
+use disks::{run, LoopDisk, Mounted};
+use support::Crustd;
+
+const SANDBOX: &str = "pod-guest-1";
+
+/// What the guest's oneshot unit runs: waits for both binds, runs the
+/// container, says what it saw on the console, then SIGKILLs the agent.
+const TEST_SCRIPT: &str = r#"#!/bin/sh
+say() { echo "CRUST-TEST $*"; }
+i=0
+until mountpoint -q /run/crust/pods/p/rw && mountpoint -q /run/crust/pods/p/ro; do
+    i=$((i + 1)); [ $i -gt 1200 ] && { say "no binds"; exit 1; }
+    sleep 0.5
+done
+say "udev $(systemctl is-active systemd-udevd.service)"
+say "agent $(systemctl is-active crust-agent.service)"
+cd /var/lib/crust-test/bundle
+crun run crust-test 2>&1 | while read -r line; do say "container: $line"; done
+pid=$(systemctl show -p MainPID --value crust-agent.service)
+systemctl kill --signal=KILL crust-agent.service
+say "killed $pid"
+"#;
+
+/// The container: uid 1000, group 2000 (the pod's fsGroup), both binds.
+const CONTAINER_SH: &str = "id -u; id -g; echo written-by-the-container > /data-rw/by-container && echo rw=ok; \
+                            (echo x > /data-ro/ro-attempt) 2>&1; [ -e /data-ro/ro-attempt ] || echo ro=refused";
+
+fn config_json() -> String {
+    serde_json::json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": {"uid": 1000, "gid": 2000},
+            "args": ["/bin/sh", "-c", CONTAINER_SH],
+            "env": ["PATH=/usr/bin:/bin"],
+            "cwd": "/",
+            "noNewPrivileges": true
+        },
+        "root": {"path": "rootfs", "readonly": true},
+        "hostname": "crust-test",
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+             "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+            {"destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro"]},
+            {"destination": "/data-rw", "type": "bind", "source": "/run/crust/pods/p/rw",
+             "options": ["rbind", "rw"]},
+            {"destination": "/data-ro", "type": "bind", "source": "/run/crust/pods/p/ro",
+             "options": ["rbind", "ro"]}
+        ],
+        "linux": {"namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}]}
+    })
+    .to_string()
+}
+
+/// A copy of the cached guest image with the release agent, the shipped
+/// unit, a drop-in that copies its log to the console (where crust-vm
+/// sees it listen), and the test's oneshot unit and container bundle.
+fn guest_image(dir: &Path) -> PathBuf {
+    let build = default_build_dir();
+    let base = build.join("guest/root.img");
+    assert!(
+        base.is_file(),
+        "run `make guest-image` first ({} missing)",
+        base.display()
+    );
+    let img = dir.join("root.img");
+    run(
+        "cp",
+        &[
+            "--sparse=always",
+            base.to_str().unwrap(),
+            img.to_str().unwrap(),
+        ],
+    );
+    let agent = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/x86_64-unknown-linux-gnu/release/crust-agent");
+    assert!(
+        agent.is_file(),
+        "build the release agent first (make initrd)"
+    );
+    let unit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/crust-agent.service");
+    let m = Mounted::new(Path::new(img.to_str().unwrap()), "ext4", "loop");
+    let r = &m.path;
+    let put = |rel: &str, text: &[u8], mode: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        let p = r.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    put(
+        "usr/local/bin/crust-agent",
+        &std::fs::read(&agent).unwrap(),
+        0o755,
+    );
+    put(
+        "etc/systemd/system/crust-agent.service",
+        &std::fs::read(&unit).unwrap(),
+        0o644,
+    );
+    put(
+        "etc/systemd/system/crust-agent.service.d/console.conf",
+        b"[Service]\nStandardError=journal+console\n",
+        0o644,
+    );
+    put("usr/local/bin/crust-test", TEST_SCRIPT.as_bytes(), 0o755);
+    put(
+        "etc/systemd/system/crust-test.service",
+        b"[Unit]\nAfter=crust-agent.service\n[Service]\nType=oneshot\nExecStart=/usr/local/bin/crust-test\nStandardOutput=journal+console\n[Install]\nWantedBy=multi-user.target\n",
+        0o644,
+    );
+    let bundle = "var/lib/crust-test/bundle";
+    put(
+        &format!("{bundle}/config.json"),
+        config_json().as_bytes(),
+        0o644,
+    );
+    let rootfs = r.join(bundle).join("rootfs");
+    for d in ["usr", "proc", "dev", "data-rw", "data-ro", "tmp"] {
+        std::fs::create_dir_all(rootfs.join(d)).unwrap();
+    }
+    for (link, to) in [
+        ("bin", "usr/bin"),
+        ("lib", "usr/lib"),
+        ("lib64", "usr/lib64"),
+        ("sbin", "usr/sbin"),
+    ] {
+        std::os::unix::fs::symlink(to, rootfs.join(link)).unwrap();
+    }
+    // `systemctl enable`, as links.
+    let wants = r.join("etc/systemd/system/multi-user.target.wants");
+    std::fs::create_dir_all(&wants).unwrap();
+    for u in ["crust-agent.service", "crust-test.service"] {
+        std::os::unix::fs::symlink(format!("/etc/systemd/system/{u}"), wants.join(u)).unwrap();
+    }
+    drop(m);
+    img
+}
+
+/// The console so far.
+fn console(vm: &Vm) -> String {
+    String::from_utf8_lossy(&std::fs::read(vm.console_log()).unwrap_or_default()).into_owned()
+}
+
+/// Waits until the console shows `what`.
+fn console_until(vm: &Vm, what: &str, limit: Duration) -> String {
+    let t = Instant::now();
+    loop {
+        let text = console(vm);
+        if text.contains(what) {
+            return text;
+        }
+        assert!(
+            t.elapsed() < limit,
+            "the console never showed {what:?}; its end:\n{}",
+            &text[text.len().saturating_sub(4000)..]
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn bind(c: &crust_protocols::crust_ttrpc::AgentClient, volume: &str, target: &str, ro: bool) {
+    let mut b = agent_pb::BindMountRequest::new();
+    b.volume_id = volume.into();
+    b.target = target.into();
+    b.read_only = ro;
+    if ro {
+        b.recursive_read_only = agent_pb::RecursiveReadOnly::ENABLED.into();
+    }
+    let r = c
+        .bind_mount(crust_vm::ctx(Duration::from_secs(60)), &b)
+        .unwrap();
+    assert_eq!(r.recursive_read_only_applied, ro, "{target}");
+}
+
+#[test]
+#[ignore = "boots a systemd guest: run make test-vm"]
+fn the_agent_as_a_service_beside_crun_survives_sigkill() {
+    let t = tempfile::tempdir().unwrap();
+    let reg = t.path().join("sandboxes");
+    let root = guest_image(t.path());
+    let build = default_build_dir();
+    let mut opts = VmOptions::new(reg.join(SANDBOX));
+    opts.kernel = build.join("guest/vmlinuz");
+    opts.initrd = build.join("guest/initrd.img");
+    opts.root_disk = Some(root);
+    opts.memory_mib = 1024;
+    opts.notify = false;
+    opts.boot_timeout = Duration::from_secs(300);
+    let t0 = Instant::now();
+    let mut vm = Vm::up(opts).expect("the systemd guest boots and the agent answers");
+    eprintln!("systemd guest: agent answering after {:?}", t0.elapsed());
+    let c = vm.agent().unwrap();
+    let info = c
+        .get_agent_info(crust_vm::ctx(Duration::from_secs(30)), &Default::default())
+        .unwrap();
+    assert!(!info.init_mode, "the agent runs as a service, not as PID 1");
+
+    // A disk with files owned by someone else, published through crustd
+    // with the pod's fsGroup.
+    let disk = LoopDisk::new(128, Some("ext4"));
+    {
+        let m = Mounted::new(&disk.device, "ext4", "");
+        std::fs::create_dir_all(m.path.join("app")).unwrap();
+        std::fs::write(m.path.join("app/config"), b"x").unwrap();
+        run("chown", &["-R", "1234:1234", m.path.to_str().unwrap()]);
+        run("chmod", &["-R", "go-rwx", m.path.to_str().unwrap()]);
+    }
+    let d = Crustd::start(&reg, &[]);
+    let k = d.client();
+    let published = k
+        .publish(pb::RuntimePublishVolumeRequest {
+            sandbox_id: SANDBOX.into(),
+            host_volume_id: disk.path(),
+            host_target_path: "/var/lib/kubelet/pods/uid/volumes/data".into(),
+            file_system: "ext4".into(),
+            fsgroup_gid: Some(2000),
+            fsgroup_policy: "Always".into(),
+            ..Default::default()
+        })
+        .unwrap();
+    let volume = Path::new(&published.guest_path)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    bind(&c, &volume, "/run/crust/pods/p/rw", false);
+    bind(&c, &volume, "/run/crust/pods/p/ro", true);
+
+    // The guest's unit runs the container, then kills the agent.
+    let text = console_until(&vm, "CRUST-TEST killed", Duration::from_secs(240));
+    let said: Vec<&str> = text.lines().filter(|l| l.contains("CRUST-TEST")).collect();
+    let said = said.join("\n");
+    assert!(said.contains("udev active"), "{said}");
+    assert!(
+        said.contains("container: 1000") && said.contains("container: 2000"),
+        "{said}"
+    );
+    assert!(said.contains("container: rw=ok"), "{said}");
+    assert!(
+        said.contains("cannot create /data-ro/ro-attempt: Read-only file system"),
+        "{said}"
+    );
+    assert!(said.contains("container: ro=refused"), "{said}");
+
+    // systemd restarts it; it adopts the volume and both binds.
+    let t1 = Instant::now();
+    let list = loop {
+        let answer = vm.agent().ok().and_then(|c| {
+            c.list_volumes(crust_vm::ctx(Duration::from_secs(5)), &Default::default())
+                .ok()
+        });
+        let restarted = vm.agent().ok().and_then(|c| {
+            c.get_agent_info(crust_vm::ctx(Duration::from_secs(5)), &Default::default())
+                .ok()
+        });
+        match (answer, restarted) {
+            // A new process: up for less than the time since the kill.
+            (Some(l), Some(i)) if u128::from(i.uptime_ms) <= t1.elapsed().as_millis() + 1000 => {
+                break l
+            }
+            _ => {}
+        }
+        assert!(
+            t1.elapsed() < Duration::from_secs(120),
+            "the agent did not come back after SIGKILL; console:\n{}",
+            &console(&vm)[console(&vm).len().saturating_sub(3000)..]
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    eprintln!("restarted by systemd after SIGKILL in {:?}", t1.elapsed());
+    assert_eq!(list.volumes.len(), 1, "{list:?}");
+    let mut binds = list.volumes[0].bind_targets.clone();
+    binds.sort();
+    assert_eq!(binds, ["/run/crust/pods/p/ro", "/run/crust/pods/p/rw"]);
+
+    // Unpublish through crustd: the binds, the mount, the disk out of the VM.
+    k.unpublish(SANDBOX, &disk.path()).unwrap();
+    drop(d);
+    vm.down().unwrap();
+
+    // On the host: what the container wrote, in the pod's group.
+    let m = Mounted::new(&disk.device, "ext4", "ro");
+    let f = m.path.join("by-container");
+    assert_eq!(std::fs::read(&f).unwrap(), b"written-by-the-container\n");
+    let md = std::fs::metadata(&f).unwrap();
+    assert_eq!((md.uid(), md.gid()), (1000, 2000));
+}

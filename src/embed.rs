@@ -1,0 +1,272 @@
+//! The volume table as a library, for a guest agent written in Rust that
+//! serves its own protocol (kata-agent is one) and wants the agent's
+//! volumes without running a second server.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use crust_agent::embed::{pb, Table};
+//!
+//! let table = Table::open("/run/crust".as_ref())?;
+//! let mut r = pb::PublishVolumeRequest::new();
+//! r.volume_id = "pvc-1".into();
+//! r.set_serial("vol-0001".into());
+//! r.fs_type = "ext4".into();
+//! let published = table.publish(&r, Some(Duration::from_secs(60)))?;
+//! println!("mounted at {}", published.guest_path);
+//! # Ok::<(), crust_agent::embed::Error>(())
+//! ```
+//!
+//! Each call takes and answers crust.proto's messages (the wire contract,
+//! docs/api.md) and fails with the code and sentence a ttrpc client of the
+//! agent gets for the same request: one set of rules, whichever way in.
+//! `timeout` is the caller's deadline (None: none, as a ttrpc request
+//! without one). Calls on different volumes run at once from different
+//! threads; a `Table` is `Send + Sync`.
+//!
+//! **Stable** (kept across minor versions, as the wire contract is):
+//! [`Table`] and its methods, [`Error`], and the messages of [`pb`]
+//! (fields are added, never renumbered or removed). Every other public
+//! module of this crate is the agent's own inside, public for its tests
+//! and tools, and changes without notice.
+//!
+//! What the table does not do for an embedder: listen anywhere, load
+//! kernel modules, or act as PID 1. One table per root: a second `open` of
+//! the same root (in this process or another agent) is refused, as a
+//! second agent is.
+
+use std::path::Path;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::cancel::Cancel;
+use crate::code::Code;
+use crate::instance::{self, RootLock};
+use crate::server::service::Service;
+use crate::sys::sysfs::Sysfs;
+use crate::system::{Gate, Timeline};
+use crate::volumes::table::Volumes;
+
+/// The wire contract's messages, the table's requests and answers.
+pub use crust_protocols::crust as pb;
+
+/// A refused or failed call: the code a ttrpc client would get (gRPC's
+/// numbers and names), and its sentence.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {message}", code.name())]
+pub struct Error {
+    /// INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, ...
+    pub code: Code,
+    /// The same sentence the agent answers a client.
+    pub message: String,
+}
+
+impl From<crate::error::Error> for Error {
+    fn from(e: crate::error::Error) -> Error {
+        Error {
+            code: e.code(),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// The agent's volume table on one root.
+pub struct Table {
+    service: Service,
+    volumes: Arc<Volumes>,
+    _root: RootLock,
+}
+
+/// A call's cancellation from its timeout.
+fn cancel(timeout: Option<Duration>) -> Cancel {
+    match timeout {
+        Some(t) => Cancel::never().with_timeout(t),
+        None => Cancel::never(),
+    }
+}
+
+impl Table {
+    /// Opens the table at `root` (created if missing), takes back the
+    /// volumes a previous run left (as a restarted agent does), and logs
+    /// nothing.
+    pub fn open(root: &Path) -> Result<Table, Error> {
+        Table::open_logged(root, crate::logging::discard())
+    }
+
+    /// [`Table::open`], saying what happens on `log` (slog).
+    pub fn open_logged(root: &Path, log: slog::Logger) -> Result<Table, Error> {
+        let lock = instance::lock_root(root).map_err(|e| Error {
+            code: Code::FailedPrecondition,
+            message: e.to_string(),
+        })?;
+        let volumes = Volumes::open(root, Sysfs::system(), log.clone())?;
+        // Nobody waits on this sender: Shutdown here only unpublishes.
+        let (tx, _rx) = mpsc::channel();
+        let service = Service::new(
+            volumes.clone(),
+            log,
+            Instant::now(),
+            Arc::new(Mutex::new(Timeline::default())),
+            tx,
+            Arc::new(Gate::new(true)),
+        );
+        Ok(Table {
+            service,
+            volumes,
+            _root: lock,
+        })
+    }
+
+    /// PublishVolume: finds the disk, checks its filesystem, mounts it at
+    /// `<root>/volumes/<id>`, applies fsGroup.
+    pub fn publish(
+        &self,
+        req: &pb::PublishVolumeRequest,
+        timeout: Option<Duration>,
+    ) -> Result<pb::PublishVolumeResponse, Error> {
+        let c = cancel(timeout);
+        Ok(self.service.run("PublishVolume", &req.volume_id, || {
+            self.service.publish_in(req, &c)
+        })?)
+    }
+
+    /// UnpublishVolume: its binds, a flush, its mount.
+    pub fn unpublish(
+        &self,
+        req: &pb::UnpublishVolumeRequest,
+        timeout: Option<Duration>,
+    ) -> Result<pb::UnpublishVolumeResponse, Error> {
+        let c = cancel(timeout);
+        Ok(self.service.run("UnpublishVolume", &req.volume_id, || {
+            self.service.unpublish_in(req, &c)
+        })?)
+    }
+
+    /// GetVolumeStats: usage and condition.
+    pub fn stats(
+        &self,
+        req: &pb::GetVolumeStatsRequest,
+        timeout: Option<Duration>,
+    ) -> Result<pb::GetVolumeStatsResponse, Error> {
+        let c = cancel(timeout);
+        Ok(self.service.run("GetVolumeStats", &req.volume_id, || {
+            self.service.stats_in(req, &c)
+        })?)
+    }
+
+    /// ExpandVolume: grows the filesystem online to its disk.
+    pub fn expand(
+        &self,
+        req: &pb::ExpandVolumeRequest,
+        timeout: Option<Duration>,
+    ) -> Result<pb::ExpandVolumeResponse, Error> {
+        let c = cancel(timeout);
+        Ok(self.service.run("ExpandVolume", &req.volume_id, || {
+            self.service.expand_in(req, &c)
+        })?)
+    }
+
+    /// BindMount: the volume or a subpath at a target beneath the root.
+    pub fn bind(
+        &self,
+        req: &pb::BindMountRequest,
+        timeout: Option<Duration>,
+    ) -> Result<pb::BindMountResponse, Error> {
+        let c = cancel(timeout);
+        Ok(self.service.run("BindMount", &req.volume_id, || {
+            self.service.bind_in(req, &c)
+        })?)
+    }
+
+    /// Unmount: a bind the table made.
+    pub fn unmount(
+        &self,
+        req: &pb::UnmountRequest,
+        timeout: Option<Duration>,
+    ) -> Result<pb::UnmountResponse, Error> {
+        let c = cancel(timeout);
+        Ok(self
+            .service
+            .run("Unmount", "", || self.service.unmount_in(req, &c))?)
+    }
+
+    /// ListVolumes: never waits for a call in flight.
+    pub fn list(&self) -> pb::ListVolumesResponse {
+        self.service.list_in()
+    }
+
+    /// FreezeVolumes.
+    pub fn freeze(
+        &self,
+        req: &pb::FreezeVolumesRequest,
+        timeout: Option<Duration>,
+    ) -> Result<pb::FreezeVolumesResponse, Error> {
+        let c = cancel(timeout);
+        Ok(self
+            .service
+            .run("FreezeVolumes", "", || self.service.freeze_in(req, &c))?)
+    }
+
+    /// ThawVolumes.
+    pub fn thaw(&self, req: &pb::ThawVolumesRequest) -> Result<pb::ThawVolumesResponse, Error> {
+        Ok(self
+            .service
+            .run("ThawVolumes", "", || self.service.thaw_in(req))?)
+    }
+
+    /// TrimVolume.
+    pub fn trim(
+        &self,
+        req: &pb::TrimVolumeRequest,
+        timeout: Option<Duration>,
+    ) -> Result<pb::TrimVolumeResponse, Error> {
+        let c = cancel(timeout);
+        Ok(self.service.run("TrimVolume", &req.volume_id, || {
+            self.service.trim_in(req, &c)
+        })?)
+    }
+
+    /// GetVolumeHealth.
+    pub fn health(
+        &self,
+        req: &pb::GetVolumeHealthRequest,
+        timeout: Option<Duration>,
+    ) -> Result<pb::GetVolumeHealthResponse, Error> {
+        let c = cancel(timeout);
+        Ok(self.service.run("GetVolumeHealth", &req.volume_id, || {
+            self.service.health_in(req, &c)
+        })?)
+    }
+
+    /// Unpublishes every volume and lets go of the root; answers how many
+    /// were unpublished. Dropping a table without it leaves the volumes
+    /// mounted for the next `open` to take back.
+    pub fn shutdown(self) -> u32 {
+        let n = self.volumes.shutdown();
+        drop(self);
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_requests_answer_the_clients_codes_and_a_root_is_held_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Table::open(dir.path()).unwrap();
+        let e = Table::open(dir.path()).err().unwrap();
+        assert_eq!(e.code, Code::FailedPrecondition, "{e}");
+        let mut r = pb::PublishVolumeRequest::new();
+        r.volume_id = "../x".into();
+        let e = t.publish(&r, None).unwrap_err();
+        assert_eq!(e.code, Code::InvalidArgument, "{e}");
+        let mut s = pb::GetVolumeStatsRequest::new();
+        s.volume_id = "nope".into();
+        assert_eq!(t.stats(&s, None).unwrap_err().code, Code::NotFound);
+        assert!(t.list().volumes.is_empty());
+        assert_eq!(t.shutdown(), 0);
+        // Let go: the root can be opened again.
+        drop(Table::open(dir.path()).unwrap());
+    }
+}
