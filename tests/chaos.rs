@@ -222,6 +222,29 @@ fn random_op(
             let (o, lost) = outcome(&r, |r| format!("capacity={}", r.capacity_bytes));
             ("expand", format!("expand {id}"), o, lost)
         }
+        89..=92 => {
+            // Short freezes, so one nobody thaws ends by itself mid-round.
+            let mut req = pb::FreezeVolumesRequest::new();
+            req.volume_ids = vec![id.into()];
+            if rng.bool() {
+                let other = IDS[rng.usize(..IDS.len())];
+                if other != id {
+                    req.volume_ids.push(other.into());
+                }
+            }
+            req.timeout_ms = rng.u32(100..2000);
+            let what = format!("freeze {:?} {} ms", req.volume_ids, req.timeout_ms);
+            let r = c.freeze_volumes(op_ctx(), &req);
+            let (o, lost) = outcome(&r, |_| "frozen".to_string());
+            ("freeze", what, o, lost)
+        }
+        93..=95 => {
+            let mut req = pb::ThawVolumesRequest::new();
+            req.volume_ids = vec![id.into()];
+            let r = c.thaw_volumes(op_ctx(), &req);
+            let (o, lost) = outcome(&r, |r| format!("thawed={:?}", r.thawed));
+            ("thaw", format!("thaw {id}"), o, lost)
+        }
         _ => {
             let r = c.list_volumes(op_ctx(), &pb::ListVolumesRequest::new());
             let (o, lost) = outcome(&r, |r| format!("{} volumes", r.volumes.len()));

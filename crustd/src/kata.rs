@@ -121,13 +121,21 @@ pub fn vm(run: &Path, id: &str, port: u32) -> Result<(PathBuf, Address)> {
         ))
     })?;
     let qmp = run.join("vm").join(id).join(EXTRA_MONITOR);
-    if std::fs::symlink_metadata(&qmp).is_err() {
-        return Err(Error::precondition(format!(
+    match std::fs::symlink_metadata(&qmp) {
+        Err(_) => Err(Error::precondition(format!(
             "Kata's QEMU for sandbox {id} has no extra monitor at {}: set enable_debug = true and extra_monitor_socket = \"qmp\" under [hypervisor.qemu] in Kata's configuration, so crustd can hot-plug disks",
             qmp.display()
-        )));
+        ))),
+        // QEMU makes the socket itself: anything else there (a symlink
+        // to another VM's monitor, a file) is not followed.
+        Ok(m) if !std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
+            Err(Error::precondition(format!(
+                "{} is not the socket Kata's QEMU makes (a symbolic link is not followed)",
+                qmp.display()
+            )))
+        }
+        Ok(_) => Ok((qmp, agent)),
     }
-    Ok((qmp, agent))
 }
 
 #[cfg(test)]
@@ -182,6 +190,17 @@ mod tests {
         let (qmp, agent) = vm(run, "sb1", 2857).unwrap();
         assert_eq!(qmp, run.join("vm/sb1/extra-monitor.sock"));
         assert_eq!(agent.to_string(), "vsock://2389470134:2857");
+        // A symlink where QEMU's socket should be is not followed.
+        std::fs::create_dir_all(run.join("vm/sb3")).unwrap();
+        std::os::unix::fs::symlink(
+            run.join("vm/sb1").join(EXTRA_MONITOR),
+            run.join("vm/sb3").join(EXTRA_MONITOR),
+        )
+        .unwrap();
+        std::fs::create_dir_all(run.join("sbs/sb3")).unwrap();
+        std::fs::write(run.join("sbs/sb3/persist.json"), PERSIST).unwrap();
+        let e = vm(run, "sb3", 2857).unwrap_err();
+        assert!(e.message.contains("not the socket"), "{e}");
         // A symlink where Kata's directory should be is not followed.
         std::os::unix::fs::symlink(run.join("sbs/sb1"), run.join("sbs/sb2")).unwrap();
         assert!(!has(run, "sb2"));

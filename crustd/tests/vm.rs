@@ -475,9 +475,10 @@ fn a_kata_direct_volume_in_a_real_guest() {
 /// `vm/<id>/extra-monitor.sock`. Our QEMU VM stands in for Kata's: its
 /// hybrid vsock is in the URL (Kata writes `hvsock://` for Firecracker and
 /// Cloud Hypervisor, `vsock://CID` for its QEMU, whose vhost-vsock these
-/// machines lack), and the extra monitor is a symlink to its QMP socket
-/// (Kata's is QEMU's own socket; connect() goes where the link points
-/// either way). crustd takes the guest from the URL and its own agent port.
+/// machines lack), and the extra monitor is a hard link to its QMP socket:
+/// the same socket inode at Kata's path, as QEMU makes it there for Kata
+/// (a symlink is refused). crustd takes the guest from the URL and its own
+/// agent port.
 #[test]
 #[ignore = "boots a VM: run make test-vm"]
 fn a_kata_sandbox_is_found_from_katas_files() {
@@ -509,7 +510,7 @@ fn a_kata_sandbox_is_found_from_katas_files() {
     .unwrap();
     let vmd = run_vc.join("vm").join(id);
     std::fs::create_dir_all(&vmd).unwrap();
-    std::os::unix::fs::symlink(vm_dir.join("qmp.sock"), vmd.join("extra-monitor.sock")).unwrap();
+    std::fs::hard_link(vm_dir.join("qmp.sock"), vmd.join("extra-monitor.sock")).unwrap();
 
     // Without the flag, crustd does not know the sandbox.
     let d = Crustd::start(&reg, &[]);
