@@ -38,8 +38,12 @@ TMP=$(mktemp -d "$OUT/tmp.XXXXXX")
 trap 'umount "$TMP/mnt" 2>/dev/null || true; rm -rf "$TMP"' EXIT
 
 # The kernel is the cached .deb itself, so the guest's modules are the
-# ones of build/vmlinuz. A fixed hostname and machine-id: the image is the
-# same each time it is made from the same packages.
+# ones of build/vmlinuz. Made the same way each time: mmdebstrap clamps
+# every timestamp to SOURCE_DATE_EPOCH (the kernel package's date) and
+# leaves no machine-id; the filesystem's UUID and hash seed are fixed. Only
+# the package versions apt serves can change it.
+SOURCE_DATE_EPOCH=$(date -r "$DEB" +%s)
+export SOURCE_DATE_EPOCH
 mmdebstrap --variant=minbase --include="$PACKAGES,$PWD/$DEB" \
     --customize-hook='echo crust-guest > "$1/etc/hostname"' \
     --customize-hook='echo "root:crust" | chroot "$1" chpasswd' \
@@ -58,6 +62,7 @@ cmp -s "$TMP/root/boot/vmlinuz-$VER" "$BUILD/vmlinuz" || {
 cp "$TMP/root/boot/initrd.img-$VER" "$OUT/initrd.img"
 cp "$TMP/root/boot/vmlinuz-$VER" "$OUT/vmlinuz"
 truncate -s 2G "$OUT/root.img"
-mkfs.ext4 -q -F -L crust-guest -d "$TMP/root" "$OUT/root.img"
+mkfs.ext4 -q -F -L crust-guest -U 2857c0de-0000-4000-8000-000000002857 \
+    -E hash_seed=2857c0de-0000-4000-8000-000000000001 -d "$TMP/root" "$OUT/root.img"
 echo "$DIGEST" > "$OUT/.stamp"
 echo "guest image: $OUT/root.img ($(du -k "$OUT/root.img" | cut -f1) KiB used), kernel $VER"
