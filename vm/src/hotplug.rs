@@ -82,7 +82,23 @@ impl Vm {
                 "QEMU still has device {id} {wait:?} after device_del: has the guest let go of the disk?"
             )));
         }
-        q.remove_node(&disk.node)?;
+        // The device can leave QEMU's list a moment before its deferred
+        // finalization lets go of the node: blockdev-del says "in use"
+        // meanwhile (seen with crustd in CI), so it is asked again.
+        let until = std::time::Instant::now() + wait;
+        loop {
+            match q.remove_node(&disk.node) {
+                Err(crust_client::qmp::QmpError::Refused { desc, .. })
+                    if desc.contains("is in use") && std::time::Instant::now() < until =>
+                {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                other => {
+                    other?;
+                    break;
+                }
+            }
+        }
         self.state.disks.remove(serial);
         self.save()
     }

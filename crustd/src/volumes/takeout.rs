@@ -147,8 +147,31 @@ impl Crustd {
         if leaving {
             self.wait_unplugged(sb, names, deadline)?;
         }
-        self.with_qmp(sb, deadline, |q| hotplug::remove_node(q, names))?;
-        Ok(())
+        self.remove_node_when_free(sb, names, deadline)
+    }
+
+    /// blockdev-del, again while QEMU says the node is in use: a device
+    /// leaves QEMU's list a moment before its deferred finalization lets go
+    /// of its node (seen in CI: "Node crustd-… is in use" right after the
+    /// device was gone). Ends at `--unplug-timeout` or the caller's deadline.
+    fn remove_node_when_free(
+        &self,
+        sb: &Sandbox,
+        names: &Names,
+        deadline: &Deadline,
+    ) -> Result<()> {
+        let mut until = Instant::now() + self.cfg.unplug_timeout;
+        if let Some(d) = deadline.at() {
+            until = until.min(d);
+        }
+        loop {
+            match self.with_qmp(sb, deadline, |q| hotplug::remove_node(q, names)) {
+                Err(e) if e.message.contains("is in use") && Instant::now() < until => {
+                    std::thread::sleep(POLL.min(until.saturating_duration_since(Instant::now())));
+                }
+                other => return other.map(|_| ()),
+            }
+        }
     }
 
     /// Waits, without the QMP lock, until QEMU no longer lists the device.

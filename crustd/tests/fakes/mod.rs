@@ -37,6 +37,9 @@ pub struct QemuState {
     pub open: BTreeMap<String, std::fs::File>,
     /// How long a command takes before QEMU answers it (a busy monitor).
     pub delay: BTreeMap<String, Duration>,
+    /// blockdev-del answers "in use" this many more times after its device
+    /// left the list, as QEMU does while the device's finalization lags.
+    pub node_in_use: u32,
 }
 
 pub type Qemu = Arc<Mutex<QemuState>>;
@@ -166,6 +169,10 @@ fn answer(st: &Qemu, m: &Value) -> (Value, Vec<Value>) {
             let n = a["node-name"].as_str().unwrap();
             if s.devices.values().any(|(node, _)| node == n) {
                 return (err(&format!("Node '{n}' is busy")), vec![]);
+            }
+            if s.node_in_use > 0 {
+                s.node_in_use -= 1;
+                return (err(&format!("Node {n} is in use")), vec![]);
             }
             if s.nodes.remove(n).is_none() {
                 return (
