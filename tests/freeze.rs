@@ -69,9 +69,25 @@ fn a_frozen_volume_blocks_writes_until_thawed_and_says_so_everywhere() {
         let a = Agent::start();
         let c = a.client();
         let path = publish(&c, "v", &disk, fs);
+        let unix_ms = || {
+            u64::try_from(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis(),
+            )
+            .unwrap()
+        };
+        let before = unix_ms();
         let f = c
             .freeze_volumes(ctx(), &freeze_req(&["v"], 30_000))
             .unwrap();
+        let after = unix_ms();
+        assert!(
+            (before + 30_000..=after + 30_000).contains(&f.thaw_at_unix_ms),
+            "{before} {} {after}",
+            f.thaw_at_unix_ms
+        );
         assert!(f.freeze_id.starts_with("freeze-"), "{}", f.freeze_id);
         assert_eq!(f.timeout_ms, 30_000);
         // The write blocks, seen from the host.

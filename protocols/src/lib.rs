@@ -21,6 +21,17 @@ pub mod options;
 /// vsock.
 pub const DEFAULT_PORT: u32 = 2857;
 
+/// The limits of a freeze, the agent's and crustd's alike (one group of
+/// volumes, one timeout), written once.
+pub mod freeze {
+    /// A freeze's timeout when the request names none (0).
+    pub const DEFAULT_TIMEOUT_MS: u32 = 60_000;
+    /// The longest freeze: a pod's writes wait for all of it.
+    pub const MAX_TIMEOUT_MS: u32 = 600_000;
+    /// The most volumes one freeze or thaw names.
+    pub const MAX_VOLUMES: usize = 64;
+}
+
 /// The generated code, with the lints it was not written for turned off once.
 #[allow(
     clippy::all,

@@ -360,7 +360,7 @@ pub fn volume_info(v: VolumeInfo) -> pb::VolumeInfo {
 }
 
 /// The most volumes one freeze or thaw names: a pod's volumes, with room.
-pub const MAX_GROUP: usize = 64;
+pub const MAX_GROUP: usize = crust_protocols::freeze::MAX_VOLUMES;
 
 /// A freeze's or a thaw's volume ids, validated: 1 to MAX_GROUP, each
 /// well formed, none twice.

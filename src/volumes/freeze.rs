@@ -38,6 +38,9 @@ impl Volumes {
         self.accepting()?;
         let cancel = &self.stop_with(cancel);
         let freeze = self.freezer().name();
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        // At or before every volume's own deadline: the first was frozen after this.
+        let thaw_at_unix_ms = unix_ms().saturating_add(timeout_ms);
         let mut done: Vec<&str> = Vec::new();
         for id in ids {
             let frozen = self.with_volume(id, cancel, |vol| self.freeze_one(vol, &freeze, timeout));
@@ -53,7 +56,7 @@ impl Volumes {
               "timeout_ms" => u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
         Ok(Frozen {
             freeze_id: freeze.to_string(),
-            thaw_at_unix_ms: ids.first().map_or(0, |id| self.freezer().until_unix_ms(id)),
+            thaw_at_unix_ms,
             timeout,
         })
     }

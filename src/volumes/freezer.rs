@@ -23,10 +23,12 @@ use super::index::lock;
 use crate::quiesce;
 
 /// How long a freeze lasts when the caller names no timeout.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DEFAULT_TIMEOUT: Duration =
+    Duration::from_millis(crust_protocols::freeze::DEFAULT_TIMEOUT_MS as u64);
 /// The longest freeze: a snapshot on the host takes seconds; a pod's
 /// writes wait for all of it.
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(600);
+pub const MAX_TIMEOUT: Duration =
+    Duration::from_millis(crust_protocols::freeze::MAX_TIMEOUT_MS as u64);
 
 /// Milliseconds since the epoch, now.
 pub(crate) fn unix_ms() -> u64 {
@@ -45,8 +47,6 @@ struct Held {
     path: PathBuf,
     /// When the freeze ends by itself.
     deadline: Instant,
-    /// The same, in milliseconds since the epoch.
-    until_unix_ms: u64,
     /// The freeze's timeout.
     timeout: Duration,
 }
@@ -151,7 +151,6 @@ impl Freezer {
     ) -> bool {
         let mut g = lock(&self.inner);
         g.ended.remove(id);
-        let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         g.held.insert(
             id.to_string(),
             Held {
@@ -159,20 +158,11 @@ impl Freezer {
                 dir,
                 path,
                 deadline: Instant::now() + timeout,
-                until_unix_ms: unix_ms().saturating_add(ms),
                 timeout,
             },
         );
         self.wake.notify_all();
         !std::mem::replace(&mut g.timer, true)
-    }
-
-    /// When `freeze`'s volumes end by themselves, in milliseconds since the epoch.
-    pub(crate) fn until_unix_ms(&self, id: &str) -> u64 {
-        lock(&self.inner)
-            .held
-            .get(id)
-            .map_or(0, |h| h.until_unix_ms)
     }
 
     /// Takes volume `id` out of the freezer, to thaw it.
@@ -196,7 +186,6 @@ impl Freezer {
                 dir: t.dir,
                 path: t.path,
                 deadline: Instant::now() + timeout,
-                until_unix_ms: unix_ms(),
                 timeout,
             },
         );

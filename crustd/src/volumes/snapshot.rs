@@ -23,10 +23,12 @@ use crate::registry::{self, Sandbox};
 use super::Crustd;
 
 /// The most volumes one freeze or thaw names.
-pub const MAX_GROUP: usize = 64;
+pub const MAX_GROUP: usize = crust_protocols::freeze::MAX_VOLUMES;
 /// A freeze's timeout when the caller names none, and the longest (the agent's).
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(600);
+pub const DEFAULT_TIMEOUT: Duration =
+    Duration::from_millis(crust_protocols::freeze::DEFAULT_TIMEOUT_MS as u64);
+pub const MAX_TIMEOUT: Duration =
+    Duration::from_millis(crust_protocols::freeze::MAX_TIMEOUT_MS as u64);
 
 /// A freeze's or a thaw's volumes, checked: 1 to [`MAX_GROUP`], each once.
 pub fn check_refs(refs: &[(String, String)]) -> Result<()> {
