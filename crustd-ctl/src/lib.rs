@@ -188,6 +188,7 @@ impl Kubelet {
         let r = pb::RuntimeFreezeVolumesRequest {
             volumes: refs(volumes),
             timeout_ms,
+            ..Default::default()
         };
         self.call(|mut c| async move { c.runtime_freeze_volumes(r).await })
     }
@@ -196,6 +197,7 @@ impl Kubelet {
     pub fn thaw(&self, volumes: &[(String, String)]) -> Result<(), Status> {
         let r = pb::RuntimeThawVolumesRequest {
             volumes: refs(volumes),
+            ..Default::default()
         };
         self.call(|mut c| async move { c.runtime_thaw_volumes(r).await })
             .map(|_| ())

@@ -30,6 +30,57 @@ pub mod freeze {
     pub const MAX_TIMEOUT_MS: u32 = 600_000;
     /// The most volumes one freeze or thaw names.
     pub const MAX_VOLUMES: usize = 64;
+    /// The longest freeze id.
+    pub const MAX_ID_LEN: usize = 128;
+    /// How many ended freezes are remembered, so that a late thaw of one
+    /// answers ABORTED with how it ended, not NOT_FOUND.
+    pub const ENDED_KEPT: usize = 256;
+
+    /// The rule for a freeze id, a caller's or one made: 1 to
+    /// [`MAX_ID_LEN`] bytes of `[A-Za-z0-9._:-]`, starting with a letter
+    /// or digit. It names a file of the agent's and crustd's state, and
+    /// passes from crustd to the guests unchanged.
+    pub fn check_id(id: &str) -> Result<(), String> {
+        let ok = |c: u8| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b':' | b'-');
+        match id.as_bytes() {
+            [] => Err("freeze_id is empty".into()),
+            b if b.len() > MAX_ID_LEN => Err(format!(
+                "freeze_id is {} bytes long; at most {MAX_ID_LEN}",
+                b.len()
+            )),
+            [first, ..] if !first.is_ascii_alphanumeric() => Err(format!(
+                "freeze_id {id:?} must start with a letter or a digit"
+            )),
+            b if !b.iter().all(|&c| ok(c)) => Err(format!(
+                "freeze_id {id:?} may hold only letters, digits and . _ : -"
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// A new freeze id: `<prefix>-<unix ms>-<16 hex digits of entropy>`, so
+    /// that ids never repeat across restarts, processes or machines.
+    pub fn new_id(prefix: &str, unix_ms: u64, entropy: u64) -> String {
+        format!("{prefix}-{unix_ms}-{entropy:016x}")
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn freeze_ids_follow_one_rule() {
+            for good in ["a", "freeze-1-00ff", "velero:backup.2026-11-27_1", &"x".repeat(128)] {
+                assert_eq!(check_id(good), Ok(()), "{good}");
+            }
+            for bad in ["", "-a", ".a", "a/b", "a b", "a\n", "\u{e9}", &"x".repeat(129)] {
+                assert!(check_id(bad).is_err(), "{bad:?}");
+            }
+            let made = new_id("freeze", 1_700_000_000_000, 0xab);
+            assert_eq!(made, "freeze-1700000000000-00000000000000ab");
+            assert_eq!(check_id(&made), Ok(()));
+        }
+    }
 }
 
 /// The generated code, with the lints it was not written for turned off once.
