@@ -11,6 +11,8 @@
   state_record/  the state records a real crust-agent wrote for an ext4 volume
                  with an fsGroup, options and binds, and for a read-only block
                  volume with a bind
+  freeze_record/ the freeze records it wrote: one thawed by its id, one ended
+                 by a forced thaw
   frames/        every byte crustctl sent the agent, one file per connection,
                  recorded by a proxy in between (a first byte picks the
                  target's payload limit and read size)
@@ -53,7 +55,8 @@ PROBE_BYTES = 65536 + 4096
 METHODS = [
     "GetCapabilities", "GetSupportedFileSystems", "PublishVolume", "UnpublishVolume",
     "GetVolumeStats", "ExpandVolume", "BindMount", "Unmount", "ListVolumes",
-    "GetAgentInfo", "Shutdown",
+    "GetAgentInfo", "Shutdown", "FreezeVolumes", "ThawVolumes", "TrimVolume",
+    "GetVolumeHealth",
 ]
 NETLINK_KOBJECT_UEVENT = 15
 
@@ -364,6 +367,20 @@ def record_agent(tmp):
         ctl("publish", "bad id", "--serial", "vol-0123456789abcdef", "--fs-type", "xfs", "--wait", "1")
         ctl("bind", "vol-1", "/etc", "--read-only", "--recursive-read-only", "enabled")
         ctl("unmount", root + "/pods/p1/ro")
+        # Freezes as leases: a caller's id, its thaw, a forced thaw, and
+        # the requests refused; then trim and health.
+        ctl("freeze", "vol-1", "--thaw-after", "30", "--freeze-id", "seed:backup.1")
+        ctl("thaw", "seed:backup.1")
+        ctl("freeze", "vol-1", "--freeze-id", "seed:backup.2")
+        ctl("thaw", "--force", "vol-1", "blk-1")
+        ctl("thaw", "seed:never")
+        ctl("freeze", "vol-1", "blk-1", "--freeze-id", "-bad")
+        ctl("trim", "vol-1", "--min-extent", "64K")
+        ctl("health", "vol-1")
+        for name in os.listdir(state + "/freezes"):
+            if name.endswith(".freeze"):
+                with open(os.path.join(state, "freezes", name), "rb") as f:
+                    seed("freeze_record", name, f.read())
         ctl("unpublish", "blk-1")
         ctl("unpublish", "vol-1")
         ctl("shutdown")
@@ -481,7 +498,7 @@ def main():
     parts = {
         "superblock": superblocks,
         "mountinfo": mountinfo,
-        "agent": record_agent,  # frames, request, state_record, uevent
+        "agent": record_agent,  # frames, request, state_record, freeze_record, uevent
         "mount_options": lambda tmp: mount_options(),
         "crustd": lambda tmp: crustd_files(),  # sandbox_json, crustd_json
         "direct_volume": direct_volumes,

@@ -113,20 +113,40 @@ ctl expand pvc-xfs --bytes 8G --wait 1
 ctl stats pvc-ext4
 ctl stats pvc-xfs
 
-section "A consistent snapshot, the way a backup tool takes one: freeze, copy the disk on the host, thaw"
-ctl freeze pvc-ext4 pvc-xfs --thaw-after 60
+# freeze_id VOL... [FLAGS]: a freeze's id, as a backup tool keeps it (crustctl
+# prints the id alone on stdout, what it means on stderr).
+freeze_id() {
+    printf '%s$ ID=$(crustctl freeze %s)%s\n' "$dim" "$*" "$off" >&2
+    local id
+    id=$("$CRUSTCTL" --addr "$ADDR" freeze "$@" 2>/dev/null) || true
+    printf '  %s\n' "${id:-(refused)}" >&2
+    echo "$id"
+}
+
+section "A consistent snapshot, the way a backup tool takes one: freeze (a lease: it has an id), copy the disk on the host, thaw by that id"
+ID=$(freeze_id pvc-ext4 pvc-xfs --thaw-after 60)
 ctl list
 echo "  while frozen, what writes is refused, naming the freeze:"
 ctl expand pvc-ext4 --bytes 1G --wait 1
 run cp --sparse=always "$DEMO/ext4.img" "$DEMO/ext4.snap"
-ctl thaw pvc-ext4 pvc-xfs
+ctl thaw "$ID"
 echo "  the copy needs no journal replay and is clean:"
 dumpe2fs -h "$DEMO/ext4.snap" 2>/dev/null | grep '^Filesystem features' | sed 's/^/  /'
 run e2fsck -f -n "$DEMO/ext4.snap"
-echo "  a freeze nobody thaws ends by itself; the late thaw says so (ABORTED):"
-ctl freeze pvc-xfs --thaw-after 1
+echo "  a freeze nobody thaws ends by itself; its late thaw says so (ABORTED), and ends"
+echo "  nothing of the next backup's freeze of the same volume:"
+OLD=$(freeze_id pvc-xfs --thaw-after 1)
 sleep 2
-ctl thaw pvc-xfs
+NEW=$(freeze_id pvc-xfs --thaw-after 60)
+ctl thaw "$OLD"
+ctl list
+ctl thaw "$NEW"
+echo "  your own id makes a retried freeze idempotent; an operator's forced thaw ends"
+echo "  whatever holds a volume, and the freeze it ended hears so:"
+ctl freeze pvc-ext4 --freeze-id demo:nightly.1
+ctl freeze pvc-ext4 --freeze-id demo:nightly.1
+ctl thaw --force pvc-ext4
+ctl thaw demo:nightly.1
 
 section "Free space back to the host (FITRIM; the hot-plug asked QEMU for discard=unmap), and CSI 1.13 health"
 printf '  ext4.img holds %s KiB on the host\n' "$(du -k "$DEMO/ext4.img" | cut -f1)"

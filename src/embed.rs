@@ -194,7 +194,8 @@ impl Table {
         self.service.list_in()
     }
 
-    /// FreezeVolumes.
+    /// FreezeVolumes: a lease; only its id (`thaw`), its timeout, an
+    /// unpublish, closing the table or a forced thaw ends it.
     pub fn freeze(
         &self,
         req: &pb::FreezeVolumesRequest,
@@ -206,14 +207,15 @@ impl Table {
             .run("FreezeVolumes", "", || self.service.freeze_in(req, &c))?)
     }
 
-    /// ThawVolumes.
+    /// ThawVolumes: ends the freeze its id names, or (force) whatever
+    /// holds the volumes named.
     pub fn thaw(&self, req: &pb::ThawVolumesRequest) -> Result<pb::ThawVolumesResponse, Error> {
         Ok(self
             .service
             .run("ThawVolumes", "", || self.service.thaw_in(req))?)
     }
 
-    /// TrimVolume.
+    /// TrimVolume: the filesystem's free space given back to its disk.
     pub fn trim(
         &self,
         req: &pb::TrimVolumeRequest,
@@ -225,7 +227,7 @@ impl Table {
         })?)
     }
 
-    /// GetVolumeHealth.
+    /// GetVolumeHealth: CSI's list of what is wrong, empty when healthy.
     pub fn health(
         &self,
         req: &pb::GetVolumeHealthRequest,
@@ -239,11 +241,20 @@ impl Table {
 
     /// Unpublishes every volume and lets go of the root; answers how many
     /// were unpublished. Dropping a table without it leaves the volumes
-    /// mounted for the next `open` to take back.
+    /// mounted for the next `open` to take back (and thaws them).
     pub fn shutdown(self) -> u32 {
         let n = self.volumes.shutdown();
         drop(self);
         n
+    }
+}
+
+impl Drop for Table {
+    /// Ends every freeze and stops the freeze timer before the root's lock
+    /// is let go (the fields drop after this): a timer of this table must
+    /// never thaw what a table opened next on the same root froze.
+    fn drop(&mut self) {
+        self.volumes.close_freezes();
     }
 }
 

@@ -40,6 +40,9 @@ pub enum Error {
     Volume(#[from] crate::volumes::error::Error),
     #[code(inner)]
     #[error(transparent)]
+    Lease(#[from] crate::volumes::lease::error::Error),
+    #[code(inner)]
+    #[error(transparent)]
     Stopped(#[from] crate::cancel::Stopped),
     #[code(Internal)]
     #[error(transparent)]

@@ -27,7 +27,10 @@ use crate::probe::judge::{judge, signatures, PROBE_BYTES};
 use crate::rpc::conn::{Admit, Conn};
 use crate::rpc::dispatch::{self, Job, Methods, Outbox};
 use crate::rpc::frame::{Frame, Header, Reader, HEADER_LEN, TYPE_REQUEST, TYPE_RESPONSE};
-use crate::server::translate::{bind_request, cancel_of, publish_request_in, status_code};
+use crate::server::translate::{
+    bind_request, cancel_of, freeze_id, freeze_timeout, publish_request_in, status_code,
+    thaw_request, volume_ids,
+};
 use crate::sys::mountinfo;
 use crate::sys::uevents::parse_uevent;
 use crate::validate;
@@ -36,7 +39,7 @@ use crate::validate;
 const ROOT: &str = "/run/crust";
 
 /// The methods of `crust.v1.Agent`, as a request names them.
-const METHODS: [&str; 11] = [
+const METHODS: [&str; 15] = [
     "GetCapabilities",
     "GetSupportedFileSystems",
     "PublishVolume",
@@ -48,6 +51,10 @@ const METHODS: [&str; 11] = [
     "ListVolumes",
     "GetAgentInfo",
     "Shutdown",
+    "FreezeVolumes",
+    "ThawVolumes",
+    "TrimVolume",
+    "GetVolumeHealth",
 ];
 
 /// ttrpc frames as a hostile client streams them. The first byte picks the
@@ -181,6 +188,13 @@ pub fn mountinfo(data: &[u8]) {
 /// trusted. One that decodes must read back the same once written again.
 pub fn state_record(data: &[u8]) {
     crate::volumes::state::fuzz_record(data, Path::new(ROOT));
+}
+
+/// A freeze's record (`<root>/state/freezes/<id>.freeze`) as a restart reads
+/// it: not trusted. One that decodes must name a freeze id and volume ids
+/// a request could, and read back the same once written again.
+pub fn freeze_record(data: &[u8]) {
+    crate::volumes::lease::fuzz_record(data);
 }
 
 /// A netlink uevent datagram: any process with CAP_NET_ADMIN in the guest,
@@ -484,6 +498,46 @@ impl crust_ttrpc::Agent for Translate {
                 .map(drop)
                 .map_err(Error::from),
         )
+    }
+
+    fn freeze_volumes(
+        &self,
+        ctx: &TtrpcContext,
+        req: pb::FreezeVolumesRequest,
+    ) -> ttrpc::Result<pb::FreezeVolumesResponse> {
+        let _ = cancel_of(ctx);
+        reply((|| {
+            volume_ids(&req.volume_ids)?;
+            freeze_timeout(req.timeout_ms)?;
+            freeze_id(&req.freeze_id)?;
+            Ok(())
+        })())
+    }
+
+    fn thaw_volumes(
+        &self,
+        _: &TtrpcContext,
+        req: pb::ThawVolumesRequest,
+    ) -> ttrpc::Result<pb::ThawVolumesResponse> {
+        reply(thaw_request(&req).map(drop).map_err(Error::from))
+    }
+
+    fn trim_volume(
+        &self,
+        ctx: &TtrpcContext,
+        req: pb::TrimVolumeRequest,
+    ) -> ttrpc::Result<pb::TrimVolumeResponse> {
+        let _ = cancel_of(ctx);
+        reply(validate::volume_id(&req.volume_id).map_err(Error::from))
+    }
+
+    fn get_volume_health(
+        &self,
+        ctx: &TtrpcContext,
+        req: pb::GetVolumeHealthRequest,
+    ) -> ttrpc::Result<pb::GetVolumeHealthResponse> {
+        let _ = cancel_of(ctx);
+        reply(validate::volume_id(&req.volume_id).map_err(Error::from))
     }
 }
 

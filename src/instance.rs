@@ -19,8 +19,7 @@ use rustix::io::Errno;
 /// The mode of the root and of every directory the agent creates on the way
 /// to it: only root may look inside.
 pub const ROOT_MODE: u32 = 0o700;
-/// The state directory beneath the root (volumes/state.rs keeps its records there).
-pub const STATE_DIR: &str = "state";
+use crate::validate::STATE_DIR;
 
 /// Why the root could not be taken.
 #[derive(Debug, thiserror::Error)]

@@ -8,6 +8,11 @@ use std::time::Duration;
 
 use crate::model::{FsType, RecursiveReadOnly};
 
+/// Where the agent mounts its volumes, beneath its root.
+pub const VOLUMES_DIR: &str = "volumes";
+/// Where the agent keeps its records (the volumes', then `freezes/`), beneath its root.
+pub const STATE_DIR: &str = "state";
+
 /// A malformed request: the message says which field and why.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{0}")]
@@ -211,7 +216,7 @@ pub fn target(root: &Path, s: &str) -> Result<PathBuf, Invalid> {
             root.display()
         )));
     }
-    for own in ["volumes", "state"] {
+    for own in [VOLUMES_DIR, STATE_DIR] {
         if p.starts_with(root.join(own)) {
             return Err(invalid(format!(
                 "target {s:?} is inside the agent's own {}/ directory; choose another place beneath {}",

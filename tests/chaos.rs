@@ -128,12 +128,17 @@ fn outcome<T>(r: &ttrpc::Result<T>, ok: impl FnOnce(&T) -> String) -> (String, b
     }
 }
 
+/// The freeze ids a client heard (or chose), newest last: it thaws the
+/// newest, thaws an older one late, or retries a freeze with its own id.
+const FREEZES_KEPT: usize = 8;
+
 /// One random operation. Returns (kind, description, outcome, connection lost).
 fn random_op(
     rng: &mut fastrand::Rng,
     c: &AgentClient,
     disks: &[Disk],
     targets: &[PathBuf],
+    freezes: &mut Vec<String>,
 ) -> (&'static str, String, String, bool) {
     let k = rng.usize(..IDS.len());
     let id = IDS[k];
@@ -222,35 +227,83 @@ fn random_op(
             let (o, lost) = outcome(&r, |r| format!("capacity={}", r.capacity_bytes));
             ("expand", format!("expand {id}"), o, lost)
         }
-        89..=92 => {
-            // Short freezes, so one nobody thaws ends by itself mid-round.
-            let mut req = pb::FreezeVolumesRequest::new();
-            req.volume_ids = vec![id.into()];
-            if rng.bool() {
-                let other = IDS[rng.usize(..IDS.len())];
-                if other != id {
-                    req.volume_ids.push(other.into());
-                }
-            }
-            req.timeout_ms = rng.u32(100..2000);
-            let what = format!("freeze {:?} {} ms", req.volume_ids, req.timeout_ms);
-            let r = c.freeze_volumes(op_ctx(), &req);
-            let (o, lost) = outcome(&r, |_| "frozen".to_string());
-            ("freeze", what, o, lost)
-        }
-        93..=95 => {
-            let mut req = pb::ThawVolumesRequest::new();
-            req.volume_ids = vec![id.into()];
-            let r = c.thaw_volumes(op_ctx(), &req);
-            let (o, lost) = outcome(&r, |r| format!("thawed={:?}", r.thawed));
-            ("thaw", format!("thaw {id}"), o, lost)
-        }
+        89..=92 => random_freeze(rng, c, id, freezes),
+        93..=95 => random_thaw(rng, c, id, freezes),
         _ => {
             let r = c.list_volumes(op_ctx(), &pb::ListVolumesRequest::new());
             let (o, lost) = outcome(&r, |r| format!("{} volumes", r.volumes.len()));
             ("list", "list".into(), o, lost)
         }
     }
+}
+
+/// A freeze of one or two volumes: short, so one nobody thaws ends by
+/// itself mid-round; now and then with the client's own id, or a retry of
+/// its last own id (answered again while it holds, ALREADY_EXISTS after).
+fn random_freeze(
+    rng: &mut fastrand::Rng,
+    c: &AgentClient,
+    id: &str,
+    freezes: &mut Vec<String>,
+) -> (&'static str, String, String, bool) {
+    let mut req = pb::FreezeVolumesRequest::new();
+    req.volume_ids = vec![id.into()];
+    if rng.bool() {
+        let other = IDS[rng.usize(..IDS.len())];
+        if other != id {
+            req.volume_ids.push(other.into());
+        }
+    }
+    req.timeout_ms = rng.u32(100..2000);
+    match rng.u32(0..4) {
+        0 => req.freeze_id = format!("chaos:{:016x}", rng.u64(..)),
+        1 => req.freeze_id = freezes.last().cloned().unwrap_or_default(),
+        _ => {}
+    }
+    let what = format!(
+        "freeze {:?} {} ms id={:?}",
+        req.volume_ids, req.timeout_ms, req.freeze_id
+    );
+    let r = c.freeze_volumes(op_ctx(), &req);
+    if let Ok(f) = &r {
+        if freezes.last() != Some(&f.freeze_id) {
+            freezes.push(f.freeze_id.clone());
+        }
+        if freezes.len() > FREEZES_KEPT {
+            freezes.remove(0);
+        }
+    }
+    let (o, lost) = outcome(&r, |_| "frozen".to_string());
+    ("freeze", what, o, lost)
+}
+
+/// A thaw: of the client's newest freeze, late of an older one, or forced
+/// on a volume another client may hold (that client's thaw then hears so).
+fn random_thaw(
+    rng: &mut fastrand::Rng,
+    c: &AgentClient,
+    id: &str,
+    freezes: &[String],
+) -> (&'static str, String, String, bool) {
+    let mut req = pb::ThawVolumesRequest::new();
+    let (kind, what) = match (rng.u32(0..6), freezes.len()) {
+        (0, _) | (_, 0) => {
+            req.force = true;
+            req.volume_ids = vec![id.into()];
+            ("thaw-forced", format!("thaw --force {id}"))
+        }
+        (1, n) => {
+            req.freeze_id = freezes[rng.usize(..n)].clone();
+            ("thaw-late", format!("thaw {} (late)", req.freeze_id))
+        }
+        _ => {
+            req.freeze_id = freezes.last().cloned().unwrap_or_default();
+            ("thaw", format!("thaw {}", req.freeze_id))
+        }
+    };
+    let r = c.thaw_volumes(op_ctx(), &req);
+    let (o, lost) = outcome(&r, |r| format!("thawed={:?}", r.thawed));
+    (kind, what, o, lost)
 }
 
 /// A client thread: its own connection (made again after a kill), random
@@ -265,6 +318,7 @@ fn client(
 ) {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut conn: Option<AgentClient> = None;
+    let mut freezes = Vec::new();
     while !shared.stop.load(Ordering::SeqCst) {
         let Some(c) = conn.as_ref() else {
             match connect(&addr) {
@@ -274,7 +328,7 @@ fn client(
             continue;
         };
         let t = Instant::now();
-        let (kind, what, o, lost) = random_op(&mut rng, c, &disks, &targets);
+        let (kind, what, o, lost) = random_op(&mut rng, c, &disks, &targets, &mut freezes);
         shared.record(&who, kind, &what, &o, t.elapsed());
         if lost {
             conn = None;

@@ -1,6 +1,8 @@
 //! Freeze and thaw, trim and health through the real agent on loop devices
 //! with real ext4 and xfs: a write into a frozen volume is seen to block
-//! from the host, and every refusal changes nothing.
+//! from the host, and every refusal changes nothing. A freeze is a lease:
+//! only its id, its timer, an unpublish, the agent stopping or a forced
+//! thaw ends it, and a late thaw never ends a newer freeze.
 
 mod support;
 
@@ -17,10 +19,30 @@ fn freeze_req(ids: &[&str], timeout_ms: u32) -> pb::FreezeVolumesRequest {
     r
 }
 
-fn thaw_req(ids: &[&str]) -> pb::ThawVolumesRequest {
+fn thaw_req(freeze_id: &str) -> pb::ThawVolumesRequest {
+    let mut r = pb::ThawVolumesRequest::new();
+    r.freeze_id = freeze_id.into();
+    r
+}
+
+fn force_req(ids: &[&str]) -> pb::ThawVolumesRequest {
     let mut r = pb::ThawVolumesRequest::new();
     r.volume_ids = ids.iter().map(|s| s.to_string()).collect();
+    r.force = true;
     r
+}
+
+/// The text of freeze `id`'s record under the agent's root.
+fn record(root: &Path, id: &str) -> String {
+    std::fs::read_to_string(root.join(format!("state/freezes/{id}.freeze"))).unwrap_or_default()
+}
+
+/// Whether a write into `dir` is held back (for 500 ms): the volume is frozen.
+fn blocks(dir: &str, name: &str) -> Option<mpsc::Receiver<()>> {
+    let done = write_in(Path::new(dir), name);
+    done.recv_timeout(Duration::from_millis(500))
+        .is_err()
+        .then_some(done)
 }
 
 fn health_req(id: &str) -> pb::GetVolumeHealthRequest {
@@ -125,18 +147,20 @@ fn a_frozen_volume_blocks_writes_until_thawed_and_says_so_everywhere() {
                 .condition
                 .abnormal
         );
-        // Thaw: the write ends, and thawing again is fine.
-        let t = c.thaw_volumes(ctx(), &thaw_req(&["v"])).unwrap();
+        // Recorded before it was frozen, by its id.
+        assert!(record(&a.root, &f.freeze_id).contains("volume=v\tpending"));
+        // Thaw by its id: the write ends, and thawing again is fine.
+        let t = c.thaw_volumes(ctx(), &thaw_req(&f.freeze_id)).unwrap();
         assert_eq!(t.thawed, vec!["v".to_string()]);
         done.recv_timeout(Duration::from_secs(10))
             .expect("the write ends after the thaw");
-        let t = c.thaw_volumes(ctx(), &thaw_req(&["v"])).unwrap();
+        let t = c.thaw_volumes(ctx(), &thaw_req(&f.freeze_id)).unwrap();
         assert!(t.thawed.is_empty());
         let l = c
             .list_volumes(ctx(), &pb::ListVolumesRequest::new())
             .unwrap();
         assert_eq!(l.volumes[0].freeze_id, "");
-        assert!(!a.root.join("state/v.frozen").exists());
+        assert!(record(&a.root, &f.freeze_id).contains("volume=v\tended\tthawed\t"));
         c.unpublish_volume(ctx(), &unpublish_req("v")).unwrap();
     }
 }
@@ -162,7 +186,6 @@ fn a_freeze_is_all_or_none() {
         write_in(Path::new(&path), "after")
             .recv_timeout(Duration::from_secs(10))
             .expect("the volume a failed freeze froze first is thawed");
-        assert!(!a.root.join("state/fs.frozen").exists());
     }
     // Bad requests: INVALID_ARGUMENT, nothing frozen.
     let many: Vec<String> = (0..65).map(|n| format!("v{n}")).collect();
@@ -177,8 +200,40 @@ fn a_freeze_is_all_or_none() {
         let r = c.freeze_volumes(ctx(), &freeze_req(&ids, timeout));
         assert_eq!(code(r), "INVALID_ARGUMENT", "{ids:?} {timeout}");
     }
+    // A thaw names its freeze, or forces volumes; never volumes alone.
+    let mut both = force_req(&["fs"]);
+    both.freeze_id = "f-1".into();
+    let mut ids_and_id = thaw_req("f-1");
+    ids_and_id.volume_ids = vec!["fs".into()];
+    for (r, why) in [
+        (force_req(&[]), "neither"),
+        (pb::ThawVolumesRequest::new(), "neither"),
+        (thaw_req("../x"), "freeze_id"),
+        (thaw_req(&"x".repeat(129)), "freeze_id"),
+        (both, "force ends whatever"),
+        (ids_and_id, "takes no volume_ids"),
+        (
+            {
+                let mut r = force_req(&["fs"]);
+                r.force = false;
+                r
+            },
+            "another caller's freeze",
+        ),
+    ] {
+        let r = c.thaw_volumes(ctx(), &r);
+        assert_eq!(code(r.clone()), "INVALID_ARGUMENT", "{why}");
+        assert!(
+            why == "neither" || message(r.clone()).contains(why),
+            "{}",
+            message(r)
+        );
+    }
+    let mut own = freeze_req(&["fs"], 0);
+    own.freeze_id = "-x".into();
+    assert_eq!(code(c.freeze_volumes(ctx(), &own)), "INVALID_ARGUMENT");
     assert_eq!(
-        code(c.thaw_volumes(ctx(), &thaw_req(&["nope"]))),
+        code(c.thaw_volumes(ctx(), &thaw_req("f-never"))),
         "NOT_FOUND"
     );
     let l = c
@@ -197,25 +252,124 @@ fn a_freeze_nobody_thaws_ends_by_itself_and_the_thaw_says_when() {
     let c = a.client();
     let path = publish(&c, "v", &disk, "xfs");
     let start = Instant::now();
-    c.freeze_volumes(ctx(), &freeze_req(&["v"], 1_000)).unwrap();
+    let f = c.freeze_volumes(ctx(), &freeze_req(&["v"], 1_000)).unwrap();
     write_in(Path::new(&path), "waits")
         .recv_timeout(Duration::from_secs(10))
         .expect("the freeze ended at its timeout");
     assert!(start.elapsed() >= Duration::from_millis(900));
-    let r = c.thaw_volumes(ctx(), &thaw_req(&["v"]));
+    let r = c.thaw_volumes(ctx(), &thaw_req(&f.freeze_id));
     assert_eq!(code(r.clone()), "ABORTED");
-    assert!(message(r).contains("ended by itself"));
+    assert!(message(r).contains("thawed by the agent when its timeout passed"));
     assert!(a.log().contains("freeze ended by itself"));
-    assert!(!a.root.join("state/v.frozen").exists());
+    assert!(record(&a.root, &f.freeze_id).contains("ended\ttimeout"));
     // A new freeze starts afresh.
-    c.freeze_volumes(ctx(), &freeze_req(&["v"], 0)).unwrap();
+    let g = c.freeze_volumes(ctx(), &freeze_req(&["v"], 0)).unwrap();
+    assert_ne!(f.freeze_id, g.freeze_id);
     assert_eq!(
-        c.thaw_volumes(ctx(), &thaw_req(&["v"]))
+        c.thaw_volumes(ctx(), &thaw_req(&g.freeze_id))
             .unwrap()
             .thawed
             .len(),
         1
     );
+}
+
+/// Backup A's freeze ends at its timeout while its snapshot is slow;
+/// backup B freezes the volume; A's late thaw answers ABORTED and leaves
+/// B's freeze in force (a write still blocks); B's thaw is OK.
+#[test]
+fn a_late_thaw_never_ends_the_next_backups_freeze() {
+    if !privileged() {
+        return;
+    }
+    let disk = LoopDisk::new(64, Some("ext4"));
+    let a = Agent::start();
+    let c = a.client();
+    let path = publish(&c, "v1", &disk, "ext4");
+    let fa = c
+        .freeze_volumes(ctx(), &freeze_req(&["v1"], 1_000))
+        .unwrap();
+    write_in(Path::new(&path), "between")
+        .recv_timeout(Duration::from_secs(10))
+        .expect("A's freeze ended at its timeout");
+    let fb = c
+        .freeze_volumes(ctx(), &freeze_req(&["v1"], 60_000))
+        .unwrap();
+    let late = c.thaw_volumes(ctx(), &thaw_req(&fa.freeze_id));
+    assert_eq!(code(late.clone()), "ABORTED", "{}", message(late));
+    let held = blocks(&path, "during-b").expect("A's late thaw ended B's freeze");
+    let t = c.thaw_volumes(ctx(), &thaw_req(&fb.freeze_id)).unwrap();
+    assert_eq!(t.thawed, vec!["v1".to_string()]);
+    held.recv_timeout(Duration::from_secs(10))
+        .expect("B's thaw lets the write go");
+}
+
+/// A caller's own id: a retried call answers the same freeze; a forced
+/// thaw ends it and its own thaw hears so; the id is never taken again.
+#[test]
+fn a_callers_id_and_a_forced_thaw() {
+    if !privileged() {
+        return;
+    }
+    let (d1, d2) = (
+        LoopDisk::new(64, Some("ext4")),
+        LoopDisk::new(320, Some("xfs")),
+    );
+    let a = Agent::start();
+    let c = a.client();
+    let (p1, p2) = (publish(&c, "a", &d1, "ext4"), publish(&c, "b", &d2, "xfs"));
+    let mut own = freeze_req(&["a", "b"], 60_000);
+    own.freeze_id = "velero:nightly.1".into();
+    let f = c.freeze_volumes(ctx(), &own).unwrap();
+    assert_eq!(f.freeze_id, "velero:nightly.1");
+    let again = c.freeze_volumes(ctx(), &own).unwrap();
+    assert_eq!(
+        (again.freeze_id, again.thaw_at_unix_ms),
+        (f.freeze_id.clone(), f.thaw_at_unix_ms)
+    );
+    // An operator forces "b" (and names a volume that is not there).
+    let r = c.thaw_volumes(ctx(), &force_req(&["b", "gone"]));
+    assert_eq!(code(r.clone()), "NOT_FOUND");
+    assert!(message(r).contains("volume gone is not published here"));
+    write_in(Path::new(&p2), "f")
+        .recv_timeout(Duration::from_secs(10))
+        .expect("b thawed");
+    assert!(blocks(&p1, "f").is_some(), "a stays frozen");
+    let r = c.thaw_volumes(ctx(), &thaw_req(&f.freeze_id));
+    assert_eq!(code(r.clone()), "ABORTED");
+    assert!(message(r).contains("volume b thawed by a forced thaw"));
+    write_in(Path::new(&p1), "g")
+        .recv_timeout(Duration::from_secs(10))
+        .expect("a thawed");
+    assert_eq!(code(c.freeze_volumes(ctx(), &own)), "ALREADY_EXISTS");
+    assert!(a.log().contains("forced thaw"));
+}
+
+/// A freeze whose volume was unpublished (its pod deleted): its thaw ends
+/// the rest and answers ABORTED naming that volume.
+#[test]
+fn a_thaw_thaws_what_it_can_when_a_volume_is_gone() {
+    if !privileged() {
+        return;
+    }
+    let (d1, d2) = (
+        LoopDisk::new(64, Some("ext4")),
+        LoopDisk::new(64, Some("ext4")),
+    );
+    let a = Agent::start();
+    let c = a.client();
+    publish(&c, "a", &d1, "ext4");
+    let p2 = publish(&c, "b", &d2, "ext4");
+    let f = c
+        .freeze_volumes(ctx(), &freeze_req(&["a", "b"], 60_000))
+        .unwrap();
+    c.unpublish_volume(ctx(), &unpublish_req("a")).unwrap();
+    let held = blocks(&p2, "x").expect("b is still frozen");
+    let r = c.thaw_volumes(ctx(), &thaw_req(&f.freeze_id));
+    assert_eq!(code(r.clone()), "ABORTED");
+    assert!(message(r).contains("volume a thawed when the volume was unpublished"));
+    held.recv_timeout(Duration::from_secs(10))
+        .expect("b thawed all the same");
 }
 
 #[test]
@@ -259,9 +413,10 @@ fn a_kill_9_while_frozen_is_thawed_by_the_next_agent() {
     let a = Agent::start();
     let c = a.client();
     let path = publish(&c, "v", &disk, "ext4");
-    c.freeze_volumes(ctx(), &freeze_req(&["v"], 600_000))
+    let f = c
+        .freeze_volumes(ctx(), &freeze_req(&["v"], 600_000))
         .unwrap();
-    assert!(a.root.join("state/v.frozen").exists());
+    assert!(record(&a.root, &f.freeze_id).contains("pending"));
     let dir = a.kill9();
     let blocked = write_in(Path::new(&path), "f");
     assert!(blocked.recv_timeout(Duration::from_millis(500)).is_err());
@@ -280,7 +435,13 @@ fn a_kill_9_while_frozen_is_thawed_by_the_next_agent() {
         .list_volumes(ctx(), &pb::ListVolumesRequest::new())
         .unwrap();
     assert_eq!((l.volumes.len(), l.volumes[0].freeze_id.as_str()), (1, ""));
-    assert!(!b.root.join("state/v.frozen").exists());
+    assert!(record(&b.root, &f.freeze_id).contains("ended\trestart"));
+    // The late thaw hears of the restart; a new freeze gets a new id.
+    let r = c.thaw_volumes(ctx(), &thaw_req(&f.freeze_id));
+    assert_eq!(code(r.clone()), "ABORTED");
+    assert!(message(r).contains("after the agent that froze it died"));
+    let g = c.freeze_volumes(ctx(), &freeze_req(&["v"], 0)).unwrap();
+    assert_ne!(g.freeze_id, f.freeze_id);
     c.unpublish_volume(ctx(), &unpublish_req("v")).unwrap();
 }
 
@@ -425,4 +586,65 @@ fn capabilities_advertise_freeze_trim_and_health() {
     ] {
         assert!(caps.contains(&want.into()), "{want:?}");
     }
+}
+
+/// An embedder's table dropped without `shutdown` while a volume is frozen
+/// ends its freeze and its timer before the root is let go, whichever
+/// comes first: the drop before the old freeze's timeout, or the timeout
+/// before the drop. A table opened next on the root keeps its own freeze
+/// past the old timeout, and its thaw is OK; the old id hears how it ended.
+#[test]
+fn a_dropped_table_leaves_no_timer_to_thaw_the_next_tables_freeze() {
+    use crust_agent::embed::{pb as epb, Table};
+    if !privileged() {
+        return;
+    }
+    let disk = LoopDisk::new(64, Some("ext4"));
+    let root = tempfile::tempdir().unwrap();
+    let freeze = |t: &Table, ms: u32| {
+        let mut r = epb::FreezeVolumesRequest::new();
+        r.volume_ids = vec!["v".into()];
+        r.timeout_ms = ms;
+        t.freeze(&r, None).unwrap().freeze_id
+    };
+    let thaw = |t: &Table, id: &str| {
+        let mut r = epb::ThawVolumesRequest::new();
+        r.freeze_id = id.into();
+        t.thaw(&r)
+    };
+    let mut t1 = Table::open(root.path()).unwrap();
+    let mut p = epb::PublishVolumeRequest::new();
+    p.volume_id = "v".into();
+    p.set_device_path(disk.path());
+    p.fs_type = "ext4".into();
+    let path = t1.publish(&p, None).unwrap().guest_path;
+    for timer_first in [false, true] {
+        let old = freeze(&t1, 1_000);
+        if timer_first {
+            write_in(Path::new(&path), "old")
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the old freeze ends at its timeout");
+        }
+        drop(t1);
+        write_in(Path::new(&path), "free")
+            .recv_timeout(Duration::from_secs(10))
+            .expect("nothing is left frozen by a dropped table");
+        let t2 = Table::open(root.path()).unwrap();
+        let new = freeze(&t2, 60_000);
+        assert_ne!(old, new, "ids never repeat across tables");
+        std::thread::sleep(Duration::from_millis(1_500));
+        let held = blocks(&path, "during").expect("the old table's timer thawed the new freeze");
+        assert_eq!(thaw(&t2, &new).unwrap().thawed, vec!["v".to_string()]);
+        held.recv_timeout(Duration::from_secs(10)).expect("thawed");
+        let e = thaw(&t2, &old).unwrap_err();
+        assert_eq!(e.code.name(), "ABORTED", "{e}");
+        let said = if timer_first {
+            "timeout passed"
+        } else {
+            "when the agent stopped"
+        };
+        assert!(e.message.contains(said), "{e}");
+        t1 = t2;
+    }
+    t1.shutdown();
 }

@@ -23,6 +23,9 @@ struct Fake {
     published: Mutex<Option<proto::PublishVolumeRequest>>,
     /// What ListVolumes answers.
     listed: Mutex<Vec<proto::VolumeInfo>>,
+    /// The last freeze and thaw requests.
+    froze: Mutex<Option<proto::FreezeVolumesRequest>>,
+    thawed: Mutex<Option<proto::ThawVolumesRequest>>,
 }
 
 fn status(code: ttrpc::Code, msg: &str) -> ttrpc::Error {
@@ -113,6 +116,43 @@ impl Agent for Fake {
             volumes: self.listed.lock().unwrap().clone(),
             ..Default::default()
         })
+    }
+
+    fn freeze_volumes(
+        &self,
+        _: &ttrpc::TtrpcContext,
+        req: proto::FreezeVolumesRequest,
+    ) -> ttrpc::Result<proto::FreezeVolumesResponse> {
+        let freeze_id = match req.freeze_id.as_str() {
+            "" => "freeze-1764262083000-9f2c04d1a6b3e870".to_string(),
+            own => own.to_string(),
+        };
+        *self.froze.lock().unwrap() = Some(req);
+        Ok(proto::FreezeVolumesResponse {
+            freeze_id,
+            thaw_at_unix_ms: 1_764_262_143_000,
+            timeout_ms: 60_000,
+            ..Default::default()
+        })
+    }
+
+    fn thaw_volumes(
+        &self,
+        _: &ttrpc::TtrpcContext,
+        req: proto::ThawVolumesRequest,
+    ) -> ttrpc::Result<proto::ThawVolumesResponse> {
+        let r = match req.freeze_id.as_str() {
+            "ended" => Err(status(
+                ttrpc::Code::ABORTED,
+                "freeze ended did not hold: volume a thawed by the agent when its timeout passed",
+            )),
+            _ => Ok(proto::ThawVolumesResponse {
+                thawed: vec!["a".into()],
+                ..Default::default()
+            }),
+        };
+        *self.thawed.lock().unwrap() = Some(req);
+        r
     }
 
     fn unmount(
@@ -433,6 +473,69 @@ fn publish_sends_the_flags_and_reports_the_path() {
         stdout(&o),
         "{\"guestPath\":\"/run/crust/volumes/v\",\"device\":\"/dev/vdb\",\"alreadyPublished\":false,\"ownership\":null,\"optionsNotApplied\":[]}\n"
     );
+}
+
+/// freeze prints the id alone (for `ID=$(crustctl freeze ...)`), --json
+/// gives freezeId; thaw takes that id, or --force and volume ids.
+#[test]
+fn freeze_prints_its_id_and_thaw_takes_it() {
+    let server = Server::start();
+    let a = server.addr();
+    let o = crustctl(&["--addr", &a, "freeze", "a", "b", "--thaw-after", "30"]);
+    assert_exit(&o, 0);
+    assert_eq!(stdout(&o), "freeze-1764262083000-9f2c04d1a6b3e870\n");
+    assert!(
+        stderr(&o).contains("crustctl thaw freeze-1764262083000"),
+        "{}",
+        stderr(&o)
+    );
+    let req = server.fake.froze.lock().unwrap().clone().unwrap();
+    assert_eq!(
+        (req.volume_ids, req.timeout_ms, req.freeze_id),
+        (vec!["a".into(), "b".into()], 30_000, String::new())
+    );
+    let o = crustctl(&[
+        "--addr",
+        &a,
+        "--json",
+        "freeze",
+        "a",
+        "--freeze-id",
+        "velero:1",
+    ]);
+    assert_exit(&o, 0);
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["freezeId"], "velero:1");
+    assert_eq!(
+        server.fake.froze.lock().unwrap().clone().unwrap().freeze_id,
+        "velero:1"
+    );
+
+    let o = crustctl(&["--addr", &a, "thaw", "velero:1"]);
+    assert_exit(&o, 0);
+    assert_eq!(stdout(&o), "thawed a\n");
+    let req = server.fake.thawed.lock().unwrap().take().unwrap();
+    assert_eq!(
+        (req.freeze_id.as_str(), req.force, req.volume_ids.len()),
+        ("velero:1", false, 0)
+    );
+    let o = crustctl(&["--addr", &a, "thaw", "--force", "a", "b"]);
+    assert_exit(&o, 0);
+    assert_eq!(stdout(&o), "thawed a\nb not frozen; nothing to do\n");
+    let req = server.fake.thawed.lock().unwrap().take().unwrap();
+    assert_eq!(
+        (req.freeze_id.as_str(), req.force, req.volume_ids),
+        ("", true, vec!["a".into(), "b".into()])
+    );
+    // Volume ids without --force: a usage error, nothing sent.
+    let o = crustctl(&["--addr", &a, "thaw", "a", "b"]);
+    assert_exit(&o, 2);
+    assert!(stderr(&o).contains("--force"), "{}", stderr(&o));
+    assert!(server.fake.thawed.lock().unwrap().is_none());
+    // A freeze that did not hold: exit 1, ABORTED on stderr.
+    let o = crustctl(&["--addr", &a, "thaw", "ended"]);
+    assert_exit(&o, 1);
+    assert!(stderr(&o).contains("ABORTED"), "{}", stderr(&o));
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::Path;
 
 pub use crust_agent::fuzz::{
-    frames, mount_options, mountinfo, request, state_record, superblock, uevent,
+    frames, freeze_record, mount_options, mountinfo, request, state_record, superblock, uevent,
 };
 
 /// A target: arbitrary bytes in, a panic on a defect.
@@ -29,6 +29,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("request", request),
     ("mountinfo", mountinfo),
     ("state_record", state_record),
+    ("freeze_record", freeze_record),
     ("uevent", uevent),
     ("superblock", superblock),
     ("mount_options", mount_options),

@@ -46,6 +46,11 @@ fn replay(name: &str) {
 }
 
 #[test]
+fn freeze_record() {
+    replay("freeze_record");
+}
+
+#[test]
 fn frames() {
     replay("frames");
 }

@@ -16,9 +16,9 @@ use crust_protocols::ttrpc::{self, TtrpcContext};
 use slog::{debug, info, warn, Logger};
 
 use super::translate::{
-    agent_info, bind_request, bound, cancel_of, capabilities, expanded, file_systems,
+    agent_info, bind_request, bound, cancel_of, capabilities, expanded, file_systems, freeze_id,
     freeze_timeout, frozen, health, publish_request_in, published, shut_down, stats, status_code,
-    thawed, trimmed, unmounted, unpublished, volume_ids, volumes,
+    thaw_request, thawed, trimmed, unmounted, unpublished, volume_ids, volumes,
 };
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
@@ -266,13 +266,13 @@ impl Service {
     ) -> Result<pb::FreezeVolumesResponse> {
         let ids = volume_ids(&req.volume_ids)?;
         let timeout = freeze_timeout(req.timeout_ms)?;
-        Ok(frozen(self.volumes.freeze(&ids, timeout, cancel)?))
+        let asked = freeze_id(&req.freeze_id)?;
+        Ok(frozen(self.volumes.freeze(&ids, timeout, asked, cancel)?))
     }
 
     /// ThawVolumes.
     pub fn thaw_in(&self, req: &pb::ThawVolumesRequest) -> Result<pb::ThawVolumesResponse> {
-        let ids = volume_ids(&req.volume_ids)?;
-        Ok(thawed(self.volumes.thaw(&ids)?))
+        Ok(thawed(self.volumes.thaw(&thaw_request(req)?)?))
     }
 
     /// TrimVolume.
@@ -436,9 +436,12 @@ impl crust_ttrpc::Agent for Service {
         _: &TtrpcContext,
         req: pb::ThawVolumesRequest,
     ) -> ttrpc::Result<pb::ThawVolumesResponse> {
-        self.handle("ThawVolumes", &req.volume_ids.join(","), || {
-            self.thaw_in(&req)
-        })
+        let subject = if req.freeze_id.is_empty() {
+            req.volume_ids.join(",")
+        } else {
+            req.freeze_id.clone()
+        };
+        self.handle("ThawVolumes", &subject, || self.thaw_in(&req))
     }
 
     fn trim_volume(

@@ -20,9 +20,9 @@ use crate::stats::problem::Health;
 use crate::stats::{Condition, Measured};
 use crate::system::{AgentInfo, Capability, Timeline};
 use crate::validate::{self, Invalid};
-use crate::volumes::freeze::Frozen;
-use crate::volumes::freezer;
+use crate::volumes::freeze::{Frozen, Thaw};
 use crate::volumes::health::Said;
+use crate::volumes::lease;
 use crate::volumes::request::{
     BindOutcome, BindRequest, Expanded, FsGroup, Options, PublishRequest, Published, Source, Spec,
     VolumeInfo, VolumeState,
@@ -384,12 +384,48 @@ pub fn volume_ids(ids: &[String]) -> Result<Vec<String>, Invalid> {
 pub fn freeze_timeout(ms: u32) -> Result<Duration, Invalid> {
     let asked = Duration::from_millis(u64::from(ms));
     match asked {
-        d if d.is_zero() => Ok(freezer::DEFAULT_TIMEOUT),
-        d if d > freezer::MAX_TIMEOUT => Err(Invalid(format!(
+        d if d.is_zero() => Ok(lease::DEFAULT_TIMEOUT),
+        d if d > lease::MAX_TIMEOUT => Err(Invalid(format!(
             "timeout_ms {ms} is longer than the longest freeze, {} ms: a pod's writes wait for all of it",
-            freezer::MAX_TIMEOUT.as_millis()
+            lease::MAX_TIMEOUT.as_millis()
         ))),
         d => Ok(d),
+    }
+}
+
+/// A freeze's own id, if the caller named one.
+pub fn freeze_id(id: &str) -> Result<Option<&str>, Invalid> {
+    if id.is_empty() {
+        return Ok(None);
+    }
+    crust_protocols::freeze::check_id(id).map_err(Invalid)?;
+    Ok(Some(id))
+}
+
+/// What a ThawVolumes request ends: the freeze it names, or (with force)
+/// whatever holds the volumes it names; anything else is refused, since
+/// volume ids alone would end whatever holds them, another caller's freeze
+/// among them.
+pub fn thaw_request(req: &pb::ThawVolumesRequest) -> Result<Thaw, Invalid> {
+    let named = !req.freeze_id.is_empty();
+    match (req.force, named, req.volume_ids.is_empty()) {
+        (false, true, true) => {
+            crust_protocols::freeze::check_id(&req.freeze_id).map_err(Invalid)?;
+            Ok(Thaw::Freeze(req.freeze_id.clone()))
+        }
+        (true, false, false) => Ok(Thaw::Force(volume_ids(&req.volume_ids)?)),
+        (true, true, _) => Err(Invalid(
+            "force ends whatever holds the volumes named in volume_ids; it takes no freeze_id".into(),
+        )),
+        (false, true, false) => Err(Invalid(
+            "a thaw by freeze_id ends all of that freeze; it takes no volume_ids".into(),
+        )),
+        (false, false, false) => Err(Invalid(
+            "a thaw names the freeze it ends (freeze_id): volume ids alone would end whatever holds them, another caller's freeze among them; to do that on purpose, set force".into(),
+        )),
+        (_, false, true) => Err(Invalid(
+            "a thaw names the freeze it ends (freeze_id), or sets force and names volume_ids".into(),
+        )),
     }
 }
 

@@ -210,30 +210,6 @@ pub enum Error {
         /// What was asked ("frozen", "trimmed").
         what: &'static str,
     },
-    #[code(FailedPrecondition)]
-    #[error("volume {id} is frozen by {freeze} ({seconds_left} s left before it thaws by itself); thaw it first (ThawVolumes), then retry")]
-    Frozen {
-        /// The volume id.
-        id: String,
-        /// The freeze that holds it.
-        freeze: String,
-        /// Until it ends by itself.
-        seconds_left: u64,
-    },
-    #[code(Aborted)]
-    #[error("{freeze} of volume {ids} ended by itself {seconds_ago} s ago (unix time {at_unix_ms} ms), when its timeout of {timeout_s} s passed: a snapshot taken after that may be torn; the volumes are thawed: freeze them again and take the snapshot again")]
-    FreezeEnded {
-        /// The volumes whose freeze ended.
-        ids: String,
-        /// The freeze.
-        freeze: String,
-        /// Seconds since it ended.
-        seconds_ago: u64,
-        /// When it ended.
-        at_unix_ms: u64,
-        /// Its timeout.
-        timeout_s: u64,
-    },
     #[code(why => match why {
         Why::CallerGone => Code::Cancelled,
         _ => Code::DeadlineExceeded,

@@ -24,8 +24,8 @@
 //! - `block`: what only a block volume does (its prepare and attach steps,
 //!   its stats, expand and take-down);
 //! - `bind`, `unpublish`, `query`: the other operations;
-//! - `freeze` and `freezer`: freezing for a snapshot, and the room that
-//!   holds what is frozen and ends a freeze at its timeout; `trim`: free
+//! - `freeze` and `lease/`: freezing for a snapshot, and the room that
+//!   holds each freeze as a lease (its id, its record, its timer); `trim`: free
 //!   space given back; `health`: CSI's volume health, from the condition's
 //!   problems, and `failures`: the bounded record of failed publishes it
 //!   answers for;
@@ -42,9 +42,9 @@ pub mod block;
 pub mod error;
 pub(crate) mod failures;
 pub mod freeze;
-pub(crate) mod freezer;
 pub mod health;
 pub mod index;
+pub mod lease;
 pub mod publish;
 pub mod query;
 pub mod recover;

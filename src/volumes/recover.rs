@@ -300,14 +300,12 @@ impl Recovery<'_> {
 }
 
 /// At start, before anything is taken back or down: thaws the filesystem
-/// of every volume a frozen mark names (a previous run was killed while it
-/// was frozen; a frozen filesystem hangs every writer, and its unmount).
-/// Only a mount root at the volume's own guest path is thawed; the marks go.
+/// of every volume a frozen mark names, as agents before freeze leases
+/// marked them (`<id>.frozen`; an agent upgraded while frozen). Only a
+/// mount root at the volume's own guest path is thawed; the marks go.
 pub(crate) fn thaw_left_frozen(root: &Root, store: &Store, log: &Logger) {
     for id in store.frozen_marks() {
-        let rel = guest_rel(&id);
-        let path = root.join(&rel);
-        match thaw_at(root, &rel, &path) {
+        match thaw_at(root, &id) {
             Ok(true) => {
                 warn!(log, "thawed a volume a previous run left frozen"; "volume" => &id)
             }
@@ -320,8 +318,11 @@ pub(crate) fn thaw_left_frozen(root: &Root, store: &Store, log: &Logger) {
     }
 }
 
-/// FITHAW on the mount root at `rel` beneath the root, if one is there.
-fn thaw_at(root: &Root, rel: &Path, path: &Path) -> Result<bool> {
+/// FITHAW on the mount root at volume `id`'s guest path, if one is there;
+/// true when it was frozen.
+pub(crate) fn thaw_at(root: &Root, id: &str) -> Result<bool> {
+    let rel = guest_rel(id);
+    let (rel, path) = (rel.as_path(), &root.join(&rel));
     let at = match beneath::open_with(
         root.fd(),
         rel,
@@ -380,6 +381,28 @@ mod tests {
         assert!(
             !state.join("bad.vol").exists() && state.join("bad.vol.bad").exists(),
             "an unreadable record is set aside for a human"
+        );
+    }
+
+    /// A mark an agent from before freeze leases left (`<id>.frozen`) is
+    /// read at start, its volume thawed if it is mounted there, and the mark
+    /// removed; a mark of a volume not mounted is just removed.
+    #[test]
+    fn marks_older_agents_left_are_read_and_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(dir.path().join("volumes/v")).unwrap();
+        std::fs::create_dir_all(&state).unwrap();
+        std::fs::write(state.join("v.frozen"), "freeze-1-1\n/x\n").unwrap();
+        std::fs::write(state.join("gone.frozen"), "freeze-1-2\n/y\n").unwrap();
+        let root = Root::open(dir.path()).unwrap();
+        let store = Store::open(&root).unwrap();
+        assert_eq!(store.frozen_marks().len(), 2);
+        thaw_left_frozen(&root, &store, &crate::logging::discard());
+        assert!(store.frozen_marks().is_empty());
+        assert!(
+            !thaw_at(&root, "v").unwrap(),
+            "not a mount root: nothing to thaw"
         );
     }
 

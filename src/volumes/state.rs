@@ -30,9 +30,12 @@ use crate::sys::beneath;
 use crate::sys::error::SysError;
 use crate::sys::mountinfo::shown;
 use crate::sys::sysfs::parse_devnum;
-use crate::validate;
+use crate::validate::{self, STATE_DIR};
 
-/// The state directory, opened once beneath the root.
+/// Where the freezes' records are, beneath the root.
+pub(crate) const FREEZES_DIR: &str = "state/freezes";
+
+/// A state directory, opened once beneath the root.
 #[derive(Debug)]
 pub(crate) struct Store {
     /// `<root>/state`, for messages.
@@ -71,11 +74,18 @@ fn write_error(call: &'static str, path: &Path, e: std::io::Error) -> crate::err
 impl Store {
     /// Opens `<root>/state` (creating it 0700), refusing a symlink there.
     pub(crate) fn open(root: &beneath::Root) -> Result<Store, SysError> {
-        root.own_dir("state", 0o700)?;
-        let path = root.join(Path::new("state"));
+        Store::open_dir(root, STATE_DIR)
+    }
+
+    /// Opens the state directory `rel` beneath the root (creating it 0700),
+    /// refusing a symlink anywhere on the way: the volumes' records are in
+    /// [`STATE_DIR`], the freezes' in [`FREEZES_DIR`].
+    pub(crate) fn open_dir(root: &beneath::Root, rel: &str) -> Result<Store, SysError> {
+        root.own_dir(rel, 0o700)?;
+        let path = root.join(Path::new(rel));
         let dir = beneath::open_with(
             root.fd(),
-            Path::new("state"),
+            Path::new(rel),
             OFlags::RDONLY | OFlags::DIRECTORY,
             beneath::strict(),
         )
@@ -115,13 +125,6 @@ impl Store {
         self.write(&Store::file(vol.id()), &encode(vol))
     }
 
-    /// Writes `<id>.frozen`, the mark that volume `id`'s filesystem is
-    /// frozen (`text`: the freeze, for a human), atomically, before the
-    /// freeze: a restarted agent thaws what a mark names (recover.rs).
-    pub(crate) fn mark_frozen(&self, id: &str, text: &str) -> crate::error::Result<()> {
-        self.write(&format!("{id}.frozen"), text)
-    }
-
     /// Removes volume `id`'s frozen mark; a missing one is fine.
     pub(crate) fn clear_frozen(&self, id: &str) -> crate::error::Result<()> {
         self.unlink(&format!("{id}.frozen"))
@@ -142,7 +145,7 @@ impl Store {
 
     /// Writes `name` atomically (temp file `<name>.tmp`, fsync, rename,
     /// fsync of the directory); a write that fails leaves no temp file behind.
-    fn write(&self, name: &str, text: &str) -> crate::error::Result<()> {
+    pub(crate) fn write(&self, name: &str, text: &str) -> crate::error::Result<()> {
         let tmp = format!("{name}.tmp");
         let shown_path = self.path.join(name);
         let write = || -> std::io::Result<()> {
@@ -173,7 +176,7 @@ impl Store {
     }
 
     /// Unlinks `name`; a missing one is fine. Needs no space.
-    fn unlink(&self, name: &str) -> crate::error::Result<()> {
+    pub(crate) fn unlink(&self, name: &str) -> crate::error::Result<()> {
         let r = match rustix::fs::unlinkat(&self.dir, name, AtFlags::empty()) {
             Ok(()) | Err(Errno::NOENT) => Ok(()),
             Err(e) => Err(write_error("unlink", &self.path.join(name), e.into())),
@@ -200,7 +203,7 @@ impl Store {
     }
 
     /// The names in the state directory, as bytes, sorted.
-    fn names(&self) -> Result<Vec<Vec<u8>>, SysError> {
+    pub(crate) fn names(&self) -> Result<Vec<Vec<u8>>, SysError> {
         let dir = rustix::fs::openat(
             &self.dir,
             c".",
@@ -217,6 +220,12 @@ impl Store {
         }
         names.sort();
         Ok(names)
+    }
+
+    /// The file `name`, at most `max` bytes of it: a regular file, read
+    /// without following a symlink or blocking on a FIFO.
+    pub(crate) fn read(&self, name: &[u8], max: u64) -> std::io::Result<Vec<u8>> {
+        read_at(self.dir.as_fd(), OsStr::from_bytes(name), max)
     }
 
     /// Every record, decoded against `root`; half-written temp files are
@@ -237,7 +246,7 @@ impl Store {
                 out.push(Record::Bad(raw.clone(), "its name is not UTF-8".into()));
                 continue;
             };
-            let record = match read_at(self.dir.as_fd(), name) {
+            let record = match read_at(self.dir.as_fd(), name, 1 << 20) {
                 Err(e) => Record::Bad(raw.clone(), format!("unreadable: {e}")),
                 Ok(text) => match decode(&text, root) {
                     Ok(v) if v.id() == id => Record::Good(Box::new(v)),
@@ -255,7 +264,7 @@ impl Store {
 
 /// Reads a small record through the directory fd, as bytes, without
 /// following a symlink and without blocking on a FIFO.
-fn read_at(dir: std::os::fd::BorrowedFd<'_>, name: &OsStr) -> std::io::Result<Vec<u8>> {
+fn read_at(dir: std::os::fd::BorrowedFd<'_>, name: &OsStr, max: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let fd = rustix::fs::openat(
         dir,
@@ -268,10 +277,8 @@ fn read_at(dir: std::os::fd::BorrowedFd<'_>, name: &OsStr) -> std::io::Result<Ve
         return Err(std::io::Error::other("not a regular file"));
     }
     let mut text = Vec::new();
-    // A record is a few hundred bytes; anything past 1 MiB is not one of ours.
-    std::fs::File::from(fd)
-        .take(1 << 20)
-        .read_to_end(&mut text)?;
+    // A record is a few hundred bytes; anything past `max` is not one of ours.
+    std::fs::File::from(fd).take(max).read_to_end(&mut text)?;
     Ok(text)
 }
 

@@ -25,9 +25,9 @@
 //!    takes the slot only after it let go, with a cancellation Unpublish
 //!    fires, so the two never wait for each other.
 //!
-//! 6. The freezer's and the failed publishes' maps (freezer.rs,
-//!    failures.rs): leaves, each taken alone for one lookup or update,
-//!    never across a syscall.
+//! 6. The leases' record lock, then their map (lease/), and the failed
+//!    publishes' map (failures.rs): the maps are leaves, each taken alone
+//!    for one lookup or update, never across a syscall.
 //!
 //! So a thread holds at most: a slot, then one index map, the store's note
 //! or a job's phase, in that order; nothing ever waits for a slot while
@@ -42,9 +42,9 @@ use slog::Logger;
 
 use super::error::Error;
 use super::failures::Failures;
-use super::freezer::Freezer;
 use super::index::Index;
-use super::recover::{thaw_left_frozen, Recovery};
+use super::lease::{Freezer, Ledger};
+use super::recover::{thaw_at, thaw_left_frozen, Recovery};
 use super::slots::{Slot, Slots};
 use super::state::Store;
 use super::volume::Volume;
@@ -80,8 +80,8 @@ pub struct Volumes {
     stop: Token,
     /// MAX_BINDS (smaller in tests).
     max_binds: std::sync::atomic::AtomicUsize,
-    /// What is frozen (lock 6).
-    freezer: Freezer,
+    /// The freezes (lock 6).
+    freezer: Arc<Freezer>,
     /// The last failure of publishes that left no volume (lock 6).
     failures: Failures,
     /// The table itself, for the threads of fsGroup walks (walking.rs),
@@ -111,6 +111,7 @@ impl Volumes {
         let index = Index::default();
         // Before anything is taken back or down: a frozen filesystem hangs
         // its writers and its unmount.
+        let freezer = Freezer::open(Ledger::open(&root)?, log.clone(), |vol| thaw_at(&root, vol));
         thaw_left_frozen(&root, &store, &log);
         let adopted = Recovery {
             root: &root,
@@ -130,7 +131,7 @@ impl Volumes {
             shutting_down: AtomicBool::new(false),
             stop: Token::new(Why::Shutdown),
             max_binds: MAX_BINDS.into(),
-            freezer: Freezer::default(),
+            freezer,
             failures: Failures::default(),
             me: me.clone(),
         }))
@@ -173,7 +174,7 @@ impl Volumes {
         &self.log
     }
 
-    /// What is frozen (freezer.rs's room).
+    /// The freezes (lease/'s room).
     pub(crate) fn freezer(&self) -> &Freezer {
         &self.freezer
     }

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use slog::warn;
 
 use super::error::Error;
+use super::lease::How;
 use super::table::Volumes;
 use super::volume::Volume;
 use crate::cancel::Cancel;
@@ -54,8 +55,8 @@ impl Volumes {
             vol.walk = None;
         }
         // Thawed first: a frozen filesystem would hang its flush and unmount.
-        self.thaw_one(vol.id());
-        self.freezer().forget(vol.id());
+        self.freezer()
+            .end_volumes(&[vol.id().to_string()], How::Unpublished);
         self.failures().forget(vol.id());
         // Nothing is written on the way: an unpublish needs no space in the
         // state directory. A record that still lists binds taken down (if
@@ -194,6 +195,9 @@ impl Volumes {
     /// every volume. Returns how many were unpublished.
     pub fn shutdown(&self) -> u32 {
         self.stop_accepting();
+        // Recorded as the agent stopping, before each unpublish would say
+        // its volume was unpublished.
+        self.close_freezes();
         let mut ids = self.slot_ids();
         let mut n = 0;
         while let Some(id) = ids.pop() {

@@ -429,11 +429,16 @@ impl Rig {
     ///     listed volume of that disk (mounted at the filesystem's root) or a
     ///     listed bind target of it (with a root in `bind_roots`, when given);
     ///     every listed guest path and bind target is really mounted so;
-    ///     the state directory names exactly the listed volumes among `ids`;
+    ///     the state directory (beside its freeze records) names exactly
+    ///     the listed volumes among `ids`;
     /// (b) no two mounts at one mount point beneath the root;
     /// (c) the sentinel beside the root is unchanged, no test disk is mounted
     ///     outside the root, and nothing listed lies outside it;
-    /// (e) no disk is mounted at two guest paths or listed under two ids.
+    /// (e) no disk is mounted at two guest paths or listed under two ids;
+    /// (f) the freeze records agree with the list: a volume listed frozen
+    ///     has its freeze's record, and a record that says a volume may be
+    ///     frozen names a volume listed frozen by that freeze; at most the
+    ///     last 256 ended freezes are kept.
     pub fn problems(
         &self,
         c: &AgentClient,
@@ -660,8 +665,15 @@ impl Rig {
         }
 
         // (a) the state directory names exactly the listed volumes (by id,
-        // in file names or contents: the format is the agent's business).
-        let state = self.state_files();
+        // in file names or contents: the format is the agent's business),
+        // the freezes' records apart: they are history, and name volumes
+        // long gone.
+        let freezes = self.root.join("state/freezes");
+        let (records, state): (Vec<_>, Vec<_>) = self
+            .state_files()
+            .into_iter()
+            .partition(|(p, _)| p.starts_with(&freezes));
+        bad.extend(freeze_problems(&list, &records));
         let listed: BTreeSet<&str> = list.iter().map(|v| v.volume_id.as_str()).collect();
         for id in ids {
             let holders: Vec<String> = state
@@ -891,6 +903,58 @@ fn is_block(v: &pb::VolumeInfo) -> bool {
 
 /// Whether `text` names `id` as a whole token, not as part of a longer id
 /// (a dot ends it: "v1.vol" names "v1"; the tests' ids have no dots).
+/// (f) of [`Rig::problems`]: the freeze records against the list.
+fn freeze_problems(list: &[pb::VolumeInfo], records: &[(PathBuf, Vec<u8>)]) -> Vec<String> {
+    let mut bad = Vec::new();
+    let text = |p: &Path| {
+        records
+            .iter()
+            .find(|(r, _)| r == p)
+            .map(|(_, b)| String::from_utf8_lossy(b).into_owned())
+    };
+    for v in list.iter().filter(|v| !v.freeze_id.is_empty()) {
+        let p = records
+            .first()
+            .and_then(|(r, _)| r.parent())
+            .map(|d| d.join(format!("{}.freeze", v.freeze_id)));
+        if p.as_deref().and_then(text).is_none() {
+            bad.push(format!(
+                "(f) volume {} is listed frozen by {}, which has no record",
+                v.volume_id, v.freeze_id
+            ));
+        }
+    }
+    let ended = records
+        .iter()
+        .filter(|(_, b)| !String::from_utf8_lossy(b).contains("\tpending"))
+        .count();
+    if ended > 256 {
+        bad.push(format!("(f) {ended} ended freezes are kept, more than 256"));
+    }
+    for (p, b) in records {
+        let b = String::from_utf8_lossy(b);
+        let freeze = b
+            .lines()
+            .find_map(|l| l.strip_prefix("freeze="))
+            .unwrap_or("?");
+        for vol in b
+            .lines()
+            .filter_map(|l| l.strip_prefix("volume=")?.strip_suffix("\tpending"))
+        {
+            let held = list
+                .iter()
+                .any(|v| v.volume_id == vol && v.freeze_id == freeze);
+            if !held {
+                bad.push(format!(
+                    "(f) {} says volume {vol} may be frozen by {freeze}, but the list does not",
+                    p.display()
+                ));
+            }
+        }
+    }
+    bad
+}
+
 pub fn mentions(text: &str, id: &str) -> bool {
     let is_id = |c: char| c.is_ascii_alphanumeric() || "_-".contains(c);
     text.match_indices(id).any(|(i, _)| {

@@ -236,25 +236,34 @@ pub fn publish(volume_id: &str, read_only: bool, r: &proto::PublishVolumeRespons
 
 pub fn frozen(ids: &[String], r: &proto::FreezeVolumesResponse) -> String {
     format!(
-        "frozen {} ({}); thawed by the agent in {} s unless thawed first\n",
+        "frozen {} as {}; thawed by the agent in {} s unless `crustctl thaw {}` comes first\n",
         ids.join(" "),
         r.freeze_id,
-        r.timeout_ms.div_ceil(1000)
+        r.timeout_ms.div_ceil(1000),
+        r.freeze_id
     )
 }
 
-pub fn thawed(ids: &[String], r: &proto::ThawVolumesResponse) -> String {
-    let not: Vec<&str> = ids
-        .iter()
-        .filter(|id| !r.thawed.contains(id))
-        .map(String::as_str)
-        .collect();
+/// A thaw's answer; `forced`: the volumes a forced thaw named.
+pub fn thawed(forced: Option<&[String]>, r: &proto::ThawVolumesResponse) -> String {
     let mut out = String::new();
     if !r.thawed.is_empty() {
         out += &format!("thawed {}\n", r.thawed.join(" "));
     }
-    if !not.is_empty() {
-        out += &format!("{} not frozen; nothing to do\n", not.join(" "));
+    let not: Vec<&str> = forced
+        .unwrap_or_default()
+        .iter()
+        .filter(|id| !r.thawed.contains(id))
+        .map(String::as_str)
+        .collect();
+    match forced {
+        Some(_) if !not.is_empty() => {
+            out += &format!("{} not frozen; nothing to do\n", not.join(" "))
+        }
+        None if r.thawed.is_empty() => {
+            out += "the freeze held until its thaw; nothing was left frozen\n"
+        }
+        _ => {}
     }
     out
 }

@@ -72,7 +72,8 @@ enum Command {
     Unmount { target: String },
     /// Unmount everything and power the VM off (when the agent is PID 1).
     Shutdown,
-    /// Freeze volumes' filesystems for a consistent snapshot, all or none.
+    /// Freeze volumes' filesystems for a consistent snapshot, all or none;
+    /// prints the freeze's id, which `thaw` takes.
     Freeze {
         #[arg(required = true)]
         volume_ids: Vec<String>,
@@ -80,11 +81,21 @@ enum Command {
         /// at most 600) if nobody thaws them first.
         #[arg(long, value_name = "SECS", value_parser = parse_wait)]
         thaw_after: Option<u32>,
+        /// Your own id for this freeze (letters, digits, . _ : -): a retry
+        /// with it answers the same freeze; it is never used again.
+        #[arg(long, value_name = "ID")]
+        freeze_id: Option<String>,
     },
-    /// Thaw frozen volumes (fine when they are not frozen).
+    /// End a freeze by its id: exit 0 when it held until now (the snapshot
+    /// is consistent), 1 with ABORTED when part of it ended first.
     Thaw {
+        /// The freeze's id (with --force: the volume ids).
         #[arg(required = true)]
-        volume_ids: Vec<String>,
+        ids: Vec<String>,
+        /// End whatever freeze holds the volumes named, another caller's
+        /// too (that caller's thaw then answers ABORTED).
+        #[arg(long)]
+        force: bool,
     },
     /// Give a volume's free space back to its disk (FITRIM).
     Trim {
@@ -261,6 +272,16 @@ fn main() -> ExitCode {
             )
             .exit();
     };
+    if let Command::Thaw { ids, force: false } = &cli.command {
+        if ids.len() > 1 {
+            Cli::command()
+                .error(
+                    ErrorKind::TooManyValues,
+                    "thaw takes one freeze id (what freeze printed); to end whatever holds volumes, give --force and their ids",
+                )
+                .exit();
+        }
+    }
     match run(&cli, &addr) {
         Ok(out) => {
             print(&out);
@@ -388,8 +409,9 @@ fn run(cli: &Cli, addr: &Address) -> Result<String, Failure> {
         Command::Freeze {
             volume_ids,
             thaw_after,
-        } => freeze(&agent, j, volume_ids, *thaw_after)?,
-        Command::Thaw { volume_ids } => thaw(&agent, j, volume_ids)?,
+            freeze_id,
+        } => freeze(&agent, j, volume_ids, *thaw_after, freeze_id.as_deref())?,
+        Command::Thaw { ids, force } => thaw(&agent, j, ids, *force)?,
         Command::Trim {
             volume_id,
             min_extent,
@@ -399,30 +421,45 @@ fn run(cli: &Cli, addr: &Address) -> Result<String, Failure> {
     Ok(out)
 }
 
-/// `freeze ID... [--thaw-after SECS]`.
+/// `freeze ID... [--thaw-after SECS] [--freeze-id ID]`: the id on stdout,
+/// alone (`ID=$(crustctl freeze ...)`), what it means on stderr.
 fn freeze(
     agent: &CrustClient,
     j: bool,
     volume_ids: &[String],
     thaw_after: Option<u32>,
+    freeze_id: Option<&str>,
 ) -> Result<String, Failure> {
     let req = proto::FreezeVolumesRequest {
         volume_ids: volume_ids.to_vec(),
         timeout_ms: thaw_after.unwrap_or(0),
+        freeze_id: freeze_id.unwrap_or_default().to_string(),
         ..Default::default()
     };
     let resp = agent.freeze_volumes(&req).map_err(Failure::Call)?;
-    Ok(render(j, &resp, |r| human::frozen(volume_ids, r)))
+    if !j {
+        eprint!("{}", human::frozen(volume_ids, &resp));
+    }
+    Ok(render(j, &resp, |r| format!("{}\n", r.freeze_id)))
 }
 
-/// `thaw ID...`.
-fn thaw(agent: &CrustClient, j: bool, volume_ids: &[String]) -> Result<String, Failure> {
-    let req = proto::ThawVolumesRequest {
-        volume_ids: volume_ids.to_vec(),
-        ..Default::default()
+/// `thaw FREEZE_ID` or `thaw --force VOLUME_ID...`.
+fn thaw(agent: &CrustClient, j: bool, ids: &[String], force: bool) -> Result<String, Failure> {
+    // main refused more than one id without --force before connecting.
+    let req = if force {
+        proto::ThawVolumesRequest {
+            volume_ids: ids.to_vec(),
+            force: true,
+            ..Default::default()
+        }
+    } else {
+        proto::ThawVolumesRequest {
+            freeze_id: ids.concat(),
+            ..Default::default()
+        }
     };
     let resp = agent.thaw_volumes(&req).map_err(Failure::Call)?;
-    Ok(render(j, &resp, |r| human::thawed(volume_ids, r)))
+    Ok(render(j, &resp, |r| human::thawed(force.then_some(ids), r)))
 }
 
 /// `trim ID [--min-extent N]`.
