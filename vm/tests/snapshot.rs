@@ -156,7 +156,7 @@ fn a_snapshot_taken_while_frozen_needs_no_replay_and_trim_gives_blocks_back() {
         })
         .collect();
     let mut t = pb::ThawVolumesRequest::new();
-    t.volume_ids = f.volume_ids.clone();
+    t.freeze_id = frozen.freeze_id.clone();
     let thawed = c.thaw_volumes(ctx(), &t).unwrap();
     assert_eq!(thawed.thawed.len(), 2, "{frozen:?}");
 
