@@ -11,7 +11,7 @@
 use std::{
     io,
     os::{
-        fd::{AsFd, IntoRawFd, OwnedFd},
+        fd::{AsFd, BorrowedFd, IntoRawFd, OwnedFd},
         unix::net::UnixStream,
     },
     path::Path,
@@ -21,6 +21,7 @@ use std::{
 
 use crate::address::{Address, AddressError};
 use crate::hvsock;
+use crate::peer;
 use crust_protocols::ttrpc;
 
 /// `sizeof(sockaddr_un.sun_path)`: a path must fit with its NUL.
@@ -94,6 +95,28 @@ pub fn connect_stream_until(
             Ok(OwnedFd::from(s))
         }
     }
+}
+
+/// [`connect_stream`] to the Unix socket that `fd` was opened on with
+/// `O_PATH` by a caller that judged the file it found there (peer.rs): the
+/// connect goes through the descriptor, so it reaches that socket and no
+/// other, whatever its path names by then. `path` is for messages.
+pub fn connect_opened(
+    fd: BorrowedFd<'_>,
+    path: &Path,
+    timeout: Duration,
+) -> Result<OwnedFd, ConnectError> {
+    let name = Address::Unix(path.to_path_buf()).to_string();
+    let owned = fd.try_clone_to_owned().map_err(|source| ConnectError::Io {
+        call: "dup",
+        addr: name.clone(),
+        source,
+    })?;
+    let deadline = Instant::now() + timeout;
+    let s = within(&name, deadline, timeout, move || {
+        peer::connect_opened(owned)
+    })?;
+    Ok(OwnedFd::from(s))
 }
 
 fn connect_unix(

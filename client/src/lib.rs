@@ -1,7 +1,8 @@
 //! crust-client: the host's ways into a sandbox. Parse an agent
 //! [`Address`], [`connect`] to it (Unix, vsock, or hybrid vsock through a
 //! VMM's socket) and call it through the typed [`CrustClient`]; talk to the
-//! VM's QEMU through a [`qmp::Qmp`] session. crustctl, crustd and crust-vm
+//! VM's QEMU through a [`qmp::Qmp`] session, knowing which process serves
+//! its socket when that matters ([`peer_pid`]). crustctl, crustd and crust-vm
 //! all connect through here, so every bound is kept once: each connect has
 //! a deadline, a hybrid vsock `CONNECT` is never abandoned unanswered, a
 //! QMP monitor is read in bounded lines.
@@ -21,11 +22,15 @@ mod client;
 mod connect;
 mod connect_error;
 mod hvsock;
+mod peer;
 pub mod qmp;
 pub mod unary;
 
 pub use address::{Address, AddressError, VSOCK_CID_ANY};
 pub use client::{code_name, deadline_for_wait, CallError, Code, CrustClient};
-pub use connect::{connect, connect_stream, connect_stream_until, connect_until, ConnectError};
+pub use connect::{
+    connect, connect_opened, connect_stream, connect_stream_until, connect_until, ConnectError,
+};
 pub use crust_protocols::{crust as proto, protobuf, ttrpc};
 pub use hvsock::{settle, unanswered};
+pub use peer::peer_pid;

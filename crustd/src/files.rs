@@ -5,13 +5,16 @@
 //! of bounded size, opened without blocking (a FIFO would hang the reader);
 //! and a file is replaced through a temporary created exclusively under an
 //! unpredictable name, then renamed, so a planted symlink redirects nothing.
+//! Beneath a directory crustd was given (Kata's runtime directory), a path of
+//! several components is resolved by the kernel with no symbolic link in any
+//! of them (`openat2`), so no link can lead into another sandbox's files.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::Path;
 
-use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags};
+use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
 /// Opens the directory `path` (given by the operator; symlinks followed).
@@ -44,6 +47,8 @@ pub fn exists_at(dir: BorrowedFd<'_>, name: &str) -> bool {
 pub enum ReadError {
     /// Nothing by that name.
     Missing,
+    /// A symbolic link on the way beneath a directory, which is not followed.
+    Linked,
     /// Something that is not a regular file: what it is ("a FIFO").
     NotRegular(&'static str),
     /// A regular file larger than the bound: its size in bytes.
@@ -58,6 +63,7 @@ impl std::fmt::Display for ReadError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ReadError::Missing => write!(f, "it does not exist"),
+            ReadError::Linked => write!(f, "{LINKED}"),
             ReadError::NotRegular(what) => write!(f, "it is {what}, not a regular file"),
             ReadError::TooLarge(n) => {
                 write!(f, "it holds {n} bytes or more, more than crustd reads")
@@ -100,18 +106,47 @@ pub fn read_bounded_checked(
     max: u64,
     check: impl FnOnce(&rfs::Stat) -> Result<(), String>,
 ) -> Result<Vec<u8>, ReadError> {
-    let fd = rfs::openat(
-        dir,
-        name,
-        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| match e {
+    let fd =
+        rfs::openat(dir, name, READ_FLAGS | OFlags::NOFOLLOW, Mode::empty()).map_err(
+            |e| match e {
+                Errno::NOENT => ReadError::Missing,
+                // O_NOFOLLOW on a symlink.
+                Errno::LOOP => ReadError::NotRegular("a symbolic link"),
+                e => ReadError::Io(e.into()),
+            },
+        )?;
+    read_open(fd, max, check)
+}
+
+/// As [`read_bounded`], for `rel` beneath `root`: no component of `rel` may
+/// be a symbolic link ([`ReadError::Linked`]), the last one included.
+pub fn read_bounded_beneath(
+    root: BorrowedFd<'_>,
+    rel: &Path,
+    max: u64,
+) -> Result<Vec<u8>, ReadError> {
+    let fd = open_beneath(root, rel, READ_FLAGS).map_err(|e| match e {
         Errno::NOENT => ReadError::Missing,
-        // O_NOFOLLOW on a symlink.
-        Errno::LOOP => ReadError::NotRegular("a symbolic link"),
-        e => ReadError::Io(e.into()),
+        Errno::LOOP => ReadError::Linked,
+        e => ReadError::Io(beneath_error(e)),
     })?;
+    read_open(fd, max, |_| Ok(()))
+}
+
+/// How a file to be read is opened: without blocking (a FIFO opens at once
+/// and is then refused) and without becoming a terminal's reader.
+const READ_FLAGS: OFlags = OFlags::RDONLY
+    .union(OFlags::NONBLOCK)
+    .union(OFlags::NOCTTY)
+    .union(OFlags::CLOEXEC);
+
+/// Reads the open file `fd` when it is a regular file of at most `max`
+/// bytes that `check` accepts.
+fn read_open(
+    fd: OwnedFd,
+    max: u64,
+    check: impl FnOnce(&rfs::Stat) -> Result<(), String>,
+) -> Result<Vec<u8>, ReadError> {
     let st = rfs::fstat(&fd).map_err(|e| ReadError::Io(e.into()))?;
     let t = FileType::from_raw_mode(st.st_mode);
     if t != FileType::RegularFile {
@@ -132,6 +167,89 @@ pub fn read_bounded_checked(
         return Err(ReadError::TooLarge(read));
     }
     Ok(buf)
+}
+
+/// What a symbolic link beneath a directory crustd was given means.
+const LINKED: &str =
+    "a symbolic link lies on its path, and crustd follows none beneath that directory";
+
+/// How a name beneath a directory crustd was given is resolved: nothing
+/// outside that directory, and no symbolic link (nor /proc's magic links) in
+/// any component, the last included, so a link cannot lead crustd into
+/// another sandbox's files, whichever component it replaces.
+const NO_LINKS_BENEATH: ResolveFlags = ResolveFlags::BENEATH
+    .union(ResolveFlags::NO_SYMLINKS)
+    .union(ResolveFlags::NO_MAGICLINKS);
+
+/// Opens `rel` beneath `root` with `flags` (and O_CLOEXEC), resolved as
+/// [`NO_LINKS_BENEATH`] says; a symbolic link anywhere on the way is ELOOP.
+fn open_beneath(root: BorrowedFd<'_>, rel: &Path, flags: OFlags) -> Result<OwnedFd, Errno> {
+    rfs::openat2(
+        root,
+        rel,
+        flags | OFlags::CLOEXEC,
+        Mode::empty(),
+        NO_LINKS_BENEATH,
+    )
+}
+
+/// An error of [`open_beneath`] other than ENOENT and ELOOP, as an io::Error
+/// that says what a missing openat2 means.
+fn beneath_error(e: Errno) -> io::Error {
+    if e == Errno::NOSYS {
+        return io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this kernel has no openat2, which crustd needs to resolve a path with no symbolic link in it (Linux 5.6 or later)",
+        );
+    }
+    e.into()
+}
+
+/// Whether something is at `rel` beneath `root` with no symbolic link on the
+/// way there (a symbolic link as the last component counts, unfollowed).
+pub fn exists_beneath(root: BorrowedFd<'_>, rel: &Path) -> bool {
+    open_beneath(root, rel, OFlags::PATH | OFlags::NOFOLLOW).is_ok()
+}
+
+/// Why a socket beneath a directory was not opened.
+#[derive(Debug)]
+pub enum SocketError {
+    /// Nothing by that name.
+    Missing,
+    /// A symbolic link on the way, which is not followed.
+    Linked,
+    /// Something that is not a socket: what it is ("a regular file").
+    NotSocket(&'static str),
+    /// Any other failure.
+    Io(io::Error),
+}
+
+impl std::fmt::Display for SocketError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SocketError::Missing => write!(f, "it does not exist"),
+            SocketError::Linked => write!(f, "{LINKED}"),
+            SocketError::NotSocket(what) => write!(f, "it is {what}, not a socket"),
+            SocketError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// Opens the socket `rel` beneath `root` with O_PATH, no symbolic link in
+/// any component, and checks on the open file that it is a socket: a
+/// descriptor to connect through (`/proc/self/fd`), so the socket judged
+/// here is the one reached, whatever the path names by then.
+pub fn open_socket_beneath(root: BorrowedFd<'_>, rel: &Path) -> Result<OwnedFd, SocketError> {
+    let fd = open_beneath(root, rel, OFlags::PATH).map_err(|e| match e {
+        Errno::NOENT => SocketError::Missing,
+        Errno::LOOP => SocketError::Linked,
+        e => SocketError::Io(beneath_error(e)),
+    })?;
+    let st = rfs::fstat(&fd).map_err(|e| SocketError::Io(e.into()))?;
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::Socket => Ok(fd),
+        t => Err(SocketError::NotSocket(kind(t))),
+    }
 }
 
 /// How many unpredictable names a write tries before giving up (each taken
@@ -300,6 +418,47 @@ mod tests {
             .collect();
         names.sort();
         assert_eq!(names, ["f", "g", "h", "victim"]);
+    }
+
+    /// Beneath a directory, a link in any component is refused, the last
+    /// one and the directories on the way alike, and a hard link is a file
+    /// like any other (it is the file it names).
+    #[test]
+    fn beneath_a_directory_no_component_may_be_a_link() {
+        let t = tempfile::tempdir().unwrap();
+        let d = dir(&t);
+        let p = t.path();
+        std::fs::create_dir_all(p.join("a/b")).unwrap();
+        std::fs::write(p.join("a/b/f"), b"{}").unwrap();
+        let _l = std::os::unix::net::UnixListener::bind(p.join("a/b/s")).unwrap();
+        symlink(p.join("a"), p.join("la")).unwrap();
+        symlink(p.join("a/b"), p.join("a/lb")).unwrap();
+        symlink(p.join("a/b/f"), p.join("a/b/lf")).unwrap();
+        symlink(p.join("a/b/s"), p.join("a/b/ls")).unwrap();
+        std::fs::hard_link(p.join("a/b/s"), p.join("a/b/hs")).unwrap();
+        let read = |rel: &str| read_bounded_beneath(d.as_fd(), Path::new(rel), 9);
+        assert_eq!(read("a/b/f").unwrap(), b"{}");
+        for rel in ["la/b/f", "a/lb/f", "a/b/lf"] {
+            assert!(matches!(read(rel), Err(ReadError::Linked)), "{rel}");
+        }
+        assert!(matches!(read("a/b/none"), Err(ReadError::Missing)));
+        // A socket does not open for reading (ENXIO).
+        assert!(matches!(read("a/b/s"), Err(ReadError::Io(_))));
+        // Nothing outside the directory, even through `..`.
+        assert!(read("../x").is_err());
+        let sock = |rel: &str| open_socket_beneath(d.as_fd(), Path::new(rel));
+        assert!(sock("a/b/s").is_ok() && sock("a/b/hs").is_ok());
+        for rel in ["la/b/s", "a/lb/s", "a/b/ls"] {
+            assert!(matches!(sock(rel), Err(SocketError::Linked)), "{rel}");
+        }
+        assert!(matches!(sock("a/b/none"), Err(SocketError::Missing)));
+        assert!(matches!(
+            sock("a/b/f"),
+            Err(SocketError::NotSocket("a regular file"))
+        ));
+        assert!(exists_beneath(d.as_fd(), Path::new("a/b/lf")));
+        assert!(!exists_beneath(d.as_fd(), Path::new("a/lb/f")));
+        assert!(!exists_beneath(d.as_fd(), Path::new("a/b/none")));
     }
 
     #[test]

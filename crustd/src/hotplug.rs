@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crust_client::qmp::{BlockDisk, Qmp, QmpError, Source};
+use crust_client::qmp::{BlockDisk, Qmp, QmpError, Socket, Source};
 
 use crate::error::{Error, Result};
 use crate::hostdev::Names;
@@ -33,12 +33,19 @@ impl During for QmpError {
     }
 }
 
-/// A QMP session on `path`, greeted and in command mode, every step bounded
-/// by `timeout`; UNAVAILABLE when there is none (the VM gone, the monitor
-/// wedged or held by another client).
-pub fn connect(path: &Path, timeout: Duration) -> Result<Qmp> {
-    Qmp::connect(path, timeout).map_err(|e| match e {
+/// A QMP session on `socket`, greeted and in command mode, every step
+/// bounded by `timeout`, once `vet` has accepted the process that listens
+/// there (monitor.rs judges it); FAILED_PRECONDITION when `vet` refuses it
+/// (nothing sent), UNAVAILABLE when there is no session (the VM gone, the
+/// monitor wedged or held by another client).
+pub fn connect(
+    socket: Socket<'_>,
+    timeout: Duration,
+    vet: impl FnOnce(u32) -> std::result::Result<(), String>,
+) -> Result<Qmp> {
+    Qmp::connect_vetted(socket, timeout, vet).map_err(|e| match e {
         QmpError::Refused { .. } => e.during("qmp_capabilities"),
+        QmpError::Vetoed { why, .. } => Error::precondition(why),
         other => Error::unavailable(other.to_string()),
     })
 }
@@ -130,14 +137,22 @@ mod tests {
         );
         // No monitor at all: UNAVAILABLE, saying the VM may be gone.
         let t = tempfile::tempdir().unwrap();
-        let e = connect(&t.path().join("qmp.sock"), Duration::from_secs(1)).unwrap_err();
+        let none = t.path().join("qmp.sock");
+        let e = connect(Socket::Path(&none), Duration::from_secs(1), |_| Ok(())).unwrap_err();
         assert_eq!(e.code, Code::Unavailable);
         assert!(e.message.contains("does not exist"), "{e}");
         // A monitor that accepts and never greets (busy with another client).
         let p = t.path().join("busy.sock");
         let _l = std::os::unix::net::UnixListener::bind(&p).unwrap();
-        let e = connect(&p, Duration::from_millis(300)).unwrap_err();
+        let e = connect(Socket::Path(&p), Duration::from_millis(300), |_| Ok(())).unwrap_err();
         assert_eq!(e.code, Code::Unavailable);
         assert!(e.message.contains("did not greet"), "{e}");
+        // A process the caller refuses: its words, FAILED_PRECONDITION.
+        let e = connect(Socket::Path(&p), Duration::from_secs(5), |pid| {
+            Err(format!("not {pid}"))
+        })
+        .unwrap_err();
+        assert_eq!(e.code, Code::FailedPrecondition);
+        assert_eq!(e.message, format!("not {}", std::process::id()));
     }
 }

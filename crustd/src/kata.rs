@@ -20,18 +20,29 @@
 //!   "qmp"` (`[hypervisor.qemu]`); the one tools that drive Kata's QEMU
 //!   from outside use. Kata's own monitor stays Kata's.
 //!
-//! Both files are Kata's, so untrusted: read through directory fds without
-//! following a symlink, bounded, and checked like a `sandbox.json`.
+//! - `HypervisorState.Pid` in the same `persist.json`
+//!   (`persist/api/hypervisor.go`, `Pid int`; `qemu.go`'s `Save` writes the
+//!   pid QEMU wrote to its `-pidfile`, or 0 when QEMU is not running): the
+//!   process that serves the extra monitor. crustd connects only to a
+//!   monitor that process serves (monitor.rs), so a link at Kata's path to
+//!   another VM's monitor (a hard link included) plugs nothing there.
+//!
+//! Both files are Kata's, so untrusted: resolved beneath the runtime
+//! directory (the operator's, whose own path may hold links) with no
+//! symbolic link in any component (`sbs`, `vm`, the sandbox's directory,
+//! the file), bounded, and checked like a `sandbox.json`.
 
 use std::io;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crust_client::Address;
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
-use crate::files::{self, ReadError};
+use crate::files::{self, ReadError, SocketError};
+use crate::monitor::{Monitor, Owner};
 
 /// Kata's default runtime directory.
 pub const DEFAULT_RUN: &str = "/run/vc";
@@ -39,11 +50,15 @@ pub const DEFAULT_RUN: &str = "/run/vc";
 pub const MAX_PERSIST: u64 = 4 << 20;
 /// The name of QEMU's extra monitor in `<run>/vm/<id>/`.
 pub const EXTRA_MONITOR: &str = "extra-monitor.sock";
+/// The name of the sandbox's state in `<run>/sbs/<id>/`.
+pub const PERSIST: &str = "persist.json";
 
 #[derive(Deserialize)]
 struct Persist {
     #[serde(rename = "AgentState")]
     agent_state: AgentState,
+    #[serde(rename = "HypervisorState", default)]
+    hypervisor_state: Option<HypervisorState>,
 }
 
 #[derive(Deserialize)]
@@ -52,16 +67,40 @@ struct AgentState {
     url: String,
 }
 
-/// Whether Kata has a sandbox `id` under `run` (its `persist.json` is there).
-pub fn has(run: &Path, id: &str) -> bool {
-    files::open_dir(&run.join("sbs"))
-        .and_then(|d| files::open_dir_at(d.as_fd(), id))
-        .is_ok_and(|fd| files::exists_at(fd.as_fd(), "persist.json"))
+#[derive(Deserialize)]
+struct HypervisorState {
+    #[serde(rename = "Pid", default)]
+    pid: Option<i64>,
 }
 
-/// The agent's address in the text of a `persist.json`, with crust-agent's
-/// `port` in place of kata-agent's.
-pub fn agent_of(text: &[u8], port: u32) -> std::result::Result<Address, String> {
+/// What crustd takes from a `persist.json`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct State {
+    /// crust-agent's address: kata-agent's, on crust-agent's port.
+    pub agent: Address,
+    /// The hypervisor's pid; `None` when Kata wrote 0 or nothing.
+    pub hypervisor_pid: Option<u32>,
+}
+
+/// Where `persist.json` of sandbox `id` is beneath the runtime directory.
+fn persist_rel(id: &str) -> PathBuf {
+    Path::new("sbs").join(id).join(PERSIST)
+}
+
+/// Where the extra monitor of sandbox `id` is beneath the runtime directory.
+fn monitor_rel(id: &str) -> PathBuf {
+    Path::new("vm").join(id).join(EXTRA_MONITOR)
+}
+
+/// Whether Kata has a sandbox `id` under `run`: something is at its
+/// `persist.json`, with no symbolic link on the way there.
+pub fn has(run: &Path, id: &str) -> bool {
+    files::open_dir(run).is_ok_and(|root| files::exists_beneath(root.as_fd(), &persist_rel(id)))
+}
+
+/// What the text of a `persist.json` says, with crust-agent's `port` in
+/// place of kata-agent's.
+pub fn parse(text: &[u8], port: u32) -> std::result::Result<State, String> {
     let p: Persist = serde_json::from_slice(text).map_err(|e| e.to_string())?;
     let url = p.agent_state.url;
     let kata: Address = url
@@ -77,33 +116,43 @@ pub fn agent_of(text: &[u8], port: u32) -> std::result::Result<Address, String> 
         }
     };
     ours.check_connectable().map_err(|e| e.to_string())?;
-    Ok(ours)
+    let hypervisor_pid = match p.hypervisor_state.and_then(|h| h.pid) {
+        None | Some(0) => None,
+        Some(n) => Some(
+            u32::try_from(n)
+                .ok()
+                .filter(|&n| i32::try_from(n).is_ok())
+                .ok_or_else(|| format!("HypervisorState.Pid {n} is not a process id"))?,
+        ),
+    };
+    Ok(State {
+        agent: ours,
+        hypervisor_pid,
+    })
 }
 
-/// Sandbox `id`'s QMP socket and crust-agent's address, from Kata's files
+/// Sandbox `id`'s QMP monitor and crust-agent's address, from Kata's files
 /// under `run`: NOT_FOUND when Kata has no such sandbox, FAILED_PRECONDITION
 /// when its files are not as Kata writes them or its QEMU has no extra
-/// monitor.
-pub fn vm(run: &Path, id: &str, port: u32) -> Result<(PathBuf, Address)> {
-    let sbs = run.join("sbs").join(id);
-    let persist = sbs.join("persist.json");
-    let dir = files::open_dir(&run.join("sbs"))
-        .and_then(|d| files::open_dir_at(d.as_fd(), id))
-        .map_err(|e| match e.kind() {
-            io::ErrorKind::NotFound => Error::not_found(format!(
-                "no sandbox {id}: neither crustd's registry nor Kata ({}) has it",
-                sbs.display()
-            )),
-            _ => Error::precondition(format!(
-                "{} is not a directory Kata made (a symbolic link is not followed): {e}",
-                sbs.display()
-            )),
-        })?;
-    let text = match files::read_bounded(dir.as_fd(), "persist.json", MAX_PERSIST) {
+/// monitor. The monitor is found again, and its process proved, on every
+/// connection (monitor.rs).
+pub fn vm(run: &Path, id: &str, port: u32) -> Result<(Monitor, Address)> {
+    let root = files::open_dir(run).map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => Error::not_found(format!(
+            "no sandbox {id}: neither crustd's registry nor Kata ({}) has it",
+            run.display()
+        )),
+        _ => Error::precondition(format!(
+            "cannot open Kata's runtime directory {}: {e}",
+            run.display()
+        )),
+    })?;
+    let persist = run.join(persist_rel(id));
+    let text = match files::read_bounded_beneath(root.as_fd(), &persist_rel(id), MAX_PERSIST) {
         Ok(t) => t,
         Err(ReadError::Missing) => {
             return Err(Error::not_found(format!(
-                "no sandbox {id}: Kata has no {}",
+                "no sandbox {id}: neither crustd's registry nor Kata has it ({} does not exist)",
                 persist.display()
             )))
         }
@@ -114,33 +163,70 @@ pub fn vm(run: &Path, id: &str, port: u32) -> Result<(PathBuf, Address)> {
             )))
         }
     };
-    let agent = agent_of(&text, port).map_err(|why| {
+    let state = parse(&text, port).map_err(|why| {
         Error::precondition(format!(
             "{} is not Kata's sandbox state: {why}",
             persist.display()
         ))
     })?;
-    let qmp = run.join("vm").join(id).join(EXTRA_MONITOR);
-    match std::fs::symlink_metadata(&qmp) {
-        Err(_) => Err(Error::precondition(format!(
-            "Kata's QEMU for sandbox {id} has no extra monitor at {}: set enable_debug = true and extra_monitor_socket = \"qmp\" under [hypervisor.qemu] in Kata's configuration, so crustd can hot-plug disks",
+    let monitor = Monitor::beneath(
+        Arc::new(root),
+        run,
+        monitor_rel(id),
+        owner(
+            id,
+            state.hypervisor_pid,
+            &persist,
+            &run.join(monitor_rel(id)),
+        ),
+    );
+    check_monitor(id, &monitor)?;
+    Ok((monitor, state.agent))
+}
+
+/// Whose process must serve sandbox `id`'s extra monitor `qmp`: the pid
+/// Kata recorded in `persist`, which it must have recorded.
+fn owner(id: &str, pid: Option<u32>, persist: &Path, qmp: &Path) -> Owner {
+    match pid {
+        Some(pid) => Owner::Pid {
+            pid,
+            recorded: format!(
+                "Kata recorded for sandbox {id} (HypervisorState.Pid in {})",
+                persist.display()
+            ),
+        },
+        None => Owner::Unproven(format!(
+            "Kata recorded no hypervisor process for sandbox {id} (HypervisorState.Pid in {} is 0 or absent; Kata records it while the sandbox's QEMU runs): crustd cannot prove that {} is this sandbox's VM's monitor, and sends it nothing",
+            persist.display(),
             qmp.display()
+        )),
+    }
+}
+
+/// Sandbox `id`'s extra monitor is there as Kata's QEMU makes it: a socket
+/// with no symbolic link on its path. Said before anything is claimed, with
+/// how to make Kata's QEMU open one.
+fn check_monitor(id: &str, m: &Monitor) -> Result<()> {
+    match m.find() {
+        Ok(_) => Ok(()),
+        Err(SocketError::Missing) => Err(Error::precondition(format!(
+            "Kata's QEMU for sandbox {id} has no extra monitor at {}: set enable_debug = true and extra_monitor_socket = \"qmp\" under [hypervisor.qemu] in Kata's configuration, so crustd can hot-plug disks",
+            m.path.display()
         ))),
-        // QEMU makes the socket itself: anything else there (a symlink
-        // to another VM's monitor, a file) is not followed.
-        Ok(m) if !std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
-            Err(Error::precondition(format!(
-                "{} is not the socket Kata's QEMU makes (a symbolic link is not followed)",
-                qmp.display()
-            )))
-        }
-        Ok(_) => Ok((qmp, agent)),
+        Err(e) => Err(Error::precondition(format!(
+            "{} is not the socket Kata's QEMU makes: {e}",
+            m.path.display()
+        ))),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Code;
+    use std::os::unix::fs::symlink;
+    use std::os::unix::net::UnixListener;
+    use std::time::Duration;
 
     /// The state Kata's Go runtime writes (fields as `persistapi.SandboxState`
     /// marshals them), cut to what matters around the agent's URL.
@@ -148,14 +234,14 @@ mod tests {
 
     #[test]
     fn the_agent_is_kata_agents_cid_on_our_port() {
-        let a = agent_of(PERSIST.as_bytes(), 2857).unwrap();
+        let a = parse(PERSIST.as_bytes(), 2857).unwrap().agent;
         assert_eq!(a.to_string(), "vsock://2389470134:2857");
         let hv = PERSIST.replace(
             "vsock://2389470134:1024",
             "hvsock:///run/vc/firecracker/abc/root/kata.hvsock:1024",
         );
         assert_eq!(
-            agent_of(hv.as_bytes(), 2857).unwrap().to_string(),
+            parse(hv.as_bytes(), 2857).unwrap().agent.to_string(),
             "hvsock:///run/vc/firecracker/abc/root/kata.hvsock:2857"
         );
         for bad in [
@@ -166,18 +252,78 @@ mod tests {
             r#"{"AgentState":{"URL":7}}"#,
             "not json",
         ] {
-            assert!(agent_of(bad.as_bytes(), 2857).is_err(), "{bad}");
+            assert!(parse(bad.as_bytes(), 2857).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_hypervisor_is_the_pid_kata_recorded() {
+        assert_eq!(
+            parse(PERSIST.as_bytes(), 2857).unwrap().hypervisor_pid,
+            Some(4242)
+        );
+        let url = r#""AgentState":{"URL":"vsock://3:1024"}"#;
+        // Kata writes 0 while its QEMU is not running; older or other
+        // writers may leave it out: no pid, so nothing can be proved.
+        for none in [
+            format!("{{{url}}}"),
+            format!(r#"{{{url},"HypervisorState":{{}}}}"#),
+            format!(r#"{{{url},"HypervisorState":null}}"#),
+            format!(r#"{{{url},"HypervisorState":{{"Pid":0}}}}"#),
+            format!(r#"{{{url},"HypervisorState":{{"Pid":null}}}}"#),
+        ] {
+            assert_eq!(
+                parse(none.as_bytes(), 2857).unwrap().hypervisor_pid,
+                None,
+                "{none}"
+            );
+        }
+        for bad in [
+            "-1",
+            "2147483648",
+            "1.5",
+            "\"4242\"",
+            "99999999999999999999",
+        ] {
+            let text = format!(r#"{{{url},"HypervisorState":{{"Pid":{bad}}}}}"#);
+            assert!(parse(text.as_bytes(), 2857).is_err(), "{bad}");
+        }
+    }
+
+    /// Kata's layout for sandbox `id` under `run`: its persist.json with
+    /// `pid` as HypervisorState.Pid (none: left out), and a listener at
+    /// its extra monitor, served on a thread of this process.
+    fn lay_out(run: &Path, id: &str, pid: Option<u32>) -> UnixListener {
+        std::fs::create_dir_all(run.join("sbs").join(id)).unwrap();
+        let hs = pid.map_or(String::new(), |p| {
+            format!(r#","HypervisorState":{{"Pid":{p}}}"#)
+        });
+        let text = format!(r#"{{"AgentState":{{"URL":"vsock://3:1024"}}{hs}}}"#);
+        std::fs::write(run.join(persist_rel(id)), text).unwrap();
+        std::fs::create_dir_all(run.join("vm").join(id)).unwrap();
+        let l = UnixListener::bind(run.join(monitor_rel(id))).unwrap();
+        let l2 = l.try_clone().unwrap();
+        std::thread::spawn(move || {
+            for s in l2.incoming() {
+                let Ok(s) = s else { return };
+                let mut w = s.try_clone().unwrap();
+                use std::io::{BufRead, Write};
+                let _ = writeln!(w, r#"{{"QMP": {{"version": {{}}, "capabilities": []}}}}"#);
+                for line in std::io::BufReader::new(s).lines() {
+                    if line.is_err() || writeln!(w, r#"{{"return": {{}}}}"#).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        l
     }
 
     #[test]
     fn a_sandbox_is_found_only_as_kata_lays_it_out() {
         let t = tempfile::tempdir().unwrap();
         let run = t.path();
-        assert_eq!(
-            vm(run, "sb1", 2857).unwrap_err().code,
-            crate::error::Code::NotFound
-        );
+        assert_eq!(vm(run, "sb1", 2857).unwrap_err().code, Code::NotFound);
         std::fs::create_dir_all(run.join("sbs/sb1")).unwrap();
         std::fs::write(run.join("sbs/sb1/persist.json"), PERSIST).unwrap();
         assert!(has(run, "sb1"));
@@ -185,14 +331,14 @@ mod tests {
         let e = vm(run, "sb1", 2857).unwrap_err();
         assert!(e.message.contains("extra_monitor_socket"), "{e}");
         std::fs::create_dir_all(run.join("vm/sb1")).unwrap();
-        let _l =
-            std::os::unix::net::UnixListener::bind(run.join("vm/sb1").join(EXTRA_MONITOR)).unwrap();
+        let _l = UnixListener::bind(run.join("vm/sb1").join(EXTRA_MONITOR)).unwrap();
         let (qmp, agent) = vm(run, "sb1", 2857).unwrap();
-        assert_eq!(qmp, run.join("vm/sb1/extra-monitor.sock"));
+        assert_eq!(qmp.path, run.join("vm/sb1/extra-monitor.sock"));
         assert_eq!(agent.to_string(), "vsock://2389470134:2857");
+        assert!(matches!(qmp.owner(), Owner::Pid { pid: 4242, .. }));
         // A symlink where QEMU's socket should be is not followed.
         std::fs::create_dir_all(run.join("vm/sb3")).unwrap();
-        std::os::unix::fs::symlink(
+        symlink(
             run.join("vm/sb1").join(EXTRA_MONITOR),
             run.join("vm/sb3").join(EXTRA_MONITOR),
         )
@@ -202,11 +348,95 @@ mod tests {
         let e = vm(run, "sb3", 2857).unwrap_err();
         assert!(e.message.contains("not the socket"), "{e}");
         // A symlink where Kata's directory should be is not followed.
-        std::os::unix::fs::symlink(run.join("sbs/sb1"), run.join("sbs/sb2")).unwrap();
+        symlink(run.join("sbs/sb1"), run.join("sbs/sb2")).unwrap();
         assert!(!has(run, "sb2"));
         assert_eq!(
             vm(run, "sb2", 2857).unwrap_err().code,
-            crate::error::Code::FailedPrecondition
+            Code::FailedPrecondition
         );
+    }
+
+    /// Each way an attacker who writes in Kata's runtime directory could
+    /// point sandbox B at sandbox A's monitor: refused before anything is
+    /// sent to A's (found as files, or proved by the peer's pid).
+    #[test]
+    fn no_link_leads_one_sandbox_to_another_vms_monitor() {
+        let t = tempfile::tempdir().unwrap();
+        let run = t.path().join("vc");
+        let me = std::process::id();
+        let _a = lay_out(&run, "a", Some(me));
+        let timeout = Duration::from_secs(5);
+        let (qmp, _) = vm(&run, "a", 2857).unwrap();
+        assert!(
+            qmp.connect(timeout).is_ok(),
+            "A's own monitor, served by its recorded pid"
+        );
+        let persist = |id: &str, pid: u32| {
+            std::fs::create_dir_all(run.join("sbs").join(id)).unwrap();
+            let text = format!(
+                r#"{{"AgentState":{{"URL":"vsock://4:1024"}},"HypervisorState":{{"Pid":{pid}}}}}"#
+            );
+            std::fs::write(run.join(persist_rel(id)), text).unwrap();
+        };
+        // vm/b1 a symlink to vm/a.
+        persist("b1", 1);
+        symlink(run.join("vm/a"), run.join("vm/b1")).unwrap();
+        let e = vm(&run, "b1", 2857).unwrap_err();
+        assert_eq!(e.code, Code::FailedPrecondition, "{e}");
+        assert!(e.message.contains("symbolic link lies on its path"), "{e}");
+        // sbs/b2 a symlink to sbs/a (its persist.json names A's pid).
+        symlink(run.join("sbs/a"), run.join("sbs/b2")).unwrap();
+        std::fs::create_dir_all(run.join("vm/b2")).unwrap();
+        std::fs::hard_link(run.join(monitor_rel("a")), run.join(monitor_rel("b2"))).unwrap();
+        let e = vm(&run, "b2", 2857).unwrap_err();
+        assert_eq!(e.code, Code::FailedPrecondition, "{e}");
+        assert!(e.message.contains("symbolic link lies on its path"), "{e}");
+        // B's extra monitor a hard link of A's socket; B's recorded pid
+        // another process's: found, then refused by the peer's pid.
+        persist("b3", 1);
+        std::fs::create_dir_all(run.join("vm/b3")).unwrap();
+        std::fs::hard_link(run.join(monitor_rel("a")), run.join(monitor_rel("b3"))).unwrap();
+        let (qmp, _) = vm(&run, "b3", 2857).unwrap();
+        let e = qmp.connect(timeout).unwrap_err();
+        assert_eq!(e.code, Code::FailedPrecondition, "{e}");
+        assert!(
+            e.message
+                .contains(&format!("served by process {me}, not by process 1"))
+                && e.message.contains("HypervisorState.Pid"),
+            "{e}"
+        );
+        // B's own monitor, and a persist.json naming someone else's pid.
+        let _b4 = lay_out(&run, "b4", Some(1));
+        let (qmp, _) = vm(&run, "b4", 2857).unwrap();
+        assert_eq!(
+            qmp.connect(timeout).unwrap_err().code,
+            Code::FailedPrecondition
+        );
+        // No pid recorded: refused, saying why, without a connect.
+        let _b5 = lay_out(&run, "b5", None);
+        let (qmp, _) = vm(&run, "b5", 2857).unwrap();
+        let e = qmp.connect(timeout).unwrap_err();
+        assert_eq!(e.code, Code::FailedPrecondition, "{e}");
+        assert!(e.message.contains("recorded no hypervisor process"), "{e}");
+        // `vm` and `sbs` themselves links beneath the runtime directory.
+        let run2 = t.path().join("vc2");
+        std::fs::create_dir_all(run2.join("sbs")).unwrap();
+        std::fs::copy(run.join(persist_rel("a")), run2.join("a.json")).unwrap();
+        std::fs::create_dir_all(run2.join("sbs/a")).unwrap();
+        std::fs::rename(run2.join("a.json"), run2.join(persist_rel("a"))).unwrap();
+        symlink(run.join("vm"), run2.join("vm")).unwrap();
+        let e = vm(&run2, "a", 2857).unwrap_err();
+        assert!(e.message.contains("symbolic link lies on its path"), "{e}");
+        let run3 = t.path().join("vc3");
+        std::fs::create_dir_all(&run3).unwrap();
+        symlink(run.join("sbs"), run3.join("sbs")).unwrap();
+        symlink(run.join("vm"), run3.join("vm")).unwrap();
+        assert!(!has(&run3, "a"));
+        let e = vm(&run3, "a", 2857).unwrap_err();
+        assert_eq!(e.code, Code::FailedPrecondition, "{e}");
+        // The runtime directory itself, the operator's, may be reached by a link.
+        let op = t.path().join("op-link");
+        symlink(&run, &op).unwrap();
+        assert!(vm(&op, "a", 2857).unwrap().0.connect(timeout).is_ok());
     }
 }

@@ -7,7 +7,9 @@
 //! log line) → `calls` (each call's work on a thread of its own, bounded per
 //! sandbox, joined by the same call made again, ended by the caller's
 //! `deadline`) → `volumes` (one file per call: the steps, locks and undo) →
-//! `registry` (where the sandbox's QMP socket and agent are), `state` (what
+//! `registry` (where the sandbox's QMP socket and agent are), `monitor` (the
+//! QMP socket found anew and its process proved the sandbox's hypervisor on
+//! every connection), `state` (what
 //! crustd plugged, on disk), `devices` (the one owner of whether a host
 //! device is free: claims, exclusive holds, and the rule that frees one),
 //! `hostdev` (the host block device: where its bytes lie, whether the host
@@ -38,6 +40,7 @@ pub mod hotplug;
 pub mod kata;
 pub mod locks;
 pub mod mkfs;
+pub mod monitor;
 pub mod registry;
 pub mod service;
 pub mod state;

@@ -3,12 +3,15 @@
 //! agent's address:
 //!
 //! ```json
-//! {"qmp": "/run/vm/qmp.sock", "agent": "hvsock:///run/vm/vsock.sock:2857"}
+//! {"qmp": "/run/vm/qmp.sock", "agent": "hvsock:///run/vm/vsock.sock:2857", "qemu_pid": 4242}
 //! ```
 //!
 //! `agent` is any address crust-client accepts. A relative `qmp` path is taken
-//! relative to the sandbox's directory. Other keys are ignored, so the file
-//! can carry more for other readers. Nothing else about the VM is assumed.
+//! relative to the sandbox's directory. `qemu_pid`, optional, is the process
+//! that serves `qmp`: when given, every QMP connection must reach that
+//! process (monitor.rs), so a socket replaced by a link to another VM's
+//! monitor plugs nothing there. Other keys are ignored, so the file can carry
+//! more for other readers. Nothing else about the VM is assumed.
 //!
 //! Whoever starts VMs writes here, so `DIR/<sandbox>` must be a real
 //! directory (a symlink there is refused, not followed) and is opened once
@@ -27,6 +30,8 @@ use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::files::{self, ReadError};
+use crate::kata;
+use crate::monitor::{Monitor, Owner};
 
 /// The file name of the registry entry inside a sandbox's directory.
 pub const SANDBOX_FILE: &str = "sandbox.json";
@@ -40,6 +45,9 @@ struct Entry {
     qmp: String,
     /// The agent's address.
     agent: String,
+    /// The process serving `qmp`, when the writer records it.
+    #[serde(default)]
+    qemu_pid: Option<i64>,
 }
 
 /// Kata's sandboxes, found from Kata's files (`--kata-runtime-dir`,
@@ -83,7 +91,7 @@ impl Home {
             Err(ReadError::Missing) => {
                 return match &self.kata {
                     Some(k) => {
-                        let (qmp, agent) = crate::kata::vm(&k.run, &self.id, k.port)?;
+                        let (qmp, agent) = kata::vm(&k.run, &self.id, k.port)?;
                         Ok(Sandbox {
                             home: self.clone(),
                             qmp,
@@ -117,8 +125,8 @@ impl Home {
 pub struct Sandbox {
     /// Its directory.
     pub home: Home,
-    /// QEMU's QMP socket.
-    pub qmp: PathBuf,
+    /// QEMU's QMP monitor, and whose process must serve it.
+    pub qmp: Monitor,
     /// The agent's address.
     pub agent: Address,
 }
@@ -158,7 +166,7 @@ pub fn home_with(dir: &Path, id: &str, kata: Option<&Kata>) -> Result<Home> {
     check_id(id)?;
     let sdir = dir.join(id);
     if let Some(k) = kata {
-        if !sdir.exists() && crate::kata::has(&k.run, id) {
+        if !sdir.exists() && kata::has(&k.run, id) {
             use std::os::unix::fs::DirBuilderExt;
             let made = fs::DirBuilder::new().mode(0o700).create(&sdir);
             if let Err(e) = made {
@@ -223,12 +231,13 @@ pub fn alive(dir: &Path, id: &str) -> bool {
             .is_ok_and(|fd| files::exists_at(fd.as_fd(), SANDBOX_FILE))
 }
 
-/// Parses the text of `DIR/<id>/sandbox.json`: the QMP socket and the agent's address.
-pub fn parse(sdir: &Path, text: &[u8]) -> Result<(PathBuf, Address)> {
+/// Parses the text of `DIR/<id>/sandbox.json`: the QMP monitor (and whose
+/// process serves it, when recorded) and the agent's address.
+pub fn parse(sdir: &Path, text: &[u8]) -> Result<(Monitor, Address)> {
     let path = sdir.join(SANDBOX_FILE);
     let bad = |why: String| {
         Error::precondition(format!(
-            "{} is not a valid sandbox entry: {why}; it must be {{\"qmp\": \"/path/qmp.sock\", \"agent\": \"hvsock:///path/vsock.sock:2857\"}}",
+            "{} is not a valid sandbox entry: {why}; it must be {{\"qmp\": \"/path/qmp.sock\", \"agent\": \"hvsock:///path/vsock.sock:2857\"}}, with \"qemu_pid\": PID if you will",
             path.display()
         ))
     };
@@ -243,7 +252,17 @@ pub fn parse(sdir: &Path, text: &[u8]) -> Result<(PathBuf, Address)> {
     agent
         .check_connectable()
         .map_err(|e| bad(format!("agent: {e}")))?;
-    Ok((sdir.join(entry.qmp), agent))
+    let owner = match entry.qemu_pid {
+        None => Owner::Anyone,
+        Some(n) => Owner::Pid {
+            pid: u32::try_from(n)
+                .ok()
+                .filter(|&p| p > 0 && i32::try_from(p).is_ok())
+                .ok_or_else(|| bad(format!("qemu_pid {n} is not a process id")))?,
+            recorded: format!("recorded as qemu_pid in {}", path.display()),
+        },
+    };
+    Ok((Monitor::at(sdir.join(entry.qmp), owner), agent))
 }
 
 /// The ids of every sandbox directory in `dir` (for the one-device-one-sandbox check).
@@ -296,10 +315,30 @@ mod tests {
             br#"{"qmp": "/vm/qmp.sock", "agent": "hvsock:///vm/vsock.sock:1024", "extra": 1}"#,
         )
         .unwrap();
-        assert_eq!(qmp, Path::new("/vm/qmp.sock"));
+        assert_eq!(qmp.path, Path::new("/vm/qmp.sock"));
+        assert_eq!(qmp.owner(), &Owner::Anyone);
         assert_eq!(agent.to_string(), "hvsock:///vm/vsock.sock:1024");
         let (qmp, _) = parse(d, br#"{"qmp": "qmp.sock", "agent": "vsock://3:1024"}"#).unwrap();
-        assert_eq!(qmp, Path::new("/reg/s1/qmp.sock"));
+        assert_eq!(qmp.path, Path::new("/reg/s1/qmp.sock"));
+        // The process serving qmp, when the writer records it.
+        let (qmp, _) = parse(
+            d,
+            br#"{"qmp": "q", "agent": "vsock://3:1024", "qemu_pid": 4242}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            qmp.owner(),
+            &Owner::Pid {
+                pid: 4242,
+                recorded: "recorded as qemu_pid in /reg/s1/sandbox.json".into()
+            }
+        );
+        let (qmp, _) = parse(
+            d,
+            br#"{"qmp": "q", "agent": "vsock://3:1024", "qemu_pid": null}"#,
+        )
+        .unwrap();
+        assert_eq!(qmp.owner(), &Owner::Anyone);
         for bad in [
             "",
             "{",
@@ -310,6 +349,10 @@ mod tests {
             r#"{"qmp": "/q", "agent": "tcp://1.2.3.4:5"}"#,
             r#"{"qmp": "/q", "agent": "vsock://-1:1024"}"#,
             r#"{"qmp": 7, "agent": "vsock://3:1024"}"#,
+            r#"{"qmp": "/q", "agent": "vsock://3:1024", "qemu_pid": 0}"#,
+            r#"{"qmp": "/q", "agent": "vsock://3:1024", "qemu_pid": -7}"#,
+            r#"{"qmp": "/q", "agent": "vsock://3:1024", "qemu_pid": 2147483648}"#,
+            r#"{"qmp": "/q", "agent": "vsock://3:1024", "qemu_pid": "42"}"#,
         ] {
             let e = parse(d, bad.as_bytes()).unwrap_err();
             assert_eq!(e.code, Code::FailedPrecondition, "{bad}: {e}");
@@ -369,7 +412,7 @@ mod tests {
             assert!(e.message.contains(says), "{id}: {e}");
         }
         let sb = open(t.path(), "ok").unwrap();
-        assert_eq!(sb.qmp, t.path().join("ok/q"));
+        assert_eq!(sb.qmp.path, t.path().join("ok/q"));
         // A sandbox directory that is a symlink to another one is not followed.
         fs::write(entry("elsewhere"), good).unwrap();
         symlink(t.path().join("elsewhere"), t.path().join("link")).unwrap();

@@ -93,6 +93,8 @@ fn kubelet_through_crustd_into_a_real_guest() {
     )
     .unwrap();
     assert_eq!(entry["agent"], vm.address().as_str());
+    // QEMU's own process, which crustd requires behind the monitor.
+    assert_eq!(entry["qemu_pid"], vm.pids().0);
 
     let mut d = Crustd::start(&reg, &[]);
     let k = d.client();
@@ -477,8 +479,10 @@ fn a_kata_direct_volume_in_a_real_guest() {
 /// Cloud Hypervisor, `vsock://CID` for its QEMU, whose vhost-vsock these
 /// machines lack), and the extra monitor is a hard link to its QMP socket:
 /// the same socket inode at Kata's path, as QEMU makes it there for Kata
-/// (a symlink is refused). crustd takes the guest from the URL and its own
-/// agent port.
+/// (a symlink is refused). `HypervisorState.Pid` is our QEMU's pid, as
+/// Kata records its QEMU's: crustd sends nothing on a monitor another
+/// process serves. crustd takes the guest from the URL and its own agent
+/// port.
 #[test]
 #[ignore = "boots a VM: run make test-vm"]
 fn a_kata_sandbox_is_found_from_katas_files() {

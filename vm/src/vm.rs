@@ -204,14 +204,17 @@ impl Vm {
     }
 
     /// Writes `DIR/sandbox.json`, the entry crustd's sandbox registry reads
-    /// (docs/crustd.md): `{"qmp": "DIR/qmp.sock", "agent": "hvsock://DIR/vsock.sock:PORT"}`.
-    /// `crust-vm up --dir REGISTRY/<sandbox>` thus makes a CRUST sandbox.
+    /// (docs/crustd.md): `{"qmp": "DIR/qmp.sock", "agent":
+    /// "hvsock://DIR/vsock.sock:PORT", "qemu_pid": PID}`. `crust-vm up --dir
+    /// REGISTRY/<sandbox>` thus makes a CRUST sandbox, whose monitor crustd
+    /// uses only while QEMU's own process serves it.
     /// Written once the agent answers, so crustd never sees a VM still booting.
     /// Written atomically (files.rs: no planted symlink is followed).
     pub(crate) fn write_sandbox_entry(&self) -> Result<()> {
         let text = json!({
             "qmp": self.dir.join("qmp.sock"),
             "agent": self.address(),
+            "qemu_pid": self.state.qemu_pid,
         })
         .to_string();
         files::write_atomic(&self.dir_fd, SANDBOX_FILE, text.as_bytes()).map_err(io_err(format!(

@@ -10,12 +10,17 @@
 //! its backlog and would block a plain connect for ever), every read and
 //! write has one, a monitor that accepts but never greets is told apart from
 //! a VM that is gone ([`gone`]), and a line longer than [`MAX_LINE`] ends the
-//! session.
+//! session. A caller that must know whose monitor it reached connects
+//! through a socket it opened and judged ([`Socket::Opened`]) and vets the
+//! process that listens there before a byte is exchanged
+//! ([`Qmp::connect_vetted`]).
 
 mod block;
 #[cfg(test)]
 mod fake;
 mod session;
+mod socket;
 
 pub use block::{Added, BlockDisk, Source};
-pub use session::{gone, Qmp, QmpError, MAX_LINE};
+pub use session::{gone, gone_at, Qmp, QmpError, MAX_LINE};
+pub use socket::Socket;

@@ -2,6 +2,7 @@
 //! and in line length, with the events that arrive between replies kept.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -9,8 +10,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use thiserror::Error;
 
-use crate::address::Address;
-use crate::connect::{connect_stream, ConnectError};
+use crate::connect::ConnectError;
+use crate::peer::peer_pid;
+use crate::qmp::socket::Socket;
 
 /// The longest line read from QEMU (its replies to the queries made here
 /// are a few KiB; a flat node list of a busy VM some hundreds).
@@ -48,6 +50,16 @@ pub enum QmpError {
     /// The conversation broke: closed, unreadable, not JSON, not QMP, a line too long.
     #[error("{detail}")]
     Broken { path: PathBuf, detail: String },
+    /// The caller refused the process that listens on the socket
+    /// ([`Qmp::connect_vetted`]); nothing was sent. `why` is the caller's
+    /// sentence.
+    #[error("{why}")]
+    Vetoed {
+        path: PathBuf,
+        /// The process that listens there.
+        pid: u32,
+        why: String,
+    },
 }
 
 /// What an unreachable socket most likely means.
@@ -64,12 +76,21 @@ fn why_unreachable(e: &io::Error) -> &'static str {
 /// monitor that accepts, even one busy with another client that will not
 /// greet for a while, is not gone. Connects and closes at once; sends nothing.
 pub fn gone(path: &Path, timeout: Duration) -> Option<String> {
-    if let Err(e) = std::fs::symlink_metadata(path) {
-        if e.kind() == io::ErrorKind::NotFound {
-            return Some(format!("its QMP socket {} does not exist", path.display()));
+    gone_at(Socket::Path(path), timeout)
+}
+
+/// [`gone`] for `socket`. A socket the caller opened exists: only a refused
+/// connect says the VMM is gone.
+pub fn gone_at(socket: Socket<'_>, timeout: Duration) -> Option<String> {
+    let path = socket.path();
+    if let Socket::Path(p) = socket {
+        if let Err(e) = std::fs::symlink_metadata(p) {
+            if e.kind() == io::ErrorKind::NotFound {
+                return Some(format!("its QMP socket {} does not exist", p.display()));
+            }
         }
     }
-    match connect_stream(&Address::Unix(path.to_path_buf()), timeout) {
+    match socket.connect(timeout) {
         Err(ConnectError::Unreachable { source: e, .. })
             if matches!(
                 e.kind(),
@@ -110,7 +131,21 @@ impl Qmp {
     /// mode. The connect, and every read and write after it, waits at most
     /// `timeout`.
     pub fn connect(path: &Path, timeout: Duration) -> Result<Qmp, QmpError> {
-        let writer = match connect_stream(&Address::Unix(path.to_path_buf()), timeout) {
+        Qmp::connect_vetted(Socket::Path(path), timeout, |_| Ok(()))
+    }
+
+    /// [`Qmp::connect`] to `socket`, and before a byte is read or written,
+    /// `vet` judges the process that listens there (its pid, [`peer_pid`]):
+    /// a monitor whose process it refuses hears nothing, and the session is
+    /// [`QmpError::Vetoed`] with `vet`'s words. Every call asks anew: a
+    /// process judged on one connection says nothing of the next.
+    pub fn connect_vetted(
+        socket: Socket<'_>,
+        timeout: Duration,
+        vet: impl FnOnce(u32) -> Result<(), String>,
+    ) -> Result<Qmp, QmpError> {
+        let path = socket.path();
+        let writer = match socket.connect(timeout) {
             Ok(fd) => UnixStream::from(fd),
             Err(ConnectError::Unreachable { source, .. }) => {
                 return Err(QmpError::Unreachable {
@@ -134,6 +169,23 @@ impl Qmp {
                 })
             }
         };
+        let pid = peer_pid(writer.as_fd()).map_err(|e| QmpError::Broken {
+            path: path.to_path_buf(),
+            detail: format!(
+                "cannot tell which process serves the QMP socket {} (SO_PEERCRED): {e}",
+                path.display()
+            ),
+        })?;
+        vet(pid).map_err(|why| QmpError::Vetoed {
+            path: path.to_path_buf(),
+            pid,
+            why,
+        })?;
+        Qmp::greet(writer, path, timeout)
+    }
+
+    /// Reads the greeting on the connected `writer` and leaves negotiation mode.
+    fn greet(writer: UnixStream, path: &Path, timeout: Duration) -> Result<Qmp, QmpError> {
         let broken = |e: io::Error| QmpError::Broken {
             path: path.to_path_buf(),
             detail: format!("QMP socket {}: {e}", path.display()),
@@ -294,8 +346,69 @@ impl Qmp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::address::Address;
+    use crate::connect::connect_stream;
     use crate::qmp::fake::serve;
     use std::os::unix::net::UnixListener;
+
+    /// The process behind the socket is asked about before anything is
+    /// exchanged; one refused hears not even qmp_capabilities, and each
+    /// connect asks again.
+    #[test]
+    fn a_vetted_connect_asks_about_the_listener_first_and_every_time() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("qmp.sock");
+        let log = serve(&p, Box::new(|_, _| (vec![], json!({"return": {}}))));
+        let e = Qmp::connect_vetted(Socket::Path(&p), Duration::from_secs(5), |pid| {
+            Err(format!("not {pid}"))
+        })
+        .unwrap_err();
+        match &e {
+            QmpError::Vetoed { pid, why, .. } => {
+                assert_eq!(*pid, std::process::id());
+                assert_eq!(why, &format!("not {pid}"));
+                assert_eq!(e.to_string(), *why);
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut asked = 0;
+        for _ in 0..2 {
+            let mut q = Qmp::connect_vetted(Socket::Path(&p), Duration::from_secs(5), |pid| {
+                asked += 1;
+                (pid == std::process::id())
+                    .then_some(())
+                    .ok_or_else(|| "a stranger".to_string())
+            })
+            .unwrap();
+            q.execute("x", None).unwrap();
+        }
+        assert_eq!(asked, 2);
+        assert_eq!(*log.lock().unwrap(), ["x", "x"]);
+    }
+
+    /// A socket opened with O_PATH is the one reached, whatever its path
+    /// names by the time of the connect.
+    #[test]
+    fn an_opened_socket_is_reached_through_its_descriptor() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("qmp.sock");
+        let first = serve(&p, Box::new(|_, _| (vec![], json!({"return": 1}))));
+        let fd = rustix::fs::open(
+            &p,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+        std::fs::rename(&p, t.path().join("moved.sock")).unwrap();
+        let second = serve(&p, Box::new(|_, _| (vec![], json!({"return": 2}))));
+        let opened = Socket::Opened(fd.as_fd(), &p);
+        let mut q = Qmp::connect_vetted(opened, Duration::from_secs(5), |_| Ok(())).unwrap();
+        assert_eq!(q.execute("x", None).unwrap(), json!(1));
+        assert_eq!(q.path(), p);
+        assert_eq!(gone_at(opened, Duration::from_secs(1)), None);
+        assert_eq!(first.lock().unwrap().len(), 1);
+        assert!(second.lock().unwrap().is_empty());
+    }
 
     /// Seen under a real VM: a DEVICE_DELETED emitted as a new client
     /// connected came before QEMU's greeting, and the session was refused.

@@ -24,7 +24,6 @@ use crate::direct::{self, Records};
 use crate::error::{Code, Error, Result};
 use crate::freezes::Freezes;
 use crate::hostdev;
-use crate::hotplug;
 use crate::locks::{Guard, KeyedLocks};
 use crate::registry::{self, Home, Sandbox};
 use crate::state::{self, State, Volume};
@@ -156,7 +155,9 @@ impl Crustd {
             .qmp_locks
             .lock_until(&sb.home.id, deadline.until(self.cfg.wait_timeout))
             .ok_or_else(|| busy(&sb.home.id, "its QMP monitor"))?;
-        let mut q = hotplug::connect(&sb.qmp, self.cfg.qmp_timeout)
+        let mut q = sb
+            .qmp
+            .connect(self.cfg.qmp_timeout)
             .map_err(|e| e.and(format!("sandbox {}", sb.home.id)))?;
         f(&mut q)
     }

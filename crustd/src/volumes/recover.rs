@@ -3,8 +3,6 @@
 //! its entry (a VM whose sandbox.json is missing may still be writing its
 //! disks), and the sandboxes whose VM is gone reported.
 
-use crust_client::qmp;
-
 use crate::deadline::Deadline;
 use crate::devices::{Key, Refusal};
 use crate::error::{Code, Error};
@@ -70,7 +68,7 @@ impl Crustd {
                 continue;
             }
             let why = match home.vm() {
-                Ok(sb) => qmp::gone(&sb.qmp, self.cfg.qmp_timeout),
+                Ok(sb) => sb.qmp.gone(self.cfg.qmp_timeout),
                 Err(e) if e.code == Code::NotFound => Some("its sandbox.json is missing".into()),
                 Err(_) => None,
             };

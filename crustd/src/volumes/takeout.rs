@@ -8,8 +8,6 @@
 
 use std::time::{Duration, Instant};
 
-use crust_client::qmp;
-
 use crate::hotplug::Added;
 
 use crate::deadline::Deadline;
@@ -75,9 +73,13 @@ impl Crustd {
             Err(e) => return Err(e),
         };
         // A dead VM has nothing to unplug: asking its agent would only wait.
-        if let Some(why) = qmp::gone(&sb.qmp, self.cfg.qmp_timeout) {
+        if let Some(why) = sb.qmp.gone(self.cfg.qmp_timeout) {
             return self.forget_dead(&o.home, &o.key, &v, &why, deadline);
         }
+        // The monitor proved this sandbox's VM's before the guest is asked to
+        // let go: one crustd refuses (another VM's, behind a link) leaves
+        // the volume as it was.
+        self.with_qmp(&sb, deadline, |_| Ok(()))?;
         self.take_out(&sb, &o.key, &v, false, deadline)
     }
 

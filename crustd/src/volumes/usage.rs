@@ -2,8 +2,6 @@
 //! published volume, and its growth (QEMU's view first, then the
 //! filesystem, by the agent).
 
-use crust_client::qmp;
-
 use crate::deadline::Deadline;
 use crate::error::{Code, Error, Result};
 use crate::hostdev;
@@ -49,7 +47,7 @@ impl Crustd {
         if err.code != Code::Unavailable {
             return err;
         }
-        match qmp::gone(&sb.qmp, self.cfg.qmp_timeout) {
+        match sb.qmp.gone(self.cfg.qmp_timeout) {
             Some(why) => Crustd::dead(sb, &why),
             None => err,
         }
@@ -90,7 +88,7 @@ impl Crustd {
         let o = self.open_volume(sandbox_id, host_volume_id, deadline)?;
         let sb = o.home.vm()?;
         let v = Crustd::published(sandbox_id, host_volume_id, o.record, false)?;
-        if let Some(why) = qmp::gone(&sb.qmp, self.cfg.qmp_timeout) {
+        if let Some(why) = sb.qmp.gone(self.cfg.qmp_timeout) {
             return Err(Crustd::dead(&sb, &why));
         }
         let dev = hostdev::resolve(host_volume_id)?;

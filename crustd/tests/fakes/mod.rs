@@ -492,3 +492,51 @@ pub fn sandbox(reg: &Path, id: &str) -> Sandbox {
         _server: server,
     }
 }
+
+/// A hybrid vsock backend at `path` in front of a fake agent, as a VMM's
+/// (Firecracker, Cloud Hypervisor) is in front of its guest: each
+/// connection's `CONNECT PORT` line is answered `OK`, then its bytes are
+/// carried to and from the fake agent (served at `path` + `.agent`) whatever
+/// the port. For sandboxes whose agent address must be `hvsock://`, as
+/// Kata's `persist.json` names it.
+pub fn hvsock_agent(path: &Path) -> (Arc<Mutex<AgentState>>, ttrpc::Server) {
+    let inner = path.with_extension("agent");
+    let served = agent(&inner);
+    let l = UnixListener::bind(path).unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(s) = s else { return };
+            let inner = inner.clone();
+            std::thread::spawn(move || carry(s, &inner));
+        }
+    });
+    served
+}
+
+/// Answers one hybrid vsock `CONNECT`, then carries bytes both ways.
+fn carry(mut outer: std::os::unix::net::UnixStream, inner: &Path) {
+    use std::io::Read;
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while b[0] != b'\n' {
+        if outer.read_exact(&mut b).is_err() {
+            return;
+        }
+        line.push(b[0]);
+    }
+    if !line.starts_with(b"CONNECT ") || writeln!(outer, "OK 1").is_err() {
+        return;
+    }
+    let Ok(mut to_agent) = std::os::unix::net::UnixStream::connect(inner) else {
+        return;
+    };
+    let (Ok(mut from_agent), Ok(mut to_outer)) = (to_agent.try_clone(), outer.try_clone()) else {
+        return;
+    };
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut from_agent, &mut to_outer);
+        let _ = to_outer.shutdown(std::net::Shutdown::Both);
+    });
+    let _ = std::io::copy(&mut outer, &mut to_agent);
+    let _ = to_agent.shutdown(std::net::Shutdown::Both);
+}

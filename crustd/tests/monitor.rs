@@ -1,0 +1,336 @@
+//! Whose monitor crustd plugs a disk through. Kata's sandboxes, found from
+//! Kata's files (`--kata-runtime-dir`), laid out as someone who writes in
+//! Kata's runtime directory would lay them out to send sandbox B's disk into
+//! sandbox A's VM: a link for B's VM directory, for B's state directory, for
+//! the monitor, a hard link of A's monitor, a `persist.json` naming another
+//! process, none at all, links among Kata's own directories. Each is refused
+//! with nothing plugged in any fake QEMU and nothing asked of any agent;
+//! A's own disk still publishes. And a `sandbox.json` that records
+//! `qemu_pid` is held to it on every call. crustd as a process, its QEMUs
+//! fakes served by this test process (so their peer is this process) and
+//! B's hypervisor another process (`sleep`). Needs root (loop devices).
+
+mod fakes;
+mod support;
+
+#[path = "../../tests/fixtures/disks.rs"]
+mod disks;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+
+use crustd_ctl::pb;
+use disks::{root_or_skip, LoopDisk};
+use support::{code, Crustd};
+
+fn req(sandbox: &str, dev: &str) -> pb::RuntimePublishVolumeRequest {
+    pb::RuntimePublishVolumeRequest {
+        sandbox_id: sandbox.into(),
+        host_volume_id: dev.into(),
+        host_target_path: "/var/lib/kubelet/pods/p/volumes/x".into(),
+        file_system: "ext4".into(),
+        ..Default::default()
+    }
+}
+
+/// Another VM's hypervisor: a process of its own, killed when dropped.
+struct Hypervisor(Child);
+
+impl Hypervisor {
+    fn start() -> Hypervisor {
+        Hypervisor(Command::new("sleep").arg("600").spawn().unwrap())
+    }
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Hypervisor {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Kata's runtime directory as Kata's Go runtime lays it out.
+struct Kata {
+    run: PathBuf,
+}
+
+impl Kata {
+    fn sbs(&self, id: &str) -> PathBuf {
+        self.run.join("sbs").join(id)
+    }
+    fn vm(&self, id: &str) -> PathBuf {
+        self.run.join("vm").join(id)
+    }
+    fn monitor(&self, id: &str) -> PathBuf {
+        self.vm(id).join("extra-monitor.sock")
+    }
+
+    /// `sbs/<id>/persist.json` (0600 in a 0700 directory) naming the agent
+    /// behind the hybrid vsock `agent` and `pid` as HypervisorState.Pid.
+    fn persist(&self, id: &str, pid: u32, agent: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = self.sbs(id);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let text = serde_json::json!({
+            "PersistVersion": 2,
+            "State": "running",
+            "HypervisorState": {"Pid": pid, "Type": "qemu"},
+            "AgentState": {"URL": format!("hvsock://{}:1024", agent.display())},
+        });
+        std::fs::write(dir.join("persist.json"), text.to_string()).unwrap();
+        std::fs::set_permissions(
+            dir.join("persist.json"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+    }
+
+    /// `vm/<id>/` made, for a monitor or a link to one.
+    fn vm_dir(&self, id: &str) -> PathBuf {
+        std::fs::create_dir_all(self.vm(id)).unwrap();
+        self.vm(id)
+    }
+}
+
+fn plugged(q: &fakes::Qemu) -> Vec<String> {
+    q.lock()
+        .unwrap()
+        .log
+        .iter()
+        .filter(|l| l.starts_with("blockdev-add") || l.starts_with("device_add"))
+        .cloned()
+        .collect()
+}
+
+/// Sandbox A (its QEMU served here, its pid recorded as this process's) and
+/// one B for each way to point B at A's monitor: each B refused, nothing
+/// plugged anywhere, no agent asked; then A's publish, and an unpublish
+/// refused while A's record names another process, each call proving anew.
+#[test]
+fn no_link_in_katas_files_sends_a_disk_into_another_vm() {
+    if !root_or_skip("no_link_in_katas_files_sends_a_disk_into_another_vm") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let reg = t.path().join("sandboxes");
+    std::fs::create_dir_all(&reg).unwrap();
+    let kata = Kata {
+        run: t.path().join("run/vc"),
+    };
+    let me = std::process::id();
+    let b_vmm = Hypervisor::start();
+    let other = b_vmm.pid();
+    let agent_sock = t.path().join("a-vsock.sock");
+    let (agent, _server) = fakes::hvsock_agent(&agent_sock);
+    kata.persist("a", me, &agent_sock);
+    kata.vm_dir("a");
+    let qemu_a = fakes::qemu(&kata.monitor("a"));
+
+    // vm/b-vm-link is a link to vm/a: the monitor is A's, by a path whose
+    // last component is a socket (once not refused).
+    kata.persist("b-vm-link", other, &agent_sock);
+    std::os::unix::fs::symlink(kata.vm("a"), kata.vm("b-vm-link")).unwrap();
+    // sbs/b-sbs-link is a link to sbs/a (whose state names A's pid), and
+    // B's monitor a hard link of A's.
+    std::os::unix::fs::symlink(kata.sbs("a"), kata.sbs("b-sbs-link")).unwrap();
+    kata.vm_dir("b-sbs-link");
+    std::fs::hard_link(kata.monitor("a"), kata.monitor("b-sbs-link")).unwrap();
+    // B's monitor a link to A's.
+    kata.persist("b-sock-link", other, &agent_sock);
+    kata.vm_dir("b-sock-link");
+    std::os::unix::fs::symlink(kata.monitor("a"), kata.monitor("b-sock-link")).unwrap();
+    // B's monitor a hard link of A's: the same socket, served by A's QEMU,
+    // while Kata recorded B's own QEMU.
+    kata.persist("b-hard-link", other, &agent_sock);
+    kata.vm_dir("b-hard-link");
+    std::fs::hard_link(kata.monitor("a"), kata.monitor("b-hard-link")).unwrap();
+    // B's own monitor, and a persist.json naming another process.
+    kata.persist("b-wrong-pid", other, &agent_sock);
+    kata.vm_dir("b-wrong-pid");
+    let qemu_wrong = fakes::qemu(&kata.monitor("b-wrong-pid"));
+    // B's own monitor, and no hypervisor recorded (Kata writes 0 while its
+    // QEMU does not run).
+    kata.persist("b-no-pid", 0, &agent_sock);
+    kata.vm_dir("b-no-pid");
+    let qemu_none = fakes::qemu(&kata.monitor("b-no-pid"));
+
+    let disk = LoopDisk::new(32, None);
+    let dev = disk.path();
+    let run = kata.run.display().to_string();
+    let d = Crustd::start(&reg, &["--kata-runtime-dir", &run]);
+    let k = d.client();
+    let not_followed = "a symbolic link lies on its path";
+    let proved = format!("served by process {me}, not by process {other}");
+    for (id, want, says) in [
+        ("b-vm-link", "FAILED_PRECONDITION", not_followed),
+        ("b-sbs-link", "NOT_FOUND", "no sandbox b-sbs-link"),
+        ("b-sock-link", "FAILED_PRECONDITION", not_followed),
+        ("b-hard-link", "FAILED_PRECONDITION", proved.as_str()),
+        ("b-wrong-pid", "FAILED_PRECONDITION", proved.as_str()),
+        (
+            "b-no-pid",
+            "FAILED_PRECONDITION",
+            "recorded no hypervisor process",
+        ),
+    ] {
+        let (c, m) = code(k.publish(req(id, &dev)));
+        assert_eq!(c, want, "{id}: {m}");
+        assert!(m.contains(says), "{id}: {m}");
+        for q in [&qemu_a, &qemu_wrong, &qemu_none] {
+            assert!(plugged(q).is_empty(), "{id}: {:?}", plugged(q));
+        }
+        assert!(agent.lock().unwrap().log.is_empty(), "{id}");
+        let st = std::fs::read_to_string(reg.join(id).join("crustd.json")).unwrap_or_default();
+        assert!(!st.contains(&dev), "{id}: {st}");
+    }
+    assert!(code(k.publish(req("b-hard-link", &dev)))
+        .1
+        .contains("HypervisorState.Pid"));
+
+    // A's own: its recorded QEMU serves its monitor.
+    k.publish(req("a", &dev)).unwrap();
+    assert_eq!(plugged(&qemu_a).len(), 2, "{:?}", plugged(&qemu_a));
+    assert_eq!(agent.lock().unwrap().log.len(), 1);
+
+    // Each call proves its monitor again: A's record now naming another
+    // process, Unpublish is refused before the guest is asked to let go.
+    kata.persist("a", other, &agent_sock);
+    let (c, m) = code(k.unpublish("a", &dev));
+    assert_eq!(c, "FAILED_PRECONDITION", "{m}");
+    assert!(m.contains(&proved), "{m}");
+    assert_eq!(
+        agent.lock().unwrap().log.len(),
+        1,
+        "the agent was not asked"
+    );
+    assert!(!qemu_a
+        .lock()
+        .unwrap()
+        .log
+        .iter()
+        .any(|l| l.starts_with("device_del")));
+    kata.persist("a", me, &agent_sock);
+    k.unpublish("a", &dev).unwrap();
+    assert!(qemu_a.lock().unwrap().devices.is_empty());
+}
+
+/// Links among Kata's own directories beneath the runtime directory (`vm`,
+/// `sbs`) are not followed; the runtime directory itself, the operator's,
+/// may be reached through one.
+#[test]
+fn a_link_among_katas_directories_is_not_followed() {
+    if !root_or_skip("a_link_among_katas_directories_is_not_followed") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let reg = t.path().join("sandboxes");
+    std::fs::create_dir_all(&reg).unwrap();
+    let me = std::process::id();
+    let kata = Kata {
+        run: t.path().join("run/vc"),
+    };
+    let agent_sock = t.path().join("a-vsock.sock");
+    let (agent, _server) = fakes::hvsock_agent(&agent_sock);
+    kata.persist("a", me, &agent_sock);
+    kata.vm_dir("a");
+    let qemu = fakes::qemu(&kata.monitor("a"));
+    // `vm` a link to the real one; `sbs` its own.
+    let vm_linked = Kata {
+        run: t.path().join("vm-linked"),
+    };
+    vm_linked.persist("a", me, &agent_sock);
+    std::os::unix::fs::symlink(kata.run.join("vm"), vm_linked.run.join("vm")).unwrap();
+    // Both `sbs` and `vm` links to the real ones.
+    let all_linked = t.path().join("all-linked");
+    std::fs::create_dir_all(&all_linked).unwrap();
+    for d in ["sbs", "vm"] {
+        std::os::unix::fs::symlink(kata.run.join(d), all_linked.join(d)).unwrap();
+    }
+    let disk = LoopDisk::new(32, None);
+    let dev = disk.path();
+    for (run, want) in [
+        (vm_linked.run.clone(), "FAILED_PRECONDITION"),
+        (all_linked, "NOT_FOUND"),
+    ] {
+        let d = Crustd::start(&reg, &["--kata-runtime-dir", run.to_str().unwrap()]);
+        let (c, m) = code(d.client().publish(req("a", &dev)));
+        assert_eq!(c, want, "{}: {m}", run.display());
+        assert!(plugged(&qemu).is_empty(), "{:?}", plugged(&qemu));
+        assert!(agent.lock().unwrap().log.is_empty());
+        drop(d);
+        let _ = std::fs::remove_dir_all(reg.join("a"));
+    }
+    let op = t.path().join("operators-link");
+    std::os::unix::fs::symlink(&kata.run, &op).unwrap();
+    let d = Crustd::start(&reg, &["--kata-runtime-dir", op.to_str().unwrap()]);
+    let k = d.client();
+    k.publish(req("a", &dev)).unwrap();
+    assert_eq!(plugged(&qemu).len(), 2);
+    k.unpublish("a", &dev).unwrap();
+}
+
+/// A `sandbox.json` that records `qemu_pid`: the monitor's process must be
+/// it, on every call; one that records none is taken as before.
+#[test]
+fn a_sandbox_json_that_records_qemu_pid_is_held_to_it() {
+    if !root_or_skip("a_sandbox_json_that_records_qemu_pid_is_held_to_it") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let reg = t.path().join("sandboxes");
+    let sb = fakes::sandbox(&reg, "pod-a");
+    let me = std::process::id();
+    let other_vmm = Hypervisor::start();
+    let other = other_vmm.pid();
+    let entry = |pid: Option<u32>| {
+        let mut e = serde_json::json!({
+            "qmp": sb.dir.join("qmp.sock"),
+            "agent": format!("unix://{}", sb.dir.join("agent.sock").display()),
+        });
+        if let Some(p) = pid {
+            e["qemu_pid"] = p.into();
+        }
+        std::fs::write(sb.dir.join("sandbox.json"), e.to_string()).unwrap();
+    };
+    let disk = LoopDisk::new(32, None);
+    let dev = disk.path();
+    let d = Crustd::start(&reg, &[]);
+    let k = d.client();
+
+    entry(Some(other));
+    let (c, m) = code(k.publish(req("pod-a", &dev)));
+    assert_eq!(c, "FAILED_PRECONDITION", "{m}");
+    assert!(
+        m.contains(&format!("served by process {me}, not by process {other}"))
+            && m.contains("qemu_pid in")
+            && m.contains("pod-a/sandbox.json"),
+        "{m}"
+    );
+    assert!(plugged(&sb.qemu).is_empty());
+    assert!(sb.agent.lock().unwrap().log.is_empty());
+
+    entry(Some(me));
+    k.publish(req("pod-a", &dev)).unwrap();
+    assert_eq!(plugged(&sb.qemu).len(), 2);
+
+    entry(Some(other));
+    let (c, m) = code(k.unpublish("pod-a", &dev));
+    assert_eq!(c, "FAILED_PRECONDITION", "{m}");
+    assert!(!sb
+        .agent
+        .lock()
+        .unwrap()
+        .log
+        .iter()
+        .any(|l| l.starts_with("unpublish")));
+    assert_eq!(sb.qemu.lock().unwrap().devices.len(), 1);
+
+    // No qemu_pid: whoever listens is taken, as before the key existed.
+    entry(None);
+    k.unpublish("pod-a", &dev).unwrap();
+    assert!(sb.qemu.lock().unwrap().devices.is_empty());
+}
