@@ -70,10 +70,24 @@ pub mod freeze {
 
         #[test]
         fn freeze_ids_follow_one_rule() {
-            for good in ["a", "freeze-1-00ff", "velero:backup.2026-11-27_1", &"x".repeat(128)] {
+            for good in [
+                "a",
+                "freeze-1-00ff",
+                "velero:backup.2026-11-27_1",
+                &"x".repeat(128),
+            ] {
                 assert_eq!(check_id(good), Ok(()), "{good}");
             }
-            for bad in ["", "-a", ".a", "a/b", "a b", "a\n", "\u{e9}", &"x".repeat(129)] {
+            for bad in [
+                "",
+                "-a",
+                ".a",
+                "a/b",
+                "a b",
+                "a\n",
+                "\u{e9}",
+                &"x".repeat(129),
+            ] {
                 assert!(check_id(bad).is_err(), "{bad:?}");
             }
             let made = new_id("freeze", 1_700_000_000_000, 0xab);
