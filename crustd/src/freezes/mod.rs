@@ -1,152 +1,387 @@
-//! The freezes crustd made across sandboxes, and the host's own timer for
-//! each: a group's timeout runs in every guest (the agent thaws by itself)
-//! and here, [`HOST_SLACK`] later, so a group whose guest lost its timer
-//! (an agent replaced mid-freeze, a guest clock stopped) is thawed all the
-//! same. A volume whose group ended by the host's timer is remembered until
-//! it is thawed or frozen again: its thaw answers ABORTED, as the agent's
-//! does. Bounded: [`MAX_GROUPS`] groups of at most 64 volumes.
+//! The groups crustd freezes across sandboxes. A group is a lease, as a
+//! guest agent's freeze is: its id (the caller's, or one crustd makes,
+//! never repeated) is every guest's freeze id, and only that id, its
+//! timeout, an unpublish of one of its volumes, a forced thaw or its
+//! caller going away ends it. Each end is recorded against the id, so a
+//! late thaw hears how its group ended (ABORTED) and never ends a newer
+//! group on the same volumes.
 //!
-//! The mutex is a leaf: taken for one lookup or update, never across a
-//! call to a guest; the timer thread calls the guests with it let go.
+//! This table owns every group, live and recently ended (the last
+//! `ENDED_KEPT`), its record on disk (`store`, so a restarted crustd knows
+//! them all and re-arms the timer), and the host's timer: a group's
+//! timeout runs in every guest and here, [`HOST_SLACK`] later, so a group
+//! whose guest lost its timer, or whose freeze call failed with an outcome
+//! unknown, is thawed by its id all the same. It calls no guest itself:
+//! `volumes::thaw` does, with what this table answers.
+//!
+//! Locks: `writing` (one record written at a time per group, rendered from
+//! the newest state just before, so the newest state is what lands on
+//! disk), then `inner`, a leaf held for one lookup or update, never across
+//! a file write or a call to a guest.
 
-use std::collections::HashMap;
-use std::sync::{Condvar, Mutex};
+mod error;
+mod group;
+mod store;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crust_client::Address;
+use crust_protocols::freeze::{check_id, new_id, ENDED_KEPT};
 
-/// Groups frozen at once on the node.
-pub const MAX_GROUPS: usize = 64;
-/// How long after a group's timeout the host thaws it, so that the guest's
-/// own timer (which the thaw's ABORTED reports) normally comes first.
-pub const HOST_SLACK: Duration = Duration::from_secs(1);
+pub use error::{FreezeError, Leftover};
+pub use group::{
+    cut, unix_ms, End, Group, How, Part, Plan, Volume, HOST_SLACK, MAX_DETAIL, MAX_GROUPS,
+};
+pub use store::{Store, DIR_NAME};
 
-/// Milliseconds since the epoch, now.
-pub fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
+use crate::locks::{self, KeyedLocks};
 
-/// One frozen volume of a group.
+/// What RuntimeFreezeVolumes answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Member {
-    pub sandbox: String,
-    pub host_volume: String,
-    /// The agent's volume id.
-    pub volume_id: String,
-    /// Where the sandbox's agent listens.
-    pub agent: Address,
+pub struct Frozen {
+    /// The group's id: what thaws it.
+    pub id: String,
+    /// When it ends by itself.
+    pub thaw_at_unix_ms: u64,
+    /// This call made the group (not a retry answered from its record):
+    /// if nobody takes the answer, nobody holds the id.
+    pub made_now: bool,
 }
 
-/// A freeze that ended by the host's timer.
+/// How a freeze begins.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ended {
-    pub freeze_id: String,
-    pub at_unix_ms: u64,
+pub enum Begun {
+    /// A new group, recorded as being made: freeze its parts, then
+    /// [`Freezes::made`]. `start_timer`: the timer thread must be started.
+    New {
+        id: String,
+        thaw_at_unix_ms: u64,
+        start_timer: bool,
+    },
+    /// The caller's id names a group of these volumes that holds: its answer again.
+    Again { id: String, thaw_at_unix_ms: u64 },
 }
 
-struct Group {
-    members: Vec<Member>,
+/// A group with what only this process knows of it.
+struct Entry {
+    group: Group,
+    /// When the host's timer ends it (its record keeps the unix time).
     deadline: Instant,
+    /// How many times the timer tried to end it.
+    tries: u32,
 }
 
 #[derive(Default)]
 struct Inner {
-    groups: HashMap<String, Group>,
-    /// By (sandbox, host volume).
-    ended: HashMap<(String, String), Ended>,
+    groups: HashMap<String, Entry>,
+    /// The groups that are over, oldest first: the last ENDED_KEPT stay.
+    over: VecDeque<String>,
+    /// The timer thread runs.
     timer: bool,
-    seq: u64,
+}
+
+impl Inner {
+    /// Groups not over (being made or holding a part).
+    fn live(&self) -> usize {
+        self.groups.values().filter(|e| !e.group.is_over()).count()
+    }
+
+    /// Notes group `id` over if it now is; answers the ended groups that
+    /// no longer fit in the kept ones (to be removed from disk).
+    fn settle(&mut self, id: &str, now: u64) -> Vec<String> {
+        if let Some(e) = self.groups.get_mut(id) {
+            if e.group.is_over() && e.group.ended_unix_ms.is_none() {
+                e.group.ended_unix_ms = Some(now);
+                self.over.push_back(id.to_string());
+            }
+        }
+        let mut gone = Vec::new();
+        while self.over.len() > ENDED_KEPT {
+            if let Some(old) = self.over.pop_front() {
+                self.groups.remove(&old);
+                gone.push(old);
+            }
+        }
+        gone
+    }
 }
 
 /// The groups (the module doc).
-#[derive(Default)]
 pub struct Freezes {
     inner: Mutex<Inner>,
+    /// Wakes the timer when a group changes.
     wake: Condvar,
+    /// Where records go; none: kept in memory only (unit tests).
+    store: Option<Store>,
+    /// One record write at a time per group.
+    writing: KeyedLocks<String>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The instant at unix time `ms`, as seen now.
+fn instant_at(ms: u64) -> Instant {
+    locks::after(Duration::from_millis(ms.saturating_sub(unix_ms())))
+}
+
+/// 64 bits from the kernel's random source; the clock's bits if it fails,
+/// so ids still differ from any earlier run's.
+fn entropy() -> u64 {
+    crate::files::random_u64().unwrap_or_else(|_| {
+        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| {
+            u64::from(d.subsec_nanos()) ^ d.as_secs().rotate_left(32)
+        })
+    })
+}
+
+/// An end now, as `how` says, with `detail`.
+pub fn end_now(how: How, detail: &str) -> End {
+    End::new(how, unix_ms(), detail)
+}
+
 impl Freezes {
-    /// Whether another group fits.
-    pub fn has_room(&self) -> bool {
-        lock(&self.inner).groups.len() < MAX_GROUPS
-    }
-
-    /// Notes a group frozen until `timeout` (+ [`HOST_SLACK`]) from now;
-    /// answers its name and whether the timer thread must be started.
-    pub fn add(&self, members: Vec<Member>, timeout: Duration) -> (String, bool) {
-        let mut g = lock(&self.inner);
-        g.seq += 1;
-        let id = format!("group-{}-{}", unix_ms() / 1000, g.seq);
-        for m in &members {
-            g.ended.remove(&(m.sandbox.clone(), m.host_volume.clone()));
+    /// A table whose records go to `store` (none: in memory only).
+    pub fn new(store: Option<Store>) -> Freezes {
+        Freezes {
+            inner: Mutex::default(),
+            wake: Condvar::new(),
+            store,
+            writing: KeyedLocks::default(),
         }
-        g.groups.insert(
-            id.clone(),
-            Group {
-                members,
-                deadline: Instant::now() + timeout + HOST_SLACK,
-            },
-        );
-        self.wake.notify_all();
-        let start = !std::mem::replace(&mut g.timer, true);
-        (id, start)
     }
 
-    /// Takes `(sandbox, host volume)` out of its group (it is being
-    /// thawed); answers how a host timer ended its freeze, if one did.
-    pub fn release(&self, sandbox: &str, host_volume: &str) -> Option<Ended> {
-        let mut g = lock(&self.inner);
-        for group in g.groups.values_mut() {
-            group
-                .members
-                .retain(|m| !(m.sandbox == sandbox && m.host_volume == host_volume));
+    /// The records' directory, for messages.
+    pub fn dir(&self) -> Option<PathBuf> {
+        self.store.as_ref().map(Store::dir)
+    }
+
+    /// Starts a freeze of `plan` for `timeout_ms`, named `asked` (the
+    /// caller's id, checked) or a new id, and records it as being made
+    /// before any guest is called. The caller's id of a group that holds
+    /// these volumes answers it again; of any other group, ALREADY_EXISTS
+    /// (UNAVAILABLE while its first call still runs).
+    pub fn begin(
+        &self,
+        asked: Option<&str>,
+        plan: &Plan,
+        timeout_ms: u32,
+    ) -> Result<Begun, FreezeError> {
+        if let Some(a) = asked {
+            check_id(a).map_err(FreezeError::BadId)?;
         }
-        g.groups.retain(|_, group| !group.members.is_empty());
+        let (id, thaw_at_unix_ms) = {
+            let mut g = lock(&self.inner);
+            if let Some(e) = asked.and_then(|a| g.groups.get(a)) {
+                return again(&e.group, plan, timeout_ms);
+            }
+            if g.live() >= MAX_GROUPS {
+                return Err(FreezeError::Full);
+            }
+            let id = match asked {
+                Some(a) => a.to_string(),
+                None => loop {
+                    let id = new_id("group", unix_ms(), entropy());
+                    if !g.groups.contains_key(&id) {
+                        break id;
+                    }
+                },
+            };
+            let group = Group::new(&id, plan, timeout_ms, unix_ms());
+            let thaw_at = group.thaw_at_unix_ms;
+            let deadline = locks::after(Duration::from_millis(u64::from(timeout_ms)) + HOST_SLACK);
+            let entry = Entry {
+                group,
+                deadline,
+                tries: 0,
+            };
+            g.groups.insert(id.clone(), entry);
+            (id, thaw_at)
+        };
+        if let Err(e) = self.persist(&id) {
+            lock(&self.inner).groups.remove(&id);
+            return Err(e);
+        }
+        // Only once it is recorded: a group that never was needs no timer.
+        let start_timer = !std::mem::replace(&mut lock(&self.inner).timer, true);
         self.wake.notify_all();
-        g.ended
-            .remove(&(sandbox.to_string(), host_volume.to_string()))
+        Ok(Begun::New {
+            id,
+            thaw_at_unix_ms,
+            start_timer,
+        })
     }
 
-    /// Forgets what is known of a volume (it is unpublished).
-    pub fn forget(&self, sandbox: &str, host_volume: &str) {
-        self.release(sandbox, host_volume);
+    /// Before the freeze of part `i` of group `id` is sent: marks it called,
+    /// unless something ended the group meanwhile (then what did).
+    pub fn calling(&self, id: &str, i: usize) -> Result<(), String> {
+        let mut g = lock(&self.inner);
+        let e = g
+            .groups
+            .get_mut(id)
+            .ok_or_else(|| "its record is gone".to_string())?;
+        if let Some(why) = stop_reason(&e.group) {
+            return Err(why);
+        }
+        if let Some(p) = e.group.parts.get_mut(i) {
+            p.called = true;
+        }
+        Ok(())
     }
 
-    /// Waits for the next group to pass its deadline and takes it out,
-    /// noting its members ended; None once no group is left (the timer
-    /// thread then ends).
-    pub fn next_expired(&self) -> Option<(String, Vec<Member>)> {
+    /// Every part of group `id` answered its freeze: the group holds,
+    /// unless something ended it meanwhile (then what did).
+    pub fn made(&self, id: &str) -> Result<(), String> {
+        {
+            let mut g = lock(&self.inner);
+            let e = g
+                .groups
+                .get_mut(id)
+                .ok_or_else(|| "its record is gone".to_string())?;
+            if let Some(why) = stop_reason(&e.group) {
+                return Err(why);
+            }
+            e.group.making = false;
+        }
+        self.persist_logged(id);
+        Ok(())
+    }
+
+    /// The freeze call of group `id` stops without the group holding
+    /// (`end` says why, unless something ended it first): parts never
+    /// called are skipped. Answers the group then.
+    pub fn unmade(&self, id: &str, end: End) -> Option<Group> {
+        self.update(id, |g| {
+            g.closing.get_or_insert(end);
+            g.making = false;
+            g.skip_uncalled(unix_ms());
+        })
+    }
+
+    /// Ends group `id` as a whole by `end` (its thaw, its timer, its
+    /// caller leaving), unless something did first: answers the group
+    /// then; NOT_FOUND for an id crustd does not know.
+    pub fn close(&self, id: &str, end: End) -> Result<Group, FreezeError> {
+        self.update(id, |g| {
+            g.closing.get_or_insert(end);
+        })
+        .ok_or_else(|| FreezeError::Unknown { id: id.to_string() })
+    }
+
+    /// Records how parts of group `id` ended, by index; answers the group then.
+    pub fn settle(&self, id: &str, ends: &[(usize, End)]) -> Option<Group> {
+        self.update(id, |g| {
+            for (i, end) in ends {
+                if let Some(p) = g.parts.get_mut(*i) {
+                    p.end(end);
+                }
+            }
+        })
+    }
+
+    /// Ends volume `host_volume` of `sandbox` by `how` (an unpublish, a
+    /// forced thaw) in every group where it may be frozen; answers them.
+    pub fn end_volume(&self, sandbox: &str, host_volume: &str, how: How) -> Vec<String> {
+        let ids: Vec<String> = {
+            let g = lock(&self.inner);
+            g.groups
+                .iter()
+                .filter(|(_, e)| {
+                    e.group.parts.iter().any(|p| {
+                        p.sandbox == sandbox
+                            && p.volumes
+                                .iter()
+                                .any(|v| v.host_volume == host_volume && v.end.is_none())
+                    })
+                })
+                .map(|(id, _)| id.clone())
+                .collect()
+        };
+        let end = end_now(how, "");
+        for id in &ids {
+            self.update(id, |g| {
+                for p in g.parts.iter_mut().filter(|p| p.sandbox == sandbox) {
+                    for v in p
+                        .volumes
+                        .iter_mut()
+                        .filter(|v| v.host_volume == host_volume)
+                    {
+                        v.end.get_or_insert_with(|| end.clone());
+                    }
+                }
+            });
+        }
+        ids
+    }
+
+    /// Forgets group `id` and its record: its freeze froze nothing in any
+    /// guest, so its id may be used again.
+    pub fn forget(&self, id: &str) {
+        let _w = self.write_lock(id);
+        lock(&self.inner).groups.remove(id);
+        if let Some(s) = &self.store {
+            if let Err(e) = s.remove(id) {
+                log_failure(id, &e);
+            }
+        }
+        self.wake.notify_all();
+    }
+
+    /// Group `id` as it is now.
+    pub fn get(&self, id: &str) -> Option<Group> {
+        lock(&self.inner).groups.get(id).map(|e| e.group.clone())
+    }
+
+    /// Changes group `id` by `f` under the lock, notes it over if it now
+    /// is, writes its record; answers it then.
+    fn update(&self, id: &str, f: impl FnOnce(&mut Group)) -> Option<Group> {
+        let (group, changed, gone) = {
+            let mut g = lock(&self.inner);
+            let e = g.groups.get_mut(id)?;
+            let before = e.group.clone();
+            f(&mut e.group);
+            let changed = e.group != before;
+            let gone = g.settle(id, unix_ms());
+            (g.groups.get(id).map(|e| e.group.clone()), changed, gone)
+        };
+        if !changed {
+            return group;
+        }
+        self.wake.notify_all();
+        self.persist_logged(id);
+        for old in gone {
+            self.persist_logged(&old);
+        }
+        group
+    }
+
+    /// Waits for the next group not over whose deadline passed, re-arms it
+    /// `retry` later and answers it with how many times the timer has now
+    /// tried it; None once no group is live (the timer thread then ends).
+    pub fn next_expired(&self, retry: Duration) -> Option<(String, u32)> {
         let mut g = lock(&self.inner);
         loop {
-            let Some((id, deadline)) = g
+            let next = g
                 .groups
                 .iter()
-                .min_by_key(|(_, gr)| gr.deadline)
-                .map(|(id, gr)| (id.clone(), gr.deadline))
-            else {
+                .filter(|(_, e)| !e.group.is_over())
+                .min_by_key(|(_, e)| e.deadline)
+                .map(|(id, e)| (id.clone(), e.deadline));
+            let Some((id, deadline)) = next else {
                 g.timer = false;
                 return None;
             };
             let now = Instant::now();
             if deadline <= now {
-                let group = g.groups.remove(&id)?;
-                let at_unix_ms = unix_ms();
-                for m in &group.members {
-                    g.ended.insert(
-                        (m.sandbox.clone(), m.host_volume.clone()),
-                        Ended {
-                            freeze_id: id.clone(),
-                            at_unix_ms,
-                        },
-                    );
-                }
-                return Some((id, group.members));
+                let e = g.groups.get_mut(&id)?;
+                e.deadline = locks::after(retry);
+                e.tries += 1;
+                return Some((id, e.tries));
             }
             g = self
                 .wake
@@ -156,42 +391,145 @@ impl Freezes {
         }
     }
 
-    /// How many groups and ended volumes are kept (a bound tests check).
+    /// At start: every record the store holds. Answers the groups whose
+    /// freeze call died with the last crustd (to be ended at once),
+    /// whether the timer must be started, and a sentence for each record
+    /// not used.
+    pub fn load(&self) -> (Vec<String>, bool, Vec<String>) {
+        let Some(store) = &self.store else {
+            return (Vec::new(), false, Vec::new());
+        };
+        let (mut groups, refused) = store.load();
+        groups.sort_by_key(|g| (g.ended_unix_ms, g.id.clone()));
+        let mut orphans = Vec::new();
+        let mut gone = Vec::new();
+        let start = {
+            let mut g = lock(&self.inner);
+            for mut group in groups {
+                if group.making {
+                    for p in &mut group.parts {
+                        p.called = true;
+                    }
+                    orphans.push(group.id.clone());
+                }
+                let id = group.id.clone();
+                let deadline = instant_at(group.host_deadline_unix_ms());
+                let over = group.is_over();
+                g.groups.insert(
+                    id.clone(),
+                    Entry {
+                        group,
+                        deadline,
+                        tries: 0,
+                    },
+                );
+                if over {
+                    g.over.push_back(id);
+                }
+            }
+            gone.extend(g.settle("", unix_ms()));
+            let live = g.live() > 0;
+            live && !std::mem::replace(&mut g.timer, true)
+        };
+        for old in gone {
+            self.persist_logged(&old);
+        }
+        (orphans, start, refused)
+    }
+
+    /// How many groups are live and how many ended are kept (bounds tests check).
     pub fn len(&self) -> (usize, usize) {
         let g = lock(&self.inner);
-        (g.groups.len(), g.ended.len())
+        (g.live(), g.over.len())
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+    /// Whether no group is kept.
+    pub fn is_empty(&self) -> bool {
+        lock(&self.inner).groups.is_empty()
+    }
 
-    fn member(v: &str) -> Member {
-        Member {
-            sandbox: "pod".into(),
-            host_volume: v.into(),
-            volume_id: format!("crustd-{v}"),
-            agent: "unix:///nowhere".parse().unwrap(),
+    fn write_lock(&self, id: &str) -> Option<locks::Guard<'_, String>> {
+        self.writing
+            .lock_until(&id.to_string(), locks::after(Duration::from_secs(3600)))
+    }
+
+    /// Writes group `id`'s record as it is now (removes it when the group
+    /// is no longer kept).
+    fn persist(&self, id: &str) -> Result<(), FreezeError> {
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
+        let _w = self.write_lock(id);
+        let group = self.get(id);
+        match group {
+            Some(g) => store.write(&g),
+            None => store.remove(id),
         }
     }
 
-    #[test]
-    fn a_group_nobody_thaws_ends_at_its_deadline_and_its_volumes_say_so() {
-        let f = Freezes::default();
-        let (id, start) = f.add(vec![member("/dev/a"), member("/dev/b")], Duration::ZERO);
-        assert!(start);
-        let (ended, members) = f.next_expired().unwrap();
-        assert_eq!((ended.as_str(), members.len()), (id.as_str(), 2));
-        assert_eq!(f.release("pod", "/dev/a").unwrap().freeze_id, id);
-        assert_eq!(f.release("pod", "/dev/a"), None, "said once");
-        assert!(
-            f.next_expired().is_none(),
-            "the timer ends when nothing is frozen"
-        );
-        // A new freeze clears what an old one left.
-        f.add(vec![member("/dev/b")], Duration::from_secs(60));
-        assert_eq!(f.release("pod", "/dev/b"), None);
-        assert_eq!(f.len(), (0, 0));
+    /// As [`Freezes::persist`], a failure logged: the group stays in
+    /// memory, and the next change writes it again.
+    fn persist_logged(&self, id: &str) {
+        if let Err(e) = self.persist(id) {
+            log_failure(id, &e);
+        }
     }
+}
+
+impl Default for Freezes {
+    fn default() -> Freezes {
+        Freezes::new(None)
+    }
+}
+
+/// One JSON line on stderr: a record crustd could not write or remove.
+fn log_failure(id: &str, e: &FreezeError) {
+    let line = serde_json::json!({
+        "msg": "a freeze record could not be written",
+        "group": id,
+        "error": e.to_string(),
+    });
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("{line}\n").as_bytes());
+}
+
+/// What ended a group being made, if anything did: its closing, or a
+/// volume's end (an unpublish, a forced thaw).
+fn stop_reason(g: &Group) -> Option<String> {
+    if let Some(c) = &g.closing {
+        return Some(format!("the group {}", c.how.said()));
+    }
+    let now = unix_ms();
+    let broken = g.broken(now);
+    (!broken.is_empty()).then(|| broken.join("; "))
+}
+
+/// A second freeze with the caller's id `g.id`: the same answer while the
+/// group holds these volumes, else refused.
+fn again(g: &Group, plan: &Plan, timeout_ms: u32) -> Result<Begun, FreezeError> {
+    if g.making {
+        return Err(FreezeError::BeingMade { id: g.id.clone() });
+    }
+    if g.same(plan, timeout_ms) && g.holds() {
+        return Ok(Begun::Again {
+            id: g.id.clone(),
+            thaw_at_unix_ms: g.thaw_at_unix_ms,
+        });
+    }
+    let why = if !g.holds() {
+        let broken = g.broken(unix_ms());
+        if broken.is_empty() {
+            "that group was thawed by its id".to_string()
+        } else {
+            format!("that group ended: {}", broken.join("; "))
+        }
+    } else {
+        format!(
+            "it holds other volumes, or has a timeout of {} ms, not what this call names",
+            g.timeout_ms
+        )
+    };
+    Err(FreezeError::Taken {
+        id: g.id.clone(),
+        why,
+    })
 }
