@@ -267,9 +267,11 @@ kubelet expand pod-demo "$E" --bytes $((4096 << 20))
 kubelet stats pod-demo "$E"
 
 section "A consistent snapshot through crustd (RuntimeFreezeVolumes across the pod's volumes, all or none), then trim and health"
-kubelet freeze "pod-demo:$E" "pod-demo:$X" --thaw-after 30
+# The group is a lease: its id (the caller's own here, new for each run) thaws it.
+G="demo-snapshot-$(date +%s%N)"
+kubelet freeze "pod-demo:$E" "pod-demo:$X" --thaw-after 30 --freeze-id "$G"
 run cp --sparse=always "$DEMO/k-ext4.img" "$DEMO/k-ext4.snap"
-kubelet thaw "pod-demo:$E" "pod-demo:$X"
+kubelet thaw "$G"
 run e2fsck -f -n "$DEMO/k-ext4.snap"
 kubelet trim pod-demo "$E"
 kubelet health pod-demo "$E"

@@ -6,6 +6,10 @@
 //! (`crustd::ctl`, beside the direct-volume record code it shares), so this
 //! crate depends on nothing of crustd's and crustd's tests, the demo and the
 //! bench can use it.
+//!
+//! Every call carries its deadline (`grpc-timeout`), as kubelet's do: crustd
+//! passes it down, and knows when its caller gave up. A freeze's group is
+//! a lease: its id, answered by the freeze, is what thaws it.
 
 use std::path::Path;
 use std::time::Duration;
@@ -29,10 +33,13 @@ pub struct Kubelet {
     rt: tokio::runtime::Runtime,
     /// The generated client (cheap to clone: shares the channel).
     client: Client<Channel>,
+    /// The deadline each call sends; none for [`Kubelet::no_deadline`].
+    deadline: Option<Duration>,
 }
 
 impl Kubelet {
-    /// Connects to crustd at `socket`; each call may take up to `timeout`.
+    /// Connects to crustd at `socket`; each call may take up to `timeout`,
+    /// and tells crustd so.
     pub fn connect(socket: &Path, timeout: Duration) -> Result<Kubelet, String> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -58,7 +65,25 @@ impl Kubelet {
         Ok(Kubelet {
             rt,
             client: Client::new(channel),
+            deadline: Some(timeout),
         })
+    }
+
+    /// The same client, sending no deadline with its calls: a caller unlike
+    /// kubelet, for tests of what crustd does then (it still gives up at
+    /// its own timeout, without telling crustd).
+    pub fn no_deadline(mut self) -> Kubelet {
+        self.deadline = None;
+        self
+    }
+
+    /// `m` as a request carrying this client's deadline.
+    fn request<M>(&self, m: M) -> tonic::Request<M> {
+        let mut r = tonic::Request::new(m);
+        if let Some(d) = self.deadline {
+            r.set_timeout(d);
+        }
+        r
     }
 
     fn call<T, F>(&self, f: impl FnOnce(Client<Channel>) -> F) -> Result<T, Status>
@@ -71,23 +96,20 @@ impl Kubelet {
     }
 
     pub fn capabilities(&self) -> Result<pb::RuntimeGetCapabilitiesResponse, Status> {
-        self.call(|mut c| async move {
-            c.runtime_get_capabilities(pb::RuntimeGetCapabilitiesRequest {})
-                .await
-        })
+        let r = self.request(pb::RuntimeGetCapabilitiesRequest {});
+        self.call(|mut c| async move { c.runtime_get_capabilities(r).await })
     }
 
     pub fn file_systems(&self) -> Result<pb::RuntimeGetSupportedFileSystemsResponse, Status> {
-        self.call(|mut c| async move {
-            c.runtime_get_supported_file_systems(pb::RuntimeGetSupportedFileSystemsRequest {})
-                .await
-        })
+        let r = self.request(pb::RuntimeGetSupportedFileSystemsRequest {});
+        self.call(|mut c| async move { c.runtime_get_supported_file_systems(r).await })
     }
 
     pub fn publish(
         &self,
         r: pb::RuntimePublishVolumeRequest,
     ) -> Result<pb::RuntimePublishVolumeResponse, Status> {
+        let r = self.request(r);
         self.call(|mut c| async move { c.runtime_publish_volume(r).await })
     }
 
@@ -114,14 +136,15 @@ impl Kubelet {
             volume_path: volume_path.into(),
             read_only,
         };
+        let r = self.request(r);
         self.call(|mut c| async move { c.runtime_publish_direct_volume(r).await })
     }
 
     pub fn unpublish(&self, sandbox: &str, volume: &str) -> Result<(), Status> {
-        let r = pb::RuntimeUnpublishVolumeRequest {
+        let r = self.request(pb::RuntimeUnpublishVolumeRequest {
             sandbox_id: sandbox.into(),
             host_volume_id: volume.into(),
-        };
+        });
         self.call(|mut c| async move { c.runtime_unpublish_volume(r).await })
             .map(|_| ())
     }
@@ -162,66 +185,106 @@ impl Kubelet {
         sandbox: &str,
         volume: &str,
     ) -> Result<pb::RuntimeGetVolumeStatsResponse, Status> {
-        let r = pb::RuntimeGetVolumeStatsRequest {
+        let r = self.request(pb::RuntimeGetVolumeStatsRequest {
             sandbox_id: sandbox.into(),
             host_volume_id: volume.into(),
-        };
+        });
         self.call(|mut c| async move { c.runtime_get_volume_stats(r).await })
     }
 
     pub fn expand(&self, sandbox: &str, volume: &str, required_bytes: i64) -> Result<i64, Status> {
-        let r = pb::RuntimeExpandVolumeRequest {
+        let r = self.request(pb::RuntimeExpandVolumeRequest {
             sandbox_id: sandbox.into(),
             host_volume_id: volume.into(),
             required_bytes,
-        };
+        });
         self.call(|mut c| async move { c.runtime_expand_volume(r).await })
             .map(|r| r.capacity_bytes)
     }
 
-    /// RuntimeFreezeVolumes of (sandbox, host volume) pairs, all or none.
+    /// RuntimeFreezeVolumes of (sandbox, host volume) pairs, all or none,
+    /// under the caller's `freeze_id` or one crustd makes: the answer's id
+    /// is what thaws the group.
     pub fn freeze(
         &self,
         volumes: &[(String, String)],
         timeout_ms: u32,
+        freeze_id: Option<&str>,
     ) -> Result<pb::RuntimeFreezeVolumesResponse, Status> {
-        let r = pb::RuntimeFreezeVolumesRequest {
-            volumes: refs(volumes),
-            timeout_ms,
-            ..Default::default()
-        };
+        let r = self.request(freeze_request(volumes, timeout_ms, freeze_id));
         self.call(|mut c| async move { c.runtime_freeze_volumes(r).await })
     }
 
-    /// RuntimeThawVolumes; ABORTED when a freeze had ended by itself.
-    pub fn thaw(&self, volumes: &[(String, String)]) -> Result<(), Status> {
-        let r = pb::RuntimeThawVolumesRequest {
-            volumes: refs(volumes),
+    /// [`Kubelet::freeze`] with a deadline of its own.
+    pub fn freeze_within(
+        &self,
+        volumes: &[(String, String)],
+        timeout_ms: u32,
+        freeze_id: Option<&str>,
+        deadline: Duration,
+    ) -> Result<pb::RuntimeFreezeVolumesResponse, Status> {
+        let mut r = tonic::Request::new(freeze_request(volumes, timeout_ms, freeze_id));
+        r.set_timeout(deadline);
+        self.call(|mut c| async move { c.runtime_freeze_volumes(r).await })
+    }
+
+    /// RuntimeThawVolumes of the group `freeze_id`: OK while it held every
+    /// volume up to now; ABORTED when a part ended first (a snapshot taken
+    /// after may be torn); NOT_FOUND for an id crustd never issued.
+    pub fn thaw(&self, freeze_id: &str) -> Result<(), Status> {
+        self.thaw_with(pb::RuntimeThawVolumesRequest {
+            freeze_id: freeze_id.into(),
             ..Default::default()
-        };
+        })
+    }
+
+    /// RuntimeThawVolumes with force: ends whatever freeze holds the volumes.
+    pub fn thaw_force(&self, volumes: &[(String, String)]) -> Result<(), Status> {
+        self.thaw_with(pb::RuntimeThawVolumesRequest {
+            volumes: refs(volumes),
+            force: true,
+            ..Default::default()
+        })
+    }
+
+    /// RuntimeThawVolumes as given.
+    pub fn thaw_with(&self, r: pb::RuntimeThawVolumesRequest) -> Result<(), Status> {
+        let r = self.request(r);
         self.call(|mut c| async move { c.runtime_thaw_volumes(r).await })
             .map(|_| ())
     }
 
     /// RuntimeTrimVolume; answers the bytes given back.
     pub fn trim(&self, sandbox: &str, volume: &str, min_extent_bytes: u64) -> Result<u64, Status> {
-        let r = pb::RuntimeTrimVolumeRequest {
+        let r = self.request(pb::RuntimeTrimVolumeRequest {
             sandbox_id: sandbox.into(),
             host_volume_id: volume.into(),
             min_extent_bytes,
-        };
+        });
         self.call(|mut c| async move { c.runtime_trim_volume(r).await })
             .map(|r| r.trimmed_bytes)
     }
 
     /// RuntimeGetVolumeHealth: CSI 1.13's list, empty when healthy.
     pub fn health(&self, sandbox: &str, volume: &str) -> Result<Vec<pb::VolumeHealth>, Status> {
-        let r = pb::RuntimeGetVolumeHealthRequest {
+        let r = self.request(pb::RuntimeGetVolumeHealthRequest {
             sandbox_id: sandbox.into(),
             host_volume_id: volume.into(),
-        };
+        });
         self.call(|mut c| async move { c.runtime_get_volume_health(r).await })
             .map(|r| r.health)
+    }
+}
+
+fn freeze_request(
+    volumes: &[(String, String)],
+    timeout_ms: u32,
+    freeze_id: Option<&str>,
+) -> pb::RuntimeFreezeVolumesRequest {
+    pb::RuntimeFreezeVolumesRequest {
+        volumes: refs(volumes),
+        timeout_ms,
+        freeze_id: freeze_id.unwrap_or_default().to_string(),
     }
 }
 

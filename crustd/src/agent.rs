@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crust_client::proto as pb;
 use crust_client::{protobuf::MessageField, Address, CallError, CrustClient};
 
-use crate::error::{Error, Result};
+use crate::error::{Code, Error, Result};
 
 /// Open connections by sandbox id, with the address they were made to.
 pub type Connections = Mutex<HashMap<String, (String, CrustClient)>>;
@@ -262,20 +262,112 @@ impl Agent<'_> {
     }
 }
 
+/// A FreezeVolumes that failed, by what it tells of the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FreezeFailed {
+    /// Never sent (no connection could be made): nothing of it is frozen.
+    NotSent(Error),
+    /// The agent refused it: by its all-or-none rule nothing of it is frozen.
+    Refused(Error),
+    /// No answer settles it (none in time, a connection that broke, the
+    /// agent's UNAVAILABLE, DEADLINE_EXCEEDED or CANCELLED, or an answer
+    /// naming another freeze): the guest may be frozen, or be about to.
+    Unknown(Error),
+}
+
+impl FreezeFailed {
+    pub fn error(&self) -> &Error {
+        match self {
+            FreezeFailed::NotSent(e) | FreezeFailed::Refused(e) | FreezeFailed::Unknown(e) => e,
+        }
+    }
+
+    /// Whether it is known that nothing of it is frozen.
+    pub fn settled(&self) -> bool {
+        !matches!(self, FreezeFailed::Unknown(_))
+    }
+}
+
+/// Whether the agent's refusal with `code` says its freeze did nothing: the
+/// codes of a request judged and turned down, not of one cut short.
+fn refusal(code: Code) -> bool {
+    matches!(
+        code,
+        Code::InvalidArgument
+            | Code::NotFound
+            | Code::AlreadyExists
+            | Code::PermissionDenied
+            | Code::ResourceExhausted
+            | Code::FailedPrecondition
+            | Code::Aborted
+            | Code::OutOfRange
+            | Code::Unimplemented
+    )
+}
+
 impl Agent<'_> {
-    /// FreezeVolumes of `ids` for `timeout_ms`; answers the guest's freeze id.
-    pub fn freeze(&self, ids: &[String], timeout_ms: u32) -> Result<String> {
+    /// FreezeVolumes of `ids` for `timeout_ms` under the group's id
+    /// `freeze_id`, once more on a fresh connection if the first broke (the
+    /// same id makes the retry safe: the agent answers a freeze it holds
+    /// again).
+    pub fn freeze(
+        &self,
+        ids: &[String],
+        timeout_ms: u32,
+        freeze_id: &str,
+    ) -> std::result::Result<(), FreezeFailed> {
         let mut r = pb::FreezeVolumesRequest::new();
         r.volume_ids = ids.to_vec();
         r.timeout_ms = timeout_ms;
-        let out = self.call(|c| c.freeze_volumes(&r))?;
-        Ok(bounded(&out.freeze_id))
+        r.freeze_id = freeze_id.into();
+        let timed = |mut c: CrustClient| {
+            c.set_timeout(self.budget());
+            c.freeze_volumes(&r)
+        };
+        let first = self.client(false).map_err(FreezeFailed::NotSent)?;
+        let out = match timed(first) {
+            Err(CallError::Connection { .. }) => match self.client(true) {
+                Ok(c) => timed(c),
+                Err(e) => return Err(FreezeFailed::Unknown(e)),
+            },
+            other => other,
+        };
+        match out {
+            Ok(resp) if resp.freeze_id == freeze_id => Ok(()),
+            Ok(resp) => Err(FreezeFailed::Unknown(Error::precondition(format!(
+                "the agent of sandbox {} answered freeze id {} for the group's {freeze_id}: it does not keep freezes by the id it is given (an agent older than crustd?); update it",
+                self.sandbox,
+                shown(&resp.freeze_id)
+            )))),
+            Err(e) => {
+                let refused = matches!(&e, CallError::Status { code, .. } if refusal(*code));
+                if !matches!(e, CallError::Status { .. }) {
+                    self.forget();
+                }
+                let e = self.sort(e);
+                Err(if refused {
+                    FreezeFailed::Refused(e)
+                } else {
+                    FreezeFailed::Unknown(e)
+                })
+            }
+        }
     }
 
-    /// ThawVolumes of `ids`; ABORTED passes through (a freeze that ended by itself).
-    pub fn thaw(&self, ids: &[String]) -> Result<()> {
+    /// ThawVolumes of the freeze `freeze_id`: ABORTED (a part of it ended
+    /// first) and NOT_FOUND (an id the agent never issued) pass through.
+    pub fn thaw_id(&self, freeze_id: &str) -> Result<()> {
+        let mut r = pb::ThawVolumesRequest::new();
+        r.freeze_id = freeze_id.into();
+        self.call(|c| c.thaw_volumes(&r)).map(|_| ())
+    }
+
+    /// ThawVolumes with force: ends whatever freeze holds `ids`; NOT_FOUND
+    /// (after the others are thawed) for one not published.
+    pub fn thaw_forced(&self, ids: &[String]) -> Result<()> {
         let mut r = pb::ThawVolumesRequest::new();
         r.volume_ids = ids.to_vec();
+        r.force = true;
         self.call(|c| c.thaw_volumes(&r)).map(|_| ())
     }
 
@@ -490,6 +582,34 @@ mod tests {
         assert_eq!(a.budget(), LEAST_BUDGET);
         a.deadline = Some(Instant::now() + Duration::from_secs(3600));
         assert_eq!(a.budget(), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn only_a_judged_refusal_says_a_freeze_froze_nothing() {
+        for code in [
+            Code::InvalidArgument,
+            Code::NotFound,
+            Code::AlreadyExists,
+            Code::FailedPrecondition,
+            Code::ResourceExhausted,
+            Code::Unimplemented,
+        ] {
+            assert!(refusal(code), "{code:?}");
+        }
+        // Cut short, or still at work (the same id being frozen): unknown.
+        for code in [
+            Code::Unavailable,
+            Code::DeadlineExceeded,
+            Code::Cancelled,
+            Code::Internal,
+            Code::Unknown,
+        ] {
+            assert!(!refusal(code), "{code:?}");
+        }
+        let e = Error::unavailable("x");
+        assert!(FreezeFailed::NotSent(e.clone()).settled());
+        assert!(FreezeFailed::Refused(e.clone()).settled());
+        assert!(!FreezeFailed::Unknown(e).settled());
     }
 
     #[test]

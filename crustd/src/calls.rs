@@ -6,6 +6,12 @@
 //! Two callers waiting at once for the same call each run it in turn (every
 //! call is idempotent); a retry after its caller left joins.
 //!
+//! An answer nobody takes is not always harmless: a freeze's is a lease
+//! whose id only its caller would hold. So the work and the last caller to
+//! leave settle, once, whether the answer was taken; one that was not (the
+//! caller gave up or went away before it came) is handed back to crustd,
+//! which ends the group at once ([`What::unclaimed`]).
+//!
 //! What one sandbox can hold is bounded: at most [`PER_SANDBOX`] calls of a
 //! sandbox run at once (a hung guest ties up that many threads and no
 //! more); the next ones wait for a free slot until their deadline, then
@@ -13,7 +19,7 @@
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,6 +28,7 @@ use tokio::sync::{watch, Semaphore};
 use crate::agent::Health;
 use crate::deadline::Deadline;
 use crate::error::{Code, Error, Result};
+use crate::freezes::Frozen;
 use crate::volumes::{Crustd, DirectRequest, PublishRequest, Stats};
 
 /// The most calls of one sandbox that run at once.
@@ -56,9 +63,15 @@ pub enum What {
     Freeze {
         volumes: Vec<(String, String)>,
         timeout_ms: u32,
+        /// The caller's id for the group ("": crustd makes one).
+        freeze_id: String,
     },
+    /// A group by its id, or with force the volumes; its slot is its first
+    /// sandbox's, or the group's.
     Thaw {
         volumes: Vec<(String, String)>,
+        freeze_id: String,
+        force: bool,
     },
     Trim {
         sandbox: String,
@@ -81,9 +94,20 @@ impl What {
             | What::Expand { sandbox, .. }
             | What::Trim { sandbox, .. }
             | What::Health { sandbox, .. } => sandbox,
-            What::Freeze { volumes, .. } | What::Thaw { volumes } => {
-                volumes.first().map_or("", |(s, _)| s.as_str())
-            }
+            What::Freeze { volumes, .. } => volumes.first().map_or("", |(s, _)| s.as_str()),
+            What::Thaw {
+                volumes, freeze_id, ..
+            } => volumes
+                .first()
+                .map_or(freeze_id.as_str(), |(s, _)| s.as_str()),
+        }
+    }
+
+    /// The group a freeze or thaw names ("" for none), for the log.
+    pub fn freeze_id(&self) -> &str {
+        match self {
+            What::Freeze { freeze_id, .. } | What::Thaw { freeze_id, .. } => freeze_id,
+            _ => "",
         }
     }
 
@@ -123,10 +147,17 @@ impl What {
             What::Freeze {
                 volumes,
                 timeout_ms,
+                freeze_id,
             } => c
-                .freeze(volumes, *timeout_ms, deadline)
-                .map(|(id, at)| Reply::Frozen(id, at)),
-            What::Thaw { volumes } => c.thaw(volumes, deadline).map(|()| Reply::Done),
+                .freeze(volumes, *timeout_ms, freeze_id, deadline)
+                .map(Reply::Frozen),
+            What::Thaw {
+                volumes,
+                freeze_id,
+                force,
+            } => c
+                .thaw(volumes, freeze_id, *force, deadline)
+                .map(|()| Reply::Done),
             What::Trim {
                 sandbox,
                 volume,
@@ -136,6 +167,26 @@ impl What {
                 .map(Reply::Trimmed),
             What::Health { sandbox, volume } => {
                 c.health(sandbox, volume, deadline).map(Reply::Health)
+            }
+        }
+    }
+}
+
+impl What {
+    /// `out`, this call's answer, was taken by no caller: a freeze's group
+    /// is ended at once (nobody holds its id). Runs on a thread of its own.
+    fn unclaimed(crustd: &Arc<Crustd>, out: &Result<Reply>) {
+        if let Ok(Reply::Frozen(f)) = out {
+            if !f.made_now {
+                // Answered again from the record: whoever made it was told.
+                return;
+            }
+            let (c, id) = (crustd.clone(), f.id.clone());
+            let spawned = std::thread::Builder::new()
+                .name("freeze-unclaimed".into())
+                .spawn(move || c.end_unclaimed(&id));
+            if let Err(e) = spawned {
+                eprintln!("crustd: could not start a thread to end a group nobody holds ({e}); crustd's timer ends it");
             }
         }
     }
@@ -151,31 +202,59 @@ pub enum Reply {
     Done,
     Stats(Stats),
     Capacity(i64),
-    /// A group's name and when it ends (ms since the epoch).
-    Frozen(String, u64),
+    /// A group, and when it ends.
+    Frozen(Frozen),
     Trimmed(u64),
     Health(Vec<Health>),
 }
 
 type Outcome = Option<Result<Reply>>;
 
+/// Whether a call's answer was taken: not yet.
+const PENDING: u8 = 0;
+/// By a caller.
+const TAKEN: u8 = 1;
+/// By nobody: its callers had left when it came.
+const UNCLAIMED: u8 = 2;
+
 /// One call at work.
 struct Running {
-    /// How many callers wait for it now; none: it outlived them, and the
-    /// same call joins it.
-    callers: AtomicUsize,
-    /// Its deadline, extended by a joining retry.
+    /// Its deadline, extended by a joining retry, and how many callers wait
+    /// for it now (none: it outlived them, and the same call joins it).
     deadline: Deadline,
     /// Its answer, once there.
     done: watch::Receiver<Outcome>,
+    /// Set once the answer is there.
+    answered: AtomicBool,
+    /// PENDING, TAKEN or UNCLAIMED: settled once, by whoever comes first.
+    claim: AtomicU8,
 }
 
-/// A caller's wait; when it ends (answered, or dropped by a caller that gave up), the call has one caller fewer.
-struct Waiting(Arc<Running>);
+impl Running {
+    /// Settles that nobody took the answer; true for the one that settles it.
+    fn unclaimed(&self) -> bool {
+        self.claim
+            .compare_exchange(PENDING, UNCLAIMED, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+}
+
+/// A caller's wait; when it ends (answered, or dropped by a caller that
+/// gave up or went away), the call has one caller fewer, and the last one
+/// to leave an answer it did not take hands it back.
+struct Waiting {
+    running: Arc<Running>,
+    crustd: Arc<Crustd>,
+}
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        self.0.callers.fetch_sub(1, Ordering::SeqCst);
+        let r = &self.running;
+        if r.deadline.leave() == 0 && r.answered.load(Ordering::SeqCst) && r.unclaimed() {
+            if let Some(out) = r.done.borrow().as_ref() {
+                What::unclaimed(&self.crustd, out);
+            }
+        }
     }
 }
 
@@ -220,8 +299,11 @@ impl Calls {
             Some(r) => r,
             None => self.start(what.clone(), at).await?,
         };
-        let waiting = Waiting(running);
-        let mut done = waiting.0.done.clone();
+        let waiting = Waiting {
+            running,
+            crustd: self.crustd.clone(),
+        };
+        let mut done = waiting.running.done.clone();
         let answered = done.wait_for(Option::is_some);
         let out = match at {
             Some(d) => match tokio::time::timeout_at(
@@ -244,7 +326,16 @@ impl Calls {
             None => answered.await.map(|v| v.clone()),
         };
         match out {
-            Ok(Some(r)) => r,
+            Ok(Some(r)) => {
+                // Taken, so the last caller leaving hands nothing back.
+                let _ = waiting.running.claim.compare_exchange(
+                    PENDING,
+                    TAKEN,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                );
+                r
+            }
             _ => Err(Error::internal(format!(
                 "{} ended without an answer",
                 what.method()
@@ -256,9 +347,9 @@ impl Calls {
     fn join(&self, what: &What, at: Option<Instant>) -> Option<Arc<Running>> {
         let map = lock(&self.running);
         let r = map.get(what)?;
-        r.callers
-            .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
-            .ok()?;
+        if !r.deadline.rejoin() {
+            return None;
+        }
         r.deadline.extend(at);
         Some(r.clone())
     }
@@ -289,9 +380,10 @@ impl Calls {
         };
         let (tx, rx) = watch::channel(None);
         let running = Arc::new(Running {
-            callers: AtomicUsize::new(1),
             deadline: Deadline::new(at),
             done: rx,
+            answered: AtomicBool::new(false),
+            claim: AtomicU8::new(PENDING),
         });
         lock(&self.running).insert(what.clone(), running.clone());
         let me = self.clone();
@@ -312,7 +404,11 @@ impl Calls {
             // the state changed, e.g. a sandbox.json written back, got the
             // answer from before).
             me.forget_running(&what, &r);
-            let _ = tx.send(Some(out));
+            let _ = tx.send(Some(out.clone()));
+            r.answered.store(true, Ordering::SeqCst);
+            if !r.deadline.attended() && r.unclaimed() {
+                What::unclaimed(&me.crustd, &out);
+            }
             drop((sandbox, node));
             me.prune(what.sandbox());
         }));

@@ -26,7 +26,8 @@ struct Cli {
     /// crustd's unix socket.
     #[arg(long, env = "CRUSTD_SOCKET", default_value = "/run/crust/crustd.sock")]
     socket: PathBuf,
-    /// Seconds a call may take.
+    /// Seconds a call may take: sent to crustd as the call's deadline
+    /// (grpc-timeout), as kubelet sends one.
     #[arg(long, default_value_t = 180)]
     timeout: u64,
     /// Where direct-volume records are filed (crustd's --direct-volumes).
@@ -93,7 +94,8 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         bytes: i64,
     },
-    /// RuntimeFreezeVolumes: freeze volumes across sandboxes, all or none.
+    /// RuntimeFreezeVolumes: freeze volumes across sandboxes, all or none;
+    /// prints the group's freeze_id, which thaws it, and when it ends by itself.
     Freeze {
         /// SANDBOX:HOST_VOLUME, e.g. pod-a:/dev/loop3 (1 to 64).
         #[arg(required = true, value_parser = volume_ref)]
@@ -101,12 +103,21 @@ enum Cmd {
         /// Seconds after which the guests and crustd thaw by themselves (default 60, at most 600).
         #[arg(long, default_value_t = 0)]
         thaw_after: u32,
+        /// The group's id, chosen by the caller (new each time: a retry of
+        /// the same freeze answers it again); crustd makes one otherwise.
+        #[arg(long)]
+        freeze_id: Option<String>,
     },
-    /// RuntimeThawVolumes (ABORTED, exit 1, when a freeze had ended by itself).
+    /// RuntimeThawVolumes: end a group by its freeze_id (ABORTED, exit 1,
+    /// when a part of it ended first: the snapshot may be torn).
     Thaw {
-        /// SANDBOX:HOST_VOLUME.
-        #[arg(required = true, value_parser = volume_ref)]
-        volumes: Vec<(String, String)>,
+        /// The freeze_id `crustd-ctl freeze` printed.
+        #[arg(required_unless_present = "force", conflicts_with = "force")]
+        freeze_id: Option<String>,
+        /// Instead, end whatever freeze holds these volumes (an operator's
+        /// way out; each group it ends hears of it at its own thaw).
+        #[arg(long, num_args = 1.., value_parser = volume_ref, value_name = "SANDBOX:HOST_VOLUME")]
+        force: Vec<(String, String)>,
     },
     /// RuntimeTrimVolume: give the volume's free space back to the host's device.
     Trim {
@@ -332,12 +343,17 @@ fn run(cli: &Cli, cmd: Cmd) -> Result<Value, Failed> {
         Cmd::Freeze {
             volumes,
             thaw_after,
+            freeze_id,
         } => {
-            let r = k.freeze(&volumes, thaw_after.saturating_mul(1000))?;
+            let ms = thaw_after.saturating_mul(1000);
+            let r = k.freeze(&volumes, ms, freeze_id.as_deref())?;
             json!({ "freeze_id": r.freeze_id, "thaw_at_unix_ms": r.thaw_at_unix_ms })
         }
-        Cmd::Thaw { volumes } => {
-            k.thaw(&volumes)?;
+        Cmd::Thaw { freeze_id, force } => {
+            match freeze_id {
+                Some(id) => k.thaw(&id)?,
+                None => k.thaw_force(&force)?,
+            }
             json!({})
         }
         Cmd::Trim {
@@ -426,13 +442,36 @@ mod tests {
             "nocolon",
         ]);
         assert_eq!(out.code, 2, "{out:?}");
-        let out = run_cli([
-            "crustd-ctl",
-            "--socket",
-            "/nonexistent",
-            "thaw",
-            "pod-a:/dev/x",
-        ]);
-        assert_eq!(out.code, 3, "no crustd there: {out:?}");
+        let ctl = |args: &[&str]| {
+            run_cli(
+                ["crustd-ctl", "--socket", "/nonexistent"]
+                    .iter()
+                    .chain(args),
+            )
+        };
+        for usage in [
+            &["thaw"][..],
+            &["thaw", "group-1", "--force", "pod-a:/dev/x"],
+            &["thaw", "--force", "nocolon"],
+            &["thaw", "--force"],
+        ] {
+            let out = ctl(usage);
+            assert_eq!(out.code, 2, "{usage:?}: {out:?}");
+        }
+        for called in [
+            &["thaw", "group-1"][..],
+            &["thaw", "--force", "pod-a:/dev/x", "pod-b:/dev/y"],
+            &[
+                "freeze",
+                "pod-a:/dev/x",
+                "--freeze-id",
+                "backup-7",
+                "--thaw-after",
+                "30",
+            ],
+        ] {
+            let out = ctl(called);
+            assert_eq!(out.code, 3, "no crustd there: {called:?}: {out:?}");
+        }
     }
 }

@@ -303,7 +303,8 @@ pub fn create_exclusive(dir: BorrowedFd<'_>, name: &str) -> io::Result<OwnedFd> 
     )?)
 }
 
-fn random_u64() -> io::Result<u64> {
+/// 64 bits from the kernel's random source.
+pub fn random_u64() -> io::Result<u64> {
     let mut b = [0u8; 8];
     let mut filled = 0;
     while filled < b.len() {

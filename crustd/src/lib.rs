@@ -16,9 +16,10 @@
 //! uses it, who has it open), `files` (reading and writing in directories
 //! others write), `locks` (keyed locks whose waits end), `hotplug` (QEMU,
 //! over crust-client's QMP session), `agent` (crust-agent, over
-//! crust-client, its answers checked); `direct` (the direct-volume records
-//! CSI drivers write for Kata) and `mkfs` (createFilesystem on a provably
-//! blank device).
+//! crust-client, its answers checked), `freezes` (the groups frozen across
+//! sandboxes: each a lease ended only by its id, its records, the host's
+//! timer); `direct` (the direct-volume records CSI drivers write for Kata)
+//! and `mkfs` (createFilesystem on a provably blank device).
 //!
 //! `ctl` is the `crustd-ctl` command (kubelet's calls from a shell, and
 //! Kata's `direct-volume` verbs on the records `direct` reads), here beside

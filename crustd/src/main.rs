@@ -170,6 +170,17 @@ async fn serve(cli: Cli, listener: StdListener) -> Result<(), String> {
             "error": e.message,
         }));
     }
+    // The groups the crustd before left: each live one's timer re-armed.
+    let c = crustd.clone();
+    let refused = tokio::task::spawn_blocking(move || c.recover_freezes())
+        .await
+        .map_err(|e| format!("recovering the freeze records: {e}"))?;
+    for why in refused {
+        log_line(serde_json::json!({
+            "msg": "a freeze record is not used",
+            "error": why,
+        }));
+    }
     // Reported, not forgotten: an Unpublish frees each of their volumes.
     let c = crustd.clone();
     let dead = match tokio::task::spawn_blocking(move || c.dead_sandboxes()).await {

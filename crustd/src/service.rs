@@ -65,8 +65,13 @@ impl Service {
     ) -> std::result::Result<Reply, Status> {
         let t0 = Instant::now();
         let method = what.method();
+        let asked = what.freeze_id().to_string();
         let out = self.calls.call(what, at).await;
-        log(method, sandbox, host_volume, &out, t0);
+        let group = match &out {
+            Ok(Reply::Frozen(f)) => f.id.as_str(),
+            _ => asked.as_str(),
+        };
+        log(method, sandbox, host_volume, group, &out, t0);
         out.map_err(to_status)
     }
 }
@@ -78,7 +83,16 @@ fn mismatch(r: Reply) -> Status {
     )))
 }
 
-fn log<T>(method: &str, sandbox: &str, host_volume: &str, out: &Result<T>, t0: Instant) {
+/// One line: the call, what it named (`group`: a freeze's id, "" for
+/// none), its code, how long it took, and its error.
+fn log<T>(
+    method: &str,
+    sandbox: &str,
+    host_volume: &str,
+    group: &str,
+    out: &Result<T>,
+    t0: Instant,
+) {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
@@ -91,6 +105,9 @@ fn log<T>(method: &str, sandbox: &str, host_volume: &str, out: &Result<T>, t0: I
         "code": out.as_ref().map_or_else(|e| e.code.name(), |_| "OK"),
         "ms": (t0.elapsed().as_secs_f64() * 1e5).round() / 100.0,
     });
+    if !group.is_empty() {
+        line["freeze_id"] = group.into();
+    }
     if let Err(e) = out {
         line["error"] = e.message.clone().into();
     }
@@ -146,7 +163,14 @@ impl RuntimeAssistedStorageManagement for Service {
                 )),
             })
             .collect();
-        log::<()>("RuntimeGetCapabilities", "", "", &Ok(()), Instant::now());
+        log::<()>(
+            "RuntimeGetCapabilities",
+            "",
+            "",
+            "",
+            &Ok(()),
+            Instant::now(),
+        );
         Ok(Response::new(pb::RuntimeGetCapabilitiesResponse {
             capabilities,
         }))
@@ -158,6 +182,7 @@ impl RuntimeAssistedStorageManagement for Service {
     ) -> std::result::Result<Response<pb::RuntimeGetSupportedFileSystemsResponse>, Status> {
         log::<()>(
             "RuntimeGetSupportedFileSystems",
+            "",
             "",
             "",
             &Ok(()),
@@ -305,14 +330,13 @@ impl RuntimeAssistedStorageManagement for Service {
         let what = What::Freeze {
             volumes,
             timeout_ms: r.timeout_ms,
+            freeze_id: r.freeze_id,
         };
         match self.run(what, at, &s, &v).await? {
-            Reply::Frozen(freeze_id, thaw_at_unix_ms) => {
-                Ok(Response::new(pb::RuntimeFreezeVolumesResponse {
-                    freeze_id,
-                    thaw_at_unix_ms,
-                }))
-            }
+            Reply::Frozen(f) => Ok(Response::new(pb::RuntimeFreezeVolumesResponse {
+                freeze_id: f.id,
+                thaw_at_unix_ms: f.thaw_at_unix_ms,
+            })),
             other => Err(mismatch(other)),
         }
     }
@@ -322,9 +346,15 @@ impl RuntimeAssistedStorageManagement for Service {
         req: Request<pb::RuntimeThawVolumesRequest>,
     ) -> std::result::Result<Response<pb::RuntimeThawVolumesResponse>, Status> {
         let at = caller_deadline(&req);
-        let volumes = refs(&req.into_inner().volumes);
+        let r = req.into_inner();
+        let volumes = refs(&r.volumes);
         let (s, v) = first_ref(&volumes);
-        match self.run(What::Thaw { volumes }, at, &s, &v).await? {
+        let what = What::Thaw {
+            volumes,
+            freeze_id: r.freeze_id,
+            force: r.force,
+        };
+        match self.run(what, at, &s, &v).await? {
             Reply::Done => Ok(Response::new(pb::RuntimeThawVolumesResponse {})),
             other => Err(mismatch(other)),
         }

@@ -349,7 +349,9 @@ fn a_failed_publish_unplugs_what_it_plugged() {
     let disk = LoopDisk::new(32, None);
     let dev = disk.path();
     let d = Crustd::start(&reg, &["--agent-timeout", "2", "--device-wait", "1"]);
-    let k = d.client();
+    // A caller without a deadline: crustd's own bounds (--agent-timeout)
+    // hold, so a silent agent is given up on in seconds.
+    let k = d.client().no_deadline();
     let empty = |sb: &fakes::Sandbox| {
         let q = sb.qemu.lock().unwrap();
         assert!(q.nodes.is_empty() && q.devices.is_empty(), "{:?}", q.log);
@@ -448,8 +450,11 @@ fn a_publish_outliving_the_callers_deadline_stays_plugged_and_a_retry_joins() {
         (q.nodes.len(), q.devices.len())
     };
 
-    // No deadline from the caller: the agent is told crustd's --agent-timeout, as before.
-    k.publish(req("pod-a", &dev, "ext4")).unwrap();
+    // No deadline from the caller: the agent is told crustd's --agent-timeout.
+    d.client()
+        .no_deadline()
+        .publish(req("pod-a", &dev, "ext4"))
+        .unwrap();
     assert_eq!(told(&sb), Duration::from_secs(60));
     k.unpublish("pod-a", &dev).unwrap();
     log_of(&sb.qemu);

@@ -261,7 +261,7 @@ fn consistent_snapshot_and_trim(
         (SANDBOX.to_string(), ext4.path()),
         (SANDBOX.to_string(), xfs.path()),
     ];
-    let f = k.freeze(&pair, 60_000).unwrap();
+    let f = k.freeze(&pair, 60_000, None).unwrap();
     let copies = [
         (dir.join("ext4.snap"), &ext4.image, "ext4"),
         (dir.join("xfs.snap"), &xfs.image, "xfs"),
@@ -269,7 +269,7 @@ fn consistent_snapshot_and_trim(
     for (copy, img, _) in &copies {
         std::fs::copy(img, copy).unwrap();
     }
-    k.thaw(&pair).unwrap();
+    k.thaw(&f.freeze_id).unwrap();
     for (copy, _, fs) in &copies {
         let p = copy.to_str().unwrap();
         if *fs == "ext4" {

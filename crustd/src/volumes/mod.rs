@@ -3,8 +3,9 @@
 //! QEMU (`hotplug`) and the agent (`agent`). A file per call:
 //! `publish` (the steps and their one undo list), `direct` (a Kata record's
 //! publish), `takeout` (Unpublish, and the undo of a hot-plug), `usage`
-//! (Stats and Expand), `snapshot` (Freeze and Thaw across sandboxes, Trim,
-//! Health), `recover` (crustd's start).
+//! (Stats and Expand), `freeze` and `thaw` (a group across sandboxes, a
+//! lease ended only by its id, and the host's timer), `snapshot` (what
+//! they share, Trim, Health), `recover` (crustd's start).
 //!
 //! Locks, each wait ending at the caller's deadline: one per (sandbox, host
 //! volume), so two calls for one volume run one after the other while other
@@ -22,7 +23,7 @@ use crate::deadline::Deadline;
 use crate::devices::{Devices, Key};
 use crate::direct::{self, Records};
 use crate::error::{Code, Error, Result};
-use crate::freezes::Freezes;
+use crate::freezes::{Freezes, Store};
 use crate::hostdev;
 use crate::locks::{Guard, KeyedLocks};
 use crate::registry::{self, Home, Sandbox};
@@ -30,11 +31,13 @@ use crate::state::{self, State, Volume};
 use crust_client::qmp::Qmp;
 
 mod direct_volume;
+mod freeze;
 mod publish;
 mod recover;
 mod request;
 pub mod snapshot;
 mod takeout;
+mod thaw;
 mod usage;
 
 pub use crate::agent::{Stats, Usage};
@@ -95,7 +98,8 @@ pub struct Crustd {
     connections: agent::Connections,
     /// Kata's direct-volume records.
     records: Records,
-    /// The groups frozen across sandboxes, with the host's timer.
+    /// The groups frozen across sandboxes, with the host's timer; their
+    /// records in the registry (`freezes::store`).
     freezes: Freezes,
 }
 
@@ -117,7 +121,7 @@ impl Crustd {
             devices: Devices::default(),
             connections: agent::Connections::default(),
             records: Records::new(&cfg.direct_volumes),
-            freezes: Freezes::default(),
+            freezes: Freezes::new(Some(Store::new(&cfg.sandboxes))),
             cfg,
         }
     }

@@ -13,6 +13,7 @@ use crate::hotplug::Added;
 use crate::deadline::Deadline;
 use crate::devices::Key;
 use crate::error::{Code, Error, Result};
+use crate::freezes::How;
 use crate::hostdev::Names;
 use crate::hotplug;
 use crate::registry::{Home, Sandbox};
@@ -31,8 +32,6 @@ impl Crustd {
         host_volume_id: &str,
         deadline: &Deadline,
     ) -> Result<()> {
-        // A freeze of it is over: the agent thaws before it unpublishes.
-        self.freezes.forget(sandbox_id, host_volume_id);
         let o = match self.open_volume(sandbox_id, host_volume_id, deadline) {
             Ok(o) => o,
             Err(e) if e.code == Code::NotFound => {
@@ -44,7 +43,10 @@ impl Crustd {
                 }
                 let _lock = self.lock_volume(&key, deadline)?;
                 let why = format!("sandbox {sandbox_id}'s directory is gone");
-                return self.devices.release(&key, &why, deadline.at());
+                self.devices.release(&key, &why, deadline.at())?;
+                self.freezes
+                    .end_volume(sandbox_id, host_volume_id, How::Unpublished);
+                return Ok(());
             }
             Err(e) => return Err(e),
         };
@@ -137,6 +139,10 @@ impl Crustd {
             Err(e) if !(undoing && e.code == Code::Unavailable) => return Err(e),
             _ => {}
         }
+        // The agent thawed it before it unpublished: a group holding it
+        // did not hold any more.
+        self.freezes
+            .end_volume(&key.sandbox, &key.host_volume, How::Unpublished);
         self.unplug(sb, names, deadline)
     }
 
@@ -229,6 +235,8 @@ impl Crustd {
     ) -> Result<()> {
         let why = format!("sandbox {}'s VM looks gone ({why})", home.id);
         self.forget(home, key, &why, v.direct.as_deref(), deadline)?;
+        self.freezes
+            .end_volume(&key.sandbox, &key.host_volume, How::Unpublished);
         self.connections
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -3,14 +3,19 @@
 //! QEMU does (it opens each node's device read-write at blockdev-add and
 //! closes it at blockdev-del, as QEMU does, and sends DEVICE_DELETED after
 //! device_del's reply, as QEMU does once the guest lets go), and a crust.v1
-//! agent over ttrpc whose answers a test chooses. Both log what they were
-//! asked. [`die`] is the VM's process ending: its devices closed.
+//! agent over ttrpc whose answers a test chooses, keeping freezes as leases
+//! the way the agent does (`leases`). Both log what they were asked.
+//! [`die`] is the VM's process ending: its devices closed; [`lossy`] puts
+//! a connection that loses answers between crustd and an agent.
 #![allow(dead_code)]
+
+pub mod leases;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -212,6 +217,21 @@ pub enum OnPublish {
     Path(String),
 }
 
+/// How the fake agent answers FreezeVolumes (after its lease rules).
+#[derive(Clone, Debug)]
+pub enum OnFreeze {
+    Ok,
+    /// Refuses with this code and message, freezing nothing.
+    Fail(ttrpc::Code, &'static str),
+    /// Freezes at once, then answers only after this long (an answer that
+    /// comes after crustd stopped waiting).
+    Late(Duration),
+    /// FIFREEZE returns once the test opens this gate (sets it), whatever
+    /// the time (a busy pod's flush, as long as a test needs): the freeze
+    /// is being made meanwhile.
+    Until(Arc<AtomicBool>),
+}
+
 /// What the fake agent was asked, and how it answers.
 pub struct AgentState {
     pub on_publish: OnPublish,
@@ -222,10 +242,10 @@ pub struct AgentState {
     pub told: Vec<Duration>,
     /// What ListVolumes lists: volume id → still publishing.
     pub listed: std::collections::BTreeMap<String, bool>,
-    /// FreezeVolumes answers this error instead of OK.
-    pub fail_freeze: Option<(ttrpc::Code, &'static str)>,
-    /// ThawVolumes answers ABORTED (the guest's freeze ended by itself).
-    pub thaw_aborted: bool,
+    /// How FreezeVolumes answers.
+    pub on_freeze: OnFreeze,
+    /// Its freezes.
+    pub leases: leases::Leases,
     /// What GetVolumeHealth answers: (status, reason, message).
     pub health: Vec<(pb::volume_health::Status, String, String)>,
 }
@@ -308,6 +328,8 @@ impl crust_ttrpc::Agent for FakeAgent {
         let mut s = self.state.lock().unwrap();
         s.log.push(format!("unpublish {}", r.volume_id));
         s.listed.remove(&r.volume_id);
+        s.leases
+            .end_volume(&r.volume_id, "thawed when the volume was unpublished");
         Ok(pb::UnpublishVolumeResponse::new())
     }
 
@@ -379,18 +401,46 @@ impl crust_ttrpc::Agent for FakeAgent {
         _: &ttrpc::TtrpcContext,
         r: pb::FreezeVolumesRequest,
     ) -> ttrpc::Result<pb::FreezeVolumesResponse> {
-        let mut s = self.state.lock().unwrap();
-        s.log.push(format!(
-            "freeze {} {}",
-            r.volume_ids.join(","),
-            r.timeout_ms
-        ));
-        if let Some((code, msg)) = s.fail_freeze {
-            return Err(ttrpc::Error::RpcStatus(ttrpc::get_status(code, msg)));
-        }
+        let (on, id) = {
+            let mut s = self.state.lock().unwrap();
+            s.log.push(format!(
+                "freeze {} {} {}",
+                r.volume_ids.join(","),
+                r.timeout_ms,
+                r.freeze_id
+            ));
+            let on = s.on_freeze.clone();
+            if let OnFreeze::Fail(code, msg) = on {
+                return Err(ttrpc::Error::RpcStatus(ttrpc::get_status(code, msg)));
+            }
+            let AgentState { leases, listed, .. } = &mut *s;
+            let begun = leases.begin(&r.freeze_id, &r.volume_ids, r.timeout_ms, |v| {
+                listed.contains_key(v)
+            })?;
+            (on, begun)
+        };
+        let id = match id {
+            Some(id) => {
+                if let OnFreeze::Until(gate) = &on {
+                    let t0 = std::time::Instant::now();
+                    while !gate.load(Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(60) {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+                self.state.lock().unwrap().leases.complete(&id)?;
+                if let OnFreeze::Late(d) = on {
+                    std::thread::sleep(d);
+                }
+                id
+            }
+            None => r.freeze_id.clone(),
+        };
+        let s = self.state.lock().unwrap();
+        let l = &s.leases.leases[&id];
         let mut resp = pb::FreezeVolumesResponse::new();
-        resp.freeze_id = "freeze-1-1".into();
-        resp.timeout_ms = r.timeout_ms;
+        resp.freeze_id = id.clone();
+        resp.timeout_ms = l.timeout_ms;
+        resp.thaw_at_unix_ms = l.thaw_at_unix_ms;
         Ok(resp)
     }
 
@@ -400,14 +450,30 @@ impl crust_ttrpc::Agent for FakeAgent {
         r: pb::ThawVolumesRequest,
     ) -> ttrpc::Result<pb::ThawVolumesResponse> {
         let mut s = self.state.lock().unwrap();
-        s.log.push(format!("thaw {}", r.volume_ids.join(",")));
-        if s.thaw_aborted {
-            return Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
-                ttrpc::Code::ABORTED,
-                "freeze-1-1 of volume x ended by itself 3 s ago",
-            )));
-        }
-        Ok(pb::ThawVolumesResponse::new())
+        let invalid = |m: &str| {
+            Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
+                ttrpc::Code::INVALID_ARGUMENT,
+                m,
+            )))
+        };
+        let thawed = match (r.force, r.freeze_id.is_empty(), r.volume_ids.is_empty()) {
+            (false, false, true) => {
+                s.log.push(format!("thaw {}", r.freeze_id));
+                s.leases.thaw(&r.freeze_id)?
+            }
+            (true, true, false) => {
+                s.log
+                    .push(format!("thaw --force {}", r.volume_ids.join(",")));
+                let AgentState { leases, listed, .. } = &mut *s;
+                leases.force(&r.volume_ids, |v| listed.contains_key(v))?
+            }
+            (false, _, false) => return invalid("volume_ids without force"),
+            (true, false, _) => return invalid("force with a freeze_id"),
+            _ => return invalid("neither a freeze_id nor volume_ids"),
+        };
+        let mut resp = pb::ThawVolumesResponse::new();
+        resp.thawed = thawed;
+        Ok(resp)
     }
 
     fn trim_volume(
@@ -449,8 +515,8 @@ pub fn agent(path: &Path) -> (Arc<Mutex<AgentState>>, ttrpc::Server) {
         log: Vec::new(),
         told: Vec::new(),
         listed: Default::default(),
-        fail_freeze: None,
-        thaw_aborted: false,
+        on_freeze: OnFreeze::Ok,
+        leases: leases::Leases::default(),
         health: Vec::new(),
     }));
     let svc: Arc<dyn crust_ttrpc::Agent + Send + Sync> = Arc::new(FakeAgent {
@@ -539,4 +605,96 @@ fn carry(mut outer: std::os::unix::net::UnixStream, inner: &Path) {
     });
     let _ = std::io::copy(&mut outer, &mut to_agent);
     let _ = to_agent.shutdown(std::net::Shutdown::Both);
+}
+
+/// Puts a connection that loses answers between crustd and `sb`'s agent:
+/// sandbox.json names a socket beside the agent's, which passes every byte
+/// on, except that while the counter answered is above 0, a FreezeVolumes
+/// request reaches the agent but its answer never comes back: the
+/// connection is cut once the agent has answered (the counter counts down).
+pub fn lossy(sb: &Sandbox) -> Arc<AtomicU32> {
+    let lose = Arc::new(AtomicU32::new(0));
+    let front = sb.dir.join("agent-lossy.sock");
+    let back = sb.dir.join("agent.sock");
+    let l = UnixListener::bind(&front).unwrap();
+    let lose2 = lose.clone();
+    std::thread::spawn(move || {
+        for client in l.incoming() {
+            let Ok(client) = client else { return };
+            let Ok(agent) = std::os::unix::net::UnixStream::connect(&back) else {
+                continue;
+            };
+            let lose = lose2.clone();
+            std::thread::spawn(move || relay(client, agent, &lose));
+        }
+    });
+    std::fs::write(
+        sb.dir.join("sandbox.json"),
+        json!({"qmp": sb.dir.join("qmp.sock"), "agent": format!("unix://{}", front.display())})
+            .to_string(),
+    )
+    .unwrap();
+    lose
+}
+
+/// Passes ttrpc frames from `client` to `agent` and bytes back, until a
+/// FreezeVolumes is to be lost (see [`lossy`]).
+fn relay(
+    client: std::os::unix::net::UnixStream,
+    agent: std::os::unix::net::UnixStream,
+    lose: &AtomicU32,
+) {
+    use std::io::Read;
+    let cut = Arc::new(AtomicBool::new(false));
+    let (answered, answer) = std::sync::mpsc::channel::<()>();
+    let (mut from_agent, mut to_client) = (agent.try_clone().unwrap(), client.try_clone().unwrap());
+    let cut2 = cut.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 65536];
+        while let Ok(n) = from_agent.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            if cut2.load(Ordering::SeqCst) {
+                // The answer to the lost request: dropped.
+                let _ = answered.send(());
+                break;
+            }
+            if to_client.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+    });
+    let (mut from_client, mut to_agent) = (client.try_clone().unwrap(), agent.try_clone().unwrap());
+    loop {
+        // A ttrpc frame: a 10-byte header whose first 4 bytes are the
+        // payload's length (big-endian), then the payload.
+        let mut head = [0u8; 10];
+        if from_client.read_exact(&mut head).is_err() {
+            break;
+        }
+        let len =
+            usize::try_from(u32::from_be_bytes([head[0], head[1], head[2], head[3]])).unwrap();
+        let mut payload = vec![0u8; len];
+        if from_client.read_exact(&mut payload).is_err() {
+            break;
+        }
+        let freeze = payload.windows(13).any(|w| w == b"FreezeVolumes");
+        let lost = freeze
+            && lose
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        if lost {
+            cut.store(true, Ordering::SeqCst);
+        }
+        if to_agent.write_all(&head).is_err() || to_agent.write_all(&payload).is_err() {
+            break;
+        }
+        if lost {
+            let _ = answer.recv_timeout(Duration::from_secs(30));
+            break;
+        }
+    }
+    let _ = client.shutdown(std::net::Shutdown::Both);
+    let _ = agent.shutdown(std::net::Shutdown::Both);
 }
