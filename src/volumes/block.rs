@@ -133,7 +133,7 @@ impl Volumes {
         match blockdev::open(&vol.device) {
             Ok(f) => {
                 blockdev::flush(&f, &vol.device)?;
-                if vol.ro_set {
+                if vol.ro_set() {
                     blockdev::set_read_only(&f, &vol.device, false)?;
                 }
             }
@@ -155,7 +155,7 @@ impl Volumes {
             &stats::BlockExpected {
                 volume: stats::judge::BlockVolume {
                     path: &vol.guest_path,
-                    mount_id: vol.mount_id,
+                    mount_id: vol.phase.mount_id(),
                     device: &vol.device,
                     read_only: vol.spec.options.read_only_flag(),
                 },

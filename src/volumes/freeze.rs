@@ -67,7 +67,7 @@ impl Volumes {
             .into());
         }
         vol.not_publishing()?;
-        if !vol.complete {
+        if !vol.phase.complete() {
             return Err(Error::StillPublishing {
                 id: vol.id().to_string(),
                 visited: 0,

@@ -212,7 +212,7 @@ impl Index {
         let listed = Listed {
             info: vol.info(),
             device: vol.device.clone(),
-            walk: vol.walk.clone(),
+            walk: vol.phase.job().cloned(),
         };
         lock(&self.listed).insert(vol.id().to_string(), listed);
     }

@@ -45,6 +45,7 @@ pub mod freeze;
 pub mod health;
 pub mod index;
 pub mod lease;
+pub(crate) mod phase;
 pub mod publish;
 pub mod query;
 pub mod recover;

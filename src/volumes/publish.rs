@@ -142,7 +142,7 @@ impl Volumes {
                 ..Default::default()
             }),
         };
-        let answer = match &vol.walk {
+        let answer = match vol.phase.job() {
             Some(job) => Answer::Wait(Arc::clone(job), out),
             None => Answer::Now(out),
         };
@@ -168,13 +168,13 @@ impl Volumes {
         let out = Published {
             guest_path: vol.guest_path.clone(),
             device: vol.device.path.clone(),
-            already_published: vol.complete,
+            already_published: vol.phase.complete(),
             ownership: None,
         };
-        if vol.complete {
+        if vol.phase.complete() {
             return Ok(Answer::Now(out));
         }
-        if let Some(job) = vol.walk.as_ref().filter(|j| !j.finished()) {
+        if let Some(job) = vol.phase.running() {
             return Ok(Answer::Wait(Arc::clone(job), out));
         }
         let job = self.start_walk(vol, fd)?;
@@ -247,12 +247,11 @@ impl Volumes {
                 }));
             }
         };
-        vol.mount_id = Some(id);
+        vol.phase.mounted(id, vol.needs_walk());
         undo.push(Undo::Mount {
             rel,
             expect: vol.mount_identity(),
         });
-        vol.complete = !vol.needs_walk();
         self.store().save(&vol)?;
         undo.done();
         info!(self.log(), "volume published"; "volume" => vol.id(), "device" => %device.path.display(),
@@ -261,7 +260,7 @@ impl Volumes {
         // fsGroup: from here on the publish belongs to the volume. Its walk
         // runs on a thread of its own, from the mount's own fd; the one undo
         // a failed walk has is Unpublish's (walking.rs).
-        if !vol.complete {
+        if !vol.phase.complete() {
             self.start_walk(&mut vol, fd)?;
         }
         Ok(vol)

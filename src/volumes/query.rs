@@ -33,7 +33,7 @@ impl Volumes {
                 &stats::Expected {
                     volume: stats::judge::Volume {
                         path: &vol.guest_path,
-                        mount_id: vol.mount_id,
+                        mount_id: vol.phase.mount_id(),
                         device: &vol.device,
                         read_only: vol.mounted_read_only(),
                         fs,

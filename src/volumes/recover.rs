@@ -84,12 +84,12 @@ impl Recovery<'_> {
             let Some(vol) = self.adopt(vol, &mut forgotten) else {
                 continue;
             };
-            kept.extend(vol.mount_id);
+            kept.extend(vol.phase.mount_id());
             kept.extend(vol.binds.iter().filter_map(|b| b.mount_id));
             self.claim_adopted(&vol);
             self.index.show(&vol);
             info!(self.log, "volume taken back from a previous run"; "volume" => vol.id(),
-                  "binds" => vol.binds.len(), "complete" => vol.complete);
+                  "binds" => vol.binds.len(), "complete" => vol.phase.complete());
             adopted.push(vol);
         }
         for vol in &forgotten {
@@ -148,8 +148,8 @@ impl Recovery<'_> {
             forgotten.push(vol);
             return None;
         };
-        let mut changed = vol.mount_id != Some(mp.mount_id);
-        vol.mount_id = Some(mp.mount_id);
+        let mut changed = vol.phase.mount_id() != Some(mp.mount_id);
+        vol.phase.found(mp.mount_id);
         let binds = std::mem::take(&mut vol.binds);
         for mut b in binds {
             let live = beneath::open_parent(self.root.fd(), &b.rel)
@@ -282,7 +282,7 @@ impl Recovery<'_> {
     /// Clears the read-only flag of a block volume that recovery forgets
     /// (its bind is gone): the agent set it, and nothing holds it now.
     fn release_block(&self, vol: &Volume) {
-        if !vol.ro_set {
+        if !vol.ro_set() {
             return;
         }
         match blockdev::open(&vol.device)

@@ -50,9 +50,9 @@ impl Volumes {
         // A publish's fsGroup walk still running is stopped first, and
         // waited for until it let go of the mount (milliseconds: it looks
         // at its token between two entries).
-        if let Some(job) = &vol.walk {
+        if let Some(job) = vol.phase.job() {
             job.stop_and_wait(vol.id(), cancel)?;
-            vol.walk = None;
+            vol.phase.walk_stopped();
         }
         // Thawed first: a frozen filesystem would hang its flush and unmount.
         self.freezer()

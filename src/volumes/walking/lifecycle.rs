@@ -49,7 +49,7 @@ impl Volumes {
                 }
             })
             .map_err(|e| SysError::new("clone", "a thread for the fsGroup walk", e))?;
-        vol.walk = Some(Arc::clone(&job));
+        vol.phase.walk(Arc::clone(&job));
         Ok(job)
     }
 
@@ -91,7 +91,7 @@ impl Volumes {
         };
         let ours = guard
             .as_ref()
-            .and_then(|v| v.walk.as_ref())
+            .and_then(|v| v.phase.job())
             .is_some_and(|j| Arc::ptr_eq(j, job));
         if !ours {
             return walked.map_or_else(|e| failed(&e), Outcome::Done);
@@ -99,8 +99,7 @@ impl Volumes {
         let recorded = walked.and_then(|report| {
             let vol = guard.as_mut().expect("checked above");
             let mut done = vol.clone();
-            done.complete = true;
-            done.walk = None;
+            done.phase.walked();
             self.store().save(&done)?;
             *vol = done;
             self.index().show(vol);
