@@ -10,12 +10,12 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
-use slog::{info, warn};
+use slog::{info, warn, Logger};
 
 use super::error::Error;
+use super::mounts::Mounts;
 use super::request::{BindRequest, Expanded, VolumeInfo};
 use super::rollback::{Rollback, Undo};
-use super::table::Volumes;
 use super::volume::Volume;
 use crate::cancel::Cancel;
 use crate::device;
@@ -24,7 +24,9 @@ use crate::model::{Device, RecursiveReadOnly};
 use crate::mount;
 use crate::mount::bind::BindSpec;
 use crate::stats::{self, Condition, Measured};
+use crate::sys::beneath::Root;
 use crate::sys::blockdev;
+use crate::sys::sysfs::Sysfs;
 
 /// Refuses what a bind of a block volume cannot be: a subpath, recursive
 /// read-only, or read-only on a read-write volume (BindMount, api.md §2).
@@ -91,110 +93,106 @@ pub(crate) fn prepare(device: &Device, read_only: bool) -> Result<Opened> {
     Ok(Opened { node, dev, ro_set })
 }
 
-impl Volumes {
-    /// A block volume's attach step (publish.rs has the steps): the
-    /// device set read-only if asked and not already (its undo pushed),
-    /// then its node bound onto `file`, the guest path, through their fds.
-    pub(crate) fn attach_block(
-        &self,
-        opened: Opened,
-        vol: &Volume,
-        file: OwnedFd,
-        undo: &mut Rollback<'_>,
-    ) -> Result<()> {
-        if opened.ro_set {
-            blockdev::set_read_only(&opened.dev, &vol.device, true)?;
-            undo.push(Undo::ReadOnly(opened.dev));
+/// A block volume's attach step (publish.rs has the steps): the device
+/// set read-only if asked and not already (its undo pushed), then its node
+/// bound onto `file`, the guest path, through their fds.
+pub(crate) fn attach(
+    opened: Opened,
+    vol: &Volume,
+    file: OwnedFd,
+    mounts: Mounts<'_>,
+    undo: &mut Rollback<'_>,
+) -> Result<()> {
+    if opened.ro_set {
+        blockdev::set_read_only(&opened.dev, &vol.device, true)?;
+        undo.push(Undo::ReadOnly(opened.dev));
+    }
+    let bound = mount::bind::bind_node(
+        &BindSpec {
+            source_root: opened.node.as_fd(),
+            source_path: &vol.device.path,
+            subpath: Path::new(""),
+            target_base: mounts.root.fd(),
+            target_rel: &vol.rel(),
+            target_path: &vol.guest_path,
+            read_only: vol.spec.options.read_only_flag(),
+            recursive_read_only: RecursiveReadOnly::Disabled,
+        },
+        &file,
+    );
+    drop(file);
+    drop(opened.node);
+    bound?;
+    Ok(())
+}
+
+/// What a block volume's disk needs once its binds and its guest path's
+/// bind are down: a flush, and its read-only flag cleared if the agent set
+/// it. A disk already unplugged has nothing left to flush or clear.
+pub(crate) fn release(vol: &Volume, log: &Logger) -> Result<()> {
+    match blockdev::open(&vol.device) {
+        Ok(f) => {
+            blockdev::flush(&f, &vol.device)?;
+            if vol.ro_set() {
+                blockdev::set_read_only(&f, &vol.device, false)?;
+            }
         }
-        let bound = mount::bind::bind_node(
-            &BindSpec {
-                source_root: opened.node.as_fd(),
-                source_path: &vol.device.path,
-                subpath: Path::new(""),
-                target_base: self.root_dir().fd(),
-                target_rel: &vol.rel(),
-                target_path: &vol.guest_path,
+        Err(e @ (blockdev::Error::Gone { .. } | blockdev::Error::Replaced { .. })) => {
+            warn!(log, "block volume's disk is gone: nothing to flush or make writable again";
+                  "volume" => vol.id(), "error" => %e);
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}
+
+/// GetVolumeStats of a block volume: the device's size, and its condition.
+pub(crate) fn stats(vol: &Volume, root: &Root, sysfs: &Sysfs) -> (Option<Measured>, Condition) {
+    let rel = vol.rel();
+    let (bytes, condition) = stats::check_block(
+        sysfs,
+        &stats::BlockExpected {
+            volume: stats::judge::BlockVolume {
+                path: &vol.guest_path,
+                mount_id: vol.phase.mount_id(),
+                device: &vol.device,
                 read_only: vol.spec.options.read_only_flag(),
-                recursive_read_only: RecursiveReadOnly::Disabled,
             },
-            &file,
-        );
-        drop(file);
-        drop(opened.node);
-        bound?;
-        Ok(())
-    }
+            base: root.fd(),
+            rel: &rel,
+        },
+    );
+    (
+        bytes.map(|device_bytes| Measured::Block { device_bytes }),
+        condition,
+    )
+}
 
-    /// Takes a block volume down once its binds are gone: the guest path's
-    /// bind, a flush of the device, its read-only flag if the agent set it,
-    /// the file. A disk already unplugged has nothing left to flush or clear.
-    pub(crate) fn unpublish_block(&self, vol: &Volume) -> Result<()> {
-        self.take_down(&vol.rel(), vol.mount_identity())?;
-        match blockdev::open(&vol.device) {
-            Ok(f) => {
-                blockdev::flush(&f, &vol.device)?;
-                if vol.ro_set() {
-                    blockdev::set_read_only(&f, &vol.device, false)?;
-                }
-            }
-            Err(e @ (blockdev::Error::Gone { .. } | blockdev::Error::Replaced { .. })) => {
-                warn!(self.log(), "block volume's disk is gone: nothing to flush or make writable again";
-                      "volume" => vol.id(), "error" => %e);
-            }
-            Err(e) => return Err(e.into()),
-        }
-        mount::unmount::remove_node(self.root_dir().fd(), &vol.rel());
-        Ok(())
+/// ExpandVolume of a block volume: no filesystem to grow, so it waits for
+/// the guest to see a device of at least `required_bytes` (0: as it is)
+/// and answers its size.
+pub(crate) fn expand(
+    vol: &Volume,
+    sysfs: &Sysfs,
+    log: &Logger,
+    required_bytes: u64,
+    timeout: Duration,
+    cancel: &Cancel,
+) -> Result<Expanded> {
+    let f = blockdev::open(&vol.device)?;
+    let now = blockdev::size(&f, &vol.device)?;
+    let bytes = if required_bytes <= now {
+        now
+    } else {
+        device::wait_for_size(sysfs, &vol.device, required_bytes, timeout, cancel)?
+    };
+    if bytes != now {
+        info!(log, "block volume grew"; "volume" => vol.id(), "from" => now, "to" => bytes);
     }
-
-    /// GetVolumeStats of a block volume: the device's size, and its condition.
-    pub(crate) fn stats_block(&self, vol: &Volume) -> (Option<Measured>, Condition) {
-        let rel = vol.rel();
-        let (bytes, condition) = stats::check_block(
-            self.sysfs(),
-            &stats::BlockExpected {
-                volume: stats::judge::BlockVolume {
-                    path: &vol.guest_path,
-                    mount_id: vol.phase.mount_id(),
-                    device: &vol.device,
-                    read_only: vol.spec.options.read_only_flag(),
-                },
-                base: self.root_dir().fd(),
-                rel: &rel,
-            },
-        );
-        (
-            bytes.map(|device_bytes| Measured::Block { device_bytes }),
-            condition,
-        )
-    }
-
-    /// ExpandVolume of a block volume: no filesystem to grow, so it waits
-    /// for the guest to see a device of at least `required_bytes` (0: as it
-    /// is) and answers its size.
-    pub(crate) fn expand_block(
-        &self,
-        vol: &Volume,
-        required_bytes: u64,
-        timeout: Duration,
-        cancel: &Cancel,
-    ) -> Result<Expanded> {
-        drop(self.open_mount(vol)?);
-        let f = blockdev::open(&vol.device)?;
-        let now = blockdev::size(&f, &vol.device)?;
-        let bytes = if required_bytes <= now {
-            now
-        } else {
-            device::wait_for_size(self.sysfs(), &vol.device, required_bytes, timeout, cancel)?
-        };
-        if bytes != now {
-            info!(self.log(), "block volume grew"; "volume" => vol.id(), "from" => now, "to" => bytes);
-        }
-        Ok(Expanded {
-            capacity_bytes: bytes,
-            device_bytes: bytes,
-        })
-    }
+    Ok(Expanded {
+        capacity_bytes: bytes,
+        device_bytes: bytes,
+    })
 }
 
 #[cfg(test)]

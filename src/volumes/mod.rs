@@ -39,12 +39,15 @@
 
 pub mod bind;
 pub mod block;
+pub(crate) mod claims;
 pub mod error;
 pub(crate) mod failures;
 pub mod freeze;
 pub mod health;
-pub mod index;
+pub(crate) mod held;
 pub mod lease;
+pub(crate) mod listing;
+pub(crate) mod mounts;
 pub(crate) mod phase;
 pub mod publish;
 pub mod query;
@@ -53,10 +56,12 @@ pub mod request;
 pub mod rollback;
 pub(crate) mod slots;
 pub mod state;
-pub mod steps;
+pub(crate) mod stop;
 pub mod table;
+pub(crate) mod takedown;
+pub(crate) mod targets;
 #[cfg(test)]
-mod testkit;
+mod tests;
 pub mod trim;
 pub mod unpublish;
 pub mod volume;

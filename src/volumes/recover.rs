@@ -29,8 +29,9 @@ use rustix::fs::{FileType, OFlags};
 use rustix::io::Errno;
 use slog::{info, warn, Logger};
 
-use super::index::Index;
+use super::claims::Claims;
 use super::state::{Record, Store};
+use super::targets::Targets;
 use super::volume::{guest_rel, Volume};
 use crate::error::Result;
 use crate::model::MountId;
@@ -41,15 +42,14 @@ use crate::sys::blockdev;
 use crate::sys::mountinfo::{self, shown};
 use crate::sys::sysfs::Sysfs;
 
-/// What recovery works with, before the table exists: it fills the index
-/// and hands the volumes it adopts to the table.
+/// What recovery works with, before the table exists: it enters the
+/// adopted volumes' devices and bind targets, and hands the volumes to the
+/// table.
 pub(crate) struct Recovery<'a> {
-    /// The agent's root.
     pub(crate) root: &'a Root,
-    /// The records.
     pub(crate) store: &'a Store,
-    /// The claims and targets of adopted volumes go here.
-    pub(crate) index: &'a Index,
+    pub(crate) claims: &'a Claims,
+    pub(crate) targets: &'a Targets,
     /// Where disks' sectors are read.
     pub(crate) sysfs: &'a Sysfs,
     /// Where what is taken back or down is said.
@@ -87,7 +87,6 @@ impl Recovery<'_> {
             kept.extend(vol.phase.mount_id());
             kept.extend(vol.binds.iter().filter_map(|b| b.mount_id));
             self.claim_adopted(&vol);
-            self.index.show(&vol);
             info!(self.log, "volume taken back from a previous run"; "volume" => vol.id(),
                   "binds" => vol.binds.len(), "complete" => vol.phase.complete());
             adopted.push(vol);
@@ -96,7 +95,7 @@ impl Recovery<'_> {
             // A stale record (one an unpublish could not remove) must not
             // make a device writable that a live volume set read-only.
             if self
-                .index
+                .claims
                 .holder_of((vol.device.major, vol.device.minor))
                 .is_none()
             {
@@ -119,7 +118,7 @@ impl Recovery<'_> {
     /// down under a pod is not recovery's call.
     fn claim_adopted(&self, vol: &Volume) {
         let extent = self.sysfs.extent((vol.device.major, vol.device.minor));
-        for c in self.index.claim_adopted(vol, extent) {
+        for c in self.claims.adopt(vol, extent) {
             warn!(self.log, "volumes taken back from a previous run share sectors of one disk; unpublish one of them";
                   "volume" => vol.id(), "device" => shown(&vol.device.path),
                   "other" => &c.id, "other_device" => &c.device, "how" => extent.describe(&c.extent));
@@ -166,7 +165,7 @@ impl Recovery<'_> {
             // naming a taken, nested or covering target loses that bind
             // (the sweep then takes its mount down).
             match self
-                .index
+                .targets
                 .reserve(&b.rel, &b.target, vol.id(), self.root.path())
             {
                 Ok(r) => r.keep(),
@@ -362,17 +361,18 @@ mod tests {
         std::fs::write(state.join("vol-2.tmp"), "half").unwrap();
         let root = Root::open(dir.path()).unwrap();
         let store = Store::open(&root).unwrap();
-        let index = Index::default();
+        let claims = Claims::default();
         let adopted = Recovery {
             root: &root,
             store: &store,
-            index: &index,
+            claims: &claims,
+            targets: &Targets::default(),
             sysfs: &Sysfs::system(),
             log: &crate::logging::discard(),
         }
         .run()
         .unwrap();
-        assert!(adopted.is_empty() && index.listed().is_empty());
+        assert!(adopted.is_empty() && claims.holder_of((254, 16)).is_none());
         assert!(
             !gone.exists(),
             "the record of an unmounted volume is dropped"
@@ -423,7 +423,8 @@ mod tests {
         Recovery {
             root: &root,
             store: &store,
-            index: &Index::default(),
+            claims: &Claims::default(),
+            targets: &Targets::default(),
             sysfs: &Sysfs::system(),
             log: &crate::logging::discard(),
         }

@@ -9,9 +9,10 @@
 use std::fs::File;
 use std::path::PathBuf;
 
-use slog::warn;
+use slog::{warn, Logger};
 
-use super::table::Volumes;
+use super::mounts::Mounts;
+use super::state::Store;
 use crate::model::Device;
 use crate::mount::unmount::{unmount_tree, Expect};
 use crate::sys::beneath::{remove_created, Created};
@@ -41,26 +42,34 @@ pub(crate) enum Undo {
 /// The undo list of one operation on volume `id` (see the module doc).
 #[must_use = "dropping a Rollback undoes its steps"]
 pub(crate) struct Rollback<'a> {
-    table: &'a Volumes,
+    /// Where the mounts and nodes to take back are.
+    mounts: Mounts<'a>,
+    /// Where the record to take back is.
+    store: &'a Store,
+    log: &'a Logger,
     /// "publish", "bind": for the log.
     what: &'static str,
-    /// The volume.
     id: &'a str,
-    /// Its disk.
+    /// The volume's disk, whose read-only flag an undo clears.
     device: &'a Device,
     steps: Vec<Undo>,
 }
 
 impl<'a> Rollback<'a> {
-    /// An empty list for a `what` ("publish", "bind") of volume `id` on `device`.
+    /// An empty list for a `what` ("publish", "bind") of volume `id` on
+    /// `device`, undone through `mounts` and `store`.
     pub(crate) fn new(
-        table: &'a Volumes,
+        mounts: Mounts<'a>,
+        store: &'a Store,
+        log: &'a Logger,
         what: &'static str,
         id: &'a str,
         device: &'a Device,
     ) -> Rollback<'a> {
         Rollback {
-            table,
+            mounts,
+            store,
+            log,
             what,
             id,
             device,
@@ -83,18 +92,18 @@ impl<'a> Rollback<'a> {
     /// undone here; the record written stays, and recovery takes the
     /// mount down at the next start.
     pub(crate) fn leave_to_recovery(mut self) {
-        warn!(self.table.log(), "the guest path changed during {}; recovery at the next start takes the mount down", self.what;
+        warn!(self.log, "the guest path changed during {}; recovery at the next start takes the mount down", self.what;
               "volume" => self.id);
         self.steps.clear();
     }
 
     /// Takes back one step; false when it could not be (the rest stays).
     fn undo(&self, step: Undo) -> bool {
-        let (t, log) = (self.table, self.table.log());
+        let log = self.log;
         match step {
             Undo::Nodes(mut created) => remove_created(&mut created),
             Undo::Record => {
-                if let Err(e) = t.store().remove(self.id) {
+                if let Err(e) = self.store.remove(self.id) {
                     warn!(log, "could not remove the record of a failed {}", self.what;
                           "volume" => self.id, "error" => %e);
                 }
@@ -106,7 +115,8 @@ impl<'a> Rollback<'a> {
                 }
             }
             Undo::Mount { rel, expect } => {
-                if let Err(e) = unmount_tree(t.root_dir().fd(), t.root_dir().path(), &rel, expect) {
+                let root = self.mounts.root;
+                if let Err(e) = unmount_tree(root.fd(), root.path(), &rel, expect) {
                     warn!(log, "could not undo a failed {}; recovery at the next start takes it down", self.what;
                           "volume" => self.id, "error" => %e);
                     return false;

@@ -22,7 +22,7 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::error::Error;
-use super::index::lock;
+use super::held::lock;
 use super::phase::Phase;
 use super::request::{FsGroup, Options, Source, Spec};
 use super::volume::{Bind, Volume};

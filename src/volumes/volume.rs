@@ -68,7 +68,14 @@ impl Volume {
     /// nothing mounted yet (`ro_set`: the agent sets a block device's
     /// read-only flag). The one place a new volume is made.
     pub(crate) fn new(spec: Spec, device: Device, guest_path: PathBuf, ro_set: bool) -> Volume {
-        Volume::recorded(spec, device, guest_path, ro_set, Phase::Recorded, Vec::new())
+        Volume::recorded(
+            spec,
+            device,
+            guest_path,
+            ro_set,
+            Phase::Recorded,
+            Vec::new(),
+        )
     }
 
     /// A volume as its record has it (state.rs).

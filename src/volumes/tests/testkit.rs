@@ -4,12 +4,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::request::{Options, PublishRequest, Source, Spec};
-use super::table::Volumes;
 use crate::cancel::Cancel;
 use crate::model::testdisk::AgentDevice;
 use crate::model::{FsType, VolumeMode};
 use crate::sys::sysfs::Sysfs;
+use crate::volumes::request::{Options, PublishRequest, Source, Spec};
+use crate::volumes::table::Volumes;
 
 pub(crate) fn table(root: &Path) -> std::sync::Arc<Volumes> {
     Volumes::open(root, Sysfs::system(), crate::logging::discard()).unwrap()
