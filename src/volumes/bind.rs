@@ -14,6 +14,7 @@ use super::block::check_bind;
 use super::claims::Claims;
 use super::error::Error;
 use super::freeze::not_frozen;
+use super::kernel::Kernel;
 use super::lease::Freezer;
 use super::mounts::unsafe_or_sys;
 use super::request::{BindOutcome, BindRequest};
@@ -34,15 +35,15 @@ use crate::sys::mountinfo::shown;
 /// The parts a bind or an unmount works with: the mounts (made, checked,
 /// taken down), the volume's record, the targets reserved, the devices
 /// claimed (a target must not lie on a volume) and the freezes.
-pub(crate) struct Binder<'a> {
-    pub(crate) takedown: Takedown<'a>,
+pub(crate) struct Binder<'a, K: Kernel> {
+    pub(crate) takedown: Takedown<'a, K>,
     pub(crate) store: &'a Store,
     pub(crate) targets: &'a Targets,
     pub(crate) claims: &'a Claims,
-    pub(crate) leases: &'a Freezer,
+    pub(crate) leases: &'a Freezer<K::Hold>,
 }
 
-impl Binder<'_> {
+impl<K: Kernel> Binder<'_, K> {
     /// Binds `vol` (or a subpath) at `target` (canonical, validated; `rel`
     /// beneath the root) (semantics.md §6). A repeat of a live bind answers
     /// `already_mounted`.
@@ -101,7 +102,11 @@ impl Binder<'_> {
             };
             match found {
                 Ok(fd) => {
-                    let mp = beneath::mount_point(fd.as_fd())
+                    let mp = self
+                        .takedown
+                        .mounts
+                        .kernel
+                        .mount_point(fd.as_fd())
                         .map_err(|e| SysError::new("statx", root.join(p).display(), e))?;
                     if p == rel && mp.is_root {
                         let what = self.takedown.mounts.describe(mp.mount_id)?;
@@ -147,7 +152,7 @@ impl Binder<'_> {
             .reserve(rel, target, vol.id(), mounts.root.path())?;
         self.check_target(rel, target)?;
         let source = mounts.open_mount(vol)?;
-        let out = mount::bind::bind(&BindSpec {
+        let out = mounts.kernel.bind(&BindSpec {
             source_root: source.as_fd(),
             source_path: &vol.guest_path,
             subpath: &req.subpath,
@@ -230,7 +235,7 @@ impl Binder<'_> {
             Err(Errno::NOENT | Errno::NOTDIR) => return Ok(false),
             Err(e) => return Err(unsafe_or_sys(e, "openat2", target)),
         };
-        match beneath::mount_point_at(parent.as_fd(), &name) {
+        match mounts.kernel.mount_point_at(parent.as_fd(), &name) {
             Ok(mp) if mp.is_root => {
                 let what = mounts
                     .describe(mp.mount_id)?

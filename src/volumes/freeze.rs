@@ -10,12 +10,12 @@ use std::os::fd::AsFd;
 use slog::{info, Logger};
 
 use super::error::Error;
-use super::lease::{Error as LeaseError, Freezer, Hold, How};
+use super::kernel::Kernel;
+use super::lease::{Error as LeaseError, Freezer, How, Thaw as Held};
 use super::mounts::Mounts;
 use super::volume::Volume;
 use crate::error::Result;
 use crate::model::VolumeMode;
-use crate::quiesce;
 
 pub use super::lease::Frozen;
 
@@ -30,11 +30,11 @@ pub enum Thaw {
 
 /// Freezes `vol` (held under its lock) for lease `lease`: refused for a
 /// block volume, one not completely published, one frozen already.
-pub(crate) fn freeze_one(
+pub(crate) fn freeze_one<K: Kernel>(
     vol: &Volume,
     lease: &str,
-    mounts: Mounts<'_>,
-    leases: &Freezer,
+    mounts: Mounts<'_, K>,
+    leases: &Freezer<K::Hold>,
 ) -> Result<()> {
     if vol.mode() == VolumeMode::Block {
         return Err(Error::NoFilesystem {
@@ -52,17 +52,14 @@ pub(crate) fn freeze_one(
         .into());
     }
     let at = mounts.open_mount(vol)?;
-    let dir = quiesce::open(at.as_fd(), &vol.guest_path)?;
-    let path = vol.guest_path.clone();
     leases.freeze_part(lease, vol.id(), || {
-        quiesce::freeze(&dir, &path)?;
-        Ok(Hold::new(dir, path))
+        mounts.kernel.freeze(at.as_fd(), &vol.guest_path)
     })
 }
 
 /// Refuses what writes to a frozen volume (expand, a bind, a walk, a
 /// trim), naming the freeze.
-pub(crate) fn not_frozen(leases: &Freezer, id: &str) -> Result<()> {
+pub(crate) fn not_frozen<H: Held>(leases: &Freezer<H>, id: &str) -> Result<()> {
     match leases.holding(id) {
         Some(h) => Err(LeaseError::Frozen {
             id: id.to_string(),
@@ -76,8 +73,8 @@ pub(crate) fn not_frozen(leases: &Freezer, id: &str) -> Result<()> {
 
 /// Ends a freeze (ThawVolumes); answers the volumes it thawed. A forced
 /// thaw thaws every volume it can, then reports the ones not `published`.
-pub(crate) fn thaw(
-    leases: &Freezer,
+pub(crate) fn thaw<H: Held>(
+    leases: &Freezer<H>,
     log: &Logger,
     what: &Thaw,
     published: impl Fn(&str) -> bool,

@@ -45,6 +45,7 @@ pub(crate) mod failures;
 pub mod freeze;
 pub mod health;
 pub(crate) mod held;
+pub mod kernel;
 pub mod lease;
 pub(crate) mod listing;
 pub(crate) mod mounts;

@@ -10,6 +10,7 @@ use rustix::fs::{FileType, OFlags};
 use rustix::io::Errno;
 
 use super::error::Error;
+use super::kernel::Kernel;
 use super::volume::{Bind, Volume};
 use crate::error::Result;
 use crate::model::{MountId, VolumeMode};
@@ -30,13 +31,22 @@ pub(crate) fn unsafe_or_sys(e: Errno, call: &'static str, path: &Path) -> crate:
 }
 
 /// The agent's root, where every mount the table makes or checks is
-/// resolved beneath (the module doc).
-#[derive(Clone, Copy)]
-pub(crate) struct Mounts<'a> {
+/// resolved beneath, and the kernel that makes and shows them.
+pub(crate) struct Mounts<'a, K> {
     pub(crate) root: &'a Root,
+    pub(crate) kernel: &'a K,
 }
 
-impl Mounts<'_> {
+// By hand: a derive would ask K itself to be Copy.
+impl<K> Clone for Mounts<'_, K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for Mounts<'_, K> {}
+
+impl<K: Kernel> Mounts<'_, K> {
     /// Makes the guest path `rel` beneath the root: a directory of the
     /// agent's for a filesystem, an empty file for a block volume. Refuses
     /// a symlink, anything else the agent would not make there, and a
@@ -81,7 +91,9 @@ impl Mounts<'_> {
                 return Err(SysError::new(call, guest_path.display(), e).into());
             }
         };
-        let here = beneath::mount_point(node.as_fd())
+        let here = self
+            .kernel
+            .mount_point(node.as_fd())
             .map_err(|e| SysError::new("statx", guest_path.display(), e))?;
         if here.is_root {
             return Err(Error::GuestPathBusy {
@@ -118,7 +130,9 @@ impl Mounts<'_> {
             Err(Errno::NOENT | Errno::LOOP | Errno::XDEV | Errno::NOTDIR) => return Ok(None),
             Err(e) => return Err(SysError::new("openat2", vol.guest_path.display(), e).into()),
         };
-        let mp = beneath::mount_point(fd.as_fd())
+        let mp = self
+            .kernel
+            .mount_point(fd.as_fd())
             .map_err(|e| SysError::new("statx", vol.guest_path.display(), e))?;
         Ok(vol.is_own_mount(&mp).then_some((fd, mp.mount_id)))
     }
@@ -141,12 +155,14 @@ impl Mounts<'_> {
         let Ok((parent, name)) = beneath::open_parent(self.root.fd(), &b.rel) else {
             return false;
         };
-        beneath::mount_point_at(parent.as_fd(), &name).is_ok_and(|mp| vol.is_own_bind(b, &mp))
+        self.kernel
+            .mount_point_at(parent.as_fd(), &name)
+            .is_ok_and(|mp| vol.is_own_bind(b, &mp))
     }
 
     /// What mount `id` is, in words ("/dev/vdb (ext4)"), for a refusal.
     pub(crate) fn describe(&self, id: MountId) -> Result<Option<String>> {
-        let table = mountinfo::read()?;
+        let table = self.kernel.mountinfo()?;
         Ok(mountinfo::by_id(&table, id).map(|m| format!("{} ({})", m.source, m.fs_type)))
     }
 }

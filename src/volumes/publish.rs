@@ -33,20 +33,18 @@ use slog::{info, Logger};
 use super::block;
 use super::claims::Claims;
 use super::error::Error;
+use super::kernel::Kernel;
 use super::mounts::Mounts;
-use super::request::{PublishRequest, Published, Source, Spec};
+use super::request::{PublishRequest, Published, Spec};
 use super::rollback::{Rollback, Undo};
 use super::state::Store;
 use super::volume::{guest_rel, Volume};
 use super::walking::WalkJob;
 use crate::cancel::Cancel;
-use crate::device;
 use crate::error::Result;
 use crate::model::{Device, Extent, FsType, VolumeMode};
-use crate::mount::filesystem::mount_filesystem;
 use crate::ownership::walk::Report;
-use crate::probe::judge;
-use crate::sys::mountinfo::{self, shown};
+use crate::sys::mountinfo::shown;
 use crate::sys::sysfs::Sysfs;
 
 /// What a publish answers once the volume's lock is let go: at once, or
@@ -62,22 +60,22 @@ pub(crate) enum Next {
 
 /// What a publish's prepare step found, for its attach step: the
 /// filesystem the disk holds, or a block volume's device opened.
-enum Prepared {
+enum Prepared<D> {
     Filesystem(FsType),
-    Block(block::Opened),
+    Block(block::Opened<D>),
 }
 
 /// The parts a publish works with: where it mounts, the records, the
 /// devices claimed, where disks are found.
-pub(crate) struct Publisher<'a> {
-    pub(crate) mounts: Mounts<'a>,
+pub(crate) struct Publisher<'a, K> {
+    pub(crate) mounts: Mounts<'a, K>,
     pub(crate) store: &'a Store,
     pub(crate) claims: &'a Claims,
     pub(crate) sysfs: &'a Sysfs,
     pub(crate) log: &'a Logger,
 }
 
-impl Publisher<'_> {
+impl<K: Kernel> Publisher<'_, K> {
     /// Publishes `req` into volume slot `slot`, held by the caller: the same
     /// request again (`again`), or a new volume on a disk claimed for the
     /// whole publish, so that a concurrent publish of the same disk, or of
@@ -91,10 +89,8 @@ impl Publisher<'_> {
         if let Some(vol) = slot.as_mut() {
             return self.again(vol, req);
         }
-        let device = match &req.spec.source {
-            Source::Serial(s) => device::find_by_serial(self.sysfs, s, req.timeout, cancel)?,
-            Source::Path(p) => device::from_path(self.sysfs, p)?,
-        };
+        let kernel = self.mounts.kernel;
+        let device = kernel.find_disk(self.sysfs, &req.spec.source, req.timeout, cancel)?;
         let extent = self.sysfs.extent((device.major, device.minor));
         let claim = self.claims.claim(&device, &req.spec.volume_id, extent)?;
         self.check_not_mounted(&device, &extent)?;
@@ -154,6 +150,7 @@ impl Publisher<'_> {
     /// walk is still to run.
     fn new_volume(&self, spec: &Spec, device: Device) -> Result<(Volume, Option<OwnedFd>)> {
         let rel = guest_rel(&spec.volume_id);
+        let kernel = self.mounts.kernel;
         let mut undo = Rollback::new(
             self.mounts,
             self.store,
@@ -171,12 +168,14 @@ impl Publisher<'_> {
         // What the disk must hold, or the device's read-only flag.
         let prepared = match spec.mode {
             VolumeMode::Filesystem(fs) => {
-                judge::check(&device.path, fs)?;
+                kernel.check_filesystem(&device, fs)?;
                 Prepared::Filesystem(fs)
             }
-            VolumeMode::Block => {
-                Prepared::Block(block::prepare(&device, spec.options.read_only_flag())?)
-            }
+            VolumeMode::Block => Prepared::Block(block::prepare(
+                &device,
+                spec.options.read_only_flag(),
+                kernel,
+            )?),
         };
 
         // Recorded before anything is mounted or set: a crash from here on
@@ -196,11 +195,11 @@ impl Publisher<'_> {
         // symlink moves it.
         match prepared {
             Prepared::Filesystem(fs) => {
-                mount_filesystem(
+                kernel.mount_filesystem(
                     &device.path,
                     node.as_fd(),
                     &vol.guest_path,
-                    fs.name(),
+                    fs,
                     spec.options.mount(),
                 )?;
                 drop(node);
@@ -247,7 +246,7 @@ impl Publisher<'_> {
         let key = (device.major, device.minor);
         let mut extents: std::collections::HashMap<(u32, u32), Extent> =
             std::collections::HashMap::new();
-        for m in mountinfo::read()? {
+        for m in self.mounts.kernel.mountinfo()? {
             let dev = (m.major, m.minor);
             if dev == key {
                 return Err(Error::DeviceMounted {

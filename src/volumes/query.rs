@@ -10,6 +10,7 @@ use slog::{info, Logger};
 use super::block;
 use super::error::Error;
 use super::freeze::not_frozen;
+use super::kernel::Kernel;
 use super::lease::Freezer;
 use super::listing::Listing;
 use super::mounts::Mounts;
@@ -25,14 +26,14 @@ use crate::sys::sysfs::Sysfs;
 
 /// The parts a stats or an expand reads: the mounts, the disks, the freezes
 /// (an expand writes, which a frozen volume refuses).
-pub(crate) struct Query<'a> {
-    pub(crate) mounts: Mounts<'a>,
+pub(crate) struct Query<'a, K: Kernel> {
+    pub(crate) mounts: Mounts<'a, K>,
     pub(crate) sysfs: &'a Sysfs,
-    pub(crate) leases: &'a Freezer,
+    pub(crate) leases: &'a Freezer<K::Hold>,
     pub(crate) log: &'a Logger,
 }
 
-impl Query<'_> {
+impl<K: Kernel> Query<'_, K> {
     /// Usage and condition of `vol` (semantics.md §5).
     pub(crate) fn stats(&self, vol: &Volume) -> Result<(Option<Measured>, Condition)> {
         vol.not_publishing()?;
@@ -75,7 +76,16 @@ impl Query<'_> {
             VolumeMode::Filesystem(fs) => fs,
             VolumeMode::Block => {
                 drop(self.mounts.open_mount(vol)?);
-                return block::expand(vol, self.sysfs, self.log, required_bytes, timeout, cancel);
+                let kernel = self.mounts.kernel;
+                return block::expand(
+                    vol,
+                    kernel,
+                    self.sysfs,
+                    self.log,
+                    required_bytes,
+                    timeout,
+                    cancel,
+                );
             }
         };
         if vol.mounted_read_only() {
@@ -113,10 +123,14 @@ impl Query<'_> {
 /// Every published volume as `listing` shows it, without waiting for
 /// operations in flight. The device's size, a block volume's read-only
 /// flag and its freeze are as they are now.
-pub(crate) fn list(listing: &Listing, leases: &Freezer) -> Vec<VolumeInfo> {
+pub(crate) fn list<K: Kernel>(
+    listing: &Listing,
+    leases: &Freezer<K::Hold>,
+    kernel: &K,
+) -> Vec<VolumeInfo> {
     let mut list = listing.all();
     for (info, dev) in &mut list {
-        block::refresh(info, dev);
+        block::refresh(info, dev, kernel);
         info.frozen = leases.holding(&info.volume_id).map(|h| (h.freeze, h.left));
     }
     list.into_iter().map(|(info, _)| info).collect()

@@ -30,23 +30,23 @@ use rustix::io::Errno;
 use slog::{info, warn, Logger};
 
 use super::claims::Claims;
+use super::kernel::Kernel;
 use super::state::{Record, Store};
 use super::targets::Targets;
 use super::volume::{guest_rel, Volume};
 use crate::error::Result;
 use crate::model::MountId;
-use crate::mount::unmount::{remove_node, unmount_tree, Expect};
-use crate::quiesce;
+use crate::mount::unmount::Expect;
 use crate::sys::beneath::{self, Root};
-use crate::sys::blockdev;
-use crate::sys::mountinfo::{self, shown};
+use crate::sys::mountinfo::shown;
 use crate::sys::sysfs::Sysfs;
 
 /// What recovery works with, before the table exists: it enters the
 /// adopted volumes' devices and bind targets, and hands the volumes to the
 /// table.
-pub(crate) struct Recovery<'a> {
+pub(crate) struct Recovery<'a, K> {
     pub(crate) root: &'a Root,
+    pub(crate) kernel: &'a K,
     pub(crate) store: &'a Store,
     pub(crate) claims: &'a Claims,
     pub(crate) targets: &'a Targets,
@@ -56,7 +56,7 @@ pub(crate) struct Recovery<'a> {
     pub(crate) log: &'a Logger,
 }
 
-impl Recovery<'_> {
+impl<K: Kernel> Recovery<'_, K> {
     /// Adopts or clears everything a previous run left (see the module
     /// doc), and returns the volumes adopted.
     pub(crate) fn run(&self) -> Result<Vec<Volume>> {
@@ -132,7 +132,7 @@ impl Recovery<'_> {
         let rel = vol.rel();
         let here = beneath::open_parent(self.root.fd(), &rel)
             .ok()
-            .and_then(|(parent, name)| beneath::mount_point_at(parent.as_fd(), &name).ok());
+            .and_then(|(parent, name)| self.kernel.mount_point_at(parent.as_fd(), &name).ok());
         let live = here.filter(|mp| vol.is_own_mount(mp));
         let Some(mp) = live else {
             warn!(self.log, "volume from a previous run is not mounted (as recorded) any more; forgetting it";
@@ -143,7 +143,7 @@ impl Recovery<'_> {
                 warn!(self.log, "could not remove the record of a volume that is gone; the next start drops it again";
                       "volume" => vol.id(), "error" => %e);
             }
-            remove_node(self.root.fd(), &rel);
+            self.kernel.remove_node(self.root.fd(), &rel);
             forgotten.push(vol);
             return None;
         };
@@ -153,11 +153,11 @@ impl Recovery<'_> {
         for mut b in binds {
             let live = beneath::open_parent(self.root.fd(), &b.rel)
                 .ok()
-                .and_then(|(parent, name)| beneath::mount_point_at(parent.as_fd(), &name).ok())
+                .and_then(|(parent, name)| self.kernel.mount_point_at(parent.as_fd(), &name).ok())
                 .filter(|m| vol.is_own_bind(&b, m));
             let Some(m) = live else {
                 warn!(self.log, "bind from a previous run is gone"; "volume" => vol.id(), "target" => shown(&b.target));
-                remove_node(self.root.fd(), &b.rel);
+                self.kernel.remove_node(self.root.fd(), &b.rel);
                 changed = true;
                 continue;
             };
@@ -193,7 +193,7 @@ impl Recovery<'_> {
     /// or, for a bind of a block device's node, that device.
     fn disk_of(&self, rel: &Path, id: MountId, fs_dev: (u32, u32)) -> (u32, u32) {
         beneath::open_parent(self.root.fd(), rel)
-            .and_then(|(parent, name)| beneath::mount_point_at(parent.as_fd(), &name))
+            .and_then(|(parent, name)| self.kernel.mount_point_at(parent.as_fd(), &name))
             .ok()
             .filter(|mp| mp.is_root && mp.mount_id == id && mp.kind == FileType::BlockDevice)
             .map_or(fs_dev, |mp| mp.rdev)
@@ -204,7 +204,7 @@ impl Recovery<'_> {
     /// `own_devices` that is not in `kept`, deepest first.
     fn sweep(&self, own_devices: &mut HashSet<(u32, u32)>, kept: &HashSet<MountId>) -> Result<()> {
         let root = self.root.path();
-        let table = mountinfo::read()?;
+        let table = self.kernel.mountinfo()?;
         let mut doomed: Vec<(PathBuf, MountId, (u32, u32))> = Vec::new();
         // Mounts beneath the root that no record explains, with the disk
         // each is of.
@@ -238,7 +238,7 @@ impl Recovery<'_> {
         doomed.sort_by_key(|(p, _, _)| std::cmp::Reverse(p.components().count()));
         for (rel, id, disk) in doomed {
             let at = root.join(&rel);
-            match unmount_tree(
+            match self.kernel.unmount_tree(
                 self.root.fd(),
                 root,
                 &rel,
@@ -247,7 +247,7 @@ impl Recovery<'_> {
                 Ok(true) => {
                     warn!(self.log, "mount left by a previous run that no record explains; taken down";
                           "path" => shown(&at));
-                    remove_node(self.root.fd(), &rel);
+                    self.kernel.remove_node(self.root.fd(), &rel);
                 }
                 Ok(false) => {}
                 Err(e) => {
@@ -273,7 +273,8 @@ impl Recovery<'_> {
         for e in entries.flatten() {
             let name = e.file_name();
             if !ours.contains(name.as_os_str()) {
-                remove_node(self.root.fd(), &Path::new("volumes").join(&name));
+                self.kernel
+                    .remove_node(self.root.fd(), &Path::new("volumes").join(&name));
             }
         }
     }
@@ -284,8 +285,10 @@ impl Recovery<'_> {
         if !vol.ro_set() {
             return;
         }
-        match blockdev::open(&vol.device)
-            .and_then(|f| blockdev::set_read_only(&f, &vol.device, false))
+        match self
+            .kernel
+            .open_disk(&vol.device)
+            .and_then(|f| self.kernel.set_read_only(&f, &vol.device, false))
         {
             Ok(()) => {
                 info!(self.log, "read-only flag of a forgotten block volume cleared"; "volume" => vol.id())
@@ -302,9 +305,9 @@ impl Recovery<'_> {
 /// of every volume a frozen mark names, as agents before freeze leases
 /// marked them (`<id>.frozen`; an agent upgraded while frozen). Only a
 /// mount root at the volume's own guest path is thawed; the marks go.
-pub(crate) fn thaw_left_frozen(root: &Root, store: &Store, log: &Logger) {
+pub(crate) fn thaw_left_frozen<K: Kernel>(root: &Root, kernel: &K, store: &Store, log: &Logger) {
     for id in store.frozen_marks() {
-        match thaw_at(root, &id) {
+        match thaw_at(root, kernel, &id) {
             Ok(true) => {
                 warn!(log, "thawed a volume a previous run left frozen"; "volume" => &id)
             }
@@ -319,7 +322,7 @@ pub(crate) fn thaw_left_frozen(root: &Root, store: &Store, log: &Logger) {
 
 /// FITHAW on the mount root at volume `id`'s guest path, if one is there;
 /// true when it was frozen.
-pub(crate) fn thaw_at(root: &Root, id: &str) -> Result<bool> {
+pub(crate) fn thaw_at<K: Kernel>(root: &Root, kernel: &K, id: &str) -> Result<bool> {
     let rel = guest_rel(id);
     let (rel, path) = (rel.as_path(), &root.join(&rel));
     let at = match beneath::open_with(
@@ -334,18 +337,19 @@ pub(crate) fn thaw_at(root: &Root, id: &str) -> Result<bool> {
             return Err(crate::sys::error::SysError::new("openat2", path.display(), e).into())
         }
     };
-    let mp = beneath::mount_point(at.as_fd())
+    let mp = kernel
+        .mount_point(at.as_fd())
         .map_err(|e| crate::sys::error::SysError::new("statx", path.display(), e))?;
     if !mp.is_root {
         return Ok(false);
     }
-    let dir = quiesce::open(at.as_fd(), path)?;
-    Ok(quiesce::thaw(&dir, path)?)
+    kernel.thaw(at.as_fd(), path)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::volumes::kernel::Linux;
     use crate::volumes::state::encode;
     use crate::volumes::volume::tests::sample;
 
@@ -364,6 +368,7 @@ mod tests {
         let claims = Claims::default();
         let adopted = Recovery {
             root: &root,
+            kernel: &Linux,
             store: &store,
             claims: &claims,
             targets: &Targets::default(),
@@ -398,10 +403,10 @@ mod tests {
         let root = Root::open(dir.path()).unwrap();
         let store = Store::open(&root).unwrap();
         assert_eq!(store.frozen_marks().len(), 2);
-        thaw_left_frozen(&root, &store, &crate::logging::discard());
+        thaw_left_frozen(&root, &Linux, &store, &crate::logging::discard());
         assert!(store.frozen_marks().is_empty());
         assert!(
-            !thaw_at(&root, "v").unwrap(),
+            !thaw_at(&root, &Linux, "v").unwrap(),
             "not a mount root: nothing to thaw"
         );
     }
@@ -422,6 +427,7 @@ mod tests {
         let store = Store::open(&root).unwrap();
         Recovery {
             root: &root,
+            kernel: &Linux,
             store: &store,
             claims: &Claims::default(),
             targets: &Targets::default(),

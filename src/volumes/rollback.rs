@@ -6,20 +6,19 @@
 //! mount that could not be taken down is how recovery finds it). Once the
 //! operation went through, `done` keeps everything.
 
-use std::fs::File;
 use std::path::PathBuf;
 
 use slog::{warn, Logger};
 
+use super::kernel::Kernel;
 use super::mounts::Mounts;
 use super::state::Store;
 use crate::model::Device;
-use crate::mount::unmount::{unmount_tree, Expect};
+use crate::mount::unmount::Expect;
 use crate::sys::beneath::{remove_created, Created};
-use crate::sys::blockdev;
 
-/// How to take back one step.
-pub(crate) enum Undo {
+/// How to take back one step; `D` is the kernel's opened block device.
+pub(crate) enum Undo<D> {
     /// Nodes made on the way to a guest path or a bind target: removed,
     /// last made first (a node that is not empty any more stays).
     Nodes(Vec<Created>),
@@ -28,7 +27,7 @@ pub(crate) enum Undo {
     Record,
     /// The device's read-only flag, set by the agent through this open
     /// device: cleared.
-    ReadOnly(File),
+    ReadOnly(D),
     /// A mount the agent made and checked (by id, with its disk): taken
     /// down, with whatever is mounted below it.
     Mount {
@@ -41,9 +40,10 @@ pub(crate) enum Undo {
 
 /// The undo list of one operation on volume `id` (see the module doc).
 #[must_use = "dropping a Rollback undoes its steps"]
-pub(crate) struct Rollback<'a> {
-    /// Where the mounts and nodes to take back are.
-    mounts: Mounts<'a>,
+pub(crate) struct Rollback<'a, K: Kernel> {
+    /// Where the mounts and nodes to take back are, and the kernel that
+    /// takes them back.
+    mounts: Mounts<'a, K>,
     /// Where the record to take back is.
     store: &'a Store,
     log: &'a Logger,
@@ -52,20 +52,20 @@ pub(crate) struct Rollback<'a> {
     id: &'a str,
     /// The volume's disk, whose read-only flag an undo clears.
     device: &'a Device,
-    steps: Vec<Undo>,
+    steps: Vec<Undo<K::Disk>>,
 }
 
-impl<'a> Rollback<'a> {
+impl<'a, K: Kernel> Rollback<'a, K> {
     /// An empty list for a `what` ("publish", "bind") of volume `id` on
     /// `device`, undone through `mounts` and `store`.
     pub(crate) fn new(
-        mounts: Mounts<'a>,
+        mounts: Mounts<'a, K>,
         store: &'a Store,
         log: &'a Logger,
         what: &'static str,
         id: &'a str,
         device: &'a Device,
-    ) -> Rollback<'a> {
+    ) -> Rollback<'a, K> {
         Rollback {
             mounts,
             store,
@@ -78,7 +78,7 @@ impl<'a> Rollback<'a> {
     }
 
     /// A step went through; `undo` takes it back if a later one fails.
-    pub(crate) fn push(&mut self, undo: Undo) {
+    pub(crate) fn push(&mut self, undo: Undo<K::Disk>) {
         self.steps.push(undo);
     }
 
@@ -98,7 +98,7 @@ impl<'a> Rollback<'a> {
     }
 
     /// Takes back one step; false when it could not be (the rest stays).
-    fn undo(&self, step: Undo) -> bool {
+    fn undo(&self, step: Undo<K::Disk>) -> bool {
         let log = self.log;
         match step {
             Undo::Nodes(mut created) => remove_created(&mut created),
@@ -109,14 +109,18 @@ impl<'a> Rollback<'a> {
                 }
             }
             Undo::ReadOnly(f) => {
-                if let Err(e) = blockdev::set_read_only(&f, self.device, false) {
+                if let Err(e) = self.mounts.kernel.set_read_only(&f, self.device, false) {
                     warn!(log, "could not clear the read-only flag of a failed {}", self.what;
                           "volume" => self.id, "error" => %e);
                 }
             }
             Undo::Mount { rel, expect } => {
                 let root = self.mounts.root;
-                if let Err(e) = unmount_tree(root.fd(), root.path(), &rel, expect) {
+                let undone = self
+                    .mounts
+                    .kernel
+                    .unmount_tree(root.fd(), root.path(), &rel, expect);
+                if let Err(e) = undone {
                     warn!(log, "could not undo a failed {}; recovery at the next start takes it down", self.what;
                           "volume" => self.id, "error" => %e);
                     return false;
@@ -127,7 +131,7 @@ impl<'a> Rollback<'a> {
     }
 }
 
-impl Drop for Rollback<'_> {
+impl<K: Kernel> Drop for Rollback<'_, K> {
     fn drop(&mut self) {
         while let Some(step) = self.steps.pop() {
             if !self.undo(step) {

@@ -48,6 +48,7 @@ use super::error::Error;
 use super::failures::{Failure, Failures};
 use super::freeze::{self, Frozen, Thaw};
 use super::health::{self, Said};
+use super::kernel::{Kernel, Linux};
 use super::lease::{Freezer, How, Ledger};
 use super::listing::Listing;
 use super::mounts::Mounts;
@@ -72,11 +73,13 @@ use crate::sys::beneath::Root;
 use crate::sys::sysfs::Sysfs;
 use crate::validate::{self, Invalid};
 
-/// The agent's volumes.
-pub struct Volumes {
+/// The agent's volumes, on the kernel `K`: the running one, or in the
+/// table's tests a fake.
+pub struct Volumes<K: Kernel = Linux> {
     /// The agent's root, opened once: what every path the table acts on
     /// is resolved beneath.
     root: Root,
+    kernel: K,
     /// Where disks are found and their sectors read.
     sysfs: Sysfs,
     log: Logger,
@@ -87,12 +90,12 @@ pub struct Volumes {
     claims: Claims,
     targets: Targets,
     listing: Listing,
-    leases: Arc<Freezer>,
+    leases: Arc<Freezer<K::Hold>>,
     failures: Failures,
     stop: Stop,
     /// The table itself, for the threads of fsGroup walks, which finish
     /// their publish under the volume's slot long after the call.
-    me: Weak<Volumes>,
+    me: Weak<Volumes<K>>,
 }
 
 impl Volumes {
@@ -100,16 +103,31 @@ impl Volumes {
     /// root given through a symlink is the same root) and takes back the
     /// volumes of a previous run (`recover`).
     pub fn open(root: &Path, sysfs: Sysfs, log: Logger) -> Result<Arc<Volumes>> {
+        Volumes::open_on(Linux, root, sysfs, log)
+    }
+}
+
+impl<K: Kernel> Volumes<K> {
+    /// `open`, on `kernel`.
+    pub(crate) fn open_on(
+        kernel: K,
+        root: &Path,
+        sysfs: Sysfs,
+        log: Logger,
+    ) -> Result<Arc<Volumes<K>>> {
         let root = Root::open(root)?;
         root.own_dir("volumes", 0o750)?;
         let store = Store::open(&root)?;
         let (claims, targets) = (Claims::default(), Targets::default());
         // Before anything is taken back or down: a frozen filesystem hangs
         // its writers and its unmount.
-        let leases = Freezer::open(Ledger::open(&root)?, log.clone(), |vol| thaw_at(&root, vol));
-        thaw_left_frozen(&root, &store, &log);
+        let leases = Freezer::open(Ledger::open(&root)?, log.clone(), |vol| {
+            thaw_at(&root, &kernel, vol)
+        });
+        thaw_left_frozen(&root, &kernel, &store, &log);
         let adopted = Recovery {
             root: &root,
+            kernel: &kernel,
             store: &store,
             claims: &claims,
             targets: &targets,
@@ -123,6 +141,7 @@ impl Volumes {
         }
         Ok(Arc::new_cyclic(|me| Volumes {
             root,
+            kernel,
             sysfs,
             log,
             slots: Slots::adopted(adopted),
@@ -277,7 +296,7 @@ impl Volumes {
     /// The device's size, and a block volume's read-only flag, are the
     /// kernel's now.
     pub fn list(&self) -> Vec<VolumeInfo> {
-        query::list(&self.listing, &self.leases)
+        query::list(&self.listing, &self.leases, &self.kernel)
     }
 
     /// The health of volume `id`, CSI's list of what is wrong.
@@ -524,18 +543,21 @@ impl Volumes {
         outcome
     }
 
-    fn mounts(&self) -> Mounts<'_> {
-        Mounts { root: &self.root }
+    fn mounts(&self) -> Mounts<'_, K> {
+        Mounts {
+            root: &self.root,
+            kernel: &self.kernel,
+        }
     }
 
-    fn takedown(&self) -> Takedown<'_> {
+    fn takedown(&self) -> Takedown<'_, K> {
         Takedown {
             mounts: self.mounts(),
             log: &self.log,
         }
     }
 
-    fn publisher(&self) -> Publisher<'_> {
+    fn publisher(&self) -> Publisher<'_, K> {
         Publisher {
             mounts: self.mounts(),
             store: &self.store,
@@ -545,7 +567,7 @@ impl Volumes {
         }
     }
 
-    fn unpublisher(&self) -> Unpublisher<'_> {
+    fn unpublisher(&self) -> Unpublisher<'_, K> {
         Unpublisher {
             takedown: self.takedown(),
             store: &self.store,
@@ -557,7 +579,7 @@ impl Volumes {
         }
     }
 
-    fn binder(&self) -> Binder<'_> {
+    fn binder(&self) -> Binder<'_, K> {
         Binder {
             takedown: self.takedown(),
             store: &self.store,
@@ -567,7 +589,7 @@ impl Volumes {
         }
     }
 
-    fn query(&self) -> Query<'_> {
+    fn query(&self) -> Query<'_, K> {
         Query {
             mounts: self.mounts(),
             sysfs: &self.sysfs,

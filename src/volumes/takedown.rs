@@ -12,23 +12,31 @@ use slog::{warn, Logger};
 
 use super::block;
 use super::error::Error;
+use super::kernel::Kernel;
 use super::mounts::Mounts;
 use super::volume::Volume;
 use crate::error::Result;
 use crate::model::{MountId, VolumeMode};
 use crate::mount::error::Error as MountError;
-use crate::mount::filesystem::sync_filesystem;
-use crate::mount::unmount::{listed, remove_node, unmount_tree, Expect};
-use crate::sys::mountinfo::{self, shown, MountEntry};
+use crate::mount::unmount::{listed, Expect};
+use crate::sys::mountinfo::{shown, MountEntry};
 
 /// The mounts beneath the root, and where taking them down is said.
-#[derive(Clone, Copy)]
-pub(crate) struct Takedown<'a> {
-    pub(crate) mounts: Mounts<'a>,
+pub(crate) struct Takedown<'a, K> {
+    pub(crate) mounts: Mounts<'a, K>,
     pub(crate) log: &'a Logger,
 }
 
-impl Takedown<'_> {
+// By hand: a derive would ask K itself to be Copy.
+impl<K> Clone for Takedown<'_, K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for Takedown<'_, K> {}
+
+impl<K: Kernel> Takedown<'_, K> {
     /// Takes `vol`'s own mount down once its binds are gone: a filesystem
     /// flushed first (while it is certainly the volume's own mount); a
     /// block volume's bind, then its device flushed and its read-only flag
@@ -37,14 +45,18 @@ impl Takedown<'_> {
         match vol.mode() {
             VolumeMode::Filesystem(_) => {
                 if let Ok(fd) = self.mounts.open_mount(vol) {
-                    sync_filesystem(fd.as_fd(), &vol.guest_path)?;
+                    self.mounts
+                        .kernel
+                        .sync_filesystem(fd.as_fd(), &vol.guest_path)?;
                 }
                 self.take_down(&vol.rel(), vol.mount_identity())?;
             }
             VolumeMode::Block => {
                 self.take_down(&vol.rel(), vol.mount_identity())?;
-                block::release(vol, self.log)?;
-                remove_node(self.mounts.root.fd(), &vol.rel());
+                block::release(vol, self.mounts.kernel, self.log)?;
+                self.mounts
+                    .kernel
+                    .remove_node(self.mounts.root.fd(), &vol.rel());
             }
         }
         Ok(())
@@ -59,6 +71,7 @@ impl Takedown<'_> {
     /// taken down is an error naming it.
     pub(crate) fn leftovers(&self, vol: &Volume) -> Result<()> {
         let (root_fd, root) = (self.mounts.root.fd(), self.mounts.root.path());
+        let kernel = self.mounts.kernel;
         let disk = (vol.device.major, vol.device.minor);
         let node = Path::new("/").join(&vol.device.name);
         let of_disk = |m: &MountEntry| match vol.mode() {
@@ -72,7 +85,8 @@ impl Takedown<'_> {
                 .filter(|r| !r.as_os_str().is_empty())
                 .map(Path::to_path_buf)
         };
-        let mut left: Vec<(PathBuf, MountId)> = mountinfo::read()?
+        let mut left: Vec<(PathBuf, MountId)> = kernel
+            .mountinfo()?
             .iter()
             .filter(|m| of_disk(m))
             .filter_map(|m| beneath_root(m).map(|r| (r, m.mount_id)))
@@ -80,7 +94,7 @@ impl Takedown<'_> {
         left.sort_by_key(|(p, _)| std::cmp::Reverse(p.components().count()));
         for (rel, id) in &left {
             let expect = Expect::Mount(*id, disk.0, disk.1);
-            match unmount_tree(root_fd, root, rel, expect) {
+            match kernel.unmount_tree(root_fd, root, rel, expect) {
                 Ok(true) => {
                     warn!(self.log, "a mount of the volume's disk was left beneath the root (moved or copied behind the agent's back); taken down";
                           "volume" => vol.id(), "path" => shown(&root.join(rel)));
@@ -96,7 +110,8 @@ impl Takedown<'_> {
                 }
             }
         }
-        if let Some(m) = mountinfo::read()?
+        if let Some(m) = kernel
+            .mountinfo()?
             .iter()
             .find(|m| of_disk(m) && beneath_root(m).is_some())
         {
@@ -118,10 +133,11 @@ impl Takedown<'_> {
     /// root; moved outside the root, it is an error naming where it is.
     pub(crate) fn take_down(&self, rel: &Path, expect: Expect) -> Result<bool> {
         let (root_fd, root) = (self.mounts.root.fd(), self.mounts.root.path());
-        match unmount_tree(root_fd, root, rel, expect) {
+        let kernel = self.mounts.kernel;
+        match kernel.unmount_tree(root_fd, root, rel, expect) {
             Ok(was) => {
                 if was {
-                    remove_node(root_fd, rel);
+                    kernel.remove_node(root_fd, rel);
                 }
                 Ok(was)
             }
@@ -129,7 +145,7 @@ impl Takedown<'_> {
                 if !matches!(expect, Expect::Mount(..)) {
                     return Err(e.into());
                 }
-                let table = mountinfo::read()?;
+                let table = kernel.mountinfo()?;
                 let Some(now) = listed(&table, expect) else {
                     return Ok(false);
                 };
@@ -137,7 +153,7 @@ impl Takedown<'_> {
                     Ok(moved) if moved != rel && !moved.as_os_str().is_empty() => {
                         warn!(self.log, "mount moved behind the agent's back; taken down where it is now";
                               "was" => shown(&root.join(rel)), "now" => shown(&now.mount_point));
-                        Ok(unmount_tree(root_fd, root, moved, expect)?)
+                        Ok(kernel.unmount_tree(root_fd, root, moved, expect)?)
                     }
                     Ok(_) => Err(e.into()),
                     Err(_) => Err(Error::MovedOutside {

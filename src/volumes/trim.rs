@@ -9,6 +9,7 @@ use slog::{info, Logger};
 
 use super::error::Error;
 use super::freeze::not_frozen;
+use super::kernel::Kernel;
 use super::lease::Freezer;
 use super::mounts::Mounts;
 use super::volume::Volume;
@@ -36,10 +37,10 @@ pub struct Trimmed {
 
 /// Discards the free extents of at least `min_extent` bytes of `vol`'s
 /// filesystem (held under its lock), range by range until `cancel` fires.
-pub(crate) fn trim(
+pub(crate) fn trim<K: Kernel>(
     vol: &Volume,
-    mounts: Mounts<'_>,
-    leases: &Freezer,
+    mounts: Mounts<'_, K>,
+    leases: &Freezer<K::Hold>,
     log: &Logger,
     min_extent: u64,
     cancel: &Cancel,
@@ -62,7 +63,6 @@ pub(crate) fn trim(
     }
     let at = mounts.open_mount(vol)?;
     let total = grow::fs_size_bytes(at.as_fd(), &vol.guest_path, &vol.device, fs)?;
-    let dir = quiesce::open(at.as_fd(), &vol.guest_path)?;
     let start = Instant::now();
     let (mut done, mut trimmed) = (0u64, 0u64);
     while done < total {
@@ -79,8 +79,10 @@ pub(crate) fn trim(
             .into());
         }
         let len = RANGE_BYTES.min(total - done);
-        trimmed =
-            trimmed.saturating_add(quiesce::trim(&dir, &vol.guest_path, done, len, min_extent)?);
+        let discarded = mounts
+            .kernel
+            .trim(at.as_fd(), &vol.guest_path, done, len, min_extent)?;
+        trimmed = trimmed.saturating_add(discarded);
         done += len;
     }
     info!(log, "volume trimmed"; "volume" => id, "trimmed_bytes" => trimmed,

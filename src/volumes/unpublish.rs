@@ -9,6 +9,7 @@ use slog::{warn, Logger};
 
 use super::claims::Claims;
 use super::failures::Failures;
+use super::kernel::Kernel;
 use super::lease::{Freezer, How};
 use super::state::Store;
 use super::takedown::Takedown;
@@ -18,17 +19,17 @@ use crate::cancel::Cancel;
 use crate::error::Result;
 
 /// The parts an unpublish lets go of the volume in.
-pub(crate) struct Unpublisher<'a> {
-    pub(crate) takedown: Takedown<'a>,
+pub(crate) struct Unpublisher<'a, K: Kernel> {
+    pub(crate) takedown: Takedown<'a, K>,
     pub(crate) store: &'a Store,
     pub(crate) claims: &'a Claims,
     pub(crate) targets: &'a Targets,
-    pub(crate) leases: &'a Freezer,
+    pub(crate) leases: &'a Freezer<K::Hold>,
     pub(crate) failures: &'a Failures,
     pub(crate) log: &'a Logger,
 }
 
-impl Unpublisher<'_> {
+impl<K: Kernel> Unpublisher<'_, K> {
     /// Unpublishes the volume in `slot` (held by the caller), leaving the
     /// slot empty. False when there was none. Stopped half-way, the volume
     /// stays with what is still up, and ListVolumes shows that.
