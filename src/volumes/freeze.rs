@@ -110,3 +110,81 @@ pub(crate) fn thaw<H: Held>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::code::Code;
+    use crate::model::{FsType, MountId};
+    use crate::sys::beneath::Root;
+    use crate::volumes::fake::Fake;
+    use crate::volumes::lease::Ledger;
+    use crate::volumes::phase::Phase;
+    use crate::volumes::volume::tests::sample;
+
+    /// What one volume's freeze refuses (a block volume, a publish not
+    /// finished, a mount that is not the volume's), and that a volume
+    /// frozen by one lease is refused to another, naming it.
+    #[test]
+    fn a_volume_is_frozen_only_when_it_is_a_finished_filesystem_on_its_own_mount() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::open(dir.path()).unwrap();
+        let fake = Fake::default();
+        let log = crate::logging::discard();
+        let leases = Freezer::open(Ledger::open(&root).unwrap(), log.clone(), |_| Ok(false));
+        let mounts = Mounts {
+            root: &root,
+            kernel: &fake,
+        };
+        let disk = fake.disk(dir.path(), "fka", Some(FsType::Ext4));
+        std::fs::create_dir_all(root.path().join("volumes/vol-1")).unwrap();
+        let id = fake.mount_behind(&disk, &root.path().join("volumes/vol-1"));
+        let mut vol = sample();
+        vol.device = disk;
+        vol.guest_path = root.path().join("volumes/vol-1");
+        vol.phase = Phase::Published(Some(id));
+        let freeze = |vol: &Volume, lease: &str| {
+            let ids = [vol.id().to_string()];
+            leases.freeze(
+                Some(lease),
+                &ids,
+                Duration::from_secs(60),
+                |l, _| freeze_one(vol, l, mounts, &leases),
+                || Ok(()),
+            )
+        };
+        let code = |r: Result<Frozen>| r.map(|_| ()).map_err(|e| e.code());
+        let mut block = vol.clone();
+        block.spec.mode = VolumeMode::Block;
+        assert_eq!(
+            code(freeze(&block, "f-block")),
+            Err(Code::FailedPrecondition)
+        );
+        let mut unfinished = vol.clone();
+        unfinished.phase = Phase::Mounted(id);
+        assert_eq!(
+            code(freeze(&unfinished, "f-half")),
+            Err(Code::FailedPrecondition)
+        );
+        let mut moved = vol.clone();
+        moved.phase = Phase::Published(Some(MountId(1)));
+        assert_eq!(
+            code(freeze(&moved, "f-moved")),
+            Err(Code::FailedPrecondition)
+        );
+        assert!(!fake.frozen(&vol.guest_path));
+        freeze(&vol, "f-1").unwrap();
+        assert!(fake.frozen(&vol.guest_path));
+        let e = freeze(&vol, "f-2").unwrap_err();
+        assert!(e.to_string().contains("f-1"), "{e}");
+        assert_eq!(
+            thaw(&leases, &log, &Thaw::Freeze("f-1".into()), |_| true).unwrap(),
+            ["vol-1"]
+        );
+        assert!(!fake.frozen(&vol.guest_path));
+        let e = not_frozen(&leases, "vol-1");
+        assert!(e.is_ok());
+    }
+}

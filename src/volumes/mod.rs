@@ -42,6 +42,8 @@ pub mod block;
 pub(crate) mod claims;
 pub mod error;
 pub(crate) mod failures;
+#[cfg(test)]
+pub(crate) mod fake;
 pub mod freeze;
 pub mod health;
 pub(crate) mod held;

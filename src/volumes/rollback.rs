@@ -140,3 +140,86 @@ impl<K: Kernel> Drop for Rollback<'_, K> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use rustix::io::Errno;
+
+    use super::*;
+    use crate::model::FsType;
+    use crate::sys::beneath::{self, Leaf, Root};
+    use crate::volumes::fake::{Call, Fake};
+    use crate::volumes::volume::tests::sample;
+
+    /// A publish's three undoable steps, undone by dropping the list: the
+    /// mount first, then the record, then the nodes. When the unmount
+    /// fails, the list stops there: the record (how recovery finds the
+    /// mount) and the guest path stay.
+    #[test]
+    fn undo_runs_last_first_and_stops_at_the_first_that_fails() {
+        for busy in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let root = Root::open(dir.path()).unwrap();
+            let store = Store::open(&root).unwrap();
+            let fake = Fake::default();
+            let log = crate::logging::discard();
+            let disk = fake.disk(dir.path(), "fka", Some(FsType::Ext4));
+            let vol = sample();
+            let rel = PathBuf::from("volumes/vol-1");
+            {
+                let mounts = Mounts {
+                    root: &root,
+                    kernel: &fake,
+                };
+                let mut undo = Rollback::new(mounts, &store, &log, "publish", vol.id(), &disk);
+                let mut created = Vec::new();
+                beneath::make_path(root.fd(), &rel, 0o750, Leaf::Dir(0o750), &mut created).unwrap();
+                undo.push(Undo::Nodes(created));
+                store.save(&vol).unwrap();
+                undo.push(Undo::Record);
+                let id = fake.mount_behind(&disk, &root.join(&rel));
+                let expect = Expect::Mount(id, disk.major, disk.minor);
+                undo.push(Undo::Mount {
+                    rel: rel.clone(),
+                    expect,
+                });
+                if busy {
+                    fake.fail(Call::Unmount, 1, Errno::BUSY);
+                }
+            }
+            let left = (
+                fake.mounts().len(),
+                root.path().join("state/vol-1.vol").exists(),
+                root.join(&rel).exists(),
+            );
+            match busy {
+                false => assert_eq!(left, (0, false, false)),
+                true => assert_eq!(left, (1, true, true)),
+            }
+        }
+    }
+
+    /// Done keeps every step; so does leaving them to recovery.
+    #[test]
+    fn a_list_done_or_left_to_recovery_undoes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::open(dir.path()).unwrap();
+        let store = Store::open(&root).unwrap();
+        let fake = Fake::default();
+        let log = crate::logging::discard();
+        let disk = fake.disk(dir.path(), "fka", Some(FsType::Ext4));
+        let vol = sample();
+        let mounts = Mounts {
+            root: &root,
+            kernel: &fake,
+        };
+        store.save(&vol).unwrap();
+        let mut undo = Rollback::new(mounts, &store, &log, "publish", vol.id(), &disk);
+        undo.push(Undo::Record);
+        undo.done();
+        let mut undo = Rollback::new(mounts, &store, &log, "publish", vol.id(), &disk);
+        undo.push(Undo::Record);
+        undo.leave_to_recovery();
+        assert!(root.path().join("state/vol-1.vol").exists());
+    }
+}

@@ -2,10 +2,10 @@
 
 use std::path::PathBuf;
 
-use super::testkit::{publish_loop, table};
+use super::testkit::{bind_request, fake_table, publish_loop, request, table};
 use crate::cancel::Cancel;
 use crate::code::Code;
-use crate::model::RecursiveReadOnly;
+use crate::model::{FsType, RecursiveReadOnly};
 use crate::volumes::request::BindRequest;
 
 /// A target is validated by the table, beneath its root, whatever spelling
@@ -81,4 +81,125 @@ fn a_bind_whose_record_cannot_be_written_leaves_nothing() {
     assert!(!third.target.exists(), "a refused bind creates nothing");
     assert!(v.unpublish("rec", &Cancel::never()).unwrap());
     assert!(!target.exists());
+}
+
+/// Binds on the fake kernel: two binds never share, nest in or cover each
+/// other, nor lie on a volume; a repeat of a live bind answers
+/// `already_mounted`, and one gone behind the agent's back is made again.
+#[test]
+fn binds_are_refused_where_they_would_share_nest_cover_or_write_into_a_volume() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake) = fake_table(dir.path());
+    let root = v.root().to_path_buf();
+    let d = fake.disk(dir.path(), "fka", Some(FsType::Ext4));
+    v.publish(&request("a", &d, false, false), &Cancel::never())
+        .unwrap();
+    let out = v
+        .bind(&bind_request(&v, "a", "pods/p/data"), &Cancel::never())
+        .unwrap();
+    assert!(!out.already_mounted);
+    // The volume's filesystem mounted again behind the agent's back.
+    std::fs::create_dir_all(root.join("copy")).unwrap();
+    fake.mount_behind(&d, &root.join("copy"));
+    for (target, says) in [
+        ("pods/p/data/inner", "inside"),
+        ("pods/p", "holds"),
+        ("copy/x", "volume a"),
+    ] {
+        let e = v
+            .bind(&bind_request(&v, "a", target), &Cancel::never())
+            .unwrap_err();
+        assert!(e.to_string().contains(says), "{target}: {e}");
+        assert!(
+            !root.join(target).exists() || target == "pods/p",
+            "{target}"
+        );
+    }
+    let mut other = bind_request(&v, "a", "pods/p/data");
+    other.read_only = true;
+    let e = v.bind(&other, &Cancel::never()).unwrap_err();
+    assert!(e.to_string().contains("other parameters"), "{e}");
+    fake.journal(&root);
+    let again = v
+        .bind(&bind_request(&v, "a", "pods/p/data"), &Cancel::never())
+        .unwrap();
+    assert!(again.already_mounted);
+    assert!(fake.journal(&root).is_empty(), "nothing made again");
+    fake.unmount_behind(&root.join("pods/p/data"));
+    let again = v
+        .bind(&bind_request(&v, "a", "pods/p/data"), &Cancel::never())
+        .unwrap();
+    assert!(
+        !again.already_mounted,
+        "gone behind the agent's back: made again"
+    );
+    assert_eq!(fake.journal(&root), ["bind volumes/a pods/p/data"]);
+}
+
+/// Unmount takes down the agent's own bind; a mount there the agent did
+/// not make is refused and left alone; nothing there is not an error.
+#[test]
+fn unmount_takes_down_only_the_agents_binds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake) = fake_table(dir.path());
+    let root = v.root().to_path_buf();
+    let d = fake.disk(dir.path(), "fka", Some(FsType::Ext4));
+    v.publish(&request("a", &d, false, false), &Cancel::never())
+        .unwrap();
+    v.bind(&bind_request(&v, "a", "pods/p/data"), &Cancel::never())
+        .unwrap();
+    let other = fake.disk(dir.path(), "fko", Some(FsType::Ext4));
+    std::fs::create_dir_all(root.join("pods/q/theirs")).unwrap();
+    fake.mount_behind(&other, &root.join("pods/q/theirs"));
+    fake.journal(&root);
+    let e = v
+        .unmount(&root.join("pods/q/theirs"), &Cancel::never())
+        .unwrap_err();
+    assert!(e.to_string().contains("/dev/fko"), "{e}");
+    assert!(!v
+        .unmount(&root.join("pods/q/nothing"), &Cancel::never())
+        .unwrap());
+    assert!(v
+        .unmount(&root.join("pods/p/data"), &Cancel::never())
+        .unwrap());
+    assert_eq!(fake.journal(&root), ["umount pods/p/data"]);
+    assert!(v.list()[0].bind_targets.is_empty());
+    let record = std::fs::read_to_string(root.join("state/a.vol")).unwrap();
+    assert!(!record.contains("\nbind="), "{record}");
+    assert_eq!(
+        fake.mounts(),
+        [root.join("volumes/a"), root.join("pods/q/theirs")]
+    );
+}
+
+/// A bind whose record cannot be written is taken down again, and the
+/// nodes it made removed; binds per volume are bounded.
+#[test]
+fn a_bind_that_cannot_be_recorded_is_undone_and_binds_are_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake) = fake_table(dir.path());
+    let root = v.root().to_path_buf();
+    let d = fake.disk(dir.path(), "fka", Some(FsType::Ext4));
+    v.publish(&request("a", &d, false, false), &Cancel::never())
+        .unwrap();
+    let tmp = root.join("state/a.vol.tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    fake.journal(&root);
+    let req = bind_request(&v, "a", "pods/p/data");
+    assert!(v.bind(&req, &Cancel::never()).is_err());
+    assert_eq!(
+        fake.journal(&root),
+        ["bind volumes/a pods/p/data", "umount pods/p/data"]
+    );
+    assert!(!root.join("pods").exists());
+    std::fs::remove_dir(&tmp).unwrap();
+    v.limit_binds(2);
+    v.bind(&req, &Cancel::never()).unwrap();
+    v.bind(&bind_request(&v, "a", "pods/p/two"), &Cancel::never())
+        .unwrap();
+    let e = v
+        .bind(&bind_request(&v, "a", "pods/p/three"), &Cancel::never())
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    assert!(!root.join("pods/p/three").exists());
 }

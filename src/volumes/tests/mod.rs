@@ -4,5 +4,9 @@
 //! imports, so that no test closes an import circle through it.
 
 mod bind;
+mod block;
+mod freeze;
 mod publish;
+mod recover;
 pub(crate) mod testkit;
+mod unpublish;

@@ -1,14 +1,17 @@
-//! What the table's tests share: a table on a fresh root, a loop disk
-//! published on it, and a fake sysfs whose partitions overlap.
+//! What the table's tests share: a table on a fresh root (on the real
+//! kernel, or on the fake one), a loop disk published on it, requests, and
+//! a fake sysfs whose partitions overlap.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::cancel::Cancel;
 use crate::model::testdisk::AgentDevice;
-use crate::model::{FsType, VolumeMode};
+use crate::model::{Device, FsType, RecursiveReadOnly, VolumeMode};
 use crate::sys::sysfs::Sysfs;
-use crate::volumes::request::{Options, PublishRequest, Source, Spec};
+use crate::volumes::fake::Fake;
+use crate::volumes::kernel::Kernel;
+use crate::volumes::request::{BindRequest, Options, PublishRequest, Source, Spec};
 use crate::volumes::table::Volumes;
 
 pub(crate) fn table(root: &Path) -> std::sync::Arc<Volumes> {
@@ -60,4 +63,57 @@ pub(crate) fn fake_partitions(
         .unwrap();
     }
     sysfs
+}
+
+/// A table on a fresh root in `dir`, on a fake kernel, and that kernel.
+pub(crate) fn fake_table(dir: &Path) -> (std::sync::Arc<Volumes<Fake>>, Fake) {
+    let fake = Fake::default();
+    (reopen(dir, &fake), fake)
+}
+
+/// The table on `dir`'s root opened again on `fake`, as after a restart:
+/// recovery runs against what the fake has mounted.
+pub(crate) fn reopen(dir: &Path, fake: &Fake) -> std::sync::Arc<Volumes<Fake>> {
+    let sysfs = Sysfs {
+        sys_block: dir.join("sys/block"),
+        dev_dir: dir.join("dev"),
+        dev_block: dir.join("sys/dev/block"),
+    };
+    Volumes::open_on(
+        fake.clone(),
+        &dir.join("root"),
+        sysfs,
+        crate::logging::discard(),
+    )
+    .unwrap()
+}
+
+/// A publish of `disk` (by its serial) as volume `id`: ext4, or a block
+/// volume; read-write unless `read_only`.
+pub(crate) fn request(id: &str, disk: &Device, block: bool, read_only: bool) -> PublishRequest {
+    PublishRequest {
+        spec: Spec {
+            volume_id: id.into(),
+            source: Source::Serial(disk.serial.clone().unwrap()),
+            mode: if block {
+                VolumeMode::Block
+            } else {
+                VolumeMode::Filesystem(FsType::Ext4)
+            },
+            options: Options::parse(Vec::new(), read_only).unwrap(),
+            fs_group: None,
+        },
+        timeout: Duration::from_millis(10),
+    }
+}
+
+/// A bind of all of volume `id` at `target` (beneath `v`'s root).
+pub(crate) fn bind_request<K: Kernel>(v: &Volumes<K>, id: &str, target: &str) -> BindRequest {
+    BindRequest {
+        volume_id: id.into(),
+        subpath: PathBuf::new(),
+        target: v.root().join(target),
+        read_only: false,
+        recursive_read_only: RecursiveReadOnly::Disabled,
+    }
 }
