@@ -362,6 +362,7 @@ pub(crate) struct FakeDisk;
 impl Kernel for Fake {
     type Hold = FakeHold;
     type Disk = FakeDisk;
+    type Fs = PathBuf;
 
     fn find_disk(
         &self,
@@ -664,15 +665,23 @@ impl Kernel for Fake {
         .thaw()?)
     }
 
-    fn trim(
+    fn open_fs(
         &self,
         at: BorrowedFd<'_>,
+        _path: &Path,
+    ) -> std::result::Result<PathBuf, quiesce::Error> {
+        Ok(path_of(at))
+    }
+
+    fn trim(
+        &self,
+        fs: &PathBuf,
         path: &Path,
         start: u64,
         len: u64,
         _min_len: u64,
     ) -> std::result::Result<u64, quiesce::Error> {
-        let what = format!("trim {} {start}+{len}", path_of(at).display());
+        let what = format!("trim {} {start}+{len}", fs.display());
         self.call(Call::Trim, &what)
             .map_err(|e| SysError::new("FITRIM", path.display(), e))?;
         self.note(what);

@@ -46,6 +46,8 @@ pub trait Kernel: Send + Sync + 'static {
     type Hold: Thaw;
     /// A block device opened for its ioctls.
     type Disk;
+    /// A mounted filesystem's root, opened for its ioctls.
+    type Fs;
 
     /// The disk `source` names: by serial, waited for up to `timeout`
     /// (device.rs), or by its node.
@@ -110,11 +112,16 @@ pub trait Kernel: Send + Sync + 'static {
     fn freeze(&self, at: BorrowedFd<'_>, path: &Path) -> Result<Self::Hold>;
     /// FITHAW on the mount root `at` names; false when it was not frozen.
     fn thaw(&self, at: BorrowedFd<'_>, path: &Path) -> Result<bool>;
-    /// FITRIM of `len` bytes from `start` of the filesystem whose root `at`
-    /// names; the bytes it discarded.
-    fn trim(
+    /// The filesystem whose mount root `at` names, opened for FITRIM.
+    fn open_fs(
         &self,
         at: BorrowedFd<'_>,
+        path: &Path,
+    ) -> std::result::Result<Self::Fs, quiesce::Error>;
+    /// FITRIM of `len` bytes from `start` of `fs`; the bytes it discarded.
+    fn trim(
+        &self,
+        fs: &Self::Fs,
         path: &Path,
         start: u64,
         len: u64,
@@ -166,6 +173,7 @@ impl Thaw for Hold {
 impl Kernel for Linux {
     type Hold = Hold;
     type Disk = File;
+    type Fs = File;
 
     fn find_disk(
         &self,
@@ -259,16 +267,23 @@ impl Kernel for Linux {
         Ok(quiesce::thaw(&dir, path)?)
     }
 
-    fn trim(
+    fn open_fs(
         &self,
         at: BorrowedFd<'_>,
+        path: &Path,
+    ) -> std::result::Result<File, quiesce::Error> {
+        quiesce::open(at, path)
+    }
+
+    fn trim(
+        &self,
+        fs: &File,
         path: &Path,
         start: u64,
         len: u64,
         min_len: u64,
     ) -> std::result::Result<u64, quiesce::Error> {
-        let dir = quiesce::open(at, path)?;
-        quiesce::trim(&dir, path, start, len, min_len)
+        quiesce::trim(fs, path, start, len, min_len)
     }
 
     fn open_node(&self, dev: &Device) -> std::result::Result<OwnedFd, blockdev::Error> {

@@ -47,16 +47,11 @@ use crate::ownership::walk::Report;
 use crate::sys::mountinfo::shown;
 use crate::sys::sysfs::Sysfs;
 
-/// What a publish answers once the volume's lock is let go: at once, or
-/// when the volume's fsGroup walk ends (walking/), waited for without
-/// holding the lock, so that a list, a stats or an unpublish is served
-/// meanwhile. `Walk`: a walk is to start on the mount's fd (the table
-/// starts it, since the walk's thread outlives the call), then waited for.
-pub(crate) enum Next {
-    Now(Published),
-    Wait(Arc<WalkJob>, Published),
-    Walk(OwnedFd, Published),
-}
+/// What a publish answers once the volume's lock is let go, and the
+/// volume's fsGroup walk (walking/) to wait for first, if one runs: it is
+/// waited for without holding the lock, so that a list, a stats or an
+/// unpublish is served meanwhile.
+pub(crate) type Answer = (Option<Arc<WalkJob>>, Published);
 
 /// What a publish's prepare step found, for its attach step: the
 /// filesystem the disk holds, or a block volume's device opened.
@@ -79,15 +74,18 @@ impl<K: Kernel> Publisher<'_, K> {
     /// Publishes `req` into volume slot `slot`, held by the caller: the same
     /// request again (`again`), or a new volume on a disk claimed for the
     /// whole publish, so that a concurrent publish of the same disk, or of
-    /// one sharing its sectors, is refused.
+    /// one sharing its sectors, is refused. A walk to run is started with
+    /// `walk` (the table's, since the walk's thread outlives the call) once
+    /// the volume is in its slot, from the mount's own fd.
     pub(crate) fn run(
         &self,
         slot: &mut Option<Volume>,
         req: &PublishRequest,
         cancel: &Cancel,
-    ) -> Result<Next> {
+        walk: impl FnOnce(&mut Volume, OwnedFd) -> Result<Arc<WalkJob>>,
+    ) -> Result<Answer> {
         if let Some(vol) = slot.as_mut() {
-            return self.again(vol, req);
+            return self.again(vol, req, walk);
         }
         let kernel = self.mounts.kernel;
         let device = kernel.find_disk(self.sysfs, &req.spec.source, req.timeout, cancel)?;
@@ -106,10 +104,10 @@ impl<K: Kernel> Publisher<'_, K> {
                 ..Default::default()
             }),
         };
-        *slot = Some(vol);
+        let vol = slot.insert(vol);
         Ok(match fd {
-            Some(fd) => Next::Walk(fd, out),
-            None => Next::Now(out),
+            Some(fd) => (Some(walk(vol, fd)?), out),
+            None => (None, out),
         })
     }
 
@@ -119,7 +117,12 @@ impl<K: Kernel> Publisher<'_, K> {
     /// whose walk did not finish (taken back from a run that stopped
     /// mid-walk, or whose walk failed and could not be taken down) gets a
     /// walk that finishes it.
-    fn again(&self, vol: &mut Volume, req: &PublishRequest) -> Result<Next> {
+    fn again(
+        &self,
+        vol: &mut Volume,
+        req: &PublishRequest,
+        walk: impl FnOnce(&mut Volume, OwnedFd) -> Result<Arc<WalkJob>>,
+    ) -> Result<Answer> {
         if let Some(differs) = vol.differs_from(&req.spec) {
             return Err(Error::Conflict {
                 id: req.spec.volume_id.clone(),
@@ -135,12 +138,12 @@ impl<K: Kernel> Publisher<'_, K> {
             ownership: None,
         };
         if vol.phase.complete() {
-            return Ok(Next::Now(out));
+            return Ok((None, out));
         }
         if let Some(job) = vol.phase.running() {
-            return Ok(Next::Wait(Arc::clone(job), out));
+            return Ok((Some(Arc::clone(job)), out));
         }
-        Ok(Next::Walk(fd, out))
+        Ok((Some(walk(vol, fd)?), out))
     }
 
     /// A new volume on `device` (claimed by the caller): the steps of the

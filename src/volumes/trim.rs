@@ -63,6 +63,7 @@ pub(crate) fn trim<K: Kernel>(
     }
     let at = mounts.open_mount(vol)?;
     let total = grow::fs_size_bytes(at.as_fd(), &vol.guest_path, &vol.device, fs)?;
+    let fs = mounts.kernel.open_fs(at.as_fd(), &vol.guest_path)?;
     let start = Instant::now();
     let (mut done, mut trimmed) = (0u64, 0u64);
     while done < total {
@@ -81,7 +82,7 @@ pub(crate) fn trim<K: Kernel>(
         let len = RANGE_BYTES.min(total - done);
         let discarded = mounts
             .kernel
-            .trim(at.as_fd(), &vol.guest_path, done, len, min_extent)?;
+            .trim(&fs, &vol.guest_path, done, len, min_extent)?;
         trimmed = trimmed.saturating_add(discarded);
         done += len;
     }

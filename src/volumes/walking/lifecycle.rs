@@ -27,8 +27,15 @@ const LOG_EVERY_MS: u64 = 10_000;
 /// What the table does once a walk returned and let go of the mount: takes
 /// the volume's lock (giving up when the cancellation fires) and finishes
 /// the publish with what the walk returned, answering the job's outcome.
-pub(crate) type Finish =
-    Box<dyn FnOnce(&str, &Arc<WalkJob>, Result<Option<Report>>, &Cancel) -> Outcome + Send>;
+pub(crate) trait Finish:
+    FnOnce(&str, &Arc<WalkJob>, Result<Option<Report>>, &Cancel) -> Outcome + Send + 'static
+{
+}
+
+impl<F> Finish for F where
+    F: FnOnce(&str, &Arc<WalkJob>, Result<Option<Report>>, &Cancel) -> Outcome + Send + 'static
+{
+}
 
 /// Starts the fsGroup walk of `vol` (mounted and recorded, not complete)
 /// on a thread of its own, holding `fd` (the mount's root) until it ends;
@@ -38,7 +45,7 @@ pub(crate) fn start(
     fd: OwnedFd,
     shutdown: Token,
     log: Logger,
-    finish: Finish,
+    finish: impl Finish,
 ) -> Result<Arc<WalkJob>> {
     let job = Arc::new(WalkJob::new());
     let (walking, j) = (vol.clone(), Arc::clone(&job));
@@ -73,7 +80,7 @@ fn run(
     job: &Arc<WalkJob>,
     shutdown: &Token,
     log: &Logger,
-    finish: Finish,
+    finish: impl Finish,
 ) {
     let cancel = job.cancel(shutdown);
     let walked = walk(vol, &fd, &cancel, job, log);
