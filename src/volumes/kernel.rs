@@ -11,7 +11,10 @@
 //! `quiesce`, `probe/`, `device`) and leaves (`sys::blockdev`,
 //! `sys::mountinfo`, `sys::beneath`); [`Linux`] only calls them. What the
 //! table reads or makes beneath its root with openat2 (directories, files)
-//! is not here: that works without root, on a temporary directory.
+//! is not here: that works without root, on a temporary directory. Nor
+//! are a volume's usage, condition and growth (`stats`, `grow`, a device's
+//! size as it grows): those capabilities gather what they judge themselves,
+//! and their logic has its own seam (`stats::judge`).
 
 use std::ffi::CStr;
 use std::fs::File;
