@@ -13,9 +13,10 @@
 //!                 built only with the `fuzz` feature, for fuzz/)
 //! 3 wire          server/ (proto ↔ domain, error → status, the quick-method rule)
 //!                 rpc/ (the bounded ttrpc transport: knows no agent type)
-//! 2 table         volumes/ (the table, its locks and side maps, publish as steps
-//!                 with one undo list, the walk a volume owns, binds, block
-//!                 volumes, state, recovery)
+//! 2 table         volumes/ (the façade over rooms that own their state, the
+//!                 operations that borrow them, publish as steps with one undo
+//!                 list, the walk a volume owns, binds, block volumes, state,
+//!                 recovery; the Kernel trait under it all)
 //!                 error.rs (joins the capabilities' errors)
 //! 1 capabilities  device · probe/ · mount/ · ownership/ · stats · grow
 //!                 each owns its syscalls and its error, and says its code

@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use super::index::lock;
+use super::held::lock;
 use crate::code::Code;
 
 /// Failures kept: ids a caller can make the agent remember.

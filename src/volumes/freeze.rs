@@ -3,21 +3,19 @@
 //! turn. A freeze is a lease (lease/): recorded before anything is frozen,
 //! ended only by its id, its timer, an unpublish, the agent stopping or a
 //! forced thaw. This file is the table's side of it: which volumes can be
-//! frozen, and the kernel's FIFREEZE on each volume's own mount.
+//! frozen, the kernel's FIFREEZE on each volume's own mount, and a thaw.
 
 use std::os::fd::AsFd;
-use std::time::Duration;
 
-use slog::info;
+use slog::{info, Logger};
 
 use super::error::Error;
-use super::lease::{Error as LeaseError, Hold, How};
-use super::table::Volumes;
+use super::kernel::Kernel;
+use super::lease::{Error as LeaseError, Freezer, How, Thaw as Held};
+use super::mounts::Mounts;
 use super::volume::Volume;
-use crate::cancel::Cancel;
 use crate::error::Result;
 use crate::model::VolumeMode;
-use crate::quiesce;
 
 pub use super::lease::Frozen;
 
@@ -30,120 +28,163 @@ pub enum Thaw {
     Force(Vec<String>),
 }
 
-impl Volumes {
-    /// Freezes the filesystems of `ids` (distinct, validated), all or none,
-    /// until its id thaws them or `timeout` passes. `asked`: the caller's
-    /// own id for it, which answers a retry of the same call again.
-    pub fn freeze(
-        &self,
-        ids: &[String],
-        timeout: Duration,
-        asked: Option<&str>,
-        cancel: &Cancel,
-    ) -> Result<Frozen> {
-        self.accepting()?;
-        let cancel = &self.stop_with(cancel);
-        let frozen = self.freezer().freeze(
-            asked,
-            ids,
-            timeout,
-            |id, vol| self.with_volume(vol, cancel, |v| self.freeze_one(v, id)),
-            // A caller gone before the answer would hold an id it never heard.
-            || Ok(cancel.check(|| format!("freezing {}", ids.join(", ")))?),
-        )?;
-        info!(self.log(), "volumes frozen"; "freeze" => &frozen.freeze_id, "volumes" => ids.join(" "),
-              "timeout_ms" => u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
-        Ok(frozen)
-    }
-
-    /// Freezes one volume for lease `id`, under its lock: refused for a
-    /// block volume, one not completely published, one frozen already.
-    fn freeze_one(&self, vol: &mut Volume, id: &str) -> Result<()> {
-        if vol.mode() == VolumeMode::Block {
-            return Err(Error::NoFilesystem {
-                id: vol.id().to_string(),
-                what: "frozen",
-            }
-            .into());
+/// Freezes `vol` (held under its lock) for lease `lease`: refused for a
+/// block volume, one not completely published, one frozen already.
+pub(crate) fn freeze_one<K: Kernel>(
+    vol: &Volume,
+    lease: &str,
+    mounts: Mounts<'_, K>,
+    leases: &Freezer<K::Hold>,
+) -> Result<()> {
+    if vol.mode() == VolumeMode::Block {
+        return Err(Error::NoFilesystem {
+            id: vol.id().to_string(),
+            what: "frozen",
         }
-        vol.not_publishing()?;
-        if !vol.complete {
-            return Err(Error::StillPublishing {
-                id: vol.id().to_string(),
-                visited: 0,
-            }
-            .into());
-        }
-        let at = self.open_mount(vol)?;
-        let dir = quiesce::open(at.as_fd(), &vol.guest_path)?;
-        let path = vol.guest_path.clone();
-        self.freezer().freeze_part(id, vol.id(), || {
-            quiesce::freeze(&dir, &path)?;
-            Ok(Hold::new(dir, path))
-        })
+        .into());
     }
-
-    /// Refuses what writes to a frozen volume (expand, a bind, a walk, a
-    /// trim), naming the freeze.
-    pub(crate) fn not_frozen(&self, id: &str) -> Result<()> {
-        match self.freezer().holding(id) {
-            Some(h) => Err(LeaseError::Frozen {
-                id: id.to_string(),
-                freeze: h.freeze,
-                seconds_left: h.left.as_secs(),
-            }
-            .into()),
-            None => Ok(()),
+    vol.not_publishing()?;
+    if !vol.phase.complete() {
+        return Err(Error::StillPublishing {
+            id: vol.id().to_string(),
+            visited: 0,
         }
+        .into());
     }
+    let at = mounts.open_mount(vol)?;
+    leases.freeze_part(lease, vol.id(), || {
+        mounts.kernel.freeze(at.as_fd(), &vol.guest_path)
+    })
+}
 
-    /// Ends a freeze (ThawVolumes); answers the volumes it thawed. A forced
-    /// thaw thaws every volume it can, then reports the ones not published.
-    pub fn thaw(&self, what: &Thaw) -> Result<Vec<String>> {
-        match what {
-            Thaw::Freeze(id) => {
-                let thawed = self.freezer().thaw(id);
-                info!(self.log(), "freeze thawed by its id"; "freeze" => id,
-                      "thawed" => thawed.as_ref().map_or_else(|e| e.to_string(), |t| t.join(" ")));
-                thawed
+/// Refuses what writes to a frozen volume (expand, a bind, a walk, a
+/// trim), naming the freeze.
+pub(crate) fn not_frozen<H: Held>(leases: &Freezer<H>, id: &str) -> Result<()> {
+    match leases.holding(id) {
+        Some(h) => Err(LeaseError::Frozen {
+            id: id.to_string(),
+            freeze: h.freeze,
+            seconds_left: h.left.as_secs(),
+        }
+        .into()),
+        None => Ok(()),
+    }
+}
+
+/// Ends a freeze (ThawVolumes); answers the volumes it thawed. A forced
+/// thaw thaws every volume it can, then reports the ones not `published`.
+pub(crate) fn thaw<H: Held>(
+    leases: &Freezer<H>,
+    log: &Logger,
+    what: &Thaw,
+    published: impl Fn(&str) -> bool,
+) -> Result<Vec<String>> {
+    match what {
+        Thaw::Freeze(id) => {
+            let thawed = leases.thaw(id);
+            info!(log, "freeze thawed by its id"; "freeze" => id,
+                  "thawed" => thawed.as_ref().map_or_else(|e| e.to_string(), |t| t.join(" ")));
+            thawed
+        }
+        Thaw::Force(ids) => {
+            let thawed = leases.end_volumes(ids, How::Forced);
+            info!(log, "forced thaw"; "volumes" => ids.join(" "), "thawed" => thawed.join(" "));
+            let missing: Vec<&str> = ids
+                .iter()
+                .filter(|id| !published(id))
+                .map(String::as_str)
+                .collect();
+            if missing.is_empty() {
+                return Ok(thawed);
             }
-            Thaw::Force(ids) => {
-                let thawed = self.freezer().end_volumes(ids, How::Forced);
-                info!(self.log(), "forced thaw"; "volumes" => ids.join(" "), "thawed" => thawed.join(" "));
-                let missing: Vec<&str> = ids
-                    .iter()
-                    .filter(|id| self.existing_slot(id).is_none())
-                    .map(String::as_str)
-                    .collect();
-                if missing.is_empty() {
-                    return Ok(thawed);
-                }
-                let missing = match missing.as_slice() {
-                    [one] => format!("volume {one} is"),
-                    many => format!("volumes {} are", many.join(", ")),
-                };
-                let thawed = if thawed.is_empty() {
-                    "none".to_string()
-                } else {
-                    thawed.join(", ")
-                };
-                Err(LeaseError::Missing { missing, thawed }.into())
-            }
+            let missing = match missing.as_slice() {
+                [one] => format!("volume {one} is"),
+                many => format!("volumes {} are", many.join(", ")),
+            };
+            let thawed = if thawed.is_empty() {
+                "none".to_string()
+            } else {
+                thawed.join(", ")
+            };
+            Err(LeaseError::Missing { missing, thawed }.into())
         }
     }
+}
 
-    /// Ends every freeze (the agent exits leaving its volumes mounted);
-    /// answers how many volumes were frozen.
-    pub fn thaw_all(&self) -> usize {
-        self.freezer().end_all(How::Stopped)
-    }
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
 
-    /// Ends every freeze and stops the freeze timer for good, before the
-    /// table lets go of its root: no timer of this table can act on a
-    /// volume another table on the same root froze later.
-    pub fn close_freezes(&self) -> usize {
-        let n = self.thaw_all();
-        self.freezer().close();
-        n
+    use super::*;
+    use crate::code::Code;
+    use crate::model::{FsType, MountId};
+    use crate::sys::beneath::Root;
+    use crate::volumes::fake::Fake;
+    use crate::volumes::lease::Ledger;
+    use crate::volumes::phase::Phase;
+    use crate::volumes::volume::tests::sample;
+
+    /// What one volume's freeze refuses (a block volume, a publish not
+    /// finished, a mount that is not the volume's), and that a volume
+    /// frozen by one lease is refused to another, naming it.
+    #[test]
+    fn a_volume_is_frozen_only_when_it_is_a_finished_filesystem_on_its_own_mount() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::open(dir.path()).unwrap();
+        let fake = Fake::default();
+        let log = crate::logging::discard();
+        let leases = Freezer::open(Ledger::open(&root).unwrap(), log.clone(), |_| Ok(false));
+        let mounts = Mounts {
+            root: &root,
+            kernel: &fake,
+        };
+        let disk = fake.disk(dir.path(), "fka", Some(FsType::Ext4));
+        std::fs::create_dir_all(root.path().join("volumes/vol-1")).unwrap();
+        let id = fake.mount_behind(&disk, &root.path().join("volumes/vol-1"));
+        let mut vol = sample();
+        vol.device = disk;
+        vol.guest_path = root.path().join("volumes/vol-1");
+        vol.phase = Phase::Published(Some(id));
+        let freeze = |vol: &Volume, lease: &str| {
+            let ids = [vol.id().to_string()];
+            leases.freeze(
+                Some(lease),
+                &ids,
+                Duration::from_secs(60),
+                |l, _| freeze_one(vol, l, mounts, &leases),
+                || Ok(()),
+            )
+        };
+        let code = |r: Result<Frozen>| r.map(|_| ()).map_err(|e| e.code());
+        let mut block = vol.clone();
+        block.spec.mode = VolumeMode::Block;
+        assert_eq!(
+            code(freeze(&block, "f-block")),
+            Err(Code::FailedPrecondition)
+        );
+        let mut unfinished = vol.clone();
+        unfinished.phase = Phase::Mounted(id);
+        assert_eq!(
+            code(freeze(&unfinished, "f-half")),
+            Err(Code::FailedPrecondition)
+        );
+        let mut moved = vol.clone();
+        moved.phase = Phase::Published(Some(MountId(1)));
+        assert_eq!(
+            code(freeze(&moved, "f-moved")),
+            Err(Code::FailedPrecondition)
+        );
+        assert!(!fake.frozen(&vol.guest_path));
+        freeze(&vol, "f-1").unwrap();
+        assert!(fake.frozen(&vol.guest_path));
+        let e = freeze(&vol, "f-2").unwrap_err();
+        assert!(e.to_string().contains("f-1"), "{e}");
+        assert_eq!(
+            thaw(&leases, &log, &Thaw::Freeze("f-1".into()), |_| true).unwrap(),
+            ["vol-1"]
+        );
+        assert!(!fake.frozen(&vol.guest_path));
+        let e = not_frozen(&leases, "vol-1");
+        assert!(e.is_ok());
     }
 }

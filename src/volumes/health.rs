@@ -4,10 +4,10 @@
 //! INACCESSIBLE with that failure; an id never seen is NOT_FOUND.
 
 use super::error::Error;
-use super::table::Volumes;
-use crate::cancel::Cancel;
+use super::failures::Failures;
 use crate::error::Result;
 use crate::stats::problem::Health;
+use crate::stats::{Condition, Measured};
 
 /// One thing wrong with a volume, as CSI says it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -20,37 +20,36 @@ pub struct Said {
     pub message: String,
 }
 
-impl Volumes {
-    /// The health of volume `id`.
-    pub fn health(&self, id: &str, cancel: &Cancel) -> Result<Vec<Said>> {
-        if self.existing_slot(id).is_none() {
-            return match self.failures().of(id) {
-                Some(f) => Ok(vec![Said {
-                    status: Health::Inaccessible,
-                    reason: "PublishFailed",
-                    message: f.message,
-                }]),
-                None => Err(Error::NotPublished(id.to_string()).into()),
-            };
-        }
-        let (_, condition) = match self.stats(id, cancel) {
-            // Its fsGroup walk still runs: nothing is wrong yet.
-            Err(crate::error::Error::Volume(Error::StillPublishing { .. })) => {
-                return Ok(Vec::new())
-            }
-            r => r?,
-        };
-        Ok(condition
-            .problems
-            .iter()
-            .map(|p| {
-                let (status, reason) = p.health();
-                Said {
-                    status,
-                    reason,
-                    message: p.to_string(),
-                }
-            })
-            .collect())
+/// The health of a volume that is not published: its publish's last
+/// failure (INACCESSIBLE), or NOT_FOUND for an id never seen.
+pub(crate) fn unpublished(failures: &Failures, id: &str) -> Result<Vec<Said>> {
+    match failures.of(id) {
+        Some(f) => Ok(vec![Said {
+            status: Health::Inaccessible,
+            reason: "PublishFailed",
+            message: f.message,
+        }]),
+        None => Err(Error::NotPublished(id.to_string()).into()),
     }
+}
+
+/// The health of a published volume, from its stats' condition.
+pub(crate) fn published(stats: Result<(Option<Measured>, Condition)>) -> Result<Vec<Said>> {
+    let (_, condition) = match stats {
+        // Its fsGroup walk still runs: nothing is wrong yet.
+        Err(crate::error::Error::Volume(Error::StillPublishing { .. })) => return Ok(Vec::new()),
+        r => r?,
+    };
+    Ok(condition
+        .problems
+        .iter()
+        .map(|p| {
+            let (status, reason) = p.health();
+            Said {
+                status,
+                reason,
+                message: p.to_string(),
+            }
+        })
+        .collect())
 }

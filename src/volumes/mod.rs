@@ -12,39 +12,60 @@
 //! mount it made (`recover`): it takes back what it can and takes down what
 //! it cannot.
 //!
-//! One idea a file:
+//! The table is rooms that own their state, and operations that borrow
+//! the rooms they need, named in their fields; `Volumes` (`table`) is the
+//! façade that owns the rooms, takes a volume's slot and wires each
+//! operation. Everything the table asks of the kernel goes through one
+//! trait, `Kernel`: the agent runs on `Linux`, the table's tests on a fake.
 //!
-//! - `table`: the table itself and the lock order;
+//! The rooms:
+//!
 //! - `slots`: one slot per volume, its lock taken in turn;
-//! - `index`: the side maps (device claims, bind targets, the list), kept in
-//!   step with the volumes there alone;
-//! - `publish`: the one publish, filesystem and block alike, as a table of
-//!   steps with one undo list; `steps`: the guest node it makes and the one
-//!   check of "is this our mount" every operation makes;
+//! - `state`: the records; `claims`: the devices (and sectors) volumes
+//!   hold; `targets`: the bind targets, and how many binds a volume may
+//!   have; `listing`: what ListVolumes answers; `lease/`: the freezes, each
+//!   a lease; `failures`: the bounded record of failed publishes; `stop`:
+//!   Shutdown's flag and token. `held` is what claims and targets share (a
+//!   key held for an operation in flight).
+//!
+//! The operations:
+//!
+//! - `publish` (`Publisher`): the one publish, filesystem and block alike,
+//!   as a table of steps with one undo list (`rollback`);
+//! - `unpublish` (`Unpublisher`), which takes a volume's mounts down
+//!   through `takedown`, as the end of a failed walk does;
+//! - `bind` (`Binder`): binds and unmounts; `query` (`Query`): stats,
+//!   expand, the list; `freeze` and `trim`: freezing for a snapshot through
+//!   the leases, and free space given back; `health`: CSI's volume health;
 //! - `block`: what only a block volume does (its prepare and attach steps,
-//!   its stats, expand and take-down);
-//! - `bind`, `unpublish`, `query`: the other operations;
-//! - `freeze` and `lease/`: freezing for a snapshot, and the room that
-//!   holds each freeze as a lease (its id, its record, its timer); `trim`: free
-//!   space given back; `health`: CSI's volume health, from the condition's
-//!   problems, and `failures`: the bounded record of failed publishes it
-//!   answers for;
-//! - `rollback`: the one undo list a publish or a bind keeps;
+//!   its release, stats and expand);
+//! - `mounts`: the guest node a publish makes and the one check of "is this
+//!   our mount" every operation makes;
 //! - `walking/`: a publish's fsGroup walk, owned by the volume, not the
-//!   call: the job (`job`) and its whole lifecycle (`lifecycle`);
-//! - `volume`, `request`, `error`: what a volume is (the request's `Spec`,
-//!   then what the agent found and did), what is asked and answered, what
-//!   the table refuses;
-//! - `state`, `recover`: the records, and a restart.
+//!   call: the job (`job`) and its lifecycle (`lifecycle`), finished by the
+//!   table under the volume's slot;
+//! - `recover`: a restart.
+//!
+//! And what they share: `volume` and `phase` (what a volume is, and how far
+//! its publish got), `request` (what is asked and answered), `error` (what
+//! the table refuses), `kernel` (the seam; `fake` is the tests' kernel,
+//! and `tests/` the table's tests through its façade).
 
 pub mod bind;
 pub mod block;
+pub(crate) mod claims;
 pub mod error;
 pub(crate) mod failures;
+#[cfg(test)]
+pub(crate) mod fake;
 pub mod freeze;
 pub mod health;
-pub mod index;
+pub(crate) mod held;
+pub mod kernel;
 pub mod lease;
+pub(crate) mod listing;
+pub(crate) mod mounts;
+pub(crate) mod phase;
 pub mod publish;
 pub mod query;
 pub mod recover;
@@ -52,10 +73,12 @@ pub mod request;
 pub mod rollback;
 pub(crate) mod slots;
 pub mod state;
-pub mod steps;
+pub(crate) mod stop;
 pub mod table;
+pub(crate) mod takedown;
+pub(crate) mod targets;
 #[cfg(test)]
-mod testkit;
+mod tests;
 pub mod trim;
 pub mod unpublish;
 pub mod volume;

@@ -1,7 +1,7 @@
 //! Publishing a volume (semantics.md §1): idempotent for the same request,
 //! refused for another; a new one as explicit steps with one undo list.
 //!
-//! A new volume, step by step (`publish_new`), and what undoes each if a
+//! A new volume, step by step (`Publisher::new_volume`), and what undoes each if a
 //! later step fails (`Rollback`, last first). A filesystem and a block
 //! volume (`block`) take the same steps; they differ only where the table
 //! says:
@@ -17,7 +17,7 @@
 //! | check the mount is the volume's own (`own_mount`) | | | if not: nothing is undone, recovery takes it down |
 //! | record the mount's id | | | unmounting it by that id |
 //! | — from here on the volume is published, and the call may go — | | | |
-//! | walk fsGroup, on a thread of the volume's (`walking`) | if asked and writable | never | Unpublish (what a walk changed stays: a chown cannot be undone safely) |
+//! | walk fsGroup, on a thread of the volume's (`walking/`, started by the table) | if asked and writable | never | Unpublish (what a walk changed stays: a chown cannot be undone safely) |
 //! | record the volume complete | | | Unpublish |
 //!
 //! The caller waits for the walk within its own deadline; when the deadline
@@ -25,113 +25,75 @@
 //! and the walk goes on; the same publish again waits for the same walk.
 //! Nothing of a block volume's publish reads or writes the disk.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
-use slog::info;
+use slog::{info, Logger};
 
 use super::block;
+use super::claims::Claims;
 use super::error::Error;
-use super::failures::Failure;
-use super::request::{PublishRequest, Published, Source, Spec};
+use super::kernel::Kernel;
+use super::mounts::Mounts;
+use super::request::{PublishRequest, Published, Spec};
 use super::rollback::{Rollback, Undo};
-use super::table::Volumes;
+use super::state::Store;
 use super::volume::{guest_rel, Volume};
-use super::walking::{Outcome, WalkJob};
+use super::walking::WalkJob;
 use crate::cancel::Cancel;
-use crate::device;
 use crate::error::Result;
 use crate::model::{Device, Extent, FsType, VolumeMode};
-use crate::mount::filesystem::mount_filesystem;
 use crate::ownership::walk::Report;
-use crate::probe::judge;
-use crate::sys::mountinfo::{self, shown};
+use crate::sys::mountinfo::shown;
+use crate::sys::sysfs::Sysfs;
 
-/// What a publish answers once the volume's lock is let go: at once, or
-/// when the volume's fsGroup walk ends (walking.rs), waited for without
-/// holding the lock, so that a list, a stats or an unpublish is served
-/// meanwhile.
-enum Answer {
-    Now(Published),
-    Wait(Arc<WalkJob>, Published),
-}
+/// What a publish answers once the volume's lock is let go, and the
+/// volume's fsGroup walk (walking/) to wait for first, if one runs: it is
+/// waited for without holding the lock, so that a list, a stats or an
+/// unpublish is served meanwhile.
+pub(crate) type Answer = (Option<Arc<WalkJob>>, Published);
 
 /// What a publish's prepare step found, for its attach step: the
 /// filesystem the disk holds, or a block volume's device opened.
-enum Prepared {
+enum Prepared<D> {
     Filesystem(FsType),
-    Block(block::Opened),
+    Block(block::Opened<D>),
 }
 
-impl Volumes {
-    /// Publishes a volume (semantics.md §1): idempotent for the same
-    /// request, refused for another. A publish whose fsGroup walk outlives
-    /// the caller's deadline answers DEADLINE_EXCEEDED (CANCELLED when the
-    /// caller went away) while the walk goes on; the same publish again
-    /// waits for that walk (semantics.md §4.1).
-    pub fn publish(&self, req: &PublishRequest, cancel: &Cancel) -> Result<Published> {
-        self.accepting()?;
-        let cancel = &self.stop_with(cancel);
-        let result = {
-            let slot = self.slot(&req.spec.volume_id);
-            let locked = slot.lock(&req.spec.volume_id, cancel);
-            locked.and_then(|mut guard| {
-                // Checked again now that the slot exists: a Shutdown that
-                // listed the slots before this one was made set the flag
-                // first, so no publish can slip past it.
-                self.accepting()?;
-                self.publish_locked(&mut guard, req, cancel)
-            })
-        };
-        match &result {
-            Ok(_) => self.failures().forget(&req.spec.volume_id),
-            Err(e) => self.failures().note(
-                &req.spec.volume_id,
-                Failure {
-                    code: e.code(),
-                    message: e.to_string(),
-                },
-            ),
-        }
-        match result {
-            Ok(Answer::Now(out)) => Ok(out),
-            Ok(Answer::Wait(job, mut out)) => match job.wait(&req.spec.volume_id, cancel)? {
-                Outcome::Done(report) => {
-                    out.ownership = report;
-                    Ok(out)
-                }
-                Outcome::Failed { code, message } => {
-                    Err(Error::PublishFailed { code, message }.into())
-                }
-            },
-            Err(e) => {
-                // A publish that failed leaves no trace, not even an empty slot.
-                self.forget_slot(&req.spec.volume_id);
-                Err(e)
-            }
-        }
-    }
+/// The parts a publish works with: where it mounts, the records, the
+/// devices claimed, where disks are found.
+pub(crate) struct Publisher<'a, K> {
+    pub(crate) mounts: Mounts<'a, K>,
+    pub(crate) store: &'a Store,
+    pub(crate) claims: &'a Claims,
+    pub(crate) sysfs: &'a Sysfs,
+    pub(crate) log: &'a Logger,
+}
 
-    fn publish_locked(
+impl<K: Kernel> Publisher<'_, K> {
+    /// Publishes `req` into volume slot `slot`, held by the caller: the same
+    /// request again (`again`), or a new volume on a disk claimed for the
+    /// whole publish, so that a concurrent publish of the same disk, or of
+    /// one sharing its sectors, is refused. A walk to run is started with
+    /// `walk` (the table's, since the walk's thread outlives the call) once
+    /// the volume is in its slot, from the mount's own fd.
+    pub(crate) fn run(
         &self,
-        guard: &mut Option<Volume>,
+        slot: &mut Option<Volume>,
         req: &PublishRequest,
         cancel: &Cancel,
+        walk: impl FnOnce(&mut Volume, OwnedFd) -> Result<Arc<WalkJob>>,
     ) -> Result<Answer> {
-        if let Some(vol) = guard.as_mut() {
-            return self.publish_again(vol, req);
+        if let Some(vol) = slot.as_mut() {
+            return self.again(vol, req, walk);
         }
-        let device = match &req.spec.source {
-            Source::Serial(s) => device::find_by_serial(self.sysfs(), s, req.timeout, cancel)?,
-            Source::Path(p) => device::from_path(self.sysfs(), p)?,
-        };
-        // Claimed for the whole publish: a concurrent publish of the same
-        // disk, or of one sharing its sectors, is refused.
-        let extent = self.sysfs().extent((device.major, device.minor));
-        let claim = self.index().claim(&device, &req.spec.volume_id, extent)?;
+        let kernel = self.mounts.kernel;
+        let device = kernel.find_disk(self.sysfs, &req.spec.source, req.timeout, cancel)?;
+        let extent = self.sysfs.extent((device.major, device.minor));
+        let claim = self.claims.claim(&device, &req.spec.volume_id, extent)?;
         self.check_not_mounted(&device, &extent)?;
-        let vol = self.publish_new(&req.spec, device)?;
-        self.index().published(&vol, claim);
+        let (vol, fd) = self.new_volume(&req.spec, device)?;
+        claim.keep();
         let out = Published {
             guest_path: vol.guest_path.clone(),
             device: vol.device.path.clone(),
@@ -142,12 +104,11 @@ impl Volumes {
                 ..Default::default()
             }),
         };
-        let answer = match &vol.walk {
-            Some(job) => Answer::Wait(Arc::clone(job), out),
-            None => Answer::Now(out),
-        };
-        *guard = Some(vol);
-        Ok(answer)
+        let vol = slot.insert(vol);
+        Ok(match fd {
+            Some(fd) => (Some(walk(vol, fd)?), out),
+            None => (None, out),
+        })
     }
 
     /// The same request again: conflicts are refused, and the answer is
@@ -156,7 +117,12 @@ impl Volumes {
     /// whose walk did not finish (taken back from a run that stopped
     /// mid-walk, or whose walk failed and could not be taken down) gets a
     /// walk that finishes it.
-    fn publish_again(&self, vol: &mut Volume, req: &PublishRequest) -> Result<Answer> {
+    fn again(
+        &self,
+        vol: &mut Volume,
+        req: &PublishRequest,
+        walk: impl FnOnce(&mut Volume, OwnedFd) -> Result<Arc<WalkJob>>,
+    ) -> Result<Answer> {
         if let Some(differs) = vol.differs_from(&req.spec) {
             return Err(Error::Conflict {
                 id: req.spec.volume_id.clone(),
@@ -164,44 +130,55 @@ impl Volumes {
             }
             .into());
         }
-        let fd = self.open_mount(vol)?;
+        let fd = self.mounts.open_mount(vol)?;
         let out = Published {
             guest_path: vol.guest_path.clone(),
             device: vol.device.path.clone(),
-            already_published: vol.complete,
+            already_published: vol.phase.complete(),
             ownership: None,
         };
-        if vol.complete {
-            return Ok(Answer::Now(out));
+        if vol.phase.complete() {
+            return Ok((None, out));
         }
-        if let Some(job) = vol.walk.as_ref().filter(|j| !j.finished()) {
-            return Ok(Answer::Wait(Arc::clone(job), out));
+        if let Some(job) = vol.phase.running() {
+            return Ok((Some(Arc::clone(job)), out));
         }
-        let job = self.start_walk(vol, fd)?;
-        self.index().show(vol);
-        Ok(Answer::Wait(job, out))
+        Ok((Some(walk(vol, fd)?), out))
     }
 
     /// A new volume on `device` (claimed by the caller): the steps of the
     /// module doc, each followed by its undo. A filesystem and a block
     /// volume differ only in their guest node, their prepare step and
-    /// their attach step.
-    fn publish_new(&self, spec: &Spec, device: Device) -> Result<Volume> {
+    /// their attach step. With the volume comes its mount's fd when its
+    /// walk is still to run.
+    fn new_volume(&self, spec: &Spec, device: Device) -> Result<(Volume, Option<OwnedFd>)> {
         let rel = guest_rel(&spec.volume_id);
-        let mut undo = Rollback::new(self, "publish", &spec.volume_id, &device);
+        let kernel = self.mounts.kernel;
+        let mut undo = Rollback::new(
+            self.mounts,
+            self.store,
+            self.log,
+            "publish",
+            &spec.volume_id,
+            &device,
+        );
 
         // The guest path: a node of the agent's, not a mount point.
-        let node = self.guest_node(&rel, spec.mode, &mut undo)?;
+        let (created, node) = self.mounts.guest_node(&rel, spec.mode);
+        undo.push(Undo::Nodes(created));
+        let node = node?;
 
         // What the disk must hold, or the device's read-only flag.
         let prepared = match spec.mode {
             VolumeMode::Filesystem(fs) => {
-                judge::check(&device.path, fs)?;
+                kernel.check_filesystem(&device, fs)?;
                 Prepared::Filesystem(fs)
             }
-            VolumeMode::Block => {
-                Prepared::Block(block::prepare(&device, spec.options.read_only_flag())?)
-            }
+            VolumeMode::Block => Prepared::Block(block::prepare(
+                &device,
+                spec.options.read_only_flag(),
+                kernel,
+            )?),
         };
 
         // Recorded before anything is mounted or set: a crash from here on
@@ -211,31 +188,31 @@ impl Volumes {
         let mut vol = Volume::new(
             spec.clone(),
             device.clone(),
-            self.root_dir().join(&rel),
+            self.mounts.root.join(&rel),
             ro_set,
         );
-        self.store().save(&vol)?;
+        self.store.save(&vol)?;
         undo.push(Undo::Record);
 
         // Mounted (or bound) through the node's fd, so no rename or
         // symlink moves it.
         match prepared {
             Prepared::Filesystem(fs) => {
-                mount_filesystem(
+                kernel.mount_filesystem(
                     &device.path,
                     node.as_fd(),
                     &vol.guest_path,
-                    fs.name(),
+                    fs,
                     spec.options.mount(),
                 )?;
                 drop(node);
             }
-            Prepared::Block(b) => self.attach_block(b, &vol, node, &mut undo)?,
+            Prepared::Block(b) => block::attach(b, &vol, node, self.mounts, &mut undo)?,
         }
 
         // What is mounted at the guest path now must be the device just
         // mounted; if it is not, undoing could hit what is there instead.
-        let (fd, id) = match self.own_mount(&vol) {
+        let (fd, id) = match self.mounts.own_mount(&vol) {
             Ok(Some(found)) => found,
             other => {
                 undo.leave_to_recovery();
@@ -247,24 +224,21 @@ impl Volumes {
                 }));
             }
         };
-        vol.mount_id = Some(id);
+        vol.phase.mounted(id, vol.needs_walk());
         undo.push(Undo::Mount {
             rel,
             expect: vol.mount_identity(),
         });
-        vol.complete = !vol.needs_walk();
-        self.store().save(&vol)?;
+        self.store.save(&vol)?;
         undo.done();
-        info!(self.log(), "volume published"; "volume" => vol.id(), "device" => %device.path.display(),
+        info!(self.log, "volume published"; "volume" => vol.id(), "device" => %device.path.display(),
               "mode" => vol.mode().name(), "read_only" => vol.mounted_read_only(), "ro_set" => ro_set);
 
         // fsGroup: from here on the publish belongs to the volume. Its walk
         // runs on a thread of its own, from the mount's own fd; the one undo
-        // a failed walk has is Unpublish's (walking.rs).
-        if !vol.complete {
-            self.start_walk(&mut vol, fd)?;
-        }
-        Ok(vol)
+        // a failed walk has is Unpublish's (walking/).
+        let walk = (!vol.phase.complete()).then_some(fd);
+        Ok((vol, walk))
     }
 
     /// Refuses a device whose filesystem is mounted already, or one that
@@ -275,7 +249,7 @@ impl Volumes {
         let key = (device.major, device.minor);
         let mut extents: std::collections::HashMap<(u32, u32), Extent> =
             std::collections::HashMap::new();
-        for m in mountinfo::read()? {
+        for m in self.mounts.kernel.mountinfo()? {
             let dev = (m.major, m.minor);
             if dev == key {
                 return Err(Error::DeviceMounted {
@@ -288,9 +262,7 @@ impl Volumes {
             if dev.0 == 0 {
                 continue;
             }
-            let other = *extents
-                .entry(dev)
-                .or_insert_with(|| self.sysfs().extent(dev));
+            let other = *extents.entry(dev).or_insert_with(|| self.sysfs.extent(dev));
             if other.overlaps(extent) {
                 return Err(Error::DeviceOverlapsMount {
                     device: shown(&device.path),
@@ -305,97 +277,12 @@ impl Volumes {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use std::path::PathBuf;
-
-    use super::*;
-    use crate::code::Code;
-    use crate::model::RecursiveReadOnly;
-    use crate::volumes::request::BindRequest;
-    use crate::volumes::testkit::{fake_partitions, publish_loop, table};
-    use crate::volumes::volume::tests::sample;
-    use std::time::Duration;
-
-    #[test]
-    fn partitions_that_overlap_are_one_volume() {
-        if !crate::testutil::root_or_skip("partitions_that_overlap_are_one_volume") {
-            return;
-        }
-        let (a, b, c) = (
-            crate::testutil::LoopDisk::new(32, Some("ext4")),
-            crate::testutil::LoopDisk::new(32, None),
-            crate::testutil::LoopDisk::new(32, None),
-        );
-        let dir = tempfile::tempdir().unwrap();
-        // a: sectors 2048..67584; b overlaps its end; c lies after both.
-        let sysfs = fake_partitions(
-            dir.path(),
-            &[(&a, 2048, 65536), (&b, 60000, 8192), (&c, 68216, 100)],
-        );
-        let v = Volumes::open(&dir.path().join("root"), sysfs, crate::logging::discard()).unwrap();
-        let block = |id: &str, d: &crate::testutil::LoopDisk| PublishRequest {
-            spec: Spec {
-                volume_id: id.into(),
-                source: Source::Path(d.device.clone()),
-                mode: VolumeMode::Block,
-                options: crate::volumes::request::Options::parse(Vec::new(), false).unwrap(),
-                fs_group: None,
-            },
-            timeout: Duration::from_secs(1),
-        };
-        publish_loop(&v, "pa", &a);
-        let e = v.publish(&block("pb", &b), &Cancel::never()).unwrap_err();
-        assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
-        let msg = e.to_string();
-        assert!(
-            msg.contains("volume pa") && msg.contains("60000..68192"),
-            "{msg}"
-        );
-        assert!(
-            v.list().iter().all(|i| i.volume_id != "pb"),
-            "a refused publish leaves nothing"
-        );
-        // One that does not overlap is its own volume.
-        v.publish(&block("pc", &c), &Cancel::never()).unwrap();
-        // The other order: b first, then a is refused.
-        assert!(v.unpublish("pa", &Cancel::never()).unwrap());
-        v.publish(&block("pb", &b), &Cancel::never()).unwrap();
-        let e = v.publish(&block("pa", &a), &Cancel::never()).unwrap_err();
-        assert!(e.to_string().contains("volume pb"), "{e}");
-        for id in ["pb", "pc"] {
-            assert!(v.unpublish(id, &Cancel::never()).unwrap());
-        }
-    }
-
-    #[test]
-    fn after_shutdown_nothing_new_is_accepted() {
-        let dir = tempfile::tempdir().unwrap();
-        let v = table(dir.path());
-        assert_eq!(v.shutdown(), 0);
-        let mut spec = sample().spec;
-        spec.volume_id = "late".into();
-        spec.fs_group = None;
-        let req = PublishRequest {
-            spec,
-            timeout: Duration::from_millis(1),
-        };
-        let e = v.publish(&req, &Cancel::never()).unwrap_err();
-        assert!(
-            matches!(e, crate::error::Error::Volume(Error::ShuttingDown)),
-            "{e}"
-        );
-        assert_eq!(e.code(), Code::FailedPrecondition);
-        let b = BindRequest {
-            volume_id: "late".into(),
-            subpath: PathBuf::new(),
-            target: dir.path().join("t"),
-            read_only: false,
-            recursive_read_only: RecursiveReadOnly::Disabled,
-        };
-        assert!(matches!(
-            v.bind(&b, &Cancel::never()),
-            Err(crate::error::Error::Volume(Error::ShuttingDown))
-        ));
-    }
+/// The walk went through: the volume is recorded complete, then is so in
+/// the table (a record that cannot be written leaves it as it was).
+pub(crate) fn walked(vol: &mut Volume, store: &Store) -> Result<()> {
+    let mut done = vol.clone();
+    done.phase.walked();
+    store.save(&done)?;
+    *vol = done;
+    Ok(())
 }

@@ -29,34 +29,34 @@ use rustix::fs::{FileType, OFlags};
 use rustix::io::Errno;
 use slog::{info, warn, Logger};
 
-use super::index::Index;
+use super::claims::Claims;
+use super::kernel::Kernel;
 use super::state::{Record, Store};
+use super::targets::Targets;
 use super::volume::{guest_rel, Volume};
 use crate::error::Result;
 use crate::model::MountId;
-use crate::mount::unmount::{remove_node, unmount_tree, Expect};
-use crate::quiesce;
+use crate::mount::unmount::Expect;
 use crate::sys::beneath::{self, Root};
-use crate::sys::blockdev;
-use crate::sys::mountinfo::{self, shown};
+use crate::sys::mountinfo::shown;
 use crate::sys::sysfs::Sysfs;
 
-/// What recovery works with, before the table exists: it fills the index
-/// and hands the volumes it adopts to the table.
-pub(crate) struct Recovery<'a> {
-    /// The agent's root.
+/// What recovery works with, before the table exists: it enters the
+/// adopted volumes' devices and bind targets, and hands the volumes to the
+/// table.
+pub(crate) struct Recovery<'a, K> {
     pub(crate) root: &'a Root,
-    /// The records.
+    pub(crate) kernel: &'a K,
     pub(crate) store: &'a Store,
-    /// The claims and targets of adopted volumes go here.
-    pub(crate) index: &'a Index,
+    pub(crate) claims: &'a Claims,
+    pub(crate) targets: &'a Targets,
     /// Where disks' sectors are read.
     pub(crate) sysfs: &'a Sysfs,
     /// Where what is taken back or down is said.
     pub(crate) log: &'a Logger,
 }
 
-impl Recovery<'_> {
+impl<K: Kernel> Recovery<'_, K> {
     /// Adopts or clears everything a previous run left (see the module
     /// doc), and returns the volumes adopted.
     pub(crate) fn run(&self) -> Result<Vec<Volume>> {
@@ -84,19 +84,18 @@ impl Recovery<'_> {
             let Some(vol) = self.adopt(vol, &mut forgotten) else {
                 continue;
             };
-            kept.extend(vol.mount_id);
+            kept.extend(vol.phase.mount_id());
             kept.extend(vol.binds.iter().filter_map(|b| b.mount_id));
             self.claim_adopted(&vol);
-            self.index.show(&vol);
             info!(self.log, "volume taken back from a previous run"; "volume" => vol.id(),
-                  "binds" => vol.binds.len(), "complete" => vol.complete);
+                  "binds" => vol.binds.len(), "complete" => vol.phase.complete());
             adopted.push(vol);
         }
         for vol in &forgotten {
             // A stale record (one an unpublish could not remove) must not
             // make a device writable that a live volume set read-only.
             if self
-                .index
+                .claims
                 .holder_of((vol.device.major, vol.device.minor))
                 .is_none()
             {
@@ -119,7 +118,7 @@ impl Recovery<'_> {
     /// down under a pod is not recovery's call.
     fn claim_adopted(&self, vol: &Volume) {
         let extent = self.sysfs.extent((vol.device.major, vol.device.minor));
-        for c in self.index.claim_adopted(vol, extent) {
+        for c in self.claims.adopt(vol, extent) {
             warn!(self.log, "volumes taken back from a previous run share sectors of one disk; unpublish one of them";
                   "volume" => vol.id(), "device" => shown(&vol.device.path),
                   "other" => &c.id, "other_device" => &c.device, "how" => extent.describe(&c.extent));
@@ -133,7 +132,7 @@ impl Recovery<'_> {
         let rel = vol.rel();
         let here = beneath::open_parent(self.root.fd(), &rel)
             .ok()
-            .and_then(|(parent, name)| beneath::mount_point_at(parent.as_fd(), &name).ok());
+            .and_then(|(parent, name)| self.kernel.mount_point_at(parent.as_fd(), &name).ok());
         let live = here.filter(|mp| vol.is_own_mount(mp));
         let Some(mp) = live else {
             warn!(self.log, "volume from a previous run is not mounted (as recorded) any more; forgetting it";
@@ -144,21 +143,21 @@ impl Recovery<'_> {
                 warn!(self.log, "could not remove the record of a volume that is gone; the next start drops it again";
                       "volume" => vol.id(), "error" => %e);
             }
-            remove_node(self.root.fd(), &rel);
+            self.kernel.remove_node(self.root.fd(), &rel);
             forgotten.push(vol);
             return None;
         };
-        let mut changed = vol.mount_id != Some(mp.mount_id);
-        vol.mount_id = Some(mp.mount_id);
+        let mut changed = vol.phase.mount_id() != Some(mp.mount_id);
+        vol.phase.found(mp.mount_id);
         let binds = std::mem::take(&mut vol.binds);
         for mut b in binds {
             let live = beneath::open_parent(self.root.fd(), &b.rel)
                 .ok()
-                .and_then(|(parent, name)| beneath::mount_point_at(parent.as_fd(), &name).ok())
+                .and_then(|(parent, name)| self.kernel.mount_point_at(parent.as_fd(), &name).ok())
                 .filter(|m| vol.is_own_bind(&b, m));
             let Some(m) = live else {
                 warn!(self.log, "bind from a previous run is gone"; "volume" => vol.id(), "target" => shown(&b.target));
-                remove_node(self.root.fd(), &b.rel);
+                self.kernel.remove_node(self.root.fd(), &b.rel);
                 changed = true;
                 continue;
             };
@@ -166,7 +165,7 @@ impl Recovery<'_> {
             // naming a taken, nested or covering target loses that bind
             // (the sweep then takes its mount down).
             match self
-                .index
+                .targets
                 .reserve(&b.rel, &b.target, vol.id(), self.root.path())
             {
                 Ok(r) => r.keep(),
@@ -194,7 +193,7 @@ impl Recovery<'_> {
     /// or, for a bind of a block device's node, that device.
     fn disk_of(&self, rel: &Path, id: MountId, fs_dev: (u32, u32)) -> (u32, u32) {
         beneath::open_parent(self.root.fd(), rel)
-            .and_then(|(parent, name)| beneath::mount_point_at(parent.as_fd(), &name))
+            .and_then(|(parent, name)| self.kernel.mount_point_at(parent.as_fd(), &name))
             .ok()
             .filter(|mp| mp.is_root && mp.mount_id == id && mp.kind == FileType::BlockDevice)
             .map_or(fs_dev, |mp| mp.rdev)
@@ -205,7 +204,7 @@ impl Recovery<'_> {
     /// `own_devices` that is not in `kept`, deepest first.
     fn sweep(&self, own_devices: &mut HashSet<(u32, u32)>, kept: &HashSet<MountId>) -> Result<()> {
         let root = self.root.path();
-        let table = mountinfo::read()?;
+        let table = self.kernel.mountinfo()?;
         let mut doomed: Vec<(PathBuf, MountId, (u32, u32))> = Vec::new();
         // Mounts beneath the root that no record explains, with the disk
         // each is of.
@@ -239,7 +238,7 @@ impl Recovery<'_> {
         doomed.sort_by_key(|(p, _, _)| std::cmp::Reverse(p.components().count()));
         for (rel, id, disk) in doomed {
             let at = root.join(&rel);
-            match unmount_tree(
+            match self.kernel.unmount_tree(
                 self.root.fd(),
                 root,
                 &rel,
@@ -248,7 +247,7 @@ impl Recovery<'_> {
                 Ok(true) => {
                     warn!(self.log, "mount left by a previous run that no record explains; taken down";
                           "path" => shown(&at));
-                    remove_node(self.root.fd(), &rel);
+                    self.kernel.remove_node(self.root.fd(), &rel);
                 }
                 Ok(false) => {}
                 Err(e) => {
@@ -274,7 +273,8 @@ impl Recovery<'_> {
         for e in entries.flatten() {
             let name = e.file_name();
             if !ours.contains(name.as_os_str()) {
-                remove_node(self.root.fd(), &Path::new("volumes").join(&name));
+                self.kernel
+                    .remove_node(self.root.fd(), &Path::new("volumes").join(&name));
             }
         }
     }
@@ -282,11 +282,13 @@ impl Recovery<'_> {
     /// Clears the read-only flag of a block volume that recovery forgets
     /// (its bind is gone): the agent set it, and nothing holds it now.
     fn release_block(&self, vol: &Volume) {
-        if !vol.ro_set {
+        if !vol.ro_set() {
             return;
         }
-        match blockdev::open(&vol.device)
-            .and_then(|f| blockdev::set_read_only(&f, &vol.device, false))
+        match self
+            .kernel
+            .open_disk(&vol.device)
+            .and_then(|f| self.kernel.set_read_only(&f, &vol.device, false))
         {
             Ok(()) => {
                 info!(self.log, "read-only flag of a forgotten block volume cleared"; "volume" => vol.id())
@@ -303,9 +305,9 @@ impl Recovery<'_> {
 /// of every volume a frozen mark names, as agents before freeze leases
 /// marked them (`<id>.frozen`; an agent upgraded while frozen). Only a
 /// mount root at the volume's own guest path is thawed; the marks go.
-pub(crate) fn thaw_left_frozen(root: &Root, store: &Store, log: &Logger) {
+pub(crate) fn thaw_left_frozen<K: Kernel>(root: &Root, kernel: &K, store: &Store, log: &Logger) {
     for id in store.frozen_marks() {
-        match thaw_at(root, &id) {
+        match thaw_at(root, kernel, &id) {
             Ok(true) => {
                 warn!(log, "thawed a volume a previous run left frozen"; "volume" => &id)
             }
@@ -320,7 +322,7 @@ pub(crate) fn thaw_left_frozen(root: &Root, store: &Store, log: &Logger) {
 
 /// FITHAW on the mount root at volume `id`'s guest path, if one is there;
 /// true when it was frozen.
-pub(crate) fn thaw_at(root: &Root, id: &str) -> Result<bool> {
+pub(crate) fn thaw_at<K: Kernel>(root: &Root, kernel: &K, id: &str) -> Result<bool> {
     let rel = guest_rel(id);
     let (rel, path) = (rel.as_path(), &root.join(&rel));
     let at = match beneath::open_with(
@@ -335,18 +337,19 @@ pub(crate) fn thaw_at(root: &Root, id: &str) -> Result<bool> {
             return Err(crate::sys::error::SysError::new("openat2", path.display(), e).into())
         }
     };
-    let mp = beneath::mount_point(at.as_fd())
+    let mp = kernel
+        .mount_point(at.as_fd())
         .map_err(|e| crate::sys::error::SysError::new("statx", path.display(), e))?;
     if !mp.is_root {
         return Ok(false);
     }
-    let dir = quiesce::open(at.as_fd(), path)?;
-    Ok(quiesce::thaw(&dir, path)?)
+    kernel.thaw(at.as_fd(), path)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::volumes::kernel::Linux;
     use crate::volumes::state::encode;
     use crate::volumes::volume::tests::sample;
 
@@ -362,17 +365,19 @@ mod tests {
         std::fs::write(state.join("vol-2.tmp"), "half").unwrap();
         let root = Root::open(dir.path()).unwrap();
         let store = Store::open(&root).unwrap();
-        let index = Index::default();
+        let claims = Claims::default();
         let adopted = Recovery {
             root: &root,
+            kernel: &Linux,
             store: &store,
-            index: &index,
+            claims: &claims,
+            targets: &Targets::default(),
             sysfs: &Sysfs::system(),
             log: &crate::logging::discard(),
         }
         .run()
         .unwrap();
-        assert!(adopted.is_empty() && index.listed().is_empty());
+        assert!(adopted.is_empty() && claims.holder_of((254, 16)).is_none());
         assert!(
             !gone.exists(),
             "the record of an unmounted volume is dropped"
@@ -398,10 +403,10 @@ mod tests {
         let root = Root::open(dir.path()).unwrap();
         let store = Store::open(&root).unwrap();
         assert_eq!(store.frozen_marks().len(), 2);
-        thaw_left_frozen(&root, &store, &crate::logging::discard());
+        thaw_left_frozen(&root, &Linux, &store, &crate::logging::discard());
         assert!(store.frozen_marks().is_empty());
         assert!(
-            !thaw_at(&root, "v").unwrap(),
+            !thaw_at(&root, &Linux, "v").unwrap(),
             "not a mount root: nothing to thaw"
         );
     }
@@ -422,8 +427,10 @@ mod tests {
         let store = Store::open(&root).unwrap();
         Recovery {
             root: &root,
+            kernel: &Linux,
             store: &store,
-            index: &Index::default(),
+            claims: &Claims::default(),
+            targets: &Targets::default(),
             sysfs: &Sysfs::system(),
             log: &crate::logging::discard(),
         }

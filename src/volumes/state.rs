@@ -22,7 +22,8 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::error::Error;
-use super::index::lock;
+use super::held::lock;
+use super::phase::Phase;
 use super::request::{FsGroup, Options, Source, Spec};
 use super::volume::{Bind, Volume};
 use crate::model::{Device, FsType, MountId, Policy, RecursiveReadOnly, VolumeMode};
@@ -381,7 +382,7 @@ pub(crate) fn encode(v: &Volume) -> String {
     }
     match v.mode() {
         VolumeMode::Filesystem(fs) => o += &format!("fs={}\n", fs.name()),
-        VolumeMode::Block => o += &format!("ro_set={}\n", v.ro_set),
+        VolumeMode::Block => o += &format!("ro_set={}\n", v.ro_set()),
     }
     for opt in v.spec.options.given() {
         o += &format!("option={}\n", esc(opt));
@@ -394,8 +395,8 @@ pub(crate) fn encode(v: &Volume) -> String {
         };
         o += &format!("fs_group={}:{p}\n", g.gid);
     }
-    o += &format!("mount_id={}\n", recorded(v.mount_id));
-    o += &format!("complete={}\n", v.complete);
+    o += &format!("mount_id={}\n", recorded(v.phase.mount_id()));
+    o += &format!("complete={}\n", v.phase.complete());
     for b in &v.binds {
         o += &format!(
             "bind={}\t{}\t{}\t{}\t{}\t{}\n",
@@ -604,28 +605,29 @@ impl Fields {
         if block && !self.binds.iter().all(plain) {
             return Err("a block volume's bind with a subpath or recursive read-only".into());
         }
-        Ok(Volume {
-            guest_path: root.join("volumes").join(&id),
-            spec: Spec {
-                volume_id: id,
-                source: self.source.ok_or("no source")?,
-                mode,
-                options: Options::parse(self.options, self.read_only).map_err(|e| e.to_string())?,
-                fs_group: self.fs_group,
-            },
-            device: Device {
-                name,
-                path: self.device.ok_or("no device")?,
-                major,
-                minor,
-                serial: self.device_serial,
-            },
-            mount_id: self.mount_id,
-            complete: !self.incomplete,
-            ro_set: self.ro_set,
-            walk: None,
-            binds: self.binds,
-        })
+        let spec = Spec {
+            volume_id: id,
+            source: self.source.ok_or("no source")?,
+            mode,
+            options: Options::parse(self.options, self.read_only).map_err(|e| e.to_string())?,
+            fs_group: self.fs_group,
+        };
+        let device = Device {
+            name,
+            path: self.device.ok_or("no device")?,
+            major,
+            minor,
+            serial: self.device_serial,
+        };
+        let guest_path = root.join("volumes").join(&spec.volume_id);
+        Ok(Volume::recorded(
+            spec,
+            device,
+            guest_path,
+            self.ro_set,
+            Phase::from_record(self.mount_id, !self.incomplete),
+            self.binds,
+        ))
     }
 }
 
@@ -718,10 +720,18 @@ mod tests {
         assert_eq!(back.spec.options.mount(), v.spec.options.mount());
         assert_eq!(back.binds, v.binds);
         assert_eq!(back.device, v.device);
-        assert_eq!((back.mount_id, back.complete), (Some(MountId(77)), true));
+        let recorded = |v: &Volume| (v.phase.mount_id(), v.phase.complete());
+        assert_eq!(recorded(&back), (Some(MountId(77)), true));
         let mut half = v.clone();
-        half.complete = false;
-        assert!(!decode(&encode(&half), Path::new("/r")).unwrap().complete);
+        half.phase = Phase::Mounted(MountId(77));
+        let back = decode(&encode(&half), Path::new("/r")).unwrap();
+        assert_eq!(recorded(&back), (Some(MountId(77)), false));
+        assert!(encode(&half).contains("\nmount_id=77\ncomplete=false\n"));
+        // Before its mount: no id, not complete, as agents always wrote it.
+        half.phase = Phase::Recorded;
+        assert!(encode(&half).contains("\nmount_id=0\ncomplete=false\n"));
+        let back = decode(&encode(&half), Path::new("/r")).unwrap();
+        assert!(matches!(back.phase, Phase::Recorded));
     }
 
     /// A value ending in a carriage return (a request's option, a disk's
@@ -761,7 +771,7 @@ mod tests {
         assert!(!text.contains("fs="), "{text}");
         let back = decode(&text, Path::new("/r")).unwrap();
         assert_eq!(back.mode(), VolumeMode::Block);
-        assert!(back.ro_set && back.spec.options.read_only_flag() && back.mounted_read_only());
+        assert!(back.ro_set() && back.spec.options.read_only_flag() && back.mounted_read_only());
         assert_eq!(back.binds, v.binds);
         assert_eq!(back.info(), v.info());
         // A filesystem volume keeps the version older agents read.
@@ -868,7 +878,7 @@ mod tests {
         let text = "version=1\nid=old\nserial=s1\ndevice=/dev/vdb\nname=vdb\ndevnum=254:16\n\
                     fs=ext4\nread_only=false\nbind=false\tdisabled\tfalse\t\t/r/pods/x\n";
         let v = decode(text, Path::new("/r")).unwrap();
-        assert_eq!((v.mount_id, v.complete), (None, true));
+        assert_eq!((v.phase.mount_id(), v.phase.complete()), (None, true));
         assert_eq!(v.binds[0].rel, PathBuf::from("pods/x"));
         assert_eq!(v.binds[0].mount_id, None);
     }

@@ -1,9 +1,13 @@
-//! The volume table: one slot per volume id, whose lock serializes the
-//! operations on that volume while different volumes proceed in parallel;
-//! the side maps (`index`); the state store; and what every operation
-//! shares (the root, finding a volume's own mount, cancellation at
-//! shutdown). The operations themselves are in `publish`, `block`, `bind`,
-//! `unpublish` and `query`, each an `impl Volumes` of its own.
+//! The volume table's façade: it owns the parts, takes a volume's slot for
+//! each operation and hands the operation the parts it needs, named in its
+//! signature (`Publisher`, `Unpublisher`, `Binder`, `Query`, the freeze and
+//! trim steps); no part is handed out whole. What a slot's volume looks
+//! like when the operation lets go of it is what ListVolumes shows.
+//!
+//! The parts, each owning its state: the slots (`slots`), the records
+//! (`state`), the devices claimed (`claims`), the bind targets and their
+//! limit (`targets`), the list (`listing`), the freezes (`lease/`), the
+//! failed publishes (`failures`) and Shutdown's stop (`stop`).
 //!
 //! # Locks, and the order they are taken in
 //!
@@ -14,90 +18,92 @@
 //!    (`Slot::lock`), so a request waiting behind a long walk gives up at
 //!    its deadline, when its caller goes, or at shutdown, and waiters are
 //!    served in the order they came. No operation holds two slots.
-//! 3. The index's maps (`claims`, `targets`, `listed`), under a slot or
-//!    without one: each taken for one lookup or update, one at a time,
-//!    never while another lock of the index is held, never across a
-//!    syscall (a device's sectors are read from sysfs before its claim).
+//! 3. The maps of the claims, the targets and the listing, under a slot
+//!    or without one: each taken for one lookup or update, one at a time,
+//!    never while another of them is held, never across a syscall (a
+//!    device's sectors are read from sysfs before its claim). The listing
+//!    is updated as a slot is let go, while it is still held.
 //! 4. The state store's `problem` note: a leaf, taken alone.
-//!
-//! 5. A walk job's phase (walking.rs): a leaf. Unpublish, holding a slot,
+//! 5. A walk job's phase (walking/): a leaf. Unpublish, holding a slot,
 //!    waits on it for the walk to let go of the mount; the walk's thread
 //!    takes the slot only after it let go, with a cancellation Unpublish
 //!    fires, so the two never wait for each other.
-//!
 //! 6. The leases' record lock, then their map (lease/), and the failed
 //!    publishes' map (failures.rs): the maps are leaves, each taken alone
 //!    for one lookup or update, never across a syscall.
 //!
-//! So a thread holds at most: a slot, then one index map, the store's note
-//! or a job's phase, in that order; nothing ever waits for a slot while
-//! holding anything else.
+//! So a thread holds at most: a slot, then one of the maps, the store's
+//! note or a job's phase, in that order; nothing ever waits for a slot
+//! while holding anything else.
+//!
+//! # Size
+//!
+//! The operations the wire calls from a closure of its own (publish, bind,
+//! unmount, expand, freeze, thaw, trim) are kept out of line
+//! (`#[inline(never)]`): inlined into those closures, they cost the agent
+//! 3,136 bytes (2,103,104 against 2,099,968, measured with the release
+//! profile), and the agent's size is bounded.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
-use rustix::io::Errno;
-use slog::Logger;
+use slog::{info, warn, Logger};
 
+use super::bind::Binder;
+use super::claims::Claims;
 use super::error::Error;
-use super::failures::Failures;
-use super::index::Index;
-use super::lease::{Freezer, Ledger};
+use super::failures::{Failure, Failures};
+use super::freeze::{self, Frozen, Thaw};
+use super::health::{self, Said};
+use super::kernel::{Kernel, Linux};
+use super::lease::{Freezer, How, Ledger};
+use super::listing::Listing;
+use super::mounts::Mounts;
+use super::publish::{self, Publisher};
+use super::query::{self, Query};
 use super::recover::{thaw_at, thaw_left_frozen, Recovery};
+use super::request::{BindOutcome, BindRequest, Expanded, PublishRequest, Published, VolumeInfo};
 use super::slots::{Slot, Slots};
 use super::state::Store;
+use super::stop::Stop;
+use super::takedown::Takedown;
+use super::targets::Targets;
+use super::trim::{self, Trimmed};
+use super::unpublish::Unpublisher;
 use super::volume::Volume;
-use crate::cancel::{Cancel, Token, Why};
+use super::walking::{self, Outcome, WalkJob};
+use crate::cancel::Cancel;
 use crate::error::Result;
-use crate::mount;
+use crate::ownership::walk::Report;
+use crate::stats::{Condition, Measured};
 use crate::sys::beneath::Root;
-use crate::sys::error::SysError;
 use crate::sys::sysfs::Sysfs;
 use crate::validate::{self, Invalid};
 
-/// Binds one volume may have: a pod's containers need a handful; the bound
-/// keeps one client from filling the mount table and the state file.
-pub const MAX_BINDS: usize = 1024;
-
-/// The agent's volumes.
-pub struct Volumes {
-    /// The agent's root, opened once.
+/// The agent's volumes, on the kernel `K`: the running one, or in the
+/// table's tests a fake.
+pub struct Volumes<K: Kernel = Linux> {
+    /// The agent's root, opened once: what every path the table acts on
+    /// is resolved beneath.
     root: Root,
-    /// `<root>/state`: the records.
-    store: Store,
-    /// Where disks are listed.
+    kernel: K,
+    /// Where disks are found and their sectors read.
     sysfs: Sysfs,
-    /// Where what happens is said.
     log: Logger,
     /// One slot per volume id (locks 1 and 2 of the module doc).
     slots: Slots,
-    /// Claims, targets and the list (lock 3).
-    index: Index,
-    /// Set by Shutdown: no new volume or bind is accepted.
-    shutting_down: AtomicBool,
-    /// Fired by Shutdown: stops every wait and walk in flight.
-    stop: Token,
-    /// MAX_BINDS (smaller in tests).
-    max_binds: std::sync::atomic::AtomicUsize,
-    /// The freezes (lock 6).
-    freezer: Arc<Freezer>,
-    /// The last failure of publishes that left no volume (lock 6).
+    /// `<root>/state`: the records.
+    store: Store,
+    claims: Claims,
+    targets: Targets,
+    listing: Listing,
+    leases: Arc<Freezer<K::Hold>>,
     failures: Failures,
-    /// The table itself, for the threads of fsGroup walks (walking.rs),
-    /// which outlive the call that started them.
-    me: Weak<Volumes>,
-}
-
-/// What an openat2 failure on a path the agent resolves means.
-pub(crate) fn unsafe_or_sys(e: Errno, call: &'static str, path: &Path) -> crate::error::Error {
-    match e {
-        Errno::LOOP | Errno::XDEV | Errno::NOTDIR => mount::error::Error::Unsafe {
-            path: path.display().to_string(),
-        }
-        .into(),
-        _ => SysError::new(call, path.display(), e).into(),
-    }
+    stop: Stop,
+    /// The table itself, for the threads of fsGroup walks, which finish
+    /// their publish under the volume's slot long after the call.
+    me: Weak<Volumes<K>>,
 }
 
 impl Volumes {
@@ -105,34 +111,55 @@ impl Volumes {
     /// root given through a symlink is the same root) and takes back the
     /// volumes of a previous run (`recover`).
     pub fn open(root: &Path, sysfs: Sysfs, log: Logger) -> Result<Arc<Volumes>> {
+        Volumes::open_on(Linux, root, sysfs, log)
+    }
+}
+
+impl<K: Kernel> Volumes<K> {
+    /// `open`, on `kernel`.
+    pub(crate) fn open_on(
+        kernel: K,
+        root: &Path,
+        sysfs: Sysfs,
+        log: Logger,
+    ) -> Result<Arc<Volumes<K>>> {
         let root = Root::open(root)?;
         root.own_dir("volumes", 0o750)?;
         let store = Store::open(&root)?;
-        let index = Index::default();
+        let (claims, targets) = (Claims::default(), Targets::default());
         // Before anything is taken back or down: a frozen filesystem hangs
         // its writers and its unmount.
-        let freezer = Freezer::open(Ledger::open(&root)?, log.clone(), |vol| thaw_at(&root, vol));
-        thaw_left_frozen(&root, &store, &log);
+        let leases = Freezer::open(Ledger::open(&root)?, log.clone(), |vol| {
+            thaw_at(&root, &kernel, vol)
+        });
+        thaw_left_frozen(&root, &kernel, &store, &log);
         let adopted = Recovery {
             root: &root,
+            kernel: &kernel,
             store: &store,
-            index: &index,
+            claims: &claims,
+            targets: &targets,
             sysfs: &sysfs,
             log: &log,
         }
         .run()?;
+        let listing = Listing::default();
+        for vol in &adopted {
+            listing.show(vol.id(), Some(vol));
+        }
         Ok(Arc::new_cyclic(|me| Volumes {
             root,
-            store,
+            kernel,
             sysfs,
             log,
             slots: Slots::adopted(adopted),
-            index,
-            shutting_down: AtomicBool::new(false),
-            stop: Token::new(Why::Shutdown),
-            max_binds: MAX_BINDS.into(),
-            freezer,
+            store,
+            claims,
+            targets,
+            listing,
+            leases,
             failures: Failures::default(),
+            stop: Stop::default(),
             me: me.clone(),
         }))
     }
@@ -146,47 +173,6 @@ impl Volumes {
     /// The agent's root, canonical.
     pub fn root(&self) -> &Path {
         self.root.path()
-    }
-
-    /// Where the table reads sysfs.
-    pub fn sysfs(&self) -> &Sysfs {
-        &self.sysfs
-    }
-
-    /// The agent's root, opened: what every path the table acts on is
-    /// resolved beneath.
-    pub(crate) fn root_dir(&self) -> &Root {
-        &self.root
-    }
-
-    /// The records (state.rs's room).
-    pub(crate) fn store(&self) -> &Store {
-        &self.store
-    }
-
-    /// The side maps: claims, bind targets, the list (index.rs's room).
-    pub(crate) fn index(&self) -> &Index {
-        &self.index
-    }
-
-    /// Where what happens is said.
-    pub(crate) fn log(&self) -> &Logger {
-        &self.log
-    }
-
-    /// The freezes (lease/'s room).
-    pub(crate) fn freezer(&self) -> &Freezer {
-        &self.freezer
-    }
-
-    /// The failed publishes (failures.rs's room).
-    pub(crate) fn failures(&self) -> &Failures {
-        &self.failures
-    }
-
-    /// MAX_BINDS (smaller in tests).
-    pub(crate) fn max_binds_cell(&self) -> &std::sync::atomic::AtomicUsize {
-        &self.max_binds
     }
 
     /// Validates a bind or unmount target (validate.rs's rules) given under
@@ -203,10 +189,241 @@ impl Volumes {
         }
     }
 
+    /// Publishes a volume (semantics.md §1): idempotent for the same
+    /// request, refused for another. A publish whose fsGroup walk outlives
+    /// the caller's deadline answers DEADLINE_EXCEEDED (CANCELLED when the
+    /// caller went away) while the walk goes on; the same publish again
+    /// waits for that walk (semantics.md §4.1).
+    #[inline(never)]
+    pub fn publish(&self, req: &PublishRequest, cancel: &Cancel) -> Result<Published> {
+        self.stop.accepting()?;
+        let cancel = &self.stop.with(cancel);
+        let id = &req.spec.volume_id;
+        let slot = self.slots.get_or_make(id);
+        let result = self.locked(id, &slot, cancel, |guard| {
+            // Checked again now that the slot exists: a Shutdown that
+            // listed the slots before this one was made set the flag
+            // first, so no publish can slip past it.
+            self.stop.accepting()?;
+            self.publisher()
+                .run(guard, req, cancel, |vol, fd| self.start_walk(vol, fd))
+        });
+        drop(slot);
+        match &result {
+            Ok(_) => self.failures.forget(id),
+            Err(e) => self.failures.note(
+                id,
+                Failure {
+                    code: e.code(),
+                    message: e.to_string(),
+                },
+            ),
+        }
+        match result {
+            Ok((None, out)) => Ok(out),
+            Ok((Some(job), mut out)) => match job.wait(id, cancel)? {
+                Outcome::Done(report) => {
+                    out.ownership = report;
+                    Ok(out)
+                }
+                Outcome::Failed { code, message } => {
+                    Err(Error::PublishFailed { code, message }.into())
+                }
+            },
+            Err(e) => {
+                // A publish that failed leaves no trace, not even an empty
+                // slot (unless its volume stayed, mounted).
+                self.slots.forget(id);
+                Err(e)
+            }
+        }
+    }
+
+    /// Unpublishes a volume: its binds, then its mount (flushed first), its
+    /// directory and its record. False when it was not published.
+    pub fn unpublish(&self, id: &str, cancel: &Cancel) -> Result<bool> {
+        let Some(slot) = self.slots.get(id) else {
+            return Ok(false);
+        };
+        let result = self.locked(id, &slot, cancel, |guard| {
+            self.unpublisher().run(guard, cancel)
+        });
+        drop(slot);
+        if result.is_ok() {
+            self.slots.forget(id);
+        }
+        result
+    }
+
+    /// Stops work in flight, refuses new volumes and binds, and unpublishes
+    /// every volume. Returns how many were unpublished.
+    pub fn shutdown(&self) -> u32 {
+        self.stop.close();
+        // Recorded as the agent stopping, before each unpublish would say
+        // its volume was unpublished.
+        self.close_freezes();
+        let mut ids = self.slots.ids();
+        let mut n = 0;
+        while let Some(id) = ids.pop() {
+            match self.unpublish(&id, &Cancel::never()) {
+                Ok(true) => n += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    warn!(self.log, "could not unpublish at shutdown"; "volume" => &id, "error" => %e)
+                }
+            }
+        }
+        n
+    }
+
+    /// Usage and condition of a volume (semantics.md §5).
+    pub fn stats(&self, id: &str, cancel: &Cancel) -> Result<(Option<Measured>, Condition)> {
+        self.with_volume(id, cancel, |vol| self.query().stats(vol))
+    }
+
+    /// Grows a volume's filesystem to its device (semantics.md §4).
+    #[inline(never)]
+    pub fn expand(
+        &self,
+        id: &str,
+        required_bytes: u64,
+        timeout: Duration,
+        cancel: &Cancel,
+    ) -> Result<Expanded> {
+        let cancel = &self.stop.with(cancel);
+        self.with_volume(id, cancel, |vol| {
+            self.query().expand(vol, required_bytes, timeout, cancel)
+        })
+    }
+
+    /// Every published volume, without waiting for operations in flight.
+    /// The device's size, and a block volume's read-only flag, are the
+    /// kernel's now.
+    pub fn list(&self) -> Vec<VolumeInfo> {
+        query::list(&self.listing, &self.leases, &self.kernel)
+    }
+
+    /// The health of volume `id`, CSI's list of what is wrong.
+    pub fn health(&self, id: &str, cancel: &Cancel) -> Result<Vec<Said>> {
+        if self.slots.get(id).is_none() {
+            return health::unpublished(&self.failures, id);
+        }
+        health::published(self.stats(id, cancel))
+    }
+
+    /// Binds a volume (or a subpath) at a target beneath the root
+    /// (semantics.md §6). A repeat of a live bind answers `already_mounted`.
+    #[inline(never)]
+    pub fn bind(&self, req: &BindRequest, cancel: &Cancel) -> Result<BindOutcome> {
+        self.stop.accepting()?;
+        let cancel = &self.stop.with(cancel);
+        let target = self.target_of(&req.target)?;
+        let rel = self.rel_of(&target)?.to_path_buf();
+        self.with_volume(&req.volume_id, cancel, |vol| {
+            self.binder().bind(vol, req, &target, &rel)
+        })
+    }
+
+    /// Takes down a bind the agent made at `target` (canonical, validated).
+    /// False when nothing is mounted there; a mount the agent did not make is
+    /// refused and left alone.
+    #[inline(never)]
+    pub fn unmount(&self, target: &Path, cancel: &Cancel) -> Result<bool> {
+        let target = self.target_of(target)?;
+        let rel = self.rel_of(&target)?.to_path_buf();
+        if let Some(id) = self.targets.owner_of(&rel) {
+            let r = self.with_volume(&id, cancel, |vol| self.binder().unbind(vol, &rel, &target));
+            match r {
+                Ok(Some(was)) => return Ok(was),
+                Ok(None) => {}
+                Err(crate::error::Error::Volume(Error::NotPublished(_))) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.binder().not_ours(&rel, &target)
+    }
+
+    /// Freezes the filesystems of `ids` (distinct, validated), all or none,
+    /// until its id thaws them or `timeout` passes. `asked`: the caller's
+    /// own id for it, which answers a retry of the same call again.
+    #[inline(never)]
+    pub fn freeze(
+        &self,
+        ids: &[String],
+        timeout: Duration,
+        asked: Option<&str>,
+        cancel: &Cancel,
+    ) -> Result<Frozen> {
+        self.stop.accepting()?;
+        let cancel = &self.stop.with(cancel);
+        let frozen = self.leases.freeze(
+            asked,
+            ids,
+            timeout,
+            |lease, vol| {
+                self.with_volume(vol, cancel, |v| {
+                    freeze::freeze_one(v, lease, self.mounts(), &self.leases)
+                })
+            },
+            // A caller gone before the answer would hold an id it never heard.
+            || Ok(cancel.check(|| format!("freezing {}", ids.join(", ")))?),
+        )?;
+        info!(self.log, "volumes frozen"; "freeze" => &frozen.freeze_id, "volumes" => ids.join(" "),
+              "timeout_ms" => u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
+        Ok(frozen)
+    }
+
+    /// Ends a freeze (ThawVolumes); answers the volumes it thawed. A forced
+    /// thaw thaws every volume it can, then reports the ones not published.
+    #[inline(never)]
+    pub fn thaw(&self, what: &Thaw) -> Result<Vec<String>> {
+        freeze::thaw(&self.leases, &self.log, what, |id| {
+            self.slots.get(id).is_some()
+        })
+    }
+
+    /// Ends every freeze (the agent exits leaving its volumes mounted);
+    /// answers how many volumes were frozen.
+    pub fn thaw_all(&self) -> usize {
+        self.leases.end_all(How::Stopped)
+    }
+
+    /// Ends every freeze and stops the freeze timer for good, before the
+    /// table lets go of its root: no timer of this table can act on a
+    /// volume another table on the same root froze later.
+    pub fn close_freezes(&self) -> usize {
+        let n = self.thaw_all();
+        self.leases.close();
+        n
+    }
+
+    /// Discards the free extents of at least `min_extent` bytes of volume
+    /// `id`'s filesystem.
+    #[inline(never)]
+    pub fn trim(&self, id: &str, min_extent: u64, cancel: &Cancel) -> Result<Trimmed> {
+        let cancel = &self.stop.with(cancel);
+        self.with_volume(id, cancel, |vol| {
+            trim::trim(
+                vol,
+                self.mounts(),
+                &self.leases,
+                &self.log,
+                min_extent,
+                cancel,
+            )
+        })
+    }
+
+    /// Lets a volume have at most `max` binds (tests reach the bound with a few).
+    #[cfg(test)]
+    pub(crate) fn limit_binds(&self, max: usize) {
+        self.targets.limit(max);
+    }
+
     /// A bind or unmount target as the request gave it, validated
     /// (`target`); a target that is not UTF-8 cannot have come from the wire
     /// and is refused the same way.
-    pub(crate) fn target_of(&self, given: &Path) -> Result<PathBuf> {
+    fn target_of(&self, given: &Path) -> Result<PathBuf> {
         let s = given
             .to_str()
             .ok_or_else(|| Invalid(format!("target {} is not UTF-8", given.display())))?;
@@ -214,7 +431,7 @@ impl Volumes {
     }
 
     /// `target` (canonical, validated) relative to the root.
-    pub(crate) fn rel_of<'a>(&self, target: &'a Path) -> Result<&'a Path> {
+    fn rel_of<'a>(&self, target: &'a Path) -> Result<&'a Path> {
         self.root.relative(target).ok_or_else(|| {
             Invalid(format!(
                 "target {} is not beneath the agent's root {}",
@@ -225,74 +442,170 @@ impl Volumes {
         })
     }
 
-    /// Refuses new volumes and binds once Shutdown began.
-    pub(crate) fn accepting(&self) -> Result<()> {
-        if self.shutting_down.load(Ordering::SeqCst) {
-            return Err(Error::ShuttingDown.into());
-        }
-        Ok(())
-    }
-
-    /// Stops accepting, and fires the token every wait and walk in flight
-    /// watches. The slots are listed after this, so no publish slips past.
-    pub(crate) fn stop_accepting(&self) {
-        self.shutting_down.store(true, Ordering::SeqCst);
-        self.stop.fire();
-    }
-
-    /// The ids of every slot (Shutdown's list to unpublish).
-    pub(crate) fn slot_ids(&self) -> Vec<String> {
-        self.slots.ids()
-    }
-
-    /// The slot of volume `id`, made if missing (a first publish).
-    pub(crate) fn slot(&self, id: &str) -> Arc<Slot> {
-        self.slots.get_or_make(id)
-    }
-
-    /// The slot of volume `id`, if it has one.
-    pub(crate) fn existing_slot(&self, id: &str) -> Option<Arc<Slot>> {
-        self.slots.get(id)
-    }
-
-    /// Drops an empty slot nobody else holds.
-    pub(crate) fn forget_slot(&self, id: &str) {
-        self.slots.forget(id)
-    }
-
-    /// The table, shared with a thread that outlives the call (a walk).
-    pub(crate) fn shared(&self) -> Arc<Volumes> {
-        // The table is only ever made by `open`, inside an Arc, and a call
-        // on it holds a reference: the upgrade cannot fail.
-        self.me
-            .upgrade()
-            .expect("the table lives in the Arc open made")
-    }
-
-    /// The token Shutdown fires.
-    pub(crate) fn stop_token(&self) -> Token {
-        self.stop.clone()
-    }
-
-    /// `cancel`, also fired by Shutdown.
-    pub(crate) fn stop_with(&self, cancel: &Cancel) -> Cancel {
-        cancel.clone().with_token(&self.stop)
+    /// Runs `f` on volume `id`'s slot, taken in turn; ListVolumes then
+    /// shows the volume as `f` left it, before the slot is let go.
+    fn locked<T>(
+        &self,
+        id: &str,
+        slot: &Slot,
+        cancel: &Cancel,
+        f: impl FnOnce(&mut Option<Volume>) -> Result<T>,
+    ) -> Result<T> {
+        let mut guard = slot.lock(id, cancel)?;
+        let r = f(&mut guard);
+        self.listing.show(id, guard.as_ref());
+        r
     }
 
     /// Runs `f` on a published volume under its lock.
-    pub(crate) fn with_volume<T>(
+    fn with_volume<T>(
         &self,
         id: &str,
         cancel: &Cancel,
         f: impl FnOnce(&mut Volume) -> Result<T>,
     ) -> Result<T> {
         let slot = self
-            .existing_slot(id)
+            .slots
+            .get(id)
             .ok_or_else(|| Error::NotPublished(id.to_string()))?;
-        let mut guard = slot.lock(id, cancel)?;
-        let vol = guard
-            .as_mut()
-            .ok_or_else(|| Error::NotPublished(id.to_string()))?;
-        f(vol)
+        self.locked(id, &slot, cancel, |guard| {
+            let vol = guard
+                .as_mut()
+                .ok_or_else(|| Error::NotPublished(id.to_string()))?;
+            f(vol)
+        })
+    }
+
+    /// Starts `vol`'s fsGroup walk (refused while it is frozen), to be
+    /// finished by `finish_walk` on the walk's thread.
+    fn start_walk(&self, vol: &mut Volume, fd: std::os::fd::OwnedFd) -> Result<Arc<WalkJob>> {
+        freeze::not_frozen(&self.leases, vol.id())?;
+        // The table is only ever made by `open`, inside an Arc, and a call
+        // on it holds a reference: the upgrade cannot fail.
+        let me = self
+            .me
+            .upgrade()
+            .expect("the table lives in the Arc open made");
+        walking::start(
+            vol,
+            fd,
+            self.stop.token(),
+            self.log.clone(),
+            move |id: &str, job: &Arc<WalkJob>, walked, cancel: &Cancel| {
+                me.finish_walk(id, job, walked, cancel)
+            },
+        )
+    }
+
+    /// Takes a walk's outcome under the volume's lock: the volume complete
+    /// (recorded, then listed ready), or, when the walk or the record
+    /// failed, the volume taken down as by Unpublish. An Unpublish or a
+    /// Shutdown that stopped the walk holds the lock and takes the volume
+    /// down itself: `cancel` (fired by them) gives the lock up.
+    fn finish_walk(
+        &self,
+        id: &str,
+        job: &Arc<WalkJob>,
+        walked: Result<Option<Report>>,
+        cancel: &Cancel,
+    ) -> Outcome {
+        let failed = |e: &crate::error::Error| Outcome::Failed {
+            code: e.code(),
+            message: e.to_string(),
+        };
+        let Some(slot) = self.slots.get(id) else {
+            return walked.map_or_else(|e| failed(&e), Outcome::Done);
+        };
+        let mut guard = match slot.lock(id, cancel) {
+            Ok(g) => g,
+            Err(e) => return failed(&walked.err().unwrap_or(e)),
+        };
+        let ours = guard
+            .as_ref()
+            .and_then(|v| v.phase.job())
+            .is_some_and(|j| Arc::ptr_eq(j, job));
+        if !ours {
+            return walked.map_or_else(|e| failed(&e), Outcome::Done);
+        }
+        let recorded = walked.and_then(|report| {
+            let vol = guard.as_mut().expect("checked above");
+            publish::walked(vol, &self.store)?;
+            Ok(report)
+        });
+        let outcome = match recorded {
+            Ok(report) => Outcome::Done(report),
+            Err(e) => {
+                warn!(self.log, "publish failed after mounting; unpublishing the volume";
+                      "volume" => id, "error" => %e);
+                if let Err(undo) = self.unpublisher().run(&mut guard, &Cancel::never()) {
+                    warn!(self.log, "could not take the volume down; the next unpublish or start does";
+                          "volume" => id, "error" => %undo);
+                }
+                failed(&e)
+            }
+        };
+        self.listing.show(id, guard.as_ref());
+        let gone = guard.is_none();
+        drop(guard);
+        drop(slot);
+        if gone {
+            self.slots.forget(id);
+        }
+        outcome
+    }
+
+    fn mounts(&self) -> Mounts<'_, K> {
+        Mounts {
+            root: &self.root,
+            kernel: &self.kernel,
+        }
+    }
+
+    fn takedown(&self) -> Takedown<'_, K> {
+        Takedown {
+            mounts: self.mounts(),
+            log: &self.log,
+        }
+    }
+
+    fn publisher(&self) -> Publisher<'_, K> {
+        Publisher {
+            mounts: self.mounts(),
+            store: &self.store,
+            claims: &self.claims,
+            sysfs: &self.sysfs,
+            log: &self.log,
+        }
+    }
+
+    fn unpublisher(&self) -> Unpublisher<'_, K> {
+        Unpublisher {
+            takedown: self.takedown(),
+            store: &self.store,
+            claims: &self.claims,
+            targets: &self.targets,
+            leases: &self.leases,
+            failures: &self.failures,
+            log: &self.log,
+        }
+    }
+
+    fn binder(&self) -> Binder<'_, K> {
+        Binder {
+            takedown: self.takedown(),
+            store: &self.store,
+            targets: &self.targets,
+            claims: &self.claims,
+            leases: &self.leases,
+        }
+    }
+
+    fn query(&self) -> Query<'_, K> {
+        Query {
+            mounts: self.mounts(),
+            sysfs: &self.sysfs,
+            leases: &self.leases,
+            log: &self.log,
+        }
     }
 }

@@ -5,10 +5,14 @@
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
-use slog::info;
+use slog::{info, Logger};
 
 use super::error::Error;
-use super::table::Volumes;
+use super::freeze::not_frozen;
+use super::kernel::Kernel;
+use super::lease::Freezer;
+use super::mounts::Mounts;
+use super::volume::Volume;
 use crate::cancel::Cancel;
 use crate::error::Result;
 use crate::grow;
@@ -31,62 +35,62 @@ pub struct Trimmed {
     pub duration: Duration,
 }
 
-impl Volumes {
-    /// Discards the free extents of at least `min_extent` bytes of volume
-    /// `id`'s filesystem.
-    pub fn trim(&self, id: &str, min_extent: u64, cancel: &Cancel) -> Result<Trimmed> {
-        let cancel = &self.stop_with(cancel);
-        self.with_volume(id, cancel, |vol| {
-            let VolumeMode::Filesystem(fs) = vol.mode() else {
-                return Err(Error::NoFilesystem {
-                    id: id.to_string(),
-                    what: "trimmed",
-                }
-                .into());
-            };
-            vol.not_publishing()?;
-            self.not_frozen(id)?;
-            if vol.mounted_read_only() {
-                return Err(quiesce::Error::ReadOnly {
-                    path: vol.guest_path.display().to_string(),
-                }
-                .into());
-            }
-            let at = self.open_mount(vol)?;
-            let total = grow::fs_size_bytes(at.as_fd(), &vol.guest_path, &vol.device, fs)?;
-            let dir = quiesce::open(at.as_fd(), &vol.guest_path)?;
-            let start = Instant::now();
-            let (mut done, mut trimmed) = (0u64, 0u64);
-            while done < total {
-                if let Some(why) = cancel.why() {
-                    info!(self.log(), "trim stopped"; "volume" => id, "done_bytes" => done,
-                          "total_bytes" => total, "trimmed_bytes" => trimmed);
-                    return Err(Error::TrimStopped {
-                        id: id.to_string(),
-                        why,
-                        done,
-                        total,
-                        trimmed,
-                    }
-                    .into());
-                }
-                let len = RANGE_BYTES.min(total - done);
-                trimmed = trimmed.saturating_add(quiesce::trim(
-                    &dir,
-                    &vol.guest_path,
-                    done,
-                    len,
-                    min_extent,
-                )?);
-                done += len;
-            }
-            info!(self.log(), "volume trimmed"; "volume" => id, "trimmed_bytes" => trimmed,
-                  "total_bytes" => total);
-            Ok(Trimmed {
-                trimmed_bytes: trimmed,
-                covered_bytes: total,
-                duration: start.elapsed(),
-            })
-        })
+/// Discards the free extents of at least `min_extent` bytes of `vol`'s
+/// filesystem (held under its lock), range by range until `cancel` fires.
+pub(crate) fn trim<K: Kernel>(
+    vol: &Volume,
+    mounts: Mounts<'_, K>,
+    leases: &Freezer<K::Hold>,
+    log: &Logger,
+    min_extent: u64,
+    cancel: &Cancel,
+) -> Result<Trimmed> {
+    let id = vol.id();
+    let VolumeMode::Filesystem(fs) = vol.mode() else {
+        return Err(Error::NoFilesystem {
+            id: id.to_string(),
+            what: "trimmed",
+        }
+        .into());
+    };
+    vol.not_publishing()?;
+    not_frozen(leases, id)?;
+    if vol.mounted_read_only() {
+        return Err(quiesce::Error::ReadOnly {
+            path: vol.guest_path.display().to_string(),
+        }
+        .into());
     }
+    let at = mounts.open_mount(vol)?;
+    let total = grow::fs_size_bytes(at.as_fd(), &vol.guest_path, &vol.device, fs)?;
+    let fs = mounts.kernel.open_fs(at.as_fd(), &vol.guest_path)?;
+    let start = Instant::now();
+    let (mut done, mut trimmed) = (0u64, 0u64);
+    while done < total {
+        if let Some(why) = cancel.why() {
+            info!(log, "trim stopped"; "volume" => id, "done_bytes" => done,
+                  "total_bytes" => total, "trimmed_bytes" => trimmed);
+            return Err(Error::TrimStopped {
+                id: id.to_string(),
+                why,
+                done,
+                total,
+                trimmed,
+            }
+            .into());
+        }
+        let len = RANGE_BYTES.min(total - done);
+        let discarded = mounts
+            .kernel
+            .trim(&fs, &vol.guest_path, done, len, min_extent)?;
+        trimmed = trimmed.saturating_add(discarded);
+        done += len;
+    }
+    info!(log, "volume trimmed"; "volume" => id, "trimmed_bytes" => trimmed,
+          "total_bytes" => total);
+    Ok(Trimmed {
+        trimmed_bytes: trimmed,
+        covered_bytes: total,
+        duration: start.elapsed(),
+    })
 }

@@ -3,13 +3,12 @@
 //! recorded mount ids, never by a path's spelling.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use rustix::fs::OFlags;
 
 use super::error::Error;
+use super::phase::Phase;
 use super::request::{Source, Spec, VolumeInfo, VolumeState};
-use super::walking::job::WalkJob;
 use crate::model::{Device, MountId, RecursiveReadOnly, VolumeMode};
 use crate::mount::unmount::Expect;
 use crate::sys::beneath::MountPoint;
@@ -53,18 +52,15 @@ pub(crate) struct Volume {
     pub(crate) device: Device,
     /// `<canonical root>/volumes/<id>`.
     pub(crate) guest_path: PathBuf,
-    /// The mount's id (statx); None until it is mounted, or from an older record.
-    pub(crate) mount_id: Option<MountId>,
-    /// False while the publish is not finished (mounted, fsGroup walk pending).
-    pub(crate) complete: bool,
-    /// A block volume whose device the agent set read-only (BLKROSET): it
-    /// clears the flag when the volume is unpublished.
-    pub(crate) ro_set: bool,
+    /// How far its publish got: its mount, its walk, complete or not.
+    pub(crate) phase: Phase,
+    /// A block volume whose device the agent set read-only (BLKROSET), or
+    /// is about to: decided before the first record, so that recovery
+    /// clears a flag a publish killed mid-way set, and fixed from then on;
+    /// Unpublish clears the flag.
+    ro_set: bool,
     /// Its binds, in the order they were made.
     pub(crate) binds: Vec<Bind>,
-    /// Its publish's fsGroup walk while one runs or until its outcome is
-    /// taken (walking.rs); never recorded.
-    pub(crate) walk: Option<Arc<WalkJob>>,
 }
 
 impl Volume {
@@ -72,16 +68,39 @@ impl Volume {
     /// nothing mounted yet (`ro_set`: the agent sets a block device's
     /// read-only flag). The one place a new volume is made.
     pub(crate) fn new(spec: Spec, device: Device, guest_path: PathBuf, ro_set: bool) -> Volume {
+        Volume::recorded(
+            spec,
+            device,
+            guest_path,
+            ro_set,
+            Phase::Recorded,
+            Vec::new(),
+        )
+    }
+
+    /// A volume as its record has it (state.rs).
+    pub(crate) fn recorded(
+        spec: Spec,
+        device: Device,
+        guest_path: PathBuf,
+        ro_set: bool,
+        phase: Phase,
+        binds: Vec<Bind>,
+    ) -> Volume {
         Volume {
             spec,
             device,
             guest_path,
-            mount_id: None,
-            complete: false,
+            phase,
             ro_set,
-            binds: Vec::new(),
-            walk: None,
+            binds,
         }
+    }
+
+    /// Whether the agent set (or is to set) the device read-only, and so
+    /// clears the flag when it lets go of the volume.
+    pub(crate) fn ro_set(&self) -> bool {
+        self.ro_set
     }
 
     /// The host's volume id.
@@ -131,7 +150,7 @@ impl Volume {
     /// Refuses what needs the publish finished (stats, expand, a bind)
     /// while the volume's fsGroup walk runs.
     pub(crate) fn not_publishing(&self) -> Result<(), Error> {
-        match self.walk.as_ref().filter(|j| !j.finished()) {
+        match self.phase.running() {
             Some(job) => Err(Error::StillPublishing {
                 id: self.id().to_string(),
                 visited: job.visited(),
@@ -153,7 +172,8 @@ impl Volume {
     /// Whether `mp` is the mount the agent made at the guest path: a mount
     /// root of the disk, with the recorded mount id where one was kept.
     pub(crate) fn is_own_mount(&self, mp: &MountPoint) -> bool {
-        mp.is_root && self.of_disk(mp) && self.mount_id.is_none_or(|id| id == mp.mount_id)
+        let recorded = self.phase.mount_id();
+        mp.is_root && self.of_disk(mp) && recorded.is_none_or(|id| id == mp.mount_id)
     }
 
     /// Whether `mp` is bind `b` of this volume, as the agent made it.
@@ -182,7 +202,7 @@ impl Volume {
 
     /// Which mount its guest path holds, for unmounting it by identity.
     pub(crate) fn mount_identity(&self) -> Expect {
-        match self.mount_id {
+        match self.phase.mount_id() {
             Some(id) => Expect::Mount(id, self.device.major, self.device.minor),
             None => Expect::Device(self.device.major, self.device.minor),
         }
@@ -261,10 +281,8 @@ pub(crate) mod tests {
                 serial: Some("vol-0123".into()),
             },
             guest_path: "/r/volumes/vol-1".into(),
-            mount_id: Some(MountId(77)),
-            complete: true,
+            phase: Phase::Published(Some(MountId(77))),
             ro_set: false,
-            walk: None,
             binds: vec![Bind {
                 target: "/r/pods/a b".into(),
                 rel: "pods/a b".into(),

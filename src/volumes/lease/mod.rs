@@ -26,8 +26,6 @@ mod tests;
 mod timer;
 
 use std::collections::{HashMap, VecDeque};
-use std::fs::File;
-use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -59,29 +57,10 @@ pub(crate) fn unix_ms() -> u64 {
 }
 
 /// A frozen filesystem, held to be thawed: FITHAW on its root. False when
-/// it was not frozen any more.
-pub(crate) trait Thaw: Send + 'static {
+/// it was not frozen any more. The kernel the table runs on makes them
+/// (`volumes::kernel`).
+pub trait Thaw: Send + 'static {
     fn thaw(&self) -> Result<bool, quiesce::Error>;
-}
-
-/// A filesystem the kernel froze: its root, open since the freeze, so the
-/// thaw needs no path and no lock.
-pub(crate) struct Hold {
-    dir: File,
-    /// For messages.
-    path: PathBuf,
-}
-
-impl Hold {
-    pub(crate) fn new(dir: File, path: PathBuf) -> Hold {
-        Hold { dir, path }
-    }
-}
-
-impl Thaw for Hold {
-    fn thaw(&self) -> Result<bool, quiesce::Error> {
-        quiesce::thaw(&self.dir, &self.path)
-    }
 }
 
 /// One volume of a lease.
@@ -306,7 +285,7 @@ struct Taken<H> {
 }
 
 /// The leases (the module doc).
-pub(crate) struct Freezer<H: Thaw = Hold> {
+pub(crate) struct Freezer<H: Thaw> {
     inner: Mutex<Inner<H>>,
     /// Wakes the timer when a lease changes, or the table closes.
     wake: Condvar,

@@ -21,10 +21,11 @@
 
 //!
 //! The room has two files: `job` (the job: its phases, its waiters, its
-//! stop) and `lifecycle` (the table's side: start a walk on a thread of
-//! the volume's, run it, finish the publish under the volume's lock).
+//! stop) and `lifecycle` (a walk started on a thread of the volume's, run,
+//! then handed to the table to finish the publish under the volume's lock).
 
 pub(crate) mod job;
-mod lifecycle;
+pub(crate) mod lifecycle;
 
 pub(crate) use job::{Outcome, WalkJob};
+pub(crate) use lifecycle::start;

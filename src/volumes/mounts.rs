@@ -1,6 +1,7 @@
-//! The steps a publish shares between a filesystem and a block volume
-//! (`publish`), and the one check of "is this our mount" that every
-//! operation on a published volume makes.
+//! The table's view of the mounts beneath its root: the guest node a
+//! publish mounts on, and the one check of "is this our mount" that every
+//! operation on a published volume makes, by identity (its disk, its
+//! recorded mount id), never by a path's spelling.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
@@ -9,34 +10,70 @@ use rustix::fs::{FileType, OFlags};
 use rustix::io::Errno;
 
 use super::error::Error;
-use super::rollback::{Rollback, Undo};
-use super::table::Volumes;
-use super::volume::Volume;
+use super::kernel::Kernel;
+use super::volume::{Bind, Volume};
 use crate::error::Result;
 use crate::model::{MountId, VolumeMode};
-use crate::sys::beneath::{self, Leaf};
+use crate::mount;
+use crate::sys::beneath::{self, Created, Leaf, Root};
 use crate::sys::error::SysError;
+use crate::sys::mountinfo;
 
-impl Volumes {
-    /// Makes the guest path `rel` beneath the root, pushing the removal of
-    /// what it made: a directory of the agent's for a filesystem, an empty
-    /// file for a block volume. Refuses a symlink, anything else the agent
-    /// would not make there, and a mount point.
+/// What an openat2 failure on a path the agent resolves means.
+pub(crate) fn unsafe_or_sys(e: Errno, call: &'static str, path: &Path) -> crate::error::Error {
+    match e {
+        Errno::LOOP | Errno::XDEV | Errno::NOTDIR => mount::error::Error::Unsafe {
+            path: path.display().to_string(),
+        }
+        .into(),
+        _ => SysError::new(call, path.display(), e).into(),
+    }
+}
+
+/// The agent's root, where every mount the table makes or checks is
+/// resolved beneath, and the kernel that makes and shows them.
+pub(crate) struct Mounts<'a, K> {
+    pub(crate) root: &'a Root,
+    pub(crate) kernel: &'a K,
+}
+
+// By hand: a derive would ask K itself to be Copy.
+impl<K> Clone for Mounts<'_, K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for Mounts<'_, K> {}
+
+impl<K: Kernel> Mounts<'_, K> {
+    /// Makes the guest path `rel` beneath the root: a directory of the
+    /// agent's for a filesystem, an empty file for a block volume. Refuses
+    /// a symlink, anything else the agent would not make there, and a
+    /// mount point. The nodes it made come back either way, for the
+    /// caller's undo list.
     pub(crate) fn guest_node(
         &self,
         rel: &Path,
         mode: VolumeMode,
-        undo: &mut Rollback<'_>,
+    ) -> (Vec<Created>, Result<OwnedFd>) {
+        let mut created = Vec::new();
+        let node = self.make_guest_node(rel, mode, &mut created);
+        (created, node)
+    }
+
+    fn make_guest_node(
+        &self,
+        rel: &Path,
+        mode: VolumeMode,
+        created: &mut Vec<Created>,
     ) -> Result<OwnedFd> {
         let (leaf, what) = match mode {
             VolumeMode::Filesystem(_) => (Leaf::Dir(0o750), "a plain directory"),
             VolumeMode::Block => (Leaf::File(0o600), "an empty file"),
         };
-        let guest_path = self.root_dir().join(rel);
-        let mut created = Vec::new();
-        let made = beneath::make_path(self.root_dir().fd(), rel, 0o750, leaf, &mut created);
-        undo.push(Undo::Nodes(created));
-        let node = match made {
+        let guest_path = self.root.join(rel);
+        let node = match beneath::make_path(self.root.fd(), rel, 0o750, leaf, created) {
             Ok(fd) => fd,
             Err(Errno::LOOP | Errno::XDEV | Errno::NOTDIR | Errno::ISDIR) => {
                 return Err(Error::GuestPathUnsafe {
@@ -54,7 +91,9 @@ impl Volumes {
                 return Err(SysError::new(call, guest_path.display(), e).into());
             }
         };
-        let here = beneath::mount_point(node.as_fd())
+        let here = self
+            .kernel
+            .mount_point(node.as_fd())
             .map_err(|e| SysError::new("statx", guest_path.display(), e))?;
         if here.is_root {
             return Err(Error::GuestPathBusy {
@@ -82,7 +121,7 @@ impl Volumes {
     /// nothing of the volume's is there.
     pub(crate) fn own_mount(&self, vol: &Volume) -> Result<Option<(OwnedFd, MountId)>> {
         let fd = match beneath::open_with(
-            self.root_dir().fd(),
+            self.root.fd(),
             &vol.rel(),
             OFlags::PATH | vol.guest_path_kind(),
             beneath::strict(),
@@ -91,7 +130,9 @@ impl Volumes {
             Err(Errno::NOENT | Errno::LOOP | Errno::XDEV | Errno::NOTDIR) => return Ok(None),
             Err(e) => return Err(SysError::new("openat2", vol.guest_path.display(), e).into()),
         };
-        let mp = beneath::mount_point(fd.as_fd())
+        let mp = self
+            .kernel
+            .mount_point(fd.as_fd())
             .map_err(|e| SysError::new("statx", vol.guest_path.display(), e))?;
         Ok(vol.is_own_mount(&mp).then_some((fd, mp.mount_id)))
     }
@@ -107,5 +148,21 @@ impl Volumes {
             }
             .into()),
         }
+    }
+
+    /// Whether bind `b` of `vol` is still mounted, as the agent made it.
+    pub(crate) fn bind_is_live(&self, vol: &Volume, b: &Bind) -> bool {
+        let Ok((parent, name)) = beneath::open_parent(self.root.fd(), &b.rel) else {
+            return false;
+        };
+        self.kernel
+            .mount_point_at(parent.as_fd(), &name)
+            .is_ok_and(|mp| vol.is_own_bind(b, &mp))
+    }
+
+    /// What mount `id` is, in words ("/dev/vdb (ext4)"), for a refusal.
+    pub(crate) fn describe(&self, id: MountId) -> Result<Option<String>> {
+        let table = self.kernel.mountinfo()?;
+        Ok(mountinfo::by_id(&table, id).map(|m| format!("{} ({})", m.source, m.fs_type)))
     }
 }
