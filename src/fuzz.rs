@@ -25,8 +25,10 @@ use crate::mount::options::parse_options;
 use crate::mount::selinux::without_contexts;
 use crate::probe::judge::{judge, signatures, PROBE_BYTES};
 use crate::rpc::conn::{Admit, Conn};
-use crate::rpc::dispatch::{self, Job, Methods, Outbox};
-use crate::rpc::frame::{Frame, Header, Reader, HEADER_LEN, TYPE_REQUEST, TYPE_RESPONSE};
+use crate::rpc::dispatch::{self, Job, Outbox};
+use crate::rpc::envelope;
+use crate::rpc::frame::{self, Frame, Header, Reader, HEADER_LEN, TYPE_REQUEST, TYPE_RESPONSE};
+use crate::rpc::table::{Lane, Table};
 use crate::server::translate::{
     bind_request, cancel_of, freeze_id, freeze_timeout, publish_request_in, status_code,
     thaw_request, volume_ids,
@@ -64,8 +66,9 @@ const METHODS: [&str; 15] = [
 /// rules and the generated service table, up to where the agent would act.
 ///
 /// Must hold: no byte is lost or invented by the framing; the reader holds
-/// at most one frame's worth; every frame gets exactly one well-formed answer
-/// on its stream, and never INTERNAL (a panic or an unexpected error).
+/// at most one frame's worth; an envelope read in place reads as protobuf
+/// reads it; every frame gets exactly one well-formed answer on its stream,
+/// and never INTERNAL (a panic or an unexpected error).
 pub fn frames(data: &[u8]) {
     let Some((&knobs, stream)) = data.split_first() else {
         return;
@@ -357,32 +360,62 @@ fn checked_size(frame: &Frame, max: usize) -> usize {
 
 /// Puts one frame through the connection's rules and, if admitted, the
 /// service table, and checks the answer.
-fn answer(conn: &mut Conn, methods: &Methods, out: &Outbox, frame: Frame, max: usize) {
+fn answer(conn: &mut Conn, methods: &Table, out: &Outbox, frame: Frame, max: usize) {
     let stream = match &frame {
         Frame::Whole(h, _) | Frame::TooLarge(h) => h.stream,
     };
+    if let Frame::Whole(_, body) = &frame {
+        same_envelope(body);
+    }
     match conn.admit(frame, methods, max) {
         Admit::Refuse(f, code, why) => {
             assert_ne!(code, Code::INTERNAL, "{why}");
             check_answer(&f, stream);
         }
-        Admit::Run { stream, path, req } => {
+        Admit::Run {
+            stream,
+            method,
+            req,
+        } => {
             let job = Job {
                 conn: 1,
                 fd: -1,
                 stream,
-                path,
+                method,
                 req,
                 gone: conn.gone_rx(),
                 wire: conn.wire.clone(),
             };
-            let (f, failure) = dispatch::run(methods, job, out);
+            let (answer, failure) = dispatch::run(methods, job, out);
             if let Some((code, why)) = failure {
                 assert_ne!(code, Code::INTERNAL, "{why}");
             }
+            let f = frame::response(stream, &answer).expect("an answer too large for a frame");
             check_answer(&f, stream);
         }
     }
+}
+
+/// An envelope the agent reads in place is the one protobuf decodes.
+fn same_envelope(body: &[u8]) {
+    let Some(p) = envelope::plain(body) else {
+        return;
+    };
+    let r = ttrpc::Request::parse_from_bytes(body).expect("protobuf refuses a plain envelope");
+    assert_eq!(
+        (
+            r.service.as_str(),
+            r.method.as_str(),
+            &r.payload[..],
+            r.timeout_nano
+        ),
+        (p.service, p.method, p.payload, p.timeout_nano),
+    );
+    assert!(r.metadata.is_empty(), "a plain envelope with metadata");
+    assert!(
+        r.special_fields.unknown_fields().iter().next().is_none(),
+        "a plain envelope with unknown fields"
+    );
 }
 
 /// A response frame on `stream` whose payload is a ttrpc Response, not INTERNAL.
@@ -413,9 +446,11 @@ fn stand_in() -> OwnedFd {
     .expect("/dev/null")
 }
 
-/// The generated service table over [`Translate`].
-fn methods() -> Methods {
-    crust_ttrpc::create_agent(Arc::new(Translate))
+/// The generated service table over [`Translate`] (lanes do not matter here).
+fn methods() -> Table {
+    Table::new(crust_ttrpc::create_agent(Arc::new(Translate)), |_| {
+        Lane::Regular
+    })
 }
 
 /// The service as far as a request goes without a syscall: each method
@@ -598,21 +633,26 @@ mod tests {
             },
             body,
         );
-        let Admit::Run { stream, path, req } = conn.admit(frame, &methods, 1024) else {
+        let Admit::Run {
+            stream,
+            method,
+            req,
+        } = conn.admit(frame, &methods, 1024)
+        else {
             panic!("refused");
         };
         let job = Job {
             conn: 1,
             fd: -1,
             stream,
-            path,
+            method,
             req,
             gone: conn.gone_rx(),
             wire: conn.wire.clone(),
         };
-        let (f, failure) = dispatch::run(&methods, job, &Outbox::new());
+        let (answer, failure) = dispatch::run(&methods, job, &Outbox::new());
         assert!(failure.is_none(), "{failure:?}");
-        let res = ttrpc::Response::parse_from_bytes(&f[HEADER_LEN..]).unwrap();
+        let res = ttrpc::Response::parse_from_bytes(&answer).unwrap();
         assert_eq!(res.status.code.value(), 0, "{}", res.status.message);
     }
 }

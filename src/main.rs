@@ -12,12 +12,11 @@ use crust_agent::notify::Target;
 use crust_agent::rpc::limits::Limits;
 use crust_agent::rpc::listen::{listen, Address, Peers};
 use crust_agent::rpc::transport::Server;
-use crust_agent::server::service::{lane, Service};
+use crust_agent::server::service::{table, Service};
 use crust_agent::sys::sysfs::Sysfs;
 use crust_agent::system::{self, Gate, Timeline};
 use crust_agent::volumes::table::Volumes;
 use crust_agent::{init, instance, logging, notify};
-use crust_protocols::crust_ttrpc;
 use slog::{error, info, warn};
 
 /// Loaded before listening: PCI virtio and the vsock transport. Everything
@@ -383,7 +382,7 @@ fn run(
         }
     };
     let (tx, rx) = mpsc::channel::<()>();
-    let service: Arc<dyn crust_ttrpc::Agent + Send + Sync> = Arc::new(Service::new(
+    let service = Arc::new(Service::new(
         volumes.clone(),
         log.clone(),
         started,
@@ -424,8 +423,7 @@ fn run(
           "max_request_bytes" => limits.max_request);
     let server = match Server::start(
         listeners,
-        crust_ttrpc::create_agent(service),
-        lane,
+        table(service),
         limits,
         cfg.vsock_peers.clone(),
         log.clone(),

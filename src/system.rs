@@ -49,7 +49,9 @@ pub enum Capability {
 /// filesystem can grow (ext4 needs CAP_SYS_RESOURCE; xfs grows without it).
 pub fn capabilities() -> Vec<Capability> {
     let f = features();
-    let mut caps = vec![Capability::FsGroupAlways, Capability::FsGroupOnRootMismatch];
+    // Room for every capability there is (11): the pushes never reallocate.
+    let mut caps = Vec::with_capacity(11);
+    caps.extend([Capability::FsGroupAlways, Capability::FsGroupOnRootMismatch]);
     if f.openat2 {
         caps.push(Capability::Subpath);
     }

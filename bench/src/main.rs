@@ -348,7 +348,7 @@ fn measure(args: &Args, work: &Path) -> Vec<Figure> {
                 (
                     "rtt_unix",
                     "GetCapabilities round trip, unix socket",
-                    "≤ 2x the raw echo",
+                    "≤ 1.5x the raw echo",
                 ),
                 (
                     "rss",

@@ -218,6 +218,62 @@ pub fn statfs_total(path: &Path) -> R<u64> {
     Ok(st.f_blocks * st.f_frsize)
 }
 
+/// The CPUs a task (a thread id; 0: the calling thread) may run on.
+pub fn affinity(tid: i32) -> R<libc::cpu_set_t> {
+    // SAFETY: an all-zero cpu_set_t is the empty set, a valid value.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid out-pointer of the size passed.
+    let rc = unsafe { libc::sched_getaffinity(tid, std::mem::size_of_val(&set), &mut set) };
+    if rc != 0 {
+        return Err(format!(
+            "sched_getaffinity {tid}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(set)
+}
+
+/// Lets a task (a thread id; 0: the calling thread) run only on `set`.
+pub fn set_affinity(tid: i32, set: &libc::cpu_set_t) -> R<()> {
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; the kernel only reads it.
+    let rc = unsafe { libc::sched_setaffinity(tid, std::mem::size_of_val(set), set) };
+    if rc != 0 {
+        return Err(format!(
+            "sched_setaffinity {tid}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// The set of one CPU: the first the calling thread may run on.
+pub fn first_cpu() -> R<libc::cpu_set_t> {
+    let mine = affinity(0)?;
+    let n = usize::try_from(libc::CPU_SETSIZE).unwrap_or(1024);
+    // SAFETY: `mine` is a valid cpu_set_t and every index is below CPU_SETSIZE.
+    let cpu = (0..n)
+        .find(|&c| unsafe { libc::CPU_ISSET(c, &mine) })
+        .ok_or("the calling thread may run on no CPU")?;
+    // SAFETY: an all-zero cpu_set_t is the empty set, a valid value.
+    let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` is below CPU_SETSIZE.
+    unsafe { libc::CPU_SET(cpu, &mut one) };
+    Ok(one)
+}
+
+/// Sets the affinity of every thread of process `pid` (threads it starts
+/// later inherit it from the one that starts them).
+pub fn set_process_affinity(pid: u32, set: &libc::cpu_set_t) -> R<()> {
+    let tasks = fs::read_dir(format!("/proc/{pid}/task"))
+        .map_err(|e| format!("cannot list the threads of {pid}: {e}"))?;
+    for t in tasks.flatten() {
+        if let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) {
+            set_affinity(tid, set)?;
+        }
+    }
+    Ok(())
+}
+
 /// VmRSS of a process, in bytes.
 pub fn vm_rss(pid: u32) -> R<u64> {
     let s = fs::read_to_string(format!("/proc/{pid}/status"))

@@ -14,8 +14,10 @@ use crust_protocols::ttrpc::{self, Code};
 use rustix::io::Errno;
 use rustix::net::RecvFlags;
 
-use super::dispatch::{self, Methods};
+use super::dispatch;
+use super::envelope;
 use super::frame::{Frame, Reader, TYPE_REQUEST};
+use super::table::Table;
 use super::wire::Wire;
 
 /// Bytes asked of the socket per read.
@@ -31,9 +33,10 @@ pub(crate) enum Admit {
     Run {
         /// Its stream id.
         stream: u32,
-        /// "/crust.v1.Agent/Method".
-        path: String,
-        /// The decoded envelope.
+        /// Its method, by its index in the [`Table`].
+        method: usize,
+        /// The decoded envelope (its service and method names, which
+        /// `method` carries, may be left out).
         req: ttrpc::Request,
     },
 }
@@ -114,9 +117,11 @@ impl Conn {
         self.in_flight() == 0 && !self.reader.mid_frame() && self.pending_out() == 0
     }
 
-    /// One read from the socket into the reader. `Ok(0)` is the end of the
-    /// stream; `Err(AGAIN)` means nothing to read now.
-    pub(crate) fn read(&mut self, now: Instant) -> Result<usize, Errno> {
+    /// One read from the socket into the reader, which reads into `spare`
+    /// (the loop's buffer) when it holds none of its own. `Ok(0)` is the
+    /// end of the stream; `Err(AGAIN)` means nothing to read now.
+    pub(crate) fn read(&mut self, spare: &mut Vec<u8>, now: Instant) -> Result<usize, Errno> {
+        self.reader.borrow(spare);
         let buf = self.reader.spare();
         buf.reserve(READ_CHUNK);
         let (n, _) = rustix::net::recv(
@@ -147,8 +152,14 @@ impl Conn {
         self.reader.next_frame()
     }
 
+    /// Hands the reader's buffer back to the loop (`spare`) once it holds
+    /// nothing: a connection between requests keeps no buffer.
+    pub(crate) fn settle(&mut self, spare: &mut Vec<u8>) {
+        self.reader.give_back(spare);
+    }
+
     /// Applies ttrpc's rules to a frame: what to answer, or what to run.
-    pub(crate) fn admit(&mut self, frame: Frame, methods: &Methods, max_request: usize) -> Admit {
+    pub(crate) fn admit(&mut self, frame: Frame, table: &Table, max_request: usize) -> Admit {
         let refuse = |stream: u32, code: Code, msg: String| {
             Admit::Refuse(dispatch::status_frame(stream, code, &msg), code, msg)
         };
@@ -196,25 +207,13 @@ impl Conn {
             );
         }
         self.last_stream = h.stream;
-        let req = match ttrpc::Request::parse_from_bytes(&body) {
-            Ok(r) => r,
-            Err(e) => {
-                return refuse(
-                    h.stream,
-                    Code::INVALID_ARGUMENT,
-                    format!("the frame's payload is not a ttrpc Request: {e}"),
-                )
-            }
-        };
-        let path = format!("/{}/{}", req.service, req.method);
-        if !methods.contains_key(&path) {
-            let msg = dispatch::unknown_method(&path, methods);
-            return refuse(h.stream, Code::UNIMPLEMENTED, msg);
-        }
-        Admit::Run {
-            stream: h.stream,
-            path,
-            req,
+        match route(&body, table) {
+            Ok((method, req)) => Admit::Run {
+                stream: h.stream,
+                method,
+                req,
+            },
+            Err((code, msg)) => refuse(h.stream, code, msg),
         }
     }
 
@@ -247,6 +246,34 @@ impl Conn {
     }
 }
 
+/// The method a request frame's payload names, and its envelope; or why
+/// it cannot run. A plain envelope (`envelope::plain`) is read in place and
+/// its names are not copied: `method` carries them. Any other is decoded by
+/// protobuf, which words the refusal of a malformed one.
+fn route(body: &[u8], table: &Table) -> Result<(usize, ttrpc::Request), (Code, String)> {
+    let unknown = |service: &str, method: &str| {
+        let msg = table.unknown(&format!("/{service}/{method}"));
+        (Code::UNIMPLEMENTED, msg)
+    };
+    if let Some(p) = envelope::plain(body) {
+        let method = table
+            .find(p.service, p.method)
+            .ok_or_else(|| unknown(p.service, p.method))?;
+        let mut req = ttrpc::Request::new();
+        req.payload = p.payload.to_vec();
+        req.timeout_nano = p.timeout_nano;
+        return Ok((method, req));
+    }
+    let req = ttrpc::Request::parse_from_bytes(body).map_err(|e| {
+        let msg = format!("the frame's payload is not a ttrpc Request: {e}");
+        (Code::INVALID_ARGUMENT, msg)
+    })?;
+    let method = table
+        .find(&req.service, &req.method)
+        .ok_or_else(|| unknown(&req.service, &req.method))?;
+    Ok((method, req))
+}
+
 impl Drop for Conn {
     fn drop(&mut self) {
         // Workers still holding the wire drop their answers.
@@ -261,10 +288,11 @@ mod tests {
     use std::io::{Read, Write};
     use std::os::unix::net::UnixStream;
 
-    fn methods() -> Methods {
+    fn methods() -> Table {
         struct Nothing;
         impl crust_protocols::crust_ttrpc::Agent for Nothing {}
-        crust_protocols::crust_ttrpc::create_agent(std::sync::Arc::new(Nothing))
+        let methods = crust_protocols::crust_ttrpc::create_agent(std::sync::Arc::new(Nothing));
+        Table::new(methods, |_| crate::rpc::table::Lane::Regular)
     }
 
     fn pair() -> (Conn, UnixStream) {
@@ -301,7 +329,7 @@ mod tests {
                 assert_eq!(r.status.code.value(), code as i32);
                 (code, msg)
             }
-            Admit::Run { path, .. } => panic!("ran {path}"),
+            Admit::Run { method, .. } => panic!("ran method {method}"),
         }
     }
 
@@ -354,7 +382,11 @@ mod tests {
     fn reads_cut_frames_and_output_waits_for_a_slow_reader() {
         let (mut c, mut peer) = pair();
         let now = Instant::now();
-        assert_eq!(c.read(now), Err(Errno::AGAIN));
+        let mut spare = Vec::new();
+        assert_eq!(c.read(&mut spare, now), Err(Errno::AGAIN));
+        c.settle(&mut spare);
+        let lent = spare.as_ptr();
+        assert!(spare.capacity() > 0, "the loop's buffer, back");
         let body = request("crust.v1.Agent", "GetCapabilities");
         let mut f = Header {
             len: u32::try_from(body.len()).unwrap_or(u32::MAX),
@@ -366,16 +398,21 @@ mod tests {
         .to_vec();
         f.extend(&body);
         peer.write_all(&f[..5]).unwrap();
-        assert_eq!(c.read(now), Ok(5));
+        assert_eq!(c.read(&mut spare, now), Ok(5));
         assert!(c.next_frame().is_none());
+        c.settle(&mut spare);
+        assert_eq!(spare.capacity(), 0, "half a frame keeps the buffer");
         assert_eq!(
             c.partial_since,
             Some(now),
             "half a frame: the client's turn"
         );
         peer.write_all(&f[5..]).unwrap();
-        c.read(now).unwrap();
+        c.read(&mut spare, now).unwrap();
         assert!(matches!(c.next_frame(), Some(Frame::Whole(h, _)) if h.stream == 1));
+        c.settle(&mut spare);
+        assert_eq!(spare.as_ptr(), lent, "the same buffer, no other made");
+        assert_eq!(c.held(), 0);
         c.note_partial(now);
         assert_eq!(c.partial_since, None);
         // Output beyond what the socket takes stays pending, then drains.
@@ -398,7 +435,7 @@ mod tests {
         assert!(reader.join().unwrap());
         assert!(c.stalled_since.is_none() && c.idle());
         // The peer closed: reads see the end of the stream.
-        assert_eq!(c.read(now), Ok(0));
+        assert_eq!(c.read(&mut spare, now), Ok(0));
     }
 
     #[test]

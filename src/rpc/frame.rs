@@ -46,17 +46,24 @@ impl Header {
     }
 }
 
-/// A response frame (header and payload) for `stream`, ready to write.
+/// The header of a response frame for `stream` carrying `len` bytes.
 /// `None` when the payload cannot be described by a u32 length.
-pub(crate) fn response(stream: u32, payload: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn response_header(stream: u32, len: usize) -> Option<[u8; HEADER_LEN]> {
     let h = Header {
-        len: u32::try_from(payload.len()).ok()?,
+        len: u32::try_from(len).ok()?,
         stream,
         kind: TYPE_RESPONSE,
         flags: 0,
     };
+    Some(h.encode())
+}
+
+/// A response frame (header and payload) for `stream`, ready to write.
+/// `None` when the payload cannot be described by a u32 length.
+pub(crate) fn response(stream: u32, payload: &[u8]) -> Option<Vec<u8>> {
+    let h = response_header(stream, payload.len())?;
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
-    out.extend_from_slice(&h.encode());
+    out.extend_from_slice(&h);
     out.extend_from_slice(payload);
     Some(out)
 }
@@ -176,7 +183,6 @@ impl Reader {
     pub(crate) fn next_frame(&mut self) -> Option<Frame> {
         if let Some(h) = self.too_large.take() {
             self.discard();
-            self.release();
             return Some(Frame::TooLarge(h));
         }
         let h = self.header()?;
@@ -187,18 +193,35 @@ impl Reader {
         let body = self.buf[HEADER_LEN..end].to_vec();
         self.buf.drain(..end);
         self.discard();
-        self.release();
         Some(Frame::Whole(h, body))
     }
 
-    /// Gives the buffer's memory back once it is empty, so an idle
-    /// connection holds none.
-    fn release(&mut self) {
-        if self.buf.is_empty() && self.buf.capacity() > 4096 {
+    /// Reads into `spare` (the event loop's buffer, taken from it) when
+    /// this reader holds no buffer of its own: a read costs no allocation.
+    pub(crate) fn borrow(&mut self, spare: &mut Vec<u8>) {
+        if self.buf.capacity() == 0 {
+            std::mem::swap(&mut self.buf, spare);
+        }
+    }
+
+    /// Once nothing is held, gives the buffer back to the loop (`spare`,
+    /// if it has none) or frees it: a connection between frames holds no
+    /// buffer, so idle connections cost no memory here.
+    pub(crate) fn give_back(&mut self, spare: &mut Vec<u8>) {
+        if !self.buf.is_empty() || self.buf.capacity() == 0 {
+            return;
+        }
+        if spare.capacity() == 0 && self.buf.capacity() <= SPARE_MAX {
+            std::mem::swap(&mut self.buf, spare);
+        } else {
             self.buf = Vec::new();
         }
     }
 }
+
+/// The largest buffer the loop keeps to read into; larger ones (a frame
+/// near the request limit grew it) are freed once empty.
+const SPARE_MAX: usize = 32 << 10;
 
 #[cfg(test)]
 mod tests {

@@ -4,31 +4,15 @@
 //! of growing. Quick methods (the service says which: [`LaneRule`]) have
 //! their own short queue and workers, so a health check is answered even
 //! while every regular worker waits for a disk; inline ones never come here.
+//!
+//! [`LaneRule`]: super::table::LaneRule
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 use std::thread::Thread;
 
 use super::dispatch::Job;
-
-/// Where a request runs: the service says (its [`LaneRule`]); the
-/// transport names no method of its own.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lane {
-    /// Any worker.
-    Regular,
-    /// Methods that answer from memory without waiting for a disk: their
-    /// own short queue and workers, so they are answered while every
-    /// regular worker waits.
-    Quick,
-    /// Methods that answer at once from memory, with no lock a long
-    /// operation holds and no I/O beyond /proc: the event loop runs them
-    /// itself as it reads them, with no thread hop (they never queue).
-    Inline,
-}
-
-/// The service's rule: the lane of a method path ("/package.Service/Method").
-pub type LaneRule = fn(&str) -> Lane;
+use super::table::Lane;
 
 /// Jobs of one lane, taken round-robin by connection: a client's request
 /// waits behind at most one of each other client's, however many they sent.
@@ -194,7 +178,7 @@ mod tests {
             conn,
             fd: -1,
             stream,
-            path: String::new(),
+            method: 0,
             req: Default::default(),
             gone,
             wire: crate::rpc::wire::test_wire(),

@@ -18,7 +18,7 @@ use crust_protocols::ttrpc::{self, TtrpcContext};
 use super::frame::{Header, HEADER_LEN};
 use super::limits::Limits;
 use super::listen::{listen, Address, Peers};
-use super::pool::Lane;
+use super::table::{Lane, Table};
 use super::transport::Server;
 
 /// GetCapabilities answers at once; PublishVolume holds its worker until its
@@ -76,8 +76,7 @@ fn start(limits: Limits) -> Running {
     let methods = crust_ttrpc::create_agent(Arc::new(Fake { gone: gone.clone() }));
     let server = Server::start(
         vec![("t".into(), fd)],
-        methods,
-        lane,
+        Table::new(methods, lane),
         limits,
         Peers::default(),
         crate::logging::discard(),

@@ -2,7 +2,6 @@
 //! the event loop's thread. A transport that fails to start leaves no
 //! thread behind.
 
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,12 +13,13 @@ use rustix::event::epoll;
 use rustix::event::{eventfd, EventfdFlags};
 use slog::{warn, Logger};
 
-use super::dispatch::{Methods, Outbox};
+use super::dispatch::Outbox;
 use super::limits::{Limits, FD_RESERVE};
 use super::listen::{raise_fd_limit, Peers};
 use super::lograte::LogRate;
-use super::pool::{Lane, LaneRule, Queue};
-use super::reactor::{Reactor, FIRST_CONN};
+use super::pool::Queue;
+use super::reactor::{Conns, Reactor, FIRST_CONN};
+use super::table::{Lane, Table};
 use super::worker::Worker;
 
 /// Starts a thread for each worker with `spawn`. If one cannot start, the
@@ -64,16 +64,15 @@ pub struct Server {
 }
 
 impl Server {
-    /// Serves `methods` on the listening sockets (address, socket), within
-    /// `limits`, to the vsock `peers` allowed; `lane` is the service's rule
-    /// for which methods the loop answers itself and which take the quick
+    /// Serves the methods of `table` on the listening sockets (address,
+    /// socket), within `limits`, to the vsock `peers` allowed; the table
+    /// says which methods the loop answers itself and which take the quick
     /// workers (the transport knows no method). The descriptor limit is
     /// raised for the connections; if it cannot be, the connection limit
     /// shrinks to fit and says so.
     pub fn start(
         listeners: Vec<(String, OwnedFd)>,
-        methods: Methods,
-        lane: LaneRule,
+        table: Table,
         mut limits: Limits,
         peers: Peers,
         log: Logger,
@@ -90,7 +89,7 @@ impl Server {
         }
         let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)?;
         let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
-        let methods = Arc::new(methods);
+        let methods = Arc::new(table);
         let queue = Arc::new(Queue::new(limits.queue, limits.quick_queue));
         let rate = Arc::new(LogRate::new());
         let stop = Arc::new(AtomicBool::new(false));
@@ -120,11 +119,11 @@ impl Server {
             epoll,
             wake: wake.clone(),
             listeners: listeners.into_iter().map(Some).collect(),
-            conns: HashMap::new(),
+            conns: Conns::default(),
             next_id: FIRST_CONN,
             methods,
-            lane,
             outbox: Outbox::new(),
+            spare: Vec::new(),
             queue: queue.clone(),
             done: done_rx,
             limits,
@@ -179,7 +178,7 @@ mod tests {
         let worker = |lane| Worker {
             lane,
             queue: queue.clone(),
-            methods: Arc::new(Methods::default()),
+            methods: Arc::new(Table::new(Default::default(), |_| Lane::Regular)),
             done: done.clone(),
             wake: wake.clone(),
             log: crate::logging::discard(),

@@ -11,15 +11,16 @@ use std::time::Instant;
 
 use slog::{warn, Logger};
 
-use super::dispatch::{self, Done, Methods, Outbox};
+use super::dispatch::{self, Done, Outbox};
 use super::lograte::LogRate;
-use super::pool::{Lane, Queue};
+use super::pool::Queue;
+use super::table::{Lane, Table};
 
 /// What one worker shares with the transport.
 pub(super) struct Worker {
     pub(super) lane: Lane,
     pub(super) queue: Arc<Queue>,
-    pub(super) methods: Arc<Methods>,
+    pub(super) methods: Arc<Table>,
     /// Tells the loop a connection needs it.
     pub(super) done: Sender<Done>,
     /// Wakes the loop.
@@ -35,17 +36,17 @@ impl Worker {
     pub(super) fn run(self) {
         let out = Outbox::new();
         while let Some(job) = self.queue.pop(self.lane) {
-            let (conn, path, start) = (job.conn, job.path.clone(), Instant::now());
-            let wire = job.wire.clone();
-            let (frame, failure) = dispatch::run(&self.methods, job, &out);
+            let (conn, method, start) = (job.conn, job.method, Instant::now());
+            let (stream, wire) = (job.stream, job.wire.clone());
+            let (answer, failure) = dispatch::run(&self.methods, job, &out);
             if let Some((code, why)) = failure {
                 if let Some(held) = self.rate.allow() {
-                    warn!(self.log, "request"; "method" => path, "code" => format!("{code:?}"),
+                    warn!(self.log, "request"; "method" => self.methods.path(method), "code" => format!("{code:?}"),
                           "duration_us" => u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
                           "error" => why, "lines_held_back" => held);
                 }
             }
-            let pending = wire.answer(&frame).unwrap_or(1);
+            let pending = wire.answer(stream, &answer).unwrap_or(1);
             let before = wire.in_flight.fetch_sub(1, Ordering::SeqCst);
             drop(wire);
             if pending > 0 || before >= self.cap {

@@ -23,7 +23,7 @@ use super::translate::{
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::rpc::lograte::LogRate;
-use crate::rpc::pool::Lane;
+use crate::rpc::table::{direct, Lane, Table};
 use crate::sys::sysfs::Sysfs;
 use crate::system::{self, Gate, Timeline};
 use crate::validate;
@@ -40,6 +40,24 @@ use crate::volumes::table::Volumes;
 pub fn lane(path: &str) -> Lane {
     path.strip_prefix("/crust.v1.Agent/")
         .map_or(Lane::Regular, method_lane)
+}
+
+/// The service as the transport serves it: the generated table, each
+/// method in its [`lane`], and the methods the loop answers itself given
+/// their direct answers: the same call, with the successful Response
+/// written straight to bytes instead of through ttrpc's handler machinery,
+/// which costs more than answering from memory does.
+pub fn table(service: Arc<Service>) -> Table {
+    let (caps, info) = (service.clone(), service.clone());
+    Table::new(crust_ttrpc::create_agent(service), lane)
+        .with_direct(
+            "/crust.v1.Agent/GetCapabilities",
+            direct(move |_: pb::GetCapabilitiesRequest| caps.capabilities_answer()),
+        )
+        .with_direct(
+            "/crust.v1.Agent/GetAgentInfo",
+            direct(move |_: pb::GetAgentInfoRequest| info.agent_info_answer()),
+        )
 }
 
 /// [`lane`] of a method of this service, by its name.
@@ -113,7 +131,6 @@ impl Service {
     /// method logs each call.
     #[inline(never)]
     fn log_outcome(&self, method: &'static str, volume: &str, start: Instant, err: Option<&Error>) {
-        let us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
         let held = if method_lane(method) == Lane::Inline {
             match self.inline_lines.allow() {
                 Some(held) => held,
@@ -122,6 +139,7 @@ impl Service {
         } else {
             0
         };
+        let us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
         match err {
             None => {
                 info!(self.log, "request"; "method" => method, "volume" => volume, "code" => "OK", "duration_us" => us,
@@ -314,15 +332,34 @@ impl Service {
     }
 }
 
+/// The methods the event loop answers, as both their generated handlers
+/// and their direct answers ([`table`]) call them: neither needs the
+/// handler's context.
+impl Service {
+    /// GetCapabilities.
+    fn capabilities_answer(&self) -> ttrpc::Result<pb::GetCapabilitiesResponse> {
+        self.handle("GetCapabilities", "", || {
+            Ok(capabilities(system::capabilities()))
+        })
+    }
+
+    /// GetAgentInfo.
+    fn agent_info_answer(&self) -> ttrpc::Result<pb::GetAgentInfoResponse> {
+        self.handle("GetAgentInfo", "", || {
+            let t = *self.timeline.lock().unwrap_or_else(|p| p.into_inner());
+            let i = system::agent_info(self.started, t)?;
+            Ok(agent_info(i, t, self.volumes.state_problem()))
+        })
+    }
+}
+
 impl crust_ttrpc::Agent for Service {
     fn get_capabilities(
         &self,
         _: &TtrpcContext,
         _: pb::GetCapabilitiesRequest,
     ) -> ttrpc::Result<pb::GetCapabilitiesResponse> {
-        self.handle("GetCapabilities", "", || {
-            Ok(capabilities(system::capabilities()))
-        })
+        self.capabilities_answer()
     }
 
     fn get_supported_file_systems(
@@ -406,11 +443,7 @@ impl crust_ttrpc::Agent for Service {
         _: &TtrpcContext,
         _: pb::GetAgentInfoRequest,
     ) -> ttrpc::Result<pb::GetAgentInfoResponse> {
-        self.handle("GetAgentInfo", "", || {
-            let t = *self.timeline.lock().unwrap_or_else(|p| p.into_inner());
-            let i = system::agent_info(self.started, t)?;
-            Ok(agent_info(i, t, self.volumes.state_problem()))
-        })
+        self.agent_info_answer()
     }
 
     fn shutdown(
@@ -552,6 +585,58 @@ mod tests {
             assert_eq!(lane(m), want, "{m}");
         }
         assert_eq!(lane("/other.Service/GetCapabilities"), Lane::Regular);
+    }
+
+    /// The methods the loop answers itself answer directly, and as their
+    /// generated handlers would.
+    #[test]
+    fn inline_methods_answer_directly_as_their_handlers_would() {
+        use crate::rpc::dispatch::{run, Job, Outbox};
+        use crust_protocols::protobuf::Message;
+        let dir = tempfile::tempdir().unwrap();
+        let volumes =
+            Volumes::open(dir.path(), Sysfs::system(), crate::logging::discard()).unwrap();
+        let (tx, _rx) = std::sync::mpsc::channel();
+        let svc = Arc::new(Service::new(
+            volumes,
+            crate::logging::discard(),
+            Instant::now(),
+            Arc::new(Mutex::new(Timeline::default())),
+            tx,
+            Arc::new(Gate::new(true)),
+        ));
+        let t = table(svc.clone());
+        let generated = Table::new(crust_ttrpc::create_agent(svc), lane);
+        let job = |t: &Table, m: &str| {
+            let mut req = ttrpc::Request::new();
+            (req.service, req.method) = ("crust.v1.Agent".into(), m.into());
+            Job {
+                conn: 1,
+                fd: -1,
+                stream: 1,
+                method: t.find("crust.v1.Agent", m).unwrap(),
+                req,
+                gone: crossbeam_channel::unbounded().1,
+                wire: crate::rpc::wire::test_wire(),
+            }
+        };
+        let out = Outbox::new();
+        for m in crust_ttrpc::create_agent(Arc::new(NoAgent)).keys() {
+            let name = m.rsplit('/').next().unwrap();
+            let i = t.find("crust.v1.Agent", name).unwrap();
+            assert_eq!(t.direct(i).is_some(), lane(m) == Lane::Inline, "{m}");
+        }
+        let caps = run(&t, job(&t, "GetCapabilities"), &out);
+        assert_eq!(
+            caps,
+            run(&generated, job(&generated, "GetCapabilities"), &out)
+        );
+        assert!(caps.1.is_none());
+        let info = run(&t, job(&t, "GetAgentInfo"), &out);
+        let res = ttrpc::Response::parse_from_bytes(&info.0).unwrap();
+        assert_eq!(res.status.code.value(), 0, "{}", res.status.message);
+        let got = pb::GetAgentInfoResponse::parse_from_bytes(&res.payload).unwrap();
+        assert!(got.rss_bytes > 0 && !got.version.is_empty());
     }
 
     /// The generated table's method names, without a service behind them.

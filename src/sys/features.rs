@@ -45,12 +45,17 @@ pub fn features() -> Features {
     })
 }
 
-/// Whether this process holds CAP_SYS_RESOURCE, which ext4 online growth needs.
+/// Whether this process holds CAP_SYS_RESOURCE, which ext4 online growth
+/// needs. Asked once: the agent never changes its own capabilities, and
+/// GetCapabilities, answered on the event loop, then costs no syscall.
 pub fn has_sys_resource() -> bool {
-    caps::has_cap(
-        None,
-        caps::CapSet::Effective,
-        caps::Capability::CAP_SYS_RESOURCE,
-    )
-    .unwrap_or(false)
+    static CAP: OnceLock<bool> = OnceLock::new();
+    *CAP.get_or_init(|| {
+        caps::has_cap(
+            None,
+            caps::CapSet::Effective,
+            caps::Capability::CAP_SYS_RESOURCE,
+        )
+        .unwrap_or(false)
+    })
 }
