@@ -501,9 +501,11 @@ fn chaos_rounds_keep_the_invariant() {
                 let _ = c.unpublish_volume(op_ctx(), &unpublish_req(IDS[0]));
                 let mut req = publish_req(IDS[0], &disks[0].path, "ext4");
                 req.fs_group = fs_group(4001 + round, pb::FsGroupChangePolicy::ALWAYS);
-                let addr = rig.addr();
+                // Connected before the thread starts: a kill right away
+                // must find the publish sent or about to be, not refuse a
+                // connection the round never made.
+                let c = connect(&rig.addr()).unwrap();
                 let crash = std::thread::spawn(move || {
-                    let c = connect(&addr).unwrap();
                     let t = Instant::now();
                     let r = c.publish_volume(op_ctx(), &req);
                     (
