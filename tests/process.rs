@@ -111,15 +111,30 @@ fn helper_connect() {
 /// this test binary where `nobody` may run it (the build's may sit in a
 /// directory only root can enter).
 fn nobody_connects(helper: &Path, sock: &Path) -> Option<bool> {
-    let st = Command::new(helper)
-        .args(["--ignored", "--exact", "helper_connect", "--test-threads=1"])
-        .env(CONNECT_ENV, sock)
-        .uid(NOBODY)
-        .gid(NOBODY)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .unwrap();
+    let run = || {
+        Command::new(helper)
+            .args(["--ignored", "--exact", "helper_connect", "--test-threads=1"])
+            .env(CONNECT_ENV, sock)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+    };
+    // The helper was just written: a child another test thread forks
+    // meanwhile holds the write descriptor until it execs, and exec then
+    // says ETXTBSY. It goes away once that child has exec'd.
+    let mut st = run();
+    for _ in 0..50 {
+        match &st {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                st = run();
+            }
+            _ => break,
+        }
+    }
+    let st = st.unwrap();
     match st.code() {
         Some(0) => Some(true),
         Some(13) => Some(false),
