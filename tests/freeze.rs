@@ -648,3 +648,39 @@ fn a_dropped_table_leaves_no_timer_to_thaw_the_next_tables_freeze() {
     }
     t1.shutdown();
 }
+
+// Attacks: the cases below fail on the agent as it is; each names the
+// promise of semantics.md §10 it breaks.
+
+/// "OK while it held every one of its volumes up to now". Something else
+/// in the guest thaws the agent's frozen filesystem (`fsfreeze -u`, which
+/// any root process may run; sysrq's emergency thaw), a write goes
+/// through, and the agent's FITHAW says EINVAL (not frozen): the thaw by
+/// the freeze's id still answers OK, naming the volume as thawed by it,
+/// so the backup keeps a torn snapshot.
+#[test]
+fn attack_a_freeze_thawed_behind_the_agents_back_is_reported_as_held() {
+    if !privileged() {
+        return;
+    }
+    let disk = LoopDisk::new(320, Some("ext4"));
+    let a = Agent::start();
+    let c = a.client();
+    let path = publish(&c, "v", &disk, "ext4");
+    let f = c.freeze_volumes(ctx(), &freeze_req(&["v"], 60_000)).unwrap();
+    let out = std::process::Command::new("fsfreeze")
+        .args(["-u", &path])
+        .output()
+        .expect("fsfreeze");
+    assert!(out.status.success(), "{out:?}");
+    write_in(Path::new(&path), "torn")
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the write goes through: the filesystem is thawed");
+    match c.thaw_volumes(ctx(), &thaw_req(&f.freeze_id)) {
+        Ok(t) => panic!(
+            "told OK (thawed {:?}) though a write went through before this thaw",
+            t.thawed
+        ),
+        r => assert_eq!(code(r), "ABORTED"),
+    }
+}
