@@ -684,3 +684,64 @@ fn attack_a_freeze_thawed_behind_the_agents_back_is_reported_as_held() {
         r => assert_eq!(code(r), "ABORTED"),
     }
 }
+
+/// "A filesystem frozen by something else in the guest is refused, never
+/// thawed by the agent." A freeze's end that cannot be recorded (a full
+/// state filesystem) leaves its record saying "pending"; after a kill -9,
+/// the next agent thaws whatever freeze holds that volume then: another
+/// backup tool's `fsfreeze -f`, whose snapshot is then torn.
+#[test]
+fn attack_a_restart_thaws_another_tools_freeze_when_an_end_went_unrecorded() {
+    if !privileged() {
+        return;
+    }
+    let disk = LoopDisk::new(320, Some("ext4"));
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().to_path_buf();
+    let state = base.join("root/state");
+    std::fs::create_dir_all(&state).unwrap();
+    let tmpfs = ["-t", "tmpfs", "-o", "size=256k,mode=700", "crust-state"];
+    let mounted = std::process::Command::new("mount")
+        .args(tmpfs)
+        .arg(&state)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    let a = Agent::start_in(dir);
+    let c = a.client();
+    let path = publish(&c, "v", &disk, "ext4");
+    let mut r = freeze_req(&["v"], 300_000);
+    r.freeze_id = "snap-1".into();
+    c.freeze_volumes(ctx(), &r).unwrap();
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create_new(state.join("filler")).unwrap();
+        while f.write_all(&[0u8; 4096]).is_ok() {}
+    }
+    // It held: OK, though its end could not be recorded.
+    c.thaw_volumes(ctx(), &thaw_req("snap-1")).unwrap();
+    drop(c);
+    let dir = a.kill9();
+    let fsfreeze = |how: &str| {
+        std::process::Command::new("fsfreeze")
+            .args([how, &path])
+            .status()
+            .unwrap()
+            .success()
+    };
+    assert!(fsfreeze("-f"), "another tool's freeze");
+    std::fs::remove_file(state.join("filler")).unwrap();
+    let a = Agent::start_in(dir);
+    let held = blocks(&path, "during-the-other-tools-snapshot");
+    let still_frozen = fsfreeze("-u");
+    if let Some(w) = held {
+        w.recv_timeout(Duration::from_secs(10)).unwrap();
+    }
+    drop(a);
+    let _ = std::process::Command::new("umount").arg(&state).status();
+    let _ = std::fs::remove_dir_all(&base);
+    assert!(
+        still_frozen,
+        "the restarted agent thawed a freeze it never made (another tool's)"
+    );
+}
