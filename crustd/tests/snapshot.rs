@@ -766,3 +766,35 @@ fn trim_and_health_go_to_the_guest_and_a_hostile_health_is_refused() {
     assert_eq!(c, "NOT_FOUND");
     assert!(!calls(a).iter().any(|l| l.starts_with("health")));
 }
+
+// Attacks: the case below fails on crustd as it is.
+
+/// "ABORTED ... naming the volume, how and when". A forced thaw ends disk
+/// 0's part; then disk 1, in the same guest, ends there by its timeout.
+/// The group's thaw hears the guest's ABORTED, which names disk 1, but
+/// crustd, already knowing of disk 0, records disk 1 as "thawed by the
+/// group's id" and its answer never names it: the record says a part kept
+/// the snapshot whole that did not.
+#[test]
+fn attack_a_guests_abort_is_recorded_as_a_thaw_when_crustd_knew_of_another_end() {
+    if !root_or_skip("attack_a_guests_abort_is_recorded_as_a_thaw_when_crustd_knew_of_another_end")
+    {
+        return;
+    }
+    let b = bed(&["pod-a", "pod-a"], &[]);
+    let g = b.k.freeze(&b.refs(&[0, 1]), 120_000, None).unwrap().freeze_id;
+    b.k.thaw_force(&b.refs(&[0])).unwrap();
+    let vid1 = b.vols[1].2.clone();
+    b.sb("pod-a")
+        .agent
+        .lock()
+        .unwrap()
+        .leases
+        .end_volume(&vid1, "thawed by the agent when its timeout passed");
+    let (c, m) = code(b.k.thaw(&g));
+    assert_eq!(c, "ABORTED", "{m}");
+    assert!(
+        m.contains(&b.vols[1].1),
+        "disk 1 ended in its guest first, and the answer does not say so: {m}"
+    );
+}
