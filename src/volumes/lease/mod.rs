@@ -565,11 +565,11 @@ impl<H: Thaw> Freezer<H> {
                 && lease.parts.iter().all(|(_, p)| matches!(p, Part::Skipped));
             if untouched {
                 g.leases.remove(id);
-            }
-            if untouched {
                 drop(g);
-                let _w = lock(&self.write);
-                let _ = self.ledger.remove(id);
+                // Rendered under the record lock from the map as it is
+                // then: a call with the same id may have begun meanwhile,
+                // and its record must stay.
+                let _ = self.record(id);
                 return;
             }
             taken
@@ -706,8 +706,7 @@ impl<H: Thaw> Freezer<H> {
             self.wake.notify_all();
             drop(g);
             for old in evicted {
-                let _w = lock(&self.write);
-                let _ = self.ledger.remove(&old);
+                let _ = self.record(&old);
             }
         }
         if retry {
