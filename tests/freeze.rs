@@ -667,7 +667,9 @@ fn attack_a_freeze_thawed_behind_the_agents_back_is_reported_as_held() {
     let a = Agent::start();
     let c = a.client();
     let path = publish(&c, "v", &disk, "ext4");
-    let f = c.freeze_volumes(ctx(), &freeze_req(&["v"], 60_000)).unwrap();
+    let f = c
+        .freeze_volumes(ctx(), &freeze_req(&["v"], 60_000))
+        .unwrap();
     let out = std::process::Command::new("fsfreeze")
         .args(["-u", &path])
         .output()

@@ -782,7 +782,10 @@ fn attack_a_guests_abort_is_recorded_as_a_thaw_when_crustd_knew_of_another_end()
         return;
     }
     let b = bed(&["pod-a", "pod-a"], &[]);
-    let g = b.k.freeze(&b.refs(&[0, 1]), 120_000, None).unwrap().freeze_id;
+    let g =
+        b.k.freeze(&b.refs(&[0, 1]), 120_000, None)
+            .unwrap()
+            .freeze_id;
     b.k.thaw_force(&b.refs(&[0])).unwrap();
     let vid1 = b.vols[1].2.clone();
     b.sb("pod-a")

@@ -471,7 +471,10 @@ fn attack_a_thaw_by_id_while_another_end_thaws_a_part_is_told_ok() {
     let (thawed, go) = stall(&k, "v1");
     let a = freeze(&f, &k, None, &["v1"], Duration::from_millis(50)).unwrap();
     thawed.recv_timeout(Duration::from_secs(10)).unwrap();
-    assert!(!k.is_frozen("v1"), "the timer's FITHAW is done: writes go through");
+    assert!(
+        !k.is_frozen("v1"),
+        "the timer's FITHAW is done: writes go through"
+    );
     let r = f.thaw(&a.freeze_id);
     go.send(()).unwrap();
     if let Ok(t) = r {
@@ -483,7 +486,10 @@ fn attack_a_thaw_by_id_while_another_end_thaws_a_part_is_told_ok() {
     let f2 = f.clone();
     let forced = std::thread::spawn(move || f2.end_volumes(&vols(&["v1", "v2"]), How::Forced));
     thawed.recv_timeout(Duration::from_secs(10)).unwrap();
-    assert!(!k.is_frozen("v1"), "the forced FITHAW is done: writes go through");
+    assert!(
+        !k.is_frozen("v1"),
+        "the forced FITHAW is done: writes go through"
+    );
     let r = f.thaw(&b.freeze_id);
     go.send(()).unwrap();
     forced.join().unwrap();
