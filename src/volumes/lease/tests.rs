@@ -26,8 +26,11 @@ struct Kernel {
     /// Volumes whose FITHAW thaws the filesystem, says so on the sender,
     /// then returns only when the receiver hears: a thaw caught between
     /// the kernel and its record.
-    stall_thaw: Arc<Mutex<HashMap<String, (mpsc::Sender<()>, mpsc::Receiver<()>)>>>,
+    stall_thaw: Arc<Mutex<HashMap<String, Stall>>>,
 }
+
+/// A stalled FITHAW's two ends: it says it thawed, then waits to return.
+type Stall = (mpsc::Sender<()>, mpsc::Receiver<()>);
 
 struct FakeHold {
     vol: String,
