@@ -747,3 +747,49 @@ fn attack_a_restart_thaws_another_tools_freeze_when_an_end_went_unrecorded() {
         "the restarted agent thawed a freeze it never made (another tool's)"
     );
 }
+
+/// "OK while it held every one of its volumes up to now", on a real
+/// kernel. A forced thaw of a freeze of 24 volumes thaws them one FITHAW
+/// after another and records them after the last: v0's writer gets
+/// through at once, and the freeze's own thaw, sent after that write
+/// finished, must hear ABORTED (its snapshot may hold the write), never OK.
+#[test]
+fn attack_a_thaw_sent_after_a_forced_thaw_let_a_write_through_hears_aborted() {
+    if !privileged() {
+        return;
+    }
+    const N: usize = 24;
+    let disks: Vec<LoopDisk> = (0..N).map(|_| LoopDisk::new(16, Some("ext4"))).collect();
+    let a = Agent::start();
+    let c = a.client();
+    let ids: Vec<String> = (0..N).map(|i| format!("v{i}")).collect();
+    let mut paths = Vec::new();
+    for (id, d) in ids.iter().zip(&disks) {
+        paths.push(publish(&c, id, d, "ext4"));
+    }
+    let names: Vec<&str> = ids.iter().map(String::as_str).collect();
+    for round in 0..3 {
+        let f = c
+            .freeze_volumes(ctx(), &freeze_req(&names, 60_000))
+            .unwrap();
+        let written = write_in(Path::new(&paths[0]), &format!("w{round}"));
+        assert!(written.recv_timeout(Duration::from_millis(200)).is_err());
+        let (c2, all) = (a.client(), ids.clone());
+        let forced = std::thread::spawn(move || {
+            let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+            c2.thaw_volumes(ctx(), &force_req(&refs))
+        });
+        written
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the forced thaw lets v0's write through");
+        let r = c.thaw_volumes(ctx(), &thaw_req(&f.freeze_id));
+        forced.join().unwrap().unwrap();
+        match r {
+            Ok(t) => panic!(
+                "round {round}: told OK (thawed {:?}) though a write went through v0 before this thaw was sent",
+                t.thawed
+            ),
+            r => assert_eq!(code(r), "ABORTED"),
+        }
+    }
+}
