@@ -648,3 +648,148 @@ fn a_dropped_table_leaves_no_timer_to_thaw_the_next_tables_freeze() {
     }
     t1.shutdown();
 }
+
+// Attacks: the cases below fail on the agent as it is; each names the
+// promise of semantics.md §10 it breaks.
+
+/// "OK while it held every one of its volumes up to now". Something else
+/// in the guest thaws the agent's frozen filesystem (`fsfreeze -u`, which
+/// any root process may run; sysrq's emergency thaw), a write goes
+/// through, and the agent's FITHAW says EINVAL (not frozen): the thaw by
+/// the freeze's id still answers OK, naming the volume as thawed by it,
+/// so the backup keeps a torn snapshot.
+#[test]
+fn attack_a_freeze_thawed_behind_the_agents_back_is_reported_as_held() {
+    if !privileged() {
+        return;
+    }
+    let disk = LoopDisk::new(320, Some("ext4"));
+    let a = Agent::start();
+    let c = a.client();
+    let path = publish(&c, "v", &disk, "ext4");
+    let f = c
+        .freeze_volumes(ctx(), &freeze_req(&["v"], 60_000))
+        .unwrap();
+    let out = std::process::Command::new("fsfreeze")
+        .args(["-u", &path])
+        .output()
+        .expect("fsfreeze");
+    assert!(out.status.success(), "{out:?}");
+    write_in(Path::new(&path), "torn")
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the write goes through: the filesystem is thawed");
+    match c.thaw_volumes(ctx(), &thaw_req(&f.freeze_id)) {
+        Ok(t) => panic!(
+            "told OK (thawed {:?}) though a write went through before this thaw",
+            t.thawed
+        ),
+        r => assert_eq!(code(r), "ABORTED"),
+    }
+}
+
+/// "A filesystem frozen by something else in the guest is refused, never
+/// thawed by the agent." A freeze's end that cannot be recorded (a full
+/// state filesystem) leaves its record saying "pending"; after a kill -9,
+/// the next agent thaws whatever freeze holds that volume then: another
+/// backup tool's `fsfreeze -f`, whose snapshot is then torn.
+#[test]
+fn attack_a_restart_thaws_another_tools_freeze_when_an_end_went_unrecorded() {
+    if !privileged() {
+        return;
+    }
+    let disk = LoopDisk::new(320, Some("ext4"));
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().to_path_buf();
+    let state = base.join("root/state");
+    std::fs::create_dir_all(&state).unwrap();
+    let tmpfs = ["-t", "tmpfs", "-o", "size=256k,mode=700", "crust-state"];
+    let mounted = std::process::Command::new("mount")
+        .args(tmpfs)
+        .arg(&state)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    let a = Agent::start_in(dir);
+    let c = a.client();
+    let path = publish(&c, "v", &disk, "ext4");
+    let mut r = freeze_req(&["v"], 300_000);
+    r.freeze_id = "snap-1".into();
+    c.freeze_volumes(ctx(), &r).unwrap();
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create_new(state.join("filler")).unwrap();
+        while f.write_all(&[0u8; 4096]).is_ok() {}
+    }
+    // It held: OK, though its end could not be recorded.
+    c.thaw_volumes(ctx(), &thaw_req("snap-1")).unwrap();
+    drop(c);
+    let dir = a.kill9();
+    let fsfreeze = |how: &str| {
+        std::process::Command::new("fsfreeze")
+            .args([how, &path])
+            .status()
+            .unwrap()
+            .success()
+    };
+    assert!(fsfreeze("-f"), "another tool's freeze");
+    std::fs::remove_file(state.join("filler")).unwrap();
+    let a = Agent::start_in(dir);
+    let held = blocks(&path, "during-the-other-tools-snapshot");
+    let still_frozen = fsfreeze("-u");
+    if let Some(w) = held {
+        w.recv_timeout(Duration::from_secs(10)).unwrap();
+    }
+    drop(a);
+    let _ = std::process::Command::new("umount").arg(&state).status();
+    let _ = std::fs::remove_dir_all(&base);
+    assert!(
+        still_frozen,
+        "the restarted agent thawed a freeze it never made (another tool's)"
+    );
+}
+
+/// "OK while it held every one of its volumes up to now", on a real
+/// kernel. A forced thaw of a freeze of 24 volumes thaws them one FITHAW
+/// after another and records them after the last: v0's writer gets
+/// through at once, and the freeze's own thaw, sent after that write
+/// finished, must hear ABORTED (its snapshot may hold the write), never OK.
+#[test]
+fn attack_a_thaw_sent_after_a_forced_thaw_let_a_write_through_hears_aborted() {
+    if !privileged() {
+        return;
+    }
+    const N: usize = 24;
+    let disks: Vec<LoopDisk> = (0..N).map(|_| LoopDisk::new(16, Some("ext4"))).collect();
+    let a = Agent::start();
+    let c = a.client();
+    let ids: Vec<String> = (0..N).map(|i| format!("v{i}")).collect();
+    let mut paths = Vec::new();
+    for (id, d) in ids.iter().zip(&disks) {
+        paths.push(publish(&c, id, d, "ext4"));
+    }
+    let names: Vec<&str> = ids.iter().map(String::as_str).collect();
+    for round in 0..3 {
+        let f = c
+            .freeze_volumes(ctx(), &freeze_req(&names, 60_000))
+            .unwrap();
+        let written = write_in(Path::new(&paths[0]), &format!("w{round}"));
+        assert!(written.recv_timeout(Duration::from_millis(200)).is_err());
+        let (c2, all) = (a.client(), ids.clone());
+        let forced = std::thread::spawn(move || {
+            let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+            c2.thaw_volumes(ctx(), &force_req(&refs))
+        });
+        written
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the forced thaw lets v0's write through");
+        let r = c.thaw_volumes(ctx(), &thaw_req(&f.freeze_id));
+        forced.join().unwrap().unwrap();
+        match r {
+            Ok(t) => panic!(
+                "round {round}: told OK (thawed {:?}) though a write went through v0 before this thaw was sent",
+                t.thawed
+            ),
+            r => assert_eq!(code(r), "ABORTED"),
+        }
+    }
+}

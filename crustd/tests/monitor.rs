@@ -334,3 +334,50 @@ fn a_sandbox_json_that_records_qemu_pid_is_held_to_it() {
     k.unpublish("pod-a", &dev).unwrap();
     assert!(sb.qemu.lock().unwrap().devices.is_empty());
 }
+
+// Attacks: the case below fails on crustd as it is.
+
+/// "Whoever writes in Kata's runtime directory could otherwise send sandbox
+/// B's disk into sandbox A's VM" (crustd.md §2). The proof binds the
+/// monitor to the pid in `persist.json`, but nothing binds `persist.json`
+/// to the sandbox: B's `persist.json` a hard link of A's (a regular file,
+/// no symbolic link on the way) and B's monitor a hard link of A's socket
+/// pass every check, and B's disk is plugged into A's VM, recorded as B's.
+/// A copy of A's `persist.json` does the same.
+#[test]
+fn attack_hard_links_of_both_katas_files_send_a_disk_into_another_vm() {
+    if !root_or_skip("attack_hard_links_of_both_katas_files_send_a_disk_into_another_vm") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let reg = t.path().join("sandboxes");
+    std::fs::create_dir_all(&reg).unwrap();
+    let kata = Kata {
+        run: t.path().join("run/vc"),
+    };
+    let me = std::process::id();
+    let agent_sock = t.path().join("a-vsock.sock");
+    let (_agent, _server) = fakes::hvsock_agent(&agent_sock);
+    kata.persist("a", me, &agent_sock);
+    kata.vm_dir("a");
+    let qemu_a = fakes::qemu(&kata.monitor("a"));
+    std::fs::create_dir_all(kata.sbs("b")).unwrap();
+    std::fs::hard_link(
+        kata.sbs("a").join("persist.json"),
+        kata.sbs("b").join("persist.json"),
+    )
+    .unwrap();
+    kata.vm_dir("b");
+    std::fs::hard_link(kata.monitor("a"), kata.monitor("b")).unwrap();
+
+    let disk = LoopDisk::new(32, None);
+    let dev = disk.path();
+    let run = kata.run.display().to_string();
+    let d = Crustd::start(&reg, &["--kata-runtime-dir", &run]);
+    let r = d.client().publish(req("b", &dev));
+    let into_a = plugged(&qemu_a);
+    assert!(
+        r.is_err() && into_a.is_empty(),
+        "sandbox b's disk went into sandbox a's VM: {r:?}, plugged there: {into_a:?}"
+    );
+}

@@ -766,3 +766,80 @@ fn trim_and_health_go_to_the_guest_and_a_hostile_health_is_refused() {
     assert_eq!(c, "NOT_FOUND");
     assert!(!calls(a).iter().any(|l| l.starts_with("health")));
 }
+
+// Attacks: the case below fails on crustd as it is.
+
+/// "ABORTED ... naming the volume, how and when". A forced thaw ends disk
+/// 0's part; then disk 1, in the same guest, ends there by its timeout.
+/// The group's thaw hears the guest's ABORTED, which names disk 1, but
+/// crustd, already knowing of disk 0, records disk 1 as "thawed by the
+/// group's id" and its answer never names it: the record says a part kept
+/// the snapshot whole that did not.
+#[test]
+fn attack_a_guests_abort_is_recorded_as_a_thaw_when_crustd_knew_of_another_end() {
+    if !root_or_skip("attack_a_guests_abort_is_recorded_as_a_thaw_when_crustd_knew_of_another_end")
+    {
+        return;
+    }
+    let b = bed(&["pod-a", "pod-a"], &[]);
+    let g =
+        b.k.freeze(&b.refs(&[0, 1]), 120_000, None)
+            .unwrap()
+            .freeze_id;
+    b.k.thaw_force(&b.refs(&[0])).unwrap();
+    let vid1 = b.vols[1].2.clone();
+    b.sb("pod-a")
+        .agent
+        .lock()
+        .unwrap()
+        .leases
+        .end_volume(&vid1, "thawed by the agent when its timeout passed");
+    let (c, m) = code(b.k.thaw(&g));
+    assert_eq!(c, "ABORTED", "{m}");
+    assert!(
+        m.contains(&b.vols[1].1),
+        "disk 1 ended in its guest first, and the answer does not say so: {m}"
+    );
+}
+
+/// "The timeout runs in every guest ... and on crustd's timer a second
+/// later" and `thaw_at_unix_ms` is "when it ends by itself". Each guest is
+/// given the whole timeout when its turn comes, so a guest called after a
+/// slow one (here 3 s of another pod's flush) ends by itself that much
+/// after `thaw_at`, and after crustd's timer: with crustd gone, its pod's
+/// writes wait past the time the caller was told.
+#[test]
+fn attack_a_guest_called_late_is_given_the_whole_timeout() {
+    if !root_or_skip("attack_a_guest_called_late_is_given_the_whole_timeout") {
+        return;
+    }
+    let b = bed(&["pod-a", "pod-b"], &[]);
+    let gate = Arc::new(AtomicBool::new(false));
+    b.set("pod-a", OnFreeze::Until(gate.clone()));
+    let opener = {
+        let gate = gate.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(3));
+            gate.store(true, Ordering::SeqCst);
+        })
+    };
+    let f = b.k.freeze(&b.refs(&[0, 1]), 10_000, None).unwrap();
+    opener.join().unwrap();
+    let sent: u64 = calls(b.sb("pod-b"))
+        .iter()
+        .find_map(|l| l.strip_prefix("freeze "))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|ms| ms.parse().ok())
+        .unwrap();
+    let left = f.thaw_at_unix_ms.saturating_sub(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64,
+    );
+    assert!(
+        sent <= left + 1_000,
+        "pod-b was given {sent} ms when {left} ms were left before the group's thaw_at"
+    );
+    b.k.thaw(&f.freeze_id).unwrap();
+}

@@ -77,14 +77,24 @@ enum Part<H> {
         hold: H,
         retry: Option<(Instant, How)>,
     },
-    /// FITHAW in flight.
-    Ending,
+    /// FITHAW in flight: how it ends, and since when. Writes may go
+    /// through already, so a thaw by its id that finds it so must not
+    /// answer that the freeze held.
+    Ending(End),
     Ended(End),
     /// Never frozen: its freeze call stopped before it.
     Skipped,
 }
 
 impl<H> Part<H> {
+    /// A part whose FITHAW begins now, to end it `how`.
+    fn ending(how: How) -> Part<H> {
+        Part::Ending(End {
+            how,
+            at_unix_ms: unix_ms(),
+        })
+    }
+
     fn said(&self) -> Said {
         match self {
             Part::Ended(e) => Said::Ended(*e),
@@ -146,12 +156,13 @@ impl<H> Lease<H> {
         }
     }
 
-    /// The parts that ended some way other than by its id, as sentences.
+    /// The parts that ended, or are being ended, some way other than by
+    /// its id, as sentences.
     fn broken(&self, now: u64) -> Vec<String> {
         self.parts
             .iter()
             .filter_map(|(v, p)| match p {
-                Part::Ended(e) if e.how != How::Thawed => Some(e.said(v, now)),
+                Part::Ended(e) | Part::Ending(e) if e.how != How::Thawed => Some(e.said(v, now)),
                 _ => None,
             })
             .collect()
@@ -483,7 +494,7 @@ impl<H: Thaw> Freezer<H> {
                 Ok(())
             }
             (Ok(hold), Some(how)) => {
-                *part = Part::Ending;
+                *part = Part::ending(how);
                 drop(g);
                 let vol = vol.to_string();
                 self.end(id, vec![Taken { vol, hold, how }]);
@@ -549,7 +560,7 @@ impl<H: Thaw> Freezer<H> {
             for (vol, part) in &mut lease.parts {
                 match std::mem::replace(part, Part::Skipped) {
                     Part::Held { hold, .. } => {
-                        *part = Part::Ending;
+                        *part = Part::ending(How::Undone);
                         taken.push(Taken {
                             vol: vol.clone(),
                             hold,
@@ -565,11 +576,11 @@ impl<H: Thaw> Freezer<H> {
                 && lease.parts.iter().all(|(_, p)| matches!(p, Part::Skipped));
             if untouched {
                 g.leases.remove(id);
-            }
-            if untouched {
                 drop(g);
-                let _w = lock(&self.write);
-                let _ = self.ledger.remove(id);
+                // Rendered under the record lock from the map as it is
+                // then: a call with the same id may have begun meanwhile,
+                // and its record must stay.
+                let _ = self.record(id);
                 return;
             }
             taken
@@ -706,8 +717,7 @@ impl<H: Thaw> Freezer<H> {
             self.wake.notify_all();
             drop(g);
             for old in evicted {
-                let _w = lock(&self.write);
-                let _ = self.ledger.remove(&old);
+                let _ = self.record(&old);
             }
         }
         if retry {
@@ -782,7 +792,7 @@ fn take_part<H>(
 ) -> bool {
     match std::mem::replace(part, Part::Skipped) {
         Part::Held { hold, .. } => {
-            *part = Part::Ending;
+            *part = Part::ending(how);
             taken.push(Taken {
                 vol: vol.to_string(),
                 hold,

@@ -23,7 +23,14 @@ struct Kernel {
     frozen: Arc<Mutex<HashMap<String, bool>>>,
     fail_freeze: Arc<Mutex<HashSet<String>>>,
     fail_thaw: Arc<Mutex<HashSet<String>>>,
+    /// Volumes whose FITHAW thaws the filesystem, says so on the sender,
+    /// then returns only when the receiver hears: a thaw caught between
+    /// the kernel and its record.
+    stall_thaw: Arc<Mutex<HashMap<String, Stall>>>,
 }
+
+/// A stalled FITHAW's two ends: it says it thawed, then waits to return.
+type Stall = (mpsc::Sender<()>, mpsc::Receiver<()>);
 
 struct FakeHold {
     vol: String,
@@ -35,10 +42,15 @@ impl Thaw for FakeHold {
         if lock(&self.k.fail_thaw).contains(&self.vol) {
             return Err(SysError::new("FITHAW", &self.vol, Errno::IO).into());
         }
-        Ok(std::mem::replace(
+        let was = std::mem::replace(
             lock(&self.k.frozen).entry(self.vol.clone()).or_default(),
             false,
-        ))
+        );
+        if let Some((said, go)) = lock(&self.k.stall_thaw).remove(&self.vol) {
+            let _ = said.send(());
+            let _ = go.recv();
+        }
+        Ok(was)
     }
 }
 
@@ -434,4 +446,125 @@ fn a_held_volume_is_refused_by_name_and_a_timeout_during_the_call_aborts_it() {
     assert_eq!(c, Code::Aborted, "{msg}");
     assert!(!k.is_frozen("v3") && !k.is_frozen("v4"));
     assert!(f.holding("v4").is_none());
+}
+
+// Attacks: the cases below fail on the leases as they are. Each names the
+// promise of semantics.md §10 it breaks.
+
+/// Stalls volume `vol`'s next FITHAW once the kernel has thawed it:
+/// answers (the filesystem is thawed now, let the FITHAW return).
+fn stall(k: &Kernel, vol: &str) -> (mpsc::Receiver<()>, mpsc::Sender<()>) {
+    let (said, thawed) = mpsc::channel();
+    let (go, wait) = mpsc::channel();
+    lock(&k.stall_thaw).insert(vol.into(), (said, wait));
+    (thawed, go)
+}
+
+/// "OK while it held every one of its volumes up to now": the timer, or a
+/// forced thaw, has thawed v1 in the kernel (writes go through it from
+/// then on) and not yet recorded it. A thaw by the freeze's id that comes
+/// in that window hears OK, so a backup whose snapshot ended just as its
+/// timeout passed is told it is consistent.
+#[test]
+fn attack_a_thaw_by_id_while_another_end_thaws_a_part_is_told_ok() {
+    let d = tempfile::tempdir().unwrap();
+    let k = Kernel::default();
+    let f = open(d.path(), &k);
+    // Its timer.
+    let (thawed, go) = stall(&k, "v1");
+    let a = freeze(&f, &k, None, &["v1"], Duration::from_millis(50)).unwrap();
+    thawed.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(
+        !k.is_frozen("v1"),
+        "the timer's FITHAW is done: writes go through"
+    );
+    let r = f.thaw(&a.freeze_id);
+    go.send(()).unwrap();
+    if let Ok(t) = r {
+        panic!("told OK (thawed {t:?}) after its timeout had thawed v1");
+    }
+    // A forced thaw of two volumes: v1 thawed, v2 not yet, nothing recorded.
+    let b = freeze(&f, &k, None, &["v1", "v2"], LONG).unwrap();
+    let (thawed, go) = stall(&k, "v1");
+    let f2 = f.clone();
+    let forced = std::thread::spawn(move || f2.end_volumes(&vols(&["v1", "v2"]), How::Forced));
+    thawed.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(
+        !k.is_frozen("v1"),
+        "the forced FITHAW is done: writes go through"
+    );
+    let r = f.thaw(&b.freeze_id);
+    go.send(()).unwrap();
+    forced.join().unwrap();
+    if let Ok(t) = r {
+        panic!("told OK (thawed {t:?}) after a forced thaw had thawed v1");
+    }
+}
+
+/// "OK while it held every one of its volumes": FITHAW through the freeze's
+/// own hold says the filesystem was not frozen any more (EINVAL: something
+/// else in the guest thawed it, `fsfreeze -u`, sysrq's emergency thaw), so
+/// writes went through before this thaw. The answer is still OK.
+#[test]
+fn attack_a_thaw_that_finds_its_filesystem_already_thawed_is_told_ok() {
+    let d = tempfile::tempdir().unwrap();
+    let k = Kernel::default();
+    let f = open(d.path(), &k);
+    let a = freeze(&f, &k, None, &["v1", "v2"], LONG).unwrap();
+    // Someone else's FITHAW on v1.
+    lock(&k.frozen).insert("v1".into(), false);
+    match f.thaw(&a.freeze_id) {
+        Ok(t) => panic!("told OK (thawed {t:?}) though v1 was found thawed by someone else"),
+        Err(e) => assert_eq!(e.code(), Code::Aborted, "{e}"),
+    }
+}
+
+/// A call with a caller's id that froze nothing forgets its lease, then
+/// removes its record with no lock held in between; the next call with
+/// that id, made in that gap, writes its own record, which the removal
+/// then takes. The volume is frozen with no record, and after a kill -9
+/// the next agent never thaws it (its writers hang; ListVolumes shows no
+/// freeze; a forced thaw finds nothing to end). The gap is a preemption
+/// of the first call's thread, so this tries many times with the second
+/// call ready to begin the moment the first lets go.
+#[test]
+fn attack_a_failed_call_removes_the_record_of_the_next_call_with_its_id() {
+    let d = tempfile::tempdir().unwrap();
+    let k = Kernel::default();
+    let f = open(d.path(), &k);
+    for round in 0..5_000 {
+        let id = format!("x{round}");
+        let (entered, wait) = (mpsc::channel(), mpsc::channel::<()>());
+        let (f1, id1) = (f.clone(), id.clone());
+        let first = std::thread::spawn(move || {
+            f1.freeze(
+                Some(&id1),
+                &vols(&["v1"]),
+                LONG,
+                |_, vol| {
+                    entered.0.send(()).unwrap();
+                    wait.1.recv().unwrap();
+                    Err(SysError::new("open", vol, Errno::NOENT).into())
+                },
+                || Ok(()),
+            )
+        });
+        entered.1.recv().unwrap();
+        let (f2, k2, id2) = (f.clone(), k.clone(), id.clone());
+        let second = std::thread::spawn(move || loop {
+            match freeze(&f2, &k2, Some(&id2), &["v2"], LONG) {
+                Err(e) if e.code() == Code::Unavailable => std::hint::spin_loop(),
+                other => return other,
+            }
+        });
+        wait.0.send(()).unwrap();
+        assert!(first.join().unwrap().is_err());
+        second.join().unwrap().unwrap();
+        let rec = d.path().join(FREEZES_DIR).join(format!("{id}.freeze"));
+        assert!(
+            rec.exists(),
+            "round {round}: v2 is frozen by {id} and {id} has no record: a kill -9 now leaves it frozen for good"
+        );
+        f.thaw(&id).unwrap();
+    }
 }

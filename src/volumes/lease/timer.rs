@@ -113,7 +113,7 @@ fn take_due<H>(g: &mut Inner<H>, now: Instant) -> (Vec<(String, Taken<H>)>, Opti
                 next = Some(next.map_or(at, |n| n.min(at)));
                 continue;
             }
-            if let Part::Held { hold, .. } = std::mem::replace(part, Part::Ending) {
+            if let Part::Held { hold, .. } = std::mem::replace(part, Part::ending(how)) {
                 let vol = vol.clone();
                 due.push((id.clone(), Taken { vol, hold, how }));
             }
