@@ -649,17 +649,14 @@ fn a_dropped_table_leaves_no_timer_to_thaw_the_next_tables_freeze() {
     t1.shutdown();
 }
 
-// Attacks: the cases below fail on the agent as it is; each names the
-// promise of semantics.md §10 it breaks.
-
 /// "OK while it held every one of its volumes up to now". Something else
 /// in the guest thaws the agent's frozen filesystem (`fsfreeze -u`, which
 /// any root process may run; sysrq's emergency thaw), a write goes
 /// through, and the agent's FITHAW says EINVAL (not frozen): the thaw by
-/// the freeze's id still answers OK, naming the volume as thawed by it,
-/// so the backup keeps a torn snapshot.
+/// the freeze's id answers ABORTED, saying the volume was found thawed by
+/// something else, so the backup does not keep a torn snapshot.
 #[test]
-fn attack_a_freeze_thawed_behind_the_agents_back_is_reported_as_held() {
+fn a_freeze_thawed_behind_the_agents_back_is_reported_as_lost() {
     if !privileged() {
         return;
     }
@@ -683,17 +680,22 @@ fn attack_a_freeze_thawed_behind_the_agents_back_is_reported_as_held() {
             "told OK (thawed {:?}) though a write went through before this thaw",
             t.thawed
         ),
-        r => assert_eq!(code(r), "ABORTED"),
+        r => {
+            assert_eq!(code(r.clone()), "ABORTED");
+            assert!(message(r).contains("found thawed by something other than the agent"));
+        }
     }
 }
 
 /// "A filesystem frozen by something else in the guest is refused, never
 /// thawed by the agent." A freeze's end that cannot be recorded (a full
-/// state filesystem) leaves its record saying "pending"; after a kill -9,
-/// the next agent thaws whatever freeze holds that volume then: another
-/// backup tool's `fsfreeze -f`, whose snapshot is then torn.
+/// state filesystem) must not leave a record saying "pending": after a
+/// kill -9, the next agent would thaw whatever freeze holds that volume
+/// then, another backup tool's `fsfreeze -f`, whose snapshot would be
+/// torn. The record of a freeze with nothing left frozen is removed
+/// instead (an unlink needs no space).
 #[test]
-fn attack_a_restart_thaws_another_tools_freeze_when_an_end_went_unrecorded() {
+fn a_restart_never_thaws_another_tools_freeze_after_an_unrecorded_end() {
     if !privileged() {
         return;
     }
@@ -754,7 +756,7 @@ fn attack_a_restart_thaws_another_tools_freeze_when_an_end_went_unrecorded() {
 /// through at once, and the freeze's own thaw, sent after that write
 /// finished, must hear ABORTED (its snapshot may hold the write), never OK.
 #[test]
-fn attack_a_thaw_sent_after_a_forced_thaw_let_a_write_through_hears_aborted() {
+fn a_thaw_sent_after_a_forced_thaw_let_a_write_through_hears_aborted() {
     if !privileged() {
         return;
     }

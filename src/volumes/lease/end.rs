@@ -17,9 +17,12 @@ pub(crate) enum How {
     Forced,
     /// Its own freeze call failed, and undid what it froze.
     Undone,
+    /// Something other than the agent thawed it first: FITHAW found it
+    /// not frozen, so writes may have gone through before this end.
+    Lost,
 }
 
-const HOWS: [(How, &str, &str); 7] = [
+const HOWS: [(How, &str, &str); 8] = [
     (How::Thawed, "thawed", "thawed by its id"),
     (
         How::Timeout,
@@ -42,6 +45,11 @@ const HOWS: [(How, &str, &str); 7] = [
         How::Undone,
         "undone",
         "thawed when its own freeze call failed",
+    ),
+    (
+        How::Lost,
+        "lost",
+        "found thawed by something other than the agent (FITHAW said it was not frozen), so writes may have gone through before",
     ),
 ];
 

@@ -99,7 +99,8 @@ impl<H> Part<H> {
         match self {
             Part::Ended(e) => Said::Ended(*e),
             Part::Skipped => Said::Skipped,
-            _ => Said::Pending,
+            Part::Waiting => Said::Waiting,
+            Part::Freezing { .. } | Part::Held { .. } | Part::Ending(_) => Said::Pending,
         }
     }
 
@@ -122,6 +123,8 @@ struct Lease<H> {
     stopped: Option<How>,
     /// Counted among the ended leases the ledger keeps.
     settled: bool,
+    /// Its record on disk is behind: the timer writes it again.
+    unsaved: bool,
 }
 
 impl<H> Lease<H> {
@@ -134,6 +137,7 @@ impl<H> Lease<H> {
             making: true,
             stopped: None,
             settled: false,
+            unsaved: false,
         }
     }
 
@@ -189,7 +193,7 @@ impl<H> Lease<H> {
             .map(|(v, s)| {
                 let p = match s {
                     Said::Ended(e) => Part::Ended(*e),
-                    Said::Skipped | Said::Pending => Part::Skipped,
+                    Said::Skipped | Said::Pending | Said::Waiting => Part::Skipped,
                 };
                 (v.clone(), p)
             })
@@ -202,6 +206,7 @@ impl<H> Lease<H> {
             making: false,
             stopped: None,
             settled: true,
+            unsaved: false,
         }
     }
 
@@ -286,6 +291,8 @@ struct Inner<H> {
     /// The leases that are over, oldest first: the last ENDED_KEPT stay.
     over: VecDeque<String>,
     timer: TimerState,
+    /// When the timer last wrote the records an end could not.
+    saved_try: Option<Instant>,
 }
 
 /// A part taken out to be thawed.
@@ -340,8 +347,20 @@ impl<H: Thaw> Freezer<H> {
         for r in &mut records {
             let mut changed = false;
             for (vol, said) in &mut r.parts {
-                if *said != Said::Pending {
-                    continue;
+                match *said {
+                    Said::Pending => {}
+                    // Never frozen by the dead agent: its filesystem is
+                    // left alone (something else may hold it frozen), and
+                    // the freeze is over, by the restart.
+                    Said::Waiting => {
+                        *said = Said::Ended(End {
+                            how: How::Restart,
+                            at_unix_ms: unix_ms(),
+                        });
+                        changed = true;
+                        continue;
+                    }
+                    Said::Skipped | Said::Ended(_) => continue,
                 }
                 match thaw_left(vol) {
                     Ok(true) => {
@@ -370,6 +389,7 @@ impl<H: Thaw> Freezer<H> {
             holders: HashMap::new(),
             over: VecDeque::new(),
             timer: TimerState::Idle,
+            saved_try: None,
         };
         for r in &records {
             inner.leases.insert(r.freeze.clone(), Lease::from_record(r));
@@ -467,6 +487,16 @@ impl<H: Thaw> Freezer<H> {
         freeze: impl FnOnce() -> crate::error::Result<H>,
     ) -> crate::error::Result<()> {
         self.claim(id, vol)?;
+        // On disk before FIFREEZE: a restart thaws what this record says
+        // may be frozen, and only that.
+        if let Err(e) = self.record(id) {
+            let mut g = lock(&self.inner);
+            if let Some(part) = g.leases.get_mut(id).and_then(|l| l.part(vol)) {
+                *part = Part::Skipped;
+            }
+            g.holders.remove(vol);
+            return Err(e);
+        }
         let frozen = freeze();
         let mut g = lock(&self.inner);
         let Inner {
@@ -692,11 +722,15 @@ impl<H: Thaw> Freezer<H> {
                     continue;
                 };
                 match r {
-                    Ok(_) => {
-                        *part = Part::Ended(End {
-                            how: t.how,
-                            at_unix_ms,
-                        });
+                    Ok(was) => {
+                        // Not frozen any more when its end came: something
+                        // else thawed it, whatever this end meant to say.
+                        let how = if was { t.how } else { How::Lost };
+                        if !was {
+                            warn!(self.log, "a frozen volume was found thawed by something other than the agent";
+                                  "volume" => &t.vol, "freeze" => id);
+                        }
+                        *part = Part::Ended(End { how, at_unix_ms });
                         if holders.get(&t.vol).map(String::as_str) == Some(id) {
                             holders.remove(&t.vol);
                         }
@@ -723,9 +757,7 @@ impl<H: Thaw> Freezer<H> {
         if retry {
             self.start_timer();
         }
-        if let Err(e) = self.record(id) {
-            warn!(self.log, "could not record how a freeze ended; a restart would say it ended by the restart"; "freeze" => id, "error" => %e);
-        }
+        self.save(id);
         let (_, error) = failed.first()?;
         let vols: Vec<&str> = failed.iter().map(|(v, _)| v.as_str()).collect();
         Some(Error::ThawFailed {
@@ -733,6 +765,53 @@ impl<H: Thaw> Freezer<H> {
             volumes: vols.join(", "),
             error: error.clone(),
         })
+    }
+
+    /// Writes lease `id`'s record after an end; one that cannot be written
+    /// (a full state filesystem) is noted, and the timer writes it again
+    /// every second until it can: a record left saying "pending" would
+    /// have a restart thaw what may by then be another tool's freeze.
+    ///
+    /// Until then, a freeze with nothing left frozen has its record
+    /// removed (an unlink needs no space): a restart then knows nothing of
+    /// it (a late thaw of it hears NOT_FOUND) rather than thaw, by a record
+    /// that says "pending", whatever freeze holds its volumes by then.
+    fn save(&self, id: &str) {
+        let saved = self.record(id);
+        let mut g = lock(&self.inner);
+        let over = g.leases.get_mut(id).is_some_and(|l| {
+            l.unsaved = saved.is_err();
+            l.parts.iter().all(|(_, p)| p.is_over())
+        });
+        drop(g);
+        if let Err(e) = saved {
+            warn!(self.log, "could not record how a freeze ended; trying again every second"; "freeze" => id, "error" => %e);
+            if over {
+                let _w = lock(&self.write);
+                if let Err(e) = self.ledger.remove(id) {
+                    warn!(self.log, "could not remove the record of an ended freeze either; a restart would thaw its volumes"; "freeze" => id, "error" => %e);
+                }
+            }
+            self.wake.notify_all();
+            self.start_timer();
+        }
+    }
+
+    /// Writes every record an end could not write (the timer's call).
+    pub(super) fn save_unsaved(&self) {
+        let ids: Vec<String> = lock(&self.inner)
+            .leases
+            .iter()
+            .filter(|(_, l)| l.unsaved)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            if self.record(&id).is_ok() {
+                if let Some(l) = lock(&self.inner).leases.get_mut(&id) {
+                    l.unsaved = false;
+                }
+            }
+        }
     }
 
     /// Writes lease `id`'s record as it is now (removes it once forgotten).

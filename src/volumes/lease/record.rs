@@ -10,6 +10,7 @@
 //! timeout_ms=60000
 //! thaw_at_unix_ms=1764262143000
 //! volume=pvc-1→pending
+//! volume=pvc-4→waiting
 //! volume=pvc-2→ended→timeout→1764262143004
 //! volume=pvc-3→skipped
 //! ```
@@ -25,7 +26,11 @@ pub(crate) const MAX_BYTES: u64 = 64 << 10;
 /// A part of a lease as its record says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Said {
-    /// It may be frozen: a restarted agent thaws it.
+    /// Its freeze call had not reached it: never frozen by this lease, so
+    /// a restarted agent leaves its filesystem alone.
+    Waiting,
+    /// It may be frozen (its FIFREEZE was about to be made, or made): a
+    /// restarted agent thaws it.
     Pending,
     /// Its freeze call stopped before it: never frozen.
     Skipped,
@@ -49,7 +54,7 @@ impl Record {
         let mut last = 0;
         for (_, said) in &self.parts {
             match said {
-                Said::Pending => return 0,
+                Said::Pending | Said::Waiting => return 0,
                 Said::Skipped => {}
                 Said::Ended(e) => last = last.max(e.at_unix_ms),
             }
@@ -66,6 +71,7 @@ pub(crate) fn encode(r: &Record) -> String {
     );
     for (vol, said) in &r.parts {
         match said {
+            Said::Waiting => o += &format!("volume={vol}\twaiting\n"),
             Said::Pending => o += &format!("volume={vol}\tpending\n"),
             Said::Skipped => o += &format!("volume={vol}\tskipped\n"),
             Said::Ended(e) => {
@@ -87,6 +93,7 @@ fn part(v: &str) -> Result<(String, Said), String> {
     let vol = fields[0];
     validate::volume_id(vol).map_err(|e| e.0)?;
     let said = match fields[1..] {
+        ["waiting"] => Said::Waiting,
         ["pending"] => Said::Pending,
         ["skipped"] => Said::Skipped,
         ["ended", how, at] => Said::Ended(End {
@@ -159,6 +166,7 @@ mod tests {
             thaw_at_unix_ms: 61_000,
             parts: vec![
                 ("pvc-1".into(), Said::Pending),
+                ("pvc-4".into(), Said::Waiting),
                 (
                     "pvc-2".into(),
                     Said::Ended(End {
@@ -182,6 +190,8 @@ mod tests {
             how: How::Thawed,
             at_unix_ms: 70_000,
         });
+        assert_eq!(over.ended_at(), 0, "a waiting part keeps it open too");
+        over.parts[1].1 = Said::Skipped;
         assert_eq!(over.ended_at(), 70_000);
     }
 

@@ -45,6 +45,7 @@ impl<H: Thaw> Freezer<H> {
 
     fn run_timer(self: Arc<Self>) {
         while let Some(due) = self.next_due() {
+            self.save_unsaved();
             for (id, taken) in due {
                 let how = taken.how;
                 let vol = taken.vol.clone();
@@ -66,9 +67,18 @@ impl<H: Thaw> Freezer<H> {
                 return None;
             }
             let now = Instant::now();
-            let (due, next) = take_due(&mut g, now);
+            let (due, mut next) = take_due(&mut g, now);
             if !due.is_empty() {
                 return Some(due);
+            }
+            if g.leases.values().any(|l| l.unsaved) {
+                // A record to write again: at most a second from now.
+                let soon = now + super::RETRY;
+                next = Some(next.map_or(soon, |n| n.min(soon)));
+                if g.saved_try.is_none_or(|t| t + super::RETRY <= now) {
+                    g.saved_try = Some(now);
+                    return Some(Vec::new());
+                }
             }
             let Some(next) = next else {
                 g.timer = TimerState::Idle;
