@@ -1,8 +1,8 @@
 //! The QMP steps of a volume: plug (`blockdev-add` host_device with
-//! O_DIRECT, then `device_add virtio-blk-pci` with the serial), unplug in
-//! steps (`device_del`; whether the guest let go; `blockdev-del`), so that
-//! the caller waits for the guest without holding the sandbox's QMP lock,
-//! and growth (`block_resize`). The commands and the session are
+//! O_DIRECT, then `device_add virtio-blk-pci` with the serial), unplug
+//! (crust-client's, each step on a session of its own, so that the caller
+//! waits for the guest without holding the sandbox's QMP lock), and growth
+//! (`block_resize`). The commands and the session are
 //! crust-client's, shared with crust-vm, each asking QEMU first so it can be
 //! repeated after a crash or a restart; here their failures get crustd's
 //! codes: QEMU's refusal is FAILED_PRECONDITION with QEMU's words, a
@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crust_client::qmp::{BlockDisk, Qmp, QmpError, Socket, Source};
+use crust_client::qmp::{BlockDisk, Qmp, QmpError, Socket, Source, Step, UnplugError};
 
 use crate::error::{Error, Result};
 use crate::hostdev::Names;
@@ -74,18 +74,25 @@ pub fn plug(q: &mut Qmp, names: &Names, dev: &Path, read_only: bool) -> Result<A
         })
 }
 
-/// Asks QEMU to detach the device (device_del) if it still has it, without
-/// waiting for the guest; answers whether it had it.
-pub fn request_unplug(q: &mut Qmp, names: &Names) -> Result<bool> {
-    q.request_unplug(&names.device)
-        .map_err(|e| e.during(&format!("to detach {} (device_del)", names.device)))
-}
-
-/// Whether QEMU no longer lists the device (the guest let go of it).
-pub fn device_gone(q: &mut Qmp, names: &Names) -> Result<bool> {
-    q.device_present(&names.device)
-        .map(|present| !present)
-        .map_err(|e| e.during("listing devices (qom-list)"))
+/// An unplug's failure (crust-client's `unplug` or `remove_node_until`,
+/// each step on a session from crustd's factory) as crustd's error: the
+/// factory's own, QEMU's for the step that failed, or UNAVAILABLE when the
+/// guest did not let go within `timeout` or the caller's deadline.
+pub fn unplug_error(e: UnplugError<Error>, names: &Names, timeout: Duration) -> Error {
+    match e {
+        UnplugError::Session(e) => e,
+        UnplugError::Qmp { step, error } => match step {
+            Step::Detach => error.during(&format!("to detach {} (device_del)", names.device)),
+            Step::Look => error.during("listing devices (qom-list)"),
+            Step::RemoveNode => {
+                error.during(&format!("to remove node {} (blockdev-del)", names.node))
+            }
+        },
+        UnplugError::NotReleased => Error::unavailable(format!(
+            "the guest did not release device {} within {timeout:?} after device_del, or by the caller's deadline (is the guest kernel alive?); unpublish again to retry",
+            names.device
+        )),
+    }
 }
 
 /// Removes the block node (blockdev-del) if QEMU still has it; answers whether it had it.
@@ -117,6 +124,7 @@ mod tests {
             command: "device_add".into(),
             class: "GenericError".into(),
             desc: "Bus 'pci.0' does not support hotplugging".into(),
+            refusal: crust_client::qmp::Refusal::Other,
         }
         .during("to attach /dev/loop0 (device_add)");
         assert_eq!(e.code, Code::FailedPrecondition);

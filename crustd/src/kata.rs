@@ -224,6 +224,7 @@ fn check_monitor(id: &str, m: &Monitor) -> Result<()> {
 mod tests {
     use super::*;
     use crate::error::Code;
+    use crust_client::qmp::fake;
     use std::os::unix::fs::symlink;
     use std::os::unix::net::UnixListener;
     use std::time::Duration;
@@ -291,9 +292,9 @@ mod tests {
     }
 
     /// Kata's layout for sandbox `id` under `run`: its persist.json with
-    /// `pid` as HypervisorState.Pid (none: left out), and a listener at
-    /// its extra monitor, served on a thread of this process.
-    fn lay_out(run: &Path, id: &str, pid: Option<u32>) -> UnixListener {
+    /// `pid` as HypervisorState.Pid (none: left out), and a stand-in QEMU
+    /// at its extra monitor, served on a thread of this process.
+    fn lay_out(run: &Path, id: &str, pid: Option<u32>) -> fake::Qemu {
         std::fs::create_dir_all(run.join("sbs").join(id)).unwrap();
         let hs = pid.map_or(String::new(), |p| {
             format!(r#","HypervisorState":{{"Pid":{p}}}"#)
@@ -301,22 +302,7 @@ mod tests {
         let text = format!(r#"{{"AgentState":{{"URL":"vsock://3:1024"}}{hs}}}"#);
         std::fs::write(run.join(persist_rel(id)), text).unwrap();
         std::fs::create_dir_all(run.join("vm").join(id)).unwrap();
-        let l = UnixListener::bind(run.join(monitor_rel(id))).unwrap();
-        let l2 = l.try_clone().unwrap();
-        std::thread::spawn(move || {
-            for s in l2.incoming() {
-                let Ok(s) = s else { return };
-                let mut w = s.try_clone().unwrap();
-                use std::io::{BufRead, Write};
-                let _ = writeln!(w, r#"{{"QMP": {{"version": {{}}, "capabilities": []}}}}"#);
-                for line in std::io::BufReader::new(s).lines() {
-                    if line.is_err() || writeln!(w, r#"{{"return": {{}}}}"#).is_err() {
-                        break;
-                    }
-                }
-            }
-        });
-        l
+        fake::qemu(&run.join(monitor_rel(id)))
     }
 
     #[test]

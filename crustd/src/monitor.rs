@@ -166,26 +166,7 @@ impl Monitor {
 mod tests {
     use super::*;
     use crate::error::Code;
-    use std::os::unix::net::UnixListener;
-
-    fn serve(path: &Path) -> UnixListener {
-        let l = UnixListener::bind(path).unwrap();
-        let l2 = l.try_clone().unwrap();
-        std::thread::spawn(move || {
-            for s in l2.incoming() {
-                let Ok(s) = s else { return };
-                let mut w = s.try_clone().unwrap();
-                use std::io::{BufRead, Write};
-                let _ = writeln!(w, r#"{{"QMP": {{"version": {{}}, "capabilities": []}}}}"#);
-                for line in std::io::BufReader::new(s).lines() {
-                    if line.is_err() || writeln!(w, r#"{{"return": {{}}}}"#).is_err() {
-                        break;
-                    }
-                }
-            }
-        });
-        l
-    }
+    use crust_client::qmp::fake;
 
     fn pid(pid: u32) -> Owner {
         Owner::Pid {
@@ -198,7 +179,7 @@ mod tests {
     fn the_process_behind_the_socket_must_be_the_one_recorded() {
         let t = tempfile::tempdir().unwrap();
         let p = t.path().join("qmp.sock");
-        let _l = serve(&p);
+        let _q = fake::qemu(&p);
         let timeout = Duration::from_secs(5);
         let me = std::process::id();
         assert!(Monitor::at(p.clone(), Owner::Anyone)
@@ -228,7 +209,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let root = Arc::new(files::open_dir(t.path()).unwrap());
         std::fs::create_dir_all(t.path().join("vm/a")).unwrap();
-        let _l = serve(&t.path().join("vm/a/m.sock"));
+        let _q = fake::qemu(&t.path().join("vm/a/m.sock"));
         let timeout = Duration::from_secs(5);
         let me = std::process::id();
         let at = |rel: &str| Monitor::beneath(root.clone(), t.path(), rel.into(), pid(me));

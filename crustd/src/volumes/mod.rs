@@ -15,6 +15,7 @@
 //! locked only for a lookup and an insert. Order: volume, then sandbox state
 //! or QMP (never both), then the device table.
 
+use std::borrow::{Borrow, BorrowMut};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -103,6 +104,24 @@ pub struct Crustd {
     freezes: Freezes,
 }
 
+/// One QMP session of a sandbox, with the sandbox's QMP lock, let go together.
+struct Session<'a> {
+    qmp: Qmp,
+    _lock: Guard<'a, String>,
+}
+
+impl Borrow<Qmp> for Session<'_> {
+    fn borrow(&self) -> &Qmp {
+        &self.qmp
+    }
+}
+
+impl BorrowMut<Qmp> for Session<'_> {
+    fn borrow_mut(&mut self) -> &mut Qmp {
+        &mut self.qmp
+    }
+}
+
 /// A volume's call after its prologue: the sandbox's directory, the
 /// volume's lock, and its record as it was.
 struct Opened<'a> {
@@ -146,24 +165,29 @@ impl Crustd {
         }
     }
 
-    /// Runs `f` on a fresh QMP session of `sb`, one session per sandbox at a
-    /// time. `f` must not wait on the guest: the lock stalls every other
-    /// volume of the sandbox while it is held.
+    /// A fresh QMP session of `sb`, holding the sandbox's QMP lock while it
+    /// lives: one session per sandbox at a time. Whoever holds it must not
+    /// wait on the guest: the lock stalls every other volume of the sandbox.
+    fn session(&self, sb: &Sandbox, deadline: &Deadline) -> Result<Session<'_>> {
+        let lock = self
+            .qmp_locks
+            .lock_until(&sb.home.id, deadline.until(self.cfg.wait_timeout))
+            .ok_or_else(|| busy(&sb.home.id, "its QMP monitor"))?;
+        let qmp = sb
+            .qmp
+            .connect(self.cfg.qmp_timeout)
+            .map_err(|e| e.and(format!("sandbox {}", sb.home.id)))?;
+        Ok(Session { qmp, _lock: lock })
+    }
+
+    /// Runs `f` on a fresh QMP session of `sb` ([`Crustd::session`]).
     fn with_qmp<T>(
         &self,
         sb: &Sandbox,
         deadline: &Deadline,
         f: impl FnOnce(&mut Qmp) -> Result<T>,
     ) -> Result<T> {
-        let _g = self
-            .qmp_locks
-            .lock_until(&sb.home.id, deadline.until(self.cfg.wait_timeout))
-            .ok_or_else(|| busy(&sb.home.id, "its QMP monitor"))?;
-        let mut q = sb
-            .qmp
-            .connect(self.cfg.qmp_timeout)
-            .map_err(|e| e.and(format!("sandbox {}", sb.home.id)))?;
-        f(&mut q)
+        f(&mut self.session(sb, deadline)?.qmp)
     }
 
     /// Reads, changes and writes the state of `home` under its lock; answers what `f` answers.

@@ -6,13 +6,13 @@
 //! unplug: its volumes are forgotten, and their devices freed if no process
 //! still has them open.
 
-use std::time::{Duration, Instant};
+use crust_client::qmp::{self, Patience};
 
 use crate::hotplug::Added;
 
 use crate::deadline::Deadline;
 use crate::devices::Key;
-use crate::error::{Code, Error, Result};
+use crate::error::{Code, Result};
 use crate::freezes::How;
 use crate::hostdev::Names;
 use crate::hotplug;
@@ -20,9 +20,6 @@ use crate::registry::{Home, Sandbox};
 use crate::state::{Phase, Volume};
 
 use super::Crustd;
-
-/// How long the wait for a device to leave QEMU sleeps between looks.
-const POLL: Duration = Duration::from_millis(100);
 
 impl Crustd {
     /// RuntimeUnpublishVolume: OK when the volume is not (or no longer) published.
@@ -146,61 +143,23 @@ impl Crustd {
         self.unplug(sb, names, deadline)
     }
 
-    /// device_del, the wait for the guest to let go (DEVICE_DELETED seen or
-    /// the device gone from QEMU's list), then blockdev-del. The sandbox's
-    /// QMP lock is held for each short session only, never across the wait,
-    /// which ends at `--unplug-timeout` or the caller's deadline.
+    /// device_del, the wait for the guest to let go (the device gone from
+    /// QEMU's list), then blockdev-del, asked again while QEMU says the node
+    /// is in use (crust-client's unplug). The sandbox's QMP lock is held for
+    /// each short session only, never across a wait; each wait ends at
+    /// `--unplug-timeout` or the caller's deadline.
     fn unplug(&self, sb: &Sandbox, names: &Names, deadline: &Deadline) -> Result<()> {
-        let leaving = self.with_qmp(sb, deadline, |q| hotplug::request_unplug(q, names))?;
-        if leaving {
-            self.wait_unplugged(sb, names, deadline)?;
-        }
-        self.remove_node_when_free(sb, names, deadline)
-    }
-
-    /// blockdev-del, again while QEMU says the node is in use: a device
-    /// leaves QEMU's list a moment before its deferred finalization lets go
-    /// of its node (seen in CI: "Node crustd-… is in use" right after the
-    /// device was gone). Ends at `--unplug-timeout` or the caller's deadline.
-    fn remove_node_when_free(
-        &self,
-        sb: &Sandbox,
-        names: &Names,
-        deadline: &Deadline,
-    ) -> Result<()> {
-        let mut until = Instant::now() + self.cfg.unplug_timeout;
-        if let Some(d) = deadline.at() {
-            until = until.min(d);
-        }
-        loop {
-            match self.with_qmp(sb, deadline, |q| hotplug::remove_node(q, names)) {
-                Err(e) if e.message.contains("is in use") && Instant::now() < until => {
-                    std::thread::sleep(POLL.min(until.saturating_duration_since(Instant::now())));
-                }
-                other => return other.map(|_| ()),
-            }
-        }
-    }
-
-    /// Waits, without the QMP lock, until QEMU no longer lists the device.
-    fn wait_unplugged(&self, sb: &Sandbox, names: &Names, deadline: &Deadline) -> Result<()> {
-        let timeout = self.cfg.unplug_timeout;
-        let mut until = Instant::now() + timeout;
-        if let Some(d) = deadline.at() {
-            until = until.min(d);
-        }
-        loop {
-            if self.with_qmp(sb, deadline, |q| hotplug::device_gone(q, names))? {
-                return Ok(());
-            }
-            if Instant::now() >= until {
-                return Err(Error::unavailable(format!(
-                    "the guest did not release device {} within {timeout:?} after device_del, or by the caller's deadline (is the guest kernel alive?); unpublish again to retry",
-                    names.device
-                )));
-            }
-            std::thread::sleep(POLL.min(until.saturating_duration_since(Instant::now())));
-        }
+        let patience = Patience {
+            each: self.cfg.unplug_timeout,
+            deadline: deadline.at(),
+        };
+        qmp::unplug(
+            || self.session(sb, deadline),
+            &names.device,
+            &names.node,
+            patience,
+        )
+        .map_err(|e| hotplug::unplug_error(e, names, self.cfg.unplug_timeout))
     }
 
     /// Takes back what one publish added in QEMU and nothing else (a volume
