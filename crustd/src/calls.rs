@@ -475,7 +475,7 @@ mod tests {
         let (_t, calls) = calls(2);
         // No such sandbox: NOT_FOUND, and the maps are empty again.
         let e = calls.call(stats("pod-a"), None).await.unwrap_err();
-        assert_eq!(e.code, Code::NotFound, "{e}");
+        assert_eq!(e.code(), Code::NotFound, "{e}");
         let t = Instant::now();
         while calls.in_flight() != (0, 0) {
             assert!(t.elapsed() < SOON, "{:?}", calls.in_flight());
@@ -492,7 +492,7 @@ mod tests {
         let (_t, calls) = calls(2);
         for _ in 0..2000 {
             let e = calls.call(stats("pod-a"), None).await.unwrap_err();
-            assert_eq!(e.code, Code::NotFound, "{e}");
+            assert_eq!(e.code(), Code::NotFound, "{e}");
             assert_eq!(calls.in_flight().0, 0, "an answered call is still joinable");
         }
     }
@@ -510,8 +510,8 @@ mod tests {
             )
             .await
             .unwrap_err();
-        assert_eq!(e.code, Code::ResourceExhausted, "{e}");
-        assert!(e.message.contains("pod-hung"), "{e}");
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+        assert!(e.to_string().contains("pod-hung"), "{e}");
         assert!(t0.elapsed() < Duration::from_secs(2));
         // Another sandbox is not kept waiting.
         let e = calls
@@ -521,7 +521,7 @@ mod tests {
             )
             .await
             .unwrap_err();
-        assert_eq!(e.code, Code::NotFound, "{e}");
+        assert_eq!(e.code(), Code::NotFound, "{e}");
         drop(held);
     }
 }

@@ -179,9 +179,9 @@ impl From<tonic::Status> for Failed {
     }
 }
 
-impl From<crate::error::Error> for Failed {
-    fn from(e: crate::error::Error) -> Failed {
-        Failed::Status(crate::service::to_status(e))
+impl From<crate::direct::Error> for Failed {
+    fn from(e: crate::direct::Error) -> Failed {
+        Failed::Status(crate::service::to_status(e.into()))
     }
 }
 

@@ -1,23 +1,56 @@
-//! crustd's one error: a gRPC code and a sentence that says what went wrong
-//! and what to do. Each module picks its code; `service` only translates.
-
-use std::fmt;
+//! crustd's one error: it joins the error of every module (each of which
+//! owns its error, says its code and writes its sentence: what went wrong
+//! and what to do), so that `service` has one thing to turn into a gRPC
+//! status. Nothing below `volumes` imports it.
 
 /// The gRPC status codes, one table for the agent, crust-client and crustd.
 pub use crust_protocols::code::Code;
 
-/// A failed call: its code and message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Error {
-    /// What the caller can tell from it.
-    pub code: Code,
-    /// What went wrong, naming the sandbox, volume, device or socket, and what to do.
-    pub message: String,
+crust_protocols::coded_errors! {
+/// Every error a call can end in.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    #[code(inner)]
+    #[error(transparent)]
+    HostDevice(#[from] crate::hostdev::Error),
+    #[code(inner)]
+    #[error(transparent)]
+    Devices(#[from] crate::devices::Error),
+    #[code(inner)]
+    #[error(transparent)]
+    State(#[from] crate::state::Error),
+    #[code(inner)]
+    #[error(transparent)]
+    Qmp(#[from] crate::hotplug::Error),
+    #[code(inner)]
+    #[error(transparent)]
+    Monitor(#[from] crate::monitor::Error),
+    #[code(inner)]
+    #[error(transparent)]
+    Registry(#[from] crate::registry::Error),
+    #[code(inner)]
+    #[error(transparent)]
+    Agent(#[from] crate::agent::Error),
+    #[code(inner)]
+    #[error(transparent)]
+    Direct(#[from] crate::direct::Error),
+    /// No session with a sandbox's monitor.
+    #[code(error => error.code())]
+    #[error("{error}; sandbox {sandbox}")]
+    Session {
+        sandbox: String,
+        error: crate::monitor::Error,
+    },
+    /// A code and its sentence, not yet typed.
+    #[code(code => *code)]
+    #[error("{message}")]
+    Legacy { code: Code, message: String },
+}
 }
 
 impl Error {
     pub fn new(code: Code, message: impl Into<String>) -> Error {
-        Error {
+        Error::Legacy {
             code,
             message: message.into(),
         }
@@ -39,19 +72,32 @@ impl Error {
     }
 
     /// The same error with `more` appended to its message.
-    pub fn and(mut self, more: impl fmt::Display) -> Error {
-        self.message = format!("{}; {more}", self.message);
-        self
+    pub fn and(self, more: impl std::fmt::Display) -> Error {
+        Error::new(self.code(), format!("{self}; {more}"))
+    }
+
+    /// The error as "CODE: message", as another error's sentence quotes it.
+    pub fn coded(&self) -> Coded<'_> {
+        Coded(self)
     }
 }
 
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.code.name(), self.message)
+/// An error shown as "CODE: message" ([`Error::coded`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Coded<'a>(&'a Error);
+
+impl std::fmt::Display for Coded<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.0.code().name(), self.0)
     }
 }
 
-impl std::error::Error for Error {}
+/// A sandbox id that breaks the rule is the registry's refusal.
+impl From<crust_protocols::names::BadName> for Error {
+    fn from(e: crust_protocols::names::BadName) -> Error {
+        Error::Registry(e.into())
+    }
+}
 
 /// Result with crustd's error.
 pub type Result<T> = std::result::Result<T, Error>;

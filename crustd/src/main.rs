@@ -166,8 +166,8 @@ async fn serve(cli: Cli, listener: StdListener) -> Result<(), String> {
             "msg": "a recorded volume's device is not claimed and held",
             "sandbox": sandbox,
             "host_volume": host_volume,
-            "code": e.code.name(),
-            "error": e.message,
+            "code": e.code().name(),
+            "error": e.to_string(),
         }));
     }
     // The groups the crustd before left: each live one's timer re-armed.

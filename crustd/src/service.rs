@@ -102,14 +102,14 @@ fn log<T>(
         "method": method,
         "sandbox": sandbox,
         "host_volume": host_volume,
-        "code": out.as_ref().map_or_else(|e| e.code.name(), |_| "OK"),
+        "code": out.as_ref().map_or_else(|e| e.code().name(), |_| "OK"),
         "ms": (t0.elapsed().as_secs_f64() * 1e5).round() / 100.0,
     });
     if !group.is_empty() {
         line["freeze_id"] = group.into();
     }
     if let Err(e) = out {
-        line["error"] = e.message.clone().into();
+        line["error"] = e.to_string().clone().into();
     }
     // One write per line, so lines from calls at once never interleave.
     let mut text = line.to_string();
@@ -146,7 +146,7 @@ pub fn grpc_timeout(value: &str) -> Option<Duration> {
 
 /// crustd's error as a gRPC status (the codes share gRPC's numbers).
 pub fn to_status(e: Error) -> Status {
-    Status::new(tonic::Code::from_i32(e.code.number()), e.message)
+    Status::new(tonic::Code::from_i32(e.code().number()), e.to_string())
 }
 
 #[tonic::async_trait]

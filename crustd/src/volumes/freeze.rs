@@ -164,12 +164,12 @@ impl Crustd {
             Stop::Failed { at, failed } => {
                 let e = match parts.get(at) {
                     Some(p) => self.unless_dead(&p.sb, failed.error().clone()),
-                    None => failed.error().clone(),
+                    None => failed.error().clone().into(),
                 };
                 FreezeError::Refused {
                     sandbox: parts.get(at).map_or("", |p| p.sb.id()).to_string(),
-                    code: e.code,
-                    error: e.message,
+                    code: e.code(),
+                    error: e.to_string(),
                     left,
                 }
             }

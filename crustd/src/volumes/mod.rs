@@ -176,18 +176,21 @@ impl Crustd {
         let qmp = sb
             .qmp
             .connect(self.cfg.qmp_timeout)
-            .map_err(|e| e.and(format!("sandbox {}", sb.home.id)))?;
+            .map_err(|error| Error::Session {
+                sandbox: sb.home.id.clone(),
+                error,
+            })?;
         Ok(Session { qmp, _lock: lock })
     }
 
     /// Runs `f` on a fresh QMP session of `sb` ([`Crustd::session`]).
-    fn with_qmp<T>(
+    fn with_qmp<T, E: Into<Error>>(
         &self,
         sb: &Sandbox,
         deadline: &Deadline,
-        f: impl FnOnce(&mut Qmp) -> Result<T>,
+        f: impl FnOnce(&mut Qmp) -> std::result::Result<T, E>,
     ) -> Result<T> {
-        f(&mut self.session(sb, deadline)?.qmp)
+        f(&mut self.session(sb, deadline)?.qmp).map_err(Into::into)
     }
 
     /// Reads, changes and writes the state of `home` under its lock; answers what `f` answers.
@@ -213,7 +216,7 @@ impl Crustd {
             .state_locks
             .lock_until(&home.id, deadline.until(self.cfg.wait_timeout))
             .ok_or_else(|| busy(&home.id, "its state file"))?;
-        state::load(home.fd(), &home.dir)
+        Ok(state::load(home.fd(), &home.dir)?)
     }
 
     /// Takes `key`'s volume lock, waiting until the caller's deadline.

@@ -14,7 +14,7 @@ use crate::hotplug::Added;
 use crate::deadline::Deadline;
 use crate::devices::{Key, Refusal};
 use crate::error::{Code, Error, Result};
-use crate::hostdev::{self, HostDevice, Names, Unusable};
+use crate::hostdev::{self, HostDevice, Named, Names, Unusable};
 use crate::hotplug;
 use crate::mkfs;
 use crate::registry::{self, Sandbox};
@@ -60,7 +60,7 @@ impl Crustd {
         let sb = registry::open_with(&self.cfg.sandboxes, &r.sandbox_id, self.cfg.kata.as_ref())?;
         let dev = hostdev::open_block(&r.host_volume_id).map_err(|e| match e {
             Unusable::NotBlock(n) => r.origin.refuse(&r.host_volume_id, &n),
-            Unusable::Failed(e) => e,
+            Unusable::Failed(e) => e.into(),
         })?;
         let key = Key::new(&r.sandbox_id, &r.host_volume_id);
         let _lock = self.lock_volume(&key, deadline)?;
@@ -115,7 +115,7 @@ impl Steps<'_> {
                 // Recorded before (a restart, a hold the kernel refused then): held again now.
                 c.devices
                     .adopt(&self.key, &p.rdev)
-                    .map_err(|e| refusal(&self.key, &dev.path.display().to_string(), e))?;
+                    .map_err(|e| Error::from(e.error(&self.key, &dev.path)))?;
                 if !published_before {
                     self.undo.push(Undo::Forget);
                 }
@@ -160,10 +160,10 @@ impl Steps<'_> {
                 })?;
                 Ok(guest_path)
             }
-            Err(e) if matches!(e.code, Code::DeadlineExceeded | Code::Cancelled) => {
+            Err(e) if matches!(e.code(), Code::DeadlineExceeded | Code::Cancelled) => {
                 self.outlived(e)
             }
-            Err(e) => Err(e),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -173,7 +173,6 @@ impl Steps<'_> {
     /// process has the device open; then the claim is tried again.
     fn claim(&mut self, dev: &HostDevice) -> Result<()> {
         let c = self.c;
-        let device = dev.path.display().to_string();
         let home = &self.sb.home;
         if c.load(home, self.deadline)?.volumes.len() >= MAX_VOLUMES {
             return Err(Error::new(
@@ -199,14 +198,14 @@ impl Steps<'_> {
                         ) =>
                 {
                     c.forget_gone(&k.holder, self.deadline)
-                        .map_err(|e| k.error(&self.key, &device).and(e.message))?;
+                        .map_err(|e| Error::from(k.refuse(&self.key, &dev.path)).and(e))?;
                 }
-                Err(e) => return Err(refusal(&self.key, &device, e)),
+                Err(e) => return Err(e.error(&self.key, &dev.path).into()),
             }
         }
         Err(Error::unavailable(format!(
             "host device {}: the sandboxes claiming it kept changing; try again",
-            hostdev::named(&self.key.host_volume, &device)
+            Named::new(&self.key.host_volume, &dev.path)
         )))
     }
 
@@ -288,14 +287,14 @@ impl Steps<'_> {
     /// does not list it (no disk appeared in time), it is undone as any
     /// failure is. If the agent cannot say, the disk stays: unplugging it
     /// under a running walk would be worse than a record the next call settles.
-    fn outlived(&mut self, e: Error) -> Result<String> {
+    fn outlived(&mut self, e: agent::Error) -> Result<String> {
         let (c, r) = (self.c, self.r);
         if matches!(
             c.agent(&self.sb, self.deadline)
                 .lists(&self.names.volume_id),
             Ok(false)
         ) {
-            return Err(e);
+            return Err(e.into());
         }
         self.undo.clear();
         c.change(&self.sb.home, &r.host_volume_id, self.deadline, |v| {
@@ -307,7 +306,7 @@ impl Steps<'_> {
                 v.direct = Some(d.to_string());
             }
         })?;
-        Err(Error::new(Code::DeadlineExceeded, e.message))
+        Err(Error::new(Code::DeadlineExceeded, e.to_string()))
     }
 
     /// Runs the undo list newest first after `err`; answers `err`, with any
@@ -317,11 +316,14 @@ impl Steps<'_> {
         let (c, deadline) = (self.c, self.deadline);
         while let Some(u) = self.undo.pop() {
             let done = match u {
-                Undo::Claim => c.devices.release(
-                    &self.key,
-                    "the publish that claimed it failed",
-                    deadline.at(),
-                ),
+                Undo::Claim => c
+                    .devices
+                    .release(
+                        &self.key,
+                        "the publish that claimed it failed",
+                        deadline.at(),
+                    )
+                    .map_err(Error::from),
                 Undo::Forget => c.forget(
                     &self.sb.home,
                     &self.key,
@@ -334,19 +336,12 @@ impl Steps<'_> {
             };
             if let Err(e2) = done {
                 return err.and(format!(
-                    "undoing the publish failed too ({e2}); RuntimeUnpublishVolume will finish it"
+                    "undoing the publish failed too ({}); RuntimeUnpublishVolume will finish it",
+                    e2.coded()
                 ));
             }
         }
         err
-    }
-}
-
-/// A refused claim as the caller's error.
-fn refusal(key: &Key, device: &str, r: Refusal) -> Error {
-    match r {
-        Refusal::Conflict(c) => c.error(key, device),
-        Refusal::Other(e) => e,
     }
 }
 
@@ -371,8 +366,10 @@ impl Crustd {
                 self.forget(&home, holder, &why, direct.as_deref(), deadline)
             }
             // Its directory went too: only the claim is left.
-            Err(e) if e.code == Code::NotFound => self.devices.release(holder, &why, deadline.at()),
-            Err(e) => Err(e),
+            Err(e) if e.code() == Code::NotFound => {
+                Ok(self.devices.release(holder, &why, deadline.at())?)
+            }
+            Err(e) => Err(e.into()),
         }
     }
 }

@@ -4,7 +4,9 @@
 //! disks), and the sandboxes whose VM is gone reported.
 
 use crate::deadline::Deadline;
-use crate::devices::{Key, Refusal};
+use std::path::Path;
+
+use crate::devices::Key;
 use crate::error::{Code, Error};
 use crate::registry;
 
@@ -22,9 +24,9 @@ impl Crustd {
         for id in registry::all_ids(&self.cfg.sandboxes) {
             let home = match registry::home_with(&self.cfg.sandboxes, &id, self.cfg.kata.as_ref()) {
                 Ok(h) => h,
-                Err(e) if e.code == Code::NotFound => continue,
+                Err(e) if e.code() == Code::NotFound => continue,
                 Err(e) => {
-                    failed.push((id, String::new(), e));
+                    failed.push((id, String::new(), e.into()));
                     continue;
                 }
             };
@@ -39,10 +41,10 @@ impl Crustd {
                 let key = Key::new(&id, hv);
                 match self.devices.adopt(&key, &v.rdev) {
                     Ok(()) => {}
-                    Err(Refusal::Conflict(c)) => {
-                        failed.push((id.clone(), hv.clone(), c.error(&key, &v.rdev)))
+                    Err(r) => {
+                        let e = r.error(&key, Path::new(&v.rdev)).into();
+                        failed.push((id.clone(), hv.clone(), e))
                     }
-                    Err(Refusal::Other(e)) => failed.push((id.clone(), hv.clone(), e)),
                 }
             }
         }
@@ -69,7 +71,7 @@ impl Crustd {
             }
             let why = match home.vm() {
                 Ok(sb) => sb.qmp.gone(self.cfg.qmp_timeout),
-                Err(e) if e.code == Code::NotFound => Some("its sandbox.json is missing".into()),
+                Err(e) if e.code() == Code::NotFound => Some("its sandbox.json is missing".into()),
                 Err(_) => None,
             };
             if let Some(why) = why {

@@ -161,9 +161,9 @@ mod tests {
         validate(&r).unwrap();
         r.host_target_path = format!("/{}", "a".repeat(MAX_TARGET_PATH));
         let e = validate(&r).unwrap_err();
-        assert_eq!(e.code, Code::InvalidArgument);
-        assert!(e.message.contains("4097 bytes"), "{e}");
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.to_string().contains("4097 bytes"), "{e}");
         r.host_target_path = "/x\0y".into();
-        assert!(validate(&r).unwrap_err().message.contains("NUL"));
+        assert!(validate(&r).unwrap_err().to_string().contains("NUL"));
     }
 }

@@ -6,16 +6,18 @@
 //! unplug: its volumes are forgotten, and their devices freed if no process
 //! still has them open.
 
-use crust_client::qmp::{self, Patience};
+use std::time::Duration;
+
+use crust_client::qmp::{self, Patience, UnplugError};
 
 use crate::hotplug::Added;
 
 use crate::deadline::Deadline;
 use crate::devices::Key;
-use crate::error::{Code, Result};
+use crate::error::{Code, Error, Result};
 use crate::freezes::How;
 use crate::hostdev::Names;
-use crate::hotplug;
+use crate::hotplug::{self, Doing};
 use crate::registry::{Home, Sandbox};
 use crate::state::{Phase, Volume};
 
@@ -31,7 +33,7 @@ impl Crustd {
     ) -> Result<()> {
         let o = match self.open_volume(sandbox_id, host_volume_id, deadline) {
             Ok(o) => o,
-            Err(e) if e.code == Code::NotFound => {
+            Err(e) if e.code() == Code::NotFound => {
                 // No directory, so no record; a claim may be left (the
                 // directory was removed under a VM): freed by the rule.
                 let key = Key::new(sandbox_id, host_volume_id);
@@ -50,26 +52,28 @@ impl Crustd {
         let Some(v) = o.record else {
             if self.devices.held(&o.key).is_some() {
                 // A claim without its record (the state file was edited behind crustd's back).
-                return self
-                    .devices
-                    .release(&o.key, "crustd has no record of it", deadline.at());
+                return Ok(self.devices.release(
+                    &o.key,
+                    "crustd has no record of it",
+                    deadline.at(),
+                )?);
             }
             // An unknown sandbox is NOT_FOUND, as for every call.
-            return o.home.vm().map(|_| ());
+            return Ok(o.home.vm().map(|_| ())?);
         };
         let sb = match o.home.vm() {
             Ok(sb) => sb,
             // No usable entry: the VM is gone or being rewritten, and crustd
             // cannot ask it. Freed only if no process has the device open.
-            Err(e) if matches!(e.code, Code::NotFound | Code::FailedPrecondition) => {
-                let why = if e.code == Code::NotFound {
+            Err(e) if matches!(e.code(), Code::NotFound | Code::FailedPrecondition) => {
+                let why = if e.code() == Code::NotFound {
                     "its sandbox.json is missing".to_string()
                 } else {
-                    format!("its sandbox.json is unusable: {}", e.message)
+                    format!("its sandbox.json is unusable: {e}")
                 };
                 return self.forget_dead(&o.home, &o.key, &v, &why, deadline);
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         };
         // A dead VM has nothing to unplug: asking its agent would only wait.
         if let Some(why) = sb.qmp.gone(self.cfg.qmp_timeout) {
@@ -78,7 +82,7 @@ impl Crustd {
         // The monitor proved this sandbox's VM's before the guest is asked to
         // let go: one crustd refuses (another VM's, behind a link) leaves
         // the volume as it was.
-        self.with_qmp(&sb, deadline, |_| Ok(()))?;
+        drop(self.session(&sb, deadline)?);
         self.take_out(&sb, &o.key, &v, false, deadline)
     }
 
@@ -133,7 +137,7 @@ impl Crustd {
             v.phase = Phase::Unplugging
         })?;
         match self.agent(sb, deadline).unpublish(&names.volume_id) {
-            Err(e) if !(undoing && e.code == Code::Unavailable) => return Err(e),
+            Err(e) if !(undoing && e.code() == Code::Unavailable) => return Err(e.into()),
             _ => {}
         }
         // The agent thawed it before it unpublished: a group holding it
@@ -159,7 +163,7 @@ impl Crustd {
             &names.node,
             patience,
         )
-        .map_err(|e| hotplug::unplug_error(e, names, self.cfg.unplug_timeout))
+        .map_err(|e| unplug_error(e, names, self.cfg.unplug_timeout))
     }
 
     /// Takes back what one publish added in QEMU and nothing else (a volume
@@ -223,6 +227,21 @@ impl Crustd {
             st.volumes.remove(&key.host_volume);
             Ok(())
         })
+    }
+}
+
+/// An unplug's failure (each step on a session from crustd's factory) as
+/// crustd's error: the factory's own, QEMU's for the step that failed, or
+/// the guest's keeping the device past `timeout` or the caller's deadline.
+fn unplug_error(e: UnplugError<Error>, names: &Names, timeout: Duration) -> Error {
+    match e {
+        UnplugError::Session(e) => e,
+        UnplugError::Qmp { step, error } => Doing::of_step(step, names).failed(error).into(),
+        UnplugError::NotReleased => hotplug::Error::NotReleased {
+            device: names.device.clone(),
+            timeout,
+        }
+        .into(),
     }
 }
 

@@ -97,7 +97,7 @@ impl Crustd {
                 PartThaw::NotFound(m) => end_now(How::Unknown, &m),
                 PartThaw::Gone(m) => end_now(How::Gone, &m),
                 PartThaw::Unreached(e) => {
-                    unreached.push(format!("sandbox {} ({})", part.sandbox, e.message));
+                    unreached.push(format!("sandbox {} ({})", part.sandbox, e));
                     continue;
                 }
             };
@@ -125,7 +125,7 @@ impl Crustd {
             let r = self.agent(&p.sb, deadline).thaw_forced(&p.ids());
             // The agent's NOT_FOUND comes after it thawed the others.
             if r.as_ref()
-                .map_or_else(|e| e.code == Code::NotFound, |()| true)
+                .map_or_else(|e| e.code() == Code::NotFound, |()| true)
             {
                 for (host, _) in &p.volumes {
                     self.freezes.end_volume(p.sb.id(), host, How::Forced);
@@ -138,9 +138,9 @@ impl Crustd {
         let Some(first) = failed.first() else {
             return Ok(());
         };
-        let said: Vec<&str> = failed.iter().map(|e| e.message.as_str()).collect();
+        let said: Vec<String> = failed.iter().map(|e| e.to_string()).collect();
         Err(Error::new(
-            first.code,
+            first.code(),
             format!(
                 "the forced thaw ended what it could, but not all: {}",
                 said.join("; ")
@@ -189,7 +189,7 @@ impl Crustd {
                 )),
                 PartThaw::NotFound(m) => ends.push((i, end_now(how, &m))),
                 PartThaw::Gone(m) => ends.push((i, end_now(How::Gone, &m))),
-                PartThaw::Unreached(e) => left.push(format!("sandbox {sandbox} ({})", e.message)),
+                PartThaw::Unreached(e) => left.push(format!("sandbox {sandbox} ({e})")),
             }
         }
         let group = self.freezes.settle(&group.id, &ends).unwrap_or(group);
@@ -279,18 +279,18 @@ impl Crustd {
             .and_then(|home| home.vm())
         {
             Ok(sb) => sb,
-            Err(e) if e.code == Code::NotFound => return PartThaw::Gone(e.message),
-            Err(e) => return PartThaw::Unreached(e),
+            Err(e) if e.code() == Code::NotFound => return PartThaw::Gone(e.to_string()),
+            Err(e) => return PartThaw::Unreached(e.into()),
         };
         match self.agent(&sb, deadline).thaw_id(id) {
             Ok(()) => PartThaw::Thawed,
-            Err(e) if e.code == Code::Aborted => PartThaw::Aborted(e.message),
-            Err(e) if e.code == Code::NotFound => PartThaw::NotFound(e.message),
-            Err(e) if e.code == Code::Unavailable => match sb.qmp.gone(self.cfg.qmp_timeout) {
+            Err(e) if e.code() == Code::Aborted => PartThaw::Aborted(e.to_string()),
+            Err(e) if e.code() == Code::NotFound => PartThaw::NotFound(e.to_string()),
+            Err(e) if e.code() == Code::Unavailable => match sb.qmp.gone(self.cfg.qmp_timeout) {
                 Some(why) => PartThaw::Gone(format!("its VM is gone ({why})")),
-                None => PartThaw::Unreached(e),
+                None => PartThaw::Unreached(e.into()),
             },
-            Err(e) => PartThaw::Unreached(e),
+            Err(e) => PartThaw::Unreached(e.into()),
         }
     }
 
@@ -346,11 +346,11 @@ impl Crustd {
                 PartThaw::Unreached(e) if last => (
                     Some(end_now(
                         How::Timer,
-                        &format!("crustd could not reach its sandbox ({}); its guest's own timer ends it", e.message),
+                        &format!("crustd could not reach its sandbox ({}); its guest's own timer ends it", e),
                     )),
-                    e.message,
+                    e.to_string(),
                 ),
-                PartThaw::Unreached(e) => (None, format!("{}; tried again later", e.message)),
+                PartThaw::Unreached(e) => (None, format!("{e}; tried again later")),
             };
             let p = &group.parts[i];
             let volumes: Vec<&str> = p.volumes.iter().map(|v| v.host_volume.as_str()).collect();

@@ -43,8 +43,9 @@ impl Crustd {
 
     /// `err` from a call that could not reach `sb`'s VM, or FAILED_PRECONDITION
     /// when the VM is gone.
-    pub(super) fn unless_dead(&self, sb: &Sandbox, err: Error) -> Error {
-        if err.code != Code::Unavailable {
+    pub(super) fn unless_dead(&self, sb: &Sandbox, err: impl Into<Error>) -> Error {
+        let err = err.into();
+        if err.code() != Code::Unavailable {
             return err;
         }
         match sb.qmp.gone(self.cfg.qmp_timeout) {
