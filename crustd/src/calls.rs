@@ -27,7 +27,7 @@ use tokio::sync::{watch, Semaphore};
 
 use crate::agent::Health;
 use crate::deadline::Deadline;
-use crate::error::{Code, Error, Result};
+use crate::error::{Error, Result};
 use crate::freezes::Frozen;
 use crate::volumes::{Crustd, DirectRequest, PublishRequest, Stats};
 
@@ -306,23 +306,18 @@ impl Calls {
         let mut done = waiting.running.done.clone();
         let answered = done.wait_for(Option::is_some);
         let out = match at {
-            Some(d) => match tokio::time::timeout_at(
-                d.checked_sub(GRACE).unwrap_or(d).into(),
-                answered,
-            )
-            .await
-            {
-                Ok(r) => r.map(|v| v.clone()),
-                Err(_) => {
-                    return Err(Error::new(
-                        Code::DeadlineExceeded,
-                        format!(
-                            "{} was still at work at the caller's deadline: it goes on, and the same call made again joins it",
-                            what.method()
-                        ),
-                    ))
+            Some(d) => {
+                match tokio::time::timeout_at(d.checked_sub(GRACE).unwrap_or(d).into(), answered)
+                    .await
+                {
+                    Ok(r) => r.map(|v| v.clone()),
+                    Err(_) => {
+                        return Err(Error::StillAtWork {
+                            method: what.method(),
+                        })
+                    }
                 }
-            },
+            }
             None => answered.await.map(|v| v.clone()),
         };
         match out {
@@ -336,10 +331,9 @@ impl Calls {
                 );
                 r
             }
-            _ => Err(Error::internal(format!(
-                "{} ended without an answer",
-                what.method()
-            ))),
+            _ => Err(Error::NoAnswer {
+                method: what.method(),
+            }),
         }
     }
 
@@ -367,16 +361,12 @@ impl Calls {
         .await;
         let Ok((Ok(sandbox), Ok(node))) = permits else {
             self.prune(what.sandbox());
-            return Err(Error::new(
-                Code::ResourceExhausted,
-                format!(
-                    "sandbox {} has {} calls at work (its VM is slow to answer, or gone), or the node {}: this {} waited for a turn until its deadline and did nothing; retry",
-                    what.sandbox(),
-                    self.per_sandbox,
-                    IN_FLIGHT,
-                    what.method()
-                ),
-            ));
+            return Err(Error::NoTurn {
+                sandbox: what.sandbox().to_string(),
+                per_sandbox: self.per_sandbox,
+                node: IN_FLIGHT,
+                method: what.method(),
+            });
         };
         let (tx, rx) = watch::channel(None);
         let running = Arc::new(Running {
@@ -393,10 +383,9 @@ impl Calls {
             let out =
                 std::panic::catch_unwind(AssertUnwindSafe(|| what.run(&me.crustd, &r.deadline)))
                     .unwrap_or_else(|_| {
-                        Err(Error::internal(format!(
-                            "{} panicked; crustd goes on",
-                            what.method()
-                        )))
+                        Err(Error::Panicked {
+                            method: what.method(),
+                        })
                     });
             // Out of the map before anyone hears the answer: a caller that
             // has it and makes the same call again must start it afresh,
@@ -455,6 +444,7 @@ const SOON: Duration = Duration::from_secs(5);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Code;
     use crate::volumes::Config;
 
     fn calls(per_sandbox: usize) -> (tempfile::TempDir, Arc<Calls>) {

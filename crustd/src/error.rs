@@ -34,6 +34,24 @@ pub enum Error {
     #[code(inner)]
     #[error(transparent)]
     Direct(#[from] crate::direct::Error),
+    #[code(inner)]
+    #[error(transparent)]
+    Mkfs(#[from] crate::mkfs::Error),
+    #[code(inner)]
+    #[error(transparent)]
+    Freeze(#[from] crate::freezes::FreezeError),
+    #[code(inner)]
+    #[error(transparent)]
+    Volume(#[from] crate::volumes::error::Error),
+    /// A sandbox's freeze failed, so the group's freeze was undone: the
+    /// sandbox's error, with its code, and what may be left frozen.
+    #[code(error => error.code())]
+    #[error("sandbox {sandbox} could not freeze its volumes ({error}), so the group's freeze is undone: {left}")]
+    FreezeRefused {
+        sandbox: String,
+        error: Box<Error>,
+        left: crate::freezes::Leftover,
+    },
     /// No session with a sandbox's monitor.
     #[code(error => error.code())]
     #[error("{error}; sandbox {sandbox}")]
@@ -41,44 +59,69 @@ pub enum Error {
         sandbox: String,
         error: crate::monitor::Error,
     },
-    /// A code and its sentence, not yet typed.
-    #[code(code => *code)]
-    #[error("{message}")]
-    Legacy { code: Code, message: String },
+    /// The agent's publish outlived the caller's deadline and goes on in
+    /// the guest: its words, as DEADLINE_EXCEEDED.
+    #[code(DeadlineExceeded)]
+    #[error(transparent)]
+    Outlived(crate::agent::Error),
+    /// A publish failed, and so did its undo: the record stays
+    /// `unplugging` for RuntimeUnpublishVolume to finish.
+    #[code(error => error.code())]
+    #[error("{error}; undoing the publish failed too ({}); RuntimeUnpublishVolume will finish it", .undo.coded())]
+    Undone { error: Box<Error>, undo: Box<Error> },
+    /// A device claimed by a volume of a sandbox whose VM is gone, which
+    /// could not be freed.
+    #[code(claim => claim.code())]
+    #[error("{claim}; {forget}")]
+    Unfreed {
+        claim: crate::devices::Error,
+        forget: Box<Error>,
+    },
+    /// A forced thaw that some volumes refused: each one's error, the
+    /// first one's code.
+    #[code(failed => failed.first().map_or(Code::Internal, Error::code))]
+    #[error("the forced thaw ended what it could, but not all: {}", Joined(.failed))]
+    Unthawed { failed: Vec<Error> },
+    #[code(DeadlineExceeded)]
+    #[error("{method} was still at work at the caller's deadline: it goes on, and the same call made again joins it")]
+    StillAtWork { method: &'static str },
+    #[code(Internal)]
+    #[error("{method} ended without an answer")]
+    NoAnswer { method: &'static str },
+    /// The sandbox's (or the node's) calls were all at work until the
+    /// caller's deadline.
+    #[code(ResourceExhausted)]
+    #[error("sandbox {sandbox} has {per_sandbox} calls at work (its VM is slow to answer, or gone), or the node {node}: this {method} waited for a turn until its deadline and did nothing; retry")]
+    NoTurn { sandbox: String, per_sandbox: usize, node: usize, method: &'static str },
+    #[code(Internal)]
+    #[error("{method} panicked; crustd goes on")]
+    Panicked { method: &'static str },
+    /// An answer of another shape than the call's: a defect of crustd's.
+    #[code(Internal)]
+    #[error("crustd answered {0} to another call")]
+    Mismatch(String),
 }
 }
 
 impl Error {
-    pub fn new(code: Code, message: impl Into<String>) -> Error {
-        Error::Legacy {
-            code,
-            message: message.into(),
-        }
-    }
-    pub fn invalid(m: impl Into<String>) -> Error {
-        Error::new(Code::InvalidArgument, m)
-    }
-    pub fn not_found(m: impl Into<String>) -> Error {
-        Error::new(Code::NotFound, m)
-    }
-    pub fn precondition(m: impl Into<String>) -> Error {
-        Error::new(Code::FailedPrecondition, m)
-    }
-    pub fn unavailable(m: impl Into<String>) -> Error {
-        Error::new(Code::Unavailable, m)
-    }
-    pub fn internal(m: impl Into<String>) -> Error {
-        Error::new(Code::Internal, m)
-    }
-
-    /// The same error with `more` appended to its message.
-    pub fn and(self, more: impl std::fmt::Display) -> Error {
-        Error::new(self.code(), format!("{self}; {more}"))
-    }
-
     /// The error as "CODE: message", as another error's sentence quotes it.
     pub fn coded(&self) -> Coded<'_> {
         Coded(self)
+    }
+}
+
+/// Errors shown one after another, "; " between them.
+struct Joined<'a>(&'a [Error]);
+
+impl std::fmt::Display for Joined<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
     }
 }
 

@@ -178,7 +178,7 @@ async fn serve(cli: Cli, listener: StdListener) -> Result<(), String> {
     for why in refused {
         log_line(serde_json::json!({
             "msg": "a freeze record is not used",
-            "error": why,
+            "error": why.to_string(),
         }));
     }
     // Reported, not forgotten: an Unpublish frees each of their volumes.

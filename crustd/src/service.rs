@@ -78,9 +78,7 @@ impl Service {
 
 /// An answer of another shape than the call's: a defect of crustd's.
 fn mismatch(r: Reply) -> Status {
-    to_status(Error::internal(format!(
-        "crustd answered {r:?} to another call"
-    )))
+    to_status(Error::Mismatch(format!("{r:?}")))
 }
 
 /// One line: the call, what it named (`group`: a freeze's id, "" for

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use super::*;
 use crate::disks::{self, LoopDisk};
-use crate::error::Code;
 use crate::hostdev;
+use crust_protocols::code::Code;
 
 const T: Duration = Duration::from_secs(120);
 

@@ -16,7 +16,7 @@ use crust_protocols::freeze::check_id;
 
 use crate::agent::FreezeFailed;
 use crate::deadline::Deadline;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::freezes::{end_now, Begun, FreezeError, Frozen, How, Leftover, Plan};
 
 use super::snapshot::{check_refs, freeze_timeout, Part};
@@ -81,7 +81,7 @@ impl Crustd {
                 thaw_at_unix_ms: thaw_at,
                 made_now: true,
             }),
-            Err(stop) => Err(self.undo(&id, &parts, stop).into()),
+            Err(stop) => Err(self.undo(&id, &parts, stop)),
         }
     }
 
@@ -111,7 +111,7 @@ impl Crustd {
     /// Undoes group `id`'s freeze: its id thawed in every sandbox called,
     /// the failed one included (its outcome may be unknown); answers the
     /// error that says so, and what is left for crustd's timer.
-    fn undo(&self, id: &str, parts: &[Part], stop: Stop) -> FreezeError {
+    fn undo(&self, id: &str, parts: &[Part], stop: Stop) -> Error {
         let how = match stop {
             Stop::CallerLeft => How::CallerLeft,
             _ => How::Undone,
@@ -128,7 +128,7 @@ impl Crustd {
             _ => (None, None),
         };
         let Some(mut group) = self.freezes.unmade(id, end_now(how, "")) else {
-            return FreezeError::Unknown { id: id.into() };
+            return FreezeError::Unknown { id: id.into() }.into();
         };
         if let Some(at) = unsent {
             group = self
@@ -166,10 +166,9 @@ impl Crustd {
                     Some(p) => self.unless_dead(&p.sb, failed.error().clone()),
                     None => failed.error().clone().into(),
                 };
-                FreezeError::Refused {
+                Error::FreezeRefused {
                     sandbox: parts.get(at).map_or("", |p| p.sb.id()).to_string(),
-                    code: e.code(),
-                    error: e.to_string(),
+                    error: Box::new(e),
                     left,
                 }
             }
@@ -177,11 +176,13 @@ impl Crustd {
                 id: id.to_string(),
                 why,
                 left,
-            },
+            }
+            .into(),
             Stop::CallerLeft => FreezeError::CallerLeft {
                 id: id.to_string(),
                 left,
-            },
+            }
+            .into(),
         }
     }
 }

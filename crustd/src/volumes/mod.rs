@@ -23,16 +23,19 @@ use crate::agent::{self, Agent};
 use crate::deadline::Deadline;
 use crate::devices::{Devices, Key};
 use crate::direct::{self, Records};
-use crate::error::{Code, Error, Result};
+use crate::error::{Error, Result};
 use crate::freezes::{Freezes, Store};
 use crate::hostdev;
 use crate::locks::{Guard, KeyedLocks};
 use crate::registry::{self, Home, Sandbox};
 use crate::state::{self, State, Volume};
 use crust_client::qmp::Qmp;
+use error::{Error as Refused, Shared};
 
 mod direct_volume;
+pub(crate) mod error;
 mod freeze;
+mod limits;
 mod publish;
 mod recover;
 mod request;
@@ -172,7 +175,7 @@ impl Crustd {
         let lock = self
             .qmp_locks
             .lock_until(&sb.home.id, deadline.until(self.cfg.wait_timeout))
-            .ok_or_else(|| busy(&sb.home.id, "its QMP monitor"))?;
+            .ok_or_else(|| busy(&sb.home.id, Shared::Monitor))?;
         let qmp = sb
             .qmp
             .connect(self.cfg.qmp_timeout)
@@ -203,7 +206,7 @@ impl Crustd {
         let _g = self
             .state_locks
             .lock_until(&home.id, deadline.until(self.cfg.wait_timeout))
-            .ok_or_else(|| busy(&home.id, "its state file"))?;
+            .ok_or_else(|| busy(&home.id, Shared::StateFile))?;
         let mut st = state::load(home.fd(), &home.dir)?;
         let out = f(&mut st)?;
         state::save(home.fd(), &home.dir, &st)?;
@@ -215,7 +218,7 @@ impl Crustd {
         let _g = self
             .state_locks
             .lock_until(&home.id, deadline.until(self.cfg.wait_timeout))
-            .ok_or_else(|| busy(&home.id, "its state file"))?;
+            .ok_or_else(|| busy(&home.id, Shared::StateFile))?;
         Ok(state::load(home.fd(), &home.dir)?)
     }
 
@@ -223,15 +226,7 @@ impl Crustd {
     fn lock_volume(&self, key: &Key, deadline: &Deadline) -> Result<Guard<'_, Key>> {
         self.volume_locks
             .lock_until(key, deadline.until(self.cfg.wait_timeout))
-            .ok_or_else(|| {
-                Error::new(
-                    Code::DeadlineExceeded,
-                    format!(
-                        "another call for host volume {} in sandbox {} was still running at the caller's deadline; nothing was done: retry",
-                        key.host_volume, key.sandbox
-                    ),
-                )
-            })
+            .ok_or_else(|| Refused::VolumeBusy(key.clone()).into())
     }
 
     /// The prologue of Unpublish, Stats and Expand: the path checked, the
@@ -273,9 +268,10 @@ impl Crustd {
 }
 
 /// DEADLINE_EXCEEDED: `what` of `sandbox` stayed busy until the caller gave up.
-fn busy(sandbox: &str, what: &str) -> Error {
-    Error::new(
-        Code::DeadlineExceeded,
-        format!("sandbox {sandbox}: {what} stayed busy with other calls until the caller's deadline; retry"),
-    )
+fn busy(sandbox: &str, what: Shared) -> Error {
+    Refused::Busy {
+        sandbox: sandbox.to_string(),
+        what,
+    }
+    .into()
 }

@@ -20,6 +20,7 @@ use crate::mkfs;
 use crate::registry::{self, Sandbox};
 use crate::state::{Phase, Volume, MAX_VOLUMES};
 
+use super::error::Error as Refused;
 use super::request::fs_group;
 use super::{validate, Crustd, PublishRequest};
 use crate::agent;
@@ -59,7 +60,7 @@ impl Crustd {
         validate(r)?;
         let sb = registry::open_with(&self.cfg.sandboxes, &r.sandbox_id, self.cfg.kata.as_ref())?;
         let dev = hostdev::open_block(&r.host_volume_id).map_err(|e| match e {
-            Unusable::NotBlock(n) => r.origin.refuse(&r.host_volume_id, &n),
+            Unusable::NotBlock(n) => r.origin.refuse(&r.host_volume_id, n),
             Unusable::Failed(e) => e.into(),
         })?;
         let key = Key::new(&r.sandbox_id, &r.host_volume_id);
@@ -107,10 +108,13 @@ impl Steps<'_> {
             }
             Some(p) => {
                 if p.rdev != dev.rdev {
-                    return Err(Error::precondition(format!(
-                        "host_volume_id {} now names device {}, not {} which crustd published in sandbox {}: unpublish it first",
-                        r.host_volume_id, dev.rdev, p.rdev, self.key.sandbox
-                    )));
+                    return Err(Refused::DeviceChanged {
+                        key: self.key.clone(),
+                        now: dev.rdev.clone(),
+                        was: p.rdev.clone(),
+                        growing: false,
+                    }
+                    .into());
                 }
                 // Recorded before (a restart, a hold the kernel refused then): held again now.
                 c.devices
@@ -122,13 +126,7 @@ impl Steps<'_> {
             }
         }
         if self.deadline.passed() {
-            return Err(Error::new(
-                Code::DeadlineExceeded,
-                format!(
-                    "the caller's deadline passed before host volume {} was plugged into sandbox {}: nothing was plugged; retry",
-                    r.host_volume_id, self.key.sandbox
-                ),
-            ));
+            return Err(Refused::LateToPlug(self.key.clone()).into());
         }
         self.plug(published_before)?;
         if !published_before {
@@ -175,13 +173,7 @@ impl Steps<'_> {
         let c = self.c;
         let home = &self.sb.home;
         if c.load(home, self.deadline)?.volumes.len() >= MAX_VOLUMES {
-            return Err(Error::new(
-                Code::ResourceExhausted,
-                format!(
-                    "sandbox {} has {MAX_VOLUMES} volumes recorded, crustd's most for one sandbox: unpublish one first",
-                    home.id
-                ),
-            ));
+            return Err(Refused::Full(home.id.clone()).into());
         }
         for _ in 0..4 {
             match c.devices.claim(&self.key, dev) {
@@ -198,15 +190,15 @@ impl Steps<'_> {
                         ) =>
                 {
                     c.forget_gone(&k.holder, self.deadline)
-                        .map_err(|e| Error::from(k.refuse(&self.key, &dev.path)).and(e))?;
+                        .map_err(|e| Error::Unfreed {
+                            claim: k.refuse(&self.key, &dev.path),
+                            forget: Box::new(e),
+                        })?;
                 }
                 Err(e) => return Err(e.error(&self.key, &dev.path).into()),
             }
         }
-        Err(Error::unavailable(format!(
-            "host device {}: the sandboxes claiming it kept changing; try again",
-            Named::new(&self.key.host_volume, &dev.path)
-        )))
+        Err(Refused::Unsettled(Named::new(&self.key.host_volume, &dev.path)).into())
     }
 
     /// createFilesystem for a volume this call has just claimed and holds:
@@ -221,7 +213,7 @@ impl Steps<'_> {
         if mkfs::inspect(dev, fs, timeout)? == mkfs::Content::Same {
             return Ok(());
         }
-        mkfs::format(dev, fs, timeout)
+        Ok(mkfs::format(dev, fs, timeout)?)
     }
 
     /// Records the new volume as `plugging`, before anything is plugged.
@@ -306,7 +298,7 @@ impl Steps<'_> {
                 v.direct = Some(d.to_string());
             }
         })?;
-        Err(Error::new(Code::DeadlineExceeded, e.to_string()))
+        Err(Error::Outlived(e))
     }
 
     /// Runs the undo list newest first after `err`; answers `err`, with any
@@ -335,10 +327,10 @@ impl Steps<'_> {
                 Undo::Added(a) => c.remove_added(&self.sb, &self.names, a, deadline),
             };
             if let Err(e2) = done {
-                return err.and(format!(
-                    "undoing the publish failed too ({}); RuntimeUnpublishVolume will finish it",
-                    e2.coded()
-                ));
+                return Error::Undone {
+                    error: Box::new(err),
+                    undo: Box::new(e2),
+                };
             }
         }
         err

@@ -20,6 +20,7 @@ use crate::error::{Code, Error, Result};
 use crate::freezes::{end_now, unix_ms, FreezeError, Group, How, Volume, HOST_SLACK};
 use crate::registry;
 
+use super::error::Error as Refused;
 use super::snapshot::{add_to, check_refs, Part};
 use super::Crustd;
 
@@ -135,17 +136,10 @@ impl Crustd {
                 failed.push(self.unless_dead(&p.sb, e));
             }
         }
-        let Some(first) = failed.first() else {
+        if failed.is_empty() {
             return Ok(());
-        };
-        let said: Vec<String> = failed.iter().map(|e| e.to_string()).collect();
-        Err(Error::new(
-            first.code(),
-            format!(
-                "the forced thaw ended what it could, but not all: {}",
-                said.join("; ")
-            ),
-        ))
+        }
+        Err(Error::Unthawed { failed })
     }
 
     /// The end of a group whose freeze was answered to nobody (its caller
@@ -263,9 +257,9 @@ impl Crustd {
                     }
                 }
                 for (i, h) in started {
-                    let f = h.join().unwrap_or_else(|_| {
-                        PartThaw::Unreached(Error::internal("the thaw of a sandbox panicked"))
-                    });
+                    let f = h
+                        .join()
+                        .unwrap_or_else(|_| PartThaw::Unreached(Refused::ThawPanicked.into()));
                     out.push((i, f));
                 }
             });
@@ -373,7 +367,7 @@ impl Crustd {
     /// answered its id), on a thread of its own; the timer is re-armed
     /// from each live group's recorded deadline. Answers a sentence for
     /// each record not used, for the log.
-    pub fn recover_freezes(self: &Arc<Self>) -> Vec<String> {
+    pub fn recover_freezes(self: &Arc<Self>) -> Vec<crate::freezes::Unread> {
         let (orphans, start, refused) = self.freezes.load();
         for id in orphans {
             let me = self.clone();
