@@ -39,6 +39,7 @@ mod limits;
 mod publish;
 mod recover;
 mod request;
+mod rollback;
 pub mod snapshot;
 mod takeout;
 mod thaw;
@@ -265,6 +266,11 @@ impl Crustd {
             Ok(())
         })
     }
+}
+
+/// One JSON line on stderr, in one write.
+fn log_line(v: serde_json::Value) {
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("{v}\n").as_bytes());
 }
 
 /// DEADLINE_EXCEEDED: `what` of `sandbox` stayed busy until the caller gave up.

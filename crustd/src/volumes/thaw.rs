@@ -22,7 +22,7 @@ use crate::registry;
 
 use super::error::Error as Refused;
 use super::snapshot::{add_to, check_refs, Part};
-use super::Crustd;
+use super::{log_line, Crustd};
 
 /// How many times an undo, or the end of a group nobody holds, tries a
 /// sandbox it cannot reach (or whose freeze may still arrive).
@@ -47,11 +47,6 @@ enum PartThaw {
     Gone(String),
     /// Not reached, or not confirmed.
     Unreached(Error),
-}
-
-/// One JSON line on stderr.
-fn log_line(v: serde_json::Value) {
-    let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("{v}\n").as_bytes());
 }
 
 impl Crustd {
