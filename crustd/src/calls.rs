@@ -27,6 +27,7 @@ use tokio::sync::{watch, Semaphore};
 
 use crate::agent::Health;
 use crate::deadline::Deadline;
+use crate::devices::Key;
 use crate::error::{Error, Result};
 use crate::freezes::Frozen;
 use crate::volumes::{Crustd, DirectRequest, PublishRequest, Stats};
@@ -59,9 +60,9 @@ pub enum What {
         volume: String,
         bytes: i64,
     },
-    /// (sandbox, host volume) pairs; its slot is its first sandbox's.
+    /// Its slot is its first sandbox's.
     Freeze {
-        volumes: Vec<(String, String)>,
+        volumes: Vec<Key>,
         timeout_ms: u32,
         /// The caller's id for the group ("": crustd makes one).
         freeze_id: String,
@@ -69,7 +70,7 @@ pub enum What {
     /// A group by its id, or with force the volumes; its slot is its first
     /// sandbox's, or the group's.
     Thaw {
-        volumes: Vec<(String, String)>,
+        volumes: Vec<Key>,
         freeze_id: String,
         force: bool,
     },
@@ -94,12 +95,12 @@ impl What {
             | What::Expand { sandbox, .. }
             | What::Trim { sandbox, .. }
             | What::Health { sandbox, .. } => sandbox,
-            What::Freeze { volumes, .. } => volumes.first().map_or("", |(s, _)| s.as_str()),
+            What::Freeze { volumes, .. } => volumes.first().map_or("", |k| k.sandbox.as_str()),
             What::Thaw {
                 volumes, freeze_id, ..
             } => volumes
                 .first()
-                .map_or(freeze_id.as_str(), |(s, _)| s.as_str()),
+                .map_or(freeze_id.as_str(), |k| k.sandbox.as_str()),
         }
     }
 

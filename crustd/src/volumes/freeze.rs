@@ -16,6 +16,7 @@ use crust_protocols::freeze::check_id;
 
 use crate::agent::FreezeFailed;
 use crate::deadline::Deadline;
+use crate::devices::Key;
 use crate::error::{Error, Result};
 use crate::freezes::{end_now, Begun, FreezeError, Frozen, How, Leftover, Plan};
 
@@ -36,7 +37,7 @@ impl Crustd {
     /// RuntimeFreezeVolumes: answers the group's id and when it ends.
     pub fn freeze(
         self: &std::sync::Arc<Self>,
-        refs: &[(String, String)],
+        refs: &[Key],
         timeout_ms: u32,
         freeze_id: &str,
         deadline: &Deadline,

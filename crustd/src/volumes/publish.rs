@@ -262,8 +262,7 @@ impl Steps<'_> {
     fn outlived(&mut self, e: agent::Error) -> Result<String> {
         let (c, r) = (self.c, self.r);
         if matches!(
-            c.agent(self.sb, self.deadline)
-                .lists(&self.names.volume_id),
+            c.agent(self.sb, self.deadline).lists(&self.names.volume_id),
             Ok(false)
         ) {
             return Err(e.into());

@@ -14,11 +14,11 @@ use super::Crustd;
 
 impl Crustd {
     /// At start, before serving: claims and holds the device of every
-    /// volume recorded in every sandbox directory. Answers what failed, as
-    /// (sandbox, host_volume_id, error), for the log: a device gone,
-    /// another volume's bytes, the host using it, a state file crustd cannot
-    /// read (each is tried again at that volume's next call).
-    pub fn recover(&self) -> Vec<(String, String, Error)> {
+    /// volume recorded in every sandbox directory. Answers what failed, for
+    /// the log: a device gone, another volume's bytes, the host using it, a
+    /// state file crustd cannot read (its key's host volume then empty).
+    /// Each is tried again at that volume's next call.
+    pub fn recover(&self) -> Vec<(Key, Error)> {
         let deadline = Deadline::new(None);
         let mut failed = Vec::new();
         for id in registry::all_ids(&self.cfg.sandboxes) {
@@ -26,14 +26,14 @@ impl Crustd {
                 Ok(h) => h,
                 Err(e) if e.code() == Code::NotFound => continue,
                 Err(e) => {
-                    failed.push((id, String::new(), e.into()));
+                    failed.push((Key::new(&id, ""), e.into()));
                     continue;
                 }
             };
             let st = match self.load(&home, &deadline) {
                 Ok(st) => st,
                 Err(e) => {
-                    failed.push((id, String::new(), e));
+                    failed.push((Key::new(&id, ""), e));
                     continue;
                 }
             };
@@ -43,7 +43,7 @@ impl Crustd {
                     Ok(()) => {}
                     Err(r) => {
                         let e = r.error(&key, Path::new(&v.rdev)).into();
-                        failed.push((id.clone(), hv.clone(), e))
+                        failed.push((key, e))
                     }
                 }
             }

@@ -16,6 +16,7 @@ use std::time::Duration;
 use crust_protocols::freeze::check_id;
 
 use crate::deadline::Deadline;
+use crate::devices::Key;
 use crate::error::{Code, Error, Result};
 use crate::freezes::{end_now, unix_ms, FreezeError, Group, How, Volume, HOST_SLACK};
 use crate::registry;
@@ -54,7 +55,7 @@ impl Crustd {
     /// the volumes named.
     pub fn thaw(
         &self,
-        refs: &[(String, String)],
+        refs: &[Key],
         freeze_id: &str,
         force: bool,
         deadline: &Deadline,
@@ -107,13 +108,13 @@ impl Crustd {
     /// freeze holds its volumes, and every group holding one is recorded
     /// as ended by a forced thaw. A volume not published is NOT_FOUND,
     /// after the others are thawed.
-    fn thaw_forced(&self, refs: &[(String, String)], deadline: &Deadline) -> Result<()> {
+    fn thaw_forced(&self, refs: &[Key], deadline: &Deadline) -> Result<()> {
         check_refs(refs)?;
         let mut parts: Vec<Part> = Vec::new();
         let mut failed: Vec<Error> = Vec::new();
-        for (sandbox, volume) in refs {
-            match self.agent_id(sandbox, volume, true, deadline) {
-                Ok((sb, id)) => add_to(&mut parts, sb, volume, id),
+        for k in refs {
+            match self.agent_id(&k.sandbox, &k.host_volume, true, deadline) {
+                Ok((sb, id)) => add_to(&mut parts, sb, &k.host_volume, id),
                 Err(e) => failed.push(e),
             }
         }
