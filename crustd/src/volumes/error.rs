@@ -44,8 +44,8 @@ pub enum Error {
     Gid(i64),
     /// A direct-volume record names something that is not a block device.
     #[code(InvalidArgument)]
-    #[error("direct-volume record {} names {device}, which {what}", .file.display())]
-    RecordNamesNotBlock { file: PathBuf, device: String, what: NotBlock },
+    #[error("direct-volume record {} names {}, which {what}", .file.display(), .device.display())]
+    RecordNamesNotBlock { file: PathBuf, device: PathBuf, what: NotBlock },
     #[code(InvalidArgument)]
     #[error("required_bytes {0} is negative")]
     NegativeBytes(i64),

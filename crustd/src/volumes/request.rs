@@ -37,7 +37,7 @@ impl Origin {
             .into(),
             Origin::Direct { file, .. } => Refused::RecordNamesNotBlock {
                 file: file.clone(),
-                device: device.to_string(),
+                device: device.into(),
                 what,
             }
             .into(),
