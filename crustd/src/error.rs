@@ -144,3 +144,37 @@ impl From<crust_protocols::names::BadName> for Error {
 
 /// Result with crustd's error.
 pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::Key;
+    use crate::volumes::error::Error as Refused;
+
+    /// The errors that join others keep the words each had, and the code
+    /// of the one the caller must act on.
+    #[test]
+    fn joined_errors_say_each_part() {
+        let key = Key::new("pod-a", "/dev/loop3");
+        let undone = Error::Undone {
+            error: Box::new(Refused::LateToPlug(key.clone()).into()),
+            undo: Box::new(Refused::VolumeBusy(key.clone()).into()),
+        };
+        assert_eq!(undone.code(), Code::DeadlineExceeded);
+        assert_eq!(
+            undone.to_string(),
+            "the caller's deadline passed before host volume /dev/loop3 was plugged into sandbox pod-a: nothing was plugged; retry; undoing the publish failed too (DEADLINE_EXCEEDED: another call for host volume /dev/loop3 in sandbox pod-a was still running at the caller's deadline; nothing was done: retry); RuntimeUnpublishVolume will finish it"
+        );
+        let failed = Error::Unthawed {
+            failed: vec![
+                Refused::NotPublished(key.clone()).into(),
+                Refused::NotPublished(Key::new("pod-b", "/dev/x")).into(),
+            ],
+        };
+        assert_eq!(failed.code(), Code::NotFound);
+        assert_eq!(
+            failed.to_string(),
+            "the forced thaw ended what it could, but not all: host volume /dev/loop3 is not published in sandbox pod-a; host volume /dev/x is not published in sandbox pod-b"
+        );
+    }
+}
