@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crust_client::proto::{GetVolumeStatsRequest, PublishVolumeRequest, UnpublishVolumeRequest};
-use crust_client::qmp::Qmp;
+use crust_client::qmp::{unplug, BlockDisk, Patience, Qmp, Source};
 use crust_client::{Address, CrustClient};
 use crust_vm::{Vm, VmOptions};
 use crustd_ctl::{pb, Kubelet};
@@ -193,31 +193,26 @@ fn measure(work: &Path, reg: &Path, crustd: &Path, vm: &Vm, disks: usize) -> R<V
 }
 
 /// One publish by hand, as a runtime without crustd would do it: a QMP
-/// session, blockdev-add and device_add, then the agent's publish; its
-/// seconds, after taking it all down again.
+/// session plugging the disk (crust-client's plug: blockdev-add and
+/// device_add, as crustd adds them), then the agent's publish; its seconds,
+/// after taking it all down again (crust-client's unplug).
 fn by_hand(qmp_path: &Path, addr: &Address, dev: &str, i: usize) -> R<f64> {
     let serial = format!("bench-direct-{i}");
     let (node, device) = (format!("bd-{i}"), format!("bd-dev-{i}"));
+    let disk = BlockDisk {
+        node: &node,
+        device: &device,
+        serial: &serial,
+    };
+    let session = || Qmp::connect(qmp_path, Duration::from_secs(10));
     let t = Instant::now();
-    {
-        let mut q = Qmp::connect(qmp_path, Duration::from_secs(10)).map_err(|e| e.to_string())?;
-        q.execute(
-            "blockdev-add",
-            Some(json!({"node-name": node, "driver": "host_device", "filename": dev, "cache": {"direct": true}})),
-        )
+    session()
+        .and_then(|mut q| q.plug(&disk, Source::HostDevice(Path::new(dev)), false))
         .map_err(|e| e.to_string())?;
-        q.execute(
-            "device_add",
-            Some(
-                json!({"driver": "virtio-blk-pci", "drive": node, "id": device, "serial": serial}),
-            ),
-        )
-        .map_err(|e| e.to_string())?;
-    }
     let c = CrustClient::connect(addr, Duration::from_secs(60)).map_err(|e| e.to_string())?;
     let mut r = PublishVolumeRequest::new();
     r.volume_id = format!("direct-{i}");
-    r.set_serial(serial);
+    r.set_serial(serial.clone());
     r.fs_type = "ext4".into();
     r.timeout_ms = 30_000;
     c.publish_volume(&r).map_err(|e| e.to_string())?;
@@ -225,18 +220,11 @@ fn by_hand(qmp_path: &Path, addr: &Address, dev: &str, i: usize) -> R<f64> {
     let mut u = UnpublishVolumeRequest::new();
     u.volume_id = format!("direct-{i}");
     c.unpublish_volume(&u).map_err(|e| e.to_string())?;
-    let mut q = Qmp::connect(qmp_path, Duration::from_secs(10)).map_err(|e| e.to_string())?;
-    q.execute("device_del", Some(json!({"id": device})))
-        .map_err(|e| e.to_string())?;
-    q.wait_event(
-        "DEVICE_DELETED",
-        |d| d["device"] == device.as_str(),
-        Duration::from_secs(60),
-    )
-    .map_err(|e| e.to_string())?
-    .ok_or_else(|| format!("no DEVICE_DELETED for {device} within 60 s"))?;
-    q.execute("blockdev-del", Some(json!({"node-name": node})))
-        .map_err(|e| e.to_string())?;
+    let patience = Patience {
+        each: Duration::from_secs(60),
+        deadline: None,
+    };
+    unplug(session, &device, &node, patience).map_err(|e| format!("unplugging {device}: {e}"))?;
     Ok(took)
 }
 

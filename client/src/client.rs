@@ -45,14 +45,21 @@ pub enum CallError {
 }
 
 impl CallError {
-    /// Sorts a ttrpc error of `method` (which was given `timeout`).
-    pub fn from_ttrpc(method: &'static str, timeout: Duration, err: ttrpc::Error) -> Self {
+    /// Sorts a ttrpc error of `method`, which was given `timeout` and ended
+    /// after `elapsed`.
+    pub fn from_ttrpc(
+        method: &'static str,
+        timeout: Duration,
+        elapsed: Duration,
+        err: ttrpc::Error,
+    ) -> Self {
         match err {
             ttrpc::Error::RpcStatus(status) => {
                 CallError::status(status.code.value(), status.message)
             }
-            // ttrpc's sync client reports its own deadline only as this text.
-            ttrpc::Error::Others(text) if text.contains("timeout") => {
+            // ttrpc's sync client reports its own deadline as an untyped
+            // error, like a closed channel: the clock tells them apart.
+            ttrpc::Error::Others(_) if elapsed >= timeout => {
                 CallError::TimedOut { method, timeout }
             }
             other => CallError::Connection {
@@ -132,7 +139,9 @@ impl CrustClient {
         f: impl FnOnce(&AgentClient, ttrpc::context::Context, &Req) -> ttrpc::Result<Resp>,
     ) -> Result<Resp, CallError> {
         let ctx = ttrpc::context::with_duration(timeout);
-        f(&self.inner, ctx, req).map_err(|e| CallError::from_ttrpc(method, timeout, e))
+        let t0 = std::time::Instant::now();
+        f(&self.inner, ctx, req)
+            .map_err(|e| CallError::from_ttrpc(method, timeout, t0.elapsed(), e))
     }
 
     /// The optional features the agent has (`CAPABILITY_*`).
@@ -312,7 +321,7 @@ mod tests {
             "volume vol-1 is not published",
         ));
         assert_eq!(
-            CallError::from_ttrpc("GetVolumeStats", t, status),
+            CallError::from_ttrpc("GetVolumeStats", t, Duration::ZERO, status),
             CallError::Status {
                 code: Code::NotFound,
                 message: "volume vol-1 is not published".into()
@@ -322,7 +331,7 @@ mod tests {
             "Receive packet from Receiver timeout: timed out waiting on channel".into(),
         );
         assert_eq!(
-            CallError::from_ttrpc("GetVolumeStats", t, timeout),
+            CallError::from_ttrpc("GetVolumeStats", t, t, timeout),
             CallError::TimedOut {
                 method: "GetVolumeStats",
                 timeout: t
@@ -334,8 +343,12 @@ mod tests {
                 "Receive packet from Receiver error: receiving on a closed channel".into(),
             ),
             ttrpc::Error::Eof,
+            // The same words before the deadline: not ttrpc's deadline.
+            ttrpc::Error::Others(
+                "Receive packet from Receiver timeout: timed out waiting on channel".into(),
+            ),
         ] {
-            let e = CallError::from_ttrpc("Unmount", t, broken);
+            let e = CallError::from_ttrpc("Unmount", t, t / 2, broken);
             assert!(
                 matches!(
                     e,

@@ -27,7 +27,8 @@ use tokio::sync::{watch, Semaphore};
 
 use crate::agent::Health;
 use crate::deadline::Deadline;
-use crate::error::{Code, Error, Result};
+use crate::devices::Key;
+use crate::error::{Error, Result};
 use crate::freezes::Frozen;
 use crate::volumes::{Crustd, DirectRequest, PublishRequest, Stats};
 
@@ -59,9 +60,9 @@ pub enum What {
         volume: String,
         bytes: i64,
     },
-    /// (sandbox, host volume) pairs; its slot is its first sandbox's.
+    /// Its slot is its first sandbox's.
     Freeze {
-        volumes: Vec<(String, String)>,
+        volumes: Vec<Key>,
         timeout_ms: u32,
         /// The caller's id for the group ("": crustd makes one).
         freeze_id: String,
@@ -69,7 +70,7 @@ pub enum What {
     /// A group by its id, or with force the volumes; its slot is its first
     /// sandbox's, or the group's.
     Thaw {
-        volumes: Vec<(String, String)>,
+        volumes: Vec<Key>,
         freeze_id: String,
         force: bool,
     },
@@ -94,12 +95,12 @@ impl What {
             | What::Expand { sandbox, .. }
             | What::Trim { sandbox, .. }
             | What::Health { sandbox, .. } => sandbox,
-            What::Freeze { volumes, .. } => volumes.first().map_or("", |(s, _)| s.as_str()),
+            What::Freeze { volumes, .. } => volumes.first().map_or("", |k| k.sandbox.as_str()),
             What::Thaw {
                 volumes, freeze_id, ..
             } => volumes
                 .first()
-                .map_or(freeze_id.as_str(), |(s, _)| s.as_str()),
+                .map_or(freeze_id.as_str(), |k| k.sandbox.as_str()),
         }
     }
 
@@ -306,23 +307,18 @@ impl Calls {
         let mut done = waiting.running.done.clone();
         let answered = done.wait_for(Option::is_some);
         let out = match at {
-            Some(d) => match tokio::time::timeout_at(
-                d.checked_sub(GRACE).unwrap_or(d).into(),
-                answered,
-            )
-            .await
-            {
-                Ok(r) => r.map(|v| v.clone()),
-                Err(_) => {
-                    return Err(Error::new(
-                        Code::DeadlineExceeded,
-                        format!(
-                            "{} was still at work at the caller's deadline: it goes on, and the same call made again joins it",
-                            what.method()
-                        ),
-                    ))
+            Some(d) => {
+                match tokio::time::timeout_at(d.checked_sub(GRACE).unwrap_or(d).into(), answered)
+                    .await
+                {
+                    Ok(r) => r.map(|v| v.clone()),
+                    Err(_) => {
+                        return Err(Error::StillAtWork {
+                            method: what.method(),
+                        })
+                    }
                 }
-            },
+            }
             None => answered.await.map(|v| v.clone()),
         };
         match out {
@@ -336,10 +332,9 @@ impl Calls {
                 );
                 r
             }
-            _ => Err(Error::internal(format!(
-                "{} ended without an answer",
-                what.method()
-            ))),
+            _ => Err(Error::NoAnswer {
+                method: what.method(),
+            }),
         }
     }
 
@@ -367,16 +362,12 @@ impl Calls {
         .await;
         let Ok((Ok(sandbox), Ok(node))) = permits else {
             self.prune(what.sandbox());
-            return Err(Error::new(
-                Code::ResourceExhausted,
-                format!(
-                    "sandbox {} has {} calls at work (its VM is slow to answer, or gone), or the node {}: this {} waited for a turn until its deadline and did nothing; retry",
-                    what.sandbox(),
-                    self.per_sandbox,
-                    IN_FLIGHT,
-                    what.method()
-                ),
-            ));
+            return Err(Error::NoTurn {
+                sandbox: what.sandbox().to_string(),
+                per_sandbox: self.per_sandbox,
+                node: IN_FLIGHT,
+                method: what.method(),
+            });
         };
         let (tx, rx) = watch::channel(None);
         let running = Arc::new(Running {
@@ -393,10 +384,9 @@ impl Calls {
             let out =
                 std::panic::catch_unwind(AssertUnwindSafe(|| what.run(&me.crustd, &r.deadline)))
                     .unwrap_or_else(|_| {
-                        Err(Error::internal(format!(
-                            "{} panicked; crustd goes on",
-                            what.method()
-                        )))
+                        Err(Error::Panicked {
+                            method: what.method(),
+                        })
                     });
             // Out of the map before anyone hears the answer: a caller that
             // has it and makes the same call again must start it afresh,
@@ -455,6 +445,7 @@ const SOON: Duration = Duration::from_secs(5);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Code;
     use crate::volumes::Config;
 
     fn calls(per_sandbox: usize) -> (tempfile::TempDir, Arc<Calls>) {
@@ -475,7 +466,7 @@ mod tests {
         let (_t, calls) = calls(2);
         // No such sandbox: NOT_FOUND, and the maps are empty again.
         let e = calls.call(stats("pod-a"), None).await.unwrap_err();
-        assert_eq!(e.code, Code::NotFound, "{e}");
+        assert_eq!(e.code(), Code::NotFound, "{e}");
         let t = Instant::now();
         while calls.in_flight() != (0, 0) {
             assert!(t.elapsed() < SOON, "{:?}", calls.in_flight());
@@ -492,7 +483,7 @@ mod tests {
         let (_t, calls) = calls(2);
         for _ in 0..2000 {
             let e = calls.call(stats("pod-a"), None).await.unwrap_err();
-            assert_eq!(e.code, Code::NotFound, "{e}");
+            assert_eq!(e.code(), Code::NotFound, "{e}");
             assert_eq!(calls.in_flight().0, 0, "an answered call is still joinable");
         }
     }
@@ -510,8 +501,8 @@ mod tests {
             )
             .await
             .unwrap_err();
-        assert_eq!(e.code, Code::ResourceExhausted, "{e}");
-        assert!(e.message.contains("pod-hung"), "{e}");
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+        assert!(e.to_string().contains("pod-hung"), "{e}");
         assert!(t0.elapsed() < Duration::from_secs(2));
         // Another sandbox is not kept waiting.
         let e = calls
@@ -521,7 +512,7 @@ mod tests {
             )
             .await
             .unwrap_err();
-        assert_eq!(e.code, Code::NotFound, "{e}");
+        assert_eq!(e.code(), Code::NotFound, "{e}");
         drop(held);
     }
 }

@@ -14,6 +14,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use crustd_ctl::{code_name, pb, Kubelet};
 
+use crate::devices::Key;
 use crate::direct::{Records, SandboxOf};
 use serde_json::{json, Value};
 
@@ -99,7 +100,7 @@ enum Cmd {
     Freeze {
         /// SANDBOX:HOST_VOLUME, e.g. pod-a:/dev/loop3 (1 to 64).
         #[arg(required = true, value_parser = volume_ref)]
-        volumes: Vec<(String, String)>,
+        volumes: Vec<Key>,
         /// Seconds after which the guests and crustd thaw by themselves (default 60, at most 600).
         #[arg(long, default_value_t = 0)]
         thaw_after: u32,
@@ -117,7 +118,7 @@ enum Cmd {
         /// Instead, end whatever freeze holds these volumes (an operator's
         /// way out; each group it ends hears of it at its own thaw).
         #[arg(long, num_args = 1.., value_parser = volume_ref, value_name = "SANDBOX:HOST_VOLUME")]
-        force: Vec<(String, String)>,
+        force: Vec<Key>,
     },
     /// RuntimeTrimVolume: give the volume's free space back to the host's device.
     Trim {
@@ -131,11 +132,19 @@ enum Cmd {
 }
 
 /// `SANDBOX:HOST_VOLUME` (a sandbox id holds no colon).
-fn volume_ref(s: &str) -> Result<(String, String), String> {
+fn volume_ref(s: &str) -> Result<Key, String> {
     match s.split_once(':') {
-        Some((sb, v)) if !sb.is_empty() && !v.is_empty() => Ok((sb.to_string(), v.to_string())),
+        Some((sb, v)) if !sb.is_empty() && !v.is_empty() => Ok(Key::new(sb, v)),
         _ => Err(format!("'{s}' is not SANDBOX:HOST_VOLUME")),
     }
+}
+
+/// Volumes as crustd-ctl's client names them: (sandbox, host volume).
+fn pairs(volumes: &[Key]) -> Vec<(String, String)> {
+    volumes
+        .iter()
+        .map(|k| (k.sandbox.clone(), k.host_volume.clone()))
+        .collect()
 }
 
 #[derive(Subcommand)]
@@ -179,9 +188,9 @@ impl From<tonic::Status> for Failed {
     }
 }
 
-impl From<crate::error::Error> for Failed {
-    fn from(e: crate::error::Error) -> Failed {
-        Failed::Status(crate::service::to_status(e))
+impl From<crate::direct::Error> for Failed {
+    fn from(e: crate::direct::Error) -> Failed {
+        Failed::Status(crate::service::to_status(e.into()))
     }
 }
 
@@ -200,7 +209,7 @@ fn stats_json(s: pb::RuntimeGetVolumeStatsResponse) -> Value {
 }
 
 /// The sandbox and device of the record filed under `volume_path`, for stats and resize.
-fn placed(records: &Records, volume_path: &OsString) -> Result<(String, String), Failed> {
+fn placed(records: &Records, volume_path: &OsString) -> Result<Key, Failed> {
     let p = volume_path.as_bytes();
     let shown = volume_path.to_string_lossy();
     let sandbox = match records.sandbox_of(p)? {
@@ -218,7 +227,7 @@ fn placed(records: &Records, volume_path: &OsString) -> Result<(String, String),
         }
     };
     let found = records.read(p)?;
-    Ok((sandbox, found.record.device))
+    Ok(Key::new(&sandbox, &found.record.device))
 }
 
 /// A record directory that vanished between two looks.
@@ -248,17 +257,17 @@ fn direct_volume(
             json!({})
         }
         Direct::Stats { volume_path } => {
-            let (sandbox, device) = placed(records, &volume_path)?;
-            stats_json(connect()?.stats(&sandbox, &device)?)
+            let v = placed(records, &volume_path)?;
+            stats_json(connect()?.stats(&v.sandbox, &v.host_volume)?)
         }
         Direct::Resize { volume_path, size } => {
-            let (sandbox, device) = placed(records, &volume_path)?;
+            let v = placed(records, &volume_path)?;
             let bytes = i64::try_from(size).map_err(|_| {
                 Failed::Status(tonic::Status::invalid_argument(format!(
                     "--size {size} is more than a volume can have"
                 )))
             })?;
-            json!({ "capacity_bytes": connect()?.expand(&sandbox, &device, bytes)? })
+            json!({ "capacity_bytes": connect()?.expand(&v.sandbox, &v.host_volume, bytes)? })
         }
     })
 }
@@ -346,13 +355,13 @@ fn run(cli: &Cli, cmd: Cmd) -> Result<Value, Failed> {
             freeze_id,
         } => {
             let ms = thaw_after.saturating_mul(1000);
-            let r = k.freeze(&volumes, ms, freeze_id.as_deref())?;
+            let r = k.freeze(&pairs(&volumes), ms, freeze_id.as_deref())?;
             json!({ "freeze_id": r.freeze_id, "thaw_at_unix_ms": r.thaw_at_unix_ms })
         }
         Cmd::Thaw { freeze_id, force } => {
             match freeze_id {
                 Some(id) => k.thaw(&id)?,
-                None => k.thaw_force(&force)?,
+                None => k.thaw_force(&pairs(&force))?,
             }
             json!({})
         }
@@ -423,12 +432,12 @@ mod tests {
     fn volume_refs_are_sandbox_colon_host_volume() {
         assert_eq!(
             volume_ref("pod-a:/dev/loop3"),
-            Ok(("pod-a".into(), "/dev/loop3".into()))
+            Ok(Key::new("pod-a", "/dev/loop3"))
         );
         // A colon in the volume stays in the volume.
         assert_eq!(
             volume_ref("pod-a:/dev/disk/by-path/pci-0000:00:1f.2"),
-            Ok(("pod-a".into(), "/dev/disk/by-path/pci-0000:00:1f.2".into()))
+            Ok(Key::new("pod-a", "/dev/disk/by-path/pci-0000:00:1f.2"))
         );
         for bad in ["pod-a", ":/dev/x", "pod-a:", ""] {
             assert!(volume_ref(bad).is_err(), "{bad}");

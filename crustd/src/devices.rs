@@ -13,11 +13,39 @@
 //! or an agent call.
 
 use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::error::{Code, Error, Result};
-use crate::hostdev::{self, Extent, Hold, HostDevice};
+use crate::hostdev::{self, Extent, Hold, HostDevice, Named};
+
+crust_protocols::coded_errors! {
+/// Why a device was not claimed, or not freed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// Another volume has bytes of it.
+    #[code(FailedPrecondition)]
+    #[error("{0}")]
+    Conflict(Box<Clash>),
+    /// The host uses it, the kernel refused the hold, or sysfs could not place it.
+    #[code(inner)]
+    #[error(transparent)]
+    Device(#[from] hostdev::Error),
+    /// A process other than crustd has it open: `why` is why crustd
+    /// thought it free ("its VM is gone"), each opener in words.
+    #[code(FailedPrecondition)]
+    #[error("{why}, yet {} still has host device {host_volume} ({rdev}) open: crustd does not free a device a process may still write; stop that process (or restore the VM's sandbox.json and QMP socket) and unpublish again", .openers.join(", "))]
+    StillOpen {
+        why: String,
+        openers: Vec<String>,
+        host_volume: String,
+        rdev: String,
+    },
+}
+}
+
+type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// One volume: (sandbox id, host_volume_id).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -39,7 +67,7 @@ impl Key {
 #[derive(Debug)]
 struct Claim {
     /// The device node, for messages.
-    device: String,
+    device: PathBuf,
     /// `MAJOR:MINOR`: whom [`Devices::release`] asks the processes about.
     rdev: String,
     /// Where its bytes lie; `None` when it was not found at a restart (it
@@ -56,32 +84,51 @@ pub struct Conflict {
     /// The volume that has them.
     pub holder: Key,
     /// Its device node.
-    pub device: String,
+    pub device: PathBuf,
     /// The two extents are equal: the same device, not just shared bytes.
     pub same: bool,
 }
 
 impl Conflict {
-    /// FAILED_PRECONDITION for `key` (device `device`), refused because of this conflict.
-    pub fn error(&self, key: &Key, device: &str) -> Error {
-        let how = if self.same {
+    /// The refusal of `key` (device `device`) because of this conflict.
+    pub fn refuse(&self, key: &Key, device: &Path) -> Error {
+        Error::Conflict(Box::new(Clash {
+            key: key.clone(),
+            device: device.to_path_buf(),
+            with: self.clone(),
+        }))
+    }
+}
+
+/// A volume refused because another has bytes of its device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Clash {
+    /// The volume refused, and its device node.
+    pub key: Key,
+    pub device: PathBuf,
+    /// Who has the bytes.
+    pub with: Conflict,
+}
+
+impl fmt::Display for Clash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let how = if self.with.same {
             "is the same device as"
         } else {
             "shares sectors with"
         };
-        let what = format!(
-            "host device {} {how} {}, already published in sandbox {}",
-            hostdev::named(&key.host_volume, device),
-            hostdev::named(&self.holder.host_volume, &self.device),
-            self.holder.sandbox
-        );
-        if self.holder.sandbox == key.sandbox {
-            Error::precondition(format!("{what}: one device, one volume"))
-        } else {
-            Error::precondition(format!(
-                "{what}: one device, one volume; unpublish it there first"
-            ))
+        let holder = &self.with.holder;
+        write!(
+            f,
+            "host device {} {how} {}, already published in sandbox {}: one device, one volume",
+            Named::new(&self.key.host_volume, &self.device),
+            Named::new(&holder.host_volume, &self.with.device),
+            holder.sandbox
+        )?;
+        if holder.sandbox != self.key.sandbox {
+            f.write_str("; unpublish it there first")?;
         }
+        Ok(())
     }
 }
 
@@ -91,7 +138,17 @@ pub enum Refusal {
     /// Another volume has bytes of the device.
     Conflict(Conflict),
     /// The host uses it, the kernel refused the hold, or sysfs could not place it.
-    Other(Error),
+    Other(hostdev::Error),
+}
+
+impl Refusal {
+    /// The refusal of `key` (device `device`) as its error.
+    pub fn error(self, key: &Key, device: &Path) -> Error {
+        match self {
+            Refusal::Conflict(c) => c.refuse(key, device),
+            Refusal::Other(e) => e.into(),
+        }
+    }
 }
 
 /// How long [`Devices::release`] looks again at a device that some process
@@ -120,13 +177,12 @@ impl Devices {
     /// host uses it, or when the kernel refuses crustd's exclusive hold.
     /// On success the claim holds the device; on failure nothing of it is
     /// left. A claim already there for `key` is kept as it is.
-    pub fn claim(&self, key: &Key, dev: &HostDevice) -> std::result::Result<(), Refusal> {
+    pub fn claim(&self, key: &Key, dev: &HostDevice) -> Result<(), Refusal> {
         if self.held(key) == Some(true) {
             return Ok(());
         }
         let extent = dev.extent().map_err(Refusal::Other)?;
-        let device = dev.path.display().to_string();
-        let fresh = self.reserve(key, &device, &dev.rdev, Some(extent))?;
+        let fresh = self.reserve(key, &dev.path, &dev.rdev, Some(extent))?;
         // Outside the lock: sysfs, the mount table, the O_EXCL open.
         match dev.check_unused().and_then(|()| dev.hold()) {
             Ok(h) => {
@@ -148,20 +204,19 @@ impl Devices {
     /// hold if the claim lacks one. A device that is gone is still claimed
     /// for `key` (it conflicts with nothing) and its error answered, as is
     /// a hold the kernel refuses (tried again next time).
-    pub fn adopt(&self, key: &Key, rdev: &str) -> std::result::Result<(), Refusal> {
+    pub fn adopt(&self, key: &Key, rdev: &str) -> Result<(), Refusal> {
         if self.held(key) == Some(true) {
             return Ok(());
         }
         let dev = match hostdev::open_recorded(rdev) {
             Ok(d) => d,
             Err(e) => {
-                let _ = self.reserve(key, rdev, rdev, None);
+                let _ = self.reserve(key, Path::new(rdev), rdev, None);
                 return Err(Refusal::Other(e));
             }
         };
         let extent = dev.extent().ok();
-        let device = dev.path.display().to_string();
-        self.reserve(key, &device, rdev, extent)?;
+        self.reserve(key, &dev.path, rdev, extent)?;
         let h = dev.hold().map_err(Refusal::Other)?;
         self.set_hold(key, h);
         Ok(())
@@ -172,10 +227,10 @@ impl Devices {
     fn reserve(
         &self,
         key: &Key,
-        device: &str,
+        device: &Path,
         rdev: &str,
         extent: Option<Extent>,
-    ) -> std::result::Result<bool, Refusal> {
+    ) -> Result<bool, Refusal> {
         let mut t = self.table();
         if let Some(e) = &extent {
             let hit = t
@@ -192,14 +247,14 @@ impl Devices {
         if let Some(c) = t.get_mut(key) {
             if c.extent.is_none() {
                 c.extent = extent;
-                c.device = device.to_string();
+                c.device = device.to_path_buf();
             }
             return Ok(false);
         }
         t.insert(
             key.clone(),
             Claim {
-                device: device.to_string(),
+                device: device.to_path_buf(),
                 rdev: rdev.to_string(),
                 extent,
                 hold: None,
@@ -241,14 +296,12 @@ impl Devices {
             std::thread::sleep(Duration::from_millis(50));
         };
         if !openers.is_empty() {
-            return Err(Error::new(
-                Code::FailedPrecondition,
-                format!(
-                    "{why}, yet {} still has host device {} ({rdev}) open: crustd does not free a device a process may still write; stop that process (or restore the VM's sandbox.json and QMP socket) and unpublish again",
-                    openers.join(", "),
-                    key.host_volume
-                ),
-            ));
+            return Err(Error::StillOpen {
+                why: why.to_string(),
+                openers,
+                host_volume: key.host_volume.clone(),
+                rdev,
+            });
         }
         // The hold is closed after the lock is let go (the last close of a
         // block device flushes it).
@@ -272,6 +325,7 @@ mod tests {
     use super::*;
     use crate::disks;
     use crate::hostdev::Backing;
+    use crust_protocols::code::Code;
 
     fn ext(disk: u32, start: u64, end: Option<u64>) -> Option<Extent> {
         Some(Extent {
@@ -289,10 +343,11 @@ mod tests {
     }
 
     fn reserve(d: &Devices, k: &Key, e: Option<Extent>) -> std::result::Result<bool, Conflict> {
-        d.reserve(k, &k.host_volume, "0:0", e).map_err(|r| match r {
-            Refusal::Conflict(c) => c,
-            Refusal::Other(e) => panic!("{e}"),
-        })
+        d.reserve(k, Path::new(&k.host_volume), "0:0", e)
+            .map_err(|r| match r {
+                Refusal::Conflict(c) => c,
+                Refusal::Other(e) => panic!("{e}"),
+            })
     }
 
     #[test]
@@ -324,8 +379,8 @@ mod tests {
         let e = reserve(&d, &key("b", "/link"), p1()).unwrap_err();
         assert!(e.same);
         assert!(e
-            .error(&key("b", "/link"), "/dev/loop0p1")
-            .message
+            .refuse(&key("b", "/link"), Path::new("/dev/loop0p1"))
+            .to_string()
             .contains("unpublish it there first"));
         // The same key again keeps its claim; a device not found conflicts with nothing.
         assert!(!reserve(&d, &key("a", "/p1"), p1()).unwrap());
@@ -366,8 +421,11 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
         }
         let e = d.release(&k, "its VM looks gone", None).unwrap_err();
-        assert_eq!(e.code, Code::FailedPrecondition);
-        assert!(e.message.contains(&format!("process {}", vm.id())), "{e}");
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        assert!(
+            e.to_string().contains(&format!("process {}", vm.id())),
+            "{e}"
+        );
         assert_eq!(d.held(&k), Some(true), "the claim and its hold stay");
         // Held: the host cannot take it for itself.
         assert!(dev.hold().is_err());

@@ -9,10 +9,12 @@
 //! several components is resolved by the kernel with no symbolic link in any
 //! of them (`openat2`), so no link can lead into another sandbox's files.
 
+use std::convert::Infallible;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::Path;
+use std::sync::Arc;
 
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
@@ -42,9 +44,9 @@ pub fn exists_at(dir: BorrowedFd<'_>, name: &str) -> bool {
     rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).is_ok()
 }
 
-/// Why a file was not read.
-#[derive(Debug)]
-pub enum ReadError {
+/// Why a file was not read; `R`, why the caller's check refused it.
+#[derive(Debug, Clone)]
+pub enum ReadError<R = Infallible> {
     /// Nothing by that name.
     Missing,
     /// A symbolic link on the way beneath a directory, which is not followed.
@@ -54,12 +56,12 @@ pub enum ReadError {
     /// A regular file larger than the bound: its size in bytes.
     TooLarge(u64),
     /// The caller's check refused the open file: why.
-    Refused(String),
+    Refused(R),
     /// Any other failure.
-    Io(io::Error),
+    Io(Arc<io::Error>),
 }
 
-impl std::fmt::Display for ReadError {
+impl<R: std::fmt::Display> std::fmt::Display for ReadError<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ReadError::Missing => write!(f, "it does not exist"),
@@ -100,19 +102,19 @@ pub fn read_bounded(dir: BorrowedFd<'_>, name: &str, max: u64) -> Result<Vec<u8>
 /// As [`read_bounded`], and `check` judges the open file's metadata (its
 /// owner and mode, say) before a byte is read: its refusal is
 /// [`ReadError::Refused`].
-pub fn read_bounded_checked(
+pub fn read_bounded_checked<R>(
     dir: BorrowedFd<'_>,
     name: &str,
     max: u64,
-    check: impl FnOnce(&rfs::Stat) -> Result<(), String>,
-) -> Result<Vec<u8>, ReadError> {
+    check: impl FnOnce(&rfs::Stat) -> Result<(), R>,
+) -> Result<Vec<u8>, ReadError<R>> {
     let fd =
         rfs::openat(dir, name, READ_FLAGS | OFlags::NOFOLLOW, Mode::empty()).map_err(
             |e| match e {
                 Errno::NOENT => ReadError::Missing,
                 // O_NOFOLLOW on a symlink.
                 Errno::LOOP => ReadError::NotRegular("a symbolic link"),
-                e => ReadError::Io(e.into()),
+                e => ReadError::Io(Arc::new(e.into())),
             },
         )?;
     read_open(fd, max, check)
@@ -128,7 +130,7 @@ pub fn read_bounded_beneath(
     let fd = open_beneath(root, rel, READ_FLAGS).map_err(|e| match e {
         Errno::NOENT => ReadError::Missing,
         Errno::LOOP => ReadError::Linked,
-        e => ReadError::Io(beneath_error(e)),
+        e => ReadError::Io(Arc::new(beneath_error(e))),
     })?;
     read_open(fd, max, |_| Ok(()))
 }
@@ -142,12 +144,12 @@ const READ_FLAGS: OFlags = OFlags::RDONLY
 
 /// Reads the open file `fd` when it is a regular file of at most `max`
 /// bytes that `check` accepts.
-fn read_open(
+fn read_open<R>(
     fd: OwnedFd,
     max: u64,
-    check: impl FnOnce(&rfs::Stat) -> Result<(), String>,
-) -> Result<Vec<u8>, ReadError> {
-    let st = rfs::fstat(&fd).map_err(|e| ReadError::Io(e.into()))?;
+    check: impl FnOnce(&rfs::Stat) -> Result<(), R>,
+) -> Result<Vec<u8>, ReadError<R>> {
+    let st = rfs::fstat(&fd).map_err(|e| ReadError::Io(Arc::new(e.into())))?;
     let t = FileType::from_raw_mode(st.st_mode);
     if t != FileType::RegularFile {
         return Err(ReadError::NotRegular(kind(t)));
@@ -161,7 +163,7 @@ fn read_open(
     File::from(fd)
         .take(max.saturating_add(1))
         .read_to_end(&mut buf)
-        .map_err(ReadError::Io)?;
+        .map_err(|e| ReadError::Io(Arc::new(e)))?;
     let read = u64::try_from(buf.len()).unwrap_or(u64::MAX);
     if read > max {
         return Err(ReadError::TooLarge(read));
@@ -212,7 +214,7 @@ pub fn exists_beneath(root: BorrowedFd<'_>, rel: &Path) -> bool {
 }
 
 /// Why a socket beneath a directory was not opened.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum SocketError {
     /// Nothing by that name.
     Missing,
@@ -221,7 +223,7 @@ pub enum SocketError {
     /// Something that is not a socket: what it is ("a regular file").
     NotSocket(&'static str),
     /// Any other failure.
-    Io(io::Error),
+    Io(Arc<io::Error>),
 }
 
 impl std::fmt::Display for SocketError {
@@ -243,9 +245,9 @@ pub fn open_socket_beneath(root: BorrowedFd<'_>, rel: &Path) -> Result<OwnedFd, 
     let fd = open_beneath(root, rel, OFlags::PATH).map_err(|e| match e {
         Errno::NOENT => SocketError::Missing,
         Errno::LOOP => SocketError::Linked,
-        e => SocketError::Io(beneath_error(e)),
+        e => SocketError::Io(Arc::new(beneath_error(e))),
     })?;
-    let st = rfs::fstat(&fd).map_err(|e| SocketError::Io(e.into()))?;
+    let st = rfs::fstat(&fd).map_err(|e| SocketError::Io(Arc::new(e.into())))?;
     match FileType::from_raw_mode(st.st_mode) {
         FileType::Socket => Ok(fd),
         t => Err(SocketError::NotSocket(kind(t))),

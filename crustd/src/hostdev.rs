@@ -30,20 +30,24 @@
 //! device over another loop device is compared with that loop device, not
 //! with the file behind it.
 
-use std::fmt;
 use std::fs::{self, File};
-use std::io::{self, Seek, SeekFrom};
+use std::io::{Seek, SeekFrom};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rustix::fs::{self as rfs, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::error::{Error, Result};
-
+mod error;
 mod place;
 mod users;
+
+use error::PATH_MAX;
+pub use error::{Error, Named, NotBlock, Vanished};
+
+type Result<T, E = Error> = std::result::Result<T, E>;
 
 pub(crate) use place::LoopInfo64;
 use place::{aliases, extent_of, parse_dev, Host};
@@ -70,36 +74,6 @@ pub struct HostDevice {
 #[derive(Debug)]
 pub struct Hold(#[allow(dead_code)] File);
 
-/// What a path given as a volume's device is, when it is not a block device.
-#[derive(Debug)]
-pub enum NotBlock {
-    /// Nothing there, or nothing crustd can look at.
-    Missing(io::Error),
-    /// A directory.
-    Directory,
-    /// A regular file (an image not attached to a loop device).
-    RegularFile,
-    /// Anything else: a character device, a FIFO, a socket.
-    Other,
-}
-
-impl fmt::Display for NotBlock {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = match self {
-            NotBlock::Missing(e) => return write!(f, "is not a block device on this host: {e}"),
-            NotBlock::Directory => "a directory",
-            NotBlock::RegularFile => {
-                "a regular file (attach it with losetup and give the /dev/loopN)"
-            }
-            NotBlock::Other => "not a block device",
-        };
-        write!(
-            f,
-            "is {kind}: give the block device of the volume, e.g. /dev/sdx"
-        )
-    }
-}
-
 /// Why [`open_block`] did not open a device.
 #[derive(Debug)]
 pub enum Unusable {
@@ -111,8 +85,8 @@ pub enum Unusable {
 
 /// Opens the block device at `path` (a symlink to one is fine), read-only and
 /// not exclusively; anything but a block device is [`Unusable::NotBlock`].
-pub fn open_block(path: &str) -> std::result::Result<HostDevice, Unusable> {
-    let md = fs::metadata(path).map_err(|e| Unusable::NotBlock(NotBlock::Missing(e)))?;
+pub fn open_block(path: &str) -> Result<HostDevice, Unusable> {
+    let md = fs::metadata(path).map_err(|e| Unusable::NotBlock(NotBlock::Missing(Arc::new(e))))?;
     if !md.file_type().is_block_device() {
         return Err(Unusable::NotBlock(if md.is_dir() {
             NotBlock::Directory
@@ -133,7 +107,10 @@ pub fn open_block(path: &str) -> std::result::Result<HostDevice, Unusable> {
 pub fn resolve(host_volume_id: &str) -> Result<HostDevice> {
     check_path(host_volume_id)?;
     open_block(host_volume_id).map_err(|e| match e {
-        Unusable::NotBlock(n) => Error::invalid(format!("host_volume_id {host_volume_id} {n}")),
+        Unusable::NotBlock(what) => Error::NotBlock {
+            id: host_volume_id.to_string(),
+            what,
+        },
         Unusable::Failed(e) => e,
     })
 }
@@ -141,19 +118,18 @@ pub fn resolve(host_volume_id: &str) -> Result<HostDevice> {
 /// Opens the device a record names by `MAJOR:MINOR` (after a restart),
 /// through the node sysfs names for it.
 pub fn open_recorded(rdev: &str) -> Result<HostDevice> {
-    let gone = |why: String| {
-        Error::precondition(format!(
-            "host device {rdev} that crustd recorded is not on this host any more: {why}"
-        ))
+    let gone = |why| Error::Gone {
+        rdev: rdev.to_string(),
+        why,
     };
-    let (maj, min) = parse_dev(rdev).ok_or_else(|| gone("not a device number".into()))?;
+    let (maj, min) = parse_dev(rdev).ok_or_else(|| gone(Vanished::NotANumber))?;
     let uevent = fs::read_to_string(format!("/sys/dev/block/{maj}:{min}/uevent"))
-        .map_err(|e| gone(e.to_string()))?;
+        .map_err(|e| gone(Vanished::Sysfs(Arc::new(e))))?;
     let name = uevent
         .lines()
         .find_map(|l| l.strip_prefix("DEVNAME="))
         .filter(|n| !n.is_empty() && !n.contains(".."))
-        .ok_or_else(|| gone("sysfs names no device node".into()))?;
+        .ok_or_else(|| gone(Vanished::NoNode))?;
     let node = PathBuf::from("/dev").join(name);
     open_node(
         &node,
@@ -170,18 +146,26 @@ fn open_node(path: &Path, shown: &str, rdev: u64) -> Result<HostDevice> {
         OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| Error::precondition(format!("cannot open host device {shown}: {e}")))?;
-    let st = rfs::fstat(&fd)
-        .map_err(|e| Error::internal(format!("cannot stat host device {shown}: {e}")))?;
+    .map_err(|errno| Error::Open {
+        shown: shown.to_string(),
+        errno,
+    })?;
+    let st = rfs::fstat(&fd).map_err(|errno| Error::Stat {
+        shown: shown.to_string(),
+        errno,
+    })?;
     if FileType::from_raw_mode(st.st_mode) != FileType::BlockDevice || st.st_rdev != rdev {
-        return Err(Error::precondition(format!(
-            "host device {shown} changed while crustd opened it: try again"
-        )));
+        return Err(Error::Changed {
+            shown: shown.to_string(),
+        });
     }
     let file = File::from(fd);
     let path = fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
         .or_else(|_| fs::canonicalize(path))
-        .map_err(|e| Error::internal(format!("cannot resolve {shown}: {e}")))?;
+        .map_err(|e| Error::Resolve {
+            shown: shown.to_string(),
+            source: Arc::new(e),
+        })?;
     let dev = (rfs::major(st.st_rdev), rfs::minor(st.st_rdev));
     Ok(HostDevice {
         shown: shown.to_string(),
@@ -206,18 +190,20 @@ impl HostDevice {
 
     /// Its size in bytes now (seeking to the end gives what BLKGETSIZE64 does).
     pub fn size(&self) -> Result<u64> {
-        (&self.file).seek(SeekFrom::End(0)).map_err(|e| {
-            Error::precondition(format!("cannot read the size of {}: {e}", self.name()))
-        })
+        (&self.file)
+            .seek(SeekFrom::End(0))
+            .map_err(|e| Error::Size {
+                name: self.name(),
+                source: Arc::new(e),
+            })
     }
 
     /// Where its bytes lie.
     pub fn extent(&self) -> Result<Extent> {
-        extent_of(&Host::system(), &self.file, self.dev).map_err(|e| {
-            Error::internal(format!(
-                "cannot find where host device {} ({}) lies in /sys: {e}",
-                self.shown, self.rdev
-            ))
+        extent_of(&Host::system(), &self.file, self.dev).map_err(|e| Error::Extent {
+            shown: self.shown.clone(),
+            rdev: self.rdev.clone(),
+            source: Arc::new(e),
         })
     }
 
@@ -230,30 +216,25 @@ impl HostDevice {
         if users.is_empty() {
             return Ok(());
         }
-        Err(self.in_use(&users.join("; ")))
+        Err(Error::InUse {
+            name: self.name(),
+            users,
+        })
     }
 
     /// What on the host uses this device, in words.
     fn users(&self) -> Result<Vec<String>> {
         let h = Host::system();
-        users::users(&h, &aliases(&h, &self.file, self.dev)).map_err(|e| {
-            Error::internal(format!(
-                "cannot find out whether the host uses {} ({}): {e}",
-                self.shown, self.rdev
-            ))
+        users::users(&h, &aliases(&h, &self.file, self.dev)).map_err(|e| Error::Users {
+            shown: self.shown.clone(),
+            rdev: self.rdev.clone(),
+            source: Arc::new(e),
         })
     }
 
     /// "/dev/disk/by-id/x (/dev/loop3)", or "/dev/loop3" when that is what was given.
-    pub fn name(&self) -> String {
-        named(&self.shown, &self.path.display().to_string())
-    }
-
-    fn in_use(&self, what: &str) -> Error {
-        Error::precondition(format!(
-            "host device {} is in use on this host: {what}; free it there first (unmount it, swapoff, remove the holder) or publish another device",
-            self.name()
-        ))
+    pub fn name(&self) -> Named {
+        Named::new(&self.shown, &self.path)
     }
 
     /// Takes the exclusive hold: an O_EXCL open of the same device (through
@@ -271,25 +252,28 @@ impl HostDevice {
                 let same = rfs::fstat(&fd)
                     .is_ok_and(|st| (rfs::major(st.st_rdev), rfs::minor(st.st_rdev)) == self.dev);
                 if !same {
-                    return Err(Error::internal(format!(
-                        "host device {} reopened as another device",
-                        self.shown
-                    )));
+                    return Err(Error::Reopened {
+                        shown: self.shown.clone(),
+                    });
                 }
                 Ok(Hold(File::from(fd)))
             }
             Err(Errno::BUSY) => {
                 let users = self.users().unwrap_or_default();
-                Err(self.in_use(&if users.is_empty() {
-                    "the kernel reports another exclusive user (a mount in another mount namespace, swap, device-mapper or md, or a program that opened it with O_EXCL)".to_string()
+                Err(if users.is_empty() {
+                    Error::HeldUnseen { name: self.name() }
                 } else {
-                    users.join("; ")
-                }))
+                    Error::InUse {
+                        name: self.name(),
+                        users,
+                    }
+                })
             }
-            Err(e) => Err(Error::internal(format!(
-                "cannot hold host device {} ({}) exclusively: {e}",
-                self.shown, self.rdev
-            ))),
+            Err(errno) => Err(Error::Hold {
+                shown: self.shown.clone(),
+                rdev: self.rdev.clone(),
+                errno,
+            }),
         }
     }
 }
@@ -305,52 +289,22 @@ pub(crate) fn openers(rdev: &str) -> Vec<String> {
     }
 }
 
-/// `given`, followed by `node` in parentheses when they differ.
-pub fn named(given: &str, node: &str) -> String {
-    if given == node {
-        given.to_string()
-    } else {
-        format!("{given} ({node})")
-    }
-}
-
 /// `host_volume_id` must be a non-empty absolute path.
 pub fn check_path(host_volume_id: &str) -> Result<()> {
     if host_volume_id.is_empty() {
-        return Err(Error::invalid(
-            "host_volume_id is empty: give the volume's block device on the host, e.g. /dev/sdx",
-        ));
+        return Err(Error::EmptyPath);
     }
-    if host_volume_id.len() > PATH_MAX || host_volume_id.contains('\0') {
-        return Err(Error::invalid(format!(
-            "host_volume_id has {} bytes{}: a device path has at most {PATH_MAX}, and no NUL",
-            host_volume_id.len(),
-            if host_volume_id.contains('\0') {
-                " and a NUL byte"
-            } else {
-                ""
-            }
-        )));
+    let nul = host_volume_id.contains('\0');
+    if host_volume_id.len() > PATH_MAX || nul {
+        return Err(Error::LongPath {
+            len: host_volume_id.len(),
+            nul,
+        });
     }
     if !host_volume_id.starts_with('/') {
-        return Err(Error::invalid(format!(
-            "host_volume_id {host_volume_id:?} is not an absolute path: give the block device, e.g. /dev/sdx"
-        )));
+        return Err(Error::RelativePath(host_volume_id.to_string()));
     }
     Ok(())
-}
-
-/// The longest path the kernel takes.
-const PATH_MAX: usize = 4096;
-
-/// The device's size in bytes as the host kernel sees it now (what
-/// BLKGETSIZE64 answers; seeking to the end of a block device gives the same
-/// without an ioctl).
-pub fn size(path: &Path) -> Result<u64> {
-    let sized = File::open(path).and_then(|mut f| f.seek(SeekFrom::End(0)));
-    sized.map_err(|e: io::Error| {
-        Error::precondition(format!("cannot read the size of {}: {e}", path.display()))
-    })
 }
 
 /// The names one host volume gets, all derived from `host_volume_id`.
@@ -392,7 +346,7 @@ fn fnv1a64(data: &[u8]) -> u64 {
 mod tests {
     use super::*;
     use crate::disks;
-    use crate::error::Code;
+    use crust_protocols::code::Code;
 
     #[test]
     fn names_are_stable_and_fit() {
@@ -425,8 +379,8 @@ mod tests {
             ("/dev/null", "not a block device"),
         ] {
             let e = resolve(p).unwrap_err();
-            assert_eq!(e.code, Code::InvalidArgument, "{p}");
-            assert!(e.message.contains(what), "{p}: {e}");
+            assert_eq!(e.code(), Code::InvalidArgument, "{p}");
+            assert!(e.to_string().contains(what), "{p}: {e}");
         }
     }
 
@@ -521,15 +475,18 @@ mod tests {
             .unwrap();
         assert!(!out.status.success(), "mounted a device crustd holds");
         // Nor can crustd hold it twice.
-        assert_eq!(dev.hold().unwrap_err().code, Code::FailedPrecondition);
+        assert_eq!(dev.hold().unwrap_err().code(), Code::FailedPrecondition);
         drop(held);
         let m = disks::Mounted::new(&d.device, "ext4", "");
         let e = dev.check_unused().unwrap_err();
-        assert_eq!(e.code, Code::FailedPrecondition);
+        assert_eq!(e.code(), Code::FailedPrecondition);
         let mp = m.path.display().to_string();
-        assert!(e.message.contains(&format!("is mounted at {mp}")), "{e}");
+        assert!(
+            e.to_string().contains(&format!("is mounted at {mp}")),
+            "{e}"
+        );
         let e = dev.hold().unwrap_err();
-        assert!(e.message.contains(&mp), "{e}");
+        assert!(e.to_string().contains(&mp), "{e}");
         // Its partition: the whole disk is mounted.
         drop(m);
         let p1 = d.add_partition();
@@ -537,7 +494,8 @@ mod tests {
         let part = resolve(p1.to_str().unwrap()).unwrap();
         let e = part.check_unused().unwrap_err();
         assert!(
-            e.message.contains(&format!("{} is mounted at", d.name())),
+            e.to_string()
+                .contains(&format!("{} is mounted at", d.name())),
             "{e}"
         );
         assert!(part.hold().is_err());
@@ -547,7 +505,7 @@ mod tests {
         let m = disks::Mounted::new(Path::new(&alias.0), "ext4", "");
         let e = dev.check_unused().unwrap_err();
         assert!(
-            e.message
+            e.to_string()
                 .contains(&format!("is mounted at {}", m.path.display())),
             "{e}"
         );

@@ -32,17 +32,78 @@
 //! symbolic link in any component (`sbs`, `vm`, the sandbox's directory,
 //! the file), bounded, and checked like a `sandbox.json`.
 
+use std::fmt;
 use std::io;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crust_client::Address;
+use crust_client::{Address, AddressError};
 use serde::Deserialize;
 
-use crate::error::{Error, Result};
 use crate::files::{self, ReadError, SocketError};
-use crate::monitor::{Monitor, Owner};
+use crate::monitor::{Monitor, Owner, Recorder, Unproven};
+
+crust_protocols::coded_errors! {
+/// Why Kata's files give no sandbox crustd can use.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    #[code(NotFound)]
+    #[error("no sandbox {id}: neither crustd's registry nor Kata ({}) has it", .run.display())]
+    NoRun { id: String, run: PathBuf },
+    #[code(FailedPrecondition)]
+    #[error("cannot open Kata's runtime directory {}: {source}", .run.display())]
+    Run { run: PathBuf, source: Arc<io::Error> },
+    #[code(NotFound)]
+    #[error("no sandbox {id}: neither crustd's registry nor Kata has it ({} does not exist)", .persist.display())]
+    NoPersist { id: String, persist: PathBuf },
+    /// Not a file crustd may read.
+    #[code(FailedPrecondition)]
+    #[error("{} is not Kata's sandbox state: {why}", .persist.display())]
+    Unreadable { persist: PathBuf, why: ReadError },
+    #[code(FailedPrecondition)]
+    #[error("{} is not Kata's sandbox state: {why}", .persist.display())]
+    Invalid { persist: PathBuf, why: Invalid },
+    #[code(FailedPrecondition)]
+    #[error("Kata's QEMU for sandbox {id} has no extra monitor at {}: set enable_debug = true and extra_monitor_socket = \"qmp\" under [hypervisor.qemu] in Kata's configuration, so crustd can hot-plug disks", .qmp.display())]
+    NoMonitor { id: String, qmp: PathBuf },
+    #[code(FailedPrecondition)]
+    #[error("{} is not the socket Kata's QEMU makes: {why}", .qmp.display())]
+    NotTheSocket { qmp: PathBuf, why: SocketError },
+}
+}
+
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What makes a `persist.json` not one Kata writes.
+#[derive(Debug, Clone)]
+pub enum Invalid {
+    /// Not JSON of Kata's shape.
+    Json(Arc<serde_json::Error>),
+    /// `AgentState.URL` is not an address.
+    Url { url: String, why: AddressError },
+    /// `AgentState.URL` is an address, but not over vsock.
+    NotVsock { url: String },
+    /// crust-agent's address could not be connected to.
+    Unconnectable(AddressError),
+    /// `HypervisorState.Pid` is not a process id.
+    Pid(i64),
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Invalid::Json(e) => write!(f, "{e}"),
+            Invalid::Url { url, why } => write!(f, "AgentState.URL {url:?}: {why}"),
+            Invalid::NotVsock { url } => write!(
+                f,
+                "AgentState.URL {url:?} is not a vsock or hybrid vsock address"
+            ),
+            Invalid::Unconnectable(e) => write!(f, "{e}"),
+            Invalid::Pid(n) => write!(f, "HypervisorState.Pid {n} is not a process id"),
+        }
+    }
+}
 
 /// Kata's default runtime directory.
 pub const DEFAULT_RUN: &str = "/run/vc";
@@ -100,29 +161,26 @@ pub fn has(run: &Path, id: &str) -> bool {
 
 /// What the text of a `persist.json` says, with crust-agent's `port` in
 /// place of kata-agent's.
-pub fn parse(text: &[u8], port: u32) -> std::result::Result<State, String> {
-    let p: Persist = serde_json::from_slice(text).map_err(|e| e.to_string())?;
+pub fn parse(text: &[u8], port: u32) -> Result<State, Invalid> {
+    let p: Persist = serde_json::from_slice(text).map_err(|e| Invalid::Json(Arc::new(e)))?;
     let url = p.agent_state.url;
-    let kata: Address = url
-        .parse()
-        .map_err(|e: crust_client::AddressError| format!("AgentState.URL {url:?}: {e}"))?;
+    let kata: Address = match url.parse() {
+        Ok(a) => a,
+        Err(why) => return Err(Invalid::Url { url, why }),
+    };
     let ours = match kata {
         Address::Vsock { cid, .. } => Address::Vsock { cid, port },
         Address::Hvsock { path, .. } => Address::Hvsock { path, port },
-        Address::Unix(_) => {
-            return Err(format!(
-                "AgentState.URL {url:?} is not a vsock or hybrid vsock address"
-            ))
-        }
+        Address::Unix(_) => return Err(Invalid::NotVsock { url }),
     };
-    ours.check_connectable().map_err(|e| e.to_string())?;
+    ours.check_connectable().map_err(Invalid::Unconnectable)?;
     let hypervisor_pid = match p.hypervisor_state.and_then(|h| h.pid) {
         None | Some(0) => None,
         Some(n) => Some(
             u32::try_from(n)
                 .ok()
                 .filter(|&n| i32::try_from(n).is_ok())
-                .ok_or_else(|| format!("HypervisorState.Pid {n} is not a process id"))?,
+                .ok_or(Invalid::Pid(n))?,
         ),
     };
     Ok(State {
@@ -138,37 +196,30 @@ pub fn parse(text: &[u8], port: u32) -> std::result::Result<State, String> {
 /// connection (monitor.rs).
 pub fn vm(run: &Path, id: &str, port: u32) -> Result<(Monitor, Address)> {
     let root = files::open_dir(run).map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound => Error::not_found(format!(
-            "no sandbox {id}: neither crustd's registry nor Kata ({}) has it",
-            run.display()
-        )),
-        _ => Error::precondition(format!(
-            "cannot open Kata's runtime directory {}: {e}",
-            run.display()
-        )),
+        io::ErrorKind::NotFound => Error::NoRun {
+            id: id.to_string(),
+            run: run.to_path_buf(),
+        },
+        _ => Error::Run {
+            run: run.to_path_buf(),
+            source: Arc::new(e),
+        },
     })?;
     let persist = run.join(persist_rel(id));
     let text = match files::read_bounded_beneath(root.as_fd(), &persist_rel(id), MAX_PERSIST) {
         Ok(t) => t,
         Err(ReadError::Missing) => {
-            return Err(Error::not_found(format!(
-                "no sandbox {id}: neither crustd's registry nor Kata has it ({} does not exist)",
-                persist.display()
-            )))
+            return Err(Error::NoPersist {
+                id: id.to_string(),
+                persist,
+            })
         }
-        Err(e) => {
-            return Err(Error::precondition(format!(
-                "{} is not Kata's sandbox state: {e}",
-                persist.display()
-            )))
-        }
+        Err(why) => return Err(Error::Unreadable { persist, why }),
     };
-    let state = parse(&text, port).map_err(|why| {
-        Error::precondition(format!(
-            "{} is not Kata's sandbox state: {why}",
-            persist.display()
-        ))
-    })?;
+    let state = match parse(&text, port) {
+        Ok(s) => s,
+        Err(why) => return Err(Error::Invalid { persist, why }),
+    };
     let monitor = Monitor::beneath(
         Arc::new(root),
         run,
@@ -190,16 +241,16 @@ fn owner(id: &str, pid: Option<u32>, persist: &Path, qmp: &Path) -> Owner {
     match pid {
         Some(pid) => Owner::Pid {
             pid,
-            recorded: format!(
-                "Kata recorded for sandbox {id} (HypervisorState.Pid in {})",
-                persist.display()
-            ),
+            recorded: Recorder::Kata {
+                sandbox: id.to_string(),
+                persist: persist.to_path_buf(),
+            },
         },
-        None => Owner::Unproven(format!(
-            "Kata recorded no hypervisor process for sandbox {id} (HypervisorState.Pid in {} is 0 or absent; Kata records it while the sandbox's QEMU runs): crustd cannot prove that {} is this sandbox's VM's monitor, and sends it nothing",
-            persist.display(),
-            qmp.display()
-        )),
+        None => Owner::Unproven(Unproven {
+            sandbox: id.to_string(),
+            persist: persist.to_path_buf(),
+            qmp: qmp.to_path_buf(),
+        }),
     }
 }
 
@@ -209,21 +260,22 @@ fn owner(id: &str, pid: Option<u32>, persist: &Path, qmp: &Path) -> Owner {
 fn check_monitor(id: &str, m: &Monitor) -> Result<()> {
     match m.find() {
         Ok(_) => Ok(()),
-        Err(SocketError::Missing) => Err(Error::precondition(format!(
-            "Kata's QEMU for sandbox {id} has no extra monitor at {}: set enable_debug = true and extra_monitor_socket = \"qmp\" under [hypervisor.qemu] in Kata's configuration, so crustd can hot-plug disks",
-            m.path.display()
-        ))),
-        Err(e) => Err(Error::precondition(format!(
-            "{} is not the socket Kata's QEMU makes: {e}",
-            m.path.display()
-        ))),
+        Err(SocketError::Missing) => Err(Error::NoMonitor {
+            id: id.to_string(),
+            qmp: m.path.clone(),
+        }),
+        Err(why) => Err(Error::NotTheSocket {
+            qmp: m.path.clone(),
+            why,
+        }),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Code;
+    use crust_client::qmp::fake;
+    use crust_protocols::code::Code;
     use std::os::unix::fs::symlink;
     use std::os::unix::net::UnixListener;
     use std::time::Duration;
@@ -291,9 +343,9 @@ mod tests {
     }
 
     /// Kata's layout for sandbox `id` under `run`: its persist.json with
-    /// `pid` as HypervisorState.Pid (none: left out), and a listener at
-    /// its extra monitor, served on a thread of this process.
-    fn lay_out(run: &Path, id: &str, pid: Option<u32>) -> UnixListener {
+    /// `pid` as HypervisorState.Pid (none: left out), and a stand-in QEMU
+    /// at its extra monitor, served on a thread of this process.
+    fn lay_out(run: &Path, id: &str, pid: Option<u32>) -> fake::Qemu {
         std::fs::create_dir_all(run.join("sbs").join(id)).unwrap();
         let hs = pid.map_or(String::new(), |p| {
             format!(r#","HypervisorState":{{"Pid":{p}}}"#)
@@ -301,35 +353,20 @@ mod tests {
         let text = format!(r#"{{"AgentState":{{"URL":"vsock://3:1024"}}{hs}}}"#);
         std::fs::write(run.join(persist_rel(id)), text).unwrap();
         std::fs::create_dir_all(run.join("vm").join(id)).unwrap();
-        let l = UnixListener::bind(run.join(monitor_rel(id))).unwrap();
-        let l2 = l.try_clone().unwrap();
-        std::thread::spawn(move || {
-            for s in l2.incoming() {
-                let Ok(s) = s else { return };
-                let mut w = s.try_clone().unwrap();
-                use std::io::{BufRead, Write};
-                let _ = writeln!(w, r#"{{"QMP": {{"version": {{}}, "capabilities": []}}}}"#);
-                for line in std::io::BufReader::new(s).lines() {
-                    if line.is_err() || writeln!(w, r#"{{"return": {{}}}}"#).is_err() {
-                        break;
-                    }
-                }
-            }
-        });
-        l
+        fake::qemu(&run.join(monitor_rel(id)))
     }
 
     #[test]
     fn a_sandbox_is_found_only_as_kata_lays_it_out() {
         let t = tempfile::tempdir().unwrap();
         let run = t.path();
-        assert_eq!(vm(run, "sb1", 2857).unwrap_err().code, Code::NotFound);
+        assert_eq!(vm(run, "sb1", 2857).unwrap_err().code(), Code::NotFound);
         std::fs::create_dir_all(run.join("sbs/sb1")).unwrap();
         std::fs::write(run.join("sbs/sb1/persist.json"), PERSIST).unwrap();
         assert!(has(run, "sb1"));
         // No extra monitor: said how to turn it on.
         let e = vm(run, "sb1", 2857).unwrap_err();
-        assert!(e.message.contains("extra_monitor_socket"), "{e}");
+        assert!(e.to_string().contains("extra_monitor_socket"), "{e}");
         std::fs::create_dir_all(run.join("vm/sb1")).unwrap();
         let _l = UnixListener::bind(run.join("vm/sb1").join(EXTRA_MONITOR)).unwrap();
         let (qmp, agent) = vm(run, "sb1", 2857).unwrap();
@@ -346,12 +383,12 @@ mod tests {
         std::fs::create_dir_all(run.join("sbs/sb3")).unwrap();
         std::fs::write(run.join("sbs/sb3/persist.json"), PERSIST).unwrap();
         let e = vm(run, "sb3", 2857).unwrap_err();
-        assert!(e.message.contains("not the socket"), "{e}");
+        assert!(e.to_string().contains("not the socket"), "{e}");
         // A symlink where Kata's directory should be is not followed.
         symlink(run.join("sbs/sb1"), run.join("sbs/sb2")).unwrap();
         assert!(!has(run, "sb2"));
         assert_eq!(
-            vm(run, "sb2", 2857).unwrap_err().code,
+            vm(run, "sb2", 2857).unwrap_err().code(),
             Code::FailedPrecondition
         );
     }
@@ -382,15 +419,21 @@ mod tests {
         persist("b1", 1);
         symlink(run.join("vm/a"), run.join("vm/b1")).unwrap();
         let e = vm(&run, "b1", 2857).unwrap_err();
-        assert_eq!(e.code, Code::FailedPrecondition, "{e}");
-        assert!(e.message.contains("symbolic link lies on its path"), "{e}");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+        assert!(
+            e.to_string().contains("symbolic link lies on its path"),
+            "{e}"
+        );
         // sbs/b2 a symlink to sbs/a (its persist.json names A's pid).
         symlink(run.join("sbs/a"), run.join("sbs/b2")).unwrap();
         std::fs::create_dir_all(run.join("vm/b2")).unwrap();
         std::fs::hard_link(run.join(monitor_rel("a")), run.join(monitor_rel("b2"))).unwrap();
         let e = vm(&run, "b2", 2857).unwrap_err();
-        assert_eq!(e.code, Code::FailedPrecondition, "{e}");
-        assert!(e.message.contains("symbolic link lies on its path"), "{e}");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+        assert!(
+            e.to_string().contains("symbolic link lies on its path"),
+            "{e}"
+        );
         // B's extra monitor a hard link of A's socket; B's recorded pid
         // another process's: found, then refused by the peer's pid.
         persist("b3", 1);
@@ -398,26 +441,29 @@ mod tests {
         std::fs::hard_link(run.join(monitor_rel("a")), run.join(monitor_rel("b3"))).unwrap();
         let (qmp, _) = vm(&run, "b3", 2857).unwrap();
         let e = qmp.connect(timeout).unwrap_err();
-        assert_eq!(e.code, Code::FailedPrecondition, "{e}");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
         assert!(
-            e.message
+            e.to_string()
                 .contains(&format!("served by process {me}, not by process 1"))
-                && e.message.contains("HypervisorState.Pid"),
+                && e.to_string().contains("HypervisorState.Pid"),
             "{e}"
         );
         // B's own monitor, and a persist.json naming someone else's pid.
         let _b4 = lay_out(&run, "b4", Some(1));
         let (qmp, _) = vm(&run, "b4", 2857).unwrap();
         assert_eq!(
-            qmp.connect(timeout).unwrap_err().code,
+            qmp.connect(timeout).unwrap_err().code(),
             Code::FailedPrecondition
         );
         // No pid recorded: refused, saying why, without a connect.
         let _b5 = lay_out(&run, "b5", None);
         let (qmp, _) = vm(&run, "b5", 2857).unwrap();
         let e = qmp.connect(timeout).unwrap_err();
-        assert_eq!(e.code, Code::FailedPrecondition, "{e}");
-        assert!(e.message.contains("recorded no hypervisor process"), "{e}");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+        assert!(
+            e.to_string().contains("recorded no hypervisor process"),
+            "{e}"
+        );
         // `vm` and `sbs` themselves links beneath the runtime directory.
         let run2 = t.path().join("vc2");
         std::fs::create_dir_all(run2.join("sbs")).unwrap();
@@ -426,14 +472,17 @@ mod tests {
         std::fs::rename(run2.join("a.json"), run2.join(persist_rel("a"))).unwrap();
         symlink(run.join("vm"), run2.join("vm")).unwrap();
         let e = vm(&run2, "a", 2857).unwrap_err();
-        assert!(e.message.contains("symbolic link lies on its path"), "{e}");
+        assert!(
+            e.to_string().contains("symbolic link lies on its path"),
+            "{e}"
+        );
         let run3 = t.path().join("vc3");
         std::fs::create_dir_all(&run3).unwrap();
         symlink(run.join("sbs"), run3.join("sbs")).unwrap();
         symlink(run.join("vm"), run3.join("vm")).unwrap();
         assert!(!has(&run3, "a"));
         let e = vm(&run3, "a", 2857).unwrap_err();
-        assert_eq!(e.code, Code::FailedPrecondition, "{e}");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
         // The runtime directory itself, the operator's, may be reached by a link.
         let op = t.path().join("op-link");
         symlink(&run, &op).unwrap();

@@ -161,13 +161,13 @@ async fn serve(cli: Cli, listener: StdListener) -> Result<(), String> {
     let failed = tokio::task::spawn_blocking(move || c.recover())
         .await
         .map_err(|e| format!("recovering the sandboxes' records: {e}"))?;
-    for (sandbox, host_volume, e) in failed {
+    for (key, e) in failed {
         log_line(serde_json::json!({
             "msg": "a recorded volume's device is not claimed and held",
-            "sandbox": sandbox,
-            "host_volume": host_volume,
-            "code": e.code.name(),
-            "error": e.message,
+            "sandbox": key.sandbox,
+            "host_volume": key.host_volume,
+            "code": e.code().name(),
+            "error": e.to_string(),
         }));
     }
     // The groups the crustd before left: each live one's timer re-armed.
@@ -178,7 +178,7 @@ async fn serve(cli: Cli, listener: StdListener) -> Result<(), String> {
     for why in refused {
         log_line(serde_json::json!({
             "msg": "a freeze record is not used",
-            "error": why,
+            "error": why.to_string(),
         }));
     }
     // Reported, not forgotten: an Unpublish frees each of their volumes.

@@ -11,16 +11,44 @@
 //! its hypervisor's pid must be recorded. A `sandbox.json`'s monitor is its
 //! path as written, and is proved only when the entry records `qemu_pid`.
 
+use std::fmt;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crust_client::qmp::{self, Qmp, Socket};
+use crust_client::qmp::{self, Qmp, QmpError, Socket};
 
-use crate::error::{Error, Result};
 use crate::files::{self, SocketError};
 use crate::hotplug;
+
+crust_protocols::coded_errors! {
+/// Why crustd has no session with a sandbox's monitor.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// The record had to name the hypervisor and does not.
+    #[code(FailedPrecondition)]
+    #[error("{0}")]
+    Unproven(Unproven),
+    /// Nothing at the socket's place beneath its directory.
+    #[code(Unavailable)]
+    #[error("cannot connect to QEMU's QMP socket {}: it does not exist (has the VM gone?)", .path.display())]
+    Missing { path: PathBuf },
+    /// Something that is not the socket QEMU makes, or reached through a link.
+    #[code(FailedPrecondition)]
+    #[error("{} is not the socket its QEMU makes: {why}", .path.display())]
+    NotTheSocket { path: PathBuf, why: SocketError },
+    /// The process that listens there is not the one recorded: nothing was sent.
+    #[code(FailedPrecondition)]
+    #[error("the QMP socket {} is served by {}, not by process {pid}, the hypervisor {recorded}: crustd sends nothing to a monitor it cannot prove is this sandbox's VM's (is the socket a link to another VM's monitor?)", .path.display(), Peer(*.peer))]
+    Stranger { path: PathBuf, peer: u32, pid: u32, recorded: Recorder },
+    #[code(inner)]
+    #[error(transparent)]
+    Qmp(#[from] hotplug::Error),
+}
+}
+
+type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// A sandbox's QMP monitor.
 #[derive(Debug, Clone)]
@@ -49,32 +77,64 @@ enum Place {
 pub enum Owner {
     /// Nothing is recorded: whoever listens is taken.
     Anyone,
-    /// The hypervisor's pid, and who recorded it where, for messages
-    /// ("Kata recorded for sandbox S (HypervisorState.Pid in …)").
-    Pid { pid: u32, recorded: String },
-    /// The record had to name the hypervisor and does not: why. No
-    /// connection is made.
-    Unproven(String),
+    /// The hypervisor's pid, and who recorded it where, for messages.
+    Pid { pid: u32, recorded: Recorder },
+    /// The record had to name the hypervisor and does not. No connection
+    /// is made.
+    Unproven(Unproven),
 }
 
-impl Owner {
-    /// Whether `peer`, the process listening on the socket at `path`, is the one recorded.
-    fn vet(&self, peer: u32, path: &Path) -> std::result::Result<(), String> {
+/// Who recorded a hypervisor's pid, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recorder {
+    /// `qemu_pid` in a `sandbox.json`.
+    Entry { file: PathBuf },
+    /// `HypervisorState.Pid` in Kata's `persist.json` for the sandbox.
+    Kata { sandbox: String, persist: PathBuf },
+}
+
+impl fmt::Display for Recorder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Owner::Anyone => Ok(()),
-            Owner::Pid { pid, .. } if *pid == peer => Ok(()),
-            Owner::Pid { pid, recorded } => {
-                let who = if peer == 0 {
-                    "a process outside crustd's pid namespace".to_string()
-                } else {
-                    format!("process {peer}")
-                };
-                Err(format!(
-                    "the QMP socket {} is served by {who}, not by process {pid}, the hypervisor {recorded}: crustd sends nothing to a monitor it cannot prove is this sandbox's VM's (is the socket a link to another VM's monitor?)",
-                    path.display()
-                ))
-            }
-            Owner::Unproven(why) => Err(why.clone()),
+            Recorder::Entry { file } => write!(f, "recorded as qemu_pid in {}", file.display()),
+            Recorder::Kata { sandbox, persist } => write!(
+                f,
+                "Kata recorded for sandbox {sandbox} (HypervisorState.Pid in {})",
+                persist.display()
+            ),
+        }
+    }
+}
+
+/// A Kata sandbox whose `persist.json` records no hypervisor: its extra
+/// monitor `qmp` cannot be proved its VM's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unproven {
+    pub sandbox: String,
+    pub persist: PathBuf,
+    pub qmp: PathBuf,
+}
+
+impl fmt::Display for Unproven {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Kata recorded no hypervisor process for sandbox {} (HypervisorState.Pid in {} is 0 or absent; Kata records it while the sandbox's QEMU runs): crustd cannot prove that {} is this sandbox's VM's monitor, and sends it nothing",
+            self.sandbox,
+            self.persist.display(),
+            self.qmp.display()
+        )
+    }
+}
+
+/// The process listening on a socket, in words.
+struct Peer(u32);
+
+impl fmt::Display for Peer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            0 => f.write_str("a process outside crustd's pid namespace"),
+            pid => write!(f, "process {pid}"),
         }
     }
 }
@@ -120,15 +180,38 @@ impl Monitor {
     /// there is no monitor to talk to (the VM gone, the monitor wedged or
     /// held by another client).
     pub fn connect(&self, timeout: Duration) -> Result<Qmp> {
-        if let Owner::Unproven(why) = &self.owner {
-            return Err(Error::precondition(why.clone()));
+        if let Owner::Unproven(u) = &self.owner {
+            return Err(Error::Unproven(u.clone()));
         }
         let found = self.find().map_err(|e| self.not_found(e))?;
         let socket = match &found {
             Some(fd) => Socket::Opened(fd.as_fd(), &self.path),
             None => Socket::Path(&self.path),
         };
-        hotplug::connect(socket, timeout, |peer| self.owner.vet(peer, &self.path))
+        // crust-client hears the sentence; crustd's error is made again from the pid.
+        let vet = |peer: u32| match &self.owner {
+            Owner::Pid { pid, recorded } if *pid != peer => {
+                Err(self.stranger(peer, *pid, recorded).to_string())
+            }
+            _ => Ok(()),
+        };
+        Qmp::connect_vetted(socket, timeout, vet).map_err(|e| match (e, &self.owner) {
+            (QmpError::Vetoed { pid: peer, .. }, Owner::Pid { pid, recorded }) => {
+                self.stranger(peer, *pid, recorded)
+            }
+            (other, _) => hotplug::no_session(other).into(),
+        })
+    }
+
+    /// The refusal of `peer`, which listens on the socket instead of `pid`,
+    /// the hypervisor `recorded`.
+    fn stranger(&self, peer: u32, pid: u32, recorded: &Recorder) -> Error {
+        Error::Stranger {
+            path: self.path.clone(),
+            peer,
+            pid,
+            recorded: recorded.clone(),
+        }
     }
 
     /// Why the VMM behind the monitor is gone, if it is (crust-client's
@@ -150,14 +233,13 @@ impl Monitor {
     /// A socket not found beneath its directory as crustd's error.
     fn not_found(&self, e: SocketError) -> Error {
         match e {
-            SocketError::Missing => Error::unavailable(format!(
-                "cannot connect to QEMU's QMP socket {}: it does not exist (has the VM gone?)",
-                self.path.display()
-            )),
-            e => Error::precondition(format!(
-                "{} is not the socket its QEMU makes: {e}",
-                self.path.display()
-            )),
+            SocketError::Missing => Error::Missing {
+                path: self.path.clone(),
+            },
+            why => Error::NotTheSocket {
+                path: self.path.clone(),
+                why,
+            },
         }
     }
 }
@@ -165,32 +247,15 @@ impl Monitor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Code;
-    use std::os::unix::net::UnixListener;
-
-    fn serve(path: &Path) -> UnixListener {
-        let l = UnixListener::bind(path).unwrap();
-        let l2 = l.try_clone().unwrap();
-        std::thread::spawn(move || {
-            for s in l2.incoming() {
-                let Ok(s) = s else { return };
-                let mut w = s.try_clone().unwrap();
-                use std::io::{BufRead, Write};
-                let _ = writeln!(w, r#"{{"QMP": {{"version": {{}}, "capabilities": []}}}}"#);
-                for line in std::io::BufReader::new(s).lines() {
-                    if line.is_err() || writeln!(w, r#"{{"return": {{}}}}"#).is_err() {
-                        break;
-                    }
-                }
-            }
-        });
-        l
-    }
+    use crust_client::qmp::fake;
+    use crust_protocols::code::Code;
 
     fn pid(pid: u32) -> Owner {
         Owner::Pid {
             pid,
-            recorded: "the test recorded".into(),
+            recorded: Recorder::Entry {
+                file: "/test/sandbox.json".into(),
+            },
         }
     }
 
@@ -198,7 +263,7 @@ mod tests {
     fn the_process_behind_the_socket_must_be_the_one_recorded() {
         let t = tempfile::tempdir().unwrap();
         let p = t.path().join("qmp.sock");
-        let _l = serve(&p);
+        let _q = fake::qemu(&p);
         let timeout = Duration::from_secs(5);
         let me = std::process::id();
         assert!(Monitor::at(p.clone(), Owner::Anyone)
@@ -207,19 +272,27 @@ mod tests {
         assert!(Monitor::at(p.clone(), pid(me)).connect(timeout).is_ok());
         // Another process recorded (init, which serves no test's socket).
         let e = Monitor::at(p.clone(), pid(1)).connect(timeout).unwrap_err();
-        assert_eq!(e.code, Code::FailedPrecondition);
+        assert_eq!(e.code(), Code::FailedPrecondition);
         assert!(
-            e.message
+            e.to_string()
                 .contains(&format!("served by process {me}, not by process 1"))
-                && e.message.contains(p.to_str().unwrap()),
+                && e.to_string().contains(p.to_str().unwrap()),
             "{e}"
         );
-        let e = Monitor::at(p.clone(), Owner::Unproven("no pid".into()))
+        assert!(e
+            .to_string()
+            .contains("recorded as qemu_pid in /test/sandbox.json"));
+        let why = Unproven {
+            sandbox: "s".into(),
+            persist: "/run/vc/sbs/s/persist.json".into(),
+            qmp: p.clone(),
+        };
+        let e = Monitor::at(p.clone(), Owner::Unproven(why.clone()))
             .connect(timeout)
             .unwrap_err();
         assert_eq!(
-            (e.code, e.message.as_str()),
-            (Code::FailedPrecondition, "no pid")
+            (e.code(), e.to_string()),
+            (Code::FailedPrecondition, why.to_string())
         );
     }
 
@@ -228,7 +301,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let root = Arc::new(files::open_dir(t.path()).unwrap());
         std::fs::create_dir_all(t.path().join("vm/a")).unwrap();
-        let _l = serve(&t.path().join("vm/a/m.sock"));
+        let _q = fake::qemu(&t.path().join("vm/a/m.sock"));
         let timeout = Duration::from_secs(5);
         let me = std::process::id();
         let at = |rel: &str| Monitor::beneath(root.clone(), t.path(), rel.into(), pid(me));
@@ -245,12 +318,12 @@ mod tests {
             ("vm/c/f.sock", "it is a regular file, not a socket"),
         ] {
             let e = at(rel).connect(timeout).unwrap_err();
-            assert_eq!(e.code, Code::FailedPrecondition, "{rel}: {e}");
-            assert!(e.message.contains(says), "{rel}: {e}");
+            assert_eq!(e.code(), Code::FailedPrecondition, "{rel}: {e}");
+            assert!(e.to_string().contains(says), "{rel}: {e}");
             assert_eq!(at(rel).gone(timeout), None, "{rel}");
         }
         let e = at("vm/d/m.sock").connect(timeout).unwrap_err();
-        assert_eq!(e.code, Code::Unavailable, "{e}");
+        assert_eq!(e.code(), Code::Unavailable, "{e}");
         assert!(at("vm/d/m.sock").gone(timeout).is_some());
         // Found anew for each connection: the socket replaced by a link after
         // one good session is refused on the next.
@@ -260,7 +333,7 @@ mod tests {
         std::os::unix::fs::symlink(t.path().join("vm/a/old.sock"), t.path().join("vm/a/m.sock"))
             .unwrap();
         assert_eq!(
-            m.connect(timeout).unwrap_err().code,
+            m.connect(timeout).unwrap_err().code(),
             Code::FailedPrecondition
         );
     }

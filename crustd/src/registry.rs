@@ -19,19 +19,84 @@
 //! that directory fd. `sandbox.json` must be a regular file of at most
 //! 64 KiB (a FIFO, a device or a symlink is refused without being read).
 
+use std::fmt;
 use std::fs;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crust_client::Address;
+use crust_client::{Address, AddressError};
+use crust_protocols::names::BadName;
 use serde::Deserialize;
 
-use crate::error::{Error, Result};
 use crate::files::{self, ReadError};
 use crate::kata;
-use crate::monitor::{Monitor, Owner};
+use crate::monitor::{Monitor, Owner, Recorder};
+
+crust_protocols::coded_errors! {
+/// Why a sandbox was not found, or cannot be used.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// The rule for sandbox ids.
+    #[code(InvalidArgument)]
+    #[error(transparent)]
+    BadId(#[from] BadName),
+    /// No `DIR/<id>/sandbox.json`, nor a Kata sandbox when crustd looks there.
+    #[code(NotFound)]
+    #[error("no sandbox {id}: {} does not exist (whoever starts the VM writes it; crust-vm up --dir {} does)", .dir.join(SANDBOX_FILE).display(), .dir.display())]
+    Unknown { id: String, dir: PathBuf },
+    #[code(FailedPrecondition)]
+    #[error("{} is not a directory (a symbolic link is not followed): a sandbox is a real directory holding sandbox.json", .dir.display())]
+    NotADirectory { dir: PathBuf },
+    #[code(Internal)]
+    #[error("cannot make {} for Kata's sandbox {id}: {source}", .dir.display())]
+    MakeDir { id: String, dir: PathBuf, source: Arc<io::Error> },
+    #[code(Internal)]
+    #[error("cannot open the sandbox registry {}: {source}", .dir.display())]
+    Registry { dir: PathBuf, source: Arc<io::Error> },
+    /// A sandbox's directory, or its entry, that cannot be read.
+    #[code(Internal)]
+    #[error("cannot {} {}: {source}", if *.read { "read" } else { "open" }, .path.display())]
+    Io { path: PathBuf, read: bool, source: Arc<io::Error> },
+    /// `sandbox.json` is not a regular file crustd may read.
+    #[code(FailedPrecondition)]
+    #[error("{} is not a valid sandbox entry: {why} (at most {MAX_SANDBOX_FILE} bytes); it must be a regular file written by whoever starts the VM", .path.display())]
+    Unreadable { path: PathBuf, why: ReadError },
+    /// `sandbox.json` does not say what the entry must.
+    #[code(FailedPrecondition)]
+    #[error("{} is not a valid sandbox entry: {why}; it must be {{\"qmp\": \"/path/qmp.sock\", \"agent\": \"hvsock:///path/vsock.sock:2857\"}}, with \"qemu_pid\": PID if you will", .path.display())]
+    Invalid { path: PathBuf, why: Invalid },
+    #[code(inner)]
+    #[error(transparent)]
+    Kata(#[from] kata::Error),
+}
+}
+
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What makes a `sandbox.json` not an entry.
+#[derive(Debug, Clone)]
+pub enum Invalid {
+    /// Not JSON of the entry's shape.
+    Json(Arc<serde_json::Error>),
+    EmptyQmp,
+    /// `agent` is not an address crustd can connect to.
+    Agent(AddressError),
+    /// `qemu_pid` is not a process id.
+    Pid(i64),
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Invalid::Json(e) => write!(f, "{e}"),
+            Invalid::EmptyQmp => f.write_str("qmp is empty"),
+            Invalid::Agent(e) => write!(f, "agent: {e}"),
+            Invalid::Pid(n) => write!(f, "qemu_pid {n} is not a process id"),
+        }
+    }
+}
 
 /// The file name of the registry entry inside a sandbox's directory.
 pub const SANDBOX_FILE: &str = "sandbox.json";
@@ -101,15 +166,14 @@ impl Home {
                     None => Err(unknown(&self.id, &self.dir)),
                 }
             }
-            Err(ReadError::Io(e)) => {
-                return Err(Error::internal(format!("cannot read {}: {e}", path.display())))
+            Err(ReadError::Io(source)) => {
+                return Err(Error::Io {
+                    path,
+                    read: true,
+                    source,
+                })
             }
-            Err(e) => {
-                return Err(Error::precondition(format!(
-                    "{} is not a valid sandbox entry: {e} (at most {MAX_SANDBOX_FILE} bytes); it must be a regular file written by whoever starts the VM",
-                    path.display()
-                )))
-            }
+            Err(why) => return Err(Error::Unreadable { path, why }),
         };
         let (qmp, agent) = parse(&self.dir, &text)?;
         Ok(Sandbox {
@@ -141,17 +205,16 @@ impl Sandbox {
 /// Checks a sandbox id (`crust_protocols::names::sandbox_id`: 1–128
 /// characters of `[A-Za-z0-9._-]`, not `.` or `..`), so that it names
 /// exactly one directory beneath DIR.
-pub fn check_id(id: &str) -> Result<()> {
-    crust_protocols::names::sandbox_id(id).map_err(|e| Error::invalid(e.to_string()))
+pub fn check_id(id: &str) -> Result<(), BadName> {
+    crust_protocols::names::sandbox_id(id)
 }
 
 /// NOT_FOUND for sandbox `id` (directory `sdir`) that has no entry.
 fn unknown(id: &str, sdir: &Path) -> Error {
-    Error::not_found(format!(
-        "no sandbox {id}: {} does not exist (whoever starts the VM writes it; crust-vm up --dir {} does)",
-        sdir.join(SANDBOX_FILE).display(),
-        sdir.display()
-    ))
+    Error::Unknown {
+        id: id.to_string(),
+        dir: sdir.to_path_buf(),
+    }
 }
 
 /// Opens the directory of sandbox `id` in the registry `dir`: NOT_FOUND when
@@ -171,31 +234,35 @@ pub fn home_with(dir: &Path, id: &str, kata: Option<&Kata>) -> Result<Home> {
             let made = fs::DirBuilder::new().mode(0o700).create(&sdir);
             if let Err(e) = made {
                 if e.kind() != io::ErrorKind::AlreadyExists {
-                    return Err(Error::internal(format!(
-                        "cannot make {} for Kata's sandbox {id}: {e}",
-                        sdir.display()
-                    )));
+                    return Err(Error::MakeDir {
+                        id: id.to_string(),
+                        dir: sdir,
+                        source: Arc::new(e),
+                    });
                 }
             }
         }
     }
     let root = files::open_dir(dir).map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => unknown(id, &sdir),
-        _ => Error::internal(format!(
-            "cannot open the sandbox registry {}: {e}",
-            dir.display()
-        )),
+        _ => Error::Registry {
+            dir: dir.to_path_buf(),
+            source: Arc::new(e),
+        },
     })?;
     let fd = match files::open_dir_at(root.as_fd(), id) {
         Ok(fd) => fd,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(unknown(id, &sdir)),
         Err(e) if matches!(e.raw_os_error(), Some(code) if code == rustix::io::Errno::LOOP.raw_os_error() || code == rustix::io::Errno::NOTDIR.raw_os_error()) => {
-            return Err(Error::precondition(format!(
-                "{} is not a directory (a symbolic link is not followed): a sandbox is a real directory holding sandbox.json",
-                sdir.display()
-            )))
+            return Err(Error::NotADirectory { dir: sdir })
         }
-        Err(e) => return Err(Error::internal(format!("cannot open {}: {e}", sdir.display()))),
+        Err(e) => {
+            return Err(Error::Io {
+                path: sdir,
+                read: false,
+                source: Arc::new(e),
+            })
+        }
     };
     Ok(Home {
         id: id.to_string(),
@@ -235,31 +302,26 @@ pub fn alive(dir: &Path, id: &str) -> bool {
 /// process serves it, when recorded) and the agent's address.
 pub fn parse(sdir: &Path, text: &[u8]) -> Result<(Monitor, Address)> {
     let path = sdir.join(SANDBOX_FILE);
-    let bad = |why: String| {
-        Error::precondition(format!(
-            "{} is not a valid sandbox entry: {why}; it must be {{\"qmp\": \"/path/qmp.sock\", \"agent\": \"hvsock:///path/vsock.sock:2857\"}}, with \"qemu_pid\": PID if you will",
-            path.display()
-        ))
+    let bad = |why| Error::Invalid {
+        path: path.clone(),
+        why,
     };
-    let entry: Entry = serde_json::from_slice(text).map_err(|e| bad(e.to_string()))?;
+    let entry: Entry = serde_json::from_slice(text).map_err(|e| bad(Invalid::Json(Arc::new(e))))?;
     if entry.qmp.is_empty() {
-        return Err(bad("qmp is empty".into()));
+        return Err(bad(Invalid::EmptyQmp));
     }
-    let agent: Address = entry
-        .agent
-        .parse()
-        .map_err(|e: crust_client::AddressError| bad(format!("agent: {e}")))?;
+    let agent: Address = entry.agent.parse().map_err(|e| bad(Invalid::Agent(e)))?;
     agent
         .check_connectable()
-        .map_err(|e| bad(format!("agent: {e}")))?;
+        .map_err(|e| bad(Invalid::Agent(e)))?;
     let owner = match entry.qemu_pid {
         None => Owner::Anyone,
         Some(n) => Owner::Pid {
             pid: u32::try_from(n)
                 .ok()
                 .filter(|&p| p > 0 && i32::try_from(p).is_ok())
-                .ok_or_else(|| bad(format!("qemu_pid {n} is not a process id")))?,
-            recorded: format!("recorded as qemu_pid in {}", path.display()),
+                .ok_or_else(|| bad(Invalid::Pid(n)))?,
+            recorded: Recorder::Entry { file: path.clone() },
         },
     };
     Ok((Monitor::at(sdir.join(entry.qmp), owner), agent))
@@ -280,7 +342,7 @@ pub fn all_ids(dir: &Path) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Code;
+    use crust_protocols::code::Code;
 
     #[test]
     fn ids() {
@@ -302,7 +364,7 @@ mod tests {
             let r = check_id(id);
             assert_eq!(r.is_ok(), ok, "{id:?}");
             if !ok {
-                assert_eq!(r.unwrap_err().code, Code::InvalidArgument);
+                assert_eq!(Error::from(r.unwrap_err()).code(), Code::InvalidArgument);
             }
         }
     }
@@ -330,7 +392,9 @@ mod tests {
             qmp.owner(),
             &Owner::Pid {
                 pid: 4242,
-                recorded: "recorded as qemu_pid in /reg/s1/sandbox.json".into()
+                recorded: Recorder::Entry {
+                    file: "/reg/s1/sandbox.json".into()
+                }
             }
         );
         let (qmp, _) = parse(
@@ -355,8 +419,8 @@ mod tests {
             r#"{"qmp": "/q", "agent": "vsock://3:1024", "qemu_pid": "42"}"#,
         ] {
             let e = parse(d, bad.as_bytes()).unwrap_err();
-            assert_eq!(e.code, Code::FailedPrecondition, "{bad}: {e}");
-            assert!(e.message.contains("/reg/s1/sandbox.json"), "{e}");
+            assert_eq!(e.code(), Code::FailedPrecondition, "{bad}: {e}");
+            assert!(e.to_string().contains("/reg/s1/sandbox.json"), "{e}");
         }
     }
 
@@ -364,16 +428,16 @@ mod tests {
     fn open_unknown_and_malformed() {
         let t = tempfile::tempdir().unwrap();
         let e = open(t.path(), "nope").unwrap_err();
-        assert_eq!(e.code, Code::NotFound);
-        assert!(e.message.contains("no sandbox nope"), "{e}");
+        assert_eq!(e.code(), Code::NotFound);
+        assert!(e.to_string().contains("no sandbox nope"), "{e}");
         fs::create_dir(t.path().join("s")).unwrap();
         fs::write(t.path().join("s/sandbox.json"), "not json").unwrap();
         assert_eq!(
-            open(t.path(), "s").unwrap_err().code,
+            open(t.path(), "s").unwrap_err().code(),
             Code::FailedPrecondition
         );
         assert_eq!(
-            open(t.path(), "../x").unwrap_err().code,
+            open(t.path(), "../x").unwrap_err().code(),
             Code::InvalidArgument
         );
         assert_eq!(all_ids(t.path()), vec!["s".to_string()]);
@@ -408,8 +472,8 @@ mod tests {
             ("big", "1073741824 bytes"),
         ] {
             let e = open(t.path(), id).unwrap_err();
-            assert_eq!(e.code, Code::FailedPrecondition, "{id}: {e}");
-            assert!(e.message.contains(says), "{id}: {e}");
+            assert_eq!(e.code(), Code::FailedPrecondition, "{id}: {e}");
+            assert!(e.to_string().contains(says), "{id}: {e}");
         }
         let sb = open(t.path(), "ok").unwrap();
         assert_eq!(sb.qmp.path, t.path().join("ok/q"));
@@ -417,8 +481,8 @@ mod tests {
         fs::write(entry("elsewhere"), good).unwrap();
         symlink(t.path().join("elsewhere"), t.path().join("link")).unwrap();
         let e = open(t.path(), "link").unwrap_err();
-        assert_eq!(e.code, Code::FailedPrecondition, "{e}");
-        assert!(e.message.contains("not a directory"), "{e}");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+        assert!(e.to_string().contains("not a directory"), "{e}");
         assert!(alive(t.path(), "ok") && alive(t.path(), "fifo"));
         assert!(!alive(t.path(), "link") && !alive(t.path(), "none"));
         assert!(!all_ids(t.path()).contains(&"link".to_string()));

@@ -11,6 +11,7 @@ use serde_json::json;
 use tonic::{Request, Response, Status};
 
 use crate::calls::{Calls, Reply, What};
+use crate::devices::Key;
 use crate::error::{Error, Result};
 use crate::pb;
 use crate::pb::runtime_assisted_storage_management_server::RuntimeAssistedStorageManagement;
@@ -78,9 +79,7 @@ impl Service {
 
 /// An answer of another shape than the call's: a defect of crustd's.
 fn mismatch(r: Reply) -> Status {
-    to_status(Error::internal(format!(
-        "crustd answered {r:?} to another call"
-    )))
+    to_status(Error::Mismatch(format!("{r:?}")))
 }
 
 /// One line: the call, what it named (`group`: a freeze's id, "" for
@@ -102,14 +101,14 @@ fn log<T>(
         "method": method,
         "sandbox": sandbox,
         "host_volume": host_volume,
-        "code": out.as_ref().map_or_else(|e| e.code.name(), |_| "OK"),
+        "code": out.as_ref().map_or_else(|e| e.code().name(), |_| "OK"),
         "ms": (t0.elapsed().as_secs_f64() * 1e5).round() / 100.0,
     });
     if !group.is_empty() {
         line["freeze_id"] = group.into();
     }
     if let Err(e) = out {
-        line["error"] = e.message.clone().into();
+        line["error"] = e.to_string().clone().into();
     }
     // One write per line, so lines from calls at once never interleave.
     let mut text = line.to_string();
@@ -146,7 +145,7 @@ pub fn grpc_timeout(value: &str) -> Option<Duration> {
 
 /// crustd's error as a gRPC status (the codes share gRPC's numbers).
 pub fn to_status(e: Error) -> Status {
-    Status::new(tonic::Code::from_i32(e.code.number()), e.message)
+    Status::new(tonic::Code::from_i32(e.code().number()), e.to_string())
 }
 
 #[tonic::async_trait]
@@ -326,13 +325,16 @@ impl RuntimeAssistedStorageManagement for Service {
         let at = caller_deadline(&req);
         let r = req.into_inner();
         let volumes = refs(&r.volumes);
-        let (s, v) = first_ref(&volumes);
+        let first = first_ref(&volumes);
         let what = What::Freeze {
             volumes,
             timeout_ms: r.timeout_ms,
             freeze_id: r.freeze_id,
         };
-        match self.run(what, at, &s, &v).await? {
+        match self
+            .run(what, at, &first.sandbox, &first.host_volume)
+            .await?
+        {
             Reply::Frozen(f) => Ok(Response::new(pb::RuntimeFreezeVolumesResponse {
                 freeze_id: f.id,
                 thaw_at_unix_ms: f.thaw_at_unix_ms,
@@ -348,13 +350,16 @@ impl RuntimeAssistedStorageManagement for Service {
         let at = caller_deadline(&req);
         let r = req.into_inner();
         let volumes = refs(&r.volumes);
-        let (s, v) = first_ref(&volumes);
+        let first = first_ref(&volumes);
         let what = What::Thaw {
             volumes,
             freeze_id: r.freeze_id,
             force: r.force,
         };
-        match self.run(what, at, &s, &v).await? {
+        match self
+            .run(what, at, &first.sandbox, &first.host_volume)
+            .await?
+        {
             Reply::Done => Ok(Response::new(pb::RuntimeThawVolumesResponse {})),
             other => Err(mismatch(other)),
         }
@@ -407,16 +412,16 @@ impl RuntimeAssistedStorageManagement for Service {
     }
 }
 
-/// A request's volume references as (sandbox, host volume) pairs.
-fn refs(v: &[pb::VolumeRef]) -> Vec<(String, String)> {
+/// A request's volume references.
+fn refs(v: &[pb::VolumeRef]) -> Vec<Key> {
     v.iter()
-        .map(|r| (r.sandbox_id.clone(), r.host_volume_id.clone()))
+        .map(|r| Key::new(&r.sandbox_id, &r.host_volume_id))
         .collect()
 }
 
-/// The first of them, for the log line ("" when there is none).
-fn first_ref(v: &[(String, String)]) -> (String, String) {
-    v.first().cloned().unwrap_or_default()
+/// The first of them, for the log line (empty names when there is none).
+fn first_ref(v: &[Key]) -> Key {
+    v.first().cloned().unwrap_or_else(|| Key::new("", ""))
 }
 
 #[cfg(test)]

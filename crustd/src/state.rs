@@ -11,13 +11,43 @@
 //! (`files`).
 
 use std::collections::BTreeMap;
+use std::io;
 use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
 use crate::files::{self, ReadError};
+
+crust_protocols::coded_errors! {
+/// Why a sandbox's state was not read or not written.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    #[code(Internal)]
+    #[error("cannot read {}: {source}", .path.display())]
+    Read { path: PathBuf, source: Arc<io::Error> },
+    /// Not a regular file crustd may read.
+    #[code(FailedPrecondition)]
+    #[error("crustd's state {} is unreadable: {why}; crustd writes a regular file there: compare it with QEMU (query-block) and fix or remove it", .path.display())]
+    Unreadable { path: PathBuf, why: ReadError },
+    #[code(FailedPrecondition)]
+    #[error("crustd's state {} is corrupt ({source}): compare it with QEMU (query-block) and fix or remove it", .path.display())]
+    Corrupt { path: PathBuf, source: Arc<serde_json::Error> },
+    #[code(Internal)]
+    #[error("cannot encode crustd state: {0}")]
+    Encode(Arc<serde_json::Error>),
+    /// What [`load`] would refuse to read back.
+    #[code(ResourceExhausted)]
+    #[error("crustd's state {} would grow to {bytes} bytes, more than the {MAX_STATE_FILE} it reads back: the change was not made", .path.display())]
+    TooLarge { path: PathBuf, bytes: usize },
+    #[code(Internal)]
+    #[error("cannot write {}: {source}", .path.display())]
+    Write { path: PathBuf, source: Arc<io::Error> },
+}
+}
+
+type Result<T> = std::result::Result<T, Error>;
 
 /// The state file's name inside a sandbox's directory.
 pub const STATE_FILE: &str = "crustd.json";
@@ -96,25 +126,16 @@ pub fn path(sandbox_dir: &Path) -> PathBuf {
 /// a regular file of at most [`MAX_STATE_FILE`] bytes, is refused rather
 /// than ignored (ignoring it could forget a plugged disk).
 pub fn load(dir: BorrowedFd<'_>, sandbox_dir: &Path) -> Result<State> {
-    let p = path(sandbox_dir);
+    let path = path(sandbox_dir);
     let text = match files::read_bounded(dir, STATE_FILE, MAX_STATE_FILE) {
         Ok(t) => t,
         Err(ReadError::Missing) => return Ok(State::default()),
-        Err(ReadError::Io(e)) => {
-            return Err(Error::internal(format!("cannot read {}: {e}", p.display())))
-        }
-        Err(e) => {
-            return Err(Error::precondition(format!(
-                "crustd's state {} is unreadable: {e}; crustd writes a regular file there: compare it with QEMU (query-block) and fix or remove it",
-                p.display()
-            )))
-        }
+        Err(ReadError::Io(source)) => return Err(Error::Read { path, source }),
+        Err(why) => return Err(Error::Unreadable { path, why }),
     };
-    serde_json::from_slice(&text).map_err(|e| {
-        Error::precondition(format!(
-            "crustd's state {} is corrupt ({e}): compare it with QEMU (query-block) and fix or remove it",
-            p.display()
-        ))
+    serde_json::from_slice(&text).map_err(|e| Error::Corrupt {
+        path,
+        source: Arc::new(e),
     })
 }
 
@@ -123,27 +144,24 @@ pub fn load(dir: BorrowedFd<'_>, sandbox_dir: &Path) -> Result<State> {
 /// [`MAX_STATE_FILE`]) is never written: RESOURCE_EXHAUSTED, and the file
 /// stays as it was.
 pub fn save(dir: BorrowedFd<'_>, sandbox_dir: &Path, state: &State) -> Result<()> {
-    let p = path(sandbox_dir);
-    let text = serde_json::to_vec_pretty(state)
-        .map_err(|e| Error::internal(format!("cannot encode crustd state: {e}")))?;
+    let path = path(sandbox_dir);
+    let text = serde_json::to_vec_pretty(state).map_err(|e| Error::Encode(Arc::new(e)))?;
     if u64::try_from(text.len()).map_or(true, |n| n > MAX_STATE_FILE) {
-        return Err(Error::new(
-            crate::error::Code::ResourceExhausted,
-            format!(
-                "crustd's state {} would grow to {} bytes, more than the {MAX_STATE_FILE} it reads back: the change was not made",
-                p.display(),
-                text.len()
-            ),
-        ));
+        return Err(Error::TooLarge {
+            path,
+            bytes: text.len(),
+        });
     }
-    files::write_atomic(dir, STATE_FILE, &text)
-        .map_err(|e| Error::internal(format!("cannot write {}: {e}", p.display())))
+    files::write_atomic(dir, STATE_FILE, &text).map_err(|e| Error::Write {
+        path,
+        source: Arc::new(e),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Code;
+    use crust_protocols::code::Code;
 
     fn vol(phase: Phase) -> Volume {
         Volume {
@@ -198,8 +216,8 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         fs::write(path(t.path()), "{\"volumes\": {\"x\": 1}}").unwrap();
         let e = load(t.path()).unwrap_err();
-        assert_eq!(e.code, Code::FailedPrecondition);
-        assert!(e.message.contains("corrupt"), "{e}");
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        assert!(e.to_string().contains("corrupt"), "{e}");
     }
 
     #[test]
@@ -214,15 +232,15 @@ mod tests {
         )
         .unwrap();
         let e = load(t.path()).unwrap_err();
-        assert_eq!(e.code, Code::FailedPrecondition);
-        assert!(e.message.contains("a FIFO"), "{e}");
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        assert!(e.to_string().contains("a FIFO"), "{e}");
         fs::remove_file(path(t.path())).unwrap();
         fs::File::create(path(t.path()))
             .unwrap()
             .set_len(MAX_STATE_FILE + 1)
             .unwrap();
         let e = load(t.path()).unwrap_err();
-        assert!(e.message.contains("more than crustd reads"), "{e}");
+        assert!(e.to_string().contains("more than crustd reads"), "{e}");
     }
 
     #[test]
@@ -252,7 +270,7 @@ mod tests {
         huge.guest_path = "\u{1}".repeat(usize::try_from(MAX_STATE_FILE).unwrap());
         s.volumes.insert("/dev/loop4".into(), huge);
         let e = save(t.path(), &s).unwrap_err();
-        assert_eq!(e.code, Code::ResourceExhausted);
+        assert_eq!(e.code(), Code::ResourceExhausted);
         assert_eq!(
             load(t.path()).unwrap().volumes.len(),
             1,

@@ -1,6 +1,8 @@
 //! The gRPC status codes, by the numbers and upper-case names gRPC gives
 //! them: the one table the agent (what it answers), crust-client (what it
-//! hears), crustd (what it answers and passes on) and crustd-ctl share.
+//! hears), crustd (what it answers and passes on) and crustd-ctl share;
+//! and [`coded_errors!`](crate::coded_errors), with which the agent's and
+//! crustd's error enums say each variant's message and code in one place.
 
 use std::fmt;
 
@@ -102,6 +104,70 @@ impl PartialEq<&str> for Code {
     }
 }
 
+/// An error enum whose every variant says its message and its code in one
+/// place: `#[code(...)]` beside thiserror's `#[error(...)]`. The macro
+/// writes the enum as given (its derives included) and its `code()`. A
+/// variant's code is one of:
+///
+/// - `#[code(NotFound)]`: a [`Code`];
+/// - `#[code(inner)]`: a one-field tuple variant whose field says its own
+///   (`field.code()`);
+/// - `#[code(field => expr)]`: computed from one field of a struct variant.
+///
+/// Each variant is written as docs (optional), `#[code]`, then `#[error]`.
+/// The enum's own derives (thiserror's among them) are the caller's.
+#[macro_export]
+macro_rules! coded_errors {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident {
+            $(
+                $(#[doc = $doc:literal])*
+                #[code($($code:tt)+)]
+                #[error($($msg:tt)+)]
+                $variant:ident
+                $(( $($tuple:tt)* ))?
+                $({ $($fields:tt)* })?
+            ),+ $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        $vis enum $name {
+            $(
+                $(#[doc = $doc])*
+                #[error($($msg)+)]
+                $variant $(( $($tuple)* ))? $({ $($fields)* })?,
+            )+
+        }
+
+        impl $name {
+            /// The wire code of this error.
+            pub fn code(&self) -> $crate::code::Code {
+                match self {
+                    $(
+                        $crate::coded_errors!(
+                            @pat $name $variant [e] [$($code)+] $(( $($tuple)* ))? $({ $($fields)* })?
+                        )
+                            => $crate::coded_errors!(@code [e] [$($code)+]),
+                    )+
+                }
+            }
+        }
+    };
+    // The pattern of one variant, binding what its code needs.
+    (@pat $name:ident $v:ident [$e:ident] [inner] ($($b:tt)*)) => { $name::$v($e) };
+    (@pat $name:ident $v:ident [$e:ident] [$f:ident => $($x:tt)+] {$($b:tt)*}) => {
+        $name::$v { $f, .. }
+    };
+    (@pat $name:ident $v:ident [$e:ident] [$($c:tt)+] ($($b:tt)*)) => { $name::$v(..) };
+    (@pat $name:ident $v:ident [$e:ident] [$($c:tt)+] {$($b:tt)*}) => { $name::$v { .. } };
+    (@pat $name:ident $v:ident [$e:ident] [$($c:tt)+]) => { $name::$v };
+    // Its code.
+    (@code [$e:ident] [inner]) => { $e.code() };
+    (@code [$e:ident] [$f:ident => $($x:tt)+]) => { $($x)+ };
+    (@code [$e:ident] [$c:ident]) => { $crate::code::Code::$c };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,5 +190,42 @@ mod tests {
             let t = <ttrpc::Code as protobuf::Enum>::from_i32(c.number()).unwrap();
             assert_eq!(format!("{t:?}"), c.name());
         }
+    }
+
+    crate::coded_errors! {
+    #[derive(Debug, thiserror::Error)]
+    enum Inner {
+        #[code(NotFound)]
+        #[error("no {0}")]
+        Missing(String),
+    }
+    }
+
+    crate::coded_errors! {
+    #[derive(Debug, thiserror::Error)]
+    enum Outer {
+        /// Each form of `#[code]`.
+        #[code(Unavailable)]
+        #[error("gone")]
+        Gone,
+        #[code(inner)]
+        #[error(transparent)]
+        Inner(#[from] Inner),
+        #[code(code => *code)]
+        #[error("{message}")]
+        Passed { code: Code, message: String },
+    }
+    }
+
+    #[test]
+    fn a_variant_says_its_message_and_its_code_in_one_place() {
+        assert_eq!(Outer::Gone.code(), Code::Unavailable);
+        let e = Outer::from(Inner::Missing("x".into()));
+        assert_eq!((e.code(), e.to_string()), (Code::NotFound, "no x".into()));
+        let e = Outer::Passed {
+            code: Code::Aborted,
+            message: "m".into(),
+        };
+        assert_eq!((e.code(), e.to_string()), (Code::Aborted, "m".into()));
     }
 }

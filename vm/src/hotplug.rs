@@ -6,10 +6,14 @@ use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-use crust_client::qmp::{BlockDisk, Source};
+use crust_client::qmp::{unplug, BlockDisk, Patience, Source, UnplugError};
 
 use crate::error::{io_err, Error, Result};
 use crate::vm::{check_serial, disk_names, Disk, Vm};
+
+/// How long each wait of an unplug lasts: the guest's release of the
+/// device, then QEMU's of the node.
+const UNPLUG_WAIT: Duration = Duration::from_secs(30);
 
 impl Vm {
     /// Attaches `image` as a virtio-blk disk with `serial`
@@ -70,35 +74,23 @@ impl Vm {
         Ok(())
     }
 
-    /// Detaches the disk with `serial`: device_del, wait for DEVICE_DELETED
-    /// (the guest has let go of it), then blockdev-del.
+    /// Detaches the disk with `serial`: device_del, the wait for the guest
+    /// to let go, then blockdev-del (crust-client's unplug, each step on a
+    /// session of its own), each wait at most 30 s.
     pub fn unplug(&mut self, serial: &str) -> Result<()> {
         let disk = self.disk(serial)?.clone();
-        let mut q = self.qmp()?;
-        let id = disk.device.clone();
-        let wait = Duration::from_secs(30);
-        if q.request_unplug(&id)? && !q.wait_device_deleted(&id, wait)? {
-            return Err(Error::Timeout(format!(
-                "QEMU still has device {id} {wait:?} after device_del: has the guest let go of the disk?"
-            )));
-        }
-        // The device can leave QEMU's list a moment before its deferred
-        // finalization lets go of the node: blockdev-del says "in use"
-        // meanwhile (seen with crustd in CI), so it is asked again.
-        let until = std::time::Instant::now() + wait;
-        loop {
-            match q.remove_node(&disk.node) {
-                Err(crust_client::qmp::QmpError::Refused { desc, .. })
-                    if desc.contains("is in use") && std::time::Instant::now() < until =>
-                {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                other => {
-                    other?;
-                    break;
-                }
-            }
-        }
+        let patience = Patience {
+            each: UNPLUG_WAIT,
+            deadline: None,
+        };
+        unplug(|| self.qmp(), &disk.device, &disk.node, patience).map_err(|e| match e {
+            UnplugError::Session(e) => e,
+            UnplugError::Qmp { error, .. } => error.into(),
+            UnplugError::NotReleased => Error::Timeout(format!(
+                "QEMU still has device {} {UNPLUG_WAIT:?} after device_del: has the guest let go of the disk?",
+                disk.device
+            )),
+        })?;
         self.state.disks.remove(serial);
         self.save()
     }

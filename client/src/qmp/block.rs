@@ -1,15 +1,16 @@
 //! QEMU's block commands for one hot-plugged virtio-blk disk, written once
-//! for crustd and crust-vm: plug (`blockdev-add`, then `device_add`), unplug
-//! (`device_del`, the guest's release, `blockdev-del`) and growth
-//! (`block_resize`). Each step asks QEMU first (`query-named-block-nodes`,
+//! for crustd, crust-vm and the bench: plug (`blockdev-add`, then
+//! `device_add`), the steps of an unplug (`device_del`, whether QEMU still
+//! has the device, `blockdev-del`; `unplug.rs` waits between them) and
+//! growth (`block_resize`). Each step asks QEMU first (`query-named-block-nodes`,
 //! `qom-list /machine/peripheral`), so it can be repeated after a crash or
 //! a restart without adding anything twice or failing on what is gone.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use super::refusal::Refusal;
 use super::session::{Qmp, QmpError};
 
 /// QEMU's names for one disk.
@@ -136,38 +137,8 @@ impl Qmp {
         }
         match self.execute("device_del", Some(json!({ "id": device }))) {
             Ok(_) => Ok(true),
-            Err(QmpError::Refused { desc, .. }) if desc.contains("in the process of unplug") => {
-                Ok(true)
-            }
+            Err(e) if e.refusal() == Some(Refusal::UnplugPending) => Ok(true),
             Err(e) => Err(e),
-        }
-    }
-
-    /// Waits on this session, at most `timeout`, for the guest to let go of
-    /// `device`: QEMU's DEVICE_DELETED for it, or the device gone from its
-    /// list (the event may have gone to an earlier session). Whether it did.
-    pub fn wait_device_deleted(
-        &mut self,
-        device: &str,
-        timeout: Duration,
-    ) -> Result<bool, QmpError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let slice = deadline
-                .saturating_duration_since(Instant::now())
-                .min(Duration::from_millis(500));
-            if self
-                .wait_event("DEVICE_DELETED", |d| d["device"] == device, slice)?
-                .is_some()
-            {
-                return Ok(true);
-            }
-            if !self.device_present(device)? {
-                return Ok(true);
-            }
-            if Instant::now() >= deadline {
-                return Ok(false);
-            }
         }
     }
 
@@ -199,92 +170,42 @@ impl Qmp {
 
 #[cfg(test)]
 mod tests {
+    use super::super::fake::{qemu, Qemu};
+    use super::super::unplug::{unplug, Patience, UnplugError};
     use super::*;
-    use std::collections::BTreeMap;
-    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
 
-    /// What the stand-in QEMU holds: nodes (name → size) and devices (id → node).
-    #[derive(Default)]
-    struct Qemu {
-        nodes: BTreeMap<String, u64>,
-        devices: BTreeMap<String, String>,
-        refuse_device_add: bool,
-        leaving: bool,
-    }
-
-    /// A monitor that keeps nodes and devices the way QEMU does.
-    fn qemu(path: &Path) -> (Arc<Mutex<Qemu>>, Arc<Mutex<Vec<String>>>) {
-        let st = Arc::new(Mutex::new(Qemu::default()));
-        let s = st.clone();
-        let log = super::super::fake::serve(
-            path,
-            Box::new(move |cmd, a| {
-                let mut q = s.lock().unwrap();
-                let ok = json!({"return": {}});
-                let err = |d: &str| json!({"error": {"class": "GenericError", "desc": d}});
-                let name = |k: &str| a[k].as_str().unwrap_or_default().to_string();
-                let reply = match cmd {
-                    "qom-list" => {
-                        json!({"return": q.devices.keys().map(|d| json!({"name": d})).collect::<Vec<_>>()})
-                    }
-                    "query-named-block-nodes" => {
-                        json!({"return": q.nodes.iter().map(|(n, s)| json!({"node-name": n, "image": {"virtual-size": s}})).collect::<Vec<_>>()})
-                    }
-                    "blockdev-add" => {
-                        q.nodes.insert(name("node-name"), 1 << 20);
-                        ok
-                    }
-                    "device_add" if q.refuse_device_add => {
-                        err("Bus 'pci.0' does not support hotplugging")
-                    }
-                    "device_add" => {
-                        q.devices.insert(name("id"), name("drive"));
-                        ok
-                    }
-                    "device_del" if q.leaving => {
-                        err("Device d is already in the process of unplug")
-                    }
-                    "device_del" => {
-                        q.devices.remove(&name("id"));
-                        ok
-                    }
-                    "blockdev-del" => {
-                        q.nodes.remove(&name("node-name"));
-                        ok
-                    }
-                    "block_resize" => {
-                        q.nodes
-                            .insert(name("node-name"), a["size"].as_u64().unwrap());
-                        ok
-                    }
-                    other => err(&format!("no {other}")),
-                };
-                (vec![], reply)
-            }),
-        );
-        (st, log)
-    }
-
-    fn verbs(log: &Mutex<Vec<String>>) -> Vec<String> {
-        std::mem::take(&mut *log.lock().unwrap())
+    fn verbs(q: &Qemu) -> Vec<String> {
+        std::mem::take(&mut q.lock().unwrap().log)
             .into_iter()
             .map(|l| l.split(' ').next().unwrap().to_string())
-            .filter(|v| !matches!(v.as_str(), "qom-list" | "query-named-block-nodes"))
             .collect()
     }
+
+    /// A session per step, as crustd opens them.
+    fn sessions(p: &Path) -> impl FnMut() -> Result<Qmp, QmpError> + '_ {
+        move || Qmp::connect(p, Duration::from_secs(5))
+    }
+
+    const PATIENCE: Patience = Patience {
+        each: Duration::from_secs(2),
+        deadline: None,
+    };
 
     #[test]
     fn each_step_adds_or_takes_only_what_qemu_lacks_or_has() {
         let t = tempfile::tempdir().unwrap();
         let p = t.path().join("qmp.sock");
-        let (st, log) = qemu(&p);
+        let dev = t.path().join("disk");
+        std::fs::write(&dev, vec![0u8; 1 << 20]).unwrap();
+        let st = qemu(&p);
         let mut q = Qmp::connect(&p, Duration::from_secs(5)).unwrap();
         let d = BlockDisk {
             node: "n1",
             device: "d1",
             serial: "s1",
         };
-        let src = Source::HostDevice(Path::new("/dev/loop9"));
+        let src = Source::HostDevice(&dev);
         assert_eq!(
             q.plug(&d, src, false).unwrap(),
             Added {
@@ -292,33 +213,39 @@ mod tests {
                 device: true
             }
         );
-        assert_eq!(verbs(&log), ["blockdev-add", "device_add"]);
+        assert_eq!(verbs(&st), ["blockdev-add", "device_add"]);
         // Again: nothing added.
         assert_eq!(q.plug(&d, src, false).unwrap(), Added::default());
-        assert!(verbs(&log).is_empty());
+        assert!(verbs(&st).is_empty());
         // Growth only when smaller; a missing node says so.
         assert_eq!(q.grow("n1", 1 << 30).unwrap(), Some(1 << 20));
         assert_eq!(q.grow("n1", 1 << 20).unwrap(), Some(1 << 30));
-        assert_eq!(verbs(&log), ["block_resize"]);
+        assert_eq!(verbs(&st), ["block_resize"]);
         assert_eq!(q.grow("none", 1).unwrap(), None);
+        drop(q);
         // Unplug, twice: the second finds nothing to do.
-        assert!(q.request_unplug("d1").unwrap());
-        assert!(q.wait_device_deleted("d1", Duration::from_secs(2)).unwrap());
-        assert!(q.remove_node("n1").unwrap());
-        assert!(!q.request_unplug("d1").unwrap());
-        assert!(!q.remove_node("n1").unwrap());
-        assert_eq!(verbs(&log), ["device_del", "blockdev-del"]);
+        unplug(sessions(&p), "d1", "n1", PATIENCE).unwrap();
+        assert_eq!(verbs(&st), ["device_del", "blockdev-del"]);
+        assert!(st.lock().unwrap().open.is_empty(), "the file is closed");
+        unplug(sessions(&p), "d1", "n1", PATIENCE).unwrap();
+        assert!(verbs(&st).is_empty());
         // A device_del already under way is not an error.
+        let mut q = Qmp::connect(&p, Duration::from_secs(5)).unwrap();
         q.plug(&d, src, false).unwrap();
-        st.lock().unwrap().leaving = true;
+        st.lock().unwrap().never_release = true;
         assert!(q.request_unplug("d1").unwrap());
+        assert!(q.request_unplug("d1").unwrap());
+        let refused = st.lock().unwrap().log.pop().unwrap();
+        assert!(refused.starts_with("device_del"), "{refused}");
     }
 
     #[test]
     fn a_refused_device_takes_back_only_the_node_this_call_added() {
         let t = tempfile::tempdir().unwrap();
         let p = t.path().join("qmp.sock");
-        let (st, log) = qemu(&p);
+        let img = t.path().join("x.img");
+        std::fs::write(&img, b"x").unwrap();
+        let st = qemu(&p);
         let mut q = Qmp::connect(&p, Duration::from_secs(5)).unwrap();
         st.lock().unwrap().refuse_device_add = true;
         let d = BlockDisk {
@@ -326,15 +253,107 @@ mod tests {
             device: "d1",
             serial: "s1",
         };
-        let img = Source::Image(Path::new("/tmp/x.img"));
+        let img = Source::Image(&img);
         let e = q.plug(&d, img, true).unwrap_err();
-        assert!(matches!(e, QmpError::Refused { .. }), "{e}");
-        assert_eq!(verbs(&log), ["blockdev-add", "device_add", "blockdev-del"]);
+        assert_eq!(e.refusal(), Some(Refusal::Other), "{e}");
+        assert_eq!(verbs(&st), ["blockdev-add", "device_add", "blockdev-del"]);
         assert!(st.lock().unwrap().nodes.is_empty());
         // A node that was there before this call stays.
         st.lock().unwrap().nodes.insert("n1".into(), 1);
         q.plug(&d, img, true).unwrap_err();
-        assert_eq!(verbs(&log), ["device_add"]);
+        assert_eq!(verbs(&st), ["device_add"]);
         assert!(st.lock().unwrap().nodes.contains_key("n1"));
+    }
+
+    /// QEMU says a node is in use for a moment after its device left: asked
+    /// again, each time on a session of its own, none held in between.
+    #[test]
+    fn a_node_in_use_is_asked_for_again_until_the_deadline() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("qmp.sock");
+        let dev = t.path().join("disk");
+        std::fs::write(&dev, b"x").unwrap();
+        let st = qemu(&p);
+        let d = BlockDisk {
+            node: "n1",
+            device: "d1",
+            serial: "s1",
+        };
+        let plug = |st: &Qemu| {
+            let mut q = Qmp::connect(&p, Duration::from_secs(5)).unwrap();
+            q.plug(&d, Source::HostDevice(&dev), false).unwrap();
+            verbs(st);
+        };
+        plug(&st);
+        st.lock().unwrap().node_in_use = 3;
+        let mut opened = 0;
+        let open = || {
+            opened += 1;
+            Qmp::connect(&p, Duration::from_secs(5))
+        };
+        unplug(open, "d1", "n1", PATIENCE).unwrap();
+        assert_eq!(
+            verbs(&st),
+            [
+                "device_del",
+                "blockdev-del",
+                "blockdev-del",
+                "blockdev-del",
+                "blockdev-del"
+            ]
+        );
+        // device_del, one look, four blockdev-del.
+        assert_eq!(opened, 6);
+        // Past the deadline, QEMU's refusal is the caller's.
+        st.lock().unwrap().nodes.insert("n1".into(), 1);
+        st.lock().unwrap().node_in_use = 1000;
+        let t0 = Instant::now();
+        let e = remove_node(&p, Instant::now() + Duration::from_millis(300)).unwrap_err();
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        match e {
+            UnplugError::Qmp { step, error } => {
+                assert_eq!(step, super::super::unplug::Step::RemoveNode);
+                assert_eq!(error.refusal(), Some(Refusal::NodeInUse));
+                assert_eq!(
+                    error.to_string(),
+                    "QEMU refused blockdev-del: Node n1 is in use (GenericError)"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn remove_node(p: &Path, until: Instant) -> Result<bool, UnplugError<QmpError>> {
+        super::super::unplug::remove_node_until(sessions(p), "n1", until)
+    }
+
+    /// A guest that never lets go: the wait ends when the caller's patience
+    /// does, and the node stays; a session the factory cannot open is the
+    /// factory's error.
+    #[test]
+    fn a_guest_that_never_lets_go_ends_the_wait() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("qmp.sock");
+        let dev = t.path().join("disk");
+        std::fs::write(&dev, b"x").unwrap();
+        let st = qemu(&p);
+        let d = BlockDisk {
+            node: "n1",
+            device: "d1",
+            serial: "s1",
+        };
+        let mut q = Qmp::connect(&p, Duration::from_secs(5)).unwrap();
+        q.plug(&d, Source::HostDevice(&dev), false).unwrap();
+        drop(q);
+        st.lock().unwrap().never_release = true;
+        let soon = Patience {
+            each: Duration::from_secs(30),
+            deadline: Some(Instant::now() + Duration::from_millis(300)),
+        };
+        let e = unplug(sessions(&p), "d1", "n1", soon).unwrap_err();
+        assert!(matches!(e, UnplugError::NotReleased), "{e:?}");
+        assert!(st.lock().unwrap().nodes.contains_key("n1"));
+        let e = unplug(|| Err::<Qmp, _>("no monitor"), "d1", "n1", PATIENCE).unwrap_err();
+        assert!(matches!(e, UnplugError::Session("no monitor")), "{e:?}");
     }
 }

@@ -14,13 +14,22 @@
 //! through a socket it opened and judged ([`Socket::Opened`]) and vets the
 //! process that listens there before a byte is exchanged
 //! ([`Qmp::connect_vetted`]).
+//!
+//! QEMU's refusals are classified once ([`Refusal`]), and the unplug, whose
+//! waits span several sessions, is written once ([`unplug`],
+//! [`remove_node_until`]). `fake` (with the `test-util` feature) is a
+//! stand-in QEMU for tests.
 
 mod block;
-#[cfg(test)]
-mod fake;
+#[cfg(any(test, feature = "test-util"))]
+pub mod fake;
+mod refusal;
 mod session;
 mod socket;
+mod unplug;
 
 pub use block::{Added, BlockDisk, Source};
+pub use refusal::Refusal;
 pub use session::{gone, gone_at, Qmp, QmpError, MAX_LINE};
 pub use socket::Socket;
+pub use unplug::{remove_node_until, unplug, Patience, Step, UnplugError};

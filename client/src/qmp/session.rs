@@ -12,6 +12,7 @@ use thiserror::Error;
 
 use crate::connect::ConnectError;
 use crate::peer::peer_pid;
+use crate::qmp::refusal::Refusal;
 use crate::qmp::socket::Socket;
 
 /// The longest line read from QEMU (its replies to the queries made here
@@ -34,6 +35,8 @@ pub enum QmpError {
         class: String,
         /// QEMU's description.
         desc: String,
+        /// What it means, from `class` and `desc`: what callers act on.
+        refusal: Refusal,
     },
     /// The socket is missing, nobody listens there, or the connect failed otherwise.
     #[error("cannot connect to QEMU's QMP socket {}: {source}{}", .path.display(), why_unreachable(.source))]
@@ -118,6 +121,17 @@ pub struct Qmp {
     path: PathBuf,
     /// How long one reply may take.
     timeout: Duration,
+}
+
+impl QmpError {
+    /// What QEMU's refusal means; `None` when QEMU did not refuse (the
+    /// session failed instead).
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self {
+            QmpError::Refused { refusal, .. } => Some(*refusal),
+            _ => None,
+        }
+    }
 }
 
 impl std::fmt::Debug for Qmp {
@@ -298,10 +312,12 @@ impl Qmp {
                 return Ok(r.clone());
             } else if let Some(e) = m.get("error") {
                 let s = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+                let (class, desc) = (s("class"), s("desc"));
                 return Err(QmpError::Refused {
                     command: cmd.to_string(),
-                    class: s("class"),
-                    desc: s("desc"),
+                    refusal: Refusal::of(&class, &desc),
+                    class,
+                    desc,
                 });
             }
         }
@@ -348,7 +364,7 @@ mod tests {
     use super::*;
     use crate::address::Address;
     use crate::connect::connect_stream;
-    use crate::qmp::fake::serve;
+    use crate::qmp::fake::qemu;
     use std::os::unix::net::UnixListener;
 
     /// The process behind the socket is asked about before anything is
@@ -358,7 +374,7 @@ mod tests {
     fn a_vetted_connect_asks_about_the_listener_first_and_every_time() {
         let t = tempfile::tempdir().unwrap();
         let p = t.path().join("qmp.sock");
-        let log = serve(&p, Box::new(|_, _| (vec![], json!({"return": {}}))));
+        let st = qemu(&p);
         let e = Qmp::connect_vetted(Socket::Path(&p), Duration::from_secs(5), |pid| {
             Err(format!("not {pid}"))
         })
@@ -380,10 +396,10 @@ mod tests {
                     .ok_or_else(|| "a stranger".to_string())
             })
             .unwrap();
-            q.execute("x", None).unwrap();
+            q.execute("block_resize", None).unwrap();
         }
         assert_eq!(asked, 2);
-        assert_eq!(*log.lock().unwrap(), ["x", "x"]);
+        assert_eq!(st.lock().unwrap().log, ["block_resize null"; 2]);
     }
 
     /// A socket opened with O_PATH is the one reached, whatever its path
@@ -392,7 +408,7 @@ mod tests {
     fn an_opened_socket_is_reached_through_its_descriptor() {
         let t = tempfile::tempdir().unwrap();
         let p = t.path().join("qmp.sock");
-        let first = serve(&p, Box::new(|_, _| (vec![], json!({"return": 1}))));
+        let first = qemu(&p);
         let fd = rustix::fs::open(
             &p,
             rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
@@ -400,14 +416,14 @@ mod tests {
         )
         .unwrap();
         std::fs::rename(&p, t.path().join("moved.sock")).unwrap();
-        let second = serve(&p, Box::new(|_, _| (vec![], json!({"return": 2}))));
+        let second = qemu(&p);
         let opened = Socket::Opened(fd.as_fd(), &p);
         let mut q = Qmp::connect_vetted(opened, Duration::from_secs(5), |_| Ok(())).unwrap();
-        assert_eq!(q.execute("x", None).unwrap(), json!(1));
+        q.execute("block_resize", None).unwrap();
         assert_eq!(q.path(), p);
         assert_eq!(gone_at(opened, Duration::from_secs(1)), None);
-        assert_eq!(first.lock().unwrap().len(), 1);
-        assert!(second.lock().unwrap().is_empty());
+        assert_eq!(first.lock().unwrap().log.len(), 1);
+        assert!(second.lock().unwrap().log.is_empty());
     }
 
     /// Seen under a real VM: a DEVICE_DELETED emitted as a new client
@@ -456,32 +472,27 @@ mod tests {
     fn events_between_replies_are_kept() {
         let t = tempfile::tempdir().unwrap();
         let p = t.path().join("qmp.sock");
-        let log = serve(
-            &p,
-            Box::new(|cmd, _| match cmd {
-                "device_del" => (
-                    vec![
-                        json!({"event": "DEVICE_DELETED", "data": {"path": "/x/virtio-backend"}}),
-                        json!({"event": "DEVICE_DELETED", "data": {"device": "d1", "path": "/x"}}),
-                    ],
-                    json!({"return": {}}),
-                ),
-                "bad" => (
-                    vec![],
-                    json!({"error": {"class": "GenericError", "desc": "no such thing"}}),
-                ),
-                _ => (vec![], json!({"return": [1]})),
-            }),
-        );
+        let img = t.path().join("img");
+        std::fs::write(&img, b"x").unwrap();
+        let st = qemu(&p);
         let mut q = Qmp::connect(&p, Duration::from_secs(5)).unwrap();
-        assert_eq!(q.execute("x", None).unwrap(), json!([1]));
+        q.execute(
+            "blockdev-add",
+            Some(json!({"node-name": "n1", "driver": "host_device", "filename": img})),
+        )
+        .unwrap();
+        q.execute("device_add", Some(json!({"id": "d1", "drive": "n1"})))
+            .unwrap();
+        // QEMU's DEVICE_DELETED events follow device_del's reply, and come
+        // before the next reply: they are kept.
         q.execute("device_del", Some(json!({"id": "d1"}))).unwrap();
         match q.execute("bad", None) {
             Err(e @ QmpError::Refused { .. }) => {
                 assert_eq!(
                     e.to_string(),
-                    "QEMU refused bad: no such thing (GenericError)"
-                )
+                    "QEMU refused bad: The command bad has not been found (CommandNotFound)"
+                );
+                assert_eq!(e.refusal(), Some(Refusal::Other));
             }
             other => panic!("{other:?}"),
         }
@@ -503,11 +514,9 @@ mod tests {
             .unwrap();
         assert!(none.is_none() && t0.elapsed() >= Duration::from_millis(300));
         // The session still works after a wait ran out.
-        assert_eq!(q.execute("x", None).unwrap(), json!([1]));
-        assert_eq!(
-            *log.lock().unwrap(),
-            ["x", r#"device_del {"id":"d1"}"#, "bad", "x"]
-        );
+        assert_eq!(q.execute("qom-list", None).unwrap()[0]["name"], "type");
+        let log = std::mem::take(&mut st.lock().unwrap().log);
+        assert_eq!(log[2..], [r#"device_del {"id":"d1"}"#, "bad null"]);
     }
 
     #[test]

@@ -35,4 +35,7 @@ mod record;
 mod store;
 
 pub use record::{encode, parse_record, MountInfo, Record, RecordError, MAX_FS_GROUP};
-pub use store::{Found, Records, SandboxOf, DEFAULT_ROOT, MAX_RECORD, MOUNT_INFO};
+pub use store::{
+    BadDirectory, Doing, Error, Found, Records, Refusal, SandboxOf, Unsafe, DEFAULT_ROOT,
+    MAX_RECORD, MOUNT_INFO,
+};

@@ -18,8 +18,6 @@ use base64::Engine;
 use serde::de::{self, DeserializeSeed, MapAccess, Visitor};
 use serde_json::Value;
 
-use crate::error::Code;
-
 /// The largest fsGroup a record may give (Kubernetes' int64 limited to a
 /// non-negative 32-bit signed value, as Kata's runtime parses it).
 pub const MAX_FS_GROUP: u32 = 2_147_483_647;
@@ -27,52 +25,58 @@ pub const MAX_FS_GROUP: u32 = 2_147_483_647;
 /// The fields of Kata's `MountInfo`, as its JSON tags spell them.
 const FIELDS: [&str; 5] = ["volume-type", "device", "fstype", "metadata", "options"];
 
+crust_protocols::coded_errors! {
 /// Why a record's bytes are refused. Pure: says nothing of the file's place.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {
+    #[code(InvalidArgument)]
     #[error("it is not JSON: {0}")]
     NotJson(String),
+    #[code(InvalidArgument)]
     #[error("it is not a JSON object")]
     NotObject,
+    #[code(InvalidArgument)]
     #[error("key {0:?} is given twice (Go's reader would keep one silently)")]
     Duplicate(String),
+    #[code(InvalidArgument)]
     #[error("key {key:?} is not spelled as Kata writes it ({field:?}), yet Go's reader would take it for that field")]
     Misspelled { key: String, field: &'static str },
+    #[code(InvalidArgument)]
     #[error("{field} must be {want}")]
     Type {
         field: &'static str,
         want: &'static str,
     },
+    #[code(InvalidArgument)]
     #[error("volume-type {0:?} is not a direct volume's: Kata writes \"directvol\" or \"block\"")]
     VolumeType(String),
+    #[code(InvalidArgument)]
     #[error("it names no device")]
     NoDevice,
+    #[code(InvalidArgument)]
     #[error("device {0:?} is not an absolute path to a block device")]
     DeviceNotAbsolute(String),
+    #[code(InvalidArgument)]
     #[error("fstype {0:?} is not supported: use ext4 or xfs")]
     FsType(String),
+    #[code(InvalidArgument)]
     #[error("metadata fsGroup {0:?} is not a decimal group id from 0 to 2147483647")]
     FsGroup(String),
+    #[code(InvalidArgument)]
     #[error(
         "metadata fsGroupChangePolicy {0:?} is not a policy: use \"Always\" or \"OnRootMismatch\""
     )]
     Policy(String),
+    #[code(InvalidArgument)]
     #[error("metadata createFilesystem {0:?} must be \"true\" or \"false\"")]
     CreateFilesystem(String),
+    #[code(InvalidArgument)]
     #[error("{0}")]
     Option(String),
+    #[code(Unimplemented)]
     #[error("metadata encryptionKey asks for an encrypted volume, which crustd does not support: it would not ignore the key and publish the data in the clear; publish it with a runtime that supports encrypted direct volumes, or without encryptionKey")]
     Encrypted,
 }
-
-impl RecordError {
-    /// The gRPC code a call refused for this answers with.
-    pub fn code(&self) -> Code {
-        match self {
-            RecordError::Encrypted => Code::Unimplemented,
-            _ => Code::InvalidArgument,
-        }
-    }
 }
 
 /// A record's JSON as Go's `encoding/json` takes it into Kata's struct
@@ -360,6 +364,7 @@ pub fn encode(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crust_protocols::code::Code;
 
     #[test]
     fn encodes_as_gos_url_encoding() {

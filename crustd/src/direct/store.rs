@@ -4,18 +4,170 @@
 //! removes beside it. Every syscall on the records is here; what the bytes
 //! mean is `record`'s.
 
+use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use crust_protocols::code::Code;
+use crust_protocols::names::BadName;
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use super::record::{encode, parse_record, MountInfo, Record};
-use crate::error::{Code, Error, Result};
+use super::record::{encode, parse_record, MountInfo, Record, RecordError};
 use crate::files::{self, ReadError};
 use crate::registry;
+
+crust_protocols::coded_errors! {
+/// Why a direct-volume record, or its sandbox-id file, was not used.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    #[code(InvalidArgument)]
+    #[error("volume_path is empty: give the path the CSI driver filed its direct-volume record under (its target path)")]
+    EmptyPath,
+    #[code(InvalidArgument)]
+    #[error("volume_path {shown:?} contains a NUL byte")]
+    NulInPath { shown: String },
+    #[code(InvalidArgument)]
+    #[error("volume_path {shown:?} is too long for a direct-volume record: its base64 name has {len} bytes, a file name at most {NAME_MAX} (Kata's package cannot file it either)")]
+    LongPath { shown: String, len: usize },
+    /// The rule for sandbox ids.
+    #[code(InvalidArgument)]
+    #[error(transparent)]
+    BadId(#[from] BadName),
+    #[code(NotFound)]
+    #[error("no direct-volume record for volume path {shown:?}: {} does not exist (crustd looks in {}, its --direct-volumes; the CSI driver writes the record, e.g. with crustd-ctl direct-volume add)", .file.display(), .root.display())]
+    NoRecord { shown: String, file: PathBuf, root: PathBuf },
+    /// The record's directory is not a real directory, or not root's alone.
+    #[code(InvalidArgument)]
+    #[error("direct-volume record {} is refused: {why}", .dir.display())]
+    BadDirectory { dir: PathBuf, why: BadDirectory },
+    /// The record's file, or what it says.
+    #[code(why => why.code())]
+    #[error("direct-volume record {} (volume path {shown:?}) is refused: {why}", .file.display())]
+    Refused { file: PathBuf, shown: String, why: Refusal },
+    /// Something other than a regular file where the sandbox-id file goes:
+    /// `publishing` when a publish is about to write it.
+    #[code(FailedPrecondition)]
+    #[error("{} is {kind}, {}", .path.display(), if *.publishing { "where crustd writes the empty sandbox-id file: remove it, then publish again" } else { "not the empty file crustd writes for the sandbox; remove it" })]
+    NotAFile { path: PathBuf, kind: &'static str, publishing: bool },
+    #[code(FailedPrecondition)]
+    #[error("{} names more than one sandbox ({}): a direct volume is in one sandbox at a time; remove the stale files", .dir.display(), .ids.join(", "))]
+    ManySandboxes { dir: PathBuf, ids: Vec<String> },
+    #[code(InvalidArgument)]
+    #[error("--mount-info is not a record: {0}")]
+    NotARecord(RecordError),
+    #[code(FailedPrecondition)]
+    #[error("{} should be a directory (a symbolic link is not followed): {source}", .dir.display())]
+    NotADirectory { dir: PathBuf, source: Arc<io::Error> },
+    /// What could not be opened, read or written, and why.
+    #[code(Internal)]
+    #[error("{doing}{}: {source}", .path.display())]
+    Io { doing: Doing, path: PathBuf, source: Arc<io::Error> },
+}
+}
+
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What crustd was doing with a record's file when the system refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Doing {
+    OpenRoot,
+    Open,
+    Stat,
+    Read,
+    /// Making, writing or removing: the path says which.
+    Change,
+}
+
+impl fmt::Display for Doing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Doing::OpenRoot => "cannot open the direct-volume directory ",
+            Doing::Open => "cannot open ",
+            Doing::Stat => "cannot stat ",
+            Doing::Read => "cannot read ",
+            Doing::Change => "",
+        })
+    }
+}
+
+/// Why a record's directory is refused.
+#[derive(Debug, Clone)]
+pub enum BadDirectory {
+    /// Not a real directory: what it is.
+    Not(&'static str),
+    Unsafe(Unsafe),
+}
+
+impl fmt::Display for BadDirectory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BadDirectory::Not(what) => write!(
+                f,
+                "it is {what}, not a real directory (a symbolic link is not followed)"
+            ),
+            BadDirectory::Unsafe(u) => write!(f, "{u}"),
+        }
+    }
+}
+
+/// Why a record's file, or its bytes, are refused.
+#[derive(Debug, Clone)]
+pub enum Refusal {
+    /// Not a file crustd reads as a record.
+    File(ReadError<Unsafe>),
+    /// Bytes that are no record crustd publishes.
+    Record(RecordError),
+}
+
+impl Refusal {
+    /// INVALID_ARGUMENT, or the record's own (UNIMPLEMENTED for encryption).
+    pub fn code(&self) -> Code {
+        match self {
+            Refusal::File(_) => Code::InvalidArgument,
+            Refusal::Record(e) => e.code(),
+        }
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::File(e @ ReadError::TooLarge(_)) => {
+                write!(f, "{e} (at most {MAX_RECORD} bytes)")
+            }
+            Refusal::File(e) => write!(f, "{e}"),
+            Refusal::Record(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// A record's directory or file that is not root's alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unsafe {
+    /// Owned by this uid.
+    Owner(u32),
+    /// Writable by group or others: its mode.
+    Writable(u32),
+}
+
+impl fmt::Display for Unsafe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unsafe::Owner(uid) => write!(
+                f,
+                "it is owned by uid {uid}, not root (only root may write a record)"
+            ),
+            Unsafe::Writable(mode) => write!(
+                f,
+                "it is writable by group or others (mode {mode:04o}); a record is root's alone"
+            ),
+        }
+    }
+}
 
 /// Where Kata's Go package and runtime-rs look for records.
 pub const DEFAULT_ROOT: &str = "/run/kata-containers/shared/direct-volumes";
@@ -61,23 +213,19 @@ impl Records {
 
     /// `E` for `volume_path`, or INVALID_ARGUMENT when it cannot name a record.
     pub fn name(&self, volume_path: &[u8]) -> Result<String> {
-        let shown = String::from_utf8_lossy(volume_path);
+        let shown = || String::from_utf8_lossy(volume_path).into_owned();
         if volume_path.is_empty() {
-            return Err(Error::invalid(
-                "volume_path is empty: give the path the CSI driver filed its direct-volume record under (its target path)",
-            ));
+            return Err(Error::EmptyPath);
         }
         if volume_path.contains(&0) {
-            return Err(Error::invalid(format!(
-                "volume_path {shown:?} contains a NUL byte"
-            )));
+            return Err(Error::NulInPath { shown: shown() });
         }
         let e = encode(volume_path);
         if e.len() > NAME_MAX {
-            return Err(Error::invalid(format!(
-                "volume_path {shown:?} is too long for a direct-volume record: its base64 name has {} bytes, a file name at most {NAME_MAX} (Kata's package cannot file it either)",
-                e.len()
-            )));
+            return Err(Error::LongPath {
+                shown: shown(),
+                len: e.len(),
+            });
         }
         Ok(e)
     }
@@ -101,10 +249,11 @@ impl Records {
             Ok(fd) => fd,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => {
-                return Err(Error::internal(format!(
-                    "cannot open the direct-volume directory {}: {e}",
-                    self.root.display()
-                )))
+                return Err(Error::Io {
+                    doing: Doing::OpenRoot,
+                    path: self.root.clone(),
+                    source: Arc::new(e),
+                })
             }
         };
         let fd = match files::open_dir_at(root.as_fd(), &name) {
@@ -115,26 +264,35 @@ impl Records {
                 let what = rfs::statat(root.as_fd(), name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
                     .map(|st| files::kind(FileType::from_raw_mode(st.st_mode)))
                     .unwrap_or("not a directory");
-                return Err(Error::invalid(format!(
-                    "direct-volume record {} is refused: it is {what}, not a real directory (a symbolic link is not followed)",
-                    dir.display()
-                )));
+                return Err(Error::BadDirectory {
+                    dir,
+                    why: BadDirectory::Not(what),
+                });
             }
             Err(e) => {
-                return Err(Error::internal(format!(
-                    "cannot open {}: {e}",
-                    dir.display()
-                )))
+                return Err(Error::Io {
+                    doing: Doing::Open,
+                    path: dir,
+                    source: Arc::new(e),
+                })
             }
         };
-        let st = rfs::fstat(&fd)
-            .map_err(|e| Error::internal(format!("cannot stat {}: {e}", dir.display())))?;
-        safe_owner(&st).map_err(|why| {
-            Error::invalid(format!(
-                "direct-volume record {} is refused: {why}",
-                dir.display()
-            ))
-        })?;
+        let st = match rfs::fstat(&fd) {
+            Ok(st) => st,
+            Err(e) => {
+                return Err(Error::Io {
+                    doing: Doing::Stat,
+                    path: dir,
+                    source: Arc::new(e.into()),
+                })
+            }
+        };
+        if let Err(u) = safe_owner(&st) {
+            return Err(Error::BadDirectory {
+                dir,
+                why: BadDirectory::Unsafe(u),
+            });
+        }
         Ok(Some((dir, fd)))
     }
 
@@ -144,46 +302,33 @@ impl Records {
     /// sentence naming the file.
     pub fn read(&self, volume_path: &[u8]) -> Result<Found> {
         let shown = String::from_utf8_lossy(volume_path).into_owned();
-        let missing = |file: &Path| {
-            Error::not_found(format!(
-                "no direct-volume record for volume path {shown:?}: {} does not exist (crustd looks in {}, its --direct-volumes; the CSI driver writes the record, e.g. with crustd-ctl direct-volume add)",
-                file.display(),
-                self.root.display()
-            ))
-        };
         let file = self.dir_of(volume_path)?.join(MOUNT_INFO);
+        let missing = |file: PathBuf, shown: String| Error::NoRecord {
+            shown,
+            file,
+            root: self.root.clone(),
+        };
         let Some((_, dir)) = self.open_record_dir(volume_path)? else {
-            return Err(missing(&file));
+            return Err(missing(file, shown));
         };
-        let refused = |why: String, code: Code| {
-            Error::new(
-                code,
-                format!(
-                    "direct-volume record {} (volume path {shown:?}) is refused: {why}",
-                    file.display()
-                ),
-            )
-        };
+        let refused = |file, shown, why| Error::Refused { file, shown, why };
         let bytes =
             match files::read_bounded_checked(dir.as_fd(), MOUNT_INFO, MAX_RECORD, safe_owner) {
                 Ok(b) => b,
-                Err(ReadError::Missing) => return Err(missing(&file)),
-                Err(ReadError::Io(e)) => {
-                    return Err(Error::internal(format!(
-                        "cannot read {}: {e}",
-                        file.display()
-                    )))
+                Err(ReadError::Missing) => return Err(missing(file, shown)),
+                Err(ReadError::Io(source)) => {
+                    return Err(Error::Io {
+                        doing: Doing::Read,
+                        path: file,
+                        source,
+                    })
                 }
-                Err(e @ ReadError::TooLarge(_)) => {
-                    return Err(refused(
-                        format!("{e} (at most {MAX_RECORD} bytes)"),
-                        Code::InvalidArgument,
-                    ))
-                }
-                Err(e) => return Err(refused(e.to_string(), Code::InvalidArgument)),
+                Err(e) => return Err(refused(file, shown, Refusal::File(e))),
             };
-        let record = parse_record(&bytes).map_err(|e| refused(e.to_string(), e.code()))?;
-        Ok(Found { file, record })
+        match parse_record(&bytes) {
+            Ok(record) => Ok(Found { file, record }),
+            Err(e) => Err(refused(file, shown, Refusal::Record(e))),
+        }
     }
 
     /// Writes the empty sandbox-id file `ROOT/E/S` (mode 0600) as Kata's
@@ -209,11 +354,11 @@ impl Records {
                 if t == FileType::RegularFile {
                     Ok(())
                 } else {
-                    Err(Error::precondition(format!(
-                        "{} is {}, not the empty file crustd writes for the sandbox; remove it",
-                        dir.join(sandbox).display(),
-                        files::kind(t)
-                    )))
+                    Err(Error::NotAFile {
+                        path: dir.join(sandbox),
+                        kind: files::kind(t),
+                        publishing: false,
+                    })
                 }
             }
             Err(e) => Err(io_err(&dir.join(sandbox), e)),
@@ -232,11 +377,11 @@ impl Records {
             Err(Errno::NOENT) => Ok(()),
             Err(e) => Err(io_err(&dir.join(sandbox), e.into())),
             Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => Ok(()),
-            Ok(st) => Err(Error::precondition(format!(
-                "{} is {}, where crustd writes the empty sandbox-id file: remove it, then publish again",
-                dir.join(sandbox).display(),
-                files::kind(FileType::from_raw_mode(st.st_mode))
-            ))),
+            Ok(st) => Err(Error::NotAFile {
+                path: dir.join(sandbox),
+                kind: files::kind(FileType::from_raw_mode(st.st_mode)),
+                publishing: true,
+            }),
         }
     }
 
@@ -262,11 +407,7 @@ impl Records {
         match ids.len() {
             0 => Ok(SandboxOf::None),
             1 => Ok(SandboxOf::One(ids.remove(0))),
-            _ => Err(Error::precondition(format!(
-                "{} names more than one sandbox ({}): a direct volume is in one sandbox at a time; remove the stale files",
-                dir.display(),
-                ids.join(", ")
-            ))),
+            _ => Err(Error::ManySandboxes { dir, ids }),
         }
     }
 
@@ -275,8 +416,7 @@ impl Records {
     /// and writes `mount_info` as given to `mountInfo.json` (mode 0600),
     /// replacing it atomically.
     pub fn add(&self, volume_path: &[u8], mount_info: &[u8]) -> Result<PathBuf> {
-        MountInfo::from_json(mount_info)
-            .map_err(|e| Error::invalid(format!("--mount-info is not a record: {e}")))?;
+        MountInfo::from_json(mount_info).map_err(Error::NotARecord)?;
         let name = self.name(volume_path)?;
         let dir = self.root.join(&name);
         std::fs::DirBuilder::new()
@@ -289,12 +429,15 @@ impl Records {
             Ok(()) | Err(Errno::EXIST) => {}
             Err(e) => return Err(io_err(&dir, e.into())),
         }
-        let fd = files::open_dir_at(root.as_fd(), &name).map_err(|e| {
-            Error::precondition(format!(
-                "{} should be a directory (a symbolic link is not followed): {e}",
-                dir.display()
-            ))
-        })?;
+        let fd = match files::open_dir_at(root.as_fd(), &name) {
+            Ok(fd) => fd,
+            Err(e) => {
+                return Err(Error::NotADirectory {
+                    dir,
+                    source: Arc::new(e),
+                })
+            }
+        };
         files::write_atomic(fd.as_fd(), MOUNT_INFO, mount_info)
             .map_err(|e| io_err(&dir.join(MOUNT_INFO), e))?;
         Ok(dir.join(MOUNT_INFO))
@@ -312,18 +455,12 @@ impl Records {
 }
 
 /// A record's directory and file must be root's and writable by root only.
-fn safe_owner(st: &rfs::Stat) -> std::result::Result<(), String> {
+fn safe_owner(st: &rfs::Stat) -> Result<(), Unsafe> {
     if st.st_uid != 0 {
-        return Err(format!(
-            "it is owned by uid {}, not root (only root may write a record)",
-            st.st_uid
-        ));
+        return Err(Unsafe::Owner(st.st_uid));
     }
     if st.st_mode & 0o022 != 0 {
-        return Err(format!(
-            "it is writable by group or others (mode {:04o}); a record is root's alone",
-            st.st_mode & 0o7777
-        ));
+        return Err(Unsafe::Writable(st.st_mode & 0o7777));
     }
     Ok(())
 }
@@ -365,5 +502,9 @@ fn remove_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<()> {
 }
 
 fn io_err(path: &Path, e: io::Error) -> Error {
-    Error::internal(format!("{}: {e}", path.display()))
+    Error::Io {
+        doing: Doing::Change,
+        path: path.to_path_buf(),
+        source: Arc::new(e),
+    }
 }

@@ -4,6 +4,7 @@
 //! input: [`Group::check`].
 
 use std::collections::BTreeSet;
+use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -328,25 +329,28 @@ impl Group {
 
     /// Checks a record read back from disk (untrusted): the id, the
     /// bounds of a freeze, each name, and each detail.
-    pub fn check(&self) -> Result<(), String> {
-        check_id(&self.id)?;
+    pub fn check(&self) -> Result<(), Unlike> {
+        check_id(&self.id).map_err(Unlike::Id)?;
         if self.timeout_ms == 0 || self.timeout_ms > MAX_TIMEOUT_MS {
-            return Err(format!("a timeout of {} ms", self.timeout_ms));
+            return Err(Unlike::Timeout(self.timeout_ms));
         }
         let count: usize = self.parts.iter().map(|p| p.volumes.len()).sum();
         if self.parts.is_empty() || count > MAX_VOLUMES {
-            return Err(format!("{count} volumes in {} sandboxes", self.parts.len()));
+            return Err(Unlike::Volumes {
+                count,
+                sandboxes: self.parts.len(),
+            });
         }
         let mut seen = BTreeSet::new();
         for p in &self.parts {
-            crust_protocols::names::sandbox_id(&p.sandbox).map_err(|e| e.to_string())?;
+            crust_protocols::names::sandbox_id(&p.sandbox).map_err(Unlike::Sandbox)?;
             if p.volumes.is_empty() {
-                return Err(format!("no volume in sandbox {}", p.sandbox));
+                return Err(Unlike::Empty(p.sandbox.clone()));
             }
             for v in &p.volumes {
                 check_volume(v)?;
                 if !seen.insert((&p.sandbox, &v.host_volume)) {
-                    return Err(format!("volume {:?} twice", v.host_volume));
+                    return Err(Unlike::Twice(v.host_volume.clone()));
                 }
             }
         }
@@ -357,22 +361,62 @@ impl Group {
         );
         for e in ends {
             if e.detail.len() > MAX_DETAIL {
-                return Err(format!("a detail of {} bytes", e.detail.len()));
+                return Err(Unlike::Detail(e.detail.len()));
             }
         }
         Ok(())
     }
 }
 
+/// What in a record read back is unlike any group crustd writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unlike {
+    /// The freeze id rule's sentence.
+    Id(String),
+    /// A timeout in ms.
+    Timeout(u32),
+    Volumes {
+        count: usize,
+        sandboxes: usize,
+    },
+    Sandbox(crust_protocols::names::BadName),
+    /// A sandbox without volumes.
+    Empty(String),
+    HostVolume(String),
+    VolumeId(String),
+    /// A host volume named twice.
+    Twice(String),
+    /// A detail of this many bytes.
+    Detail(usize),
+}
+
+impl fmt::Display for Unlike {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unlike::Id(why) => f.write_str(why),
+            Unlike::Timeout(ms) => write!(f, "a timeout of {ms} ms"),
+            Unlike::Volumes { count, sandboxes } => {
+                write!(f, "{count} volumes in {sandboxes} sandboxes")
+            }
+            Unlike::Sandbox(e) => write!(f, "{e}"),
+            Unlike::Empty(sandbox) => write!(f, "no volume in sandbox {sandbox}"),
+            Unlike::HostVolume(h) => write!(f, "host volume {:?}", cut(h, 80)),
+            Unlike::VolumeId(id) => write!(f, "volume id {:?}", cut(id, 80)),
+            Unlike::Twice(h) => write!(f, "volume {h:?} twice"),
+            Unlike::Detail(n) => write!(f, "a detail of {n} bytes"),
+        }
+    }
+}
+
 /// One volume's names, as a record holds them.
-fn check_volume(v: &Volume) -> Result<(), String> {
+fn check_volume(v: &Volume) -> Result<(), Unlike> {
     let h = &v.host_volume;
     if !h.starts_with('/') || h.len() > MAX_HOST_VOLUME || h.contains('\0') {
-        return Err(format!("host volume {:?}", cut(h, 80)));
+        return Err(Unlike::HostVolume(h.clone()));
     }
     let id = &v.volume_id;
     if id.is_empty() || id.len() > MAX_VOLUME_ID || !id.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(format!("volume id {:?}", cut(id, 80)));
+        return Err(Unlike::VolumeId(id.clone()));
     }
     Ok(())
 }

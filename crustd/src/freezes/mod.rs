@@ -32,11 +32,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crust_protocols::freeze::{check_id, new_id, ENDED_KEPT};
 
-pub use error::{FreezeError, Leftover};
+pub use error::{FreezeError, Leftover, Placement, Unwritten};
 pub use group::{
     cut, unix_ms, End, Group, How, Part, Plan, Volume, HOST_SLACK, MAX_DETAIL, MAX_GROUPS,
 };
-pub use store::{Store, DIR_NAME};
+pub use store::{Store, Unread, Unused, DIR_NAME};
 
 use crate::locks::{self, KeyedLocks};
 
@@ -395,7 +395,7 @@ impl Freezes {
     /// freeze call died with the last crustd (to be ended at once),
     /// whether the timer must be started, and a sentence for each record
     /// not used.
-    pub fn load(&self) -> (Vec<String>, bool, Vec<String>) {
+    pub fn load(&self) -> (Vec<String>, bool, Vec<Unread>) {
         let Some(store) = &self.store else {
             return (Vec::new(), false, Vec::new());
         };

@@ -9,17 +9,20 @@
 //! as untrusted input: a regular file of bounded size, in a bounded
 //! number, its JSON checked (`Group::check`) and its id its file's name.
 
+use std::fmt;
+use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rustix::fs::{self as rfs, AtFlags, Mode};
 use rustix::io::Errno;
 
 use crust_protocols::freeze::{check_id, ENDED_KEPT};
 
-use super::error::FreezeError;
-use super::group::{Group, MAX_GROUPS};
-use crate::files;
+use super::error::{FreezeError, Placement, Unwritten};
+use super::group::{Group, Unlike, MAX_GROUPS};
+use crate::files::{self, ReadError};
 
 /// The directory's name in the registry.
 pub const DIR_NAME: &str = "crustd+freezes";
@@ -48,10 +51,10 @@ impl Store {
         self.registry.join(DIR_NAME)
     }
 
-    fn place(&self, why: impl std::fmt::Display) -> FreezeError {
+    fn place(&self, why: Placement) -> FreezeError {
         FreezeError::Place {
-            dir: self.dir().display().to_string(),
-            why: why.to_string(),
+            dir: self.dir(),
+            why,
         }
     }
 
@@ -60,55 +63,50 @@ impl Store {
     fn open(&self, create: bool) -> Result<Option<OwnedFd>, FreezeError> {
         let reg = match files::open_dir(&self.registry) {
             Ok(fd) => fd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !create => return Ok(None),
-            Err(e) => return Err(self.place(format_args!("cannot be reached: {e}"))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !create => return Ok(None),
+            Err(e) => return Err(self.place(Placement::Unreachable(Arc::new(e)))),
         };
         if create {
             match rfs::mkdirat(reg.as_fd(), DIR_NAME, Mode::from_raw_mode(0o700)) {
                 Ok(()) | Err(Errno::EXIST) => {}
-                Err(e) => return Err(self.place(format_args!("cannot be made: {e}"))),
+                Err(e) => return Err(self.place(Placement::Unmade(e))),
             }
         }
         let dir = match files::open_dir_at(reg.as_fd(), DIR_NAME) {
             Ok(fd) => fd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !create => return Ok(None),
-            Err(e) => {
-                return Err(self.place(format_args!("is not a directory crustd can open ({e})")))
-            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !create => return Ok(None),
+            Err(e) => return Err(self.place(Placement::NotADirectory(Arc::new(e)))),
         };
-        let st = rfs::fstat(&dir).map_err(|e| self.place(e))?;
+        let st = rfs::fstat(&dir).map_err(|e| self.place(Placement::Unstated(e)))?;
         let me = rustix::process::geteuid().as_raw();
         if st.st_uid != me {
-            return Err(self.place(format_args!("belongs to user {}, not crustd's", st.st_uid)));
+            return Err(self.place(Placement::Owner(st.st_uid)));
         }
         if st.st_mode & 0o022 != 0 {
-            return Err(self.place(format_args!(
-                "others may write (mode {:o})",
-                st.st_mode & 0o7777
-            )));
+            return Err(self.place(Placement::Writable(st.st_mode & 0o7777)));
         }
         Ok(Some(dir))
     }
 
     /// Writes `g`'s record, replacing the one before.
     pub fn write(&self, g: &Group) -> Result<(), FreezeError> {
-        let failed = |error: String| FreezeError::Write {
+        let failed = |why| FreezeError::Write {
             id: g.id.clone(),
-            dir: self.dir().display().to_string(),
-            error,
+            dir: self.dir(),
+            why,
         };
-        let text = serde_json::to_vec(g).map_err(|e| failed(e.to_string()))?;
+        let text = serde_json::to_vec(g).map_err(|e| failed(Unwritten::Encode(Arc::new(e))))?;
         if u64::try_from(text.len()).map_or(true, |n| n > MAX_RECORD) {
-            return Err(failed(format!(
-                "it would hold {} bytes, more than the {MAX_RECORD} crustd reads back",
-                text.len()
-            )));
+            return Err(failed(Unwritten::TooLarge {
+                bytes: text.len(),
+                max: MAX_RECORD,
+            }));
         }
         let Some(dir) = self.open(true)? else {
-            return Err(failed("the registry is gone".into()));
+            return Err(failed(Unwritten::RegistryGone));
         };
         files::write_atomic(dir.as_fd(), &file_name(&g.id), &text)
-            .map_err(|e| failed(e.to_string()))
+            .map_err(|e| failed(Unwritten::Write(Arc::new(e))))
     }
 
     /// Removes group `id`'s record (none is fine).
@@ -120,52 +118,115 @@ impl Store {
             Ok(()) | Err(Errno::NOENT) => Ok(()),
             Err(e) => Err(FreezeError::Write {
                 id: id.to_string(),
-                dir: self.dir().display().to_string(),
-                error: format!("cannot remove its record: {e}"),
+                dir: self.dir(),
+                why: Unwritten::Remove(e),
             }),
         }
     }
 
-    /// Every record that passes the checks, at most [`MAX_LOADED`], and a
-    /// sentence for each one refused or left unread. A temporary left by
-    /// a write that was cut short is removed.
-    pub fn load(&self) -> (Vec<Group>, Vec<String>) {
+    /// Every record that passes the checks, at most [`MAX_LOADED`], and
+    /// what was refused or left unread. A temporary left by a write that
+    /// was cut short is removed.
+    pub fn load(&self) -> (Vec<Group>, Vec<Unread>) {
         let mut refused = Vec::new();
         let dir = match self.open(false) {
             Ok(Some(d)) => d,
             Ok(None) => return (Vec::new(), refused),
             Err(e) => {
-                refused.push(e.to_string());
+                refused.push(Unread::Directory(e));
                 return (Vec::new(), refused);
             }
         };
         let mut names = match names(&dir) {
             Ok(n) => n,
             Err(e) => {
-                refused.push(format!("cannot list {}: {e}", self.dir().display()));
+                refused.push(Unread::Unlisted {
+                    dir: self.dir(),
+                    source: Arc::new(e),
+                });
                 return (Vec::new(), refused);
             }
         };
         names.sort();
         if names.len() > MAX_LOADED {
-            refused.push(format!(
-                "{} holds {} records, more than the {MAX_LOADED} crustd reads: the rest are left unread",
-                self.dir().display(),
-                names.len()
-            ));
+            refused.push(Unread::TooMany {
+                dir: self.dir(),
+                count: names.len(),
+            });
             names.truncate(MAX_LOADED);
         }
         let mut groups = Vec::new();
         for name in names {
             match read(&dir, &name) {
                 Ok(g) => groups.push(g),
-                Err(why) => refused.push(format!(
-                    "the freeze record {} is not used: {why}",
-                    self.dir().join(&name).display()
-                )),
+                Err(why) => refused.push(Unread::Record {
+                    file: self.dir().join(&name),
+                    why,
+                }),
             }
         }
         (groups, refused)
+    }
+}
+
+/// What a start did not read of the records, for the log.
+#[derive(Debug, Clone)]
+pub enum Unread {
+    /// The directory is not crustd's own.
+    Directory(FreezeError),
+    Unlisted {
+        dir: PathBuf,
+        source: Arc<io::Error>,
+    },
+    /// More records than crustd reads: how many.
+    TooMany { dir: PathBuf, count: usize },
+    /// One record, refused.
+    Record { file: PathBuf, why: Unused },
+}
+
+impl fmt::Display for Unread {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unread::Directory(e) => write!(f, "{e}"),
+            Unread::Unlisted { dir, source } => {
+                write!(f, "cannot list {}: {source}", dir.display())
+            }
+            Unread::TooMany { dir, count } => write!(
+                f,
+                "{} holds {count} records, more than the {MAX_LOADED} crustd reads: the rest are left unread",
+                dir.display()
+            ),
+            Unread::Record { file, why } => {
+                write!(f, "the freeze record {} is not used: {why}", file.display())
+            }
+        }
+    }
+}
+
+/// Why one record is not used.
+#[derive(Debug, Clone)]
+pub enum Unused {
+    /// Not a file crustd reads as a record.
+    File(ReadError),
+    NotAGroup(Arc<serde_json::Error>),
+    /// A group unlike any crustd writes.
+    Unlike(Unlike),
+    /// It names another group than its file's name does.
+    NotItsFile {
+        id: String,
+    },
+}
+
+impl fmt::Display for Unused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unused::File(e) => write!(f, "{e}"),
+            Unused::NotAGroup(e) => write!(f, "it is not a group's record ({e})"),
+            Unused::Unlike(why) => write!(f, "it holds {why}"),
+            Unused::NotItsFile { id } => {
+                write!(f, "it names group {id}, not its own file's")
+            }
+        }
     }
 }
 
@@ -199,13 +260,12 @@ fn names(dir: &OwnedFd) -> std::io::Result<Vec<String>> {
 }
 
 /// One record, read and checked.
-fn read(dir: &OwnedFd, name: &str) -> Result<Group, String> {
-    let text = files::read_bounded(dir.as_fd(), name, MAX_RECORD).map_err(|e| e.to_string())?;
-    let g: Group =
-        serde_json::from_slice(&text).map_err(|e| format!("it is not a group's record ({e})"))?;
-    g.check().map_err(|why| format!("it holds {why}"))?;
+fn read(dir: &OwnedFd, name: &str) -> Result<Group, Unused> {
+    let text = files::read_bounded(dir.as_fd(), name, MAX_RECORD).map_err(Unused::File)?;
+    let g: Group = serde_json::from_slice(&text).map_err(|e| Unused::NotAGroup(Arc::new(e)))?;
+    g.check().map_err(Unused::Unlike)?;
     if file_name(&g.id) != name {
-        return Err(format!("it names group {}, not its own file's", g.id));
+        return Err(Unused::NotItsFile { id: g.id });
     }
     Ok(g)
 }

@@ -40,18 +40,115 @@
 //! label crustd's scan does not know (a format blkid knows but crustd
 //! does not, at an odd offset past 64 MiB).
 
-use std::io::Read;
+use std::fmt;
+use std::io::{self, Read};
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
-use crate::hostdev::HostDevice;
+use crate::hostdev::{self, HostDevice, Named};
 
 mod loopdev;
 mod scan;
+
+crust_protocols::coded_errors! {
+/// Why createFilesystem left a device as it was, or could not say what it holds.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    #[code(FailedPrecondition)]
+    #[error("crustd cannot run {cmd} ({source}): createFilesystem needs util-linux's blkid, e2fsprogs' mkfs.ext4 and xfsprogs' mkfs.xfs on the host")]
+    NoTool { cmd: &'static str, source: Arc<io::Error> },
+    #[code(Unavailable)]
+    #[error("{cmd} did not finish within {timeout:?} and was killed")]
+    Killed { cmd: &'static str, timeout: Duration },
+    #[code(Internal)]
+    #[error("waiting for {cmd}: {source}")]
+    Wait { cmd: &'static str, source: Arc<io::Error> },
+    /// blkid failed at `offset`: the first line it said.
+    #[code(FailedPrecondition)]
+    #[error("host device {name} is not provably blank: blkid -p could not tell what it holds at byte {offset} ({said}); crustd formats only a device with no signature at all")]
+    Unknowable { name: Named, offset: u64, said: String },
+    /// Something where createFilesystem wants nothing.
+    #[code(FailedPrecondition)]
+    #[error("host device {name} holds {what}{}, not {fs}: createFilesystem formats only a device that is blank at every offset where something could start, and this one was left as it is; publish it with its own file system, or wipe it on the host if it is truly unused", At(*.at))]
+    Holds { name: Named, what: Holding, at: u64, fs: String },
+    #[code(FailedPrecondition)]
+    #[error("host device {name} is not blank: byte {byte} is not zero, though neither blkid nor crustd recognises a signature there; createFilesystem formats only a device whose first and last MiB are zeros, and this one was left as it is")]
+    NotZero { name: Named, byte: u64 },
+    #[code(FailedPrecondition)]
+    #[error("host device {name} has {size} bytes, less than the {XFS_MIN_BYTES} bytes (300 MiB) mkfs.xfs needs for an xfs file system: give a larger device, or ext4; nothing was written")]
+    TooSmallForXfs { name: Named, size: u64 },
+    #[code(Internal)]
+    #[error("reading host device {name}: {source}")]
+    Read { name: Named, source: Arc<io::Error> },
+    #[code(inner)]
+    #[error(transparent)]
+    Device(#[from] hostdev::Error),
+    #[code(InvalidArgument)]
+    #[error("crustd cannot create a {0} file system: use ext4 or xfs")]
+    FileSystem(String),
+    #[code(Internal)]
+    #[error("cannot bind a loop device to host device {name} for mkfs ({source}): createFilesystem needs the loop driver on the host")]
+    NoLoop { name: Named, source: Arc<io::Error> },
+    /// mkfs failed: the first line it said.
+    #[code(FailedPrecondition)]
+    #[error("{cmd} refused to format host device {name}: {said}")]
+    Refused { cmd: &'static str, name: Named, said: String },
+    #[code(FailedPrecondition)]
+    #[error("host device {name} was formatted through {}, but {source}; crustd does not plug it", .through.display())]
+    StillBound { name: Named, through: PathBuf, source: Arc<io::Error> },
+    /// What blkid found at the start after mkfs, and whether crustd's own look found `fs`.
+    #[code(Internal)]
+    #[error("{cmd} succeeded on host device {name}, but reading it back finds {found:?} at its start (crustd's own look: {}), not {fs} alone", if *.ours { .fs.as_str() } else { "no such superblock" })]
+    NotFormatted { cmd: &'static str, name: Named, found: Vec<(String, String)>, ours: bool, fs: String },
+}
+}
+
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What a device holds where createFilesystem wants nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holding {
+    /// What blkid names: (`TYPE` or `PTTYPE`, the value).
+    Signatures(Vec<(String, String)>),
+    /// A label crustd's own scan found.
+    Label(&'static str),
+}
+
+impl fmt::Display for Holding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Holding::Signatures(found) => {
+                for (i, (k, v)) in found.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(" and ")?;
+                    }
+                    match k.as_str() {
+                        "PTTYPE" => write!(f, "a {v} partition table")?,
+                        _ => f.write_str(v)?,
+                    }
+                }
+                Ok(())
+            }
+            Holding::Label(what) => f.write_str(what),
+        }
+    }
+}
+
+/// " at byte N", or nothing at byte 0.
+struct At(u64);
+
+impl fmt::Display for At {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            0 => Ok(()),
+            at => write!(f, " at byte {at}"),
+        }
+    }
+}
 
 /// How much of each end of the device must read as zeros.
 const EDGE: u64 = 1 << 20;
@@ -99,17 +196,16 @@ struct Ran {
 }
 
 /// Runs `cmd` with no input, killing it after `timeout`.
-fn run(cmd: &str, args: &[&std::ffi::OsStr], timeout: Duration) -> Result<Ran> {
+fn run(cmd: &'static str, args: &[&std::ffi::OsStr], timeout: Duration) -> Result<Ran> {
     let mut child = Command::new(cmd)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| {
-            Error::precondition(format!(
-                "crustd cannot run {cmd} ({e}): createFilesystem needs util-linux's blkid, e2fsprogs' mkfs.ext4 and xfsprogs' mkfs.xfs on the host"
-            ))
+        .map_err(|e| Error::NoTool {
+            cmd,
+            source: Arc::new(e),
         })?;
     let drain = |r: Option<Box<dyn Read + Send>>| {
         std::thread::spawn(move || {
@@ -139,12 +235,15 @@ fn run(cmd: &str, args: &[&std::ffi::OsStr], timeout: Duration) -> Result<Ran> {
             Ok(None) if Instant::now() >= deadline => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(Error::unavailable(format!(
-                    "{cmd} did not finish within {timeout:?} and was killed"
-                )));
+                return Err(Error::Killed { cmd, timeout });
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(Error::internal(format!("waiting for {cmd}: {e}"))),
+            Err(e) => {
+                return Err(Error::Wait {
+                    cmd,
+                    source: Arc::new(e),
+                })
+            }
         }
     };
     Ok(Ran {
@@ -182,11 +281,18 @@ fn signatures(dev: &HostDevice, offset: u64, timeout: Duration) -> Result<Vec<(S
             .filter(|(k, _)| matches!(*k, "TYPE" | "PTTYPE"))
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()),
-        _ => Err(Error::precondition(format!(
-            "host device {} is not provably blank: blkid -p could not tell what it holds at byte {offset} ({}); crustd formats only a device with no signature at all",
-            dev.name(),
-            first_line(if r.stderr.is_empty() { &r.stdout } else { &r.stderr }, r.code)
-        ))),
+        _ => Err(Error::Unknowable {
+            name: dev.name(),
+            offset,
+            said: first_line(
+                if r.stderr.is_empty() {
+                    &r.stdout
+                } else {
+                    &r.stderr
+                },
+                r.code,
+            ),
+        }),
     }
 }
 
@@ -200,16 +306,13 @@ fn first_line(text: &str, code: Option<i32>) -> String {
 
 /// FAILED_PRECONDITION: `dev` holds `what` at byte `at`, so it is not
 /// formatted with `fs`.
-fn holds(dev: &HostDevice, what: &str, at: u64, fs: &str) -> Error {
-    let place = if at == 0 {
-        String::new()
-    } else {
-        format!(" at byte {at}")
-    };
-    Error::precondition(format!(
-        "host device {} holds {what}{place}, not {fs}: createFilesystem formats only a device that is blank at every offset where something could start, and this one was left as it is; publish it with its own file system, or wipe it on the host if it is truly unused",
-        dev.name()
-    ))
+fn holds(dev: &HostDevice, what: Holding, at: u64, fs: &str) -> Error {
+    Error::Holds {
+        name: dev.name(),
+        what,
+        at,
+        fs: fs.to_string(),
+    }
 }
 
 /// Reads `len` bytes of `dev` from `at` in chunks, handing each (and its
@@ -230,7 +333,10 @@ fn read_looking<T>(
             let n = dev
                 .file()
                 .read_at(&mut buf[got..want], pos + got as u64)
-                .map_err(|e| Error::internal(format!("reading host device {}: {e}", dev.name())))?;
+                .map_err(|e| Error::Read {
+                    name: dev.name(),
+                    source: Arc::new(e),
+                })?;
             if n == 0 {
                 break;
             }
@@ -274,46 +380,35 @@ pub fn inspect(dev: &HostDevice, fs: &str, timeout: Duration) -> Result<Content>
         return Ok(Content::Same);
     }
     if !found.is_empty() {
-        let what: Vec<String> = found
-            .iter()
-            .map(|(k, v)| match k.as_str() {
-                "PTTYPE" => format!("a {v} partition table"),
-                _ => v.to_string(),
-            })
-            .collect();
-        return Err(holds(dev, &what.join(" and "), 0, fs));
+        return Err(holds(dev, Holding::Signatures(found), 0, fs));
     }
     let size = dev.size()?;
     for at in PROBE_AT.into_iter().filter(|at| *at < size) {
-        let found = signatures(dev, at, timeout)?;
-        if let Some((k, v)) = found.first() {
-            let what = if k == "PTTYPE" {
-                format!("a {v} partition table")
-            } else {
-                v.clone()
-            };
-            return Err(holds(dev, &what, at, fs));
+        let mut found = signatures(dev, at, timeout)?;
+        if !found.is_empty() {
+            found.truncate(1);
+            return Err(holds(dev, Holding::Signatures(found), at, fs));
         }
     }
     let (zeros, labels) = regions(size);
     for (at, len) in labels {
         if let Some(f) = read_looking(dev, at, len, scan::first_label)? {
-            return Err(holds(dev, f.what, f.at, fs));
+            return Err(holds(dev, Holding::Label(f.what), f.at, fs));
         }
     }
     for (at, len) in zeros {
-        if let Some(b) = read_looking(dev, at, len, scan::first_nonzero)? {
-            return Err(Error::precondition(format!(
-                "host device {} is not blank: byte {b} is not zero, though neither blkid nor crustd recognises a signature there; createFilesystem formats only a device whose first and last MiB are zeros, and this one was left as it is",
-                dev.name()
-            )));
+        if let Some(byte) = read_looking(dev, at, len, scan::first_nonzero)? {
+            return Err(Error::NotZero {
+                name: dev.name(),
+                byte,
+            });
         }
     }
     if fs == "xfs" && size < XFS_MIN_BYTES {
-        return Err(Error::precondition(format!(
-            "host device {} has {size} bytes, less than the {XFS_MIN_BYTES} bytes (300 MiB) mkfs.xfs needs for an xfs file system: give a larger device, or ext4; nothing was written",
-            dev.name()
-        )));
+        return Err(Error::TooSmallForXfs {
+            name: dev.name(),
+            size,
+        });
     }
     Ok(Content::Blank)
 }
@@ -332,23 +427,17 @@ fn starts_with(dev: &HostDevice, fs: &str) -> Result<bool> {
 /// the while (mkfs writes through a loop device, `loopdev`). The caller
 /// has checked it with [`inspect`]. Read back and verified after.
 pub fn format(dev: &HostDevice, fs: &str, timeout: Duration) -> Result<()> {
-    let (cmd, extra): (&str, &[&str]) = match fs {
+    let (cmd, extra): (&'static str, &[&str]) = match fs {
         // No -F: mke2fs asks before overwriting anything it recognises, and
         // with no terminal that is a no.
         "ext4" => ("mkfs.ext4", &["-q", "-E", "nodiscard"]),
         // No -f: mkfs.xfs refuses a device holding any signature.
         "xfs" => ("mkfs.xfs", &["-q", "-K"]),
-        other => {
-            return Err(Error::invalid(format!(
-                "crustd cannot create a {other} file system: use ext4 or xfs"
-            )))
-        }
+        other => return Err(Error::FileSystem(other.to_string())),
     };
-    let lo = loopdev::LoopDevice::over(dev.file().as_fd()).map_err(|e| {
-        Error::internal(format!(
-            "cannot bind a loop device to host device {} for mkfs ({e}): createFilesystem needs the loop driver on the host",
-            dev.name()
-        ))
+    let lo = loopdev::LoopDevice::over(dev.file().as_fd()).map_err(|e| Error::NoLoop {
+        name: dev.name(),
+        source: Arc::new(e),
     })?;
     let mut args: Vec<&std::ffi::OsStr> = extra.iter().map(|a| a.as_ref()).collect();
     args.push(lo.path.as_os_str());
@@ -357,34 +446,34 @@ pub fn format(dev: &HostDevice, fs: &str, timeout: Duration) -> Result<()> {
     let detached = lo.detach();
     let r = ran?;
     if r.code != Some(0) {
-        return Err(Error::precondition(format!(
-            "{cmd} refused to format host device {}: {}",
-            dev.name(),
-            first_line(
+        return Err(Error::Refused {
+            cmd,
+            name: dev.name(),
+            said: first_line(
                 if r.stderr.is_empty() {
                     &r.stdout
                 } else {
                     &r.stderr
                 },
-                r.code
-            )
-        )));
+                r.code,
+            ),
+        });
     }
-    detached.map_err(|e| {
-        Error::precondition(format!(
-            "host device {} was formatted through {}, but {e}; crustd does not plug it",
-            dev.name(),
-            path.display()
-        ))
+    detached.map_err(|e| Error::StillBound {
+        name: dev.name(),
+        through: path,
+        source: Arc::new(e),
     })?;
     let found = signatures(dev, 0, timeout)?;
     let ours = starts_with(dev, fs)?;
     if found.len() != 1 || found[0] != ("TYPE".to_string(), fs.to_string()) || !ours {
-        return Err(Error::internal(format!(
-            "{cmd} succeeded on host device {}, but reading it back finds {found:?} at its start (crustd's own look: {}), not {fs} alone",
-            dev.name(),
-            if ours { fs } else { "no such superblock" }
-        )));
+        return Err(Error::NotFormatted {
+            cmd,
+            name: dev.name(),
+            found,
+            ours,
+            fs: fs.to_string(),
+        });
     }
     Ok(())
 }

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use super::*;
 use crate::disks::{self, LoopDisk};
-use crate::error::Code;
 use crate::hostdev;
+use crust_protocols::code::Code;
 
 const T: Duration = Duration::from_secs(120);
 
@@ -69,7 +69,7 @@ fn fs_at(d: &LoopDisk, fs: &str, offset: u64, size_mib: u64) {
 fn refused(d: &LoopDisk, fs: &str) -> Error {
     let dev = hostdev::resolve(&d.path()).unwrap();
     let e = inspect(&dev, fs, T).unwrap_err();
-    assert_eq!(e.code, Code::FailedPrecondition, "{e}");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
     e
 }
 
@@ -94,11 +94,11 @@ fn a_file_system_at_one_mib_behind_zeros_is_refused_and_left_as_it_is() {
         assert_eq!(blkid.status.code(), Some(2), "blkid found something at 0");
         for want in ["ext4", "xfs"] {
             let e = refused(&d, want);
-            assert!(e.message.contains("at byte 1048576"), "{fs}: {e}");
+            assert!(e.to_string().contains("at byte 1048576"), "{fs}: {e}");
             assert!(
-                e.message.contains(fs)
-                    || e.message.contains("XFS")
-                    || e.message.contains("ext2/3/4"),
+                e.to_string().contains(fs)
+                    || e.to_string().contains("XFS")
+                    || e.to_string().contains("ext2/3/4"),
                 "{fs}: {e}"
             );
         }
@@ -125,7 +125,7 @@ fn file_systems_at_odd_offsets_and_labels_at_either_end_are_refused() {
         }
         let before = image(&d);
         let e = refused(&d, "ext4");
-        assert!(e.message.contains(says), "{e}");
+        assert!(e.to_string().contains(says), "{e}");
         assert!(image(&d) == before);
     }
     // Labels written by hand where each format puts them, the rest zeros.
@@ -166,7 +166,7 @@ fn file_systems_at_odd_offsets_and_labels_at_either_end_are_refused() {
             other => other,
         };
         assert!(
-            e.message.contains(says) || e.message.contains(blkid_name),
+            e.to_string().contains(says) || e.to_string().contains(blkid_name),
             "{says}: {e}"
         );
         assert!(image(&d) == before, "{says}");
@@ -202,15 +202,15 @@ fn a_blank_device_is_formatted_while_held_and_verified_and_no_loop_device_is_lef
         assert_eq!(out.trim(), fs);
         // Formatted: now it is not blank for the other filesystem.
         let other = if fs == "ext4" { "xfs" } else { "ext4" };
-        assert_eq!(refused(&d, other).code, Code::FailedPrecondition);
+        assert_eq!(refused(&d, other).code(), Code::FailedPrecondition);
     }
     // mkfs failing (here: a device too small for any ext4) leaves no loop device.
     let d = LoopDisk::new(1, None);
     let dev = hostdev::resolve(&d.path()).unwrap();
     let held = dev.hold().unwrap();
     let e = format(&dev, "xfs", T).unwrap_err();
-    assert_eq!(e.code, Code::FailedPrecondition, "{e}");
-    assert!(!e.message.contains("Usage"), "{e}");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+    assert!(!e.to_string().contains("Usage"), "{e}");
     assert_eq!(loops(&d.path()), 0);
     drop(held);
 }
@@ -223,13 +223,14 @@ fn an_xfs_below_mkfs_xfs_minimum_is_refused_in_one_sentence() {
     let d = LoopDisk::new(299, None);
     let dev = hostdev::resolve(&d.path()).unwrap();
     let e = inspect(&dev, "xfs", T).unwrap_err();
-    assert_eq!(e.code, Code::FailedPrecondition);
+    assert_eq!(e.code(), Code::FailedPrecondition);
     assert!(
-        e.message.contains(&format!("has {} bytes", 299u64 << 20))
-            && e.message.contains("314572800"),
+        e.to_string()
+            .contains(&format!("has {} bytes", 299u64 << 20))
+            && e.to_string().contains("314572800"),
         "{e}"
     );
-    assert!(!e.message.contains('\n'), "{e}");
+    assert!(!e.to_string().contains('\n'), "{e}");
     // ext4 fits there.
     assert_eq!(inspect(&dev, "ext4", T).unwrap(), Content::Blank);
 }

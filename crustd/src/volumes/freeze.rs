@@ -16,7 +16,8 @@ use crust_protocols::freeze::check_id;
 
 use crate::agent::FreezeFailed;
 use crate::deadline::Deadline;
-use crate::error::Result;
+use crate::devices::Key;
+use crate::error::{Error, Result};
 use crate::freezes::{end_now, Begun, FreezeError, Frozen, How, Leftover, Plan};
 
 use super::snapshot::{check_refs, freeze_timeout, Part};
@@ -36,7 +37,7 @@ impl Crustd {
     /// RuntimeFreezeVolumes: answers the group's id and when it ends.
     pub fn freeze(
         self: &std::sync::Arc<Self>,
-        refs: &[(String, String)],
+        refs: &[Key],
         timeout_ms: u32,
         freeze_id: &str,
         deadline: &Deadline,
@@ -81,7 +82,7 @@ impl Crustd {
                 thaw_at_unix_ms: thaw_at,
                 made_now: true,
             }),
-            Err(stop) => Err(self.undo(&id, &parts, stop).into()),
+            Err(stop) => Err(self.undo(&id, &parts, stop)),
         }
     }
 
@@ -111,7 +112,7 @@ impl Crustd {
     /// Undoes group `id`'s freeze: its id thawed in every sandbox called,
     /// the failed one included (its outcome may be unknown); answers the
     /// error that says so, and what is left for crustd's timer.
-    fn undo(&self, id: &str, parts: &[Part], stop: Stop) -> FreezeError {
+    fn undo(&self, id: &str, parts: &[Part], stop: Stop) -> Error {
         let how = match stop {
             Stop::CallerLeft => How::CallerLeft,
             _ => How::Undone,
@@ -128,7 +129,7 @@ impl Crustd {
             _ => (None, None),
         };
         let Some(mut group) = self.freezes.unmade(id, end_now(how, "")) else {
-            return FreezeError::Unknown { id: id.into() };
+            return FreezeError::Unknown { id: id.into() }.into();
         };
         if let Some(at) = unsent {
             group = self
@@ -164,12 +165,11 @@ impl Crustd {
             Stop::Failed { at, failed } => {
                 let e = match parts.get(at) {
                     Some(p) => self.unless_dead(&p.sb, failed.error().clone()),
-                    None => failed.error().clone(),
+                    None => failed.error().clone().into(),
                 };
-                FreezeError::Refused {
+                Error::FreezeRefused {
                     sandbox: parts.get(at).map_or("", |p| p.sb.id()).to_string(),
-                    code: e.code,
-                    error: e.message,
+                    error: Box::new(e),
                     left,
                 }
             }
@@ -177,11 +177,13 @@ impl Crustd {
                 id: id.to_string(),
                 why,
                 left,
-            },
+            }
+            .into(),
             Stop::CallerLeft => FreezeError::CallerLeft {
                 id: id.to_string(),
                 left,
-            },
+            }
+            .into(),
         }
     }
 }

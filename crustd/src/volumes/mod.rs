@@ -15,6 +15,7 @@
 //! locked only for a lookup and an insert. Order: volume, then sandbox state
 //! or QMP (never both), then the device table.
 
+use std::borrow::{Borrow, BorrowMut};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -22,19 +23,23 @@ use crate::agent::{self, Agent};
 use crate::deadline::Deadline;
 use crate::devices::{Devices, Key};
 use crate::direct::{self, Records};
-use crate::error::{Code, Error, Result};
+use crate::error::{Error, Result};
 use crate::freezes::{Freezes, Store};
 use crate::hostdev;
 use crate::locks::{Guard, KeyedLocks};
 use crate::registry::{self, Home, Sandbox};
 use crate::state::{self, State, Volume};
 use crust_client::qmp::Qmp;
+use error::{Error as Refused, Shared};
 
 mod direct_volume;
+pub(crate) mod error;
 mod freeze;
+mod limits;
 mod publish;
 mod recover;
 mod request;
+mod rollback;
 pub mod snapshot;
 mod takeout;
 mod thaw;
@@ -103,6 +108,24 @@ pub struct Crustd {
     freezes: Freezes,
 }
 
+/// One QMP session of a sandbox, with the sandbox's QMP lock, let go together.
+struct Session<'a> {
+    qmp: Qmp,
+    _lock: Guard<'a, String>,
+}
+
+impl Borrow<Qmp> for Session<'_> {
+    fn borrow(&self) -> &Qmp {
+        &self.qmp
+    }
+}
+
+impl BorrowMut<Qmp> for Session<'_> {
+    fn borrow_mut(&mut self) -> &mut Qmp {
+        &mut self.qmp
+    }
+}
+
 /// A volume's call after its prologue: the sandbox's directory, the
 /// volume's lock, and its record as it was.
 struct Opened<'a> {
@@ -146,24 +169,32 @@ impl Crustd {
         }
     }
 
-    /// Runs `f` on a fresh QMP session of `sb`, one session per sandbox at a
-    /// time. `f` must not wait on the guest: the lock stalls every other
-    /// volume of the sandbox while it is held.
-    fn with_qmp<T>(
+    /// A fresh QMP session of `sb`, holding the sandbox's QMP lock while it
+    /// lives: one session per sandbox at a time. Whoever holds it must not
+    /// wait on the guest: the lock stalls every other volume of the sandbox.
+    fn session(&self, sb: &Sandbox, deadline: &Deadline) -> Result<Session<'_>> {
+        let lock = self
+            .qmp_locks
+            .lock_until(&sb.home.id, deadline.until(self.cfg.wait_timeout))
+            .ok_or_else(|| busy(&sb.home.id, Shared::Monitor))?;
+        let qmp = sb
+            .qmp
+            .connect(self.cfg.qmp_timeout)
+            .map_err(|error| Error::Session {
+                sandbox: sb.home.id.clone(),
+                error,
+            })?;
+        Ok(Session { qmp, _lock: lock })
+    }
+
+    /// Runs `f` on a fresh QMP session of `sb` ([`Crustd::session`]).
+    fn with_qmp<T, E: Into<Error>>(
         &self,
         sb: &Sandbox,
         deadline: &Deadline,
-        f: impl FnOnce(&mut Qmp) -> Result<T>,
+        f: impl FnOnce(&mut Qmp) -> std::result::Result<T, E>,
     ) -> Result<T> {
-        let _g = self
-            .qmp_locks
-            .lock_until(&sb.home.id, deadline.until(self.cfg.wait_timeout))
-            .ok_or_else(|| busy(&sb.home.id, "its QMP monitor"))?;
-        let mut q = sb
-            .qmp
-            .connect(self.cfg.qmp_timeout)
-            .map_err(|e| e.and(format!("sandbox {}", sb.home.id)))?;
-        f(&mut q)
+        f(&mut self.session(sb, deadline)?.qmp).map_err(Into::into)
     }
 
     /// Reads, changes and writes the state of `home` under its lock; answers what `f` answers.
@@ -176,7 +207,7 @@ impl Crustd {
         let _g = self
             .state_locks
             .lock_until(&home.id, deadline.until(self.cfg.wait_timeout))
-            .ok_or_else(|| busy(&home.id, "its state file"))?;
+            .ok_or_else(|| busy(&home.id, Shared::StateFile))?;
         let mut st = state::load(home.fd(), &home.dir)?;
         let out = f(&mut st)?;
         state::save(home.fd(), &home.dir, &st)?;
@@ -188,23 +219,15 @@ impl Crustd {
         let _g = self
             .state_locks
             .lock_until(&home.id, deadline.until(self.cfg.wait_timeout))
-            .ok_or_else(|| busy(&home.id, "its state file"))?;
-        state::load(home.fd(), &home.dir)
+            .ok_or_else(|| busy(&home.id, Shared::StateFile))?;
+        Ok(state::load(home.fd(), &home.dir)?)
     }
 
     /// Takes `key`'s volume lock, waiting until the caller's deadline.
     fn lock_volume(&self, key: &Key, deadline: &Deadline) -> Result<Guard<'_, Key>> {
         self.volume_locks
             .lock_until(key, deadline.until(self.cfg.wait_timeout))
-            .ok_or_else(|| {
-                Error::new(
-                    Code::DeadlineExceeded,
-                    format!(
-                        "another call for host volume {} in sandbox {} was still running at the caller's deadline; nothing was done: retry",
-                        key.host_volume, key.sandbox
-                    ),
-                )
-            })
+            .ok_or_else(|| Refused::VolumeBusy(key.clone()).into())
     }
 
     /// The prologue of Unpublish, Stats and Expand: the path checked, the
@@ -245,10 +268,16 @@ impl Crustd {
     }
 }
 
+/// One JSON line on stderr, in one write.
+fn log_line(v: serde_json::Value) {
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("{v}\n").as_bytes());
+}
+
 /// DEADLINE_EXCEEDED: `what` of `sandbox` stayed busy until the caller gave up.
-fn busy(sandbox: &str, what: &str) -> Error {
-    Error::new(
-        Code::DeadlineExceeded,
-        format!("sandbox {sandbox}: {what} stayed busy with other calls until the caller's deadline; retry"),
-    )
+fn busy(sandbox: &str, what: Shared) -> Error {
+    Refused::Busy {
+        sandbox: sandbox.to_string(),
+        what,
+    }
+    .into()
 }

@@ -1,56 +1,39 @@
-//! RuntimePublishVolume as a list of steps with one undo list: open the
-//! sandbox and the device, lock the volume, claim (and hold) the device,
-//! format it (createFilesystem), record it, plug it into QEMU, have the
-//! agent publish it, record the answer. Each step that changes something
-//! pushes what takes it back; a failure runs the list newest first, so a
-//! reader sees at each step the one undo that applies after it.
+//! RuntimePublishVolume as a list of steps with one undo list (`rollback`):
+//! open the sandbox and the device, lock the volume, claim (and hold) the
+//! device, format it (createFilesystem), record it, plug it into QEMU, have
+//! the agent publish it, record the answer. Each step that changes
+//! something pushes what takes it back; a failure runs the list newest
+//! first, so a reader sees at each step the one undo that applies after it.
 //!
 //! A volume kubelet was told is published (or whose publish goes on in the
 //! guest) is never taken out by a failed retry: only what the retry itself
 //! added in QEMU is.
 
-use crate::hotplug::Added;
-
 use crate::deadline::Deadline;
 use crate::devices::{Key, Refusal};
 use crate::error::{Code, Error, Result};
-use crate::hostdev::{self, HostDevice, Names, Unusable};
+use crate::hostdev::{self, HostDevice, Named, Names, Unusable};
 use crate::hotplug;
 use crate::mkfs;
 use crate::registry::{self, Sandbox};
 use crate::state::{Phase, Volume, MAX_VOLUMES};
 
+use super::error::Error as Refused;
 use super::request::fs_group;
+use super::rollback::{Rollback, Undo};
 use super::{validate, Crustd, PublishRequest};
 use crate::agent;
-
-/// What takes one step back; run newest first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Undo {
-    /// The claim this call made, before any record: released.
-    Claim,
-    /// The record and its claim (this call's, or an earlier attempt's that
-    /// kubelet was never told of): the claim released by the device table's
-    /// rule, then the record forgotten.
-    Forget,
-    /// The disk in QEMU, of a volume never reported published: the agent
-    /// asked to unpublish (best effort), device_del, blockdev-del.
-    TakeOut,
-    /// Only what this call added in QEMU, of a volume kubelet was told is
-    /// published (its disk had left QEMU behind crustd's back).
-    Added(Added),
-}
 
 /// One publish in progress.
 struct Steps<'a> {
     c: &'a Crustd,
     r: &'a PublishRequest,
-    sb: Sandbox,
-    key: Key,
-    names: Names,
+    sb: &'a Sandbox,
+    key: &'a Key,
+    names: &'a Names,
     deadline: &'a Deadline,
-    /// What undoes the steps done so far, oldest first.
-    undo: Vec<Undo>,
+    /// What undoes the steps done so far.
+    rollback: Rollback<'a>,
 }
 
 impl Crustd {
@@ -59,23 +42,24 @@ impl Crustd {
         validate(r)?;
         let sb = registry::open_with(&self.cfg.sandboxes, &r.sandbox_id, self.cfg.kata.as_ref())?;
         let dev = hostdev::open_block(&r.host_volume_id).map_err(|e| match e {
-            Unusable::NotBlock(n) => r.origin.refuse(&r.host_volume_id, &n),
-            Unusable::Failed(e) => e,
+            Unusable::NotBlock(n) => r.origin.refuse(&r.host_volume_id, n),
+            Unusable::Failed(e) => e.into(),
         })?;
         let key = Key::new(&r.sandbox_id, &r.host_volume_id);
         let _lock = self.lock_volume(&key, deadline)?;
+        let names = Names::derive(&r.host_volume_id);
         let mut steps = Steps {
             c: self,
             r,
-            sb,
-            key,
-            names: Names::derive(&r.host_volume_id),
+            sb: &sb,
+            key: &key,
+            names: &names,
             deadline,
-            undo: Vec::new(),
+            rollback: Rollback::new(self, &sb, &key, &names, deadline),
         };
         match steps.run(&dev) {
             Ok(guest_path) => Ok(guest_path),
-            Err(e) => Err(steps.undo(e)),
+            Err(e) => Err(steps.rollback.fail(e)),
         }
     }
 }
@@ -90,7 +74,7 @@ impl Steps<'_> {
             .remove(&r.host_volume_id);
         if let Some(p) = prior.as_ref().filter(|p| p.phase == Phase::Unplugging) {
             // A previous unpublish or undo did not finish: finish it first.
-            c.take_out(&self.sb, &self.key, p, false, self.deadline)?;
+            c.take_out(self.sb, self.key, p, false, self.deadline)?;
             prior = None;
         }
         // Whether kubelet was ever told this volume is published, or that its
@@ -107,28 +91,25 @@ impl Steps<'_> {
             }
             Some(p) => {
                 if p.rdev != dev.rdev {
-                    return Err(Error::precondition(format!(
-                        "host_volume_id {} now names device {}, not {} which crustd published in sandbox {}: unpublish it first",
-                        r.host_volume_id, dev.rdev, p.rdev, self.key.sandbox
-                    )));
+                    return Err(Refused::DeviceChanged {
+                        key: self.key.clone(),
+                        now: dev.rdev.clone(),
+                        was: p.rdev.clone(),
+                        growing: false,
+                    }
+                    .into());
                 }
                 // Recorded before (a restart, a hold the kernel refused then): held again now.
                 c.devices
-                    .adopt(&self.key, &p.rdev)
-                    .map_err(|e| refusal(&self.key, &dev.path.display().to_string(), e))?;
+                    .adopt(self.key, &p.rdev)
+                    .map_err(|e| Error::from(e.error(self.key, &dev.path)))?;
                 if !published_before {
-                    self.undo.push(Undo::Forget);
+                    self.rollback.push(Undo::Forget);
                 }
             }
         }
         if self.deadline.passed() {
-            return Err(Error::new(
-                Code::DeadlineExceeded,
-                format!(
-                    "the caller's deadline passed before host volume {} was plugged into sandbox {}: nothing was plugged; retry",
-                    r.host_volume_id, self.key.sandbox
-                ),
-            ));
+            return Err(Refused::LateToPlug(self.key.clone()).into());
         }
         self.plug(published_before)?;
         if !published_before {
@@ -136,7 +117,7 @@ impl Steps<'_> {
                 v.phase = Phase::Plugged
             })?;
         }
-        let published = c.agent(&self.sb, self.deadline).publish(&agent::Publish {
+        let published = c.agent(self.sb, self.deadline).publish(&agent::Publish {
             volume_id: &self.names.volume_id,
             serial: &self.names.serial,
             fs_type: &r.file_system,
@@ -149,7 +130,7 @@ impl Steps<'_> {
         match published {
             Ok(guest_path) => {
                 // Published in the guest: whatever happens now, nothing is undone.
-                self.undo.clear();
+                self.rollback.done();
                 c.change(&self.sb.home, &r.host_volume_id, self.deadline, |v| {
                     v.phase = Phase::Published;
                     v.guest_path = guest_path.clone();
@@ -160,10 +141,10 @@ impl Steps<'_> {
                 })?;
                 Ok(guest_path)
             }
-            Err(e) if matches!(e.code, Code::DeadlineExceeded | Code::Cancelled) => {
+            Err(e) if matches!(e.code(), Code::DeadlineExceeded | Code::Cancelled) => {
                 self.outlived(e)
             }
-            Err(e) => Err(e),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -173,21 +154,14 @@ impl Steps<'_> {
     /// process has the device open; then the claim is tried again.
     fn claim(&mut self, dev: &HostDevice) -> Result<()> {
         let c = self.c;
-        let device = dev.path.display().to_string();
         let home = &self.sb.home;
         if c.load(home, self.deadline)?.volumes.len() >= MAX_VOLUMES {
-            return Err(Error::new(
-                Code::ResourceExhausted,
-                format!(
-                    "sandbox {} has {MAX_VOLUMES} volumes recorded, crustd's most for one sandbox: unpublish one first",
-                    home.id
-                ),
-            ));
+            return Err(Refused::Full(home.id.clone()).into());
         }
         for _ in 0..4 {
-            match c.devices.claim(&self.key, dev) {
+            match c.devices.claim(self.key, dev) {
                 Ok(()) => {
-                    self.undo.push(Undo::Claim);
+                    self.rollback.push(Undo::Claim);
                     return Ok(());
                 }
                 Err(Refusal::Conflict(k))
@@ -199,15 +173,15 @@ impl Steps<'_> {
                         ) =>
                 {
                     c.forget_gone(&k.holder, self.deadline)
-                        .map_err(|e| k.error(&self.key, &device).and(e.message))?;
+                        .map_err(|e| Error::Unfreed {
+                            claim: k.refuse(self.key, &dev.path),
+                            forget: Box::new(e),
+                        })?;
                 }
-                Err(e) => return Err(refusal(&self.key, &device, e)),
+                Err(e) => return Err(e.error(self.key, &dev.path).into()),
             }
         }
-        Err(Error::unavailable(format!(
-            "host device {}: the sandboxes claiming it kept changing; try again",
-            hostdev::named(&self.key.host_volume, &device)
-        )))
+        Err(Refused::Unsettled(Named::new(&self.key.host_volume, &dev.path)).into())
     }
 
     /// createFilesystem for a volume this call has just claimed and holds:
@@ -222,7 +196,7 @@ impl Steps<'_> {
         if mkfs::inspect(dev, fs, timeout)? == mkfs::Content::Same {
             return Ok(());
         }
-        mkfs::format(dev, fs, timeout)
+        Ok(mkfs::format(dev, fs, timeout)?)
     }
 
     /// Records the new volume as `plugging`, before anything is plugged.
@@ -248,10 +222,7 @@ impl Steps<'_> {
             Ok(())
         })?;
         // The claim is now the record's: both go together.
-        if self.undo.last() == Some(&Undo::Claim) {
-            self.undo.pop();
-        }
-        self.undo.push(Undo::Forget);
+        self.rollback.supersede(Undo::Claim, Undo::Forget);
         Ok(())
     }
 
@@ -263,16 +234,16 @@ impl Steps<'_> {
         let (c, r) = (self.c, self.r);
         let dev = std::path::PathBuf::from(&r.host_volume_id);
         let mut reached = false;
-        let added = c.with_qmp(&self.sb, self.deadline, |q| {
+        let added = c.with_qmp(self.sb, self.deadline, |q| {
             reached = true;
-            hotplug::plug(q, &self.names, &dev, r.read_only)
+            hotplug::plug(q, self.names, &dev, r.read_only)
         });
         match added {
-            Ok(a) if published_before => self.undo.push(Undo::Added(a)),
-            Ok(_) => self.undo.push(Undo::TakeOut),
+            Ok(a) if published_before => self.rollback.push(Undo::Added(a)),
+            Ok(_) => self.rollback.push(Undo::TakeOut),
             Err(e) => {
                 if reached && !published_before {
-                    self.undo.push(Undo::TakeOut);
+                    self.rollback.push(Undo::TakeOut);
                 }
                 return Err(e);
             }
@@ -288,16 +259,15 @@ impl Steps<'_> {
     /// does not list it (no disk appeared in time), it is undone as any
     /// failure is. If the agent cannot say, the disk stays: unplugging it
     /// under a running walk would be worse than a record the next call settles.
-    fn outlived(&mut self, e: Error) -> Result<String> {
+    fn outlived(&mut self, e: agent::Error) -> Result<String> {
         let (c, r) = (self.c, self.r);
         if matches!(
-            c.agent(&self.sb, self.deadline)
-                .lists(&self.names.volume_id),
+            c.agent(self.sb, self.deadline).lists(&self.names.volume_id),
             Ok(false)
         ) {
-            return Err(e);
+            return Err(e.into());
         }
-        self.undo.clear();
+        self.rollback.done();
         c.change(&self.sb.home, &r.host_volume_id, self.deadline, |v| {
             if v.phase != Phase::Published {
                 v.phase = Phase::Publishing;
@@ -307,46 +277,7 @@ impl Steps<'_> {
                 v.direct = Some(d.to_string());
             }
         })?;
-        Err(Error::new(Code::DeadlineExceeded, e.message))
-    }
-
-    /// Runs the undo list newest first after `err`; answers `err`, with any
-    /// failure of the undo added to it (the record then stays `unplugging`
-    /// with its claim, and the next call finishes it).
-    fn undo(&mut self, err: Error) -> Error {
-        let (c, deadline) = (self.c, self.deadline);
-        while let Some(u) = self.undo.pop() {
-            let done = match u {
-                Undo::Claim => c.devices.release(
-                    &self.key,
-                    "the publish that claimed it failed",
-                    deadline.at(),
-                ),
-                Undo::Forget => c.forget(
-                    &self.sb.home,
-                    &self.key,
-                    "the publish that plugged it failed and its disk left the VM",
-                    None,
-                    deadline,
-                ),
-                Undo::TakeOut => c.undo_plug(&self.sb, &self.key, &self.names, deadline),
-                Undo::Added(a) => c.remove_added(&self.sb, &self.names, a, deadline),
-            };
-            if let Err(e2) = done {
-                return err.and(format!(
-                    "undoing the publish failed too ({e2}); RuntimeUnpublishVolume will finish it"
-                ));
-            }
-        }
-        err
-    }
-}
-
-/// A refused claim as the caller's error.
-fn refusal(key: &Key, device: &str, r: Refusal) -> Error {
-    match r {
-        Refusal::Conflict(c) => c.error(key, device),
-        Refusal::Other(e) => e,
+        Err(Error::Outlived(e))
     }
 }
 
@@ -371,8 +302,10 @@ impl Crustd {
                 self.forget(&home, holder, &why, direct.as_deref(), deadline)
             }
             // Its directory went too: only the claim is left.
-            Err(e) if e.code == Code::NotFound => self.devices.release(holder, &why, deadline.at()),
-            Err(e) => Err(e),
+            Err(e) if e.code() == Code::NotFound => {
+                Ok(self.devices.release(holder, &why, deadline.at())?)
+            }
+            Err(e) => Err(e.into()),
         }
     }
 }

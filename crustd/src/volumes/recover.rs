@@ -4,7 +4,9 @@
 //! disks), and the sandboxes whose VM is gone reported.
 
 use crate::deadline::Deadline;
-use crate::devices::{Key, Refusal};
+use std::path::Path;
+
+use crate::devices::Key;
 use crate::error::{Code, Error};
 use crate::registry;
 
@@ -12,26 +14,26 @@ use super::Crustd;
 
 impl Crustd {
     /// At start, before serving: claims and holds the device of every
-    /// volume recorded in every sandbox directory. Answers what failed, as
-    /// (sandbox, host_volume_id, error), for the log: a device gone,
-    /// another volume's bytes, the host using it, a state file crustd cannot
-    /// read (each is tried again at that volume's next call).
-    pub fn recover(&self) -> Vec<(String, String, Error)> {
+    /// volume recorded in every sandbox directory. Answers what failed, for
+    /// the log: a device gone, another volume's bytes, the host using it, a
+    /// state file crustd cannot read (its key's host volume then empty).
+    /// Each is tried again at that volume's next call.
+    pub fn recover(&self) -> Vec<(Key, Error)> {
         let deadline = Deadline::new(None);
         let mut failed = Vec::new();
         for id in registry::all_ids(&self.cfg.sandboxes) {
             let home = match registry::home_with(&self.cfg.sandboxes, &id, self.cfg.kata.as_ref()) {
                 Ok(h) => h,
-                Err(e) if e.code == Code::NotFound => continue,
+                Err(e) if e.code() == Code::NotFound => continue,
                 Err(e) => {
-                    failed.push((id, String::new(), e));
+                    failed.push((Key::new(&id, ""), e.into()));
                     continue;
                 }
             };
             let st = match self.load(&home, &deadline) {
                 Ok(st) => st,
                 Err(e) => {
-                    failed.push((id, String::new(), e));
+                    failed.push((Key::new(&id, ""), e));
                     continue;
                 }
             };
@@ -39,10 +41,10 @@ impl Crustd {
                 let key = Key::new(&id, hv);
                 match self.devices.adopt(&key, &v.rdev) {
                     Ok(()) => {}
-                    Err(Refusal::Conflict(c)) => {
-                        failed.push((id.clone(), hv.clone(), c.error(&key, &v.rdev)))
+                    Err(r) => {
+                        let e = r.error(&key, Path::new(&v.rdev)).into();
+                        failed.push((key, e))
                     }
-                    Err(Refusal::Other(e)) => failed.push((id.clone(), hv.clone(), e)),
                 }
             }
         }
@@ -69,7 +71,7 @@ impl Crustd {
             }
             let why = match home.vm() {
                 Ok(sb) => sb.qmp.gone(self.cfg.qmp_timeout),
-                Err(e) if e.code == Code::NotFound => Some("its sandbox.json is missing".into()),
+                Err(e) if e.code() == Code::NotFound => Some("its sandbox.json is missing".into()),
                 Err(_) => None,
             };
             if let Some(why) = why {

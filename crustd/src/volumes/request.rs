@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-use crate::error::{Code, Error, Result};
+use super::error::Error as Refused;
+use crate::error::{Error, Result};
 use crate::hostdev;
 use crate::registry;
 
@@ -12,12 +13,7 @@ use crate::registry;
 /// BLOCK_VOLUME capability.
 pub const BLOCK_VOLUMES: bool = true;
 
-/// The filesystems crustd publishes: what the guest this project builds mounts.
-pub const FILE_SYSTEMS: [&str; 2] = ["ext4", "xfs"];
-
-/// The longest `host_target_path` recorded (PATH_MAX): kubelet's own path,
-/// kept in crustd's state, which must stay small enough to read back.
-pub const MAX_TARGET_PATH: usize = 4096;
+pub use super::limits::{FILE_SYSTEMS, MAX_TARGET_PATH};
 
 /// Who named the host device.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
@@ -32,13 +28,19 @@ pub enum Origin {
 impl Origin {
     /// The error for a device this origin named that is not a usable block
     /// device: `what` says what it is instead.
-    pub fn refuse(&self, device: &str, what: &hostdev::NotBlock) -> Error {
+    pub fn refuse(&self, device: &str, what: hostdev::NotBlock) -> Error {
         match self {
-            Origin::Kubelet => Error::invalid(format!("host_volume_id {device} {what}")),
-            Origin::Direct { file, .. } => Error::invalid(format!(
-                "direct-volume record {} names {device}, which {what}",
-                file.display()
-            )),
+            Origin::Kubelet => hostdev::Error::NotBlock {
+                id: device.to_string(),
+                what,
+            }
+            .into(),
+            Origin::Direct { file, .. } => Refused::RecordNamesNotBlock {
+                file: file.clone(),
+                device: device.into(),
+                what,
+            }
+            .into(),
         }
     }
 
@@ -81,43 +83,29 @@ pub struct DirectRequest {
 pub fn validate(r: &PublishRequest) -> Result<()> {
     registry::check_id(&r.sandbox_id)?;
     hostdev::check_path(&r.host_volume_id)?;
-    if r.host_target_path.len() > MAX_TARGET_PATH || r.host_target_path.contains('\0') {
-        return Err(Error::invalid(format!(
-            "host_target_path has {} bytes{}: give kubelet's target path, at most {MAX_TARGET_PATH} bytes without NUL",
-            r.host_target_path.len(),
-            if r.host_target_path.contains('\0') { " and a NUL byte" } else { "" }
-        )));
+    let nul = r.host_target_path.contains('\0');
+    if r.host_target_path.len() > MAX_TARGET_PATH || nul {
+        return Err(Refused::TargetPath {
+            len: r.host_target_path.len(),
+            nul,
+        }
+        .into());
     }
     if r.block {
         if !BLOCK_VOLUMES {
-            return Err(Error::new(
-                Code::Unimplemented,
-                "block volumes (volumeMode: Block) are not supported by this crustd yet: the guest agent cannot publish raw block devices; use a filesystem volume",
-            ));
+            return Err(Refused::NoBlockVolumes.into());
         }
         if !r.file_system.is_empty() {
-            return Err(Error::invalid(format!(
-                "file_system {:?} with block = true: a block volume has no filesystem, leave it empty",
-                r.file_system
-            )));
+            return Err(Refused::BlockWithFileSystem(r.file_system.clone()).into());
         }
         if !r.mount_options.is_empty() {
-            return Err(Error::invalid(format!(
-                "mount_options {:?} with block = true: a block volume is not mounted, leave them empty",
-                r.mount_options
-            )));
+            return Err(Refused::BlockWithOptions(r.mount_options.clone()).into());
         }
         if r.create_file_system {
-            return Err(Error::invalid(
-                "create_file_system with block = true: a block volume has no filesystem to create",
-            ));
+            return Err(Refused::BlockWithCreate.into());
         }
     } else if !FILE_SYSTEMS.contains(&r.file_system.as_str()) {
-        return Err(Error::invalid(format!(
-            "file_system {:?} is not supported: use one of {}",
-            r.file_system,
-            FILE_SYSTEMS.join(", ")
-        )));
+        return Err(Refused::FileSystem(r.file_system.clone()).into());
     }
     fs_group(r)?;
     Ok(())
@@ -128,19 +116,13 @@ pub fn fs_group(r: &PublishRequest) -> Result<Option<(u32, bool)>> {
     let on_root_mismatch = match r.fsgroup_policy.as_str() {
         "" | "Always" => false,
         "OnRootMismatch" => true,
-        other => {
-            return Err(Error::invalid(format!(
-                "fsgroup_policy {other:?} is not a policy: use \"Always\" or \"OnRootMismatch\" (Kubernetes' spelling)"
-            )))
-        }
+        other => return Err(Refused::Policy(other.to_string()).into()),
     };
     match r.fsgroup_gid {
         None => Ok(None),
         Some(g) => match u32::try_from(g) {
             Ok(gid) if gid != u32::MAX => Ok(Some((gid, on_root_mismatch))),
-            _ => Err(Error::invalid(format!(
-                "fsgroup_gid {g} is not a group id (0 to 4294967294)"
-            ))),
+            _ => Err(Refused::Gid(g).into()),
         },
     }
 }
@@ -148,6 +130,7 @@ pub fn fs_group(r: &PublishRequest) -> Result<Option<(u32, bool)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Code;
 
     #[test]
     fn a_target_path_beyond_path_max_is_refused() {
@@ -161,9 +144,9 @@ mod tests {
         validate(&r).unwrap();
         r.host_target_path = format!("/{}", "a".repeat(MAX_TARGET_PATH));
         let e = validate(&r).unwrap_err();
-        assert_eq!(e.code, Code::InvalidArgument);
-        assert!(e.message.contains("4097 bytes"), "{e}");
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.to_string().contains("4097 bytes"), "{e}");
         r.host_target_path = "/x\0y".into();
-        assert!(validate(&r).unwrap_err().message.contains("NUL"));
+        assert!(validate(&r).unwrap_err().to_string().contains("NUL"));
     }
 }

@@ -8,11 +8,13 @@ use std::time::Duration;
 
 use crate::agent::Health;
 use crate::deadline::Deadline;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::hostdev;
 use crate::registry::{self, Sandbox};
 
+use super::error::Error as Refused;
 use super::Crustd;
+use crate::devices::Key;
 
 /// The most volumes one freeze or thaw names.
 pub const MAX_GROUP: usize = crust_protocols::freeze::MAX_VOLUMES;
@@ -23,20 +25,15 @@ pub const MAX_TIMEOUT: Duration =
     Duration::from_millis(crust_protocols::freeze::MAX_TIMEOUT_MS as u64);
 
 /// A freeze's or a thaw's volumes, checked: 1 to [`MAX_GROUP`], each once.
-pub fn check_refs(refs: &[(String, String)]) -> Result<()> {
+pub fn check_refs(refs: &[Key]) -> Result<()> {
     if refs.is_empty() || refs.len() > MAX_GROUP {
-        return Err(Error::invalid(format!(
-            "volumes names {} volumes; name 1 to {MAX_GROUP}",
-            refs.len()
-        )));
+        return Err(Refused::GroupSize(refs.len()).into());
     }
-    for (i, (sandbox, volume)) in refs.iter().enumerate() {
-        registry::check_id(sandbox)?;
-        hostdev::check_path(volume)?;
-        if refs[..i].contains(&refs[i]) {
-            return Err(Error::invalid(format!(
-                "volumes names host volume {volume} of sandbox {sandbox} twice"
-            )));
+    for (i, k) in refs.iter().enumerate() {
+        registry::check_id(&k.sandbox)?;
+        hostdev::check_path(&k.host_volume)?;
+        if refs[..i].contains(k) {
+            return Err(Refused::Twice(k.clone()).into());
         }
     }
     Ok(())
@@ -46,10 +43,7 @@ pub fn check_refs(refs: &[(String, String)]) -> Result<()> {
 pub fn freeze_timeout(ms: u32) -> Result<Duration> {
     match Duration::from_millis(u64::from(ms)) {
         d if d.is_zero() => Ok(DEFAULT_TIMEOUT),
-        d if d > MAX_TIMEOUT => Err(Error::invalid(format!(
-            "timeout_ms {ms} is longer than the longest freeze, {} ms",
-            MAX_TIMEOUT.as_millis()
-        ))),
+        d if d > MAX_TIMEOUT => Err(Refused::FreezeTimeout(ms).into()),
         d => Ok(d),
     }
 }
@@ -85,15 +79,11 @@ impl Crustd {
     }
 
     /// The request's volumes by sandbox, in the order they are named.
-    pub(super) fn parts(
-        &self,
-        refs: &[(String, String)],
-        deadline: &Deadline,
-    ) -> Result<Vec<Part>> {
+    pub(super) fn parts(&self, refs: &[Key], deadline: &Deadline) -> Result<Vec<Part>> {
         let mut parts: Vec<Part> = Vec::new();
-        for (sandbox, volume) in refs {
-            let (sb, id) = self.agent_id(sandbox, volume, false, deadline)?;
-            add_to(&mut parts, sb, volume, id);
+        for k in refs {
+            let (sb, id) = self.agent_id(&k.sandbox, &k.host_volume, false, deadline)?;
+            add_to(&mut parts, sb, &k.host_volume, id);
         }
         Ok(parts)
     }

@@ -6,7 +6,9 @@
 //! unplug: its volumes are forgotten, and their devices freed if no process
 //! still has them open.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crust_client::qmp::{self, Patience, UnplugError};
 
 use crate::hotplug::Added;
 
@@ -15,14 +17,11 @@ use crate::devices::Key;
 use crate::error::{Code, Error, Result};
 use crate::freezes::How;
 use crate::hostdev::Names;
-use crate::hotplug;
+use crate::hotplug::{self, Doing};
 use crate::registry::{Home, Sandbox};
 use crate::state::{Phase, Volume};
 
 use super::Crustd;
-
-/// How long the wait for a device to leave QEMU sleeps between looks.
-const POLL: Duration = Duration::from_millis(100);
 
 impl Crustd {
     /// RuntimeUnpublishVolume: OK when the volume is not (or no longer) published.
@@ -34,7 +33,7 @@ impl Crustd {
     ) -> Result<()> {
         let o = match self.open_volume(sandbox_id, host_volume_id, deadline) {
             Ok(o) => o,
-            Err(e) if e.code == Code::NotFound => {
+            Err(e) if e.code() == Code::NotFound => {
                 // No directory, so no record; a claim may be left (the
                 // directory was removed under a VM): freed by the rule.
                 let key = Key::new(sandbox_id, host_volume_id);
@@ -53,26 +52,28 @@ impl Crustd {
         let Some(v) = o.record else {
             if self.devices.held(&o.key).is_some() {
                 // A claim without its record (the state file was edited behind crustd's back).
-                return self
-                    .devices
-                    .release(&o.key, "crustd has no record of it", deadline.at());
+                return Ok(self.devices.release(
+                    &o.key,
+                    "crustd has no record of it",
+                    deadline.at(),
+                )?);
             }
             // An unknown sandbox is NOT_FOUND, as for every call.
-            return o.home.vm().map(|_| ());
+            return Ok(o.home.vm().map(|_| ())?);
         };
         let sb = match o.home.vm() {
             Ok(sb) => sb,
             // No usable entry: the VM is gone or being rewritten, and crustd
             // cannot ask it. Freed only if no process has the device open.
-            Err(e) if matches!(e.code, Code::NotFound | Code::FailedPrecondition) => {
-                let why = if e.code == Code::NotFound {
+            Err(e) if matches!(e.code(), Code::NotFound | Code::FailedPrecondition) => {
+                let why = if e.code() == Code::NotFound {
                     "its sandbox.json is missing".to_string()
                 } else {
-                    format!("its sandbox.json is unusable: {}", e.message)
+                    format!("its sandbox.json is unusable: {e}")
                 };
                 return self.forget_dead(&o.home, &o.key, &v, &why, deadline);
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         };
         // A dead VM has nothing to unplug: asking its agent would only wait.
         if let Some(why) = sb.qmp.gone(self.cfg.qmp_timeout) {
@@ -81,7 +82,7 @@ impl Crustd {
         // The monitor proved this sandbox's VM's before the guest is asked to
         // let go: one crustd refuses (another VM's, behind a link) leaves
         // the volume as it was.
-        self.with_qmp(&sb, deadline, |_| Ok(()))?;
+        drop(self.session(&sb, deadline)?);
         self.take_out(&sb, &o.key, &v, false, deadline)
     }
 
@@ -136,7 +137,7 @@ impl Crustd {
             v.phase = Phase::Unplugging
         })?;
         match self.agent(sb, deadline).unpublish(&names.volume_id) {
-            Err(e) if !(undoing && e.code == Code::Unavailable) => return Err(e),
+            Err(e) if !(undoing && e.code() == Code::Unavailable) => return Err(e.into()),
             _ => {}
         }
         // The agent thawed it before it unpublished: a group holding it
@@ -146,61 +147,23 @@ impl Crustd {
         self.unplug(sb, names, deadline)
     }
 
-    /// device_del, the wait for the guest to let go (DEVICE_DELETED seen or
-    /// the device gone from QEMU's list), then blockdev-del. The sandbox's
-    /// QMP lock is held for each short session only, never across the wait,
-    /// which ends at `--unplug-timeout` or the caller's deadline.
+    /// device_del, the wait for the guest to let go (the device gone from
+    /// QEMU's list), then blockdev-del, asked again while QEMU says the node
+    /// is in use (crust-client's unplug). The sandbox's QMP lock is held for
+    /// each short session only, never across a wait; each wait ends at
+    /// `--unplug-timeout` or the caller's deadline.
     fn unplug(&self, sb: &Sandbox, names: &Names, deadline: &Deadline) -> Result<()> {
-        let leaving = self.with_qmp(sb, deadline, |q| hotplug::request_unplug(q, names))?;
-        if leaving {
-            self.wait_unplugged(sb, names, deadline)?;
-        }
-        self.remove_node_when_free(sb, names, deadline)
-    }
-
-    /// blockdev-del, again while QEMU says the node is in use: a device
-    /// leaves QEMU's list a moment before its deferred finalization lets go
-    /// of its node (seen in CI: "Node crustd-… is in use" right after the
-    /// device was gone). Ends at `--unplug-timeout` or the caller's deadline.
-    fn remove_node_when_free(
-        &self,
-        sb: &Sandbox,
-        names: &Names,
-        deadline: &Deadline,
-    ) -> Result<()> {
-        let mut until = Instant::now() + self.cfg.unplug_timeout;
-        if let Some(d) = deadline.at() {
-            until = until.min(d);
-        }
-        loop {
-            match self.with_qmp(sb, deadline, |q| hotplug::remove_node(q, names)) {
-                Err(e) if e.message.contains("is in use") && Instant::now() < until => {
-                    std::thread::sleep(POLL.min(until.saturating_duration_since(Instant::now())));
-                }
-                other => return other.map(|_| ()),
-            }
-        }
-    }
-
-    /// Waits, without the QMP lock, until QEMU no longer lists the device.
-    fn wait_unplugged(&self, sb: &Sandbox, names: &Names, deadline: &Deadline) -> Result<()> {
-        let timeout = self.cfg.unplug_timeout;
-        let mut until = Instant::now() + timeout;
-        if let Some(d) = deadline.at() {
-            until = until.min(d);
-        }
-        loop {
-            if self.with_qmp(sb, deadline, |q| hotplug::device_gone(q, names))? {
-                return Ok(());
-            }
-            if Instant::now() >= until {
-                return Err(Error::unavailable(format!(
-                    "the guest did not release device {} within {timeout:?} after device_del, or by the caller's deadline (is the guest kernel alive?); unpublish again to retry",
-                    names.device
-                )));
-            }
-            std::thread::sleep(POLL.min(until.saturating_duration_since(Instant::now())));
-        }
+        let patience = Patience {
+            each: self.cfg.unplug_timeout,
+            deadline: deadline.at(),
+        };
+        qmp::unplug(
+            || self.session(sb, deadline),
+            &names.device,
+            &names.node,
+            patience,
+        )
+        .map_err(|e| unplug_error(e, names, self.cfg.unplug_timeout))
     }
 
     /// Takes back what one publish added in QEMU and nothing else (a volume
@@ -264,6 +227,21 @@ impl Crustd {
             st.volumes.remove(&key.host_volume);
             Ok(())
         })
+    }
+}
+
+/// An unplug's failure (each step on a session from crustd's factory) as
+/// crustd's error: the factory's own, QEMU's for the step that failed, or
+/// the guest's keeping the device past `timeout` or the caller's deadline.
+fn unplug_error(e: UnplugError<Error>, names: &Names, timeout: Duration) -> Error {
+    match e {
+        UnplugError::Session(e) => e,
+        UnplugError::Qmp { step, error } => Doing::of_step(step, names).failed(error).into(),
+        UnplugError::NotReleased => hotplug::Error::NotReleased {
+            device: names.device.clone(),
+            timeout,
+        }
+        .into(),
     }
 }
 

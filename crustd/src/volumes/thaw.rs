@@ -16,12 +16,14 @@ use std::time::Duration;
 use crust_protocols::freeze::check_id;
 
 use crate::deadline::Deadline;
+use crate::devices::Key;
 use crate::error::{Code, Error, Result};
 use crate::freezes::{end_now, unix_ms, FreezeError, Group, How, Volume, HOST_SLACK};
 use crate::registry;
 
+use super::error::Error as Refused;
 use super::snapshot::{add_to, check_refs, Part};
-use super::Crustd;
+use super::{log_line, Crustd};
 
 /// How many times an undo, or the end of a group nobody holds, tries a
 /// sandbox it cannot reach (or whose freeze may still arrive).
@@ -48,17 +50,12 @@ enum PartThaw {
     Unreached(Error),
 }
 
-/// One JSON line on stderr.
-fn log_line(v: serde_json::Value) {
-    let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("{v}\n").as_bytes());
-}
-
 impl Crustd {
     /// RuntimeThawVolumes: a group by its id, or with force whatever holds
     /// the volumes named.
     pub fn thaw(
         &self,
-        refs: &[(String, String)],
+        refs: &[Key],
         freeze_id: &str,
         force: bool,
         deadline: &Deadline,
@@ -97,7 +94,7 @@ impl Crustd {
                 PartThaw::NotFound(m) => end_now(How::Unknown, &m),
                 PartThaw::Gone(m) => end_now(How::Gone, &m),
                 PartThaw::Unreached(e) => {
-                    unreached.push(format!("sandbox {} ({})", part.sandbox, e.message));
+                    unreached.push(format!("sandbox {} ({})", part.sandbox, e));
                     continue;
                 }
             };
@@ -111,13 +108,13 @@ impl Crustd {
     /// freeze holds its volumes, and every group holding one is recorded
     /// as ended by a forced thaw. A volume not published is NOT_FOUND,
     /// after the others are thawed.
-    fn thaw_forced(&self, refs: &[(String, String)], deadline: &Deadline) -> Result<()> {
+    fn thaw_forced(&self, refs: &[Key], deadline: &Deadline) -> Result<()> {
         check_refs(refs)?;
         let mut parts: Vec<Part> = Vec::new();
         let mut failed: Vec<Error> = Vec::new();
-        for (sandbox, volume) in refs {
-            match self.agent_id(sandbox, volume, true, deadline) {
-                Ok((sb, id)) => add_to(&mut parts, sb, volume, id),
+        for k in refs {
+            match self.agent_id(&k.sandbox, &k.host_volume, true, deadline) {
+                Ok((sb, id)) => add_to(&mut parts, sb, &k.host_volume, id),
                 Err(e) => failed.push(e),
             }
         }
@@ -125,7 +122,7 @@ impl Crustd {
             let r = self.agent(&p.sb, deadline).thaw_forced(&p.ids());
             // The agent's NOT_FOUND comes after it thawed the others.
             if r.as_ref()
-                .map_or_else(|e| e.code == Code::NotFound, |()| true)
+                .map_or_else(|e| e.code() == Code::NotFound, |()| true)
             {
                 for (host, _) in &p.volumes {
                     self.freezes.end_volume(p.sb.id(), host, How::Forced);
@@ -135,17 +132,10 @@ impl Crustd {
                 failed.push(self.unless_dead(&p.sb, e));
             }
         }
-        let Some(first) = failed.first() else {
+        if failed.is_empty() {
             return Ok(());
-        };
-        let said: Vec<&str> = failed.iter().map(|e| e.message.as_str()).collect();
-        Err(Error::new(
-            first.code,
-            format!(
-                "the forced thaw ended what it could, but not all: {}",
-                said.join("; ")
-            ),
-        ))
+        }
+        Err(Error::Unthawed { failed })
     }
 
     /// The end of a group whose freeze was answered to nobody (its caller
@@ -189,7 +179,7 @@ impl Crustd {
                 )),
                 PartThaw::NotFound(m) => ends.push((i, end_now(how, &m))),
                 PartThaw::Gone(m) => ends.push((i, end_now(How::Gone, &m))),
-                PartThaw::Unreached(e) => left.push(format!("sandbox {sandbox} ({})", e.message)),
+                PartThaw::Unreached(e) => left.push(format!("sandbox {sandbox} ({e})")),
             }
         }
         let group = self.freezes.settle(&group.id, &ends).unwrap_or(group);
@@ -263,9 +253,9 @@ impl Crustd {
                     }
                 }
                 for (i, h) in started {
-                    let f = h.join().unwrap_or_else(|_| {
-                        PartThaw::Unreached(Error::internal("the thaw of a sandbox panicked"))
-                    });
+                    let f = h
+                        .join()
+                        .unwrap_or_else(|_| PartThaw::Unreached(Refused::ThawPanicked.into()));
                     out.push((i, f));
                 }
             });
@@ -279,18 +269,18 @@ impl Crustd {
             .and_then(|home| home.vm())
         {
             Ok(sb) => sb,
-            Err(e) if e.code == Code::NotFound => return PartThaw::Gone(e.message),
-            Err(e) => return PartThaw::Unreached(e),
+            Err(e) if e.code() == Code::NotFound => return PartThaw::Gone(e.to_string()),
+            Err(e) => return PartThaw::Unreached(e.into()),
         };
         match self.agent(&sb, deadline).thaw_id(id) {
             Ok(()) => PartThaw::Thawed,
-            Err(e) if e.code == Code::Aborted => PartThaw::Aborted(e.message),
-            Err(e) if e.code == Code::NotFound => PartThaw::NotFound(e.message),
-            Err(e) if e.code == Code::Unavailable => match sb.qmp.gone(self.cfg.qmp_timeout) {
+            Err(e) if e.code() == Code::Aborted => PartThaw::Aborted(e.to_string()),
+            Err(e) if e.code() == Code::NotFound => PartThaw::NotFound(e.to_string()),
+            Err(e) if e.code() == Code::Unavailable => match sb.qmp.gone(self.cfg.qmp_timeout) {
                 Some(why) => PartThaw::Gone(format!("its VM is gone ({why})")),
-                None => PartThaw::Unreached(e),
+                None => PartThaw::Unreached(e.into()),
             },
-            Err(e) => PartThaw::Unreached(e),
+            Err(e) => PartThaw::Unreached(e.into()),
         }
     }
 
@@ -346,11 +336,11 @@ impl Crustd {
                 PartThaw::Unreached(e) if last => (
                     Some(end_now(
                         How::Timer,
-                        &format!("crustd could not reach its sandbox ({}); its guest's own timer ends it", e.message),
+                        &format!("crustd could not reach its sandbox ({}); its guest's own timer ends it", e),
                     )),
-                    e.message,
+                    e.to_string(),
                 ),
-                PartThaw::Unreached(e) => (None, format!("{}; tried again later", e.message)),
+                PartThaw::Unreached(e) => (None, format!("{e}; tried again later")),
             };
             let p = &group.parts[i];
             let volumes: Vec<&str> = p.volumes.iter().map(|v| v.host_volume.as_str()).collect();
@@ -373,7 +363,7 @@ impl Crustd {
     /// answered its id), on a thread of its own; the timer is re-armed
     /// from each live group's recorded deadline. Answers a sentence for
     /// each record not used, for the log.
-    pub fn recover_freezes(self: &Arc<Self>) -> Vec<String> {
+    pub fn recover_freezes(self: &Arc<Self>) -> Vec<crate::freezes::Unread> {
         let (orphans, start, refused) = self.freezes.load();
         for id in orphans {
             let me = self.clone();

@@ -9,7 +9,9 @@ use crate::hotplug;
 use crate::registry::Sandbox;
 use crate::state::{Phase, Volume};
 
+use super::error::Error as Refused;
 use super::{Crustd, Stats};
+use crate::devices::Key;
 
 impl Crustd {
     /// The record of a published volume, else NOT_FOUND; one still
@@ -24,27 +26,27 @@ impl Crustd {
         match record {
             Some(v) if v.phase == Phase::Published => Ok(v),
             Some(v) if v.phase == Phase::Publishing && publishing => Ok(v),
-            Some(v) if v.phase == Phase::Publishing => Err(Error::precondition(format!(
-                "host volume {host_volume_id} in sandbox {sandbox} is still publishing (the guest is applying fsGroup): retry RuntimePublishVolume until it answers OK, then this call"
-            ))),
-            _ => Err(Error::not_found(format!(
-                "host volume {host_volume_id} is not published in sandbox {sandbox}"
-            ))),
+            Some(v) if v.phase == Phase::Publishing => {
+                Err(Refused::StillPublishing(Key::new(sandbox, host_volume_id)).into())
+            }
+            _ => Err(Refused::NotPublished(Key::new(sandbox, host_volume_id)).into()),
         }
     }
 
     /// FAILED_PRECONDITION for a call that needs the VM of `sb`, gone (`why`).
     fn dead(sb: &Sandbox, why: &str) -> Error {
-        Error::precondition(format!(
-            "sandbox {}'s VM is gone ({why}): its volumes can only be unpublished, which frees their devices",
-            sb.id()
-        ))
+        Refused::Dead {
+            sandbox: sb.id().to_string(),
+            why: why.to_string(),
+        }
+        .into()
     }
 
     /// `err` from a call that could not reach `sb`'s VM, or FAILED_PRECONDITION
     /// when the VM is gone.
-    pub(super) fn unless_dead(&self, sb: &Sandbox, err: Error) -> Error {
-        if err.code != Code::Unavailable {
+    pub(super) fn unless_dead(&self, sb: &Sandbox, err: impl Into<Error>) -> Error {
+        let err = err.into();
+        if err.code() != Code::Unavailable {
             return err;
         }
         match sb.qmp.gone(self.cfg.qmp_timeout) {
@@ -81,9 +83,7 @@ impl Crustd {
     ) -> Result<i64> {
         hostdev::check_path(host_volume_id)?;
         if required_bytes < 0 {
-            return Err(Error::invalid(format!(
-                "required_bytes {required_bytes} is negative"
-            )));
+            return Err(Refused::NegativeBytes(required_bytes).into());
         }
         let o = self.open_volume(sandbox_id, host_volume_id, deadline)?;
         let sb = o.home.vm()?;
@@ -93,19 +93,22 @@ impl Crustd {
         }
         let dev = hostdev::resolve(host_volume_id)?;
         if dev.rdev != v.rdev {
-            return Err(Error::precondition(format!(
-                "host_volume_id {host_volume_id} now names device {}, not {} which crustd published in sandbox {sandbox_id}: crustd grows only the device it plugged",
-                dev.rdev, v.rdev
-            )));
+            return Err(Refused::DeviceChanged {
+                key: Key::new(sandbox_id, host_volume_id),
+                now: dev.rdev,
+                was: v.rdev,
+                growing: true,
+            }
+            .into());
         }
         let size = dev.size()?;
         if size < required_bytes.unsigned_abs() {
-            return Err(Error::new(
-                Code::OutOfRange,
-                format!(
-                    "host device {host_volume_id} has {size} bytes, fewer than the {required_bytes} required: grow it on the host first (for a loop device: grow the file, then losetup -c)"
-                ),
-            ));
+            return Err(Refused::TooSmall {
+                host_volume: host_volume_id.to_string(),
+                size,
+                required: required_bytes,
+            }
+            .into());
         }
         self.with_qmp(&sb, deadline, |q| hotplug::grow(q, &v.node, size))
             .map_err(|e| self.unless_dead(&sb, e))?;

@@ -1,18 +1,16 @@
 //! Stand-ins for a sandbox, so crustd's own process can be tested on the host
-//! without a VM: a QEMU monitor that keeps block nodes and devices the way
-//! QEMU does (it opens each node's device read-write at blockdev-add and
-//! closes it at blockdev-del, as QEMU does, and sends DEVICE_DELETED after
-//! device_del's reply, as QEMU does once the guest lets go), and a crust.v1
-//! agent over ttrpc whose answers a test chooses, keeping freezes as leases
-//! the way the agent does (`leases`). Both log what they were asked.
-//! [`die`] is the VM's process ending: its devices closed; [`lossy`] puts
-//! a connection that loses answers between crustd and an agent.
-#![allow(dead_code)]
+//! without a VM: crust-client's stand-in QEMU monitor (`qmp::fake`: block
+//! nodes and devices kept the way QEMU keeps them, each node's device open
+//! while it is plugged; [`die`] is the VM's process ending, its devices
+//! closed), and a crust.v1 agent over ttrpc whose answers a test chooses,
+//! keeping freezes as leases the way the agent does (`leases`). Both log
+//! what they were asked. [`lossy`] puts a connection that loses answers
+//! between crustd and an agent.
+#![allow(dead_code, unused_imports)]
 
 pub mod leases;
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -23,182 +21,9 @@ use crust_protocols::crust as pb;
 use crust_protocols::crust_ttrpc;
 use crust_protocols::protobuf::MessageField;
 use crust_protocols::ttrpc;
-use serde_json::{json, Value};
+use serde_json::json;
 
-/// What the fake QEMU holds and was asked.
-#[derive(Default)]
-pub struct QemuState {
-    /// Block nodes: name → size in bytes.
-    pub nodes: BTreeMap<String, u64>,
-    /// Devices: id → (node, serial).
-    pub devices: BTreeMap<String, (String, String)>,
-    /// Every command but qmp_capabilities and the queries, with its arguments.
-    pub log: Vec<String>,
-    /// device_add fails (as for a full PCI bus).
-    pub refuse_device_add: bool,
-    /// device_del is accepted but the guest never lets go.
-    pub never_release: bool,
-    /// The device each node has open, read-write, as QEMU's host_device driver does.
-    pub open: BTreeMap<String, std::fs::File>,
-    /// How long a command takes before QEMU answers it (a busy monitor).
-    pub delay: BTreeMap<String, Duration>,
-    /// blockdev-del answers "in use" this many more times after its device
-    /// left the list, as QEMU does while the device's finalization lags.
-    pub node_in_use: u32,
-}
-
-pub type Qemu = Arc<Mutex<QemuState>>;
-
-/// Serves QMP at `path`, one client at a time, as QEMU does.
-pub fn qemu(path: &Path) -> Qemu {
-    let l = UnixListener::bind(path).unwrap();
-    let st: Qemu = Arc::default();
-    let st2 = st.clone();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(s) = s else { return };
-            let mut w = s.try_clone().unwrap();
-            let _ = writeln!(w, "{}", json!({"QMP": {"version": {}, "capabilities": []}}));
-            for line in BufReader::new(s).lines() {
-                let Ok(line) = line else { break };
-                let m: Value = serde_json::from_str(&line).unwrap();
-                let delay = m["execute"]
-                    .as_str()
-                    .and_then(|c| st2.lock().unwrap().delay.get(c).copied());
-                if let Some(d) = delay {
-                    std::thread::sleep(d);
-                }
-                let (reply, events) = answer(&st2, &m);
-                let _ = writeln!(w, "{reply}");
-                for e in events {
-                    let _ = writeln!(w, "{e}");
-                }
-            }
-        }
-    });
-    st
-}
-
-/// The VM's process ends: every device it had open is closed (its monitor
-/// is whatever the test leaves at its socket path).
-pub fn die(q: &Qemu) {
-    let files = std::mem::take(&mut q.lock().unwrap().open);
-    drop(files);
-}
-
-fn answer(st: &Qemu, m: &Value) -> (Value, Vec<Value>) {
-    let mut s = st.lock().unwrap();
-    let cmd = m["execute"].as_str().unwrap();
-    let a = &m["arguments"];
-    let ok = json!({"return": {}});
-    let err = |d: &str| json!({"error": {"class": "GenericError", "desc": d}});
-    if !matches!(
-        cmd,
-        "qmp_capabilities" | "qom-list" | "query-named-block-nodes"
-    ) {
-        s.log.push(format!("{cmd} {a}"));
-    }
-    match cmd {
-        "qmp_capabilities" => (ok, vec![]),
-        "qom-list" => {
-            let list: Vec<Value> = s
-                .devices
-                .keys()
-                .map(|d| json!({"name": d, "type": "child<virtio-blk-pci>"}))
-                .chain([json!({"name": "type", "type": "string"})])
-                .collect();
-            (json!({ "return": list }), vec![])
-        }
-        "query-named-block-nodes" => {
-            let list: Vec<Value> = s
-                .nodes
-                .iter()
-                .map(|(n, size)| json!({"node-name": n, "image": {"virtual-size": size}}))
-                .collect();
-            (json!({ "return": list }), vec![])
-        }
-        "blockdev-add" => {
-            let n = a["node-name"].as_str().unwrap().to_string();
-            if s.nodes.contains_key(&n) {
-                return (
-                    err(&format!("Duplicate nodes with node-name='{n}'")),
-                    vec![],
-                );
-            }
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(!a["read-only"].as_bool().unwrap_or(false))
-                .open(a["filename"].as_str().unwrap());
-            let mut file = match file {
-                Ok(f) => f,
-                Err(e) => return (err(&format!("Could not open: {e}")), vec![]),
-            };
-            let size = std::io::Seek::seek(&mut file, std::io::SeekFrom::End(0)).unwrap_or(0);
-            s.nodes.insert(n.clone(), size);
-            s.open.insert(n, file);
-            (ok, vec![])
-        }
-        "device_add" => {
-            let id = a["id"].as_str().unwrap().to_string();
-            if s.refuse_device_add {
-                return (err("Bus 'pci.0' does not support hotplugging"), vec![]);
-            }
-            if s.devices.contains_key(&id) {
-                return (err(&format!("Duplicate device ID '{id}'")), vec![]);
-            }
-            let node = a["drive"].as_str().unwrap().to_string();
-            s.devices
-                .insert(id, (node, a["serial"].as_str().unwrap().to_string()));
-            (ok, vec![])
-        }
-        "device_del" => {
-            let id = a["id"].as_str().unwrap().to_string();
-            if !s.devices.contains_key(&id) {
-                return (err(&format!("Device '{id}' not found")), vec![]);
-            }
-            if s.never_release {
-                return (ok, vec![]);
-            }
-            s.devices.remove(&id);
-            let ev =
-                |data: Value| json!({"event": "DEVICE_DELETED", "data": data, "timestamp": {}});
-            (
-                ok,
-                vec![
-                    ev(json!({"path": format!("/machine/peripheral/{id}/virtio-backend")})),
-                    ev(json!({"device": id, "path": format!("/machine/peripheral/{id}")})),
-                ],
-            )
-        }
-        "blockdev-del" => {
-            let n = a["node-name"].as_str().unwrap();
-            if s.devices.values().any(|(node, _)| node == n) {
-                return (err(&format!("Node '{n}' is busy")), vec![]);
-            }
-            if s.node_in_use > 0 {
-                s.node_in_use -= 1;
-                return (err(&format!("Node {n} is in use")), vec![]);
-            }
-            if s.nodes.remove(n).is_none() {
-                return (
-                    err(&format!("Failed to find node with node-name='{n}'")),
-                    vec![],
-                );
-            }
-            s.open.remove(n);
-            (ok, vec![])
-        }
-        "block_resize" => {
-            let n = a["node-name"].as_str().unwrap().to_string();
-            s.nodes.insert(n, a["size"].as_u64().unwrap());
-            (ok, vec![])
-        }
-        other => (
-            err(&format!("The command {other} has not been found")),
-            vec![],
-        ),
-    }
-}
+pub use crust_client::qmp::fake::{die, qemu, Qemu};
 
 /// How the fake agent answers PublishVolume.
 #[derive(Clone)]
