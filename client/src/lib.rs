@@ -31,6 +31,6 @@ pub use client::{code_name, deadline_for_wait, CallError, Code, CrustClient};
 pub use connect::{
     connect, connect_opened, connect_stream, connect_stream_until, connect_until, ConnectError,
 };
-pub use crust_protocols::{crust as proto, protobuf, ttrpc};
+pub use crust_protocols::{crust as proto, protobuf, rpc::Rpc, ttrpc};
 pub use hvsock::{settle, unanswered};
 pub use peer::peer_pid;
