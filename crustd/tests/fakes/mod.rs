@@ -23,7 +23,7 @@ use crust_protocols::protobuf::MessageField;
 use crust_protocols::ttrpc;
 use serde_json::json;
 
-pub use crust_client::qmp::fake::{die, qemu, Qemu};
+pub use crust_client::qmp::fake::{die, qemu, qemu_of, Hypervisor, Qemu};
 
 /// How the fake agent answers PublishVolume.
 #[derive(Clone)]
