@@ -18,6 +18,7 @@ use crust_agent::sys::sysfs::Sysfs;
 use crust_agent::system::{self, Gate, Timeline};
 use crust_agent::volumes::table::Volumes;
 use crust_agent::{init, instance, logging, notify};
+use crust_protocols::sync::LockExt;
 use slog::{error, info, warn};
 
 /// Loaded before listening: PCI virtio and the vsock transport. Everything
@@ -276,10 +277,7 @@ fn load_modules(
                     warn!(log, "module not loaded"; "module" => m, "error" => why);
                 }
                 let now = system::boottime_ms();
-                timeline
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .modules_loaded_ms = now;
+                timeline.locked().modules_loaded_ms = now;
                 info!(log, "modules loaded"; "count" => report.loaded.len(), "boot_ms" => now);
                 modules.open();
             });
@@ -439,7 +437,7 @@ fn run(
     };
     let listening_ms = system::boottime_ms();
     {
-        let mut t = timeline.lock().unwrap_or_else(|p| p.into_inner());
+        let mut t = timeline.locked();
         t.listening_ms = listening_ms;
         info!(log, "listening"; "agent_ms" => listening_ms.saturating_sub(t.agent_start_ms),
               "boot_ms" => listening_ms);

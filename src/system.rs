@@ -6,6 +6,8 @@
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crust_protocols::sync::{CondvarExt, LockExt};
+
 use crate::cancel::Cancel;
 use crate::model::FsType;
 use crate::sys::error::SysError;
@@ -141,7 +143,7 @@ impl Gate {
 
     /// Opens the gate for good and wakes every waiter.
     pub fn open(&self) {
-        *self.open.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        *self.open.locked() = true;
         self.cv.notify_all();
     }
 
@@ -149,17 +151,13 @@ impl Gate {
     /// Stops early, with the gate still closed, when `cancel` fires.
     pub fn wait(&self, timeout: Duration, cancel: &Cancel) -> bool {
         let end = Instant::now().checked_add(timeout);
-        let mut g = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.open.locked();
         while !*g && cancel.why().is_none() {
             let left = end.map_or(timeout, |e| e.saturating_duration_since(Instant::now()));
             if left.is_zero() {
                 break;
             }
-            g = self
-                .cv
-                .wait_timeout(g, cancel.slice(left))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            g = self.cv.waited_for(g, cancel.slice(left));
         }
         *g
     }

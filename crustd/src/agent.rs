@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use crust_client::proto as pb;
 use crust_client::{protobuf::MessageField, Address, CallError, ConnectError, CrustClient};
 use crust_protocols::code::Code;
+use crust_protocols::sync::LockExt;
 
 crust_protocols::coded_errors! {
 /// What a sandbox's agent answered, or why it did not; and the answers of
@@ -152,7 +153,7 @@ impl Agent<'_> {
     fn client(&self, fresh: bool) -> Result<CrustClient> {
         let addr = self.addr.to_string();
         {
-            let mut map = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+            let mut map = self.connections.locked();
             match map.get(self.sandbox) {
                 Some((a, c)) if *a == addr && !fresh => return Ok(c.clone()),
                 _ => {
@@ -166,17 +167,13 @@ impl Agent<'_> {
             source: Arc::new(e),
         })?;
         self.connections
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .insert(self.sandbox.to_string(), (addr, c.clone()));
         Ok(c)
     }
 
     fn forget(&self) {
-        self.connections
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(self.sandbox);
+        self.connections.locked().remove(self.sandbox);
     }
 
     /// Runs `f` on the kept connection, within [`Agent::budget`]; once more

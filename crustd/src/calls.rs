@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crust_protocols::sync::LockExt;
 use tokio::sync::{watch, Semaphore};
 
 use crate::agent::Health;
@@ -290,7 +291,7 @@ impl Calls {
 
     /// How many calls are at work, and how many sandboxes have one (a bound tests check).
     pub fn in_flight(&self) -> (usize, usize) {
-        (lock(&self.running).len(), lock(&self.sandboxes).len())
+        (self.running.locked().len(), self.sandboxes.locked().len())
     }
 
     /// Makes call `what` for a caller whose deadline is `at` (none: crustd's
@@ -340,7 +341,7 @@ impl Calls {
 
     /// The same call at work with no caller left, now the caller's.
     fn join(&self, what: &What, at: Option<Instant>) -> Option<Arc<Running>> {
-        let map = lock(&self.running);
+        let map = self.running.locked();
         let r = map.get(what)?;
         if !r.deadline.rejoin() {
             return None;
@@ -376,7 +377,7 @@ impl Calls {
             answered: AtomicBool::new(false),
             claim: AtomicU8::new(PENDING),
         });
-        lock(&self.running).insert(what.clone(), running.clone());
+        self.running.locked().insert(what.clone(), running.clone());
         let me = self.clone();
         let r = running.clone();
         // The work is detached: no one awaits this handle, the answer goes by `tx`.
@@ -408,7 +409,7 @@ impl Calls {
     /// After a call's work, before its answer is sent: its entry goes, so
     /// no call joins it once it has answered.
     fn forget_running(&self, what: &What, r: &Arc<Running>) {
-        let mut map = lock(&self.running);
+        let mut map = self.running.locked();
         if map.get(what).is_some_and(|x| Arc::ptr_eq(x, r)) {
             map.remove(what);
         }
@@ -416,7 +417,8 @@ impl Calls {
 
     /// The slots of `sandbox`.
     fn semaphore(&self, sandbox: &str) -> Arc<Semaphore> {
-        lock(&self.sandboxes)
+        self.sandboxes
+            .locked()
             .entry(sandbox.to_string())
             .or_insert_with(|| Arc::new(Semaphore::new(self.per_sandbox)))
             .clone()
@@ -424,7 +426,7 @@ impl Calls {
 
     /// Forgets the slots of `sandbox` when none is taken or waited for.
     fn prune(&self, sandbox: &str) {
-        let mut m = lock(&self.sandboxes);
+        let mut m = self.sandboxes.locked();
         let idle = m.get(sandbox).is_some_and(|s| {
             Arc::strong_count(s) == 1 && s.available_permits() == self.per_sandbox
         });
@@ -432,10 +434,6 @@ impl Calls {
             m.remove(sandbox);
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// How long a test waits for something that should happen at once.

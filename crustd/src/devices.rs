@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crust_protocols::sync::LockExt;
+
 use crate::hostdev::{self, Extent, Hold, HostDevice, Named};
 
 crust_protocols::coded_errors! {
@@ -163,13 +165,9 @@ pub struct Devices {
 }
 
 impl Devices {
-    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Claim>> {
-        self.table.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Whether `key` has a claim, and whether that claim holds its device.
     pub fn held(&self, key: &Key) -> Option<bool> {
-        self.table().get(key).map(|c| c.hold.is_some())
+        self.table.locked().get(key).map(|c| c.hold.is_some())
     }
 
     /// Claims `dev` for the new volume `key`: refused when another volume,
@@ -192,7 +190,7 @@ impl Devices {
             Err(e) => {
                 if fresh {
                     // Never held, never plugged: only the reservation to take back.
-                    self.table().remove(key);
+                    self.table.locked().remove(key);
                 }
                 Err(Refusal::Other(e))
             }
@@ -231,7 +229,7 @@ impl Devices {
         rdev: &str,
         extent: Option<Extent>,
     ) -> Result<bool, Refusal> {
-        let mut t = self.table();
+        let mut t = self.table.locked();
         if let Some(e) = &extent {
             let hit = t
                 .iter()
@@ -266,7 +264,7 @@ impl Devices {
     /// Gives `key`'s claim its hold (dropped, outside the lock, when the
     /// claim went meanwhile).
     fn set_hold(&self, key: &Key, hold: Hold) {
-        let left = match self.table().get_mut(key) {
+        let left = match self.table.locked().get_mut(key) {
             Some(c) => {
                 c.hold = Some(hold);
                 None
@@ -283,7 +281,7 @@ impl Devices {
     /// message. No claim: nothing to do. Looks again for up to a second and
     /// a half (an opener that only probes lets go), never past `until`.
     pub fn release(&self, key: &Key, why: &str, until: Option<Instant>) -> Result<()> {
-        let Some(rdev) = self.table().get(key).map(|c| c.rdev.clone()) else {
+        let Some(rdev) = self.table.locked().get(key).map(|c| c.rdev.clone()) else {
             return Ok(());
         };
         let settle = Instant::now() + SETTLE;
@@ -305,14 +303,15 @@ impl Devices {
         }
         // The hold is closed after the lock is let go (the last close of a
         // block device flushes it).
-        let gone = self.table().remove(key);
+        let gone = self.table.locked().remove(key);
         drop(gone);
         Ok(())
     }
 
     /// The volumes claimed in `sandbox`.
     pub fn of_sandbox(&self, sandbox: &str) -> Vec<Key> {
-        self.table()
+        self.table
+            .locked()
             .keys()
             .filter(|k| k.sandbox == sandbox)
             .cloned()

@@ -10,9 +10,10 @@ use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crust_protocols::sync::{CondvarExt, LockExt};
 use rustix::fs::{FileType, Mode, OFlags, RawDir, ResolveFlags};
 use rustix::io::Errno;
 
@@ -181,7 +182,7 @@ fn walk(w: &Walk, limits: Limits) -> Result<(Report, usize), Error> {
         walk.work();
     });
     drop(helpers);
-    let failed = walk.lock().failed.take();
+    let failed = walk.queue.locked().failed.take();
     if let Some(e) = failed {
         return Err(e);
     }
@@ -314,12 +315,6 @@ impl Shared<'_> {
         (self.progress)(&self.report(elapsed));
     }
 
-    fn lock(&self) -> MutexGuard<'_, Queue> {
-        // A worker cannot panic while holding the lock (no code there panics);
-        // take the data anyway rather than panic on a poisoned lock.
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn check_cancel(&self) -> Result<(), Error> {
         Ok(self
             .cancel
@@ -337,7 +332,7 @@ impl Shared<'_> {
         let mut buf = vec![MaybeUninit::<u8>::uninit(); READDIR_BUF];
         loop {
             let item = {
-                let mut q = self.lock();
+                let mut q = self.queue.locked();
                 loop {
                     if q.failed.is_some() {
                         return;
@@ -354,7 +349,7 @@ impl Shared<'_> {
                         self.wake.notify_all();
                         return;
                     }
-                    q = self.wake.wait(q).unwrap_or_else(|e| e.into_inner());
+                    q = self.wake.waited(q);
                 }
             };
             let result = match item {
@@ -364,7 +359,7 @@ impl Shared<'_> {
                 Item::More(dir) => self.more(dir, &mut buf),
             };
             self.maybe_progress();
-            let mut q = self.lock();
+            let mut q = self.queue.locked();
             q.busy -= 1;
             if let Err(e) = result {
                 self.fail(&mut q, e);
@@ -379,7 +374,7 @@ impl Shared<'_> {
             return;
         }
         let n = items.len();
-        self.lock().items.extend(items);
+        self.queue.locked().items.extend(items);
         if n == 1 {
             self.wake.notify_one();
         } else {

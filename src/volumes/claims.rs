@@ -9,8 +9,10 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use crust_protocols::sync::LockExt;
+
 use super::error::Error;
-use super::held::{lock, Held};
+use super::held::Held;
 use super::volume::Volume;
 use crate::model::{Device, Extent};
 use crate::sys::mountinfo::shown;
@@ -48,7 +50,7 @@ impl Claims {
         extent: Extent,
     ) -> Result<DeviceClaim<'_>, Error> {
         let key = (device.major, device.minor);
-        let mut claims = lock(&self.map);
+        let mut claims = self.map.locked();
         for (held, c) in claims.iter().filter(|(_, c)| c.id != id) {
             if *held == key {
                 return Err(Error::DeviceInUse {
@@ -80,7 +82,7 @@ impl Claims {
     /// (recovery's call: both stay as they are mounted), and returns the
     /// claims it overlaps.
     pub(crate) fn adopt(&self, vol: &Volume, extent: Extent) -> Vec<Claim> {
-        let mut claims = lock(&self.map);
+        let mut claims = self.map.locked();
         let overlaps = claims
             .values()
             .filter(|c| c.extent.overlaps(&extent))
@@ -99,11 +101,13 @@ impl Claims {
 
     /// The volume that holds device `dev`, if one does.
     pub(crate) fn holder_of(&self, dev: DevNum) -> Option<String> {
-        lock(&self.map).get(&dev).map(|c| c.id.clone())
+        self.map.locked().get(&dev).map(|c| c.id.clone())
     }
 
     /// `vol` is unpublished: its device is free again.
     pub(crate) fn release(&self, vol: &Volume) {
-        lock(&self.map).remove(&(vol.device.major, vol.device.minor));
+        self.map
+            .locked()
+            .remove(&(vol.device.major, vol.device.minor));
     }
 }

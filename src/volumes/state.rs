@@ -18,11 +18,11 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use crust_protocols::sync::LockExt;
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::error::Error;
-use super::held::lock;
 use super::phase::Phase;
 use super::request::{FsGroup, Options, Source, Spec};
 use super::volume::{Bind, Volume};
@@ -104,7 +104,7 @@ impl Store {
 
     /// Why the last write to the state directory failed, if it did.
     pub(crate) fn problem(&self) -> Option<String> {
-        lock(&self.problem).clone()
+        self.problem.locked().clone()
     }
 
     /// Notes how a write ended: a failure is kept for GetAgentInfo; a
@@ -112,8 +112,8 @@ impl Store {
     /// filesystem too) shows the state is writable again.
     fn note<T>(&self, r: crate::error::Result<T>, cleared: bool) -> crate::error::Result<T> {
         match &r {
-            Err(e) => *lock(&self.problem) = Some(e.to_string()),
-            Ok(_) if cleared => *lock(&self.problem) = None,
+            Err(e) => *self.problem.locked() = Some(e.to_string()),
+            Ok(_) if cleared => *self.problem.locked() = None,
             Ok(_) => {}
         }
         r

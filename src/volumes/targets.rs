@@ -11,8 +11,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+use crust_protocols::sync::LockExt;
+
 use super::error::Error;
-use super::held::{lock, Held};
+use super::held::Held;
 use super::volume::{Bind, Volume};
 
 /// Binds one volume may have: a pod's containers need a handful; the bound
@@ -51,7 +53,7 @@ impl Targets {
         id: &str,
         root: &Path,
     ) -> Result<Reservation<'_>, Error> {
-        let mut targets = lock(&self.map);
+        let mut targets = self.map.locked();
         for (t, owner) in targets.iter() {
             let there = || root.join(t).display().to_string();
             if t == rel {
@@ -81,7 +83,7 @@ impl Targets {
 
     /// The volume whose bind target (reserved or bound) `rel` is.
     pub(crate) fn owner_of(&self, rel: &Path) -> Option<String> {
-        lock(&self.map).get(rel).cloned()
+        self.map.locked().get(rel).cloned()
     }
 
     /// Refuses one more bind of `vol` when it has as many as it may.
@@ -100,7 +102,7 @@ impl Targets {
     /// volume and its target is free again.
     pub(crate) fn drop_bind(&self, vol: &mut Volume, i: usize) -> Bind {
         let b = vol.binds.remove(i);
-        lock(&self.map).remove(&b.rel);
+        self.map.locked().remove(&b.rel);
         b
     }
 
