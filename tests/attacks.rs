@@ -10,6 +10,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 
+use crust_agent::validate::STATE_DIR;
 use crust_protocols::crust_ttrpc::AgentClient;
 use support::rig::{disk_with_tree, mount_table, Disk, Rig};
 use support::*;
@@ -977,7 +978,7 @@ fn a_full_state_filesystem_changes_nothing_and_the_agent_still_starts() {
     let ids = ["atk-full1", "atk-full2", "atk-full3"];
     let mut rig = Rig::new();
     // The root's state directory on a small filesystem of its own.
-    let state = rig.root.join("state");
+    let state = rig.root.join(STATE_DIR);
     std::fs::create_dir_all(&state).unwrap();
     run(
         "mount",

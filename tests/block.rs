@@ -668,7 +668,13 @@ fn a_block_bind_no_record_explains_is_taken_down_at_start() {
     .unwrap();
     let dir = a.kill9();
     // The record is lost: the guest path and the bind are orphans.
-    std::fs::remove_file(dir.path().join("root/state/raw.vol")).unwrap();
+    std::fs::remove_file(
+        dir.path()
+            .join("root")
+            .join(crust_agent::validate::STATE_DIR)
+            .join("raw.vol"),
+    )
+    .unwrap();
     let a = Agent::start_in(dir);
     let c = a.client();
     assert!(list(&c).is_empty());

@@ -34,7 +34,7 @@ fn force_req(ids: &[&str]) -> pb::ThawVolumesRequest {
 
 /// The text of freeze `id`'s record under the agent's root.
 fn record(root: &Path, id: &str) -> String {
-    std::fs::read_to_string(root.join(format!("state/freezes/{id}.freeze"))).unwrap_or_default()
+    std::fs::read_to_string(root.join(FREEZES_DIR).join(format!("{id}.freeze"))).unwrap_or_default()
 }
 
 /// Whether a write into `dir` is held back (for 500 ms): the volume is frozen.
@@ -79,6 +79,7 @@ fn publish(c: &AgentClient, id: &str, disk: &LoopDisk, fs: &str) -> String {
         .guest_path
 }
 
+use crust_agent::validate::FREEZES_DIR;
 use crust_protocols::crust_ttrpc::AgentClient;
 
 #[test]

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use crust_agent::validate::STATE_DIR;
 use support::*;
 
 /// The uid (and gid) of `nobody`: a local user who is not root.
@@ -193,7 +194,7 @@ fn a_root_agent_under_umask_0_is_private() {
     for d in [
         dir.path().join("new"),
         root.clone(),
-        root.join("state"),
+        root.join(STATE_DIR),
         root.join("volumes"),
     ] {
         assert_eq!(mode(&d), 0o700, "{}", d.display());

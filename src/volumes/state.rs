@@ -31,10 +31,7 @@ use crate::sys::beneath;
 use crate::sys::error::SysError;
 use crate::sys::mountinfo::shown;
 use crate::sys::sysfs::parse_devnum;
-use crate::validate::{self, STATE_DIR};
-
-/// Where the freezes' records are, beneath the root.
-pub(crate) const FREEZES_DIR: &str = "state/freezes";
+use crate::validate::{self, STATE_DIR, VOLUMES_DIR};
 
 /// A state directory, opened once beneath the root.
 #[derive(Debug)]
@@ -80,7 +77,7 @@ impl Store {
 
     /// Opens the state directory `rel` beneath the root (creating it 0700),
     /// refusing a symlink anywhere on the way: the volumes' records are in
-    /// [`STATE_DIR`], the freezes' in [`FREEZES_DIR`].
+    /// [`STATE_DIR`], the freezes' in [`validate::FREEZES_DIR`].
     pub(crate) fn open_dir(root: &beneath::Root, rel: &str) -> Result<Store, SysError> {
         root.own_dir(rel, 0o700)?;
         let path = root.join(Path::new(rel));
@@ -619,7 +616,7 @@ impl Fields {
             minor,
             serial: self.device_serial,
         };
-        let guest_path = root.join("volumes").join(&spec.volume_id);
+        let guest_path = root.join(VOLUMES_DIR).join(&spec.volume_id);
         Ok(Volume::recorded(
             spec,
             device,

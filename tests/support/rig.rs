@@ -11,6 +11,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use super::{agent_bin, ctx, pb, publish_req, run, unpublish_req, LoopDisk};
+use crust_agent::validate::{FREEZES_DIR, STATE_DIR};
 use crust_protocols::crust_ttrpc::AgentClient;
 
 /// One line of the mount table, as the procfs crate reads it.
@@ -416,7 +417,7 @@ impl Rig {
             }
         }
         let mut out = Vec::new();
-        walk(&self.root.join("state"), &mut out);
+        walk(&self.root.join(STATE_DIR), &mut out);
         out.sort();
         out
     }
@@ -668,7 +669,7 @@ impl Rig {
         // in file names or contents: the format is the agent's business),
         // the freezes' records apart: they are history, and name volumes
         // long gone.
-        let freezes = self.root.join("state/freezes");
+        let freezes = self.root.join(FREEZES_DIR);
         let (records, state): (Vec<_>, Vec<_>) = self
             .state_files()
             .into_iter()

@@ -10,7 +10,8 @@ use slog::{warn, Logger};
 use super::record::{self, Record};
 use crate::sys::beneath::Root;
 use crate::sys::error::SysError;
-use crate::volumes::state::{Store, FREEZES_DIR};
+use crate::validate::FREEZES_DIR;
+use crate::volumes::state::Store;
 
 const SUFFIX: &str = ".freeze";
 

@@ -15,7 +15,7 @@ use super::*;
 use crate::code::Code;
 use crate::sys::beneath::Root;
 use crate::sys::error::SysError;
-use crate::volumes::state::FREEZES_DIR;
+use crate::validate::FREEZES_DIR;
 
 /// Filesystems by volume id: frozen or not; volumes whose FIFREEZE or
 /// FITHAW fails (EIO) while named here.
