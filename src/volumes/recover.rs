@@ -74,7 +74,7 @@ impl<K: Kernel> Recovery<'_, K> {
                 Record::Bad(name, why) => {
                     let aside = self.store.set_aside(&name);
                     warn!(self.log, "state record does not decode; set aside, and its mounts are taken down";
-                          "record" => shown(Path::new(OsStr::from_bytes(&name))), "why" => why,
+                          "record" => shown(Path::new(OsStr::from_bytes(&name))), "why" => %why,
                           "kept_at" => shown(&aside));
                     continue;
                 }
