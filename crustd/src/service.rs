@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::pb;
 use crate::pb::runtime_assisted_storage_management_server::RuntimeAssistedStorageManagement;
 use crate::pb::runtime_capability::rpc::Type as Cap;
-use crate::volumes::{self, Crustd, DirectRequest, Origin, PublishRequest};
+use crate::volumes::{self, Crustd, DirectRequest, FsGroupPolicy, Origin, PublishRequest};
 
 /// What crustd advertises: what works end to end through it with the guest
 /// this project builds, and nothing a call would refuse (no SUBPATH or
@@ -75,6 +75,21 @@ impl Service {
         log(method, sandbox, host_volume, group, &out, t0);
         out.map_err(to_status)
     }
+}
+
+/// A publish refused before it is a call (its words do not parse), logged
+/// as a call is.
+fn refused(method: &str, r: &pb::RuntimePublishVolumeRequest, e: Error) -> Status {
+    let out: Result<()> = Err(e);
+    log(
+        method,
+        &r.sandbox_id,
+        &r.host_volume_id,
+        "",
+        &out,
+        Instant::now(),
+    );
+    out.map_err(to_status).unwrap_err()
 }
 
 /// An answer of another shape than the call's: a defect of crustd's.
@@ -201,6 +216,10 @@ impl RuntimeAssistedStorageManagement for Service {
     ) -> std::result::Result<Response<pb::RuntimePublishVolumeResponse>, Status> {
         let at = caller_deadline(&req);
         let r = req.into_inner();
+        let fsgroup_policy = match FsGroupPolicy::parse(&r.fsgroup_policy) {
+            Ok(p) => p,
+            Err(e) => return Err(refused("RuntimePublishVolume", &r, e)),
+        };
         let p = PublishRequest {
             sandbox_id: r.sandbox_id,
             host_volume_id: r.host_volume_id,
@@ -208,7 +227,7 @@ impl RuntimeAssistedStorageManagement for Service {
             file_system: r.file_system,
             mount_options: r.mount_options,
             fsgroup_gid: r.fsgroup_gid,
-            fsgroup_policy: r.fsgroup_policy,
+            fsgroup_policy,
             read_only: r.read_only,
             block: r.block,
             create_file_system: r.create_file_system,
