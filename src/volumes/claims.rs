@@ -7,6 +7,7 @@
 //! device's sectors are read from sysfs before its claim).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Mutex;
 
 use crust_protocols::sync::LockExt;
@@ -15,7 +16,6 @@ use super::error::Error;
 use super::held::Held;
 use super::volume::Volume;
 use crate::model::{Device, Extent};
-use crate::sys::mountinfo::shown;
 
 /// A device number (major, minor).
 pub(crate) type DevNum = (u32, u32);
@@ -25,7 +25,7 @@ pub(crate) type DevNum = (u32, u32);
 pub(crate) struct Claim {
     pub(crate) id: String,
     /// Its device node, for messages.
-    pub(crate) device: String,
+    pub(crate) device: PathBuf,
     /// The sectors it covers on its whole disk.
     pub(crate) extent: Extent,
 }
@@ -54,13 +54,13 @@ impl Claims {
         for (held, c) in claims.iter().filter(|(_, c)| c.id != id) {
             if *held == key {
                 return Err(Error::DeviceInUse {
-                    device: shown(&device.path),
+                    device: device.path.clone(),
                     other: c.id.clone(),
                 });
             }
             if c.extent.overlaps(&extent) {
                 return Err(Error::DeviceOverlaps {
-                    device: shown(&device.path),
+                    device: device.path.clone(),
                     held: c.device.clone(),
                     how: extent.describe(&c.extent),
                     other: c.id.clone(),
@@ -71,7 +71,7 @@ impl Claims {
             key,
             Claim {
                 id: id.to_string(),
-                device: shown(&device.path),
+                device: device.path.clone(),
                 extent,
             },
         );
@@ -92,7 +92,7 @@ impl Claims {
             (vol.device.major, vol.device.minor),
             Claim {
                 id: vol.id().to_string(),
-                device: shown(&vol.device.path),
+                device: vol.device.path.clone(),
                 extent,
             },
         );

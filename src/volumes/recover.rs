@@ -121,7 +121,7 @@ impl<K: Kernel> Recovery<'_, K> {
         for c in self.claims.adopt(vol, extent) {
             warn!(self.log, "volumes taken back from a previous run share sectors of one disk; unpublish one of them";
                   "volume" => vol.id(), "device" => shown(&vol.device.path),
-                  "other" => &c.id, "other_device" => &c.device, "how" => extent.describe(&c.extent));
+                  "other" => &c.id, "other_device" => shown(&c.device), "how" => extent.describe(&c.extent));
         }
     }
 

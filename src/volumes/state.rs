@@ -127,9 +127,15 @@ fn write_error(call: &'static str, path: &Path, e: std::io::Error) -> crate::err
             .is_some_and(|n| n == libc::ENOSPC || n == libc::EDQUOT)
     };
     if full(&e) {
-        Error::StateFull { path: shown(path) }.into()
+        Error::StateFull {
+            path: path.to_path_buf(),
+        }
+        .into()
     } else if e.raw_os_error() == Some(libc::EROFS) {
-        Error::StateReadOnly { path: shown(path) }.into()
+        Error::StateReadOnly {
+            path: path.to_path_buf(),
+        }
+        .into()
     } else {
         SysError::new(call, shown(path), e).into()
     }

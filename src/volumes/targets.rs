@@ -55,23 +55,23 @@ impl Targets {
     ) -> Result<Reservation<'_>, Error> {
         let mut targets = self.map.locked();
         for (t, owner) in targets.iter() {
-            let there = || root.join(t).display().to_string();
+            let there = || root.join(t);
             if t == rel {
                 return Err(Error::TargetTaken {
-                    target: target.display().to_string(),
+                    target: target.to_path_buf(),
                     what: format!("a bind of volume {owner}"),
                 });
             }
             if rel.starts_with(t) {
                 return Err(Error::TargetNested {
-                    target: target.display().to_string(),
+                    target: target.to_path_buf(),
                     inner_of: there(),
                     volume: owner.clone(),
                 });
             }
             if t.starts_with(rel) {
                 return Err(Error::TargetCovers {
-                    target: target.display().to_string(),
+                    target: target.to_path_buf(),
                     inner: there(),
                     volume: owner.clone(),
                 });
