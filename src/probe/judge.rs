@@ -102,7 +102,7 @@ pub fn check(device: &Path, expected: FsType) -> Result<(), Error> {
     judge(
         &head,
         expected,
-        &device.display().to_string(),
+        device,
         // A block device's size is where a seek to its end lands (as for a file).
         || {
             (&file)
@@ -120,12 +120,12 @@ pub fn check(device: &Path, expected: FsType) -> Result<(), Error> {
 pub fn judge(
     head: &[u8],
     expected: FsType,
-    dev: &str,
+    dev: &Path,
     device_bytes: impl FnOnce() -> Result<u64, Error>,
     read: impl FnOnce(u64, usize) -> Result<Vec<u8>, Error>,
 ) -> Result<(), Error> {
     let found = signatures(head);
-    let dev = dev.to_string();
+    let dev = dev.to_path_buf();
     match found.as_slice() {
         [] => {
             return Err(Error::Unformatted {
@@ -310,10 +310,10 @@ mod tests {
             let h = &head[..len];
             let _ = signatures(h);
             if let Some(sb) = Ext4Super::parse(h) {
-                let _ = judge_ext4(&sb, u64::MAX, "/dev/x");
+                let _ = judge_ext4(&sb, u64::MAX, Path::new("/dev/x"));
             }
             if let Some(sb) = XfsSuper::parse(h) {
-                let _ = judge_xfs(&sb, 0, "/dev/x");
+                let _ = judge_xfs(&sb, 0, Path::new("/dev/x"));
             }
             let _ = Mmp::parse(h);
         }
@@ -326,10 +326,10 @@ mod tests {
             buf[..4].copy_from_slice(b"XFSB");
             let dev = rng.u64(..);
             let sb = Ext4Super::parse(&buf).unwrap();
-            if let Ok(Some(at)) = judge_ext4(&sb, dev, "/dev/x") {
-                let _ = judge_mmp(at, &Mmp::parse(&buf).unwrap(), "/dev/x");
+            if let Ok(Some(at)) = judge_ext4(&sb, dev, Path::new("/dev/x")) {
+                let _ = judge_mmp(at, &Mmp::parse(&buf).unwrap(), Path::new("/dev/x"));
             }
-            let _ = judge_xfs(&XfsSuper::parse(&buf).unwrap(), dev, "/dev/x");
+            let _ = judge_xfs(&XfsSuper::parse(&buf).unwrap(), dev, Path::new("/dev/x"));
             let mut field = [0u8; 64];
             field.copy_from_slice(&buf[..64]);
             let _ = planted_option(&field);

@@ -403,17 +403,16 @@ impl Kernel for Fake {
     fn check_filesystem(&self, device: &Device, fs: FsType) -> Result<()> {
         let st = self.state.locked();
         let holds = st.disk(&device.path).and_then(|d| d.fs);
-        let shown = device.path.display().to_string();
         match holds {
             Some(found) if found == fs => Ok(()),
             Some(found) => Err(probe::error::Error::Mismatch {
-                device: shown,
+                device: device.path.clone(),
                 found: found.name(),
                 expected: fs,
             }
             .into()),
             None => Err(probe::error::Error::Unformatted {
-                device: shown,
+                device: device.path.clone(),
                 expected: fs,
             }
             .into()),
