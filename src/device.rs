@@ -15,6 +15,7 @@ use crate::cancel::{deadline_after, until, Cancel, Stopped};
 use crate::model::{Device, DiskState};
 use crate::sys::blockdev::size_of;
 use crate::sys::error::SysError;
+use crate::sys::mountinfo::shown;
 use crate::sys::sysfs::{parse_devnum, read_attr, Sysfs};
 use crate::sys::uevents::Uevents;
 
@@ -68,10 +69,10 @@ pub enum Error {
     #[error("the serial is empty; give the serial the host set on the disk")]
     EmptySerial,
     #[code(InvalidArgument)]
-    #[error("device path {path} {reason}; give the absolute path of a block device under /dev")]
+    #[error("device path {} {reason}; give the absolute path of a block device under /dev", shown(path))]
     BadPath {
         /// The path as given.
-        path: String,
+        path: PathBuf,
         /// What is wrong with it.
         reason: String,
     },
@@ -242,7 +243,7 @@ fn under_dev(path: &Path) -> bool {
 /// /dev/disk/by-id are followed only while they stay under /dev).
 pub fn from_path(sysfs: &Sysfs, path: &Path) -> Result<Device, Error> {
     let bad = |reason: String| Error::BadPath {
-        path: path.display().to_string(),
+        path: path.to_path_buf(),
         reason,
     };
     if !path.is_absolute() {

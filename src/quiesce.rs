@@ -12,40 +12,41 @@ use std::fs::File;
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rustix::ioctl::{opcode, Opcode};
 
 use crate::sys::beneath;
 use crate::sys::error::SysError;
+use crate::sys::mountinfo::shown;
 
 crate::code::coded_errors! {
 /// What can go wrong freezing, thawing or trimming a filesystem.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[code(FailedPrecondition)]
-    #[error("the filesystem at {path} is already frozen by something other than the agent (FIFREEZE says EBUSY); thaw it there first")]
+    #[error("the filesystem at {} is already frozen by something other than the agent (FIFREEZE says EBUSY); thaw it there first", shown(path))]
     FrozenElsewhere {
         /// The mount path.
-        path: String,
+        path: PathBuf,
     },
     #[code(FailedPrecondition)]
-    #[error("the filesystem at {path} cannot be frozen (FIFREEZE says EOPNOTSUPP)")]
+    #[error("the filesystem at {} cannot be frozen (FIFREEZE says EOPNOTSUPP)", shown(path))]
     CannotFreeze {
         /// The mount path.
-        path: String,
+        path: PathBuf,
     },
     #[code(FailedPrecondition)]
-    #[error("the disk under {path} does not take discards, so there is nothing to give back (FITRIM says EOPNOTSUPP); the host must attach it with discard enabled (QEMU: discard=unmap)")]
+    #[error("the disk under {} does not take discards, so there is nothing to give back (FITRIM says EOPNOTSUPP); the host must attach it with discard enabled (QEMU: discard=unmap)", shown(path))]
     NoDiscard {
         /// The mount path.
-        path: String,
+        path: PathBuf,
     },
     #[code(FailedPrecondition)]
-    #[error("the filesystem at {path} is mounted read-only; a read-only filesystem is not trimmed")]
+    #[error("the filesystem at {} is mounted read-only; a read-only filesystem is not trimmed", shown(path))]
     ReadOnly {
         /// The mount path.
-        path: String,
+        path: PathBuf,
     },
     #[code(Internal)]
     #[error(transparent)]
@@ -85,10 +86,10 @@ pub fn freeze(dir: &File, path: &Path) -> Result<(), Error> {
     let r = unsafe { rustix::ioctl::ioctl(dir, rustix::ioctl::NoArg::<FIFREEZE>::new()) };
     r.map_err(|e| match e {
         rustix::io::Errno::BUSY => Error::FrozenElsewhere {
-            path: path.display().to_string(),
+            path: path.to_path_buf(),
         },
         rustix::io::Errno::OPNOTSUPP => Error::CannotFreeze {
-            path: path.display().to_string(),
+            path: path.to_path_buf(),
         },
         e => SysError::new("FIFREEZE", path.display(), e).into(),
     })
@@ -126,10 +127,10 @@ pub fn trim(dir: &File, path: &Path, start: u64, len: u64, min_len: u64) -> Resu
     match r {
         Ok(()) => Ok(range.len),
         Err(rustix::io::Errno::OPNOTSUPP) => Err(Error::NoDiscard {
-            path: path.display().to_string(),
+            path: path.to_path_buf(),
         }),
         Err(rustix::io::Errno::ROFS) => Err(Error::ReadOnly {
-            path: path.display().to_string(),
+            path: path.to_path_buf(),
         }),
         Err(e) => Err(SysError::new("FITRIM", path.display(), io::Error::from(e)).into()),
     }

@@ -4,11 +4,12 @@
 //! progress reports and cancellation between items. What is done to each
 //! entry is `entries`'; which mode it should end with is `rules`'.
 
-use std::ffi::CStr;
+use std::ffi::{CStr, OsStr, OsString};
 use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::path::Path;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -24,6 +25,7 @@ use super::rules::root_is_right;
 use crate::cancel::Cancel;
 use crate::model::Policy;
 use crate::sys::error::SysError;
+use crate::sys::mountinfo::shown;
 
 /// What a run did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -123,11 +125,11 @@ fn walk(w: &Walk, limits: Limits) -> Result<(Report, usize), Error> {
     )
     .map_err(|e| match e {
         Errno::NOTDIR => Error::RootNotDirectory {
-            root: root.display().to_string(),
+            root: root.to_path_buf(),
         },
         e @ (Errno::MFILE | Errno::NFILE) => Error::OutOfFds {
             gid,
-            dir: root.display().to_string(),
+            dir: root.to_path_buf(),
             source: e.into(),
         },
         e => SysError::new("open", root.display(), e).into(),
@@ -384,15 +386,15 @@ impl Shared<'_> {
 
     /// A directory for a message: where `dir` is now (lossily, from
     /// /proc/self/fd), then `name` in it if given.
-    fn shown(&self, dir: BorrowedFd<'_>, depth: u64, name: Option<&CStr>) -> String {
+    fn path_of(&self, dir: BorrowedFd<'_>, depth: u64, name: Option<&CStr>) -> PathBuf {
         let link = format!("/proc/self/fd/{}", dir.as_raw_fd());
         let base = match rustix::fs::readlink(link, Vec::new()) {
-            Ok(p) => p.to_string_lossy().into_owned(),
+            Ok(p) => PathBuf::from(OsString::from_vec(p.into_bytes())),
             // Longer than PATH_MAX, or no /proc.
-            Err(_) => format!("{}/…({depth} levels down)…", self.root.display()),
+            Err(_) => PathBuf::from(format!("{}/…({depth} levels down)…", shown(self.root))),
         };
         match name {
-            Some(n) => format!("{base}/{}", n.to_string_lossy()),
+            Some(n) => base.join(OsStr::from_bytes(n.to_bytes())),
             None => base,
         }
     }
@@ -404,7 +406,7 @@ impl Shared<'_> {
         name: Option<&CStr>,
         e: Errno,
     ) -> Error {
-        let dir = self.shown(dir, depth, name);
+        let dir = self.path_of(dir, depth, name);
         if e == Errno::MFILE || e == Errno::NFILE {
             return Error::OutOfFds {
                 gid: self.gid,
@@ -765,7 +767,7 @@ impl Shared<'_> {
         self.add(&counts);
         done.map_err(|e| Error::OutOfFds {
             gid: self.gid,
-            dir: self.shown(dir, depth, Some(e.name)),
+            dir: self.path_of(dir, depth, Some(e.name)),
             source: e.source,
         })
     }

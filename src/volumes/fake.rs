@@ -393,7 +393,7 @@ impl Kernel for Fake {
             }
             .into()),
             (None, Source::Path(p)) => Err(device::Error::BadPath {
-                path: p.display().to_string(),
+                path: p.to_path_buf(),
                 reason: "is not a block device".into(),
             }
             .into()),
@@ -647,7 +647,7 @@ impl Kernel for Fake {
         let mount = st.top_at(&p).expect("frozen on its mount root").id;
         if !st.frozen.insert(mount) {
             return Err(quiesce::Error::FrozenElsewhere {
-                path: path.display().to_string(),
+                path: path.to_path_buf(),
             }
             .into());
         }
