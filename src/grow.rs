@@ -10,7 +10,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rustix::ioctl::{opcode, Opcode};
 
@@ -19,6 +19,7 @@ use crate::superblock;
 use crate::sys::beneath;
 use crate::sys::error::SysError;
 use crate::sys::features::has_sys_resource;
+use crate::sys::mountinfo::shown;
 use crate::sys::sysfs::Sysfs;
 
 crate::code::coded_errors! {
@@ -26,42 +27,40 @@ crate::code::coded_errors! {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[code(FailedPrecondition)]
-    #[error("{path} is mounted read-only; a read-only filesystem cannot be grown")]
+    #[error("{} is mounted read-only; a read-only filesystem cannot be grown", shown(path))]
     ReadOnly {
         /// The mount path.
-        path: String,
+        path: PathBuf,
     },
     #[code(FailedPrecondition)]
-    #[error(
-        "{path} is not an {expected} filesystem (statfs type {found:#x}); refusing to grow it"
-    )]
+    #[error("{} is not an {expected} filesystem (statfs type {found:#x}); refusing to grow it", shown(path))]
     WrongFs {
         /// The mount path.
-        path: String,
+        path: PathBuf,
         /// The volume's filesystem.
         expected: FsType,
         /// The statfs magic found instead.
         found: u64,
     },
     #[code(FailedPrecondition)]
-    #[error("growing ext4 online at {path} needs CAP_SYS_RESOURCE, which the agent does not have; run the agent with that capability (as PID 1 it has it), or grow the filesystem offline")]
+    #[error("growing ext4 online at {} needs CAP_SYS_RESOURCE, which the agent does not have; run the agent with that capability (as PID 1 it has it), or grow the filesystem offline", shown(path))]
     NeedsCapSysResource {
         /// The mount path.
-        path: String,
+        path: PathBuf,
     },
     #[code(FailedPrecondition)]
-    #[error("the ext4 filesystem at {path} ({device}) has errors recorded; the kernel refuses online growth until e2fsck has repaired it on the host")]
+    #[error("the ext4 filesystem at {} ({}) has errors recorded; the kernel refuses online growth until e2fsck has repaired it on the host", shown(path), shown(device))]
     HasErrors {
         /// The mount path.
-        path: String,
+        path: PathBuf,
         /// Its device.
-        device: String,
+        device: PathBuf,
     },
     #[code(FailedPrecondition)]
-    #[error("the kernel refused to grow {fs} at {path}: {call} failed with {source}")]
+    #[error("the kernel refused to grow {fs} at {}: {call} failed with {source}", shown(path))]
     Refused {
         /// The mount path.
-        path: String,
+        path: PathBuf,
         /// The filesystem.
         fs: FsType,
         /// The ioctl.
@@ -71,10 +70,10 @@ pub enum Error {
         source: io::Error,
     },
     #[code(Internal)]
-    #[error("growing {fs} at {path} to fill {wanted} bytes was accepted, but the filesystem is {after} bytes (it was {before}); not reporting a growth that did not happen")]
+    #[error("growing {fs} at {} to fill {wanted} bytes was accepted, but the filesystem is {after} bytes (it was {before}); not reporting a growth that did not happen", shown(path))]
     NotGrown {
         /// The mount path.
-        path: String,
+        path: PathBuf,
         /// The filesystem.
         fs: FsType,
         /// Size before, bytes.
@@ -85,38 +84,36 @@ pub enum Error {
         wanted: u64,
     },
     #[code(FailedPrecondition)]
-    #[error(
-        "{path} is not mounted from {device} ({major}:{minor}); refusing to grow what is there"
-    )]
+    #[error("{} is not mounted from {} ({major}:{minor}); refusing to grow what is there", shown(path), shown(device))]
     NotOnDevice {
         /// The mount path.
-        path: String,
+        path: PathBuf,
         /// The volume's device node.
-        device: String,
+        device: PathBuf,
         /// Its major number.
         major: u32,
         /// Its minor number.
         minor: u32,
     },
     #[code(OutOfRange)]
-    #[error("the {fs} at {path} is {fs_bytes} bytes but its disk {device} now holds only {device_bytes} bytes: the disk shrank under the mounted filesystem, which cannot shrink, and reads past the disk's end fail; give the disk back at least {fs_bytes} bytes")]
+    #[error("the {fs} at {} is {fs_bytes} bytes but its disk {} now holds only {device_bytes} bytes: the disk shrank under the mounted filesystem, which cannot shrink, and reads past the disk's end fail; give the disk back at least {fs_bytes} bytes", shown(path), shown(device))]
     LargerThanDevice {
         /// The mount path.
-        path: String,
+        path: PathBuf,
         /// The filesystem.
         fs: FsType,
         /// The volume's device node.
-        device: String,
+        device: PathBuf,
         /// The filesystem's size, bytes.
         fs_bytes: u64,
         /// The device's size now, bytes.
         device_bytes: u64,
     },
     #[code(Internal)]
-    #[error("the filesystem at {path} claims {blocks} blocks of {block_size} bytes, more than 2^64 bytes; its superblock is corrupt: check it on the host")]
+    #[error("the filesystem at {} claims {blocks} blocks of {block_size} bytes, more than 2^64 bytes; its superblock is corrupt: check it on the host", shown(path))]
     Overflow {
         /// The mount path.
-        path: String,
+        path: PathBuf,
         /// The block count.
         blocks: u64,
         /// The block size.
@@ -248,7 +245,7 @@ fn grow_xfs(dir: &File, path: &Path, dev: &Device, device_bytes: u64) -> Result<
     let after = xfs_geometry(dir, path)?.datablocks;
     if after != target {
         return Err(Error::NotGrown {
-            path: path.display().to_string(),
+            path: path.to_path_buf(),
             fs: FsType::Xfs,
             before,
             after: after.saturating_mul(bs),
@@ -325,11 +322,11 @@ fn grow_ext4(
     if target <= sup.blocks_count {
         return Ok(before);
     }
-    let p = path.display().to_string();
+    let p = path.to_path_buf();
     if ext4_has_errors(&sup, dev, sysfs) {
         return Err(Error::HasErrors {
             path: p,
-            device: dev.path.display().to_string(),
+            device: dev.path.to_path_buf(),
         });
     }
     // Without the capability the kernel answers a bare EPERM; say what is missing.
@@ -381,7 +378,7 @@ fn refused_or_sys(path: &Path, fs: FsType, call: &'static str, err: io::Error) -
     ];
     if err.raw_os_error().is_some_and(|e| refusals.contains(&e)) {
         Error::Refused {
-            path: path.display().to_string(),
+            path: path.to_path_buf(),
             fs,
             call,
             source: err,
@@ -403,8 +400,8 @@ fn open_checked(at: BorrowedFd<'_>, path: &Path, dev: &Device, fs: FsType) -> Re
     let st = rustix::fs::fstat(&dir).map_err(|e| SysError::new("stat", path.display(), e))?;
     if (rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev)) != (dev.major, dev.minor) {
         return Err(Error::NotOnDevice {
-            path: path.display().to_string(),
-            device: dev.path.display().to_string(),
+            path: path.to_path_buf(),
+            device: dev.path.to_path_buf(),
             major: dev.major,
             minor: dev.minor,
         });
@@ -417,7 +414,7 @@ fn open_checked(at: BorrowedFd<'_>, path: &Path, dev: &Device, fs: FsType) -> Re
     };
     if magic != want {
         return Err(Error::WrongFs {
-            path: path.display().to_string(),
+            path: path.to_path_buf(),
             expected: fs,
             found: magic,
         });
@@ -464,9 +461,9 @@ pub fn fits(
 ) -> Result<(), Error> {
     if fs_bytes > device_bytes {
         return Err(Error::LargerThanDevice {
-            path: mount_path.display().to_string(),
+            path: mount_path.to_path_buf(),
             fs,
-            device: dev.path.display().to_string(),
+            device: dev.path.to_path_buf(),
             fs_bytes,
             device_bytes,
         });
@@ -480,7 +477,7 @@ fn bytes(blocks: u64, block_size: u64, path: &Path) -> Result<u64, Error> {
     blocks
         .checked_mul(block_size)
         .ok_or_else(|| Error::Overflow {
-            path: path.display().to_string(),
+            path: path.to_path_buf(),
             blocks,
             block_size,
         })
@@ -507,7 +504,7 @@ pub fn grow(
     let dir = open_checked(at, mount_path, dev, fs)?;
     if is_read_only(&dir, mount_path)? {
         return Err(Error::ReadOnly {
-            path: mount_path.display().to_string(),
+            path: mount_path.to_path_buf(),
         });
     }
     match fs {

@@ -66,7 +66,7 @@ pub(crate) fn bind_with(spec: &BindSpec, have_setattr: bool) -> Result<Bound, Er
     validate::recursive_read_only(spec.read_only, spec.recursive_read_only)?;
     if spec.recursive_read_only == RecursiveReadOnly::Enabled && !have_setattr {
         return Err(Error::RecursiveUnsupported {
-            target: spec.target_path.display().to_string(),
+            target: spec.target_path.to_path_buf(),
         });
     }
     let source = open_source(spec)?;
@@ -112,13 +112,13 @@ fn open_source(spec: &BindSpec) -> Result<OwnedFd, Error> {
     }
     let how = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
     beneath::open_with(spec.source_root, spec.subpath, OFlags::PATH, how).map_err(|e| {
-        let subpath = spec.subpath.display().to_string();
-        let root = spec.source_path.display().to_string();
+        let subpath = spec.subpath.to_path_buf();
+        let root = spec.source_path.to_path_buf();
         match e {
             Errno::XDEV | Errno::LOOP => Error::SubpathEscapes { subpath, root },
             Errno::NOENT | Errno::NOTDIR => Error::SubpathNotFound { subpath, root },
             Errno::NOSYS => Error::NoOpenat2 {
-                path: spec.source_path.join(spec.subpath).display().to_string(),
+                path: spec.source_path.join(spec.subpath),
             },
             _ => SysError::new("openat2", spec.source_path.join(spec.subpath).display(), e).into(),
         }
@@ -133,9 +133,9 @@ fn open_target(
     source_kind: FileType,
     created: &mut Vec<Created>,
 ) -> Result<OwnedFd, Error> {
-    let target = spec.target_path.display().to_string();
+    let target = spec.target_path;
     let bad = |why: String| Error::BadTarget {
-        target: target.clone(),
+        target: target.to_path_buf(),
         why,
     };
     let source_is_dir = source_kind == FileType::Directory;
@@ -159,10 +159,10 @@ fn open_target(
         ),
         Errno::ISDIR => bad("it exists and is a directory, but the source is a file".into()),
         Errno::NOSYS => Error::NoOpenat2 {
-            path: target.clone(),
+            path: target.to_path_buf(),
         },
         Errno::INVAL => bad("it is not a plain path beneath the agent's root".into()),
-        e => SysError::new("mkdir/openat2", &target, e).into(),
+        e => SysError::new("mkdir/openat2", target.display(), e).into(),
     })
 }
 

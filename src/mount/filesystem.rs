@@ -56,23 +56,23 @@ pub fn mount_filesystem(
     )
     .map_err(|e| match e {
         Errno::BUSY => Error::DeviceBusy {
-            device: device.display().to_string(),
-            target: target_path.display().to_string(),
+            device: device.to_path_buf(),
+            target: target_path.to_path_buf(),
         },
         // The options were not checked (no fsopen) and some were given:
         // they may be at fault as much as the disk.
         Errno::INVAL if !parsed && !opts.data.is_empty() => Error::KernelRefusedOptions {
             data: opts.data.clone(),
             fs_type: fs_type.to_string(),
-            device: device.display().to_string(),
-            target: target_path.display().to_string(),
+            device: device.to_path_buf(),
+            target: target_path.to_path_buf(),
             source: e.into(),
         },
         Errno::INVAL | Errno::FBIG | Errno::UCLEAN | Errno::BADMSG | Errno::IO => {
             Error::FilesystemRefused {
                 fs_type: fs_type.to_string(),
-                device: device.display().to_string(),
-                target: target_path.display().to_string(),
+                device: device.to_path_buf(),
+                target: target_path.to_path_buf(),
                 with: if opts.data.is_empty() {
                     String::new()
                 } else {
@@ -130,7 +130,7 @@ fn parser_accepts(fs_type: &str, data: &str, device: &Path) -> Result<bool, Erro
             return Err(Error::KernelRefusedOption {
                 option: opt.to_string(),
                 fs_type: fs_type.to_string(),
-                device: device.display().to_string(),
+                device: device.to_path_buf(),
                 why,
             });
         }

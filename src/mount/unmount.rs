@@ -91,7 +91,7 @@ pub fn unmount_tree(
     // for it by its id; otherwise it is gone.
     let absent = || match expect {
         Expect::Mount(..) if listed(&read_table()?, expect).is_some() => Err(Error::Moved {
-            path: mountinfo::shown(&shown),
+            path: shown.to_path_buf(),
         }),
         _ => Ok(false),
     };
@@ -100,7 +100,7 @@ pub fn unmount_tree(
         Err(Errno::NOENT | Errno::NOTDIR) => return absent(),
         Err(Errno::LOOP | Errno::XDEV) => {
             return Err(Error::Unsafe {
-                path: mountinfo::shown(&shown),
+                path: shown.to_path_buf(),
             })
         }
         Err(e) => return Err(SysError::new("openat2", mountinfo::shown(&shown), e).into()),
@@ -123,11 +123,11 @@ pub fn unmount_tree(
             // Ours is gone and something else is there now: not ours to touch.
             Expect::Mount(..) if listed(&table, expect).is_none() => Ok(false),
             Expect::Mount(..) => Err(Error::Covered {
-                path: mountinfo::shown(&shown),
+                path: shown.to_path_buf(),
                 what,
             }),
             Expect::Device(..) => Err(Error::NotOurs {
-                path: mountinfo::shown(&shown),
+                path: shown.to_path_buf(),
                 what,
             }),
         };
@@ -201,7 +201,7 @@ fn unmount_children(
     let table = read_table()?;
     match mountinfo::by_id(&table, top.mount_id) {
         Some(t) if !mountinfo::descendants(&table, t.mount_id).is_empty() => Err(Error::Busy {
-            path: mountinfo::shown(shown),
+            path: shown.to_path_buf(),
             attempts: PASSES,
         }),
         _ => Ok(()),
@@ -223,7 +223,7 @@ fn unmount_one(parent: BorrowedFd<'_>, name: &CStr, shown: &Path) -> Result<(), 
             }
             Err(Errno::BUSY) => {
                 return Err(Error::Busy {
-                    path: mountinfo::shown(shown),
+                    path: shown.to_path_buf(),
                     attempts: attempt,
                 });
             }

@@ -241,7 +241,7 @@ impl<K: Kernel> Binder<'_, K> {
                     .describe(mp.mount_id)?
                     .unwrap_or_else(|| format!("mount {}", mp.mount_id));
                 Err(mount::error::Error::NotOurs {
-                    path: target.display().to_string(),
+                    path: target.to_path_buf(),
                     what,
                 }
                 .into())

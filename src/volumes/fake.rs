@@ -459,8 +459,8 @@ impl Kernel for Fake {
             let how = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
             beneath::open_with(spec.source_root, spec.subpath, OFlags::PATH, how).map_err(|_| {
                 MountError::SubpathNotFound {
-                    subpath: spec.subpath.display().to_string(),
-                    root: spec.source_path.display().to_string(),
+                    subpath: spec.subpath.to_path_buf(),
+                    root: spec.source_path.to_path_buf(),
                 }
             })?
         };
@@ -479,7 +479,7 @@ impl Kernel for Fake {
         let target =
             beneath::make_path(spec.target_base, spec.target_rel, 0o750, leaf, &mut created)
                 .map_err(|e| MountError::BadTarget {
-                    target: spec.target_path.display().to_string(),
+                    target: spec.target_path.to_path_buf(),
                     why: e.to_string(),
                 })?;
         let on = {
@@ -538,12 +538,12 @@ impl Kernel for Fake {
         rel: &Path,
         expect: Expect,
     ) -> std::result::Result<bool, MountError> {
-        let shown = base_path.join(rel).display().to_string();
+        let shown = base_path.join(rel);
         let at = match beneath::open_parent(base, rel) {
             Ok((parent, name)) => Some(path_of(parent.as_fd()).join(name.to_str().unwrap())),
             Err(Errno::NOENT | Errno::NOTDIR) => None,
             Err(Errno::LOOP | Errno::XDEV) => return Err(MountError::Unsafe { path: shown }),
-            Err(e) => return Err(SysError::new("openat2", &shown, e).into()),
+            Err(e) => return Err(SysError::new("openat2", shown.display(), e).into()),
         };
         let st = self.state.locked();
         let listed = st
@@ -567,7 +567,7 @@ impl Kernel for Fake {
         drop(st);
         let what = format!("umount {}", top.at.display());
         self.call(Call::Unmount, &what)
-            .map_err(|e| SysError::new("umount", &shown, e))?;
+            .map_err(|e| SysError::new("umount", shown.display(), e))?;
         let mut st = self.state.locked();
         // What is mounted below it comes off with it.
         st.mounts

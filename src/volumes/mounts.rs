@@ -23,7 +23,7 @@ use crate::sys::mountinfo;
 pub(crate) fn unsafe_or_sys(e: Errno, call: &'static str, path: &Path) -> crate::error::Error {
     match e {
         Errno::LOOP | Errno::XDEV | Errno::NOTDIR => mount::error::Error::Unsafe {
-            path: path.display().to_string(),
+            path: path.to_path_buf(),
         }
         .into(),
         _ => SysError::new(call, path.display(), e).into(),

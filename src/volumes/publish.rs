@@ -217,7 +217,7 @@ impl<K: Kernel> Publisher<'_, K> {
                 undo.leave_to_recovery();
                 return Err(other.err().unwrap_or_else(|| {
                     crate::mount::error::Error::Moved {
-                        path: vol.guest_path.display().to_string(),
+                        path: vol.guest_path.to_path_buf(),
                     }
                     .into()
                 }));
