@@ -3,8 +3,9 @@
 //! for every sandbox, and turns each call into QMP (hot-plug, resize, unplug)
 //! plus crust.v1 calls to the crust-agent inside that sandbox's VM.
 //!
-//! The flow of a call: `service` (gRPC ↔ plain types, error → status, one
-//! log line) → `calls` (each call's work on a thread of its own, bounded per
+//! The flow of a call: `methods` (the one list of CRUST methods, held to
+//! the .proto: each request made a call, each call's answer its response)
+//! → `service` (error → status, one log line) → `calls` (each call's work on a thread of its own, bounded per
 //! sandbox, joined by the same call made again, ended by the caller's
 //! `deadline`) → `volumes` (one file per call: the steps, locks and undo) →
 //! `registry` (where the sandbox's QMP socket and agent are), `monitor` (the
@@ -41,6 +42,7 @@ pub mod hotplug;
 pub mod hypervisor;
 pub mod kata;
 pub mod locks;
+pub mod methods;
 pub mod mkfs;
 pub mod monitor;
 pub mod registry;
