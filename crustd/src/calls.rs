@@ -392,6 +392,48 @@ mod tests {
         }
     }
 
+    /// Another type of call with the same fields.
+    #[derive(Clone, PartialEq, Eq, Hash)]
+    struct Other(Stats);
+
+    impl Call for Other {
+        const METHOD: &'static str = "RuntimeGetVolumeHealth";
+        type Answer = ();
+
+        fn sandbox(&self) -> &str {
+            self.0.sandbox()
+        }
+
+        fn subject(&self) -> (&str, &str) {
+            self.0.subject()
+        }
+
+        fn run(&self, _: &Arc<Crustd>, _: &Deadline) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Calls join only calls of their own type: equal fields of another
+    /// type are another call, whose answer is of another shape.
+    #[test]
+    fn a_call_finds_only_calls_of_its_own_type() {
+        let mut tables = Tables::default();
+        let (tx, rx) = watch::channel(None);
+        let running = Arc::new(Running {
+            deadline: Deadline::new(None),
+            done: rx,
+            answered: AtomicBool::new(false),
+            claim: AtomicU8::new(PENDING),
+        });
+        tables.of::<Stats>().insert(stats("pod-a"), running);
+        assert!(tables.of::<Stats>().contains_key(&stats("pod-a")));
+        assert!(!tables.of::<Other>().contains_key(&Other(stats("pod-a"))));
+        assert_eq!(tables.len(), 1);
+        tables.of::<Stats>().remove(&stats("pod-a"));
+        assert_eq!(tables.len(), 0);
+        drop(tx);
+    }
+
     #[tokio::test]
     async fn calls_end_and_leave_nothing_behind() {
         let (_t, calls) = calls(2);

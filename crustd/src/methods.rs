@@ -113,6 +113,7 @@ pub trait Served: Sized + Send + 'static {
     type Call: Call;
     /// The method's response message.
     type Response;
+    /// The call, in plain types.
     fn call(self) -> Self::Call;
     /// The response, from the call's answer.
     fn response(answer: <Self::Call as Call>::Answer) -> Self::Response;
@@ -122,10 +123,12 @@ pub trait Served: Sized + Send + 'static {
 pub trait Local: Send + 'static {
     /// The method's response message.
     type Response;
+    /// The response, made from crustd's own tables.
     fn answer() -> Self::Response;
 }
 
-/// A served method: its call, made for the caller's deadline and logged.
+/// A served method: its call, made for the caller's deadline and logged
+/// (under the call's method, which the table's name is checked to be).
 async fn served<M: Served>(
     service: &Service,
     _name: &'static str,
