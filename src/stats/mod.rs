@@ -178,7 +178,7 @@ fn look_at_disk(sysfs: &Sysfs, dev: &Device, ext4: bool, fs_bytes: Option<u64>) 
             String::new()
         },
         state: sysfs.disk_state(dev),
-        dev_block: sysfs.dev_block.display().to_string(),
+        dev_block: sysfs.dev_block.clone(),
         fs_bytes,
     }
 }
