@@ -1,4 +1,4 @@
-//! Issue 8, "the server survives any client", replayed against the built
+//! "The server survives any client", against the built
 //! agent over a unix socket: floods of every kind stay within fixed bounds
 //! while the agent keeps answering (1), every frame gets an answer (2), a
 //! caller that disconnects stops its request (3), and log lines cannot be
@@ -168,7 +168,7 @@ fn pipeline(
     (writer, answers)
 }
 
-/// Defect 1. Pipelined requests, hundreds of idle connections, clients that
+/// (1) Pipelined requests, hundreds of idle connections, clients that
 /// never read, half-sent and oversized frames, then more connections than
 /// the limit — all at once, while a well-behaved client keeps calling. The
 /// agent's threads never grow, its memory and descriptors stay bounded and
@@ -334,7 +334,7 @@ fn a_client_that_never_reads_is_held_back_not_buffered() {
     );
 }
 
-/// Defect 2 and the frame rules: a payload that is not the method's
+/// (2) The frame rules: a payload that is not the method's
 /// protobuf message, an envelope that is not a ttrpc Request, an unknown
 /// method, even or reused stream ids, a data frame, an oversized frame —
 /// each is answered with a status on its stream, and the connection goes
@@ -395,7 +395,7 @@ fn every_frame_gets_an_answer() {
     );
 }
 
-/// Defect 3's last part: a client that disconnects mid-request cancels it.
+/// (3) A client that disconnects mid-request cancels it.
 /// A publish waiting (60 s) for a disk that never comes stops within a
 /// second of its caller closing the connection, and its volume is free.
 #[test]
@@ -444,7 +444,7 @@ fn a_caller_that_disconnects_stops_its_wait() {
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
 }
 
-/// Defect 4: values with newlines, NULs and escape sequences cannot start a
+/// (4) Values with newlines, NULs and escape sequences cannot start a
 /// line of their own, and a huge value does not make a huge line — in the
 /// text and the JSON format.
 #[test]

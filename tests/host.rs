@@ -820,10 +820,10 @@ fn an_ro_option_makes_the_volume_read_only() {
     assert_eq!(code(c.expand_volume(ctx(), &er)), "FAILED_PRECONDITION");
 }
 
-/// Issue 18: kubelet's SELinux context options (KEP-1710's relabel on
-/// mount) in a guest without SELinux are left out of the mount and said so
-/// in the answer and the log; before, mount(2) refused them (no security
-/// module claims `context=`) and so did the publish.
+/// kubelet's SELinux context options (KEP-1710's relabel on mount) in a
+/// guest without SELinux are left out of the mount and said so in the
+/// answer and the log: mount(2) would refuse them (no security module
+/// claims `context=`), and so would the publish.
 #[test]
 fn selinux_context_options_are_left_out_without_selinux() {
     if !privileged() {

@@ -719,7 +719,7 @@ fn rtt_raw(m: &Measured, base: Baseline<'_>) -> Figure {
             fmt_secs(median(free_echo_s))
         ),
         ratio: format!("{:.2}x the echo", rawm / echo),
-        // The agent's own share (issue 16): nothing but the agent differs
+        // The agent's own share: nothing but the agent differs
         // from the echo here.
         target: "≤ 1.5x the raw echo".into(),
         verdict: Verdict::from(rawm / echo <= 1.5),
@@ -800,12 +800,19 @@ fn percentile(s: &[f64], p: f64) -> f64 {
     v.get(rank).copied().unwrap_or(f64::NAN)
 }
 
+/// The README's bound on the stripped agent, 2.1 MiB: what the bench holds
+/// the binary to, so that the README's promise is what is checked.
+pub const SIZE_BOUND_BYTES: u64 = 2_202_009;
+
+/// [`SIZE_BOUND_BYTES`] as the report's target reads.
+pub const SIZE_TARGET: &str = "< 2.1 MiB (2,202,009 B), the README's bound";
+
 /// Figure 9: the release agent, checked static and stripped from its ELF headers.
 pub fn size_figure() -> Figure {
     let (key, title, target) = (
         "binary_size",
         "stripped static binary size (release crust-agent)",
-        "< 3 MiB",
+        SIZE_TARGET,
     );
     let bin = agent_bin();
     match elf_facts(&bin) {
@@ -847,7 +854,7 @@ pub fn size_figure() -> Figure {
                 baseline: "—".into(),
                 ratio: "—".into(),
                 target: target.into(),
-                verdict: Verdict::from(bytes < 3 << 20 && is_static),
+                verdict: Verdict::from(bytes < SIZE_BOUND_BYTES && is_static),
                 data: json!({ "path": bin, "bytes": bytes, "static": is_static, "stripped_as_built": stripped, "note": if note.is_empty() { Value::Null } else { Value::String(note) } }),
             }
         }

@@ -813,9 +813,9 @@ fn create_filesystem_formats_only_a_provably_blank_device() {
     assert!(image(&scratch) == before);
 }
 
-/// Issue 21, defect 1: 6ef9837 formatted a disk holding an ext4 at 1 MiB
-/// (the usual first partition) whose partition table sector was lost: its
-/// first and last MiB were zeros and `blkid -p` found nothing at offset 0.
+/// A disk holding an ext4 at 1 MiB (the usual first partition) whose
+/// partition table sector was lost is never formatted, though its first
+/// and last MiB are zeros and `blkid -p` finds nothing at offset 0.
 #[test]
 fn a_file_system_behind_a_lost_partition_table_is_never_formatted() {
     let Some(r) = Rig::new(

@@ -462,7 +462,7 @@ fn a_failed_publish_unplugs_what_it_plugged() {
     assert_eq!(state(&sb)["volumes"], serde_json::json!({}));
 }
 
-/// Issue 17: a publish whose fsGroup walk outlives kubelet's deadline. The
+/// A publish whose fsGroup walk outlives kubelet's deadline. The
 /// fake agent mounts, lists the volume as publishing and answers
 /// DEADLINE_EXCEEDED at the deadline it was told, as the agent does.
 #[test]
@@ -730,8 +730,8 @@ impl Drop for Alias {
     }
 }
 
-/// Issue 15, defect 2: crustd compared devices by exact major:minor, so a
-/// disk and its own partition went into one sandbox, or into two.
+/// A disk and its own partitions are one disk: compared by exact
+/// major:minor they could go into one sandbox twice, or into two.
 #[test]
 fn a_disk_and_its_partitions_are_one_disk_in_every_sandbox() {
     if !root_or_skip("a_disk_and_its_partitions_are_one_disk_in_every_sandbox") {
@@ -805,9 +805,8 @@ impl Drop for Swap {
     }
 }
 
-/// Issue 15, defect 3: crustd hot-plugged a loop device the host had
-/// mounted read-write (one ext4, two kernels), and would have taken a
-/// partition of the host's root disk the same way.
+/// A loop device the host has mounted read-write (one ext4, two kernels)
+/// is never hot-plugged, nor a partition of the host's root disk.
 #[test]
 fn a_device_the_host_uses_is_refused_and_one_published_is_held() {
     if !root_or_skip("a_device_the_host_uses_is_refused_and_one_published_is_held") {
@@ -909,9 +908,9 @@ fn a_device_the_host_uses_is_refused_and_one_published_is_held() {
     );
 }
 
-/// Issue 15, defect 7: a FIFO as one sandbox's crustd.json hung every
-/// publish on the node (state files were read under the node-wide lock,
-/// opened without O_NONBLOCK), and sandbox.json was read without bound.
+/// A FIFO as one sandbox's crustd.json hangs no publish on the node (were
+/// state files read under the node-wide lock, opened without O_NONBLOCK,
+/// it would hang every one), and sandbox.json is read within a bound.
 #[test]
 fn one_sandboxs_fifo_or_endless_file_stops_nothing_else() {
     if !root_or_skip("one_sandboxs_fifo_or_endless_file_stops_nothing_else") {
@@ -995,9 +994,9 @@ fn one_sandboxs_fifo_or_endless_file_stops_nothing_else() {
     d.client().unpublish("pod-a", &disks[1].path()).unwrap();
 }
 
-/// Issue 15, defect 8: crustd's temporary state file had a predictable
-/// name (`.crustd.json.tmp.<pid>`) and File::create followed a symlink
-/// planted there, overwriting any host file.
+/// crustd's temporary state file has no predictable name, and a symlink
+/// planted where one with the old name (`.crustd.json.tmp.<pid>`) would be
+/// overwrites no host file.
 #[test]
 fn a_planted_symlink_redirects_no_write() {
     if !root_or_skip("a_planted_symlink_redirects_no_write") {
@@ -1032,8 +1031,8 @@ fn a_planted_symlink_redirects_no_write() {
     assert!(log_of(&sb.qemu).is_empty());
 }
 
-/// Issue 15, defects 9 and 10 (crustd's side): `--socket PATH` deleted
-/// whatever was at PATH, and the socket took its mode from the umask.
+/// `--socket PATH` replaces only a stale socket at PATH, never another
+/// file, and the socket is 0600 whatever the umask.
 #[test]
 fn the_socket_is_0600_and_only_a_stale_one_is_replaced() {
     let t = tempfile::tempdir().unwrap();
@@ -1086,7 +1085,7 @@ fn the_socket_is_0600_and_only_a_stale_one_is_replaced() {
 }
 
 /// QEMU can answer blockdev-del "in use" for a moment after the device left
-/// its list (its finalization is deferred; seen in CI against a real QEMU):
+/// its list (its finalization is deferred, as a real QEMU does):
 /// Unpublish tries again until the node is free, and succeeds.
 #[test]
 fn unpublish_waits_for_a_node_qemu_still_holds_after_its_device_went() {
