@@ -1,7 +1,7 @@
-//! The house rules clippy cannot check, checked by reading the source
-//! (issues 16, 22 and 30). For every crate of the workspace (the agent's
-//! `src/`, crustd, crust-client, crust-vm, crustd-ctl, crust-protocols, the
-//! bench, crust-fuzz) and for their integration tests:
+//! The house rules clippy cannot check, checked by reading the source. For
+//! every crate of the workspace (the agent's `src/`, crustd, crust-client,
+//! crust-vm, crustd-ctl, crust-protocols, the bench, crust-fuzz) and for
+//! their integration tests:
 //!
 //! - no import cycle among files: an edge runs from file A to file B when A
 //!   names (by `use` or by a path, `crate::`, `super::`, `self::`,
