@@ -58,7 +58,7 @@ pub mod volumes;
 pub(crate) mod disks;
 
 /// The generated crust.runtime.v1alpha1 messages and server stubs.
-#[allow(clippy::all, missing_docs)]
+#[allow(clippy::all, clippy::pedantic, clippy::restriction, missing_docs)]
 pub mod pb {
     tonic::include_proto!("crust.runtime.v1alpha1");
 }

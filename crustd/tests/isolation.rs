@@ -129,6 +129,52 @@ fn silent_backend(path: &Path) -> Arc<Mutex<Vec<std::os::unix::net::UnixStream>>
     held
 }
 
+/// pod-hung: a live QEMU, an agent behind a vsock that never answers, and
+/// a published volume recorded (its stats go to the agent).
+struct HungSandbox {
+    _qemu: fakes::Qemu,
+    /// The CONNECTs the silent vsock backend was sent.
+    sent: Arc<Mutex<Vec<std::os::unix::net::UnixStream>>>,
+    /// The published volume's disk.
+    disk: LoopDisk,
+}
+
+impl HungSandbox {
+    fn lay_out(reg: &Path) -> HungSandbox {
+        let hung_dir = reg.join("pod-hung");
+        std::fs::create_dir_all(&hung_dir).unwrap();
+        let qemu = fakes::qemu(&hung_dir.join("qmp.sock"));
+        let sent = silent_backend(&hung_dir.join("vsock.sock"));
+        std::fs::write(
+            hung_dir.join("sandbox.json"),
+            serde_json::json!({"qmp": "qmp.sock", "agent": format!("hvsock://{}:1024", hung_dir.join("vsock.sock").display())}).to_string(),
+        )
+        .unwrap();
+        let disk = LoopDisk::new(16, None);
+        let hv = disk.path();
+        let rdev = {
+            use std::os::unix::fs::MetadataExt;
+            let r = std::fs::metadata(&hv).unwrap().rdev();
+            format!("{}:{}", rustix::fs::major(r), rustix::fs::minor(r))
+        };
+        std::fs::write(
+            hung_dir.join("crustd.json"),
+            serde_json::json!({"volumes": {hv.clone(): {
+                "volume_id": "crustd-0000000000000001", "serial": "cr-0000000000000001",
+                "node": "crustd-0000000000000001", "device": "crustd-dev-0000000000000001",
+                "rdev": rdev, "host_target_path": "/t", "guest_path": "/run/crust/volumes/crustd-0000000000000001",
+                "file_system": "ext4", "read_only": false, "block": false, "phase": "published"}}})
+            .to_string(),
+        )
+        .unwrap();
+        HungSandbox {
+            _qemu: qemu,
+            sent,
+            disk,
+        }
+    }
+}
+
 /// Node scale: were every agent call to a guest that never answers CONNECT
 /// to park a stream without time limit, and crustd to keep systemd's soft
 /// limit on open files, a few hundred failed calls would make every
@@ -143,34 +189,8 @@ fn one_hung_sandbox_costs_only_itself() {
     let t = tempfile::tempdir().unwrap();
     let reg = t.path().join("sandboxes");
     let ok = fakes::sandbox(&reg, "pod-ok");
-    // pod-hung: a live QEMU, an agent behind a vsock that never answers, and
-    // a published volume recorded (its stats go to the agent).
-    let hung_dir = reg.join("pod-hung");
-    std::fs::create_dir_all(&hung_dir).unwrap();
-    let _qemu = fakes::qemu(&hung_dir.join("qmp.sock"));
-    let sent = silent_backend(&hung_dir.join("vsock.sock"));
-    std::fs::write(
-        hung_dir.join("sandbox.json"),
-        serde_json::json!({"qmp": "qmp.sock", "agent": format!("hvsock://{}:1024", hung_dir.join("vsock.sock").display())}).to_string(),
-    )
-    .unwrap();
-    let hung_disk = LoopDisk::new(16, None);
-    let hv = hung_disk.path();
-    let rdev = {
-        use std::os::unix::fs::MetadataExt;
-        let r = std::fs::metadata(&hv).unwrap().rdev();
-        format!("{}:{}", rustix::fs::major(r), rustix::fs::minor(r))
-    };
-    std::fs::write(
-        hung_dir.join("crustd.json"),
-        serde_json::json!({"volumes": {hv.clone(): {
-            "volume_id": "crustd-0000000000000001", "serial": "cr-0000000000000001",
-            "node": "crustd-0000000000000001", "device": "crustd-dev-0000000000000001",
-            "rdev": rdev, "host_target_path": "/t", "guest_path": "/run/crust/volumes/crustd-0000000000000001",
-            "file_system": "ext4", "read_only": false, "block": false, "phase": "published"}}})
-        .to_string(),
-    )
-    .unwrap();
+    let hung = HungSandbox::lay_out(&reg);
+    let (sent, hv) = (&hung.sent, hung.disk.path());
     let disks: Vec<LoopDisk> = (0..3).map(|_| LoopDisk::new(16, None)).collect();
     // systemd's default soft limit is 1,024; this one is lower still.
     let d = Crustd::start(&reg, &["--agent-timeout", "1", "--soft-nofile=256"]);
