@@ -79,7 +79,6 @@ pub enum Error {
     #[code(OutOfRange)]
     #[error("{} is {actual} bytes, less than the required {required} bytes, still after waiting {} ms; the host must grow the disk first", .device.display(), .waited.as_millis())]
     TooSmall {
-        /// The device node.
         device: PathBuf,
         /// The bytes asked for.
         required: u64,
@@ -93,9 +92,7 @@ pub enum Error {
     Gone {
         /// The disk's kernel name.
         name: String,
-        /// Its major number.
         major: u32,
-        /// Its minor number.
         minor: u32,
     },
     #[code(inner)]

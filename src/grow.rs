@@ -31,13 +31,11 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("{} is mounted read-only; a read-only filesystem cannot be grown", shown(path))]
     ReadOnly {
-        /// The mount path.
         path: PathBuf,
     },
     #[code(FailedPrecondition)]
     #[error("{} is not an {expected} filesystem (statfs type {found:#x}); refusing to grow it", shown(path))]
     WrongFs {
-        /// The mount path.
         path: PathBuf,
         /// The volume's filesystem.
         expected: FsType,
@@ -47,21 +45,17 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("growing ext4 online at {} needs CAP_SYS_RESOURCE, which the agent does not have; run the agent with that capability (as PID 1 it has it), or grow the filesystem offline", shown(path))]
     NeedsCapSysResource {
-        /// The mount path.
         path: PathBuf,
     },
     #[code(FailedPrecondition)]
     #[error("the ext4 filesystem at {} ({}) has errors recorded; the kernel refuses online growth until e2fsck has repaired it on the host", shown(path), shown(device))]
     HasErrors {
-        /// The mount path.
         path: PathBuf,
-        /// Its device.
         device: PathBuf,
     },
     #[code(FailedPrecondition)]
     #[error("the kernel refused to grow {fs} at {}: {call} failed with {source}", shown(path))]
     Refused {
-        /// The mount path.
         path: PathBuf,
         /// The filesystem.
         fs: FsType,
@@ -74,7 +68,6 @@ pub enum Error {
     #[code(Internal)]
     #[error("growing {fs} at {} to fill {wanted} bytes was accepted, but the filesystem is {after} bytes (it was {before}); not reporting a growth that did not happen", shown(path))]
     NotGrown {
-        /// The mount path.
         path: PathBuf,
         /// The filesystem.
         fs: FsType,
@@ -88,19 +81,15 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("{} is not mounted from {} ({major}:{minor}); refusing to grow what is there", shown(path), shown(device))]
     NotOnDevice {
-        /// The mount path.
         path: PathBuf,
         /// The volume's device node.
         device: PathBuf,
-        /// Its major number.
         major: u32,
-        /// Its minor number.
         minor: u32,
     },
     #[code(OutOfRange)]
     #[error("the {fs} at {} is {fs_bytes} bytes but its disk {} now holds only {device_bytes} bytes: the disk shrank under the mounted filesystem, which cannot shrink, and reads past the disk's end fail; give the disk back at least {fs_bytes} bytes", shown(path), shown(device))]
     LargerThanDevice {
-        /// The mount path.
         path: PathBuf,
         /// The filesystem.
         fs: FsType,
@@ -114,11 +103,9 @@ pub enum Error {
     #[code(Internal)]
     #[error("the filesystem at {} claims {blocks} blocks of {block_size} bytes, more than 2^64 bytes; its superblock is corrupt: check it on the host", shown(path))]
     Overflow {
-        /// The mount path.
         path: PathBuf,
         /// The block count.
         blocks: u64,
-        /// The block size.
         block_size: u64,
     },
     #[code(Internal)]

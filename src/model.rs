@@ -10,7 +10,6 @@ use std::path::PathBuf;
 pub enum FsType {
     /// ext4 (the kernel's ext4 driver also mounts ext2/ext3, which share the magic).
     Ext4,
-    /// xfs.
     Xfs,
 }
 

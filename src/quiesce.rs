@@ -27,25 +27,21 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("the filesystem at {} is already frozen by something other than the agent (FIFREEZE says EBUSY); thaw it there first", shown(path))]
     FrozenElsewhere {
-        /// The mount path.
         path: PathBuf,
     },
     #[code(FailedPrecondition)]
     #[error("the filesystem at {} cannot be frozen (FIFREEZE says EOPNOTSUPP)", shown(path))]
     CannotFreeze {
-        /// The mount path.
         path: PathBuf,
     },
     #[code(FailedPrecondition)]
     #[error("the disk under {} does not take discards, so there is nothing to give back (FITRIM says EOPNOTSUPP); the host must attach it with discard enabled (QEMU: discard=unmap)", shown(path))]
     NoDiscard {
-        /// The mount path.
         path: PathBuf,
     },
     #[code(FailedPrecondition)]
     #[error("the filesystem at {} is mounted read-only; a read-only filesystem is not trimmed", shown(path))]
     ReadOnly {
-        /// The mount path.
         path: PathBuf,
     },
     #[code(Internal)]

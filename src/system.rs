@@ -26,7 +26,6 @@ pub enum Capability {
     FsGroupAlways,
     /// fsGroup with policy OnRootMismatch.
     FsGroupOnRootMismatch,
-    /// Binds of a subpath.
     Subpath,
     /// GetVolumeStats usage.
     VolumeStats,
@@ -40,9 +39,7 @@ pub enum Capability {
     BlockVolume,
     /// FreezeVolumes and ThawVolumes.
     Freeze,
-    /// TrimVolume.
     Trim,
-    /// GetVolumeHealth.
     VolumeHealth,
 }
 
@@ -189,7 +186,6 @@ pub struct AgentInfo {
     pub uptime_ms: u64,
     /// Resident memory.
     pub rss_bytes: u64,
-    /// The boot timeline.
     pub boot: Timeline,
 }
 

@@ -170,7 +170,6 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Its pid.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

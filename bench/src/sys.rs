@@ -55,7 +55,6 @@ pub fn run(prog: &str, args: &[&str]) -> R<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// A sparse file of `bytes`.
 pub fn sparse_file(path: &Path, bytes: u64) -> R<()> {
     let _ = fs::remove_file(path);
     let f = fs::File::create(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;

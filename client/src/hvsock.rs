@@ -357,7 +357,6 @@ mod tests {
 
     /// When the fake backend answers CONNECT.
     enum Answer {
-        /// After this long.
         After(Duration),
         /// When the test says so (after the client has given up).
         When(mpsc::Receiver<()>),

@@ -85,7 +85,6 @@ struct Claim {
 pub struct Conflict {
     /// The volume that has them.
     pub holder: Key,
-    /// Its device node.
     pub device: PathBuf,
     /// The two extents are equal: the same device, not just shared bytes.
     pub same: bool,

@@ -22,7 +22,6 @@ pub enum Error {
         data: String,
         /// ext4 or xfs.
         fs_type: String,
-        /// The device.
         device: PathBuf,
         /// The mount point.
         target: PathBuf,
@@ -37,7 +36,6 @@ pub enum Error {
         option: String,
         /// ext4 or xfs.
         fs_type: String,
-        /// The device.
         device: PathBuf,
         /// The kernel's own words when it gave any, else the errno.
         why: String,
@@ -47,7 +45,6 @@ pub enum Error {
     FilesystemRefused {
         /// ext4 or xfs.
         fs_type: String,
-        /// The device.
         device: PathBuf,
         /// The mount point.
         target: PathBuf,
@@ -60,7 +57,6 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("{} is busy and cannot be mounted at {}: it is probably mounted elsewhere already; unmount it there first", shown(device), shown(target))]
     DeviceBusy {
-        /// The device.
         device: PathBuf,
         /// The mount point asked for.
         target: PathBuf,
@@ -81,7 +77,6 @@ pub enum Error {
     SubpathEscapes {
         /// The subpath as given.
         subpath: PathBuf,
-        /// The volume root.
         root: PathBuf,
     },
     #[code(NotFound)]
@@ -89,7 +84,6 @@ pub enum Error {
     SubpathNotFound {
         /// The subpath as given.
         subpath: PathBuf,
-        /// The volume root.
         root: PathBuf,
     },
     #[code(InvalidArgument)]
@@ -115,19 +109,16 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("{} now runs through a symlink or leaves the agent's root; the agent leaves it alone (something changed it behind the agent's back: inspect and remove it by hand)", shown(path))]
     Unsafe {
-        /// The path.
         path: PathBuf,
     },
     #[code(FailedPrecondition)]
     #[error("the mount the agent made at {} is no longer there but still exists elsewhere (moved behind the agent's back); the agent does not guess where: unmount it by hand", shown(path))]
     Moved {
-        /// The path.
         path: PathBuf,
     },
     #[code(FailedPrecondition)]
     #[error("{} has {what} mounted over the agent's mount; unmount that first", shown(path))]
     Covered {
-        /// The path.
         path: PathBuf,
         /// What is on top.
         what: String,
@@ -135,7 +126,6 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("{} is a mount of {what}, which the agent did not make; the agent unmounts only its own mounts", shown(path))]
     NotOurs {
-        /// The path.
         path: PathBuf,
         /// What is mounted there.
         what: String,

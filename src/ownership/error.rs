@@ -15,7 +15,6 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("the volume root {} is not a directory, so fsGroup cannot be applied to it", shown(root))]
     RootNotDirectory {
-        /// The root given.
         root: PathBuf,
     },
     #[code(Internal)]

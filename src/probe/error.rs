@@ -14,7 +14,6 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("{} holds {found}, not the requested {expected}; the agent never formats or mounts a mismatched disk", shown(device))]
     Mismatch {
-        /// The device path.
         device: PathBuf,
         /// What the superblocks say it holds.
         found: &'static str,
@@ -24,7 +23,6 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("{} holds no filesystem the agent recognises (it looks unformatted), not the requested {expected}; the agent never formats a disk: create the filesystem on the host first", shown(device))]
     Unformatted {
-        /// The device path.
         device: PathBuf,
         /// What the request asked for.
         expected: FsType,
@@ -32,7 +30,6 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("{} carries the signatures of several filesystems ({found}); the agent will not guess which one is real: wipe the stale signatures on the host (wipefs)", shown(device))]
     Ambiguous {
-        /// The device path.
         device: PathBuf,
         /// The signatures found, comma-separated.
         found: String,
@@ -40,7 +37,6 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("the {fs} on {} is {fs_bytes} bytes ({blocks} blocks of {block_size}) but the device holds only {device_bytes} bytes: the image was cut short or the disk shrank, and the kernel would refuse it; give the disk back at least {fs_bytes} bytes, or restore the image", shown(device))]
     LargerThanDevice {
-        /// The device path.
         device: PathBuf,
         /// The filesystem.
         fs: FsType,
@@ -48,7 +44,6 @@ pub enum Error {
         fs_bytes: u128,
         /// The block count.
         blocks: u64,
-        /// The block size.
         block_size: u64,
         /// The device's size.
         device_bytes: u64,
@@ -56,7 +51,6 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("the {fs} superblock on {} is corrupt: {what}; check the disk on the host (e2fsck -fn, xfs_repair -n)", shown(device))]
     Corrupt {
-        /// The device path.
         device: PathBuf,
         /// The filesystem.
         fs: FsType,
@@ -66,7 +60,6 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("the {fs} on {} {what}, which lives on another device; the agent publishes a volume from its one disk and will not let the kernel open another: use a filesystem that is whole on the disk", shown(device))]
     NeedsAnotherDevice {
-        /// The device path.
         device: PathBuf,
         /// The filesystem.
         fs: FsType,
@@ -76,7 +69,6 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("the ext4 on {} has multi-mount protection (MMP) and {what}; MMP is for disks shared between machines, not a sandbox's disk: turn it off on the host (tune2fs -O ^mmp), or if no other machine uses the disk, reset it (tune2fs -f -E clear_mmp)", shown(device))]
     Mmp {
-        /// The device path.
         device: PathBuf,
         /// What the superblock and the MMP block say.
         what: String,
@@ -84,7 +76,6 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("the ext4 superblock on {} carries the mount option {option:?} (s_mount_opts), which the agent does not let a disk choose: {why}; clear them on the host (tune2fs -E mount_opts= {}) and give options in the request instead", shown(device), shown(device))]
     PlantedOption {
-        /// The device path.
         device: PathBuf,
         /// The option, as the superblock has it.
         option: String,

@@ -29,9 +29,7 @@ pub(crate) enum Admit {
     /// Answer at once with this frame (a refusal); the code and reason are
     /// for the log.
     Refuse(Vec<u8>, Code, String),
-    /// Run this request.
     Run {
-        /// Its stream id.
         stream: u32,
         /// Its method, by its index in the [`Table`].
         method: usize,

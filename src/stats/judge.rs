@@ -22,7 +22,6 @@ pub struct Volume<'a> {
     pub mount_id: Option<MountId>,
     /// Its disk.
     pub device: &'a Device,
-    /// Published read-only.
     pub read_only: bool,
     /// Its filesystem.
     pub fs: FsType,
@@ -116,7 +115,6 @@ pub fn ours(v: &Volume, f: &MountFacts) -> (bool, Option<Problem>) {
     }
 }
 
-/// statfs fails.
 pub fn statfs_fails(v: &Volume, f: &MountFacts) -> Option<Problem> {
     let errno = *f.statfs.as_ref().err()?;
     Some(Problem::CallFails {
@@ -258,7 +256,6 @@ pub struct BlockVolume<'a> {
     pub mount_id: Option<MountId>,
     /// Its disk.
     pub device: &'a Device,
-    /// Published read-only.
     pub read_only: bool,
 }
 

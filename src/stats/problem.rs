@@ -12,7 +12,6 @@ use crate::sys::mountinfo::shown;
 /// A disk as the messages name it: `vdb (254:16)`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Disk {
-    /// Its kernel name.
     pub name: String,
     /// Its device number.
     pub major: u32,

@@ -26,19 +26,15 @@ pub enum Error {
         "the node {node} of disk {name} ({major}:{minor}) is gone; the host detached the disk"
     )]
     Gone {
-        /// The node.
         node: String,
         /// The disk's kernel name.
         name: String,
-        /// Its major number.
         major: u32,
-        /// Its minor number.
         minor: u32,
     },
     #[code(FailedPrecondition)]
     #[error("{node} is no longer block device {major}:{minor} ({found}); the disk was replaced behind the agent's back")]
     Replaced {
-        /// The node.
         node: String,
         /// The major number published.
         major: u32,

@@ -19,7 +19,6 @@ pub enum Error {
     #[code(AlreadyExists)]
     #[error("volume {id} is already published with different parameters ({differs}); unpublish it first, or repeat the original request")]
     Conflict {
-        /// The volume id.
         id: String,
         /// Which parameter differs.
         differs: String,
@@ -27,7 +26,6 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("device {} is already published as volume {other}; a disk is published once, under one volume id (as a filesystem or as a block volume, not both)", shown(device))]
     DeviceInUse {
-        /// The device node.
         device: PathBuf,
         /// The volume that holds it.
         other: String,
@@ -49,7 +47,6 @@ pub enum Error {
     DeviceOverlapsMount {
         /// The device node asked for.
         device: PathBuf,
-        /// The mounted device.
         other_device: String,
         /// How they overlap.
         how: String,
@@ -71,7 +68,6 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("volume {id} is still mounted at {} ({why}); the disk must not be detached yet: unmount it there, then unpublish again", shown(at))]
     StillMounted {
-        /// The volume id.
         id: String,
         /// Where its disk is still mounted.
         at: PathBuf,
@@ -89,7 +85,6 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("device {} is already mounted at {}; the agent never mounts one disk twice", shown(device), shown(at))]
     DeviceMounted {
-        /// The device node.
         device: PathBuf,
         /// Where it is mounted.
         at: PathBuf,
@@ -106,7 +101,6 @@ pub enum Error {
     #[code(AlreadyExists)]
     #[error("bind target {} is already {what}; unmount it first or choose another target", shown(target))]
     TargetTaken {
-        /// The target path.
         target: PathBuf,
         /// What holds it.
         what: String,
@@ -114,9 +108,7 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("volume {id} is published, but its mount at {} is gone (unmounted behind the agent's back); unpublish it, then publish it again", shown(path))]
     MountGone {
-        /// The volume id.
         id: String,
-        /// The guest path.
         path: PathBuf,
     },
     #[code(why => match why {
@@ -125,7 +117,6 @@ pub enum Error {
     })]
     #[error("{} while volume {id} was applying fsGroup; the walk continues ({visited} entries so far, {seconds} s): repeat the same publish to wait for it, or unpublish to stop it", why_text(*why))]
     WalkContinues {
-        /// The volume id.
         id: String,
         /// The caller's deadline passed, or the caller went away.
         why: Why,
@@ -137,7 +128,6 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("volume {id} is still applying fsGroup ({visited} entries so far); repeat its publish until it answers OK, then retry")]
     StillPublishing {
-        /// The volume id.
         id: String,
         /// Entries visited so far.
         visited: u64,
@@ -164,7 +154,6 @@ pub enum Error {
     #[code(InvalidArgument)]
     #[error("volume {id} is a block volume: {why}")]
     BlockBindInvalid {
-        /// The volume id.
         id: String,
         /// What the request asked that a device cannot do.
         why: &'static str,
@@ -172,7 +161,6 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("volume {id} is a read-write block volume: a read-only bind of it is impossible, since a device node's mount flags do not stop writes and the device's own read-only flag is shared by every bind of it; publish the volume read-only instead")]
     BlockBindReadOnly {
-        /// The volume id.
         id: String,
     },
     #[code(InvalidArgument)]
@@ -198,7 +186,6 @@ pub enum Error {
     #[code(ResourceExhausted)]
     #[error("volume {id} already has {max} binds, as many as the agent keeps for one volume; unmount some first")]
     TooManyBinds {
-        /// The volume id.
         id: String,
         /// The bound.
         max: usize,
@@ -206,7 +193,6 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("volume {id} is a block volume: it has no filesystem the agent could have {what}")]
     NoFilesystem {
-        /// The volume id.
         id: String,
         /// What was asked ("frozen", "trimmed").
         what: &'static str,
@@ -217,7 +203,6 @@ pub enum Error {
     })]
     #[error("{} while trimming volume {id}: stopped after {done} of {total} bytes ({trimmed} bytes given back); trim again to go on", why_text(*why))]
     TrimStopped {
-        /// The volume id.
         id: String,
         /// Why it stopped.
         why: Why,

@@ -17,7 +17,6 @@ pub const MAX_FAILURES: usize = 256;
 /// One publish's failure.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Failure {
-    /// Its code.
     pub code: Code,
     /// Its sentence.
     pub message: String,

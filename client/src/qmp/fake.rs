@@ -115,7 +115,6 @@ impl Hypervisor {
         cmd
     }
 
-    /// Its pid.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -85,7 +85,6 @@ pub(crate) enum Said {
     Pending,
     /// Its freeze call stopped before it: never frozen.
     Skipped,
-    /// It ended.
     Ended(End),
 }
 

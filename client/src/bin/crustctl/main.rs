@@ -423,7 +423,6 @@ fn bind(agent: &CrustClient, j: bool, a: &BindArgs) -> Result<String, Failure> {
     Ok(render(j, &resp, |r| human::bind(&req, r)))
 }
 
-/// `unmount TARGET`.
 fn unmount(agent: &CrustClient, j: bool, target: &str) -> Result<String, Failure> {
     let req = proto::UnmountRequest {
         target: target.to_string(),
@@ -490,7 +489,6 @@ fn trim(
     Ok(render(j, &resp, |r| human::trimmed(volume_id, r)))
 }
 
-/// `health ID`.
 fn health(agent: &CrustClient, j: bool, volume_id: &str) -> Result<String, Failure> {
     let req = proto::GetVolumeHealthRequest {
         volume_id: volume_id.to_string(),
