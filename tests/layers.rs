@@ -1,6 +1,6 @@
 //! The house rules, checked by reading the source (issues 16 and 22). For
 //! every crate of the workspace (the agent's `src/`, crustd, crust-client,
-//! crust-vm, crustd-ctl, crust-protocols, the bench):
+//! crust-vm, crustd-ctl, crust-protocols, the bench, the test kit):
 //!
 //! - no import cycle among files: an edge runs from file A to file B when A
 //!   names (by `use` or by a path, `crate::`, `super::`, `self::`,
@@ -83,6 +83,11 @@ const CRATES: &[Spec] = &[
         name: "crust_bench",
         dir: "bench/src",
         roots: &[("main.rs", "<bin>")],
+    },
+    Spec {
+        name: "crust_testkit",
+        dir: "testkit/src",
+        roots: &[("lib.rs", "")],
     },
 ];
 
@@ -1065,6 +1070,7 @@ fn no_file_imports_in_a_circle() {
 #[test]
 fn layers_use_only_what_is_below_them() {
     let (krate, g) = graph();
+    print_map(&g);
     let mut report = String::new();
     for (from, es) in &g {
         if krate.test_files.contains(from) && from.ends_with("tests.rs") {
@@ -1213,12 +1219,13 @@ fn the_tokenizer_skips_comments_and_strings() {
     );
 }
 
-/// Prints the graph (cargo test --test layers -- --ignored --nocapture map).
-#[test]
-#[ignore]
-fn map() {
-    let (_, g) = graph();
-    for (f, es) in &g {
+/// Prints the agent's graph, file by file, when `CRUST_LAYERS_MAP` is set
+/// (`CRUST_LAYERS_MAP=1 cargo test --test layers layers_use -- --nocapture`).
+fn print_map(g: &Graph) {
+    if std::env::var_os("CRUST_LAYERS_MAP").is_none() {
+        return;
+    }
+    for (f, es) in g {
         let lines = code_lines(&fs::read_to_string(src_dir().join(f)).unwrap());
         println!(
             "{f} ({lines}): {}",

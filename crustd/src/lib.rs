@@ -47,11 +47,6 @@ pub mod service;
 pub mod state;
 pub mod volumes;
 
-/// Loop devices and mounts for the unit tests (the fixtures the agent's tests share).
-#[cfg(test)]
-#[path = "../../tests/fixtures/disks.rs"]
-pub(crate) mod disks;
-
 /// The generated crust.runtime.v1alpha1 messages and server stubs.
 #[allow(clippy::all, missing_docs)]
 pub mod pb {

@@ -8,10 +8,6 @@
 //! devices); the same calls against real guests are in tests/vm.rs.
 
 mod fakes;
-mod support;
-
-#[path = "../../tests/fixtures/disks.rs"]
-mod disks;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -21,19 +17,10 @@ use std::time::{Duration, Instant};
 
 use crust_protocols::crust::volume_health::Status as AgentStatus;
 use crust_protocols::ttrpc;
+use crust_testkit::crustd::{code, req, Crustd};
+use crust_testkit::{needs, LoopDisk};
 use crustd_ctl::{pb, Kubelet};
-use disks::{root_or_skip, LoopDisk};
 use fakes::OnFreeze;
-use support::{code, Crustd};
-
-fn req(sandbox: &str, dev: &str) -> pb::RuntimePublishVolumeRequest {
-    pb::RuntimePublishVolumeRequest {
-        sandbox_id: sandbox.into(),
-        host_volume_id: dev.into(),
-        file_system: "ext4".into(),
-        ..Default::default()
-    }
-}
 
 /// The agent calls of a sandbox's fake agent since the last look, without
 /// publishes and lists.
@@ -81,7 +68,7 @@ fn bed(pods: &[&str], extra: &[&str]) -> Bed {
     for p in pods {
         let disk = LoopDisk::new(64, None);
         let hv = disk.path();
-        k.publish(req(p, &hv)).unwrap();
+        k.publish(req(p, &hv, "ext4")).unwrap();
         let line = sbs[*p].agent.lock().unwrap().log.last().cloned().unwrap();
         let vid = line.split_whitespace().nth(1).unwrap().to_string();
         vols.push((p.to_string(), hv, vid));
@@ -133,10 +120,9 @@ impl Bed {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_group_is_all_or_none_and_thawed_by_its_id() {
-    if !root_or_skip("a_group_is_all_or_none_and_thawed_by_its_id") {
-        return;
-    }
+    needs::loop_devices();
     let b = bed(&["pod-a", "pod-b"], &[]);
     let (a, bb) = (b.sb("pod-a"), b.sb("pod-b"));
     let both = b.refs(&[0, 1]);
@@ -269,10 +255,9 @@ fn a_group_is_all_or_none_and_thawed_by_its_id() {
 /// volume" would end B and answer both OK; by id, A's thaw is ABORTED and
 /// B still holds.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_late_thaw_of_a_group_that_ended_in_its_guest_leaves_a_newer_group_frozen() {
-    if !root_or_skip("a_late_thaw_of_a_group_that_ended_in_its_guest_leaves_a_newer_group_frozen") {
-        return;
-    }
+    needs::loop_devices();
     let b = bed(&["pod-a"], &[]);
     let v = b.refs(&[0]);
     let first = b.k.freeze(&v, 60_000, None).unwrap().freeze_id;
@@ -311,10 +296,9 @@ fn a_late_thaw_of_a_group_that_ended_in_its_guest_leaves_a_newer_group_frozen() 
 /// unknown, so the undo thaws the group's id there too, and the error says
 /// what is known.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_sandbox_whose_freeze_gets_no_answer_is_thawed_by_the_groups_id() {
-    if !root_or_skip("a_sandbox_whose_freeze_gets_no_answer_is_thawed_by_the_groups_id") {
-        return;
-    }
+    needs::loop_devices();
     let b = bed(&["pod-a", "pod-b"], &["--agent-timeout", "2"]);
     let both = b.refs(&[0, 1]);
     b.set("pod-b", OnFreeze::Late(Duration::from_secs(6)));
@@ -380,10 +364,9 @@ fn a_sandbox_whose_freeze_gets_no_answer_is_thawed_by_the_groups_id() {
 /// timeout. pod-b's freeze lasts until the test opens its gate, so each
 /// caller is gone before the freeze is done, however loaded the machine.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_freeze_whose_caller_went_away_is_ended_at_once() {
-    if !root_or_skip("a_freeze_whose_caller_went_away_is_ended_at_once") {
-        return;
-    }
+    needs::loop_devices();
     let b = bed(&["pod-a", "pod-b"], &[]);
     let both = b.refs(&[0, 1]);
     let gate = Arc::new(AtomicBool::new(false));
@@ -465,10 +448,9 @@ fn a_freeze_whose_caller_went_away_is_ended_at_once() {
 /// (ABORTED); a thaw that looked every volume up first would answer
 /// NOT_FOUND and thaw nothing.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_group_thaw_thaws_the_rest_when_a_volume_or_a_sandbox_is_gone() {
-    if !root_or_skip("a_group_thaw_thaws_the_rest_when_a_volume_or_a_sandbox_is_gone") {
-        return;
-    }
+    needs::loop_devices();
     let b = bed(&["pod-a", "pod-b", "pod-c"], &[]);
     let g =
         b.k.freeze(&b.refs(&[0, 1]), 120_000, None)
@@ -501,10 +483,9 @@ fn a_group_thaw_thaws_the_rest_when_a_volume_or_a_sandbox_is_gone() {
 /// A. And a guest that lost its own timer is thawed by crustd's, by the
 /// group's id.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn an_old_groups_timer_never_ends_a_newer_group() {
-    if !root_or_skip("an_old_groups_timer_never_ends_a_newer_group") {
-        return;
-    }
+    needs::loop_devices();
     let b = bed(&["pod-a", "pod-b"], &[]);
     let v = b.refs(&[0]);
     let old = b.k.freeze(&v, 2_000, None).unwrap().freeze_id;
@@ -561,10 +542,9 @@ fn an_old_groups_timer_never_ends_a_newer_group() {
 /// being made under it is UNAVAILABLE; a freeze that froze nothing leaves
 /// the id free.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_callers_freeze_id_answers_a_retry_and_names_one_group_only() {
-    if !root_or_skip("a_callers_freeze_id_answers_a_retry_and_names_one_group_only") {
-        return;
-    }
+    needs::loop_devices();
     let b = bed(&["pod-a", "pod-b"], &[]);
     let (va, vb) = (b.refs(&[0]), b.refs(&[1]));
     let f = b.k.freeze(&va, 30_000, Some("backup-1")).unwrap();
@@ -628,10 +608,9 @@ fn a_callers_freeze_id_answers_a_retry_and_names_one_group_only() {
 /// the group hears of it at its own thaw; a volume not published is
 /// NOT_FOUND after the others are thawed.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_forced_thaw_ends_whatever_holds_the_volumes_and_the_group_hears_of_it() {
-    if !root_or_skip("a_forced_thaw_ends_whatever_holds_the_volumes_and_the_group_hears_of_it") {
-        return;
-    }
+    needs::loop_devices();
     let b = bed(&["pod-a", "pod-a", "pod-b"], &[]);
     let g =
         b.k.freeze(&b.refs(&[0, 1, 2]), 120_000, None)
@@ -666,10 +645,9 @@ fn a_forced_thaw_ends_whatever_holds_the_volumes_and_the_group_hears_of_it() {
 /// its recorded deadline; one whose freeze was being made when crustd
 /// died (nobody was told its id) is ended at once.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_restarted_crustd_keeps_its_groups_ended_and_live() {
-    if !root_or_skip("a_restarted_crustd_keeps_its_groups_ended_and_live") {
-        return;
-    }
+    needs::loop_devices();
     let mut b = bed(&["pod-a", "pod-b", "pod-a", "pod-c"], &[]);
     for pod in ["pod-a", "pod-b"] {
         b.sb(pod).agent.lock().unwrap().leases.own_timer = false;
@@ -728,10 +706,9 @@ fn a_restarted_crustd_keeps_its_groups_ended_and_live() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn trim_and_health_go_to_the_guest_and_a_hostile_health_is_refused() {
-    if !root_or_skip("trim_and_health_go_to_the_guest_and_a_hostile_health_is_refused") {
-        return;
-    }
+    needs::loop_devices();
     let b = bed(&["pod-a"], &[]);
     let (a, v) = (b.sb("pod-a"), b.vols[0].1.clone());
     let k = &b.k;
@@ -776,11 +753,9 @@ fn trim_and_health_go_to_the_guest_and_a_hostile_health_is_refused() {
 /// group's id" and its answer never names it: the record says a part kept
 /// the snapshot whole that did not.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn attack_a_guests_abort_is_recorded_as_a_thaw_when_crustd_knew_of_another_end() {
-    if !root_or_skip("attack_a_guests_abort_is_recorded_as_a_thaw_when_crustd_knew_of_another_end")
-    {
-        return;
-    }
+    needs::loop_devices();
     let b = bed(&["pod-a", "pod-a"], &[]);
     let g =
         b.k.freeze(&b.refs(&[0, 1]), 120_000, None)
@@ -809,10 +784,9 @@ fn attack_a_guests_abort_is_recorded_as_a_thaw_when_crustd_knew_of_another_end()
 /// after `thaw_at`, and after crustd's timer: with crustd gone, its pod's
 /// writes wait past the time the caller was told.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn attack_a_guest_called_late_is_given_the_whole_timeout() {
-    if !root_or_skip("attack_a_guest_called_late_is_given_the_whole_timeout") {
-        return;
-    }
+    needs::loop_devices();
     let b = bed(&["pod-a", "pod-b"], &[]);
     let gate = Arc::new(AtomicBool::new(false));
     b.set("pod-a", OnFreeze::Until(gate.clone()));
@@ -831,12 +805,13 @@ fn attack_a_guest_called_late_is_given_the_whole_timeout() {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|ms| ms.parse().ok())
         .unwrap();
-    let left = f.thaw_at_unix_ms.saturating_sub(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64,
-    );
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let left = f
+        .thaw_at_unix_ms
+        .saturating_sub(u64::try_from(now_ms).unwrap());
     assert!(
         sent <= left + 1_000,
         "pod-b was given {sent} ms when {left} ms were left before the group's thaw_at"

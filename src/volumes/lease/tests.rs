@@ -595,10 +595,19 @@ fn a_restart_thaws_only_what_the_dead_call_had_reached() {
     lock(&k.frozen).insert("v2".into(), true);
     let f = open(d.path(), &k);
     assert!(!k.is_frozen("v1"), "what the dead call froze is thawed");
-    assert!(k.is_frozen("v2"), "a freeze the dead call never made is left alone");
+    assert!(
+        k.is_frozen("v2"),
+        "a freeze the dead call never made is left alone"
+    );
     let (c, msg) = code(f.thaw("cut"));
     assert_eq!(c, Code::Aborted, "{msg}");
-    assert!(msg.contains("volume v1 thawed by the agent's next start"), "{msg}");
+    assert!(
+        msg.contains("volume v1 thawed by the agent's next start"),
+        "{msg}"
+    );
     let text = std::fs::read_to_string(dir.join("cut.freeze")).unwrap();
-    assert!(!text.contains("pending") && !text.contains("waiting"), "{text}");
+    assert!(
+        !text.contains("pending") && !text.contains("waiting"),
+        "{text}"
+    );
 }
