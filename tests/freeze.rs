@@ -477,10 +477,6 @@ fn trim_gives_deleted_blocks_back_to_the_disk() {
 }
 
 /// Bytes the file holds on its filesystem.
-fn allocated(p: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(p).unwrap().blocks() * 512
-}
 
 #[test]
 #[ignore = "needs root: make test runs it"]

@@ -21,14 +21,6 @@ const NOBODY: u32 = 65534;
 /// connects to it and exits 0 (connected), 13 (EACCES) or 1 (anything else).
 const CONNECT_ENV: &str = "CRUST_TEST_CONNECT_TO";
 
-fn mode(p: &Path) -> u32 {
-    std::fs::symlink_metadata(p)
-        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-        .permissions()
-        .mode()
-        & 0o7777
-}
-
 /// An agent process started with `umask` and these arguments, its stderr in `log`.
 fn spawn(umask: u32, args: &[&str], log: &Path) -> Child {
     let err = std::fs::File::create(log).unwrap();

@@ -9,10 +9,10 @@
 mod fakes;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crust_testkit::crustd::{code, ctl, kata, kata_writer, state, Crustd};
-use crust_testkit::{needs, run, LoopDisk};
+use crust_testkit::{mode, needs, run, LoopDisk};
 use crustd_ctl::pb;
 
 /// A registry with sandboxes pod-a and pod-b, a direct-volume root, the Go
@@ -105,10 +105,6 @@ fn verbs(q: &fakes::Qemu) -> Vec<String> {
         .iter()
         .map(|l| l.split(' ').next().unwrap().to_string())
         .collect()
-}
-
-fn mode(p: &Path) -> u32 {
-    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
 }
 
 #[test]

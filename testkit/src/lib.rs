@@ -24,4 +24,6 @@ pub mod disks;
 pub mod needs;
 pub mod vm;
 
-pub use disks::{mount_paths_of, mount_points_of, mounts_of, run, LoopDisk, Mounted};
+pub use disks::{
+    allocated, mode, mount_paths_of, mount_points_of, mounts_of, run, LoopDisk, Mounted,
+};

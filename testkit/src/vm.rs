@@ -3,7 +3,6 @@
 //! guest's console. Every VM test lives in crust-vm's `tests/` and is
 //! `#[ignore = "needs a VM: make test-vm runs it"]`.
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -68,11 +67,6 @@ pub fn image(dir: &Path, name: &str, fs: &str, mib: u64, fill: impl FnOnce(&Path
     fill(&m);
     run("umount", &[m.to_str().unwrap()]);
     img
-}
-
-/// Bytes the image file holds on the host's filesystem.
-pub fn allocated(img: &Path) -> u64 {
-    std::fs::metadata(img).unwrap().blocks() * 512
 }
 
 /// Publishes the disk with `serial` as `fs`, with `gid` as the fsGroup.

@@ -16,7 +16,7 @@ pub use crust_testkit::agent::{
 #[allow(unused_imports)]
 pub use crust_testkit::child::own_mount_namespace;
 #[allow(unused_imports)]
-pub use crust_testkit::{mounts_of, needs, run, LoopDisk};
+pub use crust_testkit::{allocated, mode, mounts_of, needs, run, LoopDisk};
 
 pub mod rig;
 

@@ -12,8 +12,8 @@ use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
 use crust_testkit::crustd::{ctl, kata, kata_writer, Crustd};
-use crust_testkit::vm::{allocated, options};
-use crust_testkit::{run, LoopDisk, Mounted};
+use crust_testkit::vm::options;
+use crust_testkit::{allocated, run, LoopDisk, Mounted};
 use crust_vm::Vm;
 use crustd_ctl::{bytes, code_name, pb};
 

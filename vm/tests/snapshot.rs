@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 
 use crust_protocols::crust as pb;
 use crust_protocols::crust_ttrpc::AgentClient;
-use crust_testkit::run;
-use crust_testkit::vm::{allocated, boot, ctx};
+use crust_testkit::vm::{boot, ctx};
+use crust_testkit::{allocated, run};
 
 /// A formatted image holding `data/` with many files owned by 1234, and a
 /// 64 MiB file written and deleted on the host (its blocks stay allocated
