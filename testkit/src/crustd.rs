@@ -317,8 +317,9 @@ pub fn ctl(args: &[&str]) -> (u8, String, String) {
 /// (the VM tests) they are built here, once per test process, with the same
 /// profile, so they are never an older build. The nested cargo finds the
 /// target directory as the outer one did (CARGO_TARGET_DIR, the
-/// workspace's config); `CRUST_TEST_CRUSTD_DIR` names another directory
-/// holding them.
+/// workspace's config). A test binary run by hand, outside cargo, uses those
+/// it finds beside it as they are. `CRUST_TEST_CRUSTD_DIR` names another
+/// directory holding them.
 pub fn bin(name: &str) -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     let dir = DIR.get_or_init(|| {
@@ -331,7 +332,10 @@ pub fn bin(name: &str) -> PathBuf {
         if dir.ends_with("deps") {
             dir.pop();
         }
-        if std::env::var("CARGO_PKG_NAME").as_deref() != Ok("crustd") {
+        // Cargo tells the tests it runs which package they belong to.
+        let package = std::env::var("CARGO_PKG_NAME").ok();
+        let by_hand = package.is_none() && dir.join("crustd").is_file();
+        if package.as_deref() != Some("crustd") && !by_hand {
             let profile = match dir.file_name().and_then(|n| n.to_str()) {
                 Some("debug") | None => "dev".to_string(),
                 Some(other) => other.to_string(),
