@@ -51,7 +51,9 @@ CORPUS = os.path.join(ROOT, "fuzz", "corpus")
 BIN = os.environ.get("CRUST_BIN") or os.path.join(ROOT, "target", "x86_64-unknown-linux-gnu", "debug")
 # What src/probe.rs reads of a disk (PROBE_BYTES).
 PROBE_BYTES = 65536 + 4096
-# The methods of crust.v1.Agent in the order crust_agent::fuzz::METHODS has them.
+# The methods of crust.v1.Agent, in crust.proto's order: a request seed starts with its
+# method's index here, as the request target picks it from crust_agent::server::methods::METHODS
+# (a test of src/fuzz.rs holds the two lists to one).
 METHODS = [
     "GetCapabilities", "GetSupportedFileSystems", "PublishVolume", "UnpublishVolume",
     "GetVolumeStats", "ExpandVolume", "BindMount", "Unmount", "ListVolumes",

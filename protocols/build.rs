@@ -1,8 +1,12 @@
 //! Generates the crust.v1 messages and ttrpc stubs from crust.proto at build
-//! time with the pure-Rust protobuf parser, so no protoc is needed.
+//! time with the pure-Rust protobuf parser, so no protoc is needed; and,
+//! from the same parse, the `Agent` service's methods as types (`rpc.rs`:
+//! each request message names its method and its answer), so that no
+//! program serving or calling the service lists its methods by hand.
 //! The generated files start with inner attributes and `//!` comments, which
 //! cannot be `include!`d inside a module: they are dropped here.
 
+use std::fmt::Write as _;
 use std::{fs, path::Path};
 
 fn main() {
@@ -31,4 +35,65 @@ fn main() {
             .collect();
         fs::write(&path, kept).expect("rewrite generated file");
     }
+    fs::write(gen.join("agent_rpc.rs"), agent_rpc()).expect("write agent_rpc.rs");
+}
+
+/// The `Agent` service's methods, from crust.proto: the list of their
+/// names in its order, and an `Rpc` impl for each request message.
+fn agent_rpc() -> String {
+    let parsed = protobuf_parse::Parser::new()
+        .pure()
+        .include(".")
+        .input("crust.proto")
+        .parse_and_typecheck()
+        .expect("crust.proto does not parse");
+    let file = parsed
+        .file_descriptors
+        .iter()
+        .find(|f| f.name() == "crust.proto")
+        .expect("crust.proto is parsed");
+    let package = format!(".{}.", file.package());
+    let service = file
+        .service
+        .iter()
+        .find(|s| s.name() == "Agent")
+        .expect("crust.proto has service Agent");
+    let message = |t: &str| -> String {
+        t.strip_prefix(&package)
+            .unwrap_or_else(|| panic!("{t} is not a message of crust.proto's own package"))
+            .to_string()
+    };
+    let mut names = String::new();
+    let mut impls = String::new();
+    for m in &service.method {
+        let (name, req, resp) = (m.name(), message(m.input_type()), message(m.output_type()));
+        write!(names, "{name:?}, ").expect("a String takes writes");
+        write!(
+            impls,
+            "impl Rpc for crate::crust::{req} {{\n    const METHOD: &'static str = {name:?};\n    \
+             type Response = crate::crust::{resp};\n    \
+             fn call(client: &AgentClient, ctx: Context, req: &Self) -> ttrpc::Result<Self::Response> {{\n        \
+             client.{snake}(ctx, req)\n    }}\n}}\n\n",
+            snake = snake_case(name),
+        )
+        .expect("a String takes writes");
+    }
+    format!(
+        "/// Every method of the `Agent` service, in crust.proto's order.\n\
+         pub const METHODS: [&str; {}] = [{names}];\n\n{impls}",
+        service.method.len()
+    )
+}
+
+/// `GetVolumeStats` → `get_volume_stats`, as ttrpc-codegen names the
+/// client's methods (a name it spells otherwise fails to compile).
+fn snake_case(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 4);
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            out.push('_');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
 }

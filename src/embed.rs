@@ -38,10 +38,11 @@ use std::path::Path;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::cancel::Cancel;
 use crate::code::Code;
 use crate::instance::{self, RootLock};
+use crate::server::methods::{self, Method};
 use crate::server::service::Service;
+use crate::server::translate::Caller;
 use crate::sys::sysfs::Sysfs;
 use crate::system::{Gate, Timeline};
 use crate::volumes::table::Volumes;
@@ -76,14 +77,6 @@ pub struct Table {
     _root: RootLock,
 }
 
-/// A call's cancellation from its timeout.
-fn cancel(timeout: Option<Duration>) -> Cancel {
-    match timeout {
-        Some(t) => Cancel::never().with_timeout(t),
-        None => Cancel::never(),
-    }
-}
-
 impl Table {
     /// Opens the table at `root` (created if missing), takes back the
     /// volumes a previous run left (as a restarted agent does), and logs
@@ -116,6 +109,24 @@ impl Table {
         })
     }
 
+    /// One call of the method `req` names, run as a ttrpc client's request
+    /// runs (the service's method table), with `timeout` from now as its
+    /// deadline (none past the clock's end).
+    fn call<M: Method>(&self, req: &M, timeout: Option<Duration>) -> Result<M::Response, Error> {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        Ok(methods::call(
+            &self.service,
+            req,
+            &Caller::Deadline(deadline),
+        )?)
+    }
+
+    /// A call whose handler never fails: a panic in it, logged by the call,
+    /// goes on as a panic.
+    fn infallible<M: Method>(&self, req: &M) -> M::Response {
+        self.call(req, None).unwrap_or_else(|e| panic!("{e}"))
+    }
+
     /// PublishVolume: finds the disk, checks its filesystem, mounts it at
     /// `<root>/volumes/<id>`, applies fsGroup.
     pub fn publish(
@@ -123,10 +134,7 @@ impl Table {
         req: &pb::PublishVolumeRequest,
         timeout: Option<Duration>,
     ) -> Result<pb::PublishVolumeResponse, Error> {
-        let c = cancel(timeout);
-        Ok(self.service.run("PublishVolume", &req.volume_id, || {
-            self.service.publish_in(req, &c)
-        })?)
+        self.call(req, timeout)
     }
 
     /// UnpublishVolume: its binds, a flush, its mount.
@@ -135,10 +143,7 @@ impl Table {
         req: &pb::UnpublishVolumeRequest,
         timeout: Option<Duration>,
     ) -> Result<pb::UnpublishVolumeResponse, Error> {
-        let c = cancel(timeout);
-        Ok(self.service.run("UnpublishVolume", &req.volume_id, || {
-            self.service.unpublish_in(req, &c)
-        })?)
+        self.call(req, timeout)
     }
 
     /// GetVolumeStats: usage and condition.
@@ -147,10 +152,7 @@ impl Table {
         req: &pb::GetVolumeStatsRequest,
         timeout: Option<Duration>,
     ) -> Result<pb::GetVolumeStatsResponse, Error> {
-        let c = cancel(timeout);
-        Ok(self.service.run("GetVolumeStats", &req.volume_id, || {
-            self.service.stats_in(req, &c)
-        })?)
+        self.call(req, timeout)
     }
 
     /// ExpandVolume: grows the filesystem online to its disk.
@@ -159,10 +161,7 @@ impl Table {
         req: &pb::ExpandVolumeRequest,
         timeout: Option<Duration>,
     ) -> Result<pb::ExpandVolumeResponse, Error> {
-        let c = cancel(timeout);
-        Ok(self.service.run("ExpandVolume", &req.volume_id, || {
-            self.service.expand_in(req, &c)
-        })?)
+        self.call(req, timeout)
     }
 
     /// BindMount: the volume or a subpath at a target beneath the root.
@@ -171,10 +170,7 @@ impl Table {
         req: &pb::BindMountRequest,
         timeout: Option<Duration>,
     ) -> Result<pb::BindMountResponse, Error> {
-        let c = cancel(timeout);
-        Ok(self.service.run("BindMount", &req.volume_id, || {
-            self.service.bind_in(req, &c)
-        })?)
+        self.call(req, timeout)
     }
 
     /// Unmount: a bind the table made.
@@ -183,15 +179,12 @@ impl Table {
         req: &pb::UnmountRequest,
         timeout: Option<Duration>,
     ) -> Result<pb::UnmountResponse, Error> {
-        let c = cancel(timeout);
-        Ok(self
-            .service
-            .run("Unmount", "", || self.service.unmount_in(req, &c))?)
+        self.call(req, timeout)
     }
 
     /// ListVolumes: never waits for a call in flight.
     pub fn list(&self) -> pb::ListVolumesResponse {
-        self.service.list_in()
+        self.infallible(&pb::ListVolumesRequest::new())
     }
 
     /// FreezeVolumes: a lease; only its id (`thaw`), its timeout, an
@@ -201,18 +194,13 @@ impl Table {
         req: &pb::FreezeVolumesRequest,
         timeout: Option<Duration>,
     ) -> Result<pb::FreezeVolumesResponse, Error> {
-        let c = cancel(timeout);
-        Ok(self
-            .service
-            .run("FreezeVolumes", "", || self.service.freeze_in(req, &c))?)
+        self.call(req, timeout)
     }
 
     /// ThawVolumes: ends the freeze its id names, or (force) whatever
     /// holds the volumes named.
     pub fn thaw(&self, req: &pb::ThawVolumesRequest) -> Result<pb::ThawVolumesResponse, Error> {
-        Ok(self
-            .service
-            .run("ThawVolumes", "", || self.service.thaw_in(req))?)
+        self.call(req, None)
     }
 
     /// TrimVolume: the filesystem's free space given back to its disk.
@@ -221,10 +209,7 @@ impl Table {
         req: &pb::TrimVolumeRequest,
         timeout: Option<Duration>,
     ) -> Result<pb::TrimVolumeResponse, Error> {
-        let c = cancel(timeout);
-        Ok(self.service.run("TrimVolume", &req.volume_id, || {
-            self.service.trim_in(req, &c)
-        })?)
+        self.call(req, timeout)
     }
 
     /// GetVolumeHealth: CSI's list of what is wrong, empty when healthy.
@@ -233,17 +218,16 @@ impl Table {
         req: &pb::GetVolumeHealthRequest,
         timeout: Option<Duration>,
     ) -> Result<pb::GetVolumeHealthResponse, Error> {
-        let c = cancel(timeout);
-        Ok(self.service.run("GetVolumeHealth", &req.volume_id, || {
-            self.service.health_in(req, &c)
-        })?)
+        self.call(req, timeout)
     }
 
     /// Unpublishes every volume and lets go of the root; answers how many
     /// were unpublished. Dropping a table without it leaves the volumes
     /// mounted for the next `open` to take back (and thaws them).
     pub fn shutdown(self) -> u32 {
-        let n = self.volumes.shutdown();
+        let n = self
+            .infallible(&pb::ShutdownRequest::new())
+            .volumes_unmounted;
         drop(self);
         n
     }

@@ -1,23 +1,26 @@
 //! The agent's side of the fuzz targets in `fuzz/`: one entry per parser that
 //! a hostile host or a hostile disk feeds. Each takes arbitrary bytes and
 //! panics only when something that must hold whatever the bytes does not (a
-//! panic inside the parser counts the same). No syscall is made beyond the
-//! stand-in descriptor a connection needs. Not part of the agent's interface:
-//! it exists for `fuzz/` and is hidden from the docs.
+//! panic inside the parser counts the same). Requests go through the agent's
+//! own service over a volume table that refuses every operation, so no
+//! syscall is made beyond the stand-in descriptor a connection needs and the
+//! service's reads of what the system is (/proc, /sys, the feature probes).
+//! Not part of the agent's interface: it exists for `fuzz/` and is hidden
+//! from the docs.
 //!
 //! Each entry is a thin call to its parser, so that a parser's signature can
 //! change (text to bytes, say) with a one-line change here.
 
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use crust_protocols::crust as pb;
-use crust_protocols::crust_ttrpc;
 use crust_protocols::protobuf::Message;
-use crust_protocols::ttrpc::{self, Code, TtrpcContext};
+use crust_protocols::ttrpc::{self, Code};
 
+use crate::cancel::Cancel;
 use crate::code::Code as AgentCode;
 use crate::error::Error;
 use crate::model::FsType;
@@ -28,42 +31,31 @@ use crate::rpc::conn::{Admit, Conn};
 use crate::rpc::dispatch::{self, Job, Outbox};
 use crate::rpc::envelope;
 use crate::rpc::frame::{self, Frame, Header, Reader, HEADER_LEN, TYPE_REQUEST, TYPE_RESPONSE};
-use crate::rpc::table::{Lane, Table};
-use crate::server::translate::{
-    bind_request, cancel_of, freeze_id, freeze_timeout, publish_request_in, status_code,
-    thaw_request, volume_ids,
-};
+use crate::rpc::table::Table;
+use crate::server::methods::{table, METHODS};
+use crate::server::service::Service;
+use crate::server::volumes::VolumeTable;
+use crate::stats::{Condition, Measured};
 use crate::sys::mountinfo;
 use crate::sys::uevents::parse_uevent;
-use crate::validate;
+use crate::system::{Gate, Timeline};
+use crate::validate::{self, Invalid};
+use crate::volumes::freeze::{Frozen, Thaw};
+use crate::volumes::health::Said;
+use crate::volumes::request::{
+    BindOutcome, BindRequest, Expanded, PublishRequest, Published, VolumeInfo,
+};
+use crate::volumes::trim::Trimmed;
 
 /// The root that requests and records are checked against (the guest's default).
 const ROOT: &str = "/run/crust";
-
-/// The methods of `crust.v1.Agent`, as a request names them.
-const METHODS: [&str; 15] = [
-    "GetCapabilities",
-    "GetSupportedFileSystems",
-    "PublishVolume",
-    "UnpublishVolume",
-    "GetVolumeStats",
-    "ExpandVolume",
-    "BindMount",
-    "Unmount",
-    "ListVolumes",
-    "GetAgentInfo",
-    "Shutdown",
-    "FreezeVolumes",
-    "ThawVolumes",
-    "TrimVolume",
-    "GetVolumeHealth",
-];
 
 /// ttrpc frames as a hostile client streams them. The first byte picks the
 /// payload limit and the size of the pieces the rest arrives in. Frames are
 /// cut by the connection's reader, the event loop's rule applies (it reads
 /// only while no whole frame waits), and each frame goes through the ttrpc
-/// rules and the generated service table, up to where the agent would act.
+/// rules and the agent's own service table, up to the volume table, which
+/// refuses it.
 ///
 /// Must hold: no byte is lost or invented by the framing; the reader holds
 /// at most one frame's worth; an envelope read in place reads as protobuf
@@ -112,17 +104,20 @@ pub fn frames(data: &[u8]) {
     }
 }
 
-/// One request as the agent decodes it: the first byte picks the method, the
-/// rest is that method's protobuf payload, sent in a ttrpc envelope as the
-/// first frame of a connection. The checks of [`frames`]; here the fuzzer
-/// works on the request messages and their validation directly.
+/// One request as the agent decodes it: the first byte picks the method (by
+/// its index in the service's list, `server::methods::METHODS`: crust.proto's
+/// order, which fuzz/seeds.py follows), the rest is that method's protobuf
+/// payload, sent in a ttrpc envelope as the first frame of a connection. The
+/// checks of [`frames`]; here the fuzzer works on the request messages, which
+/// the service translates and validates as it does when it serves them (in
+/// a guest with SELinux as this host has it: `mount_options` covers both).
 pub fn request(data: &[u8]) {
     let Some((&pick, payload)) = data.split_first() else {
         return;
     };
     let mut req = ttrpc::Request::new();
     req.service = "crust.v1.Agent".into();
-    req.method = METHODS[usize::from(pick) % METHODS.len()].into();
+    req.method = METHODS[usize::from(pick) % METHODS.len()].0.into();
     req.payload = payload.to_vec();
     let Ok(body) = req.write_to_bytes() else {
         return;
@@ -446,133 +441,80 @@ fn stand_in() -> OwnedFd {
     .expect("/dev/null")
 }
 
-/// The generated service table over [`Translate`] (lanes do not matter here).
+/// The agent's own service table (lanes, direct answers and all) over a
+/// volume table that refuses every operation ([`Refusing`]).
 fn methods() -> Table {
-    Table::new(crust_ttrpc::create_agent(Arc::new(Translate)), |_| {
-        Lane::Regular
-    })
+    let (tx, _rx) = std::sync::mpsc::channel();
+    let service = Service::new(
+        Arc::new(Refusing),
+        crate::logging::discard(),
+        Instant::now(),
+        Arc::new(Mutex::new(Timeline::default())),
+        tx,
+        Arc::new(Gate::new(true)),
+    );
+    table(Arc::new(service))
 }
 
-/// The service as far as a request goes without a syscall: each method
-/// translates and validates its request as `server::Service` does, then
-/// answers OK or with the refusal's code.
-struct Translate;
+/// A volume table that refuses every operation, as a table shutting down
+/// does: the service has translated and validated the request by then, so
+/// a request reaches it only as the agent would act on it. Its root is the
+/// guest's default, spelled canonically: a target is checked beneath it by
+/// validate.rs's rule, as the agent's table checks one beneath its own.
+struct Refusing;
 
-fn reply<R: Default>(r: Result<(), Error>) -> ttrpc::Result<R> {
-    match r {
-        Ok(()) => Ok(R::default()),
-        Err(e) => Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
-            status_code(e.code()),
-            e.to_string(),
-        ))),
-    }
+fn refused<T>() -> Result<T, Error> {
+    Err(crate::volumes::error::Error::ShuttingDown.into())
 }
 
-impl crust_ttrpc::Agent for Translate {
-    fn publish_volume(
-        &self,
-        ctx: &TtrpcContext,
-        req: pb::PublishVolumeRequest,
-    ) -> ttrpc::Result<pb::PublishVolumeResponse> {
-        let _ = cancel_of(ctx);
-        // The guest's SELinux, as the request's first option's length has it.
-        let selinux = req.mount_options.first().is_some_and(|o| o.len() % 2 == 1);
-        reply(publish_request_in(&req, selinux).map(drop))
+impl VolumeTable for Refusing {
+    fn target(&self, given: &str) -> Result<PathBuf, Invalid> {
+        validate::target(Path::new(ROOT), given)
     }
-
-    fn unpublish_volume(
-        &self,
-        ctx: &TtrpcContext,
-        req: pb::UnpublishVolumeRequest,
-    ) -> ttrpc::Result<pb::UnpublishVolumeResponse> {
-        let _ = cancel_of(ctx);
-        reply(validate::volume_id(&req.volume_id).map_err(Error::from))
+    fn publish(&self, _: &PublishRequest, _: &Cancel) -> Result<Published, Error> {
+        refused()
     }
-
-    fn get_volume_stats(
-        &self,
-        ctx: &TtrpcContext,
-        req: pb::GetVolumeStatsRequest,
-    ) -> ttrpc::Result<pb::GetVolumeStatsResponse> {
-        let _ = cancel_of(ctx);
-        reply(validate::volume_id(&req.volume_id).map_err(Error::from))
+    fn unpublish(&self, _: &str, _: &Cancel) -> Result<bool, Error> {
+        refused()
     }
-
-    fn expand_volume(
-        &self,
-        ctx: &TtrpcContext,
-        req: pb::ExpandVolumeRequest,
-    ) -> ttrpc::Result<pb::ExpandVolumeResponse> {
-        let _ = cancel_of(ctx);
-        reply((|| {
-            validate::volume_id(&req.volume_id)?;
-            validate::required_bytes(req.required_bytes)?;
-            let _ = validate::timeout(req.timeout_ms);
-            Ok(())
-        })())
+    fn stats(&self, _: &str, _: &Cancel) -> Result<(Option<Measured>, Condition), Error> {
+        refused()
     }
-
-    fn bind_mount(
-        &self,
-        ctx: &TtrpcContext,
-        req: pb::BindMountRequest,
-    ) -> ttrpc::Result<pb::BindMountResponse> {
-        let _ = cancel_of(ctx);
-        let root = Path::new(ROOT);
-        reply(bind_request(&req).and_then(|_| Ok(validate::target(root, &req.target).map(drop)?)))
+    fn expand(&self, _: &str, _: u64, _: Duration, _: &Cancel) -> Result<Expanded, Error> {
+        refused()
     }
-
-    fn unmount(
-        &self,
-        ctx: &TtrpcContext,
-        req: pb::UnmountRequest,
-    ) -> ttrpc::Result<pb::UnmountResponse> {
-        let _ = cancel_of(ctx);
-        reply(
-            validate::target(Path::new(ROOT), &req.target)
-                .map(drop)
-                .map_err(Error::from),
-        )
+    fn bind(&self, _: &BindRequest, _: &Cancel) -> Result<BindOutcome, Error> {
+        refused()
     }
-
-    fn freeze_volumes(
-        &self,
-        ctx: &TtrpcContext,
-        req: pb::FreezeVolumesRequest,
-    ) -> ttrpc::Result<pb::FreezeVolumesResponse> {
-        let _ = cancel_of(ctx);
-        reply((|| {
-            volume_ids(&req.volume_ids)?;
-            freeze_timeout(req.timeout_ms)?;
-            freeze_id(&req.freeze_id)?;
-            Ok(())
-        })())
+    fn unmount(&self, _: &Path, _: &Cancel) -> Result<bool, Error> {
+        refused()
     }
-
-    fn thaw_volumes(
-        &self,
-        _: &TtrpcContext,
-        req: pb::ThawVolumesRequest,
-    ) -> ttrpc::Result<pb::ThawVolumesResponse> {
-        reply(thaw_request(&req).map(drop).map_err(Error::from))
+    fn list(&self) -> Vec<VolumeInfo> {
+        Vec::new()
     }
-
-    fn trim_volume(
+    fn freeze(
         &self,
-        ctx: &TtrpcContext,
-        req: pb::TrimVolumeRequest,
-    ) -> ttrpc::Result<pb::TrimVolumeResponse> {
-        let _ = cancel_of(ctx);
-        reply(validate::volume_id(&req.volume_id).map_err(Error::from))
+        _: &[String],
+        _: Duration,
+        _: Option<&str>,
+        _: &Cancel,
+    ) -> Result<Frozen, Error> {
+        refused()
     }
-
-    fn get_volume_health(
-        &self,
-        ctx: &TtrpcContext,
-        req: pb::GetVolumeHealthRequest,
-    ) -> ttrpc::Result<pb::GetVolumeHealthResponse> {
-        let _ = cancel_of(ctx);
-        reply(validate::volume_id(&req.volume_id).map_err(Error::from))
+    fn thaw(&self, _: &Thaw) -> Result<Vec<String>, Error> {
+        refused()
+    }
+    fn trim(&self, _: &str, _: u64, _: &Cancel) -> Result<Trimmed, Error> {
+        refused()
+    }
+    fn health(&self, _: &str, _: &Cancel) -> Result<Vec<Said>, Error> {
+        refused()
+    }
+    fn shutdown(&self) -> u32 {
+        0
+    }
+    fn state_problem(&self) -> Option<String> {
+        None
     }
 }
 
@@ -611,16 +553,13 @@ mod tests {
         assert!(fit(xfs, FsType::Ext4, 320).is_err());
     }
 
-    /// The entries reject nothing silently: a good request is admitted, runs,
-    /// and is answered OK, so the targets do reach the service table.
-    #[test]
-    fn a_good_request_is_answered_ok() {
-        let mut req = pb::UnpublishVolumeRequest::new();
-        req.volume_id = "vol-1".into();
+    /// One request for `method` carrying `payload`, through the connection's
+    /// rules and the service table: the decoded ttrpc Response.
+    fn run_one(method: &str, payload: Vec<u8>) -> ttrpc::Response {
         let mut env = ttrpc::Request::new();
         env.service = "crust.v1.Agent".into();
-        env.method = "UnpublishVolume".into();
-        env.payload = req.write_to_bytes().unwrap();
+        env.method = method.into();
+        env.payload = payload;
         let body = env.write_to_bytes().unwrap();
         let mut conn = Conn::new(stand_in(), 1024);
         let methods = methods();
@@ -652,7 +591,74 @@ mod tests {
         };
         let (answer, failure) = dispatch::run(&methods, job, &Outbox::new());
         assert!(failure.is_none(), "{failure:?}");
-        let res = ttrpc::Response::parse_from_bytes(&answer).unwrap();
-        assert_eq!(res.status.code.value(), 0, "{}", res.status.message);
+        ttrpc::Response::parse_from_bytes(&answer).unwrap()
+    }
+
+    /// The entries reject nothing silently: a good request is admitted, runs
+    /// through the service's translation and validation and reaches the
+    /// table (whose refusal it gets), and a bad one is refused before it.
+    #[test]
+    fn a_good_request_reaches_the_table_and_a_bad_one_does_not() {
+        use crust_protocols::crust as pb;
+        let mut req = pb::UnpublishVolumeRequest::new();
+        req.volume_id = "vol-1".into();
+        let res = run_one("UnpublishVolume", req.write_to_bytes().unwrap());
+        assert_eq!(
+            res.status.code.value(),
+            Code::FAILED_PRECONDITION as i32,
+            "{}",
+            res.status.message
+        );
+        assert!(
+            res.status.message.contains("shutting down"),
+            "{}",
+            res.status.message
+        );
+        req.volume_id = "../vol-1".into();
+        let res = run_one("UnpublishVolume", req.write_to_bytes().unwrap());
+        assert_eq!(res.status.code.value(), Code::INVALID_ARGUMENT as i32);
+        let mut bind = pb::BindMountRequest::new();
+        bind.volume_id = "vol-1".into();
+        bind.target = "/elsewhere".into();
+        let res = run_one("BindMount", bind.write_to_bytes().unwrap());
+        assert_eq!(res.status.code.value(), Code::INVALID_ARGUMENT as i32);
+        assert!(
+            res.status.message.contains("outside the agent's root"),
+            "{}",
+            res.status.message
+        );
+    }
+
+    /// Every method the target can pick is served by the agent's service,
+    /// none by ttrpc's default for a method a service leaves out.
+    #[test]
+    fn every_method_is_the_services() {
+        for (name, _) in METHODS {
+            let res = run_one(name, Vec::new());
+            assert!(
+                !res.status.message.contains("is not supported"),
+                "{name}: {}",
+                res.status.message
+            );
+        }
+    }
+
+    /// fuzz/seeds.py names each recorded request's method by its index in
+    /// the list the target picks from: the two lists are one.
+    #[test]
+    fn the_seeds_number_the_methods_as_the_target_does() {
+        let seeds = include_str!("../fuzz/seeds.py");
+        let list = seeds
+            .split_once("\nMETHODS = [")
+            .and_then(|(_, rest)| rest.split_once(']'))
+            .expect("seeds.py has a METHODS list")
+            .0;
+        let names: Vec<&str> = list
+            .split(',')
+            .map(|n| n.trim().trim_matches('"'))
+            .filter(|n| !n.is_empty())
+            .collect();
+        let ours: Vec<&str> = METHODS.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ours);
     }
 }

@@ -11,7 +11,9 @@
 //! ```text
 //! 4 process       main.rs · init · instance · notify · fuzz (the fuzz targets' way in,
 //!                 built only with the `fuzz` feature, for fuzz/)
-//! 3 wire          server/ (proto ↔ domain, error → status, the quick-method rule)
+//! 3 wire          server/ (the one list of methods and what it makes: the ttrpc
+//!                 service, the lanes, the direct answers; proto ↔ domain,
+//!                 error → status)
 //!                 rpc/ (the bounded ttrpc transport: knows no agent type)
 //! 2 table         volumes/ (the façade over rooms that own their state, the
 //!                 operations that borrow them, publish as steps with one undo

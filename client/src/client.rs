@@ -1,11 +1,13 @@
-//! A typed client for the crust.v1 `Agent` service: one method per RPC, a
-//! per-call deadline, and ttrpc's errors sorted into "the agent said no"
-//! (a status code and message) and "the conversation broke".
+//! A typed client for the crust.v1 `Agent` service: any RPC by its
+//! request's type (`call`: the method and its answer come from crust.proto),
+//! a named call for each, a per-call deadline, and ttrpc's errors sorted
+//! into "the agent said no" (a status code and message) and "the
+//! conversation broke".
 
 use std::time::Duration;
 
 pub use crust_protocols::code::Code;
-use crust_protocols::{crust::*, crust_ttrpc::AgentClient, ttrpc};
+use crust_protocols::{crust::*, crust_ttrpc::AgentClient, rpc::Rpc, ttrpc};
 use thiserror::Error;
 
 use crate::{
@@ -131,33 +133,36 @@ impl CrustClient {
         self.timeout = timeout;
     }
 
-    fn call<Req, Resp>(
+    /// Calls the method `req` is the request of (crust.proto's `Agent`
+    /// service, [`Rpc`]), within the per-call deadline. Every method of the
+    /// contract is callable here, the named calls below included: they are
+    /// this with their request made, or their deadline stretched.
+    pub fn call<R: Rpc>(&self, req: &R) -> Result<R::Response, CallError> {
+        self.call_within(req, self.timeout)
+    }
+
+    /// [`call`](Self::call) within `timeout` instead of the per-call
+    /// deadline: for a request that has the agent wait itself
+    /// ([`deadline_for_wait`]).
+    pub fn call_within<R: Rpc>(
         &self,
-        method: &'static str,
+        req: &R,
         timeout: Duration,
-        req: &Req,
-        f: impl FnOnce(&AgentClient, ttrpc::context::Context, &Req) -> ttrpc::Result<Resp>,
-    ) -> Result<Resp, CallError> {
+    ) -> Result<R::Response, CallError> {
         let ctx = ttrpc::context::with_duration(timeout);
         let t0 = std::time::Instant::now();
-        f(&self.inner, ctx, req)
-            .map_err(|e| CallError::from_ttrpc(method, timeout, t0.elapsed(), e))
+        R::call(&self.inner, ctx, req)
+            .map_err(|e| CallError::from_ttrpc(R::METHOD, timeout, t0.elapsed(), e))
     }
 
     /// The optional features the agent has (`CAPABILITY_*`).
     pub fn get_capabilities(&self) -> Result<GetCapabilitiesResponse, CallError> {
-        let req = GetCapabilitiesRequest::new();
-        self.call("GetCapabilities", self.timeout, &req, |c, x, r| {
-            c.get_capabilities(x, r)
-        })
+        self.call(&GetCapabilitiesRequest::new())
     }
 
     /// The filesystems the agent can publish, e.g. `["ext4", "xfs"]`.
     pub fn get_supported_file_systems(&self) -> Result<GetSupportedFileSystemsResponse, CallError> {
-        let req = GetSupportedFileSystemsRequest::new();
-        self.call("GetSupportedFileSystems", self.timeout, &req, |c, x, r| {
-            c.get_supported_file_systems(x, r)
-        })
+        self.call(&GetSupportedFileSystemsRequest::new())
     }
 
     /// Publishes a volume; the call deadline covers the agent's `timeout_ms` wait.
@@ -165,10 +170,7 @@ impl CrustClient {
         &self,
         req: &PublishVolumeRequest,
     ) -> Result<PublishVolumeResponse, CallError> {
-        let timeout = deadline_for_wait(self.timeout, req.timeout_ms);
-        self.call("PublishVolume", timeout, req, |c, x, r| {
-            c.publish_volume(x, r)
-        })
+        self.call_within(req, deadline_for_wait(self.timeout, req.timeout_ms))
     }
 
     /// Unmounts a volume and its binds; succeeds when it was not published.
@@ -176,9 +178,7 @@ impl CrustClient {
         &self,
         req: &UnpublishVolumeRequest,
     ) -> Result<UnpublishVolumeResponse, CallError> {
-        self.call("UnpublishVolume", self.timeout, req, |c, x, r| {
-            c.unpublish_volume(x, r)
-        })
+        self.call(req)
     }
 
     /// Bytes and inodes of a published volume, and its condition.
@@ -186,9 +186,7 @@ impl CrustClient {
         &self,
         req: &GetVolumeStatsRequest,
     ) -> Result<GetVolumeStatsResponse, CallError> {
-        self.call("GetVolumeStats", self.timeout, req, |c, x, r| {
-            c.get_volume_stats(x, r)
-        })
+        self.call(req)
     }
 
     /// Grows a volume; the call deadline covers the agent's `timeout_ms` wait.
@@ -196,36 +194,27 @@ impl CrustClient {
         &self,
         req: &ExpandVolumeRequest,
     ) -> Result<ExpandVolumeResponse, CallError> {
-        let timeout = deadline_for_wait(self.timeout, req.timeout_ms);
-        self.call("ExpandVolume", timeout, req, |c, x, r| {
-            c.expand_volume(x, r)
-        })
+        self.call_within(req, deadline_for_wait(self.timeout, req.timeout_ms))
     }
 
     /// Binds a volume (or a subpath) at a target, optionally (recursively) read-only.
     pub fn bind_mount(&self, req: &BindMountRequest) -> Result<BindMountResponse, CallError> {
-        self.call("BindMount", self.timeout, req, |c, x, r| c.bind_mount(x, r))
+        self.call(req)
     }
 
     /// Unmounts a bind target; succeeds when nothing was mounted there.
     pub fn unmount(&self, req: &UnmountRequest) -> Result<UnmountResponse, CallError> {
-        self.call("Unmount", self.timeout, req, |c, x, r| c.unmount(x, r))
+        self.call(req)
     }
 
     /// The published volumes and their bind targets.
     pub fn list_volumes(&self) -> Result<ListVolumesResponse, CallError> {
-        let req = ListVolumesRequest::new();
-        self.call("ListVolumes", self.timeout, &req, |c, x, r| {
-            c.list_volumes(x, r)
-        })
+        self.call(&ListVolumesRequest::new())
     }
 
     /// Version, kernel, memory and boot timeline of the agent.
     pub fn get_agent_info(&self) -> Result<GetAgentInfoResponse, CallError> {
-        let req = GetAgentInfoRequest::new();
-        self.call("GetAgentInfo", self.timeout, &req, |c, x, r| {
-            c.get_agent_info(x, r)
-        })
+        self.call(&GetAgentInfoRequest::new())
     }
 
     /// Freezes volumes' filesystems, all or none, until thawed or the
@@ -234,23 +223,17 @@ impl CrustClient {
         &self,
         req: &FreezeVolumesRequest,
     ) -> Result<FreezeVolumesResponse, CallError> {
-        self.call("FreezeVolumes", self.timeout, req, |c, x, r| {
-            c.freeze_volumes(x, r)
-        })
+        self.call(req)
     }
 
     /// Thaws volumes; ABORTED when a freeze had already ended by itself.
     pub fn thaw_volumes(&self, req: &ThawVolumesRequest) -> Result<ThawVolumesResponse, CallError> {
-        self.call("ThawVolumes", self.timeout, req, |c, x, r| {
-            c.thaw_volumes(x, r)
-        })
+        self.call(req)
     }
 
     /// Gives a volume's free space back to its disk (FITRIM).
     pub fn trim_volume(&self, req: &TrimVolumeRequest) -> Result<TrimVolumeResponse, CallError> {
-        self.call("TrimVolume", self.timeout, req, |c, x, r| {
-            c.trim_volume(x, r)
-        })
+        self.call(req)
     }
 
     /// A volume's health in CSI 1.13's shape: empty when healthy.
@@ -258,15 +241,12 @@ impl CrustClient {
         &self,
         req: &GetVolumeHealthRequest,
     ) -> Result<GetVolumeHealthResponse, CallError> {
-        self.call("GetVolumeHealth", self.timeout, req, |c, x, r| {
-            c.get_volume_health(x, r)
-        })
+        self.call(req)
     }
 
     /// Asks the agent to unmount everything and power off (when it is PID 1).
     pub fn shutdown(&self) -> Result<ShutdownResponse, CallError> {
-        let req = ShutdownRequest::new();
-        self.call("Shutdown", self.timeout, &req, |c, x, r| c.shutdown(x, r))
+        self.call(&ShutdownRequest::new())
     }
 }
 
@@ -291,6 +271,33 @@ mod tests {
                 "{timeout:?} {wait_ms}"
             );
         }
+    }
+
+    /// The generic call sends the method its request names, and names it
+    /// in its errors.
+    #[test]
+    fn a_call_names_the_method_of_its_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("silent.sock");
+        // Accepted by the kernel's backlog, never answered.
+        let _l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let addr: Address = format!("unix://{}", sock.display()).parse().unwrap();
+        let t = Duration::from_millis(50);
+        let client = CrustClient::connect(&addr, t).unwrap();
+        assert_eq!(
+            client.call(&UnmountRequest::new()).unwrap_err(),
+            CallError::TimedOut {
+                method: "Unmount",
+                timeout: t
+            }
+        );
+        assert!(matches!(
+            client.get_volume_health(&GetVolumeHealthRequest::new()),
+            Err(CallError::TimedOut {
+                method: "GetVolumeHealth",
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! [`Address`], [`connect`] to it (Unix, vsock, or hybrid vsock through a
 //! VMM's socket) and call it through the typed [`CrustClient`]; talk to the
 //! VM's QEMU through a [`qmp::Qmp`] session, knowing which process serves
-//! its socket when that matters ([`peer_pid`]). crustctl, crustd and crust-vm
+//! its socket when that matters ([`Peer`]). crustctl, crustd and crust-vm
 //! all connect through here, so every bound is kept once: each connect has
 //! a deadline, a hybrid vsock `CONNECT` is never abandoned unanswered, a
 //! QMP monitor is read in bounded lines.
@@ -31,6 +31,6 @@ pub use client::{code_name, deadline_for_wait, CallError, Code, CrustClient};
 pub use connect::{
     connect, connect_opened, connect_stream, connect_stream_until, connect_until, ConnectError,
 };
-pub use crust_protocols::{crust as proto, protobuf, ttrpc};
+pub use crust_protocols::{crust as proto, protobuf, rpc::Rpc, ttrpc};
 pub use hvsock::{settle, unanswered};
-pub use peer::peer_pid;
+pub use peer::{peer_pid, Peer};

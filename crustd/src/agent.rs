@@ -49,6 +49,10 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("the agent of sandbox {sandbox} answered freeze id {} for the group's {asked}: it does not keep freezes by the id it is given (an agent older than crustd?); update it", Shown(.answered))]
     OtherFreeze { sandbox: String, answered: String, asked: String },
+    /// Too little of a group's time was left for this guest: it was not asked.
+    #[code(Aborted)]
+    #[error("its turn came with only {left_ms} ms left before the group ends by itself, and crustd gives each guest at least {} ms, its own timer set to end {} ms before the group's, so that no guest stays frozen past the time the caller was told: it was not asked to freeze; freeze again with a longer timeout", LEAST_FROZEN.as_millis(), FREEZE_MARGIN.as_millis())]
+    Late { left_ms: u128 },
     #[code(FailedPrecondition)]
     #[error("the agent of sandbox {sandbox} answered a health for volume {volume_id} that crustd refuses: {why}")]
     Health { sandbox: String, volume_id: String, why: BadHealth },
@@ -119,6 +123,17 @@ pub fn publish_deadlines(left: Duration) -> (Duration, Duration) {
 /// The least time an agent call is given, even when the caller has almost
 /// none left: enough to be answered by an agent that is there.
 const LEAST_BUDGET: Duration = Duration::from_millis(100);
+
+/// How much sooner than the group's own end each guest's freeze timeout
+/// ends: room for the request to reach the guest (its timer starts when it
+/// reads the request) and for one retry on a fresh connection, which must
+/// carry the same timeout (the agent answers a retried freeze again only
+/// when it names the same), so that no guest's timer ends after the time
+/// the caller was told.
+pub const FREEZE_MARGIN: Duration = Duration::from_millis(200);
+/// The least a guest's freeze timeout may be: a guest whose turn comes with
+/// less left is not asked, and the group's freeze fails.
+pub const LEAST_FROZEN: Duration = Duration::from_millis(100);
 
 impl Agent<'_> {
     /// How long a call may take now: `--agent-timeout`, or less when the
@@ -344,28 +359,41 @@ fn refusal(code: Code) -> bool {
 }
 
 impl Agent<'_> {
-    /// FreezeVolumes of `ids` for `timeout_ms` under the group's id
-    /// `freeze_id`, once more on a fresh connection if the first broke (the
-    /// same id makes the retry safe: the agent answers a freeze it holds
-    /// again).
+    /// FreezeVolumes of `ids` under the group's id `freeze_id`, its timeout
+    /// what is left until `until` (the group's end), less [`FREEZE_MARGIN`],
+    /// measured once the connection is there; a guest left less than
+    /// [`LEAST_FROZEN`] is not asked. Once more on a fresh connection if the
+    /// first broke, within [`FREEZE_MARGIN`] (the same id and timeout make
+    /// the retry safe: the agent answers a freeze it holds again).
     pub fn freeze(
         &self,
         ids: &[String],
-        timeout_ms: u32,
+        until: Instant,
         freeze_id: &str,
     ) -> std::result::Result<(), FreezeFailed> {
-        let mut r = pb::FreezeVolumesRequest::new();
-        r.volume_ids = ids.to_vec();
-        r.timeout_ms = timeout_ms;
-        r.freeze_id = freeze_id.into();
-        let timed = |mut c: CrustClient| {
+        let timed = |mut c: CrustClient, r: &pb::FreezeVolumesRequest| {
             c.set_timeout(self.budget());
-            c.freeze_volumes(&r)
+            c.freeze_volumes(r)
         };
         let first = self.client(false).map_err(FreezeFailed::NotSent)?;
-        let out = match timed(first) {
-            Err(CallError::Connection { .. }) => match self.client(true) {
-                Ok(c) => timed(c),
+        let sent = Instant::now();
+        let left = until.saturating_duration_since(sent);
+        let timeout = left.saturating_sub(FREEZE_MARGIN);
+        if timeout < LEAST_FROZEN {
+            return Err(FreezeFailed::NotSent(Error::Late {
+                left_ms: left.as_millis(),
+            }));
+        }
+        let mut r = pb::FreezeVolumesRequest::new();
+        r.volume_ids = ids.to_vec();
+        r.timeout_ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
+        r.freeze_id = freeze_id.into();
+        let out = match timed(first, &r) {
+            Err(e @ CallError::Connection { .. }) => match self.client(true) {
+                Ok(c) if sent.elapsed() <= FREEZE_MARGIN => timed(c, &r),
+                // Sent now, it could end after the group: the first may
+                // have arrived, so the outcome is unknown.
+                Ok(_) => return Err(FreezeFailed::Unknown(self.sort(e))),
                 Err(e) => return Err(FreezeFailed::Unknown(e)),
             },
             other => other,

@@ -7,7 +7,8 @@
 //! unpredictable name, then renamed, so a planted symlink redirects nothing.
 //! Beneath a directory crustd was given (Kata's runtime directory), a path of
 //! several components is resolved by the kernel with no symbolic link in any
-//! of them (`openat2`), so no link can lead into another sandbox's files.
+//! of them (`openat2`), and must have that one name only (no hard link of it
+//! elsewhere), so no link can lead into another sandbox's files.
 
 use std::convert::Infallible;
 use std::fs::File;
@@ -51,6 +52,9 @@ pub enum ReadError<R = Infallible> {
     Missing,
     /// A symbolic link on the way beneath a directory, which is not followed.
     Linked,
+    /// Beneath a directory, a file with more names than one (hard links):
+    /// how many.
+    Names(u64),
     /// Something that is not a regular file: what it is ("a FIFO").
     NotRegular(&'static str),
     /// A regular file larger than the bound: its size in bytes.
@@ -66,6 +70,7 @@ impl<R: std::fmt::Display> std::fmt::Display for ReadError<R> {
         match self {
             ReadError::Missing => write!(f, "it does not exist"),
             ReadError::Linked => write!(f, "{LINKED}"),
+            ReadError::Names(n) => write!(f, "{}", Counted(*n)),
             ReadError::NotRegular(what) => write!(f, "it is {what}, not a regular file"),
             ReadError::TooLarge(n) => {
                 write!(f, "it holds {n} bytes or more, more than crustd reads")
@@ -117,11 +122,12 @@ pub fn read_bounded_checked<R>(
                 e => ReadError::Io(Arc::new(e.into())),
             },
         )?;
-    read_open(fd, max, check)
+    read_open(fd, max, NameRule::Any, check)
 }
 
 /// As [`read_bounded`], for `rel` beneath `root`: no component of `rel` may
-/// be a symbolic link ([`ReadError::Linked`]), the last one included.
+/// be a symbolic link ([`ReadError::Linked`]), the last one included, and
+/// the file must have no other name ([`ReadError::Names`]).
 pub fn read_bounded_beneath(
     root: BorrowedFd<'_>,
     rel: &Path,
@@ -132,7 +138,34 @@ pub fn read_bounded_beneath(
         Errno::LOOP => ReadError::Linked,
         e => ReadError::Io(Arc::new(beneath_error(e))),
     })?;
-    read_open(fd, max, |_| Ok(()))
+    read_open(fd, max, NameRule::One, |_| Ok(()))
+}
+
+/// A file beneath a directory crustd was given has that one name: a hard
+/// link elsewhere (in another sandbox's directory, say) would make it that
+/// other place's file as much as this one's. Answers how many names it has
+/// otherwise.
+fn one_name(st: &rfs::Stat) -> Result<(), u64> {
+    // nlink_t is 32 bits wide on some architectures.
+    #[allow(clippy::useless_conversion)]
+    let n = u64::from(st.st_nlink);
+    if n > 1 {
+        return Err(n);
+    }
+    Ok(())
+}
+
+/// A file's count of names, in words.
+struct Counted(u64);
+
+impl std::fmt::Display for Counted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "it has {} names (hard links), and beneath that directory crustd takes only a file with one, so that no other sandbox's file can stand in for it",
+            self.0
+        )
+    }
 }
 
 /// How a file to be read is opened: without blocking (a FIFO opens at once
@@ -142,17 +175,29 @@ const READ_FLAGS: OFlags = OFlags::RDONLY
     .union(OFlags::NOCTTY)
     .union(OFlags::CLOEXEC);
 
+/// How many names a file read may have.
+#[derive(Clone, Copy)]
+enum NameRule {
+    Any,
+    /// One: beneath a directory crustd was given ([`one_name`]).
+    One,
+}
+
 /// Reads the open file `fd` when it is a regular file of at most `max`
-/// bytes that `check` accepts.
+/// bytes, with as many names as `names` allows, that `check` accepts.
 fn read_open<R>(
     fd: OwnedFd,
     max: u64,
+    names: NameRule,
     check: impl FnOnce(&rfs::Stat) -> Result<(), R>,
 ) -> Result<Vec<u8>, ReadError<R>> {
     let st = rfs::fstat(&fd).map_err(|e| ReadError::Io(Arc::new(e.into())))?;
     let t = FileType::from_raw_mode(st.st_mode);
     if t != FileType::RegularFile {
         return Err(ReadError::NotRegular(kind(t)));
+    }
+    if let NameRule::One = names {
+        one_name(&st).map_err(ReadError::Names)?;
     }
     check(&st).map_err(ReadError::Refused)?;
     let size = u64::try_from(st.st_size).unwrap_or(0);
@@ -220,6 +265,8 @@ pub enum SocketError {
     Missing,
     /// A symbolic link on the way, which is not followed.
     Linked,
+    /// A socket with more names than one (hard links): how many.
+    Names(u64),
     /// Something that is not a socket: what it is ("a regular file").
     NotSocket(&'static str),
     /// Any other failure.
@@ -231,6 +278,7 @@ impl std::fmt::Display for SocketError {
         match self {
             SocketError::Missing => write!(f, "it does not exist"),
             SocketError::Linked => write!(f, "{LINKED}"),
+            SocketError::Names(n) => write!(f, "{}", Counted(*n)),
             SocketError::NotSocket(what) => write!(f, "it is {what}, not a socket"),
             SocketError::Io(e) => write!(f, "{e}"),
         }
@@ -238,9 +286,9 @@ impl std::fmt::Display for SocketError {
 }
 
 /// Opens the socket `rel` beneath `root` with O_PATH, no symbolic link in
-/// any component, and checks on the open file that it is a socket: a
-/// descriptor to connect through (`/proc/self/fd`), so the socket judged
-/// here is the one reached, whatever the path names by then.
+/// any component, and checks on the open file that it is a socket with no
+/// other name: a descriptor to connect through (`/proc/self/fd`), so the
+/// socket judged here is the one reached, whatever the path names by then.
 pub fn open_socket_beneath(root: BorrowedFd<'_>, rel: &Path) -> Result<OwnedFd, SocketError> {
     let fd = open_beneath(root, rel, OFlags::PATH).map_err(|e| match e {
         Errno::NOENT => SocketError::Missing,
@@ -249,7 +297,7 @@ pub fn open_socket_beneath(root: BorrowedFd<'_>, rel: &Path) -> Result<OwnedFd, 
     })?;
     let st = rfs::fstat(&fd).map_err(|e| SocketError::Io(Arc::new(e.into())))?;
     match FileType::from_raw_mode(st.st_mode) {
-        FileType::Socket => Ok(fd),
+        FileType::Socket => one_name(&st).map(|()| fd).map_err(SocketError::Names),
         t => Err(SocketError::NotSocket(kind(t))),
     }
 }
@@ -424,8 +472,8 @@ mod tests {
     }
 
     /// Beneath a directory, a link in any component is refused, the last
-    /// one and the directories on the way alike, and a hard link is a file
-    /// like any other (it is the file it names).
+    /// one and the directories on the way alike, and so is a file or a
+    /// socket with another name (a hard link), under either name.
     #[test]
     fn beneath_a_directory_no_component_may_be_a_link() {
         let t = tempfile::tempdir().unwrap();
@@ -450,7 +498,18 @@ mod tests {
         // Nothing outside the directory, even through `..`.
         assert!(read("../x").is_err());
         let sock = |rel: &str| open_socket_beneath(d.as_fd(), Path::new(rel));
-        assert!(sock("a/b/s").is_ok() && sock("a/b/hs").is_ok());
+        for rel in ["a/b/s", "a/b/hs"] {
+            assert!(matches!(sock(rel), Err(SocketError::Names(2))), "{rel}");
+        }
+        std::fs::remove_file(p.join("a/b/hs")).unwrap();
+        assert!(sock("a/b/s").is_ok());
+        std::fs::hard_link(p.join("a/b/f"), p.join("hf")).unwrap();
+        assert!(matches!(read("a/b/f"), Err(ReadError::Names(2))));
+        assert!(read("a/b/f")
+            .unwrap_err()
+            .to_string()
+            .contains("it has 2 names"));
+        std::fs::remove_file(p.join("hf")).unwrap();
         for rel in ["la/b/s", "a/lb/s", "a/b/ls"] {
             assert!(matches!(sock(rel), Err(SocketError::Linked)), "{rel}");
         }

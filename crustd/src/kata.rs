@@ -24,13 +24,17 @@
 //!   (`persist/api/hypervisor.go`, `Pid int`; `qemu.go`'s `Save` writes the
 //!   pid QEMU wrote to its `-pidfile`, or 0 when QEMU is not running): the
 //!   process that serves the extra monitor. crustd connects only to a
-//!   monitor that process serves (monitor.rs), so a link at Kata's path to
-//!   another VM's monitor (a hard link included) plugs nothing there.
+//!   monitor that process serves, while it lives, and only when its command
+//!   line names this sandbox as Kata names its QEMU, `-name sandbox-<id>`
+//!   (monitor.rs, hypervisor.rs): `persist.json` is a file anyone who
+//!   writes there can copy from another sandbox's, so its pid alone would
+//!   prove only that the monitor is *some* sandbox's VM's.
 //!
 //! Both files are Kata's, so untrusted: resolved beneath the runtime
 //! directory (the operator's, whose own path may hold links) with no
 //! symbolic link in any component (`sbs`, `vm`, the sandbox's directory,
-//! the file), bounded, and checked like a `sandbox.json`.
+//! the file) and no other name (a hard link of another sandbox's file),
+//! bounded, and checked like a `sandbox.json`.
 
 use std::fmt;
 use std::io;
@@ -342,10 +346,9 @@ mod tests {
         }
     }
 
-    /// Kata's layout for sandbox `id` under `run`: its persist.json with
-    /// `pid` as HypervisorState.Pid (none: left out), and a stand-in QEMU
-    /// at its extra monitor, served on a thread of this process.
-    fn lay_out(run: &Path, id: &str, pid: Option<u32>) -> fake::Qemu {
+    /// Sandbox `id`'s persist.json under `run`, with `pid` as
+    /// HypervisorState.Pid (none: left out), and its `vm/<id>/` directory.
+    fn persist(run: &Path, id: &str, pid: Option<u32>) {
         std::fs::create_dir_all(run.join("sbs").join(id)).unwrap();
         let hs = pid.map_or(String::new(), |p| {
             format!(r#","HypervisorState":{{"Pid":{p}}}"#)
@@ -353,7 +356,24 @@ mod tests {
         let text = format!(r#"{{"AgentState":{{"URL":"vsock://3:1024"}}{hs}}}"#);
         std::fs::write(run.join(persist_rel(id)), text).unwrap();
         std::fs::create_dir_all(run.join("vm").join(id)).unwrap();
+    }
+
+    /// Kata's layout for sandbox `id` under `run`, `pid` recorded, and a
+    /// stand-in QEMU at its extra monitor, served on a thread of this
+    /// process (which the kernel names as its listener).
+    fn lay_out(run: &Path, id: &str, pid: Option<u32>) -> fake::Qemu {
+        persist(run, id, pid);
         fake::qemu(&run.join(monitor_rel(id)))
+    }
+
+    /// Kata's layout for sandbox `id` under `run` with its own stand-in
+    /// hypervisor, named `name` (Kata's QEMU: `sandbox-<id>`), recorded as
+    /// its HypervisorState.Pid and listening on its extra monitor.
+    fn lay_out_named(run: &Path, id: &str, name: &str) -> (fake::Qemu, fake::Hypervisor) {
+        std::fs::create_dir_all(run.join("vm").join(id)).unwrap();
+        let (q, h) = fake::qemu_of(&run.join(monitor_rel(id)), name);
+        persist(run, id, Some(h.pid()));
+        (q, h)
     }
 
     #[test]
@@ -395,28 +415,22 @@ mod tests {
 
     /// Each way an attacker who writes in Kata's runtime directory could
     /// point sandbox B at sandbox A's monitor: refused before anything is
-    /// sent to A's (found as files, or proved by the peer's pid).
+    /// sent to A's (found as files, or proved by the peer: its pid, its
+    /// command line, its being alive).
     #[test]
     fn no_link_leads_one_sandbox_to_another_vms_monitor() {
         let t = tempfile::tempdir().unwrap();
         let run = t.path().join("vc");
-        let me = std::process::id();
-        let _a = lay_out(&run, "a", Some(me));
+        let (_a, a) = lay_out_named(&run, "a", "sandbox-a,debug-threads=on");
         let timeout = Duration::from_secs(5);
         let (qmp, _) = vm(&run, "a", 2857).unwrap();
         assert!(
             qmp.connect(timeout).is_ok(),
-            "A's own monitor, served by its recorded pid"
+            "A's own monitor, served by its recorded and named QEMU"
         );
-        let persist = |id: &str, pid: u32| {
-            std::fs::create_dir_all(run.join("sbs").join(id)).unwrap();
-            let text = format!(
-                r#"{{"AgentState":{{"URL":"vsock://4:1024"}},"HypervisorState":{{"Pid":{pid}}}}}"#
-            );
-            std::fs::write(run.join(persist_rel(id)), text).unwrap();
-        };
         // vm/b1 a symlink to vm/a.
-        persist("b1", 1);
+        persist(&run, "b1", Some(1));
+        std::fs::remove_dir(run.join("vm/b1")).unwrap();
         symlink(run.join("vm/a"), run.join("vm/b1")).unwrap();
         let e = vm(&run, "b1", 2857).unwrap_err();
         assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
@@ -426,38 +440,72 @@ mod tests {
         );
         // sbs/b2 a symlink to sbs/a (its persist.json names A's pid).
         symlink(run.join("sbs/a"), run.join("sbs/b2")).unwrap();
-        std::fs::create_dir_all(run.join("vm/b2")).unwrap();
-        std::fs::hard_link(run.join(monitor_rel("a")), run.join(monitor_rel("b2"))).unwrap();
         let e = vm(&run, "b2", 2857).unwrap_err();
         assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
         assert!(
             e.to_string().contains("symbolic link lies on its path"),
             "{e}"
         );
-        // B's extra monitor a hard link of A's socket; B's recorded pid
-        // another process's: found, then refused by the peer's pid.
-        persist("b3", 1);
-        std::fs::create_dir_all(run.join("vm/b3")).unwrap();
-        std::fs::hard_link(run.join(monitor_rel("a")), run.join(monitor_rel("b3"))).unwrap();
-        let (qmp, _) = vm(&run, "b3", 2857).unwrap();
+        // B's persist.json a hard link of A's, or B's extra monitor a hard
+        // link of A's socket: a file with two names is neither's.
+        std::fs::create_dir_all(run.join("sbs/b3")).unwrap();
+        std::fs::hard_link(run.join(persist_rel("a")), run.join(persist_rel("b3"))).unwrap();
+        for id in ["b3", "a"] {
+            let e = vm(&run, id, 2857).unwrap_err();
+            assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+            assert!(e.to_string().contains("it has 2 names"), "{id}: {e}");
+        }
+        std::fs::remove_file(run.join(persist_rel("b3"))).unwrap();
+        persist(&run, "b4", Some(a.pid()));
+        std::fs::hard_link(run.join(monitor_rel("a")), run.join(monitor_rel("b4"))).unwrap();
+        let e = vm(&run, "b4", 2857).unwrap_err();
+        assert!(e.to_string().contains("it has 2 names"), "{e}");
+        std::fs::remove_file(run.join(monitor_rel("b4"))).unwrap();
+        // B's own monitor, and a persist.json naming someone else's pid.
+        let _b5 = lay_out(&run, "b5", Some(1));
+        let (qmp, _) = vm(&run, "b5", 2857).unwrap();
         let e = qmp.connect(timeout).unwrap_err();
         assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+        let me = std::process::id();
         assert!(
             e.to_string()
                 .contains(&format!("served by process {me}, not by process 1"))
                 && e.to_string().contains("HypervisorState.Pid"),
             "{e}"
         );
-        // B's own monitor, and a persist.json naming someone else's pid.
-        let _b4 = lay_out(&run, "b4", Some(1));
-        let (qmp, _) = vm(&run, "b4", 2857).unwrap();
-        assert_eq!(
-            qmp.connect(timeout).unwrap_err().code(),
-            Code::FailedPrecondition
+        // B's persist.json naming the process that serves B's monitor, but
+        // that process is sandbox A's QEMU by its command line (A's QEMU
+        // reached at B's path, or A's persist.json copied for B).
+        let (_b6, _a_again) = lay_out_named(&run, "b6", "sandbox-a");
+        let (qmp, _) = vm(&run, "b6", 2857).unwrap();
+        let e = qmp.connect(timeout).unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+        assert!(
+            e.to_string().contains("is not sandbox b6's QEMU")
+                && e.to_string().contains("-name sandbox-b6")
+                && e.to_string().contains("has -name sandbox-a"),
+            "{e}"
         );
+        // This test's process serving a monitor recorded as B's: no -name.
+        let _b7 = lay_out(&run, "b7", Some(me));
+        let (qmp, _) = vm(&run, "b7", 2857).unwrap();
+        assert!(qmp
+            .connect(timeout)
+            .unwrap_err()
+            .to_string()
+            .contains("is not sandbox b7's QEMU"));
+        // The recorded, named process listened, then exited; its socket is
+        // served on: its pid proves nothing any more.
+        let (_b8, mut b8) = lay_out_named(&run, "b8", "sandbox-b8");
+        let (qmp, _) = vm(&run, "b8", 2857).unwrap();
+        assert!(qmp.connect(timeout).is_ok());
+        b8.exit();
+        let e = qmp.connect(timeout).unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+        assert!(e.to_string().contains("has exited"), "{e}");
         // No pid recorded: refused, saying why, without a connect.
-        let _b5 = lay_out(&run, "b5", None);
-        let (qmp, _) = vm(&run, "b5", 2857).unwrap();
+        let _b9 = lay_out(&run, "b9", None);
+        let (qmp, _) = vm(&run, "b9", 2857).unwrap();
         let e = qmp.connect(timeout).unwrap_err();
         assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
         assert!(

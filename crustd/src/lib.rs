@@ -38,6 +38,7 @@ pub mod files;
 pub mod freezes;
 pub mod hostdev;
 pub mod hotplug;
+pub mod hypervisor;
 pub mod kata;
 pub mod locks;
 pub mod mkfs;

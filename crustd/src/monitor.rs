@@ -4,23 +4,33 @@
 //! directory others write: a link there leads to another VM's monitor, and
 //! a disk plugged through it lands in that VM, read-write, recorded as this
 //! sandbox's. So crustd asks the kernel who listens (`SO_PEERCRED`) before
-//! it sends a byte, and refuses any process but the recorded one.
+//! it sends a byte, and refuses any process but the recorded one; and, the
+//! connection open, that this process still lives (held by a pidfd of the
+//! very process that listened, `SO_PEERPIDFD`), since a pid alone may be
+//! another process's once its own has exited.
 //!
 //! Kata's monitor is resolved beneath Kata's runtime directory with no
-//! symbolic link in any component, and connected through that descriptor;
-//! its hypervisor's pid must be recorded. A `sandbox.json`'s monitor is its
-//! path as written, and is proved only when the entry records `qemu_pid`.
+//! symbolic link in any component and no other name, and connected through
+//! that descriptor; its hypervisor's pid must be recorded, and that
+//! process's command line must name the sandbox as Kata names its QEMU
+//! (`hypervisor`): the record is a file anyone who writes there can copy
+//! from another sandbox's, the command line is not. A `sandbox.json`'s
+//! monitor is its path as written, and is proved only when the entry
+//! records `qemu_pid`.
 
 use std::fmt;
+use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crust_client::qmp::{self, Qmp, QmpError, Socket};
+use crust_client::Peer as Listener;
 
 use crate::files::{self, SocketError};
 use crate::hotplug;
+use crate::hypervisor::{self, NotNamed};
 
 crust_protocols::coded_errors! {
 /// Why crustd has no session with a sandbox's monitor.
@@ -42,6 +52,21 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("the QMP socket {} is served by {}, not by process {pid}, the hypervisor {recorded}: crustd sends nothing to a monitor it cannot prove is this sandbox's VM's (is the socket a link to another VM's monitor?)", .path.display(), Peer(*.peer))]
     Stranger { path: PathBuf, peer: u32, pid: u32, recorded: Recorder },
+    /// The recorded process listened there, but has exited since: the
+    /// socket lives on in another process that shares it, and the pid may
+    /// be another process's by now.
+    #[code(FailedPrecondition)]
+    #[error("process {pid}, the hypervisor {recorded}, listened on the QMP socket {} but has exited, and another process that shares the socket serves it (the pid may be another process's by now): crustd sends nothing to a monitor it cannot prove is this sandbox's VM's", .path.display())]
+    Exited { path: PathBuf, pid: u32, recorded: Recorder },
+    /// The recorded process serves the socket, but is not the sandbox's
+    /// QEMU by its own command line.
+    #[code(FailedPrecondition)]
+    #[error("process {pid}, which serves the QMP socket {}, is not sandbox {sandbox}'s QEMU: Kata starts that with -name {}, and {why}; crustd sends nothing to another sandbox's VM (is {} a copy of another sandbox's, or the socket moved from another sandbox's directory?)", .path.display(), hypervisor::kata_name(.sandbox), .persist.display())]
+    Unnamed { path: PathBuf, pid: u32, sandbox: String, persist: PathBuf, why: Box<NotNamed> },
+    /// The kernel could not say whether the process still lives.
+    #[code(Unavailable)]
+    #[error("cannot tell whether process {pid}, which serves the QMP socket {}, still lives: {source}", .path.display())]
+    Unknowable { path: PathBuf, pid: u32, source: Arc<io::Error> },
     #[code(inner)]
     #[error(transparent)]
     Qmp(#[from] hotplug::Error),
@@ -188,19 +213,61 @@ impl Monitor {
             Some(fd) => Socket::Opened(fd.as_fd(), &self.path),
             None => Socket::Path(&self.path),
         };
-        // crust-client hears the sentence; crustd's error is made again from the pid.
-        let vet = |peer: u32| match &self.owner {
-            Owner::Pid { pid, recorded } if *pid != peer => {
-                Err(self.stranger(peer, *pid, recorded).to_string())
-            }
-            _ => Ok(()),
+        // crust-client hears the sentence; crustd keeps its own error.
+        let mut refused = None;
+        let vet = |peer: &Listener| {
+            self.vet(peer).map_err(|e| {
+                let said = e.to_string();
+                refused = Some(e);
+                said
+            })
         };
-        Qmp::connect_vetted(socket, timeout, vet).map_err(|e| match (e, &self.owner) {
-            (QmpError::Vetoed { pid: peer, .. }, Owner::Pid { pid, recorded }) => {
-                self.stranger(peer, *pid, recorded)
-            }
+        let out = Qmp::connect_vetted(socket, timeout, vet);
+        out.map_err(|e| match (e, refused) {
+            (QmpError::Vetoed { .. }, Some(e)) => e,
             (other, _) => hotplug::no_session(other).into(),
         })
+    }
+
+    /// Whether `peer`, which listens on the monitor, is the recorded
+    /// hypervisor: its pid, its command line (Kata's), and, last, that the
+    /// process that listened still lives. A live process keeps its pid, so
+    /// the command line read before was that process's, not a newer one's
+    /// with the same pid.
+    fn vet(&self, peer: &Listener) -> Result<()> {
+        let Owner::Pid { pid, recorded } = &self.owner else {
+            return Ok(());
+        };
+        if peer.pid != *pid {
+            return Err(self.stranger(peer.pid, *pid, recorded));
+        }
+        let named = match recorded {
+            Recorder::Kata { sandbox, persist } => {
+                hypervisor::named(*pid, &hypervisor::kata_name(sandbox)).map_err(|why| {
+                    Error::Unnamed {
+                        path: self.path.clone(),
+                        pid: *pid,
+                        sandbox: sandbox.clone(),
+                        persist: persist.clone(),
+                        why: Box::new(why),
+                    }
+                })
+            }
+            Recorder::Entry { .. } => Ok(()),
+        };
+        match peer.lives() {
+            Ok(true) => named,
+            Ok(false) => Err(Error::Exited {
+                path: self.path.clone(),
+                pid: *pid,
+                recorded: recorded.clone(),
+            }),
+            Err(e) => Err(Error::Unknowable {
+                path: self.path.clone(),
+                pid: *pid,
+                source: Arc::new(e),
+            }),
+        }
     }
 
     /// The refusal of `peer`, which listens on the socket instead of `pid`,
@@ -293,6 +360,28 @@ mod tests {
         assert_eq!(
             (e.code(), e.to_string()),
             (Code::FailedPrecondition, why.to_string())
+        );
+    }
+
+    /// The recorded process must still live, whoever serves its socket on:
+    /// its pid may be another's once it has exited.
+    #[test]
+    fn the_recorded_process_must_still_live() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("qmp.sock");
+        let (_q, mut h) = fake::qemu_of(&p, "crust-vm");
+        let timeout = Duration::from_secs(5);
+        let m = Monitor::at(p.clone(), pid(h.pid()));
+        assert!(m.connect(timeout).is_ok());
+        h.exit();
+        let e = m.connect(timeout).unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+        assert!(
+            e.to_string().contains(&format!(
+                "process {}, the hypervisor recorded as qemu_pid",
+                h.pid()
+            )) && e.to_string().contains("has exited"),
+            "{e}"
         );
     }
 

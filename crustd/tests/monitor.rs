@@ -2,13 +2,18 @@
 //! Kata's files (`--kata-runtime-dir`), laid out as someone who writes in
 //! Kata's runtime directory would lay them out to send sandbox B's disk into
 //! sandbox A's VM: a link for B's VM directory, for B's state directory, for
-//! the monitor, a hard link of A's monitor, a `persist.json` naming another
-//! process, none at all, links among Kata's own directories. Each is refused
-//! with nothing plugged in any fake QEMU and nothing asked of any agent;
-//! A's own disk still publishes. And a `sandbox.json` that records
-//! `qemu_pid` is held to it on every call. crustd as a process, its QEMUs
-//! fakes served by this test process (so their peer is this process) and
-//! B's hypervisor another process (`sleep`). Needs root (loop devices).
+//! the monitor, a hard link of A's monitor or of A's `persist.json`, a copy
+//! of A's `persist.json`, A's socket moved to B's path once A's pid is B's
+//! QEMU's, a `persist.json` naming another process, none at all, links
+//! among Kata's own directories. Each is refused with nothing plugged in
+//! any fake QEMU and nothing asked of any agent; A's own disk still
+//! publishes. And a `sandbox.json` that records `qemu_pid` is held to it on
+//! every call. crustd as a process, its QEMUs fakes served by this test
+//! process, each with a stand-in hypervisor process as the listener the
+//! kernel names (its command line `-name sandbox-<id>`, as Kata starts its
+//! QEMU); another VM's hypervisor a process of its own. Needs root (loop
+//! devices, and `/proc/sys/kernel/ns_last_pid` to have a pid taken again),
+//! and Linux 6.5 or later (`SO_PEERPIDFD`) for the pid taken again.
 
 mod fakes;
 
@@ -91,10 +96,12 @@ fn plugged(q: &fakes::Qemu) -> Vec<String> {
         .collect()
 }
 
-/// Sandbox A (its QEMU served here, its pid recorded as this process's) and
-/// one B for each way to point B at A's monitor: each B refused, nothing
-/// plugged anywhere, no agent asked; then A's publish, and an unpublish
-/// refused while A's record names another process, each call proving anew.
+/// Sandbox A (its QEMU served here, its stand-in hypervisor `-name
+/// sandbox-a` recorded as its pid) and one B for each way to point B at A's
+/// monitor: each B refused, nothing plugged anywhere, no agent asked; A's
+/// own refused while its monitor has other names, then published; and an
+/// unpublish refused while A's record names another process, each call
+/// proving anew.
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn no_link_in_katas_files_sends_a_disk_into_another_vm() {
@@ -110,9 +117,10 @@ fn no_link_in_katas_files_sends_a_disk_into_another_vm() {
     let other = b_vmm.pid();
     let agent_sock = t.path().join("a-vsock.sock");
     let (agent, _server) = fakes::hvsock_agent(&agent_sock);
-    kata.persist("a", me, &agent_sock);
     kata.vm_dir("a");
-    let qemu_a = fakes::qemu(&kata.monitor("a"));
+    let (qemu_a, a_vmm) = fakes::qemu_of(&kata.monitor("a"), "sandbox-a");
+    let a_pid = a_vmm.pid();
+    kata.persist("a", a_pid, &agent_sock);
 
     // vm/b-vm-link is a link to vm/a: the monitor is A's, by a path whose
     // last component is a socket (once not refused).
@@ -153,13 +161,15 @@ fn no_link_in_katas_files_sends_a_disk_into_another_vm() {
         ("b-vm-link", "FAILED_PRECONDITION", not_followed),
         ("b-sbs-link", "NOT_FOUND", "no sandbox b-sbs-link"),
         ("b-sock-link", "FAILED_PRECONDITION", not_followed),
-        ("b-hard-link", "FAILED_PRECONDITION", proved.as_str()),
+        ("b-hard-link", "FAILED_PRECONDITION", "it has 3 names"),
         ("b-wrong-pid", "FAILED_PRECONDITION", proved.as_str()),
         (
             "b-no-pid",
             "FAILED_PRECONDITION",
             "recorded no hypervisor process",
         ),
+        // A's own monitor, while it has other names than A's.
+        ("a", "FAILED_PRECONDITION", "it has 3 names"),
     ] {
         let (c, m) = code(k.publish(req(id, &dev, "ext4")));
         assert_eq!(c, want, "{id}: {m}");
@@ -171,11 +181,14 @@ fn no_link_in_katas_files_sends_a_disk_into_another_vm() {
         let st = std::fs::read_to_string(reg.join(id).join("crustd.json")).unwrap_or_default();
         assert!(!st.contains(&dev), "{id}: {st}");
     }
-    assert!(code(k.publish(req("b-hard-link", &dev, "ext4")))
+    assert!(code(k.publish(req("b-wrong-pid", &dev, "ext4")))
         .1
         .contains("HypervisorState.Pid"));
 
-    // A's own: its recorded QEMU serves its monitor.
+    // A's own, its other names gone: its recorded, named QEMU serves it.
+    for id in ["b-sbs-link", "b-hard-link"] {
+        std::fs::remove_file(kata.monitor(id)).unwrap();
+    }
     k.publish(req("a", &dev, "ext4")).unwrap();
     assert_eq!(plugged(&qemu_a).len(), 2, "{:?}", plugged(&qemu_a));
     assert_eq!(agent.lock().unwrap().log.len(), 1);
@@ -185,7 +198,12 @@ fn no_link_in_katas_files_sends_a_disk_into_another_vm() {
     kata.persist("a", other, &agent_sock);
     let (c, m) = code(k.unpublish("a", &dev));
     assert_eq!(c, "FAILED_PRECONDITION", "{m}");
-    assert!(m.contains(&proved), "{m}");
+    assert!(
+        m.contains(&format!(
+            "served by process {a_pid}, not by process {other}"
+        )),
+        "{m}"
+    );
     assert_eq!(
         agent.lock().unwrap().log.len(),
         1,
@@ -197,7 +215,7 @@ fn no_link_in_katas_files_sends_a_disk_into_another_vm() {
         .log
         .iter()
         .any(|l| l.starts_with("device_del")));
-    kata.persist("a", me, &agent_sock);
+    kata.persist("a", a_pid, &agent_sock);
     k.unpublish("a", &dev).unwrap();
     assert!(qemu_a.lock().unwrap().devices.is_empty());
 }
@@ -212,20 +230,19 @@ fn a_link_among_katas_directories_is_not_followed() {
     let t = tempfile::tempdir().unwrap();
     let reg = t.path().join("sandboxes");
     std::fs::create_dir_all(&reg).unwrap();
-    let me = std::process::id();
     let kata = Kata {
         run: t.path().join("run/vc"),
     };
     let agent_sock = t.path().join("a-vsock.sock");
     let (agent, _server) = fakes::hvsock_agent(&agent_sock);
-    kata.persist("a", me, &agent_sock);
     kata.vm_dir("a");
-    let qemu = fakes::qemu(&kata.monitor("a"));
+    let (qemu, a_vmm) = fakes::qemu_of(&kata.monitor("a"), "sandbox-a");
+    kata.persist("a", a_vmm.pid(), &agent_sock);
     // `vm` a link to the real one; `sbs` its own.
     let vm_linked = Kata {
         run: t.path().join("vm-linked"),
     };
-    vm_linked.persist("a", me, &agent_sock);
+    vm_linked.persist("a", a_vmm.pid(), &agent_sock);
     std::os::unix::fs::symlink(kata.run.join("vm"), vm_linked.run.join("vm")).unwrap();
     // Both `sbs` and `vm` links to the real ones.
     let all_linked = t.path().join("all-linked");
@@ -317,18 +334,16 @@ fn a_sandbox_json_that_records_qemu_pid_is_held_to_it() {
     assert!(sb.qemu.lock().unwrap().devices.is_empty());
 }
 
-// Attacks: the case below fails on crustd as it is.
-
-/// "Whoever writes in Kata's runtime directory could otherwise send sandbox
-/// B's disk into sandbox A's VM" (crustd.md §2). The proof binds the
-/// monitor to the pid in `persist.json`, but nothing binds `persist.json`
-/// to the sandbox: B's `persist.json` a hard link of A's (a regular file,
-/// no symbolic link on the way) and B's monitor a hard link of A's socket
-/// pass every check, and B's disk is plugged into A's VM, recorded as B's.
-/// A copy of A's `persist.json` does the same.
+/// The record's pid is bound to the sandbox by the process's own command
+/// line, and a Kata file with a second name is no sandbox's: B's
+/// `persist.json` a hard link of A's (a regular file, no symbolic link on
+/// the way) with B's monitor a hard link of A's socket is refused; so is a
+/// plain copy of A's `persist.json` with A's socket moved to B's path (no
+/// link at all: A's own QEMU, alive, serves it, and its command line names
+/// sandbox a). Nothing is plugged into A's VM, nothing recorded for B.
 #[test]
 #[ignore = "needs root: make test runs it"]
-fn attack_hard_links_of_both_katas_files_send_a_disk_into_another_vm() {
+fn hard_links_of_both_katas_files_never_send_a_disk_into_another_vm() {
     needs::loop_devices();
     let t = tempfile::tempdir().unwrap();
     let reg = t.path().join("sandboxes");
@@ -336,12 +351,11 @@ fn attack_hard_links_of_both_katas_files_send_a_disk_into_another_vm() {
     let kata = Kata {
         run: t.path().join("run/vc"),
     };
-    let me = std::process::id();
     let agent_sock = t.path().join("a-vsock.sock");
-    let (_agent, _server) = fakes::hvsock_agent(&agent_sock);
-    kata.persist("a", me, &agent_sock);
+    let (agent, _server) = fakes::hvsock_agent(&agent_sock);
     kata.vm_dir("a");
-    let qemu_a = fakes::qemu(&kata.monitor("a"));
+    let (qemu_a, a_vmm) = fakes::qemu_of(&kata.monitor("a"), "sandbox-a");
+    kata.persist("a", a_vmm.pid(), &agent_sock);
     std::fs::create_dir_all(kata.sbs("b")).unwrap();
     std::fs::hard_link(
         kata.sbs("a").join("persist.json"),
@@ -355,10 +369,112 @@ fn attack_hard_links_of_both_katas_files_send_a_disk_into_another_vm() {
     let dev = disk.path();
     let run = kata.run.display().to_string();
     let d = Crustd::start(&reg, &["--kata-runtime-dir", &run]);
-    let r = d.client().publish(req("b", &dev, "ext4"));
+    let k = d.client();
+    let refused = |id: &str, says: &str| {
+        let (c, m) = code(k.publish(req(id, &dev, "ext4")));
+        assert_eq!(c, "FAILED_PRECONDITION", "{id}: {m}");
+        assert!(m.contains(says), "{id}: {m}");
+        let into_a = plugged(&qemu_a);
+        assert!(
+            into_a.is_empty(),
+            "{id}'s disk went into A's VM: {into_a:?}"
+        );
+        assert!(agent.lock().unwrap().log.is_empty(), "{id}");
+        let st = std::fs::read_to_string(reg.join(id).join("crustd.json")).unwrap_or_default();
+        assert!(!st.contains(&dev), "{id}: {st}");
+    };
+    refused("b", "it has 2 names");
+
+    // A copy instead of a link, and A's socket moved to B's path.
+    std::fs::remove_file(kata.sbs("b").join("persist.json")).unwrap();
+    std::fs::copy(
+        kata.sbs("a").join("persist.json"),
+        kata.sbs("b").join("persist.json"),
+    )
+    .unwrap();
+    std::fs::remove_file(kata.monitor("b")).unwrap();
+    std::fs::rename(kata.monitor("a"), kata.monitor("b")).unwrap();
+    refused(
+        "b",
+        &format!(
+            "process {}, which serves the QMP socket {}, is not sandbox b's QEMU: Kata starts that with -name sandbox-b, and its command line has -name sandbox-a",
+            a_vmm.pid(),
+            kata.monitor("b").display()
+        ),
+    );
+
+    // Moved back, A's own disk goes into A's VM.
+    std::fs::rename(kata.monitor("b"), kata.monitor("a")).unwrap();
+    k.publish(req("a", &dev, "ext4")).unwrap();
+    assert_eq!(plugged(&qemu_a).len(), 2);
+    k.unpublish("a", &dev).unwrap();
+}
+
+/// A fake QEMU at `path` whose hypervisor, named sandbox a, listened there
+/// and exited, and the hypervisor that took its pid afterwards, named
+/// `name`. The kernel hands out the pid after
+/// `/proc/sys/kernel/ns_last_pid`; when another process on the machine
+/// takes the freed pid first, all is made again with another.
+fn a_qemu_whose_pid_is_taken_again(path: &Path, name: &str) -> (fakes::Qemu, fakes::Hypervisor) {
+    for _ in 0..50 {
+        let _ = std::fs::remove_file(path);
+        let (q, mut a) = fakes::qemu_of(path, "sandbox-a");
+        let pid = a.pid();
+        a.exit();
+        for _ in 0..10 {
+            std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).unwrap();
+            let b = fakes::Hypervisor::named(name);
+            if b.pid() == pid {
+                return (q, b);
+            }
+        }
+    }
+    panic!("no process could be given a pid freed a moment before");
+}
+
+/// A pid is proof only while its process lives: A's QEMU listened on its
+/// monitor and exited, its socket served on by a process that shares it
+/// (here, this test's fake); its pid is then B's QEMU's (named sandbox-b,
+/// recorded in B's own `persist.json`), and A's socket is moved to B's
+/// path. The listener's pid and the recorded one agree, and /proc/<pid>
+/// shows sandbox b's QEMU, but the process that listened is gone: refused,
+/// nothing plugged into A's VM. (Linux 6.5 or later: crustd holds the
+/// listener itself, `SO_PEERPIDFD`; docs/crustd.md §7 says what an older
+/// kernel leaves open.)
+#[test]
+#[ignore = "needs root: make test runs it"]
+fn a_pid_taken_again_by_another_sandboxs_qemu_never_sends_a_disk_into_another_vm() {
+    needs::loop_devices();
+    let t = tempfile::tempdir().unwrap();
+    let reg = t.path().join("sandboxes");
+    std::fs::create_dir_all(&reg).unwrap();
+    let kata = Kata {
+        run: t.path().join("run/vc"),
+    };
+    let agent_sock = t.path().join("a-vsock.sock");
+    let (agent, _server) = fakes::hvsock_agent(&agent_sock);
+    kata.vm_dir("a");
+    let (qemu_a, b_vmm) = a_qemu_whose_pid_is_taken_again(&kata.monitor("a"), "sandbox-b");
+    let pid = b_vmm.pid();
+    kata.persist("b", pid, &agent_sock);
+    kata.vm_dir("b");
+    std::fs::rename(kata.monitor("a"), kata.monitor("b")).unwrap();
+
+    let disk = LoopDisk::new(32, None);
+    let dev = disk.path();
+    let run = kata.run.display().to_string();
+    let d = Crustd::start(&reg, &["--kata-runtime-dir", &run]);
+    let (c, m) = code(d.client().publish(req("b", &dev, "ext4")));
     let into_a = plugged(&qemu_a);
     assert!(
-        r.is_err() && into_a.is_empty(),
-        "sandbox b's disk went into sandbox a's VM: {r:?}, plugged there: {into_a:?}"
+        c == "FAILED_PRECONDITION" && into_a.is_empty(),
+        "sandbox b's disk went into sandbox a's VM: {c}: {m}, plugged there: {into_a:?}"
     );
+    assert!(
+        m.contains(&format!(
+            "process {pid}, the hypervisor Kata recorded for sandbox b"
+        )) && m.contains("has exited"),
+        "{m}"
+    );
+    assert!(agent.lock().unwrap().log.is_empty());
 }

@@ -1,12 +1,15 @@
 //! crust.v1, the wire contract of crust-agent: protobuf messages and the
 //! ttrpc `Agent` service, generated from `crust.proto` at build time; and
-//! [`names`], the rules for the names the contracts carry (a disk's serial,
-//! a sandbox's id), [`code`], the gRPC status codes, and [`options`], the
-//! mount option table, each written once for the agent and the host crates.
+//! [`rpc`], the service's methods as types (its one list of methods, made
+//! from the .proto too); [`names`], the rules for the names the contracts
+//! carry (a disk's serial, a sandbox's id), [`code`], the gRPC status codes,
+//! and [`options`], the mount option table, each written once for the agent
+//! and the host crates.
 
 pub mod code;
 pub mod names;
 pub mod options;
+pub mod rpc;
 
 /// The vsock port the agent listens on by default, and the port the host
 /// programs (crust-vm, crustctl, crustd) assume when an address names none.

@@ -8,7 +8,7 @@
 //! health check. The service's rule ([`LaneRule`]) says which, and may name
 //! only methods that wait for nothing: no disk, no lock a long operation
 //! holds, no sleep (the agent's are GetCapabilities and GetAgentInfo, which
-//! answer from memory, uname and /proc; `server::service::lane` says why).
+//! answer from memory, uname and /proc; `server::methods` says why).
 //! An inline method is bounded like any other: its answer counts against
 //! the connection's output limit before the next frame is admitted, and a
 //! connection's inline answers and its workers' leave in the order they are

@@ -91,7 +91,8 @@ fn start(limits: Limits) -> Running {
     }
 }
 
-/// The lanes as the agent's service has them (`server::service::lane`).
+/// Lanes like the agent's (`server::methods`; the transport's tests may not
+/// name the service, so its rule is restated here for a fake service).
 fn lane(path: &str) -> Lane {
     match path {
         "/crust.v1.Agent/GetCapabilities" | "/crust.v1.Agent/GetAgentInfo" => Lane::Inline,

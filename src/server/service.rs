@@ -1,9 +1,10 @@
-//! The ttrpc service `crust.v1.Agent`: each method translates its request
-//! (`translate`), calls the volume table, and translates the answer or the
-//! error back. Every handler runs under `catch_unwind`, so a bug answers
-//! INTERNAL instead of taking PID 1 down, and logs one line with method,
-//! volume, code and time. [`lane`] is the service's rule for the transport:
-//! which methods answer at once, from memory.
+//! The work of the ttrpc service `crust.v1.Agent`: each method's handler
+//! translates its request (`translate`), calls the volume table, and
+//! translates the answer or the error back. `Service::run` runs a handler
+//! under `catch_unwind`, so a bug answers INTERNAL instead of taking PID 1
+//! down, and logs one line with method, volume, code and time. Which
+//! handler serves which method, in which lane of the transport, is the
+//! method table's (`methods`).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::Sender;
@@ -11,67 +12,27 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crust_protocols::crust as pb;
-use crust_protocols::crust_ttrpc;
-use crust_protocols::ttrpc::{self, TtrpcContext};
 use slog::{debug, info, warn, Logger};
 
 use super::translate::{
-    agent_info, bind_request, bound, cancel_of, capabilities, expanded, file_systems, freeze_id,
-    freeze_timeout, frozen, health, publish_request_in, published, shut_down, stats, status_code,
-    thaw_request, thawed, trimmed, unmounted, unpublished, volume_ids, volumes,
+    agent_info, bind_request, bound, capabilities, expanded, file_systems, freeze_id,
+    freeze_timeout, frozen, health, publish_request_in, published, shut_down, stats, thaw_request,
+    thawed, trimmed, unmounted, unpublished, volume_ids, volumes,
 };
+use super::volumes::VolumeTable;
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::rpc::lograte::LogRate;
-use crate::rpc::table::{direct, Lane, Table};
+use crate::rpc::table::Lane;
 use crate::sys::sysfs::Sysfs;
 use crate::system::{self, Gate, Timeline};
 use crate::validate;
 use crate::volumes::table::Volumes;
 
-/// Which lane of the transport a method of this service takes (the
-/// transport knows no method names: this is its rule). GetCapabilities and
-/// GetAgentInfo answer from memory and /proc, take no lock a long operation
-/// holds and touch no disk: the event loop answers them itself, so a health
-/// check costs no thread hop. ListVolumes asks each volume's device its size
-/// (an ioctl), so it takes the quick workers: answered even while every
-/// regular worker waits for a disk, never holding up the loop. Every other
-/// method may wait for disks and walks.
-pub fn lane(path: &str) -> Lane {
-    path.strip_prefix("/crust.v1.Agent/")
-        .map_or(Lane::Regular, method_lane)
-}
-
-/// The service as the transport serves it: the generated table, each
-/// method in its [`lane`], and the methods the loop answers itself given
-/// their direct answers: the same call, with the successful Response
-/// written straight to bytes instead of through ttrpc's handler machinery,
-/// which costs more than answering from memory does.
-pub fn table(service: Arc<Service>) -> Table {
-    let (caps, info) = (service.clone(), service.clone());
-    Table::new(crust_ttrpc::create_agent(service), lane)
-        .with_direct(
-            "/crust.v1.Agent/GetCapabilities",
-            direct(move |_: pb::GetCapabilitiesRequest| caps.capabilities_answer()),
-        )
-        .with_direct(
-            "/crust.v1.Agent/GetAgentInfo",
-            direct(move |_: pb::GetAgentInfoRequest| info.agent_info_answer()),
-        )
-}
-
-/// [`lane`] of a method of this service, by its name.
-fn method_lane(method: &str) -> Lane {
-    match method {
-        "GetCapabilities" | "GetAgentInfo" => Lane::Inline,
-        "ListVolumes" => Lane::Quick,
-        _ => Lane::Regular,
-    }
-}
-
-/// The service state shared by all connections.
-pub struct Service {
-    volumes: Arc<Volumes>,
+/// The service state shared by all connections, over the volume table `T`
+/// (the agent's own, or a stand-in).
+pub struct Service<T: VolumeTable = Volumes> {
+    volumes: Arc<T>,
     log: Logger,
     started: Instant,
     timeline: Arc<Mutex<Timeline>>,
@@ -90,17 +51,17 @@ pub struct Service {
 /// How long a request waits for the boot's module loading before going on anyway.
 const MODULES_WAIT: Duration = Duration::from_secs(60);
 
-impl Service {
+impl<T: VolumeTable> Service<T> {
     /// A service over `volumes`; `shutdown` is signalled after a Shutdown
     /// request; disk operations wait for `modules` to open.
     pub fn new(
-        volumes: Arc<Volumes>,
+        volumes: Arc<T>,
         log: Logger,
         started: Instant,
         timeline: Arc<Mutex<Timeline>>,
         shutdown: Sender<()>,
         modules: Arc<Gate>,
-    ) -> Service {
+    ) -> Service<T> {
         Service {
             volumes,
             log,
@@ -113,25 +74,36 @@ impl Service {
         }
     }
 
-    /// Runs one request: catches panics, logs the outcome, maps the error.
-    fn handle<T>(
+    /// Runs one request of `method`, which takes `lane`: catches panics,
+    /// logs the outcome. The error keeps its code.
+    pub(crate) fn run<R>(
         &self,
         method: &'static str,
+        lane: Lane,
         volume: &str,
-        f: impl FnOnce() -> Result<T>,
-    ) -> ttrpc::Result<T> {
-        map_status(self.run(method, volume, f))
+        f: impl FnOnce() -> Result<R>,
+    ) -> Result<R> {
+        let start = Instant::now();
+        let result =
+            catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| Err(panicked(method, &*p)));
+        self.log_outcome(method, lane, volume, start, result.as_ref().err());
+        result
     }
-}
 
-impl Service {
-    /// The request's log line. Not generic, so written once in the binary
-    /// rather than once per method. The loop's own methods log at the
-    /// transport's rate, saying how many lines were held back; every other
-    /// method logs each call.
+    /// The request's log line. Not generic over the request, so written
+    /// once in the binary rather than once per method. The loop's own
+    /// methods log at the transport's rate, saying how many lines were held
+    /// back; every other method logs each call.
     #[inline(never)]
-    fn log_outcome(&self, method: &'static str, volume: &str, start: Instant, err: Option<&Error>) {
-        let held = if method_lane(method) == Lane::Inline {
+    fn log_outcome(
+        &self,
+        method: &'static str,
+        lane: Lane,
+        volume: &str,
+        start: Instant,
+        err: Option<&Error>,
+    ) {
+        let held = if lane == Lane::Inline {
             match self.inline_lines.allow() {
                 Some(held) => held,
                 None => return,
@@ -163,40 +135,41 @@ fn panicked(method: &'static str, p: &(dyn std::any::Any + Send)) -> Error {
     Error::Panic(method, what)
 }
 
-/// An answer as ttrpc's: the error's class and sentence.
-fn map_status<T>(result: Result<T>) -> ttrpc::Result<T> {
-    result.map_err(|e| {
-        ttrpc::Error::RpcStatus(ttrpc::get_status(status_code(e.code()), e.to_string()))
-    })
-}
-
-/// Each method's work, from its request to its answer, with the caller's
-/// cancellation: what the ttrpc methods below run under [`Service::handle`],
-/// and what an embedding program calls (`crate::embed`).
-impl Service {
-    /// Runs one request for an embedding program: catches panics and logs
-    /// the outcome as the ttrpc methods do; the error keeps its code.
-    pub fn run<T>(
+/// Each method's handler, from its request to its answer (the method table
+/// names them). A handler that may wait takes the request's cancellation;
+/// one that answers at once does not, so none is made for it.
+impl<T: VolumeTable> Service<T> {
+    /// From the probes made at start: answered from memory.
+    pub(crate) fn capabilities_in(
         &self,
-        method: &'static str,
-        volume: &str,
-        f: impl FnOnce() -> Result<T>,
-    ) -> Result<T> {
-        let start = Instant::now();
-        let result =
-            catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| Err(panicked(method, &*p)));
-        self.log_outcome(method, volume, start, result.as_ref().err());
-        result
+        _: &pb::GetCapabilitiesRequest,
+    ) -> Result<pb::GetCapabilitiesResponse> {
+        Ok(capabilities(system::capabilities()))
     }
 
-    /// GetSupportedFileSystems.
-    pub fn file_systems_in(&self, cancel: &Cancel) -> Result<pb::GetSupportedFileSystemsResponse> {
+    /// From memory and /proc.
+    pub(crate) fn agent_info_in(
+        &self,
+        _: &pb::GetAgentInfoRequest,
+    ) -> Result<pb::GetAgentInfoResponse> {
+        let t = *self.timeline.lock().unwrap_or_else(|p| p.into_inner());
+        let i = system::agent_info(self.started, t)?;
+        Ok(agent_info(i, t, self.volumes.state_problem()))
+    }
+
+    /// Once the boot's modules are in: xfs may still be loading.
+    pub(crate) fn file_systems_in(
+        &self,
+        _: &pb::GetSupportedFileSystemsRequest,
+        cancel: &Cancel,
+    ) -> Result<pb::GetSupportedFileSystemsResponse> {
         self.modules.wait(MODULES_WAIT, cancel);
         Ok(file_systems(system::supported_filesystems()?))
     }
 
-    /// PublishVolume.
-    pub fn publish_in(
+    /// SELinux context options are left out in a guest without SELinux,
+    /// and said so in the log and the answer.
+    pub(crate) fn publish_in(
         &self,
         req: &pb::PublishVolumeRequest,
         cancel: &Cancel,
@@ -214,8 +187,7 @@ impl Service {
         Ok(published(out, not_applied))
     }
 
-    /// UnpublishVolume.
-    pub fn unpublish_in(
+    pub(crate) fn unpublish_in(
         &self,
         req: &pb::UnpublishVolumeRequest,
         cancel: &Cancel,
@@ -224,8 +196,7 @@ impl Service {
         Ok(unpublished(self.volumes.unpublish(&req.volume_id, cancel)?))
     }
 
-    /// GetVolumeStats.
-    pub fn stats_in(
+    pub(crate) fn stats_in(
         &self,
         req: &pb::GetVolumeStatsRequest,
         cancel: &Cancel,
@@ -235,49 +206,46 @@ impl Service {
         Ok(stats(u, c))
     }
 
-    /// ExpandVolume.
-    pub fn expand_in(
+    pub(crate) fn expand_in(
         &self,
         req: &pb::ExpandVolumeRequest,
         cancel: &Cancel,
     ) -> Result<pb::ExpandVolumeResponse> {
         validate::volume_id(&req.volume_id)?;
         let required = validate::required_bytes(req.required_bytes)?;
-        let out = self.volumes.expand(
-            &req.volume_id,
-            required,
-            validate::timeout(req.timeout_ms),
-            cancel,
-        )?;
+        let timeout = validate::timeout(req.timeout_ms);
+        let out = self
+            .volumes
+            .expand(&req.volume_id, required, timeout, cancel)?;
         Ok(expanded(out))
     }
 
-    /// BindMount.
-    pub fn bind_in(
+    /// The target is validated beneath the table's root with the rest of
+    /// the request.
+    pub(crate) fn bind_in(
         &self,
         req: &pb::BindMountRequest,
         cancel: &Cancel,
     ) -> Result<pb::BindMountResponse> {
-        Ok(bound(self.volumes.bind(&bind_request(req)?, cancel)?))
+        let domain = bind_request(req, |t| self.volumes.target(t))?;
+        Ok(bound(self.volumes.bind(&domain, cancel)?))
     }
 
-    /// Unmount.
-    pub fn unmount_in(
+    pub(crate) fn unmount_in(
         &self,
         req: &pb::UnmountRequest,
         cancel: &Cancel,
     ) -> Result<pb::UnmountResponse> {
-        let target = std::path::Path::new(&req.target);
-        Ok(unmounted(self.volumes.unmount(target, cancel)?))
+        let target = self.volumes.target(&req.target)?;
+        Ok(unmounted(self.volumes.unmount(&target, cancel)?))
     }
 
-    /// ListVolumes.
-    pub fn list_in(&self) -> pb::ListVolumesResponse {
-        volumes(self.volumes.list())
+    /// Never waits for an operation in flight.
+    pub(crate) fn list_in(&self, _: &pb::ListVolumesRequest) -> Result<pb::ListVolumesResponse> {
+        Ok(volumes(self.volumes.list()))
     }
 
-    /// FreezeVolumes.
-    pub fn freeze_in(
+    pub(crate) fn freeze_in(
         &self,
         req: &pb::FreezeVolumesRequest,
         cancel: &Cancel,
@@ -288,13 +256,12 @@ impl Service {
         Ok(frozen(self.volumes.freeze(&ids, timeout, asked, cancel)?))
     }
 
-    /// ThawVolumes.
-    pub fn thaw_in(&self, req: &pb::ThawVolumesRequest) -> Result<pb::ThawVolumesResponse> {
+    /// Never waits: a thaw must get through whatever holds the volumes.
+    pub(crate) fn thaw_in(&self, req: &pb::ThawVolumesRequest) -> Result<pb::ThawVolumesResponse> {
         Ok(thawed(self.volumes.thaw(&thaw_request(req)?)?))
     }
 
-    /// TrimVolume.
-    pub fn trim_in(
+    pub(crate) fn trim_in(
         &self,
         req: &pb::TrimVolumeRequest,
         cancel: &Cancel,
@@ -306,8 +273,7 @@ impl Service {
         Ok(trimmed(out))
     }
 
-    /// GetVolumeHealth.
-    pub fn health_in(
+    pub(crate) fn health_in(
         &self,
         req: &pb::GetVolumeHealthRequest,
         cancel: &Cancel,
@@ -316,8 +282,8 @@ impl Service {
         Ok(health(self.volumes.health(&req.volume_id, cancel)?))
     }
 
-    /// Shutdown: every volume unpublished; the shutdown sender told.
-    pub fn shutdown_in(&self) -> pb::ShutdownResponse {
+    /// Every volume unpublished, then the shutdown sender told.
+    pub(crate) fn shutdown_in(&self, _: &pb::ShutdownRequest) -> Result<pb::ShutdownResponse> {
         let volumes_unmounted = self.volumes.shutdown();
         if let Some(tx) = self
             .shutdown
@@ -328,180 +294,14 @@ impl Service {
             debug!(self.log, "shutdown requested");
             let _ = tx.send(());
         }
-        shut_down(volumes_unmounted)
-    }
-}
-
-/// The methods the event loop answers, as both their generated handlers
-/// and their direct answers ([`table`]) call them: neither needs the
-/// handler's context.
-impl Service {
-    /// GetCapabilities.
-    fn capabilities_answer(&self) -> ttrpc::Result<pb::GetCapabilitiesResponse> {
-        self.handle("GetCapabilities", "", || {
-            Ok(capabilities(system::capabilities()))
-        })
-    }
-
-    /// GetAgentInfo.
-    fn agent_info_answer(&self) -> ttrpc::Result<pb::GetAgentInfoResponse> {
-        self.handle("GetAgentInfo", "", || {
-            let t = *self.timeline.lock().unwrap_or_else(|p| p.into_inner());
-            let i = system::agent_info(self.started, t)?;
-            Ok(agent_info(i, t, self.volumes.state_problem()))
-        })
-    }
-}
-
-impl crust_ttrpc::Agent for Service {
-    fn get_capabilities(
-        &self,
-        _: &TtrpcContext,
-        _: pb::GetCapabilitiesRequest,
-    ) -> ttrpc::Result<pb::GetCapabilitiesResponse> {
-        self.capabilities_answer()
-    }
-
-    fn get_supported_file_systems(
-        &self,
-        ctx: &TtrpcContext,
-        _: pb::GetSupportedFileSystemsRequest,
-    ) -> ttrpc::Result<pb::GetSupportedFileSystemsResponse> {
-        self.handle("GetSupportedFileSystems", "", || {
-            self.file_systems_in(&cancel_of(ctx))
-        })
-    }
-
-    fn publish_volume(
-        &self,
-        ctx: &TtrpcContext,
-        req: pb::PublishVolumeRequest,
-    ) -> ttrpc::Result<pb::PublishVolumeResponse> {
-        self.handle("PublishVolume", &req.volume_id, || {
-            self.publish_in(&req, &cancel_of(ctx))
-        })
-    }
-
-    fn unpublish_volume(
-        &self,
-        ctx: &TtrpcContext,
-        req: pb::UnpublishVolumeRequest,
-    ) -> ttrpc::Result<pb::UnpublishVolumeResponse> {
-        self.handle("UnpublishVolume", &req.volume_id, || {
-            self.unpublish_in(&req, &cancel_of(ctx))
-        })
-    }
-
-    fn get_volume_stats(
-        &self,
-        ctx: &TtrpcContext,
-        req: pb::GetVolumeStatsRequest,
-    ) -> ttrpc::Result<pb::GetVolumeStatsResponse> {
-        self.handle("GetVolumeStats", &req.volume_id, || {
-            self.stats_in(&req, &cancel_of(ctx))
-        })
-    }
-
-    fn expand_volume(
-        &self,
-        ctx: &TtrpcContext,
-        req: pb::ExpandVolumeRequest,
-    ) -> ttrpc::Result<pb::ExpandVolumeResponse> {
-        self.handle("ExpandVolume", &req.volume_id, || {
-            self.expand_in(&req, &cancel_of(ctx))
-        })
-    }
-
-    fn bind_mount(
-        &self,
-        ctx: &TtrpcContext,
-        req: pb::BindMountRequest,
-    ) -> ttrpc::Result<pb::BindMountResponse> {
-        self.handle("BindMount", &req.volume_id, || {
-            self.bind_in(&req, &cancel_of(ctx))
-        })
-    }
-
-    fn unmount(
-        &self,
-        ctx: &TtrpcContext,
-        req: pb::UnmountRequest,
-    ) -> ttrpc::Result<pb::UnmountResponse> {
-        self.handle("Unmount", "", || self.unmount_in(&req, &cancel_of(ctx)))
-    }
-
-    fn list_volumes(
-        &self,
-        _: &TtrpcContext,
-        _: pb::ListVolumesRequest,
-    ) -> ttrpc::Result<pb::ListVolumesResponse> {
-        self.handle("ListVolumes", "", || Ok(self.list_in()))
-    }
-
-    fn get_agent_info(
-        &self,
-        _: &TtrpcContext,
-        _: pb::GetAgentInfoRequest,
-    ) -> ttrpc::Result<pb::GetAgentInfoResponse> {
-        self.agent_info_answer()
-    }
-
-    fn shutdown(
-        &self,
-        _: &TtrpcContext,
-        _: pb::ShutdownRequest,
-    ) -> ttrpc::Result<pb::ShutdownResponse> {
-        self.handle("Shutdown", "", || Ok(self.shutdown_in()))
-    }
-
-    fn freeze_volumes(
-        &self,
-        ctx: &TtrpcContext,
-        req: pb::FreezeVolumesRequest,
-    ) -> ttrpc::Result<pb::FreezeVolumesResponse> {
-        self.handle("FreezeVolumes", &req.volume_ids.join(","), || {
-            self.freeze_in(&req, &cancel_of(ctx))
-        })
-    }
-
-    fn thaw_volumes(
-        &self,
-        _: &TtrpcContext,
-        req: pb::ThawVolumesRequest,
-    ) -> ttrpc::Result<pb::ThawVolumesResponse> {
-        let subject = if req.freeze_id.is_empty() {
-            req.volume_ids.join(",")
-        } else {
-            req.freeze_id.clone()
-        };
-        self.handle("ThawVolumes", &subject, || self.thaw_in(&req))
-    }
-
-    fn trim_volume(
-        &self,
-        ctx: &TtrpcContext,
-        req: pb::TrimVolumeRequest,
-    ) -> ttrpc::Result<pb::TrimVolumeResponse> {
-        self.handle("TrimVolume", &req.volume_id, || {
-            self.trim_in(&req, &cancel_of(ctx))
-        })
-    }
-
-    fn get_volume_health(
-        &self,
-        ctx: &TtrpcContext,
-        req: pb::GetVolumeHealthRequest,
-    ) -> ttrpc::Result<pb::GetVolumeHealthResponse> {
-        self.handle("GetVolumeHealth", &req.volume_id, || {
-            self.health_in(&req, &cancel_of(ctx))
-        })
+        Ok(shut_down(volumes_unmounted))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::sysfs::Sysfs;
+    use crate::code::Code;
 
     #[test]
     fn a_panicking_handler_answers_internal_and_the_service_goes_on() {
@@ -517,129 +317,10 @@ mod tests {
             tx,
             Arc::new(Gate::new(true)),
         );
-        let r: ttrpc::Result<()> = svc.handle("Test", "v", || panic!("boom at {}", 42));
-        match r {
-            Err(ttrpc::Error::RpcStatus(s)) => {
-                assert_eq!(s.code(), ttrpc::Code::INTERNAL);
-                assert!(s.message().contains("boom at 42"), "{}", s.message());
-            }
-            other => panic!("expected INTERNAL, got {other:?}"),
-        }
-        assert_eq!(svc.handle("Test", "v", || Ok(7)).unwrap(), 7);
+        let r: Result<()> = svc.run("Test", Lane::Regular, "v", || panic!("boom at {}", 42));
+        let e = r.unwrap_err();
+        assert_eq!(e.code(), Code::Internal);
+        assert!(e.to_string().contains("boom at 42"), "{e}");
+        assert_eq!(svc.run("Test", Lane::Regular, "v", || Ok(7)).unwrap(), 7);
     }
-
-    /// Counts the records logged through it.
-    struct Counting(Arc<std::sync::atomic::AtomicUsize>);
-
-    impl slog::Drain for Counting {
-        type Ok = ();
-        type Err = slog::Never;
-        fn log(
-            &self,
-            _: &slog::Record,
-            _: &slog::OwnedKVList,
-        ) -> std::result::Result<(), slog::Never> {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            Ok(())
-        }
-    }
-
-    /// A flood of the loop's own methods logs at the transport's rate; every
-    /// other method logs each call.
-    #[test]
-    fn the_loops_own_methods_log_at_a_rate() {
-        let dir = tempfile::tempdir().unwrap();
-        let volumes =
-            Volumes::open(dir.path(), Sysfs::system(), crate::logging::discard()).unwrap();
-        let (tx, _rx) = std::sync::mpsc::channel();
-        let lines = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let svc = Service::new(
-            volumes,
-            slog::Logger::root(Counting(lines.clone()), slog::o!()),
-            Instant::now(),
-            Arc::new(Mutex::new(Timeline::default())),
-            tx,
-            Arc::new(Gate::new(true)),
-        );
-        let n = || lines.load(std::sync::atomic::Ordering::SeqCst);
-        for _ in 0..1000 {
-            svc.handle("GetCapabilities", "", || Ok(())).unwrap();
-        }
-        let rate = usize::try_from(crate::rpc::lograte::PER_SECOND).unwrap();
-        assert!(n() <= 2 * rate, "{} lines for 1000 calls", n());
-        let before = n();
-        for _ in 0..100 {
-            svc.handle("Unmount", "", || Ok(())).unwrap();
-        }
-        assert_eq!(n() - before, 100);
-    }
-
-    #[test]
-    fn only_methods_that_answer_from_memory_are_inline() {
-        for m in crust_ttrpc::create_agent(Arc::new(NoAgent)).keys() {
-            let want = match m.rsplit('/').next() {
-                Some("GetCapabilities" | "GetAgentInfo") => Lane::Inline,
-                Some("ListVolumes") => Lane::Quick,
-                _ => Lane::Regular,
-            };
-            assert_eq!(lane(m), want, "{m}");
-        }
-        assert_eq!(lane("/other.Service/GetCapabilities"), Lane::Regular);
-    }
-
-    /// The methods the loop answers itself answer directly, and as their
-    /// generated handlers would.
-    #[test]
-    fn inline_methods_answer_directly_as_their_handlers_would() {
-        use crate::rpc::dispatch::{run, Job, Outbox};
-        use crust_protocols::protobuf::Message;
-        let dir = tempfile::tempdir().unwrap();
-        let volumes =
-            Volumes::open(dir.path(), Sysfs::system(), crate::logging::discard()).unwrap();
-        let (tx, _rx) = std::sync::mpsc::channel();
-        let svc = Arc::new(Service::new(
-            volumes,
-            crate::logging::discard(),
-            Instant::now(),
-            Arc::new(Mutex::new(Timeline::default())),
-            tx,
-            Arc::new(Gate::new(true)),
-        ));
-        let t = table(svc.clone());
-        let generated = Table::new(crust_ttrpc::create_agent(svc), lane);
-        let job = |t: &Table, m: &str| {
-            let mut req = ttrpc::Request::new();
-            (req.service, req.method) = ("crust.v1.Agent".into(), m.into());
-            Job {
-                conn: 1,
-                fd: -1,
-                stream: 1,
-                method: t.find("crust.v1.Agent", m).unwrap(),
-                req,
-                gone: crossbeam_channel::unbounded().1,
-                wire: crate::rpc::wire::test_wire(),
-            }
-        };
-        let out = Outbox::new();
-        for m in crust_ttrpc::create_agent(Arc::new(NoAgent)).keys() {
-            let name = m.rsplit('/').next().unwrap();
-            let i = t.find("crust.v1.Agent", name).unwrap();
-            assert_eq!(t.direct(i).is_some(), lane(m) == Lane::Inline, "{m}");
-        }
-        let caps = run(&t, job(&t, "GetCapabilities"), &out);
-        assert_eq!(
-            caps,
-            run(&generated, job(&generated, "GetCapabilities"), &out)
-        );
-        assert!(caps.1.is_none());
-        let info = run(&t, job(&t, "GetAgentInfo"), &out);
-        let res = ttrpc::Response::parse_from_bytes(&info.0).unwrap();
-        assert_eq!(res.status.code.value(), 0, "{}", res.status.message);
-        let got = pb::GetAgentInfoResponse::parse_from_bytes(&res.payload).unwrap();
-        assert!(got.rss_bytes > 0 && !got.version.is_empty());
-    }
-
-    /// The generated table's method names, without a service behind them.
-    struct NoAgent;
-    impl crust_ttrpc::Agent for NoAgent {}
 }

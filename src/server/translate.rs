@@ -4,7 +4,7 @@
 //! back into the wire's messages and status codes.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::TryRecvError;
 use crust_protocols::crust::{self as pb, publish_volume_request::Source as PbSource};
@@ -29,9 +29,30 @@ use crate::volumes::request::{
 };
 use crate::volumes::trim::Trimmed;
 
+/// Who asked, for the request's cancellation: made only by the handlers
+/// that wait for something, so a method answered from memory pays nothing.
+pub enum Caller<'a> {
+    /// A ttrpc client: its deadline, if it sent one, and its connection.
+    Ttrpc(&'a TtrpcContext),
+    /// An embedding program with its own deadline (None: none), or the
+    /// event loop answering from memory (no deadline).
+    Deadline(Option<Instant>),
+}
+
+impl Caller<'_> {
+    /// The request's cancellation.
+    pub fn cancel(&self) -> Cancel {
+        match self {
+            Caller::Ttrpc(ctx) => cancel_of(ctx),
+            Caller::Deadline(None) => Cancel::never(),
+            Caller::Deadline(Some(at)) => Cancel::never().with_deadline(*at),
+        }
+    }
+}
+
 /// The request's cancellation: the caller's ttrpc deadline, if it sent one,
 /// and its connection — ttrpc disconnects `cancel_rx` when the caller goes.
-pub fn cancel_of(ctx: &TtrpcContext) -> Cancel {
+fn cancel_of(ctx: &TtrpcContext) -> Cancel {
     let rx = ctx.cancel_rx.clone();
     let gone = Token::watching(Why::CallerGone, move || {
         matches!(rx.try_recv(), Err(TryRecvError::Disconnected))
@@ -290,12 +311,14 @@ pub fn shut_down(volumes_unmounted: u32) -> pb::ShutdownResponse {
     }
 }
 
-/// BindMountRequest → a validated domain request (the target as given: the
-/// table validates it beneath its root).
-pub fn bind_request(req: &pb::BindMountRequest) -> Result<BindRequest, Error> {
+/// BindMountRequest → a validated domain request; `target` is the table's
+/// rule for a target beneath its root, which answers the canonical path.
+pub fn bind_request(
+    req: &pb::BindMountRequest,
+    target: impl FnOnce(&str) -> Result<PathBuf, Invalid>,
+) -> Result<BindRequest, Error> {
     validate::volume_id(&req.volume_id)?;
     let subpath = validate::subpath(&req.subpath)?;
-    let target = PathBuf::from(&req.target);
     let rro = match known("recursive_read_only", req.recursive_read_only)? {
         pb::RecursiveReadOnly::DISABLED => RecursiveReadOnly::Disabled,
         pb::RecursiveReadOnly::IF_POSSIBLE => RecursiveReadOnly::IfPossible,
@@ -305,7 +328,7 @@ pub fn bind_request(req: &pb::BindMountRequest) -> Result<BindRequest, Error> {
     Ok(BindRequest {
         volume_id: req.volume_id.clone(),
         subpath,
-        target,
+        target: target(&req.target)?,
         read_only: req.read_only,
         recursive_read_only: rro,
     })
@@ -659,13 +682,14 @@ mod tests {
     fn bind_requests_are_checked() {
         let mut r = pb::BindMountRequest::new();
         r.volume_id = "v".into();
-        r.target = "/run/crust/pods/a".into();
         r.subpath = "data".into();
         r.read_only = true;
         r.recursive_read_only = pb::RecursiveReadOnly::ENABLED.into();
-        let d = bind_request(&r).unwrap();
+        let root = |t: &str| validate::target(std::path::Path::new("/run/crust"), t);
+        r.target = "/run/crust//pods/a/".into();
+        let d = bind_request(&r, root).unwrap();
         assert_eq!(d.recursive_read_only, RecursiveReadOnly::Enabled);
-        // The target as given: the table validates it beneath its root.
+        // The target as the table's rule answers it: canonical.
         assert_eq!(d.target, std::path::Path::new("/run/crust/pods/a"));
         let bad: Vec<Mutation<pb::BindMountRequest>> = vec![
             Box::new(|r| r.read_only = false),
@@ -673,11 +697,13 @@ mod tests {
             Box::new(|r| r.subpath = "../x".into()),
             Box::new(|r| r.subpath = "/etc".into()),
             Box::new(|r| r.volume_id.clear()),
+            Box::new(|r| r.target = "/tmp/a".into()),
+            Box::new(|r| r.target = "/run/crust/volumes/v".into()),
         ];
         for (i, mutate) in bad.iter().enumerate() {
             let mut r2 = r.clone();
             mutate(&mut r2);
-            let e = bind_request(&r2).expect_err(&format!("case {i}"));
+            let e = bind_request(&r2, root).expect_err(&format!("case {i}"));
             assert_eq!(e.code(), Code::InvalidArgument, "case {i}: {e}");
         }
     }
@@ -695,7 +721,7 @@ mod tests {
             timeout_nano: 60_000_000_000,
             conn_ctx: Default::default(),
         };
-        let cancel = cancel_of(&ctx);
+        let cancel = Caller::Ttrpc(&ctx).cancel();
         assert_eq!(cancel.why(), None);
         assert!(
             cancel.deadline().is_some(),

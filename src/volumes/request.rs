@@ -124,7 +124,8 @@ pub struct BindRequest {
     pub volume_id: String,
     /// Relative to the volume root; empty for the root.
     pub subpath: PathBuf,
-    /// As the request gave it: the table validates it beneath its root.
+    /// Beneath the table's root: as given to `Volumes::bind`, which
+    /// validates it; as `Volumes::target` answered for `bind_checked`.
     pub target: PathBuf,
     /// Read-only bind.
     pub read_only: bool,

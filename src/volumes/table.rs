@@ -38,9 +38,9 @@
 //!
 //! # Size
 //!
-//! The operations the wire calls from a closure of its own (publish, bind,
-//! unmount, expand, freeze, thaw, trim) are kept out of line
-//! (`#[inline(never)]`): inlined into those closures, they cost the agent
+//! The operations the wire calls from a closure of its own (publish,
+//! bind_checked, unmount_checked, expand, freeze, thaw, trim) are kept out
+//! of line (`#[inline(never)]`): inlined into those closures, they cost the agent
 //! 3,136 bytes (2,103,104 against 2,099,968, measured with the release
 //! profile), and the agent's size is bounded.
 
@@ -313,26 +313,45 @@ impl<K: Kernel> Volumes<K> {
 
     /// Binds a volume (or a subpath) at a target beneath the root
     /// (semantics.md §6). A repeat of a live bind answers `already_mounted`.
-    #[inline(never)]
     pub fn bind(&self, req: &BindRequest, cancel: &Cancel) -> Result<BindOutcome> {
         self.stop.accepting()?;
-        let cancel = &self.stop.with(cancel);
         let target = self.target_of(&req.target)?;
-        let rel = self.rel_of(&target)?.to_path_buf();
+        self.bind_checked(
+            &BindRequest {
+                target,
+                ..req.clone()
+            },
+            cancel,
+        )
+    }
+
+    /// [`Volumes::bind`] of a request whose target [`Volumes::target`]
+    /// answered: the service checks every field of a request before it
+    /// calls the table, so the check is not made twice.
+    #[inline(never)]
+    pub fn bind_checked(&self, req: &BindRequest, cancel: &Cancel) -> Result<BindOutcome> {
+        self.stop.accepting()?;
+        let cancel = &self.stop.with(cancel);
+        let target = &req.target;
+        let rel = self.rel_of(target)?.to_path_buf();
         self.with_volume(&req.volume_id, cancel, |vol| {
-            self.binder().bind(vol, req, &target, &rel)
+            self.binder().bind(vol, req, target, &rel)
         })
     }
 
-    /// Takes down a bind the agent made at `target` (canonical, validated).
-    /// False when nothing is mounted there; a mount the agent did not make is
-    /// refused and left alone.
-    #[inline(never)]
+    /// Takes down a bind the agent made at `target` (validated here, in any
+    /// spelling of the root). False when nothing is mounted there; a mount
+    /// the agent did not make is refused and left alone.
     pub fn unmount(&self, target: &Path, cancel: &Cancel) -> Result<bool> {
-        let target = self.target_of(target)?;
-        let rel = self.rel_of(&target)?.to_path_buf();
+        self.unmount_checked(&self.target_of(target)?, cancel)
+    }
+
+    /// [`Volumes::unmount`] of a target [`Volumes::target`] answered.
+    #[inline(never)]
+    pub fn unmount_checked(&self, target: &Path, cancel: &Cancel) -> Result<bool> {
+        let rel = self.rel_of(target)?.to_path_buf();
         if let Some(id) = self.targets.owner_of(&rel) {
-            let r = self.with_volume(&id, cancel, |vol| self.binder().unbind(vol, &rel, &target));
+            let r = self.with_volume(&id, cancel, |vol| self.binder().unbind(vol, &rel, target));
             match r {
                 Ok(Some(was)) => return Ok(was),
                 Ok(None) => {}
@@ -340,7 +359,7 @@ impl<K: Kernel> Volumes<K> {
                 Err(e) => return Err(e),
             }
         }
-        self.binder().not_ours(&rel, &target)
+        self.binder().not_ours(&rel, target)
     }
 
     /// Freezes the filesystems of `ids` (distinct, validated), all or none,

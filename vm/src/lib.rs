@@ -35,6 +35,8 @@ mod vm;
 
 pub use accel::{choose_accel, Accel};
 pub use error::{Error, Result};
-pub use options::{default_build_dir, VmOptions, AGENT_PORT, GUEST_CID, NOTIFY_PORT, SANDBOX_FILE};
+pub use options::{
+    default_build_dir, VmOptions, AGENT_PORT, DEFAULT_NAME, GUEST_CID, NOTIFY_PORT, SANDBOX_FILE,
+};
 pub use process::alive;
 pub use vm::{agent_address, check_serial, ctx, disk_names, Disk, Readiness, Vm};

@@ -38,6 +38,9 @@ enum Cmd {
         /// Seconds to wait for the agent.
         #[arg(long, default_value_t = 90)]
         timeout: u64,
+        /// The VM's name (QEMU's -name), e.g. Kata's `sandbox-<id>`.
+        #[arg(long, default_value = crust_vm::DEFAULT_NAME)]
+        name: String,
     },
     /// Hot-plug a raw image as a virtio-blk disk with a serial.
     Hotplug {
@@ -106,8 +109,10 @@ fn run(cmd: Cmd) -> crust_vm::Result<()> {
             cpus,
             append,
             timeout,
+            name,
         } => {
             let mut opts = VmOptions::new(dir);
+            opts.name = name;
             opts.kernel = kernel;
             opts.initrd = initrd;
             opts.memory_mib = memory;

@@ -17,6 +17,8 @@ pub const NOTIFY_PORT: u32 = 1025;
 pub(crate) const POLL_AFTER_LISTENING: Duration = Duration::from_secs(3);
 /// How long one GetAgentInfo may take once the agent is ready.
 pub(crate) const INFO_TIMEOUT: Duration = Duration::from_secs(10);
+/// QEMU's `-name` unless the options give another.
+pub const DEFAULT_NAME: &str = "crust-vm";
 /// The sandbox registry entry `up` writes in its directory, for crustd.
 pub const SANDBOX_FILE: &str = "sandbox.json";
 
@@ -25,6 +27,10 @@ pub const SANDBOX_FILE: &str = "sandbox.json";
 pub struct VmOptions {
     /// Where sockets, logs and state live.
     pub dir: PathBuf,
+    /// The VM's name, QEMU's `-name`: what its command line says it is.
+    /// A runtime's own name for it stands in for that runtime's QEMU (Kata
+    /// names sandbox `<id>`'s `sandbox-<id>`, which crustd requires).
+    pub name: String,
     /// The guest kernel.
     pub kernel: PathBuf,
     /// The guest image (agent as /init + modules).
@@ -65,6 +71,7 @@ impl VmOptions {
         let build = default_build_dir();
         VmOptions {
             dir: dir.into(),
+            name: DEFAULT_NAME.into(),
             kernel: build.join("vmlinuz"),
             initrd: build.join("initrd.img"),
             memory_mib: 256,

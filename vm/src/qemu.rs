@@ -43,7 +43,7 @@ fn qemu_command(opts: &VmOptions, accel: Accel, dir: &Path, vhost_socket: &Path)
     let mut qemu = Command::new("qemu-system-x86_64");
     qemu.args([
         "-name",
-        "crust-vm",
+        opts.name.as_str(),
         "-machine",
         "pc",
         "-accel",

@@ -466,12 +466,14 @@ fn a_kata_direct_volume_in_a_real_guest() {
 /// `vm/<id>/extra-monitor.sock`. Our QEMU VM stands in for Kata's: its
 /// hybrid vsock is in the URL (Kata writes `hvsock://` for Firecracker and
 /// Cloud Hypervisor, `vsock://CID` for its QEMU, whose vhost-vsock these
-/// machines lack), and the extra monitor is a hard link to its QMP socket:
-/// the same socket inode at Kata's path, as QEMU makes it there for Kata
-/// (a symlink is refused). `HypervisorState.Pid` is our QEMU's pid, as
-/// Kata records its QEMU's: crustd sends nothing on a monitor another
-/// process serves. crustd takes the guest from the URL and its own agent
-/// port.
+/// machines lack), and the extra monitor is its QMP socket moved to Kata's
+/// path: the same socket inode, with that one name, as QEMU makes it there
+/// for Kata (a symlink or a second name is refused). `HypervisorState.Pid`
+/// is our QEMU's pid, as Kata records its QEMU's, and our QEMU is started
+/// with `-name sandbox-<id>`, as Kata starts its own: crustd sends nothing
+/// on a monitor another process serves, nor on one served by a process
+/// whose command line names another sandbox. crustd takes the guest from
+/// the URL and its own agent port.
 #[test]
 #[ignore = "needs a VM: make test-vm runs it"]
 fn a_kata_sandbox_is_found_from_katas_files() {
@@ -482,7 +484,8 @@ fn a_kata_sandbox_is_found_from_katas_files() {
     let reg = t.path().join("sandboxes");
     std::fs::create_dir_all(&reg).unwrap();
     let run_vc = t.path().join("run/vc");
-    let opts = options(&vm_dir);
+    let mut opts = options(&vm_dir);
+    opts.name = format!("sandbox-{id}");
     let mut vm = Vm::up(opts).expect("the VM boots and the agent answers");
     let sbs = run_vc.join("sbs").join(id);
     std::fs::create_dir_all(&sbs).unwrap();
@@ -502,7 +505,8 @@ fn a_kata_sandbox_is_found_from_katas_files() {
     .unwrap();
     let vmd = run_vc.join("vm").join(id);
     std::fs::create_dir_all(&vmd).unwrap();
-    std::fs::hard_link(vm_dir.join("qmp.sock"), vmd.join("extra-monitor.sock")).unwrap();
+    let extra = vmd.join("extra-monitor.sock");
+    std::fs::rename(vm_dir.join("qmp.sock"), &extra).unwrap();
 
     // Without the flag, crustd does not know the sandbox.
     let d = Crustd::start(&reg, &[]);
@@ -528,5 +532,6 @@ fn a_kata_sandbox_is_found_from_katas_files() {
     assert!(!reg.join(id).join("sandbox.json").exists());
     k.unpublish(id, &disk.path()).unwrap();
     drop(d);
+    std::fs::rename(&extra, vm_dir.join("qmp.sock")).unwrap();
     vm.down().unwrap();
 }

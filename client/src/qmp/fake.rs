@@ -48,9 +48,93 @@ pub struct QemuState {
 pub type Qemu = Arc<Mutex<QemuState>>;
 
 /// Serves QMP at `path`, one client at a time, as QEMU does, for as long
-/// as the test process lives.
+/// as the test process lives. The kernel names this process as the one
+/// that listens there.
 pub fn qemu(path: &Path) -> Qemu {
+    serve(UnixListener::bind(path).unwrap())
+}
+
+/// [`qemu`] at `path`, with `hypervisor` named by the kernel as the process
+/// that listens there (SO_PEERCRED, SO_PEERPIDFD), as a real QEMU would be:
+/// a [`Hypervisor`] whose command line holds `-name NAME`.
+pub fn qemu_of(path: &Path, name: &str) -> (Qemu, Hypervisor) {
     let l = UnixListener::bind(path).unwrap();
+    let hypervisor = Hypervisor::listening_on(&l, name);
+    (serve(l), hypervisor)
+}
+
+/// A process standing in for a VM's hypervisor: `sh` waiting on its stdin,
+/// its command line holding `-name NAME` as QEMU's does. Made the listener
+/// of a fake monitor's socket (it calls `listen()` on the socket this
+/// process bound, and the kernel records the last caller as the one who
+/// listens), while the fake serves the socket from this process, so a test
+/// can let it exit while its socket is still served. It ends when dropped,
+/// or with the test process (its stdin then closes).
+pub struct Hypervisor {
+    child: std::process::Child,
+}
+
+impl Hypervisor {
+    /// One whose command line holds `-name NAME`, and which calls
+    /// `listen()` on `l` before it starts.
+    pub fn listening_on(l: &UnixListener, name: &str) -> Hypervisor {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let fd = l.as_raw_fd();
+        let listen = move || {
+            // SAFETY: listen(2) takes a descriptor and a number by value; the
+            // descriptor is the test's listener, inherited by this child.
+            match unsafe { libc::listen(fd, 128) } {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        };
+        let mut cmd = Hypervisor::command(name);
+        // SAFETY: between fork and exec the child calls only listen(2),
+        // which is async-signal-safe, and allocates nothing.
+        unsafe { cmd.pre_exec(listen) };
+        Hypervisor {
+            child: cmd.spawn().unwrap(),
+        }
+    }
+
+    /// One whose command line holds `-name NAME`, listening nowhere.
+    pub fn named(name: &str) -> Hypervisor {
+        Hypervisor {
+            child: Hypervisor::command(name).spawn().unwrap(),
+        }
+    }
+
+    fn command(name: &str) -> std::process::Command {
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args(["-c", "read -r line", "-name", name])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        cmd
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// It exits, and is reaped: its pid is free for the next process.
+    pub fn exit(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Hypervisor {
+    fn drop(&mut self) {
+        self.exit();
+    }
+}
+
+/// Serves QMP on `l`, one client at a time, for as long as the test
+/// process lives.
+fn serve(l: UnixListener) -> Qemu {
     let st: Qemu = Arc::default();
     let st2 = st.clone();
     std::thread::spawn(move || {

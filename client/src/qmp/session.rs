@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use thiserror::Error;
 
 use crate::connect::ConnectError;
-use crate::peer::peer_pid;
+use crate::peer::Peer;
 use crate::qmp::refusal::Refusal;
 use crate::qmp::socket::Socket;
 
@@ -149,14 +149,15 @@ impl Qmp {
     }
 
     /// [`Qmp::connect`] to `socket`, and before a byte is read or written,
-    /// `vet` judges the process that listens there (its pid, [`peer_pid`]):
-    /// a monitor whose process it refuses hears nothing, and the session is
+    /// while the connection is open, `vet` judges the process that listens
+    /// there ([`Peer`]: its pid, and whether it still lives): a monitor whose
+    /// process it refuses hears nothing, and the session is
     /// [`QmpError::Vetoed`] with `vet`'s words. Every call asks anew: a
     /// process judged on one connection says nothing of the next.
     pub fn connect_vetted(
         socket: Socket<'_>,
         timeout: Duration,
-        vet: impl FnOnce(u32) -> Result<(), String>,
+        vet: impl FnOnce(&Peer) -> Result<(), String>,
     ) -> Result<Qmp, QmpError> {
         let path = socket.path();
         let writer = match socket.connect(timeout) {
@@ -183,16 +184,16 @@ impl Qmp {
                 })
             }
         };
-        let pid = peer_pid(writer.as_fd()).map_err(|e| QmpError::Broken {
+        let peer = Peer::of(writer.as_fd()).map_err(|e| QmpError::Broken {
             path: path.to_path_buf(),
             detail: format!(
-                "cannot tell which process serves the QMP socket {} (SO_PEERCRED): {e}",
+                "cannot tell which process serves the QMP socket {} (SO_PEERCRED, SO_PEERPIDFD): {e}",
                 path.display()
             ),
         })?;
-        vet(pid).map_err(|why| QmpError::Vetoed {
+        vet(&peer).map_err(|why| QmpError::Vetoed {
             path: path.to_path_buf(),
-            pid,
+            pid: peer.pid,
             why,
         })?;
         Qmp::greet(writer, path, timeout)
@@ -375,8 +376,8 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let p = t.path().join("qmp.sock");
         let st = qemu(&p);
-        let e = Qmp::connect_vetted(Socket::Path(&p), Duration::from_secs(5), |pid| {
-            Err(format!("not {pid}"))
+        let e = Qmp::connect_vetted(Socket::Path(&p), Duration::from_secs(5), |peer| {
+            Err(format!("not {}", peer.pid))
         })
         .unwrap_err();
         match &e {
@@ -389,9 +390,9 @@ mod tests {
         }
         let mut asked = 0;
         for _ in 0..2 {
-            let mut q = Qmp::connect_vetted(Socket::Path(&p), Duration::from_secs(5), |pid| {
+            let mut q = Qmp::connect_vetted(Socket::Path(&p), Duration::from_secs(5), |peer| {
                 asked += 1;
-                (pid == std::process::id())
+                (peer.pid == std::process::id() && peer.lives().unwrap())
                     .then_some(())
                     .ok_or_else(|| "a stranger".to_string())
             })

@@ -30,7 +30,8 @@ pub const MAX_DETAIL: usize = 1024;
 const MAX_VOLUME_ID: usize = 64;
 /// The longest host volume path (PATH_MAX).
 const MAX_HOST_VOLUME: usize = 4096;
-/// How many ended volumes an ABORTED message names before it counts the rest.
+/// How many clauses of an ABORTED message say when and in what words a
+/// part ended; the rest name their volumes and how only.
 const NAMED: usize = 8;
 
 /// How a volume's part of a group ended.
@@ -41,7 +42,10 @@ pub enum How {
     Thawed,
     /// Never frozen: the group's freeze stopped before its sandbox.
     Skipped,
-    /// Its guest said it ended first (its timeout, an unpublish, a restart).
+    /// Its guest answered a thaw by the group's id that its part there did
+    /// not hold (a volume ended first: its timeout, an unpublish, a restart,
+    /// a forced thaw), in words crustd keeps but does not read: which of the
+    /// part's volumes held is the guest's to say.
     Guest,
     /// Its sandbox's agent does not know the group's id.
     Unknown,
@@ -68,7 +72,10 @@ const HOWS: [(How, &str); 11] = [
         How::Skipped,
         "was never frozen: the group's freeze stopped before it",
     ),
-    (How::Guest, "ended in its guest first"),
+    (
+        How::Guest,
+        "ended in its guest (its guest's answer: the group's part there did not hold)",
+    ),
     (
         How::Unknown,
         "is unknown to its sandbox's agent (its VM replaced or its agent's records lost)",
@@ -278,9 +285,10 @@ impl Group {
     }
 
     /// What ended it some other way than its id, as clauses: empty while
-    /// every part it has ended kept a snapshot whole. The volumes of a
-    /// sandbox that ended the same way are named in one clause, and those
-    /// that ended as the whole group did are not named again.
+    /// every part it has ended kept a snapshot whole. Every volume that did
+    /// not is named; those of a sandbox that ended the same way in one
+    /// clause, and those that ended as the whole group did not again. The
+    /// first [`NAMED`] clauses say when and in what words.
     pub fn broken(&self, now: u64) -> Vec<String> {
         let mut out = Vec::new();
         let closing = self.closing.as_ref().filter(|c| !c.how.keeps_snapshot());
@@ -305,18 +313,15 @@ impl Group {
                     [one] => ("volume", one.to_string()),
                     many => ("volumes", many.join(", ")),
                 };
-                clauses.push(format!(
-                    "{noun} {list} of sandbox {} {}",
-                    p.sandbox,
+                let how = if clauses.len() < NAMED {
                     e.said(now)
-                ));
+                } else {
+                    e.how.said().to_string()
+                };
+                clauses.push(format!("{noun} {list} of sandbox {} {how}", p.sandbox));
             }
         }
-        let more = clauses.len().saturating_sub(NAMED);
-        out.extend(clauses.into_iter().take(NAMED));
-        if more > 0 {
-            out.push(format!("and {more} more"));
-        }
+        out.extend(clauses);
         out
     }
 

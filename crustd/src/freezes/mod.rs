@@ -56,10 +56,13 @@ pub struct Frozen {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Begun {
     /// A new group, recorded as being made: freeze its parts, then
-    /// [`Freezes::made`]. `start_timer`: the timer thread must be started.
+    /// [`Freezes::made`]. `until`: the instant of `thaw_at_unix_ms`, by the
+    /// monotonic clock, which each guest's timeout must end by.
+    /// `start_timer`: the timer thread must be started.
     New {
         id: String,
         thaw_at_unix_ms: u64,
+        until: Instant,
         start_timer: bool,
     },
     /// The caller's id names a group of these volumes that holds: its answer again.
@@ -175,7 +178,7 @@ impl Freezes {
         if let Some(a) = asked {
             check_id(a).map_err(FreezeError::BadId)?;
         }
-        let (id, thaw_at_unix_ms) = {
+        let (id, thaw_at_unix_ms, until) = {
             let mut g = lock(&self.inner);
             if let Some(e) = asked.and_then(|a| g.groups.get(a)) {
                 return again(&e.group, plan, timeout_ms);
@@ -192,16 +195,18 @@ impl Freezes {
                     }
                 },
             };
+            // Read together, so that `until` is `thaw_at` on the other clock.
+            let until = locks::after(Duration::from_millis(u64::from(timeout_ms)));
             let group = Group::new(&id, plan, timeout_ms, unix_ms());
             let thaw_at = group.thaw_at_unix_ms;
-            let deadline = locks::after(Duration::from_millis(u64::from(timeout_ms)) + HOST_SLACK);
+            let deadline = until.checked_add(HOST_SLACK).unwrap_or(until);
             let entry = Entry {
                 group,
                 deadline,
                 tries: 0,
             };
             g.groups.insert(id.clone(), entry);
-            (id, thaw_at)
+            (id, thaw_at, until)
         };
         if let Err(e) = self.persist(&id) {
             lock(&self.inner).groups.remove(&id);
@@ -213,6 +218,7 @@ impl Freezes {
         Ok(Begun::New {
             id,
             thaw_at_unix_ms,
+            until,
             start_timer,
         })
     }

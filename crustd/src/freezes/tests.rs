@@ -40,6 +40,7 @@ fn a_callers_id_names_one_group_and_a_retry_gets_the_same_answer() {
         id,
         thaw_at_unix_ms,
         start_timer,
+        ..
     } = b
     else {
         panic!("{b:?}")
@@ -108,7 +109,7 @@ fn ends_are_recorded_against_the_id_and_said_once_per_way() {
         "{broken}"
     );
     assert!(
-        broken.contains("volumes /dev/b, /dev/c of sandbox pod ended in its guest first"),
+        broken.contains("volumes /dev/b, /dev/c of sandbox pod ended in its guest (its guest's answer: the group's part there did not hold)"),
         "{broken}"
     );
     assert_eq!(broken.matches("timed out").count(), 1, "{broken}");
@@ -313,4 +314,32 @@ fn a_records_directory_others_may_write_is_refused() {
     std::os::unix::fs::symlink(t.path(), &dir).unwrap();
     let e = f.begin(None, &plan("pod", &["a"]), 60_000).unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "a symlink: {e}");
+}
+
+#[test]
+fn an_aborted_groups_message_names_every_volume_that_did_not_hold() {
+    let plan: Plan = (0..10)
+        .map(|i| {
+            (
+                format!("pod-{i}"),
+                vec![(format!("/dev/v{i}"), format!("crustd-{i}"))],
+            )
+        })
+        .collect();
+    let mut g = Group::new("g", &plan, 60_000, 1_000);
+    g.making = false;
+    for (i, p) in (1_000u64..).zip(g.parts.iter_mut()) {
+        p.called = true;
+        p.end(&End::new(How::Guest, i, "in the guest's words"));
+    }
+    let said = g.broken(2_000).join("; ");
+    for i in 0..10 {
+        assert!(
+            said.contains(&format!(
+                "volume /dev/v{i} of sandbox pod-{i} ended in its guest"
+            )),
+            "{said}"
+        );
+    }
+    assert_eq!(said.matches("in the guest's words").count(), 8, "{said}");
 }

@@ -5,12 +5,16 @@
 //! before any guest is asked); the group recorded as being made, with its
 //! deadline, so crustd's timer covers it whatever happens next; one
 //! FreezeVolumes per sandbox, in the order the request names them, each
-//! with the group's id; the group recorded as made. Before each sandbox,
-//! and before the answer, crustd looks whether the group ended meanwhile
-//! (its thaw, its timer, an unpublish, a forced thaw) and whether its
-//! caller still waits: if not, or if a sandbox fails, the freeze is undone
-//! by the group's id in every sandbox it called, the failed one included
-//! (`thaw`), and the answer says what could not be confirmed.
+//! with the group's id and the time left until the group's end (so every
+//! guest's own timer ends by the time the caller is told); the group
+//! recorded as made. Before each sandbox, and before the answer, crustd
+//! looks whether the group ended meanwhile (its thaw, its timer, an
+//! unpublish, a forced thaw) and whether its caller still waits: if not, or
+//! if a sandbox fails (or its turn comes too late to be asked), the freeze
+//! is undone by the group's id in every sandbox it called, the failed one
+//! included (`thaw`), and the answer says what could not be confirmed.
+
+use std::time::Instant;
 
 use crust_protocols::freeze::check_id;
 
@@ -54,7 +58,7 @@ impl Crustd {
             .map(|p| (p.sb.id().to_string(), p.volumes.clone()))
             .collect();
         let ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
-        let (id, thaw_at) = match self.freezes.begin(asked, &plan, ms)? {
+        let (id, thaw_at, until) = match self.freezes.begin(asked, &plan, ms)? {
             Begun::Again {
                 id,
                 thaw_at_unix_ms,
@@ -68,15 +72,16 @@ impl Crustd {
             Begun::New {
                 id,
                 thaw_at_unix_ms,
+                until,
                 start_timer,
             } => {
                 if start_timer {
                     self.start_freeze_timer();
                 }
-                (id, thaw_at_unix_ms)
+                (id, thaw_at_unix_ms, until)
             }
         };
-        match self.freeze_parts(&id, &parts, ms, deadline) {
+        match self.freeze_parts(&id, &parts, until, deadline) {
             Ok(()) => Ok(Frozen {
                 id,
                 thaw_at_unix_ms: thaw_at,
@@ -86,12 +91,15 @@ impl Crustd {
         }
     }
 
-    /// Each part's freeze in turn, under the group's id; the group made.
+    /// Each part's freeze in turn, under the group's id, each guest's
+    /// timeout ending by `until`, the group's end (a guest called late gets
+    /// only what is left; one left too little is not asked, and the group
+    /// fails); the group made.
     fn freeze_parts(
         &self,
         id: &str,
         parts: &[Part],
-        timeout_ms: u32,
+        until: Instant,
         deadline: &Deadline,
     ) -> std::result::Result<(), Stop> {
         for (at, p) in parts.iter().enumerate() {
@@ -100,7 +108,7 @@ impl Crustd {
             }
             self.freezes.calling(id, at).map_err(Stop::Ended)?;
             self.agent(&p.sb, deadline)
-                .freeze(&p.ids(), timeout_ms, id)
+                .freeze(&p.ids(), until, id)
                 .map_err(|failed| Stop::Failed { at, failed })?;
         }
         if !deadline.attended() {

@@ -18,7 +18,7 @@ use crust_protocols::freeze::check_id;
 use crate::deadline::Deadline;
 use crate::devices::Key;
 use crate::error::{Code, Error, Result};
-use crate::freezes::{end_now, unix_ms, FreezeError, Group, How, Volume, HOST_SLACK};
+use crate::freezes::{end_now, unix_ms, FreezeError, Group, How, HOST_SLACK};
 use crate::registry;
 
 use super::error::Error as Refused;
@@ -82,11 +82,10 @@ impl Crustd {
             let part = &group.parts[i];
             let end = match f {
                 PartThaw::Thawed => end_now(How::Thawed, ""),
-                // crustd's record says already what ended first (an
-                // unpublish, a forced thaw): the rest was thawed now.
-                PartThaw::Aborted(_) if part.volumes.iter().any(ended_first) => {
-                    end_now(How::Thawed, "")
-                }
+                // The guest's answer is for its part as a whole, and it
+                // does not say which volumes held: each not already known
+                // to have ended is recorded with the guest's words, so that
+                // none is said to have kept the snapshot whole.
                 PartThaw::Aborted(m) => end_now(How::Guest, &m),
                 // Its freeze may not have reached it yet: the freeze
                 // call, which sees the group closed, undoes it.
@@ -173,7 +172,7 @@ impl Crustd {
             let sandbox = &group.parts[i].sandbox;
             match f {
                 PartThaw::Thawed => ends.push((i, end_now(how, ""))),
-                PartThaw::Aborted(m) => ends.push((i, end_now(how, &m))),
+                PartThaw::Aborted(m) => ends.push((i, end_now(How::Guest, &m))),
                 PartThaw::NotFound(_) if Some(i) == unsettled => left.push(format!(
                     "sandbox {sandbox} (its freeze got no answer, and its agent does not know the group: the freeze may still arrive)"
                 )),
@@ -328,7 +327,7 @@ impl Crustd {
         for (i, f) in found {
             let (end, said) = match f {
                 PartThaw::Thawed => (Some(end_now(How::Timer, "")), "OK".to_string()),
-                PartThaw::Aborted(m) => (Some(end_now(How::Timer, &format!("its guest said: {m}"))), m),
+                PartThaw::Aborted(m) => (Some(end_now(How::Guest, &m)), m),
                 // Its freeze may not have reached it yet: the freeze call undoes it.
                 PartThaw::NotFound(m) if group.making => (None, m),
                 PartThaw::NotFound(m) => (Some(end_now(How::Timer, &m)), m),
@@ -386,11 +385,6 @@ impl Crustd {
         }
         refused
     }
-}
-
-/// Whether volume `v`'s part ended some other way than by the group's id.
-fn ended_first(v: &Volume) -> bool {
-    v.end.as_ref().is_some_and(|e| !e.how.keeps_snapshot())
 }
 
 /// A group's thaw, told: OK, ABORTED (a part ended first; naming also the

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crust_protocols::ttrpc;
 
-fn unix_ms() -> u64 {
+/// Milliseconds since the epoch, now.
+pub fn unix_ms() -> u64 {
     u64::try_from(
         SystemTime::now()
             .duration_since(UNIX_EPOCH)

@@ -23,7 +23,7 @@ use crust_protocols::protobuf::MessageField;
 use crust_protocols::ttrpc;
 use serde_json::json;
 
-pub use crust_client::qmp::fake::{die, qemu, Qemu};
+pub use crust_client::qmp::fake::{die, qemu, qemu_of, Hypervisor, Qemu};
 
 /// How the fake agent answers PublishVolume.
 #[derive(Clone)]
@@ -65,6 +65,8 @@ pub struct AgentState {
     pub log: Vec<String>,
     /// The deadline each PublishVolume was told (its ttrpc `timeout_nano`).
     pub told: Vec<Duration>,
+    /// Each FreezeVolumes as it arrived: (unix ms then, its timeout_ms).
+    pub freezes_told: Vec<(u64, u32)>,
     /// What ListVolumes lists: volume id → still publishing.
     pub listed: std::collections::BTreeMap<String, bool>,
     /// How FreezeVolumes answers.
@@ -228,6 +230,7 @@ impl crust_ttrpc::Agent for FakeAgent {
     ) -> ttrpc::Result<pb::FreezeVolumesResponse> {
         let (on, id) = {
             let mut s = self.state.lock().unwrap();
+            s.freezes_told.push((leases::unix_ms(), r.timeout_ms));
             s.log.push(format!(
                 "freeze {} {} {}",
                 r.volume_ids.join(","),
@@ -339,6 +342,7 @@ pub fn agent(path: &Path) -> (Arc<Mutex<AgentState>>, ttrpc::Server) {
         on_publish: OnPublish::Ok,
         log: Vec::new(),
         told: Vec::new(),
+        freezes_told: Vec::new(),
         listed: Default::default(),
         on_freeze: OnFreeze::Ok,
         leases: leases::Leases::default(),
