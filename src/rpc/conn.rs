@@ -413,7 +413,10 @@ mod tests {
         // Whether the allocator grew it in place is its own affair; what
         // matters is that the buffer is the loop's again, not the idle
         // connection's.
-        assert!(spare.capacity() >= READ_CHUNK, "the buffer, back to the loop");
+        assert!(
+            spare.capacity() >= READ_CHUNK,
+            "the buffer, back to the loop"
+        );
         assert_eq!(c.held(), 0);
         c.note_partial(now);
         assert_eq!(c.partial_since, None);
