@@ -1,6 +1,8 @@
 //! Online growth of a mounted ext4 or xfs to fill its (already grown) disk, by
 //! the kernel's own resize ioctls: no resize2fs or xfs_growfs. Growth is only
 //! reported once the filesystem's size, read back afterwards, shows it.
+//! Growth is one skeleton (`grow_with`: measure, check, ioctl, measure
+//! again); each filesystem says only how it does each step (`Resize`).
 
 // Sizes come from disks and superblocks the agent does not control: every
 // sum and product of them is checked.
@@ -128,6 +130,82 @@ pub enum Error {
 }
 }
 
+// ---- the skeleton ----
+
+/// A filesystem's size as one measure reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Size {
+    blocks: u64,
+    block_size: u64,
+}
+
+/// A mounted filesystem growth works on: its mount directory (opened and
+/// checked by [`open_checked`]), its path for messages, and its device.
+struct At<'a> {
+    dir: File,
+    path: &'a Path,
+    dev: &'a Device,
+}
+
+/// What growth asks of one filesystem. [`grow_with`] is the rest, the same
+/// for every filesystem: measure, refuse a disk smaller than the
+/// filesystem, the ioctl, and the measure again that alone says it grew.
+trait Resize {
+    const FS: FsType;
+    /// The resize ioctl, for messages.
+    const CALL: &'static str;
+    /// What one measure reads: the size, and what the other steps need of it.
+    type Measure;
+    fn measure(at: &At<'_>) -> Result<Self::Measure, Error>;
+    fn size(m: &Self::Measure) -> Size;
+    /// The block count the filesystem can reach on a disk of `blocks`.
+    fn reachable(_m: &Self::Measure, blocks: u64) -> u64 {
+        blocks
+    }
+    /// Refuses growth the kernel would refuse less clearly (nothing, unless
+    /// the filesystem says).
+    fn ready(_at: &At<'_>, _m: &Self::Measure, _sysfs: &Sysfs) -> Result<(), Error> {
+        Ok(())
+    }
+    /// The ioctl, asking for `target` blocks.
+    fn resize(at: &At<'_>, m: &Self::Measure, target: u64) -> io::Result<()>;
+    /// Whether `after` is the growth from `before` to `target` asked for.
+    fn reached(before: &Self::Measure, after: &Self::Measure, target: u64) -> bool;
+}
+
+/// The filesystem's own size in bytes.
+fn size_with<R: Resize>(at: &At<'_>) -> Result<u64, Error> {
+    let s = R::size(&R::measure(at)?);
+    bytes(s.blocks, s.block_size, at.path)
+}
+
+/// Grows the filesystem at `at` to fill `device_bytes`: its new size, or its
+/// size unchanged when it fills them already.
+fn grow_with<R: Resize>(at: &At<'_>, device_bytes: u64, sysfs: &Sysfs) -> Result<u64, Error> {
+    let before = R::measure(at)?;
+    let Size { blocks, block_size } = R::size(&before);
+    let before_bytes = bytes(blocks, block_size, at.path)?;
+    fits(at.path, R::FS, at.dev, before_bytes, device_bytes)?;
+    let target = R::reachable(&before, blocks_in(device_bytes, block_size));
+    if target <= blocks {
+        return Ok(before_bytes);
+    }
+    R::ready(at, &before, sysfs)?;
+    R::resize(at, &before, target).map_err(|e| refused_or_sys(at.path, R::FS, R::CALL, e))?;
+    let after = R::measure(at)?;
+    let now = R::size(&after);
+    if !R::reached(&before, &after, target) {
+        return Err(Error::NotGrown {
+            path: at.path.display().to_string(),
+            fs: R::FS,
+            before: before_bytes,
+            after: now.blocks.saturating_mul(now.block_size),
+            wanted: device_bytes,
+        });
+    }
+    bytes(now.blocks, now.block_size, at.path)
+}
+
 // ---- xfs ----
 
 /// `struct xfs_fsop_geom` (v5, 256 bytes); v4 is its first 112 bytes.
@@ -217,45 +295,47 @@ fn xfs_reachable_blocks(newblocks: u64, agblocks: u64) -> u64 {
     }
 }
 
-fn grow_xfs(dir: &File, path: &Path, dev: &Device, device_bytes: u64) -> Result<u64, Error> {
-    let g = xfs_geometry(dir, path)?;
-    let bs = u64::from(g.blocksize);
-    let before = bytes(g.datablocks, bs, path)?;
-    fits(path, FsType::Xfs, dev, before, device_bytes)?;
-    let target = xfs_reachable_blocks(blocks_in(device_bytes, bs), u64::from(g.agblocks));
-    if target <= g.datablocks {
-        return Ok(before);
+/// xfs: its geometry from the mount directory, FSGROWFSDATA to grow.
+enum Xfs {}
+
+impl Resize for Xfs {
+    const FS: FsType = FsType::Xfs;
+    const CALL: &'static str = "XFS_IOC_FSGROWFSDATA";
+    type Measure = XfsGeom;
+
+    fn measure(at: &At<'_>) -> Result<XfsGeom, Error> {
+        xfs_geometry(&at.dir, at.path)
     }
-    let arg = XfsGrowfsData {
-        newblocks: target,
-        imaxpct: g.imaxpct,
-    };
-    // SAFETY: XFS_IOC_FSGROWFSDATA reads one xfs_growfs_data, which `arg` is.
-    let rc = unsafe {
-        rustix::ioctl::ioctl(
-            dir,
-            rustix::ioctl::Setter::<XFS_IOC_FSGROWFSDATA, XfsGrowfsData>::new(arg),
-        )
-    };
-    if let Err(e) = rc {
-        return Err(refused_or_sys(
-            path,
-            FsType::Xfs,
-            "XFS_IOC_FSGROWFSDATA",
-            e.into(),
-        ));
+
+    fn size(g: &XfsGeom) -> Size {
+        Size {
+            blocks: g.datablocks,
+            block_size: u64::from(g.blocksize),
+        }
     }
-    let after = xfs_geometry(dir, path)?.datablocks;
-    if after != target {
-        return Err(Error::NotGrown {
-            path: path.display().to_string(),
-            fs: FsType::Xfs,
-            before,
-            after: after.saturating_mul(bs),
-            wanted: device_bytes,
-        });
+
+    fn reachable(g: &XfsGeom, blocks: u64) -> u64 {
+        xfs_reachable_blocks(blocks, u64::from(g.agblocks))
     }
-    bytes(after, bs, path)
+
+    fn resize(at: &At<'_>, g: &XfsGeom, target: u64) -> io::Result<()> {
+        let arg = XfsGrowfsData {
+            newblocks: target,
+            imaxpct: g.imaxpct,
+        };
+        // SAFETY: XFS_IOC_FSGROWFSDATA reads one xfs_growfs_data, which `arg` is.
+        unsafe {
+            rustix::ioctl::ioctl(
+                &at.dir,
+                rustix::ioctl::Setter::<XFS_IOC_FSGROWFSDATA, XfsGrowfsData>::new(arg),
+            )
+        }
+        .map_err(io::Error::from)
+    }
+
+    fn reached(_before: &XfsGeom, after: &XfsGeom, target: u64) -> bool {
+        after.datablocks == target
+    }
 }
 
 // ---- ext4 ----
@@ -311,61 +391,58 @@ fn ext4_has_errors(sup: &Ext4Super, dev: &Device, sysfs: &Sysfs) -> bool {
 /// EXT4_IOC_RESIZE_FS: `_IOW('f', 16, __u64)`.
 const EXT4_IOC_RESIZE_FS: Opcode = opcode::write::<u64>(b'f', 16);
 
-fn grow_ext4(
-    dir: &File,
-    path: &Path,
-    dev: &Device,
-    device_bytes: u64,
-    sysfs: &Sysfs,
-) -> Result<u64, Error> {
-    let sup = ext4_super(dev)?;
-    let before = bytes(sup.blocks_count, sup.block_size, path)?;
-    fits(path, FsType::Ext4, dev, before, device_bytes)?;
-    let target = blocks_in(device_bytes, sup.block_size);
-    if target <= sup.blocks_count {
-        return Ok(before);
+/// ext4: its superblock from the device, RESIZE_FS to grow.
+enum Ext4 {}
+
+impl Resize for Ext4 {
+    const FS: FsType = FsType::Ext4;
+    const CALL: &'static str = "EXT4_IOC_RESIZE_FS";
+    type Measure = Ext4Super;
+
+    fn measure(at: &At<'_>) -> Result<Ext4Super, Error> {
+        ext4_super(at.dev)
     }
-    let p = path.display().to_string();
-    if ext4_has_errors(&sup, dev, sysfs) {
-        return Err(Error::HasErrors {
-            path: p,
-            device: dev.path.display().to_string(),
-        });
+
+    fn size(s: &Ext4Super) -> Size {
+        Size {
+            blocks: s.blocks_count,
+            block_size: s.block_size,
+        }
     }
-    // Without the capability the kernel answers a bare EPERM; say what is missing.
-    if !has_sys_resource() {
-        return Err(Error::NeedsCapSysResource { path: p });
+
+    fn ready(at: &At<'_>, sup: &Ext4Super, sysfs: &Sysfs) -> Result<(), Error> {
+        let path = at.path.display().to_string();
+        if ext4_has_errors(sup, at.dev, sysfs) {
+            return Err(Error::HasErrors {
+                path,
+                device: at.dev.path.display().to_string(),
+            });
+        }
+        // Without the capability the kernel answers a bare EPERM; say what is missing.
+        if !has_sys_resource() {
+            return Err(Error::NeedsCapSysResource { path });
+        }
+        Ok(())
     }
-    // SAFETY: EXT4_IOC_RESIZE_FS reads one u64 block count.
-    let rc = unsafe {
-        rustix::ioctl::ioctl(
-            dir,
-            rustix::ioctl::Setter::<EXT4_IOC_RESIZE_FS, u64>::new(target),
-        )
-    };
-    if let Err(e) = rc {
-        return Err(refused_or_sys(
-            path,
-            FsType::Ext4,
-            "EXT4_IOC_RESIZE_FS",
-            e.into(),
-        ));
+
+    fn resize(at: &At<'_>, _sup: &Ext4Super, target: u64) -> io::Result<()> {
+        // SAFETY: EXT4_IOC_RESIZE_FS reads one u64 block count.
+        unsafe {
+            rustix::ioctl::ioctl(
+                &at.dir,
+                rustix::ioctl::Setter::<EXT4_IOC_RESIZE_FS, u64>::new(target),
+            )
+        }
+        .map_err(io::Error::from)
     }
-    let after = ext4_super(dev)?;
-    // The kernel leaves out a last group too small for its metadata, so "full"
-    // means within one group of the target (and no smaller than before).
-    let full = after.blocks_count <= target
-        && target.saturating_sub(after.blocks_count) < after.blocks_per_group.max(1);
-    if after.blocks_count < sup.blocks_count || !full {
-        return Err(Error::NotGrown {
-            path: p,
-            fs: FsType::Ext4,
-            before,
-            after: after.blocks_count.saturating_mul(after.block_size),
-            wanted: device_bytes,
-        });
+
+    /// The kernel leaves out a last group too small for its metadata, so
+    /// "full" means within one group of the target (and no smaller than before).
+    fn reached(before: &Ext4Super, after: &Ext4Super, target: u64) -> bool {
+        after.blocks_count >= before.blocks_count
+            && after.blocks_count <= target
+            && target.saturating_sub(after.blocks_count) < after.blocks_per_group.max(1)
     }
-    bytes(after.blocks_count, after.block_size, path)
 }
 
 // ---- both ----
@@ -439,16 +516,14 @@ pub fn fs_size_bytes(
     dev: &Device,
     fs: FsType,
 ) -> Result<u64, Error> {
-    let dir = open_checked(at, mount_path, dev, fs)?;
+    let at = At {
+        dir: open_checked(at, mount_path, dev, fs)?,
+        path: mount_path,
+        dev,
+    };
     match fs {
-        FsType::Xfs => {
-            let g = xfs_geometry(&dir, mount_path)?;
-            bytes(g.datablocks, u64::from(g.blocksize), mount_path)
-        }
-        FsType::Ext4 => {
-            let sup = ext4_super(dev)?;
-            bytes(sup.blocks_count, sup.block_size, mount_path)
-        }
+        FsType::Xfs => size_with::<Xfs>(&at),
+        FsType::Ext4 => size_with::<Ext4>(&at),
     }
 }
 
@@ -504,15 +579,19 @@ pub fn grow(
     device_bytes: u64,
     sysfs: &Sysfs,
 ) -> Result<u64, Error> {
-    let dir = open_checked(at, mount_path, dev, fs)?;
-    if is_read_only(&dir, mount_path)? {
+    let at = At {
+        dir: open_checked(at, mount_path, dev, fs)?,
+        path: mount_path,
+        dev,
+    };
+    if is_read_only(&at.dir, mount_path)? {
         return Err(Error::ReadOnly {
             path: mount_path.display().to_string(),
         });
     }
     match fs {
-        FsType::Xfs => grow_xfs(&dir, mount_path, dev, device_bytes),
-        FsType::Ext4 => grow_ext4(&dir, mount_path, dev, device_bytes, sysfs),
+        FsType::Xfs => grow_with::<Xfs>(&at, device_bytes, sysfs),
+        FsType::Ext4 => grow_with::<Ext4>(&at, device_bytes, sysfs),
     }
 }
 

@@ -799,6 +799,52 @@ fn a_foreign_mount_whose_path_is_not_utf8_breaks_nothing() {
     let _ = rustix::mount::unmount(&odd, rustix::mount::UnmountFlags::DETACH);
 }
 
+/// Publishing `req` is refused: its sectors are volume `holder`'s.
+fn refused(c: &AgentClient, req: pb::PublishVolumeRequest, holder: &str, when: &str) {
+    let r = c.publish_volume(ctx(), &req);
+    let got = said(&r);
+    assert!(
+        got.starts_with("FAILED_PRECONDITION") && got.contains(holder),
+        "{when}: publishing {} as {} answered {got}; it shares sectors with volume {holder}",
+        req.device_path(),
+        req.volume_id
+    );
+}
+
+/// Publishes in flight claim their sectors too: the whole disk and its
+/// partition (`disks`, in that order) racing, never both win.
+fn never_both_win_a_race(rig: &Rig, c: &AgentClient, disks: &[Disk; 2]) {
+    let [whole, part] = disks;
+    let (whole, p) = (whole.path.as_str(), part.path.as_str());
+    let ids = ["atk-part", "atk-whole"];
+    for round in 0..8 {
+        let barrier = Arc::new(Barrier::new(2));
+        let racers: Vec<_> = [
+            publish_req("atk-whole", whole, "block"),
+            publish_req("atk-part", p, "ext4"),
+        ]
+        .into_iter()
+        .map(|req| {
+            let (barrier, addr) = (barrier.clone(), rig.addr());
+            std::thread::spawn(move || {
+                let c = connect(&addr).unwrap();
+                barrier.wait();
+                c.publish_volume(ctx(), &req).is_ok()
+            })
+        })
+        .collect();
+        let won: Vec<bool> = racers.into_iter().map(|t| t.join().unwrap()).collect();
+        assert!(
+            !(won[0] && won[1]),
+            "round {round}: the whole disk and its partition were both published"
+        );
+        assert_clean(rig, &format!("after race {round}"), c, disks, &ids);
+        for id in ids {
+            c.unpublish_volume(ctx(), &unpublish_req(id)).unwrap();
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn a_disk_and_its_partition_are_never_both_published() {
@@ -821,16 +867,6 @@ fn a_disk_and_its_partition_are_never_both_published() {
     let ids = ["atk-part", "atk-whole"];
     let mut rig = Rig::new();
     rig.start();
-    let refused = |c: &AgentClient, req: pb::PublishVolumeRequest, holder: &str, when: &str| {
-        let r = c.publish_volume(ctx(), &req);
-        let got = said(&r);
-        assert!(
-            got.starts_with("FAILED_PRECONDITION") && got.contains(holder),
-            "{when}: publishing {} as {} answered {got}; it shares sectors with volume {holder}",
-            req.device_path(),
-            req.volume_id
-        );
-    };
 
     // The partition first, then the whole disk: refused, as a filesystem
     // or as a block volume.
@@ -894,33 +930,7 @@ fn a_disk_and_its_partition_are_never_both_published() {
             .was_published
     );
 
-    // Publishes in flight claim their sectors too: racing, never both win.
-    for round in 0..8 {
-        let barrier = Arc::new(Barrier::new(2));
-        let racers: Vec<_> = [
-            publish_req("atk-whole", &whole.path, "block"),
-            publish_req("atk-part", &p, "ext4"),
-        ]
-        .into_iter()
-        .map(|req| {
-            let (barrier, addr) = (barrier.clone(), rig.addr());
-            std::thread::spawn(move || {
-                let c = connect(&addr).unwrap();
-                barrier.wait();
-                c.publish_volume(ctx(), &req).is_ok()
-            })
-        })
-        .collect();
-        let won: Vec<bool> = racers.into_iter().map(|t| t.join().unwrap()).collect();
-        assert!(
-            !(won[0] && won[1]),
-            "round {round}: the whole disk and its partition were both published"
-        );
-        assert_clean(&rig, &format!("after race {round}"), &c, &disks, &ids);
-        for id in ids {
-            c.unpublish_volume(ctx(), &unpublish_req(id)).unwrap();
-        }
-    }
+    never_both_win_a_race(&rig, &c, &disks);
 
     // The partition mounted by someone else: the whole disk is refused.
     let host = disk.scratch("host");
@@ -949,6 +959,69 @@ fn agent_info(c: &AgentClient) -> pb::GetAgentInfoResponse {
         .unwrap()
 }
 
+/// The volume ids of the full-state test.
+const FULL_STATE_IDS: [&str; 3] = ["atk-full1", "atk-full2", "atk-full3"];
+
+/// The root's state directory on a small filesystem of its own (64 KiB).
+fn small_state_fs(rig: &Rig) -> PathBuf {
+    let state = rig.root.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    run(
+        "mount",
+        &[
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=64k,mode=700",
+            "crust-state",
+            state.to_str().unwrap(),
+        ],
+    );
+    state
+}
+
+/// kill -9 with the state filesystem full: recovery cannot write its
+/// records, and comes up all the same, with the volume left published
+/// (bound at `t2`); its unpublish works. The new client.
+fn comes_up_on_a_full_state(
+    rig: &mut Rig,
+    c: AgentClient,
+    disks: &[Disk],
+    t2: &Path,
+) -> AgentClient {
+    drop(c);
+    rig.kill9();
+    rig.start();
+    let c = rig.client();
+    let info = agent_info(&c);
+    assert!(
+        info.state_problem.contains("no space"),
+        "GetAgentInfo says nothing of the state it cannot write: {:?}",
+        info.state_problem
+    );
+    assert_clean(
+        rig,
+        "after a restart on a full state filesystem",
+        &c,
+        disks,
+        &FULL_STATE_IDS,
+    );
+    let list = c
+        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
+        .unwrap()
+        .volumes;
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].bind_targets, vec![t2.display().to_string()]);
+    let up = c.unpublish_volume(ctx(), &unpublish_req(FULL_STATE_IDS[0]));
+    assert!(
+        up.as_ref().is_ok_and(|u| u.was_published) && mounts_of(&disks[0].path).is_empty(),
+        "unpublish after a restart on a full state filesystem answered {}",
+        said(&up)
+    );
+    assert_clean(rig, "after the unpublish", &c, disks, &FULL_STATE_IDS);
+    c
+}
+
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn a_full_state_filesystem_changes_nothing_and_the_agent_still_starts() {
@@ -963,22 +1036,9 @@ fn a_full_state_filesystem_changes_nothing_and_the_agent_still_starts() {
         Disk::of(&d2, "ext4"),
         Disk::of(&d3, "ext4"),
     ];
-    let ids = ["atk-full1", "atk-full2", "atk-full3"];
+    let ids = FULL_STATE_IDS;
     let mut rig = Rig::new();
-    // The root's state directory on a small filesystem of its own.
-    let state = rig.root.join("state");
-    std::fs::create_dir_all(&state).unwrap();
-    run(
-        "mount",
-        &[
-            "-t",
-            "tmpfs",
-            "-o",
-            "size=64k,mode=700",
-            "crust-state",
-            state.to_str().unwrap(),
-        ],
-    );
+    let state = small_state_fs(&rig);
     rig.start();
     let c = rig.client();
     let pods = rig.root.join("pods");
@@ -1039,37 +1099,7 @@ fn a_full_state_filesystem_changes_nothing_and_the_agent_still_starts() {
     // (The record the unpublish removed freed some space: taken again.)
     fill(&state, "filler2");
 
-    // kill -9: recovery cannot write its records, and comes up all the same.
-    drop(c);
-    rig.kill9();
-    rig.start();
-    let c = rig.client();
-    let info = agent_info(&c);
-    assert!(
-        info.state_problem.contains("no space"),
-        "GetAgentInfo says nothing of the state it cannot write: {:?}",
-        info.state_problem
-    );
-    assert_clean(
-        &rig,
-        "after a restart on a full state filesystem",
-        &c,
-        &disks,
-        &ids,
-    );
-    let list = c
-        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
-        .unwrap()
-        .volumes;
-    assert_eq!(list.len(), 1);
-    assert_eq!(list[0].bind_targets, vec![t2.display().to_string()]);
-    let up = c.unpublish_volume(ctx(), &unpublish_req(ids[0]));
-    assert!(
-        up.as_ref().is_ok_and(|u| u.was_published) && mounts_of(&disks[0].path).is_empty(),
-        "unpublish after a restart on a full state filesystem answered {}",
-        said(&up)
-    );
-    assert_clean(&rig, "after the unpublish", &c, &disks, &ids);
+    let c = comes_up_on_a_full_state(&mut rig, c, &disks, &t2);
 
     // Space again: everything works, and the problem is gone.
     std::fs::remove_file(state.join("filler")).unwrap();

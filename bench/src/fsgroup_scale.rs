@@ -1,4 +1,4 @@
-//! fsGroup at scale (issue 17): a 1,000,000-entry tree on a loop ext4, fresh
+//! fsGroup at scale: a 1,000,000-entry tree on a loop ext4, fresh
 //! and already correct, crust's walk (`ownership::apply`) beside the serial
 //! kubelet-style walk of `fsgroup.rs`, with the CPU-time bound; and the walk
 //! time of both against entries (100k, 300k, 1M), drawn as

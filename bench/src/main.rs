@@ -367,7 +367,11 @@ fn measure(args: &Args, work: &Path) -> Vec<Figure> {
     if want("size") {
         figures.extend(section(
             "binary size",
-            &[("binary_size", "stripped static binary size", "< 3 MiB")],
+            &[(
+                "binary_size",
+                "stripped static binary size",
+                host_agent::SIZE_TARGET,
+            )],
             || vec![host_agent::size_figure()],
         ));
     }

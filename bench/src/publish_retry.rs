@@ -1,4 +1,4 @@
-//! A publish whose fsGroup walk outlives its caller's deadline (issue 17):
+//! A publish whose fsGroup walk outlives its caller's deadline:
 //! the 1M-entry volume of `fsgroup_scale`, published by the release agent on
 //! the host, once by a caller whose deadline is 2 s and who retries every
 //! 2 s until the agent answers OK (kubelet's way with slow node operations;

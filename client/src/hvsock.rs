@@ -445,8 +445,8 @@ mod tests {
         wrote.expect("the backend could write its answer");
     }
 
-    /// Issue 21, defect 3: every call to a guest that never answers parked
-    /// one more stream, up to 1,024: the descriptors of the whole process.
+    /// Calls to a guest that never answers must not each park one more
+    /// stream, up to 1,024: the descriptors of the whole process.
     #[test]
     fn a_backend_that_never_answers_holds_a_few_descriptors_and_is_refused_at_once() {
         let dir = tempfile::tempdir().unwrap();

@@ -397,7 +397,7 @@ mod tests {
         reserve(&d, &key("d", "/whole"), whole()).unwrap();
     }
 
-    /// Issue 21, defect 2: a claim whose device a process still has open
+    /// A claim whose device a process still has open
     /// (a VM that lost its sandbox.json) is never released, by any path.
     #[test]
     #[ignore = "needs root: make test runs it"]

@@ -245,8 +245,9 @@ mod tests {
 
     #[test]
     fn a_symlink_planted_as_the_old_temporary_is_left_alone() {
-        // 987d32f wrote `.crustd.json.tmp.<pid>` with File::create, which
-        // follows a symlink planted there and overwrites its target.
+        // A temporary named `.crustd.json.tmp.<pid>` made with
+        // File::create would follow a symlink planted there and overwrite
+        // its target.
         let t = tempfile::tempdir().unwrap();
         let victim = t.path().join("victim");
         fs::write(&victim, b"precious").unwrap();

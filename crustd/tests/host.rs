@@ -8,12 +8,13 @@
 mod fakes;
 
 use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crust_protocols::ttrpc;
 use crust_testkit::crustd::{code, req, state, Crustd};
 use crust_testkit::{needs, run, LoopDisk, Mounted};
-use crustd_ctl::{code_name, pb};
+use crustd_ctl::{code_name, pb, Kubelet};
 use fakes::OnPublish;
 
 fn log_of(q: &fakes::Qemu) -> Vec<String> {
@@ -36,6 +37,34 @@ fn publish_stats_expand_unpublish_and_restart() {
     let mut d = Crustd::start(&reg, &[]);
     let k = d.client();
 
+    capabilities_are_the_agents(&k);
+    let r = k.publish(req("pod-a", &dev, "ext4")).unwrap();
+    let v = published_as_recorded(&sb, &dev, &r);
+    // Idempotent: the same call plugs nothing more, and answers the same path.
+    assert_eq!(k.publish(req("pod-a", &dev, "ext4")).unwrap(), r);
+    assert!(log_of(&sb.qemu).is_empty());
+
+    // Stats as the agent has them, condition included.
+    let s = k.stats("pod-a", &dev).unwrap();
+    assert_eq!(crustd_ctl::bytes(&s), Some((700, 1000, 300)));
+    assert_eq!(s.usage[1].unit(), pb::volume_usage::Unit::Inodes);
+    let c = s.volume_condition.unwrap();
+    assert!(c.abnormal && c.message == "3 I/O errors");
+
+    // A restart between any two calls: the new crustd carries on.
+    d.kill_and_restart();
+    let k = d.client();
+    assert_eq!(k.publish(req("pod-a", &dev, "ext4")).unwrap(), r);
+    assert!(log_of(&sb.qemu).is_empty(), "nothing plugged twice");
+
+    expanded_once_the_host_grows_the_disk(&k, &sb, &disk);
+    d.kill_and_restart();
+    unpublished(&d.client(), &sb, &dev);
+    a_call_killed_midway_is_finished(&mut d, &sb, &dev, &v, &r);
+}
+
+/// What crustd says it can do: what the agent can, over CRUST.
+fn capabilities_are_the_agents(k: &Kubelet) {
     let caps: Vec<i32> = k
         .capabilities()
         .unwrap()
@@ -64,12 +93,15 @@ fn publish_stats_expand_unpublish_and_restart() {
         .map(|c| c as i32)
     );
     assert_eq!(k.file_systems().unwrap().file_systems, ["ext4", "xfs"]);
+}
 
-    let r = k.publish(req("pod-a", &dev, "ext4")).unwrap();
-    assert!(
-        r.guest_path.starts_with("/run/crust/volumes/crustd-"),
-        "{r:?}"
-    );
+/// A publish plugs the host's device as a direct, discarding virtio-blk
+/// disk, records it and asks the agent: the record.
+fn published_as_recorded(
+    sb: &fakes::Sandbox,
+    dev: &str,
+    r: &pb::RuntimePublishVolumeResponse,
+) -> serde_json::Value {
     let log = log_of(&sb.qemu);
     assert_eq!(verbs(&log), ["blockdev-add", "device_add"], "{log:?}");
     assert!(log[0].contains("\"driver\":\"host_device\""), "{}", log[0]);
@@ -87,7 +119,7 @@ fn publish_stats_expand_unpublish_and_restart() {
         log[1]
     );
     let st = state(&sb.dir);
-    let v = &st["volumes"][&dev];
+    let v = st["volumes"][dev].clone();
     assert_eq!(v["phase"], "published");
     assert_eq!(v["guest_path"], r.guest_path.as_str());
     assert_eq!(v["host_target_path"], "/var/lib/kubelet/pods/p/volumes/x");
@@ -95,25 +127,13 @@ fn publish_stats_expand_unpublish_and_restart() {
     assert!(serial.len() <= 20);
     assert!(sb.agent.lock().unwrap().log[0].ends_with(&format!("{serial} ext4 2000")));
 
-    // Idempotent: the same call plugs nothing more, and answers the same path.
-    assert_eq!(k.publish(req("pod-a", &dev, "ext4")).unwrap(), r);
-    assert!(log_of(&sb.qemu).is_empty());
+    v
+}
 
-    // Stats as the agent has them, condition included.
-    let s = k.stats("pod-a", &dev).unwrap();
-    assert_eq!(crustd_ctl::bytes(&s), Some((700, 1000, 300)));
-    assert_eq!(s.usage[1].unit(), pb::volume_usage::Unit::Inodes);
-    let c = s.volume_condition.unwrap();
-    assert!(c.abnormal && c.message == "3 I/O errors");
-
-    // A restart between any two calls: the new crustd carries on.
-    d.kill_and_restart();
-    let k = d.client();
-    assert_eq!(k.publish(req("pod-a", &dev, "ext4")).unwrap(), r);
-    assert!(log_of(&sb.qemu).is_empty(), "nothing plugged twice");
-
-    // Expand: more than the device has is OUT_OF_RANGE; after the host grows
-    // it, QEMU is resized to the device's size and the agent asked.
+/// Expand: more than the device has is OUT_OF_RANGE; after the host grows
+/// it, QEMU is resized to the device's size and the agent asked.
+fn expanded_once_the_host_grows_the_disk(k: &Kubelet, sb: &fakes::Sandbox, disk: &LoopDisk) {
+    let dev = disk.path();
     let (c, m) = code(k.expand("pod-a", &dev, 100 << 20));
     assert_eq!(c, "OUT_OF_RANGE", "{m}");
     assert!(m.contains("losetup -c"), "{m}");
@@ -129,11 +149,11 @@ fn publish_stats_expand_unpublish_and_restart() {
     k.expand("pod-a", &dev, 0).unwrap();
     assert!(log_of(&sb.qemu).is_empty());
     assert_eq!(code(k.expand("pod-a", &dev, -1)).0, "INVALID_ARGUMENT");
+}
 
-    // Unpublish: agent first, then device_del, DEVICE_DELETED, blockdev-del.
-    d.kill_and_restart();
-    let k = d.client();
-    k.unpublish("pod-a", &dev).unwrap();
+/// Unpublish: agent first, then device_del, DEVICE_DELETED, blockdev-del.
+fn unpublished(k: &Kubelet, sb: &fakes::Sandbox, dev: &str) {
+    k.unpublish("pod-a", dev).unwrap();
     assert_eq!(verbs(&log_of(&sb.qemu)), ["device_del", "blockdev-del"]);
     assert!(sb
         .agent
@@ -147,13 +167,24 @@ fn publish_stats_expand_unpublish_and_restart() {
     assert!(sb.qemu.lock().unwrap().nodes.is_empty());
     assert_eq!(state(&sb.dir)["volumes"], serde_json::json!({}));
     // Idempotent, and not published any more.
-    k.unpublish("pod-a", &dev).unwrap();
+    k.unpublish("pod-a", dev).unwrap();
     assert!(log_of(&sb.qemu).is_empty());
-    assert_eq!(code(k.stats("pod-a", &dev)).0, "NOT_FOUND");
-    assert_eq!(code(k.expand("pod-a", &dev, 0)).0, "NOT_FOUND");
+    assert_eq!(code(k.stats("pod-a", dev)).0, "NOT_FOUND");
+    assert_eq!(code(k.expand("pod-a", dev, 0)).0, "NOT_FOUND");
+}
 
-    // A crustd killed after device_add but before it recorded success: the
-    // record says plugging, QEMU has the disk. The next publish adds nothing.
+/// A crustd killed after device_add but before it recorded success, or
+/// during an unpublish: the next call finishes what it began. `v` is the
+/// record of `dev` when it was published, `r` the publish's answer.
+fn a_call_killed_midway_is_finished(
+    d: &mut Crustd,
+    sb: &fakes::Sandbox,
+    dev: &str,
+    v: &serde_json::Value,
+    r: &pb::RuntimePublishVolumeResponse,
+) {
+    let serial = v["serial"].as_str().unwrap().to_string();
+    // The record says plugging, QEMU has the disk. The next publish adds nothing.
     let mut rec = v.clone();
     rec["phase"] = "plugging".into();
     let (node, device) = (
@@ -168,12 +199,12 @@ fn publish_stats_expand_unpublish_and_restart() {
     }
     std::fs::write(
         sb.dir.join("crustd.json"),
-        serde_json::json!({"volumes": {dev.clone(): rec}}).to_string(),
+        serde_json::json!({"volumes": {dev: rec}}).to_string(),
     )
     .unwrap();
     d.kill_and_restart();
     let k = d.client();
-    assert_eq!(k.publish(req("pod-a", &dev, "ext4")).unwrap(), r);
+    assert_eq!(k.publish(req("pod-a", dev, "ext4")).unwrap(), *r);
     assert!(log_of(&sb.qemu).is_empty(), "nothing plugged twice");
     assert_eq!(state(&sb.dir)["volumes"][&dev]["phase"], "published");
     // And one killed during an unpublish, after device_del: unpublish finishes it.
@@ -181,33 +212,24 @@ fn publish_stats_expand_unpublish_and_restart() {
     rec["phase"] = "unplugging".into();
     std::fs::write(
         sb.dir.join("crustd.json"),
-        serde_json::json!({"volumes": {dev.clone(): rec}}).to_string(),
+        serde_json::json!({"volumes": {dev: rec}}).to_string(),
     )
     .unwrap();
     d.kill_and_restart();
     let k = d.client();
-    assert_eq!(code(k.stats("pod-a", &dev)).0, "NOT_FOUND");
-    k.unpublish("pod-a", &dev).unwrap();
+    assert_eq!(code(k.stats("pod-a", dev)).0, "NOT_FOUND");
+    k.unpublish("pod-a", dev).unwrap();
     assert_eq!(verbs(&log_of(&sb.qemu)), ["device_del", "blockdev-del"]);
     assert_eq!(state(&sb.dir)["volumes"], serde_json::json!({}));
 }
 
-#[test]
-#[ignore = "needs root: make test runs it"]
-fn bad_input_is_refused_and_leaves_nothing() {
-    needs::loop_devices();
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    let sb = fakes::sandbox(&reg, "pod-a");
-    let other = fakes::sandbox(&reg, "pod-b");
-    let disk = LoopDisk::new(32, None);
-    let dev = disk.path();
-    let file = t.path().join("plain.img");
-    std::fs::write(&file, b"x").unwrap();
-    let d = Crustd::start(&reg, &[]);
-    let k = d.client();
-
-    let mut cases: Vec<(pb::RuntimePublishVolumeRequest, &str, &str)> = vec![
+/// Publish requests crustd refuses: (the request, its code, words of the
+/// message). `dev` is a real disk, `file` a regular file.
+fn bad_requests(
+    dev: &str,
+    file: &Path,
+) -> Vec<(pb::RuntimePublishVolumeRequest, &'static str, &'static str)> {
+    let mut cases: Vec<(pb::RuntimePublishVolumeRequest, &'static str, &'static str)> = vec![
         (
             req("pod-a", "dev/loop0", "ext4"),
             "INVALID_ARGUMENT",
@@ -228,38 +250,52 @@ fn bad_input_is_refused_and_leaves_nothing() {
             "INVALID_ARGUMENT",
             "not a block device",
         ),
-        (req("pod-a", &dev, "btrfs"), "INVALID_ARGUMENT", "ext4, xfs"),
-        (req("pod-a", &dev, ""), "INVALID_ARGUMENT", "not supported"),
+        (req("pod-a", dev, "btrfs"), "INVALID_ARGUMENT", "ext4, xfs"),
+        (req("pod-a", dev, ""), "INVALID_ARGUMENT", "not supported"),
         (
-            req("", &dev, "ext4"),
+            req("", dev, "ext4"),
             "INVALID_ARGUMENT",
             "sandbox_id is empty",
         ),
         (
-            req("../pod-a", &dev, "ext4"),
+            req("../pod-a", dev, "ext4"),
             "INVALID_ARGUMENT",
             "sandbox_id",
         ),
-        (
-            req("pod-zz", &dev, "ext4"),
-            "NOT_FOUND",
-            "no sandbox pod-zz",
-        ),
+        (req("pod-zz", dev, "ext4"), "NOT_FOUND", "no sandbox pod-zz"),
     ];
-    let mut block = req("pod-a", &dev, "ext4");
+    let mut block = req("pod-a", dev, "ext4");
     block.block = true;
     cases.push((block, "INVALID_ARGUMENT", "no filesystem"));
-    let mut block = req("pod-a", &dev, "");
+    let mut block = req("pod-a", dev, "");
     block.block = true;
     block.mount_options = vec!["noatime".into()];
     cases.push((block, "INVALID_ARGUMENT", "not mounted"));
-    let mut policy = req("pod-a", &dev, "ext4");
+    let mut policy = req("pod-a", dev, "ext4");
     policy.fsgroup_policy = "always".into();
     cases.push((policy, "INVALID_ARGUMENT", "OnRootMismatch"));
-    let mut gid = req("pod-a", &dev, "ext4");
+    let mut gid = req("pod-a", dev, "ext4");
     gid.fsgroup_gid = Some(-5);
     cases.push((gid, "INVALID_ARGUMENT", "fsgroup_gid"));
-    for (r, want, says) in cases {
+    cases
+}
+
+#[test]
+#[ignore = "needs root: make test runs it"]
+fn bad_input_is_refused_and_leaves_nothing() {
+    needs::loop_devices();
+    let t = tempfile::tempdir().unwrap();
+    let reg = t.path().join("sandboxes");
+    let sb = fakes::sandbox(&reg, "pod-a");
+    let other = fakes::sandbox(&reg, "pod-b");
+    let disk = LoopDisk::new(32, None);
+    let dev = disk.path();
+    let file = t.path().join("plain.img");
+    std::fs::write(&file, b"x").unwrap();
+    let d = Crustd::start(&reg, &[]);
+    let k = d.client();
+
+    for (r, want, says) in bad_requests(&dev, &file) {
         let (c, m) = code(k.publish(r.clone()));
         assert_eq!(c, want, "{r:?}: {m}");
         assert!(m.contains(says), "{r:?}: {m}");
@@ -394,7 +430,7 @@ fn a_failed_publish_unplugs_what_it_plugged() {
     assert_eq!(state(&sb.dir)["volumes"], serde_json::json!({}));
 }
 
-/// Issue 17: a publish whose fsGroup walk outlives kubelet's deadline. The
+/// A publish whose fsGroup walk outlives kubelet's deadline. The
 /// fake agent mounts, lists the volume as publishing and answers
 /// DEADLINE_EXCEEDED at the deadline it was told, as the agent does.
 #[test]
@@ -505,18 +541,28 @@ fn a_publish_outliving_the_callers_deadline_stays_plugged_and_a_retry_joins() {
         Some((700, 1000, 300))
     );
 
-    // Unpublish of a volume still publishing works as for a published one:
-    // the agent stops the walk and takes it down, the disk leaves.
+    a_volume_still_publishing_is_unpublished_or_fails_as_before(&k, &sb, &dev2);
+}
+
+/// Unpublish of a volume still publishing works as for a published one:
+/// the agent stops the walk and takes it down, the disk leaves. An agent
+/// DEADLINE_EXCEEDED with nothing mounted (no disk appeared in time) is a
+/// failure as before: the disk leaves again.
+fn a_volume_still_publishing_is_unpublished_or_fails_as_before(
+    k: &Kubelet,
+    sb: &fakes::Sandbox,
+    dev2: &str,
+) {
     sb.agent.lock().unwrap().on_publish = OnPublish::Outlive("the fsGroup walk continues");
-    let (c, _) = code(k.publish_within(req("pod-a", &dev2, "xfs"), Duration::from_secs(1)));
+    let (c, _) = code(k.publish_within(req("pod-a", dev2, "xfs"), Duration::from_secs(1)));
     assert_eq!(c, "DEADLINE_EXCEEDED");
-    assert_eq!(state(&sb.dir)["volumes"][&dev2]["phase"], "publishing");
-    let id2 = state(&sb.dir)["volumes"][&dev2]["volume_id"]
+    assert_eq!(state(&sb.dir)["volumes"][dev2]["phase"], "publishing");
+    let id2 = state(&sb.dir)["volumes"][dev2]["volume_id"]
         .as_str()
         .unwrap()
         .to_string();
     log_of(&sb.qemu);
-    k.unpublish("pod-a", &dev2).unwrap();
+    k.unpublish("pod-a", dev2).unwrap();
     assert_eq!(verbs(&log_of(&sb.qemu)), ["device_del", "blockdev-del"]);
     assert!(sb
         .agent
@@ -524,15 +570,14 @@ fn a_publish_outliving_the_callers_deadline_stays_plugged_and_a_retry_joins() {
         .unwrap()
         .log
         .contains(&format!("unpublish {id2}")));
-    assert!(state(&sb.dir)["volumes"].get(&dev2).is_none());
+    assert!(state(&sb.dir)["volumes"].get(dev2).is_none());
 
-    // An agent DEADLINE_EXCEEDED with nothing mounted (no disk appeared in
-    // time) is a failure as before: the disk leaves again.
+    // No disk appeared in time.
     sb.agent.lock().unwrap().on_publish = OnPublish::Fail(
         ttrpc::Code::DEADLINE_EXCEEDED,
         "no disk with serial cr-x appeared within 1s",
     );
-    let (c, m) = code(k.publish_within(req("pod-a", &dev2, "xfs"), Duration::from_secs(2)));
+    let (c, m) = code(k.publish_within(req("pod-a", dev2, "xfs"), Duration::from_secs(2)));
     assert_eq!(
         (c.as_str(), m.as_str()),
         (
@@ -544,7 +589,7 @@ fn a_publish_outliving_the_callers_deadline_stays_plugged_and_a_retry_joins() {
         verbs(&log_of(&sb.qemu)),
         ["blockdev-add", "device_add", "device_del", "blockdev-del"]
     );
-    assert!(state(&sb.dir)["volumes"].get(&dev2).is_none());
+    assert!(state(&sb.dir)["volumes"].get(dev2).is_none());
 }
 
 #[test]
@@ -651,8 +696,8 @@ impl Drop for Alias {
     }
 }
 
-/// Issue 15, defect 2: crustd compared devices by exact major:minor, so a
-/// disk and its own partition went into one sandbox, or into two.
+/// A disk and its own partitions are one disk: compared by exact
+/// major:minor they could go into one sandbox twice, or into two.
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn a_disk_and_its_partitions_are_one_disk_in_every_sandbox() {
@@ -725,9 +770,8 @@ impl Drop for Swap {
     }
 }
 
-/// Issue 15, defect 3: crustd hot-plugged a loop device the host had
-/// mounted read-write (one ext4, two kernels), and would have taken a
-/// partition of the host's root disk the same way.
+/// A loop device the host has mounted read-write (one ext4, two kernels)
+/// is never hot-plugged, nor a partition of the host's root disk.
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn a_device_the_host_uses_is_refused_and_one_published_is_held() {
@@ -828,9 +872,9 @@ fn a_device_the_host_uses_is_refused_and_one_published_is_held() {
     );
 }
 
-/// Issue 15, defect 7: a FIFO as one sandbox's crustd.json hung every
-/// publish on the node (state files were read under the node-wide lock,
-/// opened without O_NONBLOCK), and sandbox.json was read without bound.
+/// A FIFO as one sandbox's crustd.json hangs no publish on the node (were
+/// state files read under the node-wide lock, opened without O_NONBLOCK,
+/// it would hang every one), and sandbox.json is read within a bound.
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn one_sandboxs_fifo_or_endless_file_stops_nothing_else() {
@@ -913,9 +957,9 @@ fn one_sandboxs_fifo_or_endless_file_stops_nothing_else() {
     d.client().unpublish("pod-a", &disks[1].path()).unwrap();
 }
 
-/// Issue 15, defect 8: crustd's temporary state file had a predictable
-/// name (`.crustd.json.tmp.<pid>`) and File::create followed a symlink
-/// planted there, overwriting any host file.
+/// crustd's temporary state file has no predictable name, and a symlink
+/// planted where one with the old name (`.crustd.json.tmp.<pid>`) would be
+/// overwrites no host file.
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn a_planted_symlink_redirects_no_write() {
@@ -949,8 +993,8 @@ fn a_planted_symlink_redirects_no_write() {
     assert!(log_of(&sb.qemu).is_empty());
 }
 
-/// Issue 15, defects 9 and 10 (crustd's side): `--socket PATH` deleted
-/// whatever was at PATH, and the socket took its mode from the umask.
+/// `--socket PATH` replaces only a stale socket at PATH, never another
+/// file, and the socket is 0600 whatever the umask.
 #[test]
 fn the_socket_is_0600_and_only_a_stale_one_is_replaced() {
     let t = tempfile::tempdir().unwrap();
@@ -1003,7 +1047,7 @@ fn the_socket_is_0600_and_only_a_stale_one_is_replaced() {
 }
 
 /// QEMU can answer blockdev-del "in use" for a moment after the device left
-/// its list (its finalization is deferred; seen in CI against a real QEMU):
+/// its list (its finalization is deferred, as a real QEMU does):
 /// Unpublish tries again until the node is free, and succeeds.
 #[test]
 #[ignore = "needs root: make test runs it"]

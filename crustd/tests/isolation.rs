@@ -1,4 +1,4 @@
-//! Issue 21: what one sandbox does costs no other, and no path frees a
+//! What one sandbox does costs no other, and no path frees a
 //! device a VM may still write. crustd as a process, driven by crustd-ctl's
 //! client, against fake sandboxes whose QEMU opens each plugged device
 //! read-write as QEMU does (tests/fakes), with loop devices as host
@@ -16,11 +16,11 @@ use crust_testkit::{needs, LoopDisk};
 use crustd_ctl::code_name;
 use fakes::OnPublish;
 
-/// Defect 2: on 6ef9837 any call naming a sandbox whose sandbox.json was
-/// missing released that sandbox's claims and O_EXCL holds, and so did
-/// another sandbox's publish of the same device, while the VM's QEMU still
-/// had the device open read-write: the host could mount it, and a second
-/// sandbox published it. Nothing frees a device a process still has open.
+/// A call naming a sandbox whose sandbox.json is missing, or another
+/// sandbox's publish of the same device, releases none of that sandbox's
+/// claims and O_EXCL holds while the VM's QEMU still has the device open
+/// read-write: were they released, the host could mount it and a second
+/// sandbox publish it. Nothing frees a device a process still has open.
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn a_missing_sandbox_json_frees_nothing_a_vm_still_writes() {
@@ -106,11 +106,57 @@ fn silent_backend(path: &Path) -> Arc<Mutex<Vec<std::os::unix::net::UnixStream>>
     held
 }
 
-/// Defect 3 and node scale: on 6ef9837 every agent call to a guest that
-/// never answers CONNECT parked a stream without time limit, up to 1,024,
-/// and crustd kept systemd's soft limit on open files: a few hundred failed
-/// calls, and every sandbox's calls failed with "Too many open files". One
-/// hung sandbox's calls now hold a bounded few descriptors and threads,
+/// pod-hung: a live QEMU, an agent behind a vsock that never answers, and
+/// a published volume recorded (its stats go to the agent).
+struct HungSandbox {
+    _qemu: fakes::Qemu,
+    /// The CONNECTs the silent vsock backend was sent.
+    sent: Arc<Mutex<Vec<std::os::unix::net::UnixStream>>>,
+    /// The published volume's disk.
+    disk: LoopDisk,
+}
+
+impl HungSandbox {
+    fn lay_out(reg: &Path) -> HungSandbox {
+        let hung_dir = reg.join("pod-hung");
+        std::fs::create_dir_all(&hung_dir).unwrap();
+        let qemu = fakes::qemu(&hung_dir.join("qmp.sock"));
+        let sent = silent_backend(&hung_dir.join("vsock.sock"));
+        std::fs::write(
+            hung_dir.join("sandbox.json"),
+            serde_json::json!({"qmp": "qmp.sock", "agent": format!("hvsock://{}:1024", hung_dir.join("vsock.sock").display())}).to_string(),
+        )
+        .unwrap();
+        let disk = LoopDisk::new(16, None);
+        let hv = disk.path();
+        let rdev = {
+            use std::os::unix::fs::MetadataExt;
+            let r = std::fs::metadata(&hv).unwrap().rdev();
+            format!("{}:{}", rustix::fs::major(r), rustix::fs::minor(r))
+        };
+        std::fs::write(
+            hung_dir.join("crustd.json"),
+            serde_json::json!({"volumes": {hv.clone(): {
+                "volume_id": "crustd-0000000000000001", "serial": "cr-0000000000000001",
+                "node": "crustd-0000000000000001", "device": "crustd-dev-0000000000000001",
+                "rdev": rdev, "host_target_path": "/t", "guest_path": "/run/crust/volumes/crustd-0000000000000001",
+                "file_system": "ext4", "read_only": false, "block": false, "phase": "published"}}})
+            .to_string(),
+        )
+        .unwrap();
+        HungSandbox {
+            _qemu: qemu,
+            sent,
+            disk,
+        }
+    }
+}
+
+/// Node scale: were every agent call to a guest that never answers CONNECT
+/// to park a stream without time limit, and crustd to keep systemd's soft
+/// limit on open files, a few hundred failed calls would make every
+/// sandbox's calls fail with "Too many open files". One hung sandbox's
+/// calls hold a bounded few descriptors and threads,
 /// and another sandbox's publishes, stats and unpublishes go on meanwhile.
 #[test]
 #[ignore = "needs root: make test runs it"]
@@ -119,34 +165,8 @@ fn one_hung_sandbox_costs_only_itself() {
     let t = tempfile::tempdir().unwrap();
     let reg = t.path().join("sandboxes");
     let ok = fakes::sandbox(&reg, "pod-ok");
-    // pod-hung: a live QEMU, an agent behind a vsock that never answers, and
-    // a published volume recorded (its stats go to the agent).
-    let hung_dir = reg.join("pod-hung");
-    std::fs::create_dir_all(&hung_dir).unwrap();
-    let _qemu = fakes::qemu(&hung_dir.join("qmp.sock"));
-    let sent = silent_backend(&hung_dir.join("vsock.sock"));
-    std::fs::write(
-        hung_dir.join("sandbox.json"),
-        serde_json::json!({"qmp": "qmp.sock", "agent": format!("hvsock://{}:1024", hung_dir.join("vsock.sock").display())}).to_string(),
-    )
-    .unwrap();
-    let hung_disk = LoopDisk::new(16, None);
-    let hv = hung_disk.path();
-    let rdev = {
-        use std::os::unix::fs::MetadataExt;
-        let r = std::fs::metadata(&hv).unwrap().rdev();
-        format!("{}:{}", rustix::fs::major(r), rustix::fs::minor(r))
-    };
-    std::fs::write(
-        hung_dir.join("crustd.json"),
-        serde_json::json!({"volumes": {hv.clone(): {
-            "volume_id": "crustd-0000000000000001", "serial": "cr-0000000000000001",
-            "node": "crustd-0000000000000001", "device": "crustd-dev-0000000000000001",
-            "rdev": rdev, "host_target_path": "/t", "guest_path": "/run/crust/volumes/crustd-0000000000000001",
-            "file_system": "ext4", "read_only": false, "block": false, "phase": "published"}}})
-        .to_string(),
-    )
-    .unwrap();
+    let hung = HungSandbox::lay_out(&reg);
+    let (sent, hv) = (&hung.sent, hung.disk.path());
     let disks: Vec<LoopDisk> = (0..3).map(|_| LoopDisk::new(16, None)).collect();
     // systemd's default soft limit is 1,024; this one is lower still.
     let d = Crustd::start(&reg, &["--agent-timeout", "1", "--soft-nofile=256"]);
@@ -226,11 +246,11 @@ fn one_hung_sandbox_costs_only_itself() {
     );
 }
 
-/// Defect 4: on 6ef9837 crustd stored whatever guest path the agent
-/// answered. A 700 KB path of control bytes made a 4.2 MB crustd.json,
-/// which crustd then refused to read: every call for the sandbox,
-/// Unpublish included, was FAILED_PRECONDITION for the VM's life. The
-/// guest's answers are checked and refused when wrong.
+/// crustd stores no guest path the agent answers unchecked: a 700 KB path
+/// of control bytes would make a 4.2 MB crustd.json, which crustd then
+/// refuses to read, so that every call for the sandbox, Unpublish
+/// included, would be FAILED_PRECONDITION for the VM's life. The guest's
+/// answers are checked and refused when wrong.
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn a_hostile_guest_path_is_refused_and_the_sandbox_stays_usable() {
@@ -270,8 +290,8 @@ fn a_hostile_guest_path_is_refused_and_the_sandbox_stays_usable() {
     assert!(sb.qemu.lock().unwrap().open.is_empty());
 }
 
-/// On 6ef9837 a call's work went on after kubelet gave up and the retry
-/// ran it again: a retry of a publish that outlived its caller publishes
+/// A call's work that goes on after kubelet gave up is not run again by
+/// the retry: a retry of a publish that outlived its caller publishes
 /// in the guest once, joining the first.
 #[test]
 #[ignore = "needs root: make test runs it"]
@@ -312,8 +332,8 @@ fn a_retry_joins_a_publish_that_outlived_its_caller() {
     );
 }
 
-/// On 6ef9837 a call waited for a busy volume's lock past its caller's
-/// deadline, and then did its work for nobody: here another publish (other
+/// A call waits for a busy volume's lock no longer than its caller's
+/// deadline, and does no work once its caller is gone: here another publish (other
 /// parameters) that gave up while the first ran leaves no trace.
 #[test]
 #[ignore = "needs root: make test runs it"]
@@ -348,9 +368,9 @@ fn a_call_whose_caller_gave_up_while_it_waited_does_nothing() {
     assert!(!log[0].ends_with(" ro"), "{log:?}");
 }
 
-/// On 6ef9837 the sandbox's QMP lock was held for up to --unplug-timeout
-/// while the guest was asked to let go of a disk: every other volume of the
-/// sandbox waited. The wait now holds no lock.
+/// While the guest is asked to let go of a disk (up to --unplug-timeout),
+/// no lock of the sandbox is held, so that no other volume of the sandbox
+/// waits.
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn a_guest_slow_to_release_one_disk_stalls_no_other_volume() {

@@ -201,7 +201,13 @@ fn a_group_is_all_or_none_and_thawed_by_its_id() {
     let (c, m) = code(b.k.thaw("a/b"));
     assert_eq!(c, "INVALID_ARGUMENT", "{m}");
 
-    // Bad requests change nothing and ask no guest.
+    bad_freezes_and_thaws_ask_no_guest(&b, &f.freeze_id);
+}
+
+/// Bad requests change nothing and ask no guest; a thaw names a group, or
+/// with force volumes: nothing else (`freeze_id` is one that was issued).
+fn bad_freezes_and_thaws_ask_no_guest(b: &Bed, freeze_id: &str) {
+    let a = b.sb("pod-a");
     let v1 = || b.r(0);
     let long = "x".repeat(129);
     for (refs, timeout, id, want) in [
@@ -252,7 +258,7 @@ fn a_group_is_all_or_none_and_thawed_by_its_id() {
         ),
         (
             pb::RuntimeThawVolumesRequest {
-                freeze_id: f.freeze_id.clone(),
+                freeze_id: freeze_id.to_string(),
                 force: true,
                 ..Default::default()
             },

@@ -103,6 +103,8 @@ pub mod freeze {
 /// The generated code, with the lints it was not written for turned off once.
 #[allow(
     clippy::all,
+    clippy::pedantic,
+    clippy::restriction,
     unused_imports,
     unused_qualifications,
     missing_docs,

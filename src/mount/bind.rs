@@ -175,66 +175,89 @@ fn attach(
     target: &OwnedFd,
     have_setattr: bool,
 ) -> Result<(bool, MountId), Error> {
-    let tname = spec.target_path.display();
     if have_setattr {
-        let tree = rustix::mount::open_tree(
-            source,
-            "",
-            OpenTreeFlags::OPEN_TREE_CLONE
-                | OpenTreeFlags::AT_RECURSIVE
-                | OpenTreeFlags::AT_EMPTY_PATH
-                | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+        attach_detached(spec, source, target)
+    } else {
+        attach_classic(spec, source, target).map(|id| (false, id))
+    }
+}
+
+/// The new mount API: a detached clone of the source, made read-only
+/// (recursively where asked) before anyone can see it, then moved onto the
+/// target. Whether recursive read-only was applied, and the mount's id.
+fn attach_detached(
+    spec: &BindSpec,
+    source: &OwnedFd,
+    target: &OwnedFd,
+) -> Result<(bool, MountId), Error> {
+    let tname = spec.target_path.display();
+    let tree = rustix::mount::open_tree(
+        source,
+        "",
+        OpenTreeFlags::OPEN_TREE_CLONE
+            | OpenTreeFlags::AT_RECURSIVE
+            | OpenTreeFlags::AT_EMPTY_PATH
+            | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+    )
+    .map_err(|e| {
+        SysError::new(
+            "open_tree",
+            spec.source_path.join(spec.subpath).display(),
+            e,
         )
-        .map_err(|e| {
+    })?;
+    let recursive = spec.recursive_read_only != RecursiveReadOnly::Disabled;
+    if spec.read_only {
+        set_read_only(&tree, recursive).map_err(|e| {
             SysError::new(
-                "open_tree",
-                spec.source_path.join(spec.subpath).display(),
+                "mount_setattr",
+                format!("the detached clone for {tname}"),
                 e,
             )
         })?;
-        let recursive = spec.recursive_read_only != RecursiveReadOnly::Disabled;
-        if spec.read_only {
-            let (flags, propagation) = if recursive {
-                (
-                    libc::AT_EMPTY_PATH as u32 | libc::AT_RECURSIVE as u32,
-                    MS_PRIVATE,
-                )
-            } else {
-                (libc::AT_EMPTY_PATH as u32, 0)
-            };
-            let attr = MountAttr {
-                attr_set: MOUNT_ATTR_RDONLY,
-                attr_clr: 0,
-                propagation,
-                userns_fd: 0,
-            };
-            mount_setattr(tree.as_raw_fd(), c"", flags, &attr).map_err(|e| {
-                SysError::new(
-                    "mount_setattr",
-                    format!("the detached clone for {tname}"),
-                    e,
-                )
-            })?;
-        }
-        rustix::mount::move_mount(
-            &tree,
-            "",
-            target,
-            "",
-            MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
-        )
-        .map_err(|e| SysError::new("move_mount", &tname, e))?;
-        // The tree fd now names the attached mount's root.
-        let id = beneath::mount_point(tree.as_fd())
-            .map_err(|e| SysError::new("statx", &tname, e))?
-            .mount_id;
-        return Ok((spec.read_only && recursive, id));
     }
+    rustix::mount::move_mount(
+        &tree,
+        "",
+        target,
+        "",
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
+    )
+    .map_err(|e| SysError::new("move_mount", &tname, e))?;
+    // The tree fd now names the attached mount's root.
+    let id = beneath::mount_point(tree.as_fd())
+        .map_err(|e| SysError::new("statx", &tname, e))?
+        .mount_id;
+    Ok((spec.read_only && recursive, id))
+}
 
-    // Classic path: bind through the fds' magic links, so nothing is
-    // re-resolved by name; then remount the new mount read-only through an
-    // fd of its root. There is a short window in which the target is
-    // writable here; only kernels older than 5.12 take this path.
+/// Makes the detached `tree` read-only: its top mount, or, `recursive`,
+/// every mount in it (and private, so that no propagation adds a writable one).
+fn set_read_only(tree: &OwnedFd, recursive: bool) -> io::Result<()> {
+    let (flags, propagation) = if recursive {
+        (
+            libc::AT_EMPTY_PATH as u32 | libc::AT_RECURSIVE as u32,
+            MS_PRIVATE,
+        )
+    } else {
+        (libc::AT_EMPTY_PATH as u32, 0)
+    };
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY,
+        attr_clr: 0,
+        propagation,
+        userns_fd: 0,
+    };
+    mount_setattr(tree.as_raw_fd(), c"", flags, &attr)
+}
+
+/// Classic path: bind through the fds' magic links, so nothing is
+/// re-resolved by name; then remount the new mount read-only through an
+/// fd of its root. There is a short window in which the target is
+/// writable here; only kernels older than 5.12 take this path. The
+/// mount's id.
+fn attach_classic(spec: &BindSpec, source: &OwnedFd, target: &OwnedFd) -> Result<MountId, Error> {
+    let tname = spec.target_path.display();
     let src = beneath::proc_path(source.as_fd());
     let dst = beneath::proc_path(target.as_fd());
     rustix::mount::mount_bind_recursive(&src, &dst)
@@ -272,7 +295,7 @@ fn attach(
             return Err(SysError::new("mount(MS_REMOUNT|MS_BIND|MS_RDONLY)", &tname, e).into());
         }
     }
-    Ok((false, mp.mount_id))
+    Ok(mp.mount_id)
 }
 
 #[allow(clippy::unnecessary_cast)]

@@ -178,7 +178,7 @@ pub enum VolumeState {
     /// Published: every step done.
     #[default]
     Ready,
-    /// Mounted, its fsGroup walk still running (walking.rs).
+    /// Mounted, its fsGroup walk still running (`walking`).
     Publishing,
 }
 

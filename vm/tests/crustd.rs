@@ -72,6 +72,66 @@ fn guest_sees(vm: &Vm, serial: &str) -> bool {
     }
 }
 
+/// Block mode (volumeMode: Block): the raw device, hot-plugged and
+/// published by the agent as a device, never mounted; unpublished, it
+/// leaves the guest.
+fn a_block_volume_is_published_as_its_device(k: &crustd_ctl::Kubelet, vm: &Vm) {
+    let raw = LoopDisk::new(64, None);
+    let mut b = req(&raw.path(), "", Some(4321));
+    b.block = true;
+    b.mount_options.clear();
+    let pb_ = k.publish(b.clone()).unwrap();
+    assert!(
+        pb_.guest_path.starts_with("/run/crust/volumes/crustd-"),
+        "{pb_:?}"
+    );
+    assert_eq!(k.publish(b).unwrap(), pb_, "idempotent");
+    let (_, raw_total, _) = bytes(&k.stats(SANDBOX, &raw.path()).unwrap()).unwrap();
+    assert_eq!(
+        raw_total,
+        64 << 20,
+        "a block volume's total is its device's size"
+    );
+    let guest = vm
+        .agent()
+        .unwrap()
+        .list_volumes(crust_vm::ctx(Duration::from_secs(30)), &Default::default())
+        .unwrap();
+    let raw_serial = guest
+        .volumes
+        .iter()
+        .find(|v| v.volume_mode == crust_protocols::crust::VolumeMode::BLOCK.into())
+        .expect("the guest lists a BLOCK volume")
+        .serial
+        .clone();
+    k.unpublish(SANDBOX, &raw.path()).unwrap();
+    assert!(
+        !guest_sees(vm, &raw_serial),
+        "the block disk is still in the guest"
+    );
+}
+
+/// Growth end to end: the host grows the loop device, crustd resizes
+/// QEMU's disk and has the agent grow ext4 online (its statfs total was
+/// `total_before`).
+fn grown_online(k: &crustd_ctl::Kubelet, ext4: &LoopDisk, total_before: i64) {
+    let e = ext4.path();
+    ext4.resize(512);
+    let t0 = Instant::now();
+    let cap = k.expand(SANDBOX, &e, 512 << 20).unwrap();
+    eprintln!(
+        "RuntimeExpandVolume ext4 128 -> 512 MiB: {:?}",
+        t0.elapsed()
+    );
+    assert!(cap >= 500 << 20, "{cap}");
+    let (_, e_total1, _) = bytes(&k.stats(SANDBOX, &e).unwrap()).unwrap();
+    assert!(e_total1 > total_before * 3, "{total_before} -> {e_total1}");
+    assert_eq!(
+        code_name(k.expand(SANDBOX, &e, 1 << 30).unwrap_err().code()),
+        "OUT_OF_RANGE"
+    );
+}
+
 #[test]
 #[ignore = "needs a VM: make test-vm runs it"]
 fn kubelet_through_crustd_into_a_real_guest() {
@@ -131,41 +191,7 @@ fn kubelet_through_crustd_into_a_real_guest() {
         .serial
         .clone();
 
-    // Block mode (volumeMode: Block): the raw device, hot-plugged and
-    // published by the agent as a device, never mounted.
-    let raw = LoopDisk::new(64, None);
-    let mut b = req(&raw.path(), "", Some(4321));
-    b.block = true;
-    b.mount_options.clear();
-    let pb_ = k.publish(b.clone()).unwrap();
-    assert!(
-        pb_.guest_path.starts_with("/run/crust/volumes/crustd-"),
-        "{pb_:?}"
-    );
-    assert_eq!(k.publish(b).unwrap(), pb_, "idempotent");
-    let (_, raw_total, _) = bytes(&k.stats(SANDBOX, &raw.path()).unwrap()).unwrap();
-    assert_eq!(
-        raw_total,
-        64 << 20,
-        "a block volume's total is its device's size"
-    );
-    let guest = vm
-        .agent()
-        .unwrap()
-        .list_volumes(crust_vm::ctx(Duration::from_secs(30)), &Default::default())
-        .unwrap();
-    let raw_serial = guest
-        .volumes
-        .iter()
-        .find(|v| v.volume_mode == crust_protocols::crust::VolumeMode::BLOCK.into())
-        .expect("the guest lists a BLOCK volume")
-        .serial
-        .clone();
-    k.unpublish(SANDBOX, &raw.path()).unwrap();
-    assert!(
-        !guest_sees(&vm, &raw_serial),
-        "the block disk is still in the guest"
-    );
+    a_block_volume_is_published_as_its_device(&k, &vm);
 
     let (_, e_total0, _) = bytes(&k.stats(SANDBOX, &e).unwrap()).unwrap();
     let sx = k.stats(SANDBOX, &x).unwrap();
@@ -180,22 +206,7 @@ fn kubelet_through_crustd_into_a_real_guest() {
     let k = d.client();
     assert_eq!(k.publish(req(&e, "ext4", Some(4321))).unwrap(), pe);
 
-    // Growth end to end: the host grows the loop device, crustd resizes
-    // QEMU's disk and has the agent grow ext4 online.
-    ext4.resize(512);
-    let t0 = Instant::now();
-    let cap = k.expand(SANDBOX, &e, 512 << 20).unwrap();
-    eprintln!(
-        "RuntimeExpandVolume ext4 128 -> 512 MiB: {:?}",
-        t0.elapsed()
-    );
-    assert!(cap >= 500 << 20, "{cap}");
-    let (_, e_total1, _) = bytes(&k.stats(SANDBOX, &e).unwrap()).unwrap();
-    assert!(e_total1 > e_total0 * 3, "{e_total0} -> {e_total1}");
-    assert_eq!(
-        code_name(k.expand(SANDBOX, &e, 1 << 30).unwrap_err().code()),
-        "OUT_OF_RANGE"
-    );
+    grown_online(&k, &ext4, e_total0);
 
     // Unpublish xfs: the disk leaves the guest.
     assert!(guest_sees(&vm, &xfs_serial));
@@ -325,6 +336,68 @@ fn df_bytes(p: &std::path::Path) -> u64 {
 /// for left out), `crustd-ctl direct-volume stats` and `resize`, a blank
 /// scratch disk formatted on the host by createFilesystem, unpublish, and
 /// the filesystems clean on the host after.
+/// `kata-runtime direct-volume add`, as Kata's own code files them: `vol`
+/// on the ext4 disk `e` (an fsGroup, an option, an SELinux label the guest
+/// leaves out), `scratch` on the blank disk `b`, to be formatted.
+fn filed_as_kata_files_them(
+    writer: &std::path::Path,
+    r: &str,
+    vol: &str,
+    e: &str,
+    scratch: &str,
+    b: &str,
+) {
+    let label = r#"context="system_u:object_r:container_file_t:s0:c1,c2""#;
+    kata(
+        writer,
+        &[
+            "add",
+            r,
+            vol,
+            e,
+            "ext4",
+            "fsGroup=4321",
+            "-o",
+            "noatime",
+            "-o",
+            label,
+        ],
+    );
+    kata(
+        writer,
+        &["add", r, scratch, b, "ext4", "createFilesystem=true"],
+    );
+}
+
+/// crustd-ctl direct-volume stats and resize, through the sandbox-id file
+/// (`ctl` runs crustd-ctl and reads its JSON).
+fn resized_through_its_record(
+    ctl: &impl Fn(&[&str]) -> serde_json::Value,
+    ext4: &LoopDisk,
+    vol: &str,
+) {
+    let s = ctl(&["direct-volume", "stats", "--volume-path", vol]);
+    let total0 = s["usage"][0]["total"].as_i64().unwrap();
+    assert!(total0 > 100 << 20, "{s}");
+    ext4.resize(512);
+    let t0 = Instant::now();
+    let grown = ctl(&[
+        "direct-volume",
+        "resize",
+        "--volume-path",
+        vol,
+        "--size",
+        &(512u64 << 20).to_string(),
+    ]);
+    eprintln!("direct-volume resize 128 -> 512 MiB: {:?}", t0.elapsed());
+    assert!(
+        grown["capacity_bytes"].as_i64().unwrap() >= 500 << 20,
+        "{grown}"
+    );
+    let s = ctl(&["direct-volume", "stats", "--volume-path", vol]);
+    assert!(s["usage"][0]["total"].as_i64().unwrap() > total0 * 3, "{s}");
+}
+
 #[test]
 #[ignore = "needs a VM: make test-vm runs it"]
 fn a_kata_direct_volume_in_a_real_guest() {
@@ -339,26 +412,7 @@ fn a_kata_direct_volume_in_a_real_guest() {
     let (e, b) = (ext4.path(), blank.path());
     let vol = "/var/lib/kubelet/pods/0f3c-uid/volumes/kubernetes.io~csi/pvc-direct/mount";
     let scratch = "/var/lib/kubelet/pods/0f3c-uid/volumes/kubernetes.io~csi/scratch/mount";
-    let label = r#"context="system_u:object_r:container_file_t:s0:c1,c2""#;
-    kata(
-        &writer,
-        &[
-            "add",
-            r,
-            vol,
-            &e,
-            "ext4",
-            "fsGroup=4321",
-            "-o",
-            "noatime",
-            "-o",
-            label,
-        ],
-    );
-    kata(
-        &writer,
-        &["add", r, scratch, &b, "ext4", "createFilesystem=true"],
-    );
+    filed_as_kata_files_them(&writer, r, vol, &e, scratch, &b);
 
     let opts = options(&reg.join(SB));
     let mut vm = Vm::up(opts).expect("the VM boots and the agent answers");
@@ -399,27 +453,7 @@ fn a_kata_direct_volume_in_a_real_guest() {
         "the guest's log does not say the context option was left out"
     );
 
-    // crustd-ctl direct-volume stats and resize, through the sandbox-id file.
-    let s = ctl(&["direct-volume", "stats", "--volume-path", vol]);
-    let total0 = s["usage"][0]["total"].as_i64().unwrap();
-    assert!(total0 > 100 << 20, "{s}");
-    ext4.resize(512);
-    let t0 = Instant::now();
-    let grown = ctl(&[
-        "direct-volume",
-        "resize",
-        "--volume-path",
-        vol,
-        "--size",
-        &(512u64 << 20).to_string(),
-    ]);
-    eprintln!("direct-volume resize 128 -> 512 MiB: {:?}", t0.elapsed());
-    assert!(
-        grown["capacity_bytes"].as_i64().unwrap() >= 500 << 20,
-        "{grown}"
-    );
-    let s = ctl(&["direct-volume", "stats", "--volume-path", vol]);
-    assert!(s["usage"][0]["total"].as_i64().unwrap() > total0 * 3, "{s}");
+    resized_through_its_record(&ctl, &ext4, vol);
 
     // A blank scratch disk: formatted on the host, then mounted in the guest.
     let t0 = Instant::now();

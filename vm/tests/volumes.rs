@@ -14,6 +14,7 @@ use crust_protocols::ttrpc;
 use crust_testkit::agent::code;
 use crust_testkit::run;
 use crust_testkit::vm::{boot, ctx, publish};
+use crust_vm::Vm;
 
 /// A formatted image with some foreign-owned content, made on the host.
 fn image(dir: &Path, name: &str, fs: &str, mib: u64) -> PathBuf {
@@ -236,18 +237,9 @@ fn sha256_prefix(img: &Path, bytes: u64) -> String {
     out.split_whitespace().next().unwrap().to_string()
 }
 
-/// Block volumes (KEP-565) in the guest, then a filesystem's disk pulled
-/// out, on one VM: publish BLOCK by serial before and after the hot-plug,
-/// list, stats, a bind onto a file, growth after block_resize, a read-only
-/// publish whose flag the host sees (BLKROGET), unpublish, and a block
-/// volume's disk unplugged while published. The image is checked on the
-/// host: the agent never wrote a byte of it. Pulling a mounted filesystem's
-/// disk turns its condition abnormal too, and the agent keeps serving.
-#[test]
-#[ignore = "needs a VM: make test-vm runs it"]
-fn block_volumes_and_hot_unplug_in_a_real_guest() {
-    let tmp = tempfile::tempdir().unwrap();
-    let raw = tmp.path().join("raw.img");
+/// A 64 MiB image whose first 8 MiB are random, in `dir`.
+fn random_image(dir: &Path) -> PathBuf {
+    let raw = dir.join("raw.img");
     std::fs::File::create(&raw)
         .unwrap()
         .set_len(64 << 20)
@@ -263,19 +255,19 @@ fn block_volumes_and_hot_unplug_in_a_real_guest() {
             "status=none",
         ],
     );
-    let original = sha256_prefix(&raw, 64 << 20);
-    let img = image(tmp.path(), "gone.img", "ext4", 64);
-    let mut vm = boot(tmp.path());
-    let c = vm.agent().unwrap();
+    raw
+}
 
-    // Published by serial while the disk is not there yet.
+/// A BLOCK publish by serial, sent before the disk `raw` is plugged,
+/// completes once it arrives; listed and its stats are the device's.
+fn published_by_serial_before_it_is_plugged(vm: &mut Vm, c: &AgentClient, raw: &Path) {
     let waiting = {
         let c = vm.agent().unwrap();
         std::thread::spawn(move || block_publish(&c, "raw", "ser-raw", false))
     };
     std::thread::sleep(Duration::from_millis(500));
     let plugged = Instant::now();
-    vm.hotplug(&raw, "ser-raw", false).unwrap();
+    vm.hotplug(raw, "ser-raw", false).unwrap();
     let r = waiting
         .join()
         .unwrap()
@@ -289,16 +281,36 @@ fn block_volumes_and_hot_unplug_in_a_real_guest() {
         r.device.starts_with("/dev/vd") && r.ownership.is_none(),
         "{r:?}"
     );
-    let v = listed(&c, "raw");
+    let v = listed(c, "raw");
     assert_eq!(v.volume_mode, pb::VolumeMode::BLOCK.into());
     assert_eq!(
         (v.fs_type.as_str(), v.read_only, v.device_bytes),
         ("", false, 64 << 20)
     );
-    let s = stats(&c, "raw");
+    let s = stats(c, "raw");
     assert_eq!(s.usage.len(), 1);
     assert_eq!((s.usage[0].total, s.usage[0].used), (64 << 20, 0));
     assert!(!s.condition.abnormal, "{:?}", s.condition);
+}
+
+/// Block volumes (KEP-565) in the guest, then a filesystem's disk pulled
+/// out, on one VM: publish BLOCK by serial before and after the hot-plug,
+/// list, stats, a bind onto a file, growth after block_resize, a read-only
+/// publish whose flag the host sees (BLKROGET), unpublish, and a block
+/// volume's disk unplugged while published. The image is checked on the
+/// host: the agent never wrote a byte of it. Pulling a mounted filesystem's
+/// disk turns its condition abnormal too, and the agent keeps serving.
+#[test]
+#[ignore = "needs a VM: make test-vm runs it"]
+fn block_volumes_and_hot_unplug_in_a_real_guest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let raw = random_image(tmp.path());
+    let original = sha256_prefix(&raw, 64 << 20);
+    let img = image(tmp.path(), "gone.img", "ext4", 64);
+    let mut vm = boot(tmp.path());
+    let c = vm.agent().unwrap();
+
+    published_by_serial_before_it_is_plugged(&mut vm, &c, &raw);
 
     let mut b = pb::BindMountRequest::new();
     b.volume_id = "raw".into();

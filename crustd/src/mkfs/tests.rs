@@ -74,10 +74,10 @@ fn refused(d: &LoopDisk, fs: &str) -> Error {
     e
 }
 
-/// Issue 21, defect 1: an ext4 (or xfs) at 1 MiB, the usual first
-/// partition, on a disk whose partition table sector was lost: its first
-/// and last MiB are zeros and `blkid -p` finds nothing at offset 0, and
-/// 6ef9837 formatted it.
+/// An ext4 (or xfs) at 1 MiB, the usual first partition, on a disk whose
+/// partition table sector was lost: its first and last MiB are zeros and
+/// `blkid -p` finds nothing at offset 0, so a check of offset 0 and both
+/// ends alone would format it.
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn a_file_system_at_one_mib_behind_zeros_is_refused_and_left_as_it_is() {
@@ -86,7 +86,7 @@ fn a_file_system_at_one_mib_behind_zeros_is_refused_and_left_as_it_is() {
         let d = LoopDisk::new(400, None);
         fs_at(&d, fs, 1 << 20, 320);
         let before = image(&d);
-        // What 6ef9837 looked at: nothing at offset 0, zeros at both ends.
+        // What a check of offset 0 and both ends sees: nothing, and zeros.
         let blkid = std::process::Command::new("blkid")
             .args(["-p", &d.path()])
             .output()
