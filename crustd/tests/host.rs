@@ -3,7 +3,7 @@
 //! fake QEMU monitor and a fake agent, tests/fakes) with loop devices as host
 //! volumes: what is plugged and unplugged, idempotency, restarts, the error
 //! codes, undoing a half-done publish, and what runs at once. Needs root
-//! (loop devices); the same calls against a real VM are in tests/vm.rs.
+//! (loop devices); the same calls against a real VM are in vm/tests/crustd.rs.
 
 mod fakes;
 

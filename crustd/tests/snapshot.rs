@@ -5,7 +5,7 @@
 //! the guests and on the host), an unpublish, a forced thaw or its caller
 //! going away, and every path that ends it names its id. Also
 //! RuntimeTrimVolume and RuntimeGetVolumeHealth. Needs root (loop
-//! devices); the same calls against real guests are in tests/vm.rs.
+//! devices); the same calls against real guests are in vm/tests/crustd.rs.
 
 mod fakes;
 
