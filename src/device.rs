@@ -340,7 +340,7 @@ mod tests {
     use super::*;
     use crate::code::Code;
     use crate::model::Extent;
-    use crate::testutil::{root_or_skip, run, LoopDisk};
+    use crust_testkit::{needs, run, LoopDisk};
 
     #[test]
     fn parses_devnums_and_paths() {
@@ -511,10 +511,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn the_extent_of_a_real_partition_is_on_its_loop_disk() {
-        if !root_or_skip("the_extent_of_a_real_partition_is_on_its_loop_disk") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(16, None);
         let part = from_path(&Sysfs::system(), &disk.add_partition()).unwrap();
         let whole = from_path(&Sysfs::system(), &disk.device).unwrap();
@@ -580,10 +579,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn finds_a_disk_listed_at_start() {
-        if !root_or_skip("finds_a_disk_listed_at_start") {
-            return;
-        }
+        needs::loop_devices();
         let t = FakeTree::new();
         t.add("vdb", "vol-a", (7, 200), Some((7, 200)));
         t.add("vdc", "vol-b", (7, 201), Some((7, 201)));
@@ -609,10 +607,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn trims_serials_padded_with_nuls() {
-        if !root_or_skip("trims_serials_padded_with_nuls") {
-            return;
-        }
+        needs::loop_devices();
         let t = FakeTree::new();
         t.add("vdd", "vol-pad", (7, 210), Some((7, 210)));
         fs::write(t.sysfs.sys_block.join("vdd/serial"), b"vol-pad \0\0\0\n").unwrap();
@@ -639,10 +636,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn waits_for_a_disk_that_appears_later() {
-        if !root_or_skip("waits_for_a_disk_that_appears_later") {
-            return;
-        }
+        needs::loop_devices();
         let t = FakeTree::new();
         let sysfs = t.sysfs.clone();
         let adder = std::thread::spawn(move || {
@@ -705,10 +701,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn refuses_a_node_of_another_device() {
-        if !root_or_skip("refuses_a_node_of_another_device") {
-            return;
-        }
+        needs::loop_devices();
         let t = FakeTree::new();
         t.add("vdh", "vol-wrong", (7, 250), Some((7, 251)));
         let e = find_by_serial(
@@ -755,10 +750,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn takes_a_real_loop_device_by_path() {
-        if !root_or_skip("takes_a_real_loop_device_by_path") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(16, None);
         let dev = from_path(&Sysfs::system(), &disk.device).unwrap();
         assert_eq!(dev.name, disk.name());
@@ -775,10 +769,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn refuses_paths_that_are_not_block_devices_under_dev() {
-        if !root_or_skip("refuses_paths_that_are_not_block_devices_under_dev") {
-            return;
-        }
+        needs::loop_devices();
         let dir = tempfile::tempdir().unwrap();
         let outside = dir.path().join("disk.img");
         fs::write(&outside, b"x").unwrap();
@@ -805,10 +798,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn sizes_and_waits_for_growth() {
-        if !root_or_skip("sizes_and_waits_for_growth") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(32, None);
         let dev = from_path(&Sysfs::system(), &disk.device).unwrap();
         let sysfs = Sysfs::system();
@@ -872,10 +864,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn a_partition_given_by_path_is_present() {
-        if !root_or_skip("a_partition_given_by_path_is_present") {
-            return;
-        }
+        needs::loop_devices();
         // /sys/block lists whole disks only; a partition is found through /sys/dev/block.
         let disk = LoopDisk::new(16, None);
         let part = disk.add_partition();

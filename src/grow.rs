@@ -585,7 +585,7 @@ mod tests {
     use crate::code::Code;
     use crate::model::testdisk::AgentDevice;
     use crate::sys::blockdev;
-    use crate::testutil::{root_or_skip, run, LoopDisk, Mounted};
+    use crust_testkit::{needs, run, LoopDisk, Mounted};
     use std::os::fd::{AsFd, OwnedFd};
     use std::time::Duration;
 
@@ -663,10 +663,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn grows_xfs_online() {
-        if !root_or_skip("grows_xfs_online") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(300, Some("xfs"));
         let m = Mounted::new(&disk.device, "xfs", "");
         let dev = disk.agent_device();
@@ -743,10 +742,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn a_disk_that_shrank_under_its_filesystem_is_out_of_range() {
-        if !root_or_skip("a_disk_that_shrank_under_its_filesystem_is_out_of_range") {
-            return;
-        }
+        needs::loop_devices();
         for (fs, mb) in [(FsType::Ext4, 64u64), (FsType::Xfs, 320)] {
             let disk = LoopDisk::new(mb, Some(fs.name()));
             let m = Mounted::as_the_agent(&disk.device, fs.name());
@@ -783,10 +781,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn refuses_read_only_and_wrong_filesystems() {
-        if !root_or_skip("refuses_read_only_and_wrong_filesystems") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(300, Some("xfs"));
         let m = Mounted::new(&disk.device, "xfs", "ro");
         let dev = disk.agent_device();
@@ -836,10 +833,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn grows_ext4_or_says_which_capability_is_missing() {
-        if !root_or_skip("grows_ext4_or_says_which_capability_is_missing") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(64, Some("ext4"));
         let m = Mounted::new(&disk.device, "ext4", "");
         let dev = disk.agent_device();
@@ -905,10 +901,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn reads_ext4_sizes_like_e2fsprogs() {
-        if !root_or_skip("reads_ext4_sizes_like_e2fsprogs") {
-            return;
-        }
+        needs::loop_devices();
         // 1 KiB blocks below 512 MiB, 4 KiB above; the 64bit feature on both.
         for mb in [100, 700] {
             let disk = LoopDisk::new(mb, Some("ext4"));
@@ -923,10 +918,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn refuses_an_ext4_with_errors() {
-        if !root_or_skip("refuses_an_ext4_with_errors") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(64, Some("ext4"));
         let m = Mounted::new(&disk.device, "ext4", "errors=continue");
         let dev = disk.agent_device();

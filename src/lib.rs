@@ -32,9 +32,6 @@
 //! holds no items and imports nothing, so no child can close a circle
 //! through its parent.
 
-// The shared test fixtures name this crate as the integration tests do.
-extern crate self as crust_agent;
-
 pub mod cancel;
 pub mod code;
 pub mod device;
@@ -59,10 +56,5 @@ pub mod stats;
 pub mod superblock;
 pub mod sys;
 pub mod system;
-/// Loop devices and mkfs'd filesystems for the unit tests, shared with the
-/// host and VM tests. Test-only: the agent itself never runs a program.
-#[cfg(test)]
-#[path = "../tests/fixtures/disks.rs"]
-pub(crate) mod testutil;
 pub mod validate;
 pub mod volumes;

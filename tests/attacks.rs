@@ -45,10 +45,9 @@ fn assert_clean(rig: &Rig, when: &str, c: &AgentClient, disks: &[Disk], ids: &[&
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_symlink_at_the_guest_path_does_not_lead_outside() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = disk_with_tree(64, "ext4", 20);
     let d = Disk::of(&disk, "ext4");
     let mut rig = Rig::new();
@@ -84,10 +83,9 @@ fn a_symlink_at_the_guest_path_does_not_lead_outside() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn unpublish_through_a_parent_swapped_for_a_symlink_deletes_nothing_outside() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (_disk, d, mut rig) = scene("atk-swap");
     let c = rig.client();
     let pod = rig.root.join("pods/p");
@@ -139,10 +137,9 @@ fn unpublish_through_a_parent_swapped_for_a_symlink_deletes_nothing_outside() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn unmount_through_an_overmounted_parent_unmounts_nothing_outside() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (_disk, d, mut rig) = scene("atk-over");
     let c = rig.client();
     // The bind's last component is named like the sentinel's own mount.
@@ -191,10 +188,9 @@ fn unmount_through_an_overmounted_parent_unmounts_nothing_outside() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_root_through_a_symlinked_parent_really_unmounts() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = disk_with_tree(64, "ext4", 0);
     let d = Disk::of(&disk, "ext4");
     let mut rig = Rig::with_root(|w| {
@@ -252,10 +248,9 @@ fn a_root_through_a_symlinked_parent_really_unmounts() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn two_volumes_racing_for_one_target_never_both_win() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (_a, da, rig) = scene("atk-ra");
     let b = disk_with_tree(64, "ext4", 0);
     let db = Disk::of(&b, "ext4");
@@ -324,10 +319,9 @@ fn two_volumes_racing_for_one_target_never_both_win() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_bind_removed_behind_the_agents_back_is_not_already_mounted() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (_disk, d, rig) = scene("atk-stale");
     let c = rig.client();
     let t = rig.root.join("pods/stale");
@@ -354,10 +348,9 @@ fn a_bind_removed_behind_the_agents_back_is_not_already_mounted() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn unmount_of_a_mount_the_agent_did_not_make_is_refused() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let mut rig = Rig::new();
     rig.start();
     let c = rig.client();
@@ -389,10 +382,9 @@ fn unmount_of_a_mount_the_agent_did_not_make_is_refused() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_bind_target_inside_another_volumes_bind_is_refused() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (_a, da, rig) = scene("atk-outer");
     let b = disk_with_tree(64, "ext4", 0);
     let db = Disk::of(&b, "ext4");
@@ -433,10 +425,9 @@ fn long_target(root: &Path, len: usize) -> PathBuf {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn bind_targets_longer_than_path_max_are_invalid() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (_disk, d, rig) = scene("atk-long");
     let c = rig.client();
     let mut bad = Vec::new();
@@ -476,10 +467,9 @@ fn bind_targets_longer_than_path_max_are_invalid() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn errors_panic_is_refused() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = disk_with_tree(64, "ext4", 0);
     let d = Disk::of(&disk, "ext4");
     let mut rig = Rig::new();
@@ -520,10 +510,9 @@ fn edit_state(rig: &Rig, from: &str, to: &str) -> usize {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_state_file_naming_a_target_outside_the_root_is_not_trusted() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (_disk, d, mut rig) = scene("atk-state");
     let c = rig.client();
     let t = rig.root.join("pods/s");
@@ -585,10 +574,9 @@ fn a_state_file_naming_a_target_outside_the_root_is_not_trusted() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn an_undecodable_state_file_leaves_the_volume_manageable() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (_disk, d, mut rig) = scene("atk-garbled");
     let c = rig.client();
     c.bind_mount(ctx(), &rw_bind("atk-garbled", &rig.root.join("pods/g")))
@@ -635,10 +623,9 @@ fn mounts_of_disk(d: &Disk) -> Vec<String> {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_bind_moved_by_renaming_its_parent_is_taken_down() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (_disk, d, rig) = scene("atk-moved");
     let c = rig.client();
     let (p, q) = (rig.root.join("pods/p"), rig.root.join("pods/q"));
@@ -672,8 +659,10 @@ fn a_bind_moved_by_renaming_its_parent_is_taken_down() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_bind_moved_under_a_name_that_is_not_utf8_is_taken_down() {
-    if !privileged() || !own_mount_namespace() {
+    needs::loop_devices_and_mkfs();
+    if !own_mount_namespace() {
         return;
     }
     use std::os::unix::ffi::OsStrExt;
@@ -734,8 +723,10 @@ fn a_bind_moved_under_a_name_that_is_not_utf8_is_taken_down() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_foreign_mount_whose_path_is_not_utf8_breaks_nothing() {
-    if !privileged() || !own_mount_namespace() {
+    needs::loop_devices_and_mkfs();
+    if !own_mount_namespace() {
         return;
     }
     use std::os::unix::ffi::OsStrExt;
@@ -856,10 +847,9 @@ fn never_both_win_a_race(rig: &Rig, c: &AgentClient, disks: &[Disk; 2]) {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_disk_and_its_partition_are_never_both_published() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(64, None);
     let part = disk.add_partition();
     run("mkfs.ext4", &["-q", "-F", part.to_str().unwrap()]);
@@ -1034,10 +1024,9 @@ fn comes_up_on_a_full_state(
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_full_state_filesystem_changes_nothing_and_the_agent_still_starts() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (d1, d2, d3) = (
         disk_with_tree(64, "ext4", 0),
         disk_with_tree(64, "ext4", 0),

@@ -201,12 +201,11 @@ fn writes_that_got_through(path: &Path) -> Vec<String> {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_read_only_bind_of_a_device_node_does_not_stop_writes() {
     // The premise of BLKROSET: the kernel checks a mount's read-only flag
     // for files, directories and symlinks, not for device nodes.
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let d = raw_disk(8);
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("node");
@@ -227,10 +226,9 @@ fn a_read_only_bind_of_a_device_node_does_not_stop_writes() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn block_volume_publish_bind_write_stats_expand_unpublish() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     let caps = c
@@ -336,10 +334,9 @@ fn block_volume_publish_bind_write_stats_expand_unpublish() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_read_only_block_volume_refuses_every_write_and_is_left_byte_identical() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     let d = raw_disk(16);
@@ -501,10 +498,9 @@ fn refused_binds(root: &Path, t: &Path) -> Vec<(&'static str, pb::BindMountReque
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn block_refusals_have_their_codes_and_change_nothing() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     let raw = raw_disk(16);
@@ -550,10 +546,9 @@ fn block_refusals_have_their_codes_and_change_nothing() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn block_condition_sees_a_removed_bind_and_a_flag_set_behind_the_agents_back() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     let d = raw_disk(16);
@@ -595,10 +590,9 @@ fn block_condition_sees_a_removed_bind_and_a_flag_set_behind_the_agents_back() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn block_volumes_come_back_after_a_restart_and_go_at_shutdown() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     let ro = raw_disk(16);
@@ -666,10 +660,9 @@ fn block_volumes_come_back_after_a_restart_and_go_at_shutdown() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_block_bind_no_record_explains_is_taken_down_at_start() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     let d = raw_disk(16);

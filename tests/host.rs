@@ -12,7 +12,10 @@ use crust_protocols::crust_ttrpc::AgentClient;
 use support::*;
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn serves_the_basic_calls() {
+    // Recursive read-only is offered only where the agent can make mounts.
+    needs::root();
     let a = Agent::start();
     let c = a.client();
     let caps = c
@@ -339,10 +342,9 @@ fn unpublished_and_read_back(c: &AgentClient, disk: &LoopDisk, id: &str, target:
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn publish_fsgroup_stats_bind_unpublish_ext4_and_xfs() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     for fs in ["ext4", "xfs"] {
         let disk = LoopDisk::new(300, Some(fs));
         foreign_content(&disk);
@@ -357,10 +359,9 @@ fn publish_fsgroup_stats_bind_unpublish_ext4_and_xfs() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn error_codes_have_their_triggers() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     let blank = LoopDisk::new(64, None);
@@ -503,10 +504,9 @@ fn errors_of_published_volumes(a: &Agent, c: &AgentClient, ext4: &LoopDisk) {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn growth_xfs_for_real_ext4_by_capability() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     let xfs = LoopDisk::new(300, Some("xfs"));
@@ -575,10 +575,9 @@ fn growth_xfs_for_real_ext4_by_capability() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn recursive_read_only_makes_the_difference() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     let disk = LoopDisk::new(64, Some("ext4"));
@@ -638,10 +637,9 @@ fn recursive_read_only_makes_the_difference() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn restart_after_kill_takes_the_volumes_back() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(300, Some("xfs"));
     let a = Agent::start();
     let c = a.client();
@@ -691,10 +689,9 @@ fn restart_after_kill_takes_the_volumes_back() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn concurrent_publish_of_one_id_mounts_once() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(64, Some("ext4"));
     let a = Agent::start();
     let addr = a.addr();
@@ -715,10 +712,9 @@ fn concurrent_publish_of_one_id_mounts_once() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn stats_condition_turns_abnormal() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     let stats = |id: &str| {
@@ -759,10 +755,9 @@ fn stats_condition_turns_abnormal() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn sigterm_unmounts_and_exits() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(64, Some("ext4"));
     let mut a = Agent::start();
     a.client()
@@ -791,10 +786,9 @@ fn sigterm_unmounts_and_exits() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn an_ro_option_makes_the_volume_read_only() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(64, Some("ext4"));
     let a = Agent::start();
     let c = a.client();
@@ -825,10 +819,9 @@ fn an_ro_option_makes_the_volume_read_only() {
 /// answer and the log: mount(2) would refuse them (no security module
 /// claims `context=`), and so would the publish.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn selinux_context_options_are_left_out_without_selinux() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     if crust_agent::sys::sysfs::Sysfs::system().selinux_enabled() {
         // Then they go to the kernel as given (src/mount/selinux.rs's tests).
         eprintln!("this host has SELinux: the options would be passed through, not left out");

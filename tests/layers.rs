@@ -1,7 +1,7 @@
 //! The house rules clippy cannot check, checked by reading the source. For
 //! every crate of the workspace (the agent's `src/`, crustd, crust-client,
-//! crust-vm, crustd-ctl, crust-protocols, the bench, crust-fuzz) and for
-//! their integration tests:
+//! crust-vm, crustd-ctl, crust-protocols, the bench, crust-fuzz, the test
+//! kit) and for their integration tests:
 //!
 //! - no import cycle among files: an edge runs from file A to file B when A
 //!   names (by `use` or by a path, `crate::`, `super::`, `self::`,
@@ -123,6 +123,14 @@ const CRATES: &[Spec] = &[
         root_dirs: &[],
         tests: false,
         manifest: "bench/Cargo.toml",
+    },
+    Spec {
+        name: "crust_testkit",
+        dir: "testkit/src",
+        roots: &[("lib.rs", "")],
+        root_dirs: &[],
+        tests: false,
+        manifest: "testkit/Cargo.toml",
     },
     Spec {
         name: "crust_fuzz",
@@ -1096,6 +1104,7 @@ fn no_file_imports_in_a_circle() {
 
 #[test]
 fn layers_use_only_what_is_below_them() {
+    print_map();
     let (krate, g) = graph();
     let mut report = String::new();
     for (from, es) in &g {
@@ -1291,10 +1300,12 @@ fn a_planted_cycle_is_found() {
     assert_eq!(in_crate(planted(tests.path(), &[], true), cycle_report), "");
 }
 
-/// Prints every crate's graph (cargo test --test layers -- --ignored --nocapture map).
-#[test]
-#[ignore]
-fn map() {
+/// Prints every crate's graph, file by file, when `CRUST_LAYERS_MAP` is set
+/// (`CRUST_LAYERS_MAP=1 cargo test --test layers layers_use -- --nocapture`).
+fn print_map() {
+    if std::env::var_os("CRUST_LAYERS_MAP").is_none() {
+        return;
+    }
     for c in CRATES {
         in_crate(c, || {
             let (_, g) = graph();

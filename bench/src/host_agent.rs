@@ -935,28 +935,6 @@ mod tests {
         assert!(!stripped);
     }
 
-    /// A diagnostic, not part of the report: RSS of the release agent every
-    /// 10,000 GetCapabilities calls over one connection, to tell a leak
-    /// (steady growth) from warm-up. Root not needed.
-    /// `cargo test -p crust-bench -- --ignored rss_trend --nocapture`
-    #[test]
-    #[ignore]
-    fn rss_trend() {
-        let work = std::env::temp_dir().join(format!("crust-bench-rss-{}", std::process::id()));
-        fs::create_dir_all(&work).unwrap();
-        let (agent, _) = spawn_agent(&work, "trend").unwrap();
-        let c = client(&agent.sock).unwrap();
-        let mut rss = vec![sys::vm_rss(agent.pid()).unwrap()];
-        for _ in 0..10 {
-            capability_round_trips(&c, 10_000).unwrap();
-            rss.push(sys::vm_rss(agent.pid()).unwrap());
-        }
-        let kib: Vec<u64> = rss.iter().map(|b| b / 1024).collect();
-        eprintln!("VmRSS KiB every 10,000 calls: {kib:?}");
-        drop(agent);
-        fs::remove_dir_all(&work).unwrap();
-    }
-
     #[test]
     fn rejects_non_elf() {
         let p = std::env::temp_dir().join(format!("crust-bench-notelf-{}", std::process::id()));

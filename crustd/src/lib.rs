@@ -52,11 +52,6 @@ pub mod service;
 pub mod state;
 pub mod volumes;
 
-/// Loop devices and mounts for the unit tests (the fixtures the agent's tests share).
-#[cfg(test)]
-#[path = "../../tests/fixtures/disks.rs"]
-pub(crate) mod disks;
-
 /// The generated crust.runtime.v1alpha1 messages and server stubs.
 #[allow(clippy::all, clippy::pedantic, clippy::restriction, missing_docs)]
 pub mod pb {

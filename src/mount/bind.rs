@@ -349,8 +349,8 @@ mod tests {
     use crate::mount::testkit::{dir_fd, entry, is_erofs, loop_disk, mounted_under, write};
     use crate::mount::unmount::tests::mount_at;
     use crate::mount::unmount::{remove_node, unmount_tree, Expect};
-    use crate::testutil::root_or_skip;
-    use crate::testutil::LoopDisk;
+    use crust_testkit::needs;
+    use crust_testkit::LoopDisk;
 
     /// A mounted ext4 volume with files, a tmpfs submount at `sub`, and an agent root.
     struct Fixture {
@@ -414,10 +414,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn binds_root_and_subpath_writable_and_read_only() {
-        if !root_or_skip("binds_root_and_subpath_writable_and_read_only") {
-            return;
-        }
+        needs::loop_devices();
         let f = fixture();
         let t1 = f.root.join("binds/one");
         let out = f
@@ -459,10 +458,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn recursive_read_only_makes_the_difference() {
-        if !root_or_skip("recursive_read_only_makes_the_difference") {
-            return;
-        }
+        needs::loop_devices();
         let f = fixture();
         let t = f.root.join("rro");
 
@@ -505,10 +503,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn classic_path_without_mount_setattr() {
-        if !root_or_skip("classic_path_without_mount_setattr") {
-            return;
-        }
+        needs::loop_devices();
         let f = fixture();
         let t = f.root.join("classic");
         // Enabled needs mount_setattr: refused, nothing mounted, nothing created.
@@ -536,10 +533,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn subpath_escapes_are_refused() {
-        if !root_or_skip("subpath_escapes_are_refused") {
-            return;
-        }
+        needs::loop_devices();
         let f = fixture();
         std::os::unix::fs::symlink("../../etc", f.vol.join("data/up")).unwrap();
         std::os::unix::fs::symlink("/etc", f.vol.join("abs")).unwrap();
@@ -576,10 +572,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn target_escapes_are_refused() {
-        if !root_or_skip("target_escapes_are_refused") {
-            return;
-        }
+        needs::loop_devices();
         let f = fixture();
         let outside = f.disk.scratch("outside");
         std::os::unix::fs::symlink(&outside, f.root.join("abs")).unwrap();
@@ -609,10 +604,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn binds_a_file_onto_a_new_file() {
-        if !root_or_skip("binds_a_file_onto_a_new_file") {
-            return;
-        }
+        needs::loop_devices();
         let f = fixture();
         let t = f.root.join("files/f");
         let out = f

@@ -791,7 +791,7 @@ mod tests {
     use crate::ownership::rules::{PERM_BITS, RW, S_ISGID, X};
     use std::os::unix::fs::{lchown, symlink, MetadataExt, PermissionsExt};
 
-    use crate::testutil::{root_only_or_skip, root_or_skip, LoopDisk, Mounted};
+    use crust_testkit::{needs, LoopDisk, Mounted};
 
     const GID: u32 = 4321;
 
@@ -819,11 +819,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn a_directory_larger_than_a_chunk_is_read_in_chunks_and_walked_whole() {
-        if !root_only_or_skip("a_directory_larger_than_a_chunk_is_read_in_chunks_and_walked_whole")
-        {
-            return;
-        }
+        needs::root();
         let t = Tmpfs::new();
         let files = 2 * CHUNK + 777;
         for (name, limits) in [
@@ -1032,10 +1030,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn walks_a_tmpdir() {
-        if !root_only_or_skip("walks_a_tmpdir") {
-            return;
-        }
+        needs::root();
         let d = tempfile::tempdir().unwrap();
         let root = d.path().join("vol");
         fs::create_dir(&root).unwrap();
@@ -1043,10 +1040,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn walks_a_loop_ext4() {
-        if !root_or_skip("walks_a_loop_ext4") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(64, Some("ext4"));
         let mnt = Mounted::new(&disk.device, "ext4", "");
         let root = mnt.path.join("vol");
@@ -1071,10 +1067,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn splits_a_big_directory_into_batches() {
-        if !root_only_or_skip("splits_a_big_directory_into_batches") {
-            return;
-        }
+        needs::root();
         let d = tempfile::tempdir().unwrap();
         let n = BATCH * 4 + 17;
         for i in 0..n {
@@ -1093,10 +1088,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn reports_progress_without_changing_the_result() {
-        if !root_only_or_skip("reports_progress_without_changing_the_result") {
-            return;
-        }
+        needs::root();
         let d = tempfile::tempdir().unwrap();
         let (a, b) = twins(d.path(), |t| bench_tree(t, 5000));
         let every = Duration::from_millis(1);
@@ -1251,10 +1245,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn parallel_walk_matches_the_serial_reference() {
-        if !root_only_or_skip("parallel_walk_matches_the_serial_reference") {
-            return;
-        }
+        needs::root();
         let d = tempfile::tempdir().unwrap();
         let (a, b) = twins(d.path(), |t| random_tree(t, 7, 600));
         assert_eq!(snapshot(&a), snapshot(&b));
@@ -1274,10 +1267,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn the_walk_before_fchmodat2_matches_the_serial_reference() {
-        if !root_only_or_skip("the_walk_before_fchmodat2_matches_the_serial_reference") {
-            return;
-        }
+        needs::root();
         // What the walk does on the 6.1 guest. (Once set, other tests' walks
         // in this process take that way too, which is just as right.)
         NO_FCHMODAT2.store(true, Ordering::Relaxed);
@@ -1310,13 +1302,11 @@ mod tests {
     }
 
     /// Parallel walk against the serial kubelet-style walk on a loop ext4.
-    /// `CRUST_BENCH_ENTRIES=100000 cargo test --release --lib ownership::tests::bench -- --ignored --nocapture`
+    /// `CRUST_BENCH_ENTRIES=100000 cargo test --release --lib ownership::walk::tests::bench -- --ignored --nocapture`
     #[test]
-    #[ignore]
+    #[ignore = "needs root: make test runs it"]
     fn bench_against_serial_kubelet_walk() {
-        if !root_or_skip("bench_against_serial_kubelet_walk") {
-            return;
-        }
+        needs::loop_devices();
         let entries: usize = std::env::var("CRUST_BENCH_ENTRIES")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -1581,10 +1571,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn depth_and_path_length_do_not_matter() {
-        if !root_only_or_skip("depth_and_path_length_do_not_matter") {
-            return;
-        }
+        needs::root();
         let t = Tmpfs::new();
         let root = t.path().join("vol");
         fs::create_dir(&root).unwrap();
@@ -1614,10 +1603,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn a_deep_comb_stays_within_the_fd_budget() {
-        if !root_only_or_skip("a_deep_comb_stays_within_the_fd_budget") {
-            return;
-        }
+        needs::root();
         let t = Tmpfs::new();
         let root = t.path().join("vol");
         fs::create_dir(&root).unwrap();
@@ -1661,10 +1649,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn a_directory_moved_during_a_lone_walk_is_found_again() {
-        if !root_only_or_skip("a_directory_moved_during_a_lone_walk_is_found_again") {
-            return;
-        }
+        needs::root();
         let t = Tmpfs::new();
         let root = t.path().join("vol");
         fs::create_dir(&root).unwrap();
@@ -1699,10 +1686,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn a_directory_swapped_for_a_symlink_is_not_followed() {
-        if !root_only_or_skip("a_directory_swapped_for_a_symlink_is_not_followed") {
-            return;
-        }
+        needs::root();
         let t = Tmpfs::new();
         let root = t.path().join("vol");
         let outside = t.path().join("outside");
@@ -1739,10 +1725,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn stops_within_a_second_of_a_token_firing() {
-        if !root_only_or_skip("stops_within_a_second_of_a_token_firing") {
-            return;
-        }
+        needs::root();
         let t = Tmpfs::new();
         let wide = t.path().join("wide");
         let comb = t.path().join("comb");
@@ -1796,10 +1781,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn helper_threads_are_capped_across_walks() {
-        if !root_only_or_skip("helper_threads_are_capped_across_walks") {
-            return;
-        }
+        needs::root();
         let d = Tmpfs::new();
         let (a, b) = twins(d.path(), |t| bench_tree(t, 3000));
         let limits = Limits {
@@ -1852,15 +1836,9 @@ mod tests {
         assert_eq!(read_back(&c, GID), (1011, vec![]));
     }
 
-    /// Run in a child process by `fails_clearly_when_out_of_fds`, with a
-    /// small RLIMIT_NOFILE that must not hit the tests running alongside.
-    #[test]
-    #[ignore]
-    fn out_of_fds_child() {
-        let Ok(root) = std::env::var("CRUST_OUT_OF_FDS_ROOT") else {
-            return;
-        };
-        let root = PathBuf::from(root);
+    /// The part of `fails_clearly_when_out_of_fds` run in its child process,
+    /// with a small RLIMIT_NOFILE that must not hit the tests running alongside.
+    fn out_of_fds_in_child(root: PathBuf) {
         let open_now = fs::read_dir("/proc/self/fd").unwrap().count() as u64;
         let lim = rustix::process::Rlimit {
             current: Some(open_now + 20),
@@ -1880,14 +1858,16 @@ mod tests {
 
     #[test]
     fn fails_clearly_when_out_of_fds() {
+        if crust_testkit::child::is_child() {
+            let root = std::env::var_os("CRUST_OUT_OF_FDS_ROOT").unwrap();
+            out_of_fds_in_child(PathBuf::from(root));
+            return;
+        }
         let d = tempfile::tempdir().unwrap();
         let root = d.path().join("vol");
         fs::create_dir(&root).unwrap();
         comb_holding_fds(&root, 200);
-        let (passed, stdout) = crate::testutil::run_test_alone(
-            "ownership::walk::tests::out_of_fds_child",
-            &[("CRUST_OUT_OF_FDS_ROOT", &root)],
-        );
+        let (passed, stdout) = crust_testkit::child::rerun(&[("CRUST_OUT_OF_FDS_ROOT", &root)]);
         assert!(passed, "{stdout}");
         let line = stdout
             .lines()

@@ -192,7 +192,7 @@ mod tests {
     use crate::code::Code;
     use crate::probe::ext4::{planted_option, EXT4_MMP_SEQ_CLEAN, EXT4_MMP_SEQ_FSCK};
     use crate::superblock::with;
-    use crate::testutil::{root_or_skip, run, LoopDisk};
+    use crust_testkit::{needs, run, LoopDisk};
 
     #[test]
     fn recognises_each_layout() {
@@ -238,10 +238,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn identifies_real_disks_without_writing() {
-        if !root_or_skip("identifies_real_disks_without_writing") {
-            return;
-        }
+        needs::loop_devices();
         let cases: [(Option<&str>, Option<&str>); 4] = [
             (Some("ext4"), Some("ext4")),
             (Some("xfs"), Some("xfs")),
@@ -279,10 +278,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn refuses_a_disk_with_two_signatures() {
-        if !root_or_skip("refuses_a_disk_with_two_signatures") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(64, Some("ext4"));
         // A stale xfs magic in the boot block an ext4 does not use.
         run(
@@ -337,10 +335,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn refuses_real_disks_larger_than_their_device() {
-        if !root_or_skip("refuses_real_disks_larger_than_their_device") {
-            return;
-        }
+        needs::loop_devices();
         for (fs, mb) in [(FsType::Ext4, 64u64), (FsType::Xfs, 320)] {
             let disk = LoopDisk::new(mb, Some(fs.name()));
             check(&disk.device, fs).unwrap();
@@ -366,10 +363,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn refuses_a_real_xfs_whose_log_is_another_device() {
-        if !root_or_skip("refuses_a_real_xfs_whose_log_is_another_device") {
-            return;
-        }
+        needs::loop_devices();
         // An xfs whose log is another device.
         let log = LoopDisk::new(64, None);
         let disk = LoopDisk::new(320, None);
@@ -389,10 +385,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn refuses_real_disks_that_need_another_device_or_plant_options() {
-        if !root_or_skip("refuses_real_disks_that_need_another_device_or_plant_options") {
-            return;
-        }
+        needs::loop_devices();
         // An ext4 whose journal is another device, and that device itself.
         let journal = LoopDisk::new(16, None);
         run(
@@ -462,10 +457,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn judges_real_mmp_disks() {
-        if !root_or_skip("judges_real_mmp_disks") {
-            return;
-        }
+        needs::loop_devices();
         // (e2fsprogs run MMP's own wait when they open an MMP disk read-write,
         // so everything is set at mkfs time or written with dd.)
         // The longest interval mke2fs allows: after a crash the kernel would

@@ -17,14 +17,13 @@ use crate::volumes::table::Volumes;
 use crate::volumes::volume::tests::sample;
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn partitions_that_overlap_are_one_volume() {
-    if !crate::testutil::root_or_skip("partitions_that_overlap_are_one_volume") {
-        return;
-    }
+    crust_testkit::needs::loop_devices();
     let (a, b, c) = (
-        crate::testutil::LoopDisk::new(32, Some("ext4")),
-        crate::testutil::LoopDisk::new(32, None),
-        crate::testutil::LoopDisk::new(32, None),
+        crust_testkit::LoopDisk::new(32, Some("ext4")),
+        crust_testkit::LoopDisk::new(32, None),
+        crust_testkit::LoopDisk::new(32, None),
     );
     let dir = tempfile::tempdir().unwrap();
     // a: sectors 2048..67584; b overlaps its end; c lies after both.
@@ -33,7 +32,7 @@ fn partitions_that_overlap_are_one_volume() {
         &[(&a, 2048, 65536), (&b, 60000, 8192), (&c, 68216, 100)],
     );
     let v = Volumes::open(&dir.path().join("root"), sysfs, crate::logging::discard()).unwrap();
-    let block = |id: &str, d: &crate::testutil::LoopDisk| PublishRequest {
+    let block = |id: &str, d: &crust_testkit::LoopDisk| PublishRequest {
         spec: Spec {
             volume_id: id.into(),
             source: Source::Path(d.device.clone()),

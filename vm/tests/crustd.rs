@@ -8,18 +8,14 @@
 //! One VM for the whole walk (TCG is slow); a second for Kata's
 //! direct-volume records. Run with `make test-vm`.
 
-mod support;
-
-#[path = "../../tests/fixtures/disks.rs"]
-mod disks;
-
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
-use crust_vm::{Vm, VmOptions};
+use crust_testkit::crustd::{ctl, kata, kata_writer, Crustd};
+use crust_testkit::vm::options;
+use crust_testkit::{allocated, run, LoopDisk, Mounted};
+use crust_vm::Vm;
 use crustd_ctl::{bytes, code_name, pb};
-use disks::{run, LoopDisk, Mounted};
-use support::Crustd;
 
 const SANDBOX: &str = "pod-vm-1";
 
@@ -137,7 +133,7 @@ fn grown_online(k: &crustd_ctl::Kubelet, ext4: &LoopDisk, total_before: i64) {
 }
 
 #[test]
-#[ignore = "boots a VM: run make test-vm"]
+#[ignore = "needs a VM: make test-vm runs it"]
 fn kubelet_through_crustd_into_a_real_guest() {
     let t = tempfile::tempdir().unwrap();
     let reg = t.path().join("sandboxes");
@@ -145,8 +141,7 @@ fn kubelet_through_crustd_into_a_real_guest() {
     let xfs = volume(320, "xfs");
     let (e, x) = (ext4.path(), xfs.path());
 
-    let opts = VmOptions::new(reg.join(SANDBOX));
-    assert!(opts.initrd.is_file(), "run `make initrd` first");
+    let opts = options(&reg.join(SANDBOX));
     let mut vm = Vm::up(opts).expect("the VM boots and the agent answers");
     let entry: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(reg.join(SANDBOX).join("sandbox.json")).unwrap(),
@@ -251,11 +246,6 @@ fn kubelet_through_crustd_into_a_real_guest() {
     assert!(sv > 400 << 20, "{sv}");
 }
 
-/// Bytes the image file holds on the host's filesystem.
-fn allocated(img: &std::path::Path) -> u64 {
-    std::fs::metadata(img).unwrap().blocks() * 512
-}
-
 /// The way a backup tool takes a consistent snapshot through crustd:
 /// freeze both volumes (their journals hold the fsGroup walk's changes),
 /// copy the images on the host, thaw; the copies need no journal replay
@@ -358,7 +348,7 @@ fn filed_as_kata_files_them(
     b: &str,
 ) {
     let label = r#"context="system_u:object_r:container_file_t:s0:c1,c2""#;
-    support::kata(
+    kata(
         writer,
         &[
             "add",
@@ -373,7 +363,7 @@ fn filed_as_kata_files_them(
             label,
         ],
     );
-    support::kata(
+    kata(
         writer,
         &["add", r, scratch, b, "ext4", "createFilesystem=true"],
     );
@@ -409,10 +399,10 @@ fn resized_through_its_record(
 }
 
 #[test]
-#[ignore = "boots a VM: run make test-vm"]
+#[ignore = "needs a VM: make test-vm runs it"]
 fn a_kata_direct_volume_in_a_real_guest() {
     const SB: &str = "pod-vm-direct";
-    let writer = support::kata_writer().expect("go is needed (scripts/deps.sh installs it)");
+    let writer = kata_writer();
     let t = tempfile::tempdir().unwrap();
     let reg = t.path().join("sandboxes");
     let root = t.path().join("direct-volumes");
@@ -424,8 +414,7 @@ fn a_kata_direct_volume_in_a_real_guest() {
     let scratch = "/var/lib/kubelet/pods/0f3c-uid/volumes/kubernetes.io~csi/scratch/mount";
     filed_as_kata_files_them(&writer, r, vol, &e, scratch, &b);
 
-    let opts = VmOptions::new(reg.join(SB));
-    assert!(opts.initrd.is_file(), "run `make initrd` first");
+    let opts = options(&reg.join(SB));
     let mut vm = Vm::up(opts).expect("the VM boots and the agent answers");
     let d = Crustd::start(&reg, &["--direct-volumes", r]);
     let k = d.client();
@@ -433,7 +422,7 @@ fn a_kata_direct_volume_in_a_real_guest() {
     let ctl = |args: &[&str]| {
         let mut all = vec!["--socket", &sock, "--direct-volumes", r];
         all.extend_from_slice(args);
-        let (c, out, err) = support::ctl(&all);
+        let (c, out, err) = ctl(&all);
         assert_eq!(c, 0, "crustd-ctl {args:?}: {err}");
         serde_json::from_str::<serde_json::Value>(&out).unwrap()
     };
@@ -447,7 +436,7 @@ fn a_kata_direct_volume_in_a_real_guest() {
     );
     assert_eq!(p.host_volume_id, e);
     assert_eq!(
-        support::kata(&writer, &["sandbox", r, vol]),
+        kata(&writer, &["sandbox", r, vol]),
         SB,
         "the sandbox-id file, as Kata's lookup finds it"
     );
@@ -520,7 +509,7 @@ fn a_kata_direct_volume_in_a_real_guest() {
 /// whose command line names another sandbox. crustd takes the guest from
 /// the URL and its own agent port.
 #[test]
-#[ignore = "boots a VM: run make test-vm"]
+#[ignore = "needs a VM: make test-vm runs it"]
 fn a_kata_sandbox_is_found_from_katas_files() {
     use std::os::unix::fs::PermissionsExt;
     let t = tempfile::tempdir().unwrap();
@@ -529,9 +518,8 @@ fn a_kata_sandbox_is_found_from_katas_files() {
     let reg = t.path().join("sandboxes");
     std::fs::create_dir_all(&reg).unwrap();
     let run_vc = t.path().join("run/vc");
-    let mut opts = VmOptions::new(&vm_dir);
+    let mut opts = options(&vm_dir);
     opts.name = format!("sandbox-{id}");
-    assert!(opts.initrd.is_file(), "run `make initrd` first");
     let mut vm = Vm::up(opts).expect("the VM boots and the agent answers");
     let sbs = run_vc.join("sbs").join(id);
     std::fs::create_dir_all(&sbs).unwrap();
