@@ -1320,3 +1320,22 @@ fn print_map() {
         });
     }
 }
+
+/// The agent's one public API is `embed`: every other module of the crate's
+/// root is `#[doc(hidden)]`, the way in for its binary, tests and bench.
+#[test]
+fn only_embed_is_documented_as_api() {
+    let lib = fs::read_to_string(src_dir().join("lib.rs")).unwrap();
+    let lines: Vec<&str> = lib.lines().map(str::trim).collect();
+    let mut public = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let Some(name) = l.strip_prefix("pub mod ").and_then(|r| r.strip_suffix(';')) else {
+            continue;
+        };
+        let attrs = lines[..i].iter().rev().take_while(|a| a.starts_with("#["));
+        if !attrs.into_iter().any(|a| *a == "#[doc(hidden)]") {
+            public.push(name);
+        }
+    }
+    assert_eq!(public, ["embed"], "modules documented as the crate's API");
+}

@@ -1,6 +1,6 @@
 //! ttrpc's framing: a 10-byte header (payload length and stream id, both
 //! u32 big-endian, then the frame type and flags) followed by the payload.
-//! [`Reader`] cuts frames out of the bytes a connection delivers, holding at
+//! `Reader` cuts frames out of the bytes a connection delivers, holding at
 //! most one frame's worth; a frame announcing more than the limit is
 //! reported at once and its payload discarded as it arrives, never stored.
 
