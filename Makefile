@@ -74,7 +74,7 @@ stress: deps
 # Boots a sandbox, hot-plugs an ext4 and an xfs disk, and walks through every operation;
 # then "what kubelet sees": the same through crustd's CRUST socket.
 demo: deps initrd
-	cargo build --release -p crust-client -p crust-vm -p crustd -p crustd-ctl
+	cargo build --release -p crust-client -p crust-vm -p crustd
 	scripts/demo.sh
 
 # Speed, size and memory against baselines in the same run: target/bench/report.md and report.json.

@@ -1,6 +1,6 @@
 //! The house rules clippy cannot check, checked by reading the source. For
 //! every crate of the workspace (the agent's `src/`, crustd, crust-client,
-//! crust-vm, crustd-ctl, crust-protocols, the bench, crust-fuzz, the test
+//! crust-vm, crust-kubelet, crust-protocols, the bench, crust-fuzz, the test
 //! kit) and for their integration tests:
 //!
 //! - no import cycle among files: an edge runs from file A to file B when A
@@ -101,12 +101,12 @@ const CRATES: &[Spec] = &[
         manifest: "vm/Cargo.toml",
     },
     Spec {
-        name: "crustd_ctl",
-        dir: "crustd-ctl/src",
+        name: "crust_kubelet",
+        dir: "kubelet/src",
         roots: &[("lib.rs", "")],
         root_dirs: &[],
         tests: false,
-        manifest: "crustd-ctl/Cargo.toml",
+        manifest: "kubelet/Cargo.toml",
     },
     Spec {
         name: "crust_protocols",

@@ -16,9 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crust_client::qmp::Qmp;
+use crust_kubelet::{code_name, pb, Kubelet};
 use crust_protocols::sync::LockExt;
 use crust_vm::{Vm, VmOptions};
-use crustd_ctl::{code_name, pb, Kubelet};
 use serde_json::json;
 
 use crate::crustd_figs;

@@ -26,7 +26,7 @@
 //!
 //! `ctl` is the `crustd-ctl` command (kubelet's calls from a shell, and
 //! Kata's `direct-volume` verbs on the records `direct` reads), here beside
-//! the record code it shares; its CRUST client is the crustd-ctl crate's,
+//! the record code it shares; its CRUST client is the crust-kubelet crate's,
 //! generated apart from crustd's server half, so crustd depends on it and
 //! nothing depends back on crustd.
 

@@ -11,9 +11,9 @@ mod fakes;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use crust_kubelet::{pb, Kubelet};
 use crust_testkit::crustd::{code, ctl, kata, kata_writer, state, Crustd};
 use crust_testkit::{mode, needs, run, LoopDisk};
-use crustd_ctl::{pb, Kubelet};
 
 /// A registry with sandboxes pod-a and pod-b, a direct-volume root, the Go
 /// writer and crustd serving both.

@@ -13,9 +13,9 @@ mod fakes;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use crust_kubelet::pb;
 use crust_testkit::crustd::Crustd;
 use crust_testkit::{needs, LoopDisk};
-use crustd_ctl::pb;
 use prost::Message;
 
 const SERVICE: &str = "/crust.runtime.v1alpha1.RuntimeAssistedStorageManagement/";
@@ -156,7 +156,7 @@ fn pythons_grpcio_on_a_default_channel_drives_crustd() {
         assert_eq!(p.host_volume_id, dev, "{authority}");
         assert!(p.guest_path.starts_with("/run/crust/volumes/"), "{p:?}");
         let s: pb::RuntimeGetVolumeStatsResponse = ok(&a[3]);
-        assert_eq!(crustd_ctl::bytes(&s), Some((700, 1000, 300)));
+        assert_eq!(crust_kubelet::bytes(&s), Some((700, 1000, 300)));
         let _: pb::RuntimeUnpublishVolumeResponse = ok(&a[4]);
         // crustd's own codes and messages come through as well.
         let (code, details) = a[5].clone().unwrap_err();

@@ -11,10 +11,10 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crust_kubelet::{code_name, pb, Kubelet};
 use crust_protocols::ttrpc;
 use crust_testkit::crustd::{code, req, state, Crustd};
 use crust_testkit::{needs, run, LoopDisk, Mounted};
-use crustd_ctl::{code_name, pb, Kubelet};
 use fakes::OnPublish;
 
 fn log_of(q: &fakes::Qemu) -> Vec<String> {
@@ -46,7 +46,7 @@ fn publish_stats_expand_unpublish_and_restart() {
 
     // Stats as the agent has them, condition included.
     let s = k.stats("pod-a", &dev).unwrap();
-    assert_eq!(crustd_ctl::bytes(&s), Some((700, 1000, 300)));
+    assert_eq!(crust_kubelet::bytes(&s), Some((700, 1000, 300)));
     assert_eq!(s.usage[1].unit(), pb::volume_usage::Unit::Inodes);
     let c = s.volume_condition.unwrap();
     assert!(c.abnormal && c.message == "3 I/O errors");
@@ -537,7 +537,7 @@ fn a_publish_outliving_the_callers_deadline_stays_plugged_and_a_retry_joins() {
     );
     assert!(!verbs(&log_of(&sb.qemu)).contains(&"device_del"));
     assert_eq!(
-        crustd_ctl::bytes(&k.stats("pod-a", &dev).unwrap()),
+        crust_kubelet::bytes(&k.stats("pod-a", &dev).unwrap()),
         Some((700, 1000, 300))
     );
 

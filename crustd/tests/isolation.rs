@@ -11,9 +11,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crust_kubelet::code_name;
 use crust_testkit::crustd::{code, req, state, Crustd};
 use crust_testkit::{needs, LoopDisk};
-use crustd_ctl::code_name;
 use fakes::OnPublish;
 
 /// A call naming a sandbox whose sandbox.json is missing, or another
@@ -41,7 +41,7 @@ fn a_missing_sandbox_json_frees_nothing_a_vm_still_writes() {
     let entry = a.dir.join("sandbox.json");
     let saved = std::fs::read(&entry).unwrap();
     std::fs::remove_file(&entry).unwrap();
-    let held = |k: &crustd_ctl::Kubelet| {
+    let held = |k: &crust_kubelet::Kubelet| {
         // Calls naming pod-a answer NOT_FOUND and free nothing.
         assert_eq!(code(k.stats("pod-a", &dev)).0, "NOT_FOUND");
         assert_eq!(code(k.publish(req("pod-a", &dev, "ext4"))).0, "NOT_FOUND");

@@ -15,11 +15,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crust_kubelet::{pb, Kubelet};
 use crust_protocols::crust::volume_health::Status as AgentStatus;
 use crust_protocols::ttrpc;
 use crust_testkit::crustd::{code, req, Crustd};
 use crust_testkit::{needs, LoopDisk};
-use crustd_ctl::{pb, Kubelet};
 use fakes::OnFreeze;
 
 /// The agent calls of a sandbox's fake agent since the last look, without

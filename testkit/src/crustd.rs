@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crustd_ctl::{pb, Kubelet};
+use crust_kubelet::{pb, Kubelet};
 
 /// A crustd process serving `socket` for the registry `reg`.
 pub struct Crustd {
@@ -264,7 +264,7 @@ impl Drop for Crustd {
 /// panics, showing the first 200 characters of what came back.
 pub fn code<T: std::fmt::Debug>(r: Result<T, tonic::Status>) -> (String, String) {
     match r {
-        Err(s) => (crustd_ctl::code_name(s.code()), s.message().to_string()),
+        Err(s) => (crust_kubelet::code_name(s.code()), s.message().to_string()),
         Ok(v) => {
             let v: String = format!("{v:?}").chars().take(200).collect();
             panic!("expected an error, got {v}")

@@ -11,11 +11,11 @@
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
+use crust_kubelet::{bytes, code_name, pb};
 use crust_testkit::crustd::{ctl, kata, kata_writer, Crustd};
 use crust_testkit::vm::options;
 use crust_testkit::{allocated, run, LoopDisk, Mounted};
 use crust_vm::Vm;
-use crustd_ctl::{bytes, code_name, pb};
 
 const SANDBOX: &str = "pod-vm-1";
 
@@ -75,7 +75,7 @@ fn guest_sees(vm: &Vm, serial: &str) -> bool {
 /// Block mode (volumeMode: Block): the raw device, hot-plugged and
 /// published by the agent as a device, never mounted; unpublished, it
 /// leaves the guest.
-fn a_block_volume_is_published_as_its_device(k: &crustd_ctl::Kubelet, vm: &Vm) {
+fn a_block_volume_is_published_as_its_device(k: &crust_kubelet::Kubelet, vm: &Vm) {
     let raw = LoopDisk::new(64, None);
     let mut b = req(&raw.path(), "", Some(4321));
     b.block = true;
@@ -114,7 +114,7 @@ fn a_block_volume_is_published_as_its_device(k: &crustd_ctl::Kubelet, vm: &Vm) {
 /// Growth end to end: the host grows the loop device, crustd resizes
 /// QEMU's disk and has the agent grow ext4 online (its statfs total was
 /// `total_before`).
-fn grown_online(k: &crustd_ctl::Kubelet, ext4: &LoopDisk, total_before: i64) {
+fn grown_online(k: &crust_kubelet::Kubelet, ext4: &LoopDisk, total_before: i64) {
     let e = ext4.path();
     ext4.resize(512);
     let t0 = Instant::now();
@@ -253,7 +253,7 @@ fn kubelet_through_crustd_into_a_real_guest() {
 /// §10) and hold the walk's changes. Then a trim through crustd punches the
 /// blocks deleted on the host out of the image (discard=unmap).
 fn consistent_snapshot_and_trim(
-    k: &crustd_ctl::Kubelet,
+    k: &crust_kubelet::Kubelet,
     ext4: &LoopDisk,
     xfs: &LoopDisk,
     dir: &std::path::Path,

@@ -13,12 +13,12 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crust_kubelet::pb;
 use crust_protocols::crust as agent_pb;
 use crust_testkit::crustd::Crustd;
 use crust_testkit::vm::{console, tail};
 use crust_testkit::{run, LoopDisk, Mounted};
 use crust_vm::{default_build_dir, Vm, VmOptions};
-use crustd_ctl::pb;
 
 const SANDBOX: &str = "pod-guest-1";
 
