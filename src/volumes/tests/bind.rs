@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::testkit::{bind_request, fake_table, publish_loop, request, table};
+use super::testkit::{bind, bind_request, publish_loop, published_ext4, table};
 use crate::cancel::Cancel;
 use crate::code::Code;
 use crate::model::{FsType, RecursiveReadOnly};
@@ -89,14 +89,8 @@ fn a_bind_whose_record_cannot_be_written_leaves_nothing() {
 #[test]
 fn binds_are_refused_where_they_would_share_nest_cover_or_write_into_a_volume() {
     let dir = tempfile::tempdir().unwrap();
-    let (v, fake) = fake_table(dir.path());
-    let root = v.root().to_path_buf();
-    let d = fake.disk(dir.path(), "fka", Some(FsType::Ext4));
-    v.publish(&request("a", &d, false, false), &Cancel::never())
-        .unwrap();
-    let out = v
-        .bind(&bind_request(&v, "a", "pods/p/data"), &Cancel::never())
-        .unwrap();
+    let (v, fake, root, d) = published_ext4(dir.path());
+    let out = bind(&v, "a", "pods/p/data").unwrap();
     assert!(!out.already_mounted);
     // The volume's filesystem mounted again behind the agent's back.
     std::fs::create_dir_all(root.join("copy")).unwrap();
@@ -106,9 +100,7 @@ fn binds_are_refused_where_they_would_share_nest_cover_or_write_into_a_volume() 
         ("pods/p", "holds"),
         ("copy/x", "volume a"),
     ] {
-        let e = v
-            .bind(&bind_request(&v, "a", target), &Cancel::never())
-            .unwrap_err();
+        let e = bind(&v, "a", target).unwrap_err();
         assert!(e.to_string().contains(says), "{target}: {e}");
         assert!(
             !root.join(target).exists() || target == "pods/p",
@@ -120,15 +112,11 @@ fn binds_are_refused_where_they_would_share_nest_cover_or_write_into_a_volume() 
     let e = v.bind(&other, &Cancel::never()).unwrap_err();
     assert!(e.to_string().contains("other parameters"), "{e}");
     fake.journal(&root);
-    let again = v
-        .bind(&bind_request(&v, "a", "pods/p/data"), &Cancel::never())
-        .unwrap();
+    let again = bind(&v, "a", "pods/p/data").unwrap();
     assert!(again.already_mounted);
     assert!(fake.journal(&root).is_empty(), "nothing made again");
     fake.unmount_behind(&root.join("pods/p/data"));
-    let again = v
-        .bind(&bind_request(&v, "a", "pods/p/data"), &Cancel::never())
-        .unwrap();
+    let again = bind(&v, "a", "pods/p/data").unwrap();
     assert!(
         !again.already_mounted,
         "gone behind the agent's back: made again"
@@ -141,13 +129,8 @@ fn binds_are_refused_where_they_would_share_nest_cover_or_write_into_a_volume() 
 #[test]
 fn unmount_takes_down_only_the_agents_binds() {
     let dir = tempfile::tempdir().unwrap();
-    let (v, fake) = fake_table(dir.path());
-    let root = v.root().to_path_buf();
-    let d = fake.disk(dir.path(), "fka", Some(FsType::Ext4));
-    v.publish(&request("a", &d, false, false), &Cancel::never())
-        .unwrap();
-    v.bind(&bind_request(&v, "a", "pods/p/data"), &Cancel::never())
-        .unwrap();
+    let (v, fake, root, _) = published_ext4(dir.path());
+    bind(&v, "a", "pods/p/data").unwrap();
     let other = fake.disk(dir.path(), "fko", Some(FsType::Ext4));
     std::fs::create_dir_all(root.join("pods/q/theirs")).unwrap();
     fake.mount_behind(&other, &root.join("pods/q/theirs"));
@@ -177,11 +160,7 @@ fn unmount_takes_down_only_the_agents_binds() {
 #[test]
 fn a_bind_that_cannot_be_recorded_is_undone_and_binds_are_bounded() {
     let dir = tempfile::tempdir().unwrap();
-    let (v, fake) = fake_table(dir.path());
-    let root = v.root().to_path_buf();
-    let d = fake.disk(dir.path(), "fka", Some(FsType::Ext4));
-    v.publish(&request("a", &d, false, false), &Cancel::never())
-        .unwrap();
+    let (v, fake, root, _) = published_ext4(dir.path());
     let tmp = root.join(STATE_DIR).join("a.vol.tmp");
     std::fs::create_dir(&tmp).unwrap();
     fake.journal(&root);
@@ -195,11 +174,8 @@ fn a_bind_that_cannot_be_recorded_is_undone_and_binds_are_bounded() {
     std::fs::remove_dir(&tmp).unwrap();
     v.limit_binds(2);
     v.bind(&req, &Cancel::never()).unwrap();
-    v.bind(&bind_request(&v, "a", "pods/p/two"), &Cancel::never())
-        .unwrap();
-    let e = v
-        .bind(&bind_request(&v, "a", "pods/p/three"), &Cancel::never())
-        .unwrap_err();
+    bind(&v, "a", "pods/p/two").unwrap();
+    let e = bind(&v, "a", "pods/p/three").unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
     assert!(!root.join("pods/p/three").exists());
 }

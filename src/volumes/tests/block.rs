@@ -3,7 +3,7 @@
 
 use rustix::io::Errno;
 
-use super::testkit::{bind_request, fake_table, request};
+use super::testkit::{bind, published_block, request, with_disk};
 use crate::cancel::Cancel;
 use crate::code::Code;
 use crate::validate::STATE_DIR;
@@ -15,16 +15,11 @@ use crate::volumes::fake::Call;
 #[test]
 fn a_read_only_block_volume_is_read_only_in_the_kernel_while_published() {
     let dir = tempfile::tempdir().unwrap();
-    let (v, fake) = fake_table(dir.path());
-    let root = v.root().to_path_buf();
-    let d = fake.disk(dir.path(), "fkb", None);
-    v.publish(&request("blk", &d, true, true), &Cancel::never())
-        .unwrap();
+    let (v, fake, root, d) = published_block(dir.path());
     assert!(fake.read_only(&d));
     let listed = v.list();
     assert!(listed[0].block && listed[0].read_only);
-    v.bind(&bind_request(&v, "blk", "pods/p/dev"), &Cancel::never())
-        .unwrap();
+    bind(&v, "blk", "pods/p/dev").unwrap();
     assert!(v.unpublish("blk", &Cancel::never()).unwrap());
     assert_eq!(
         fake.journal(&root),
@@ -47,9 +42,7 @@ fn a_read_only_block_volume_is_read_only_in_the_kernel_while_published() {
 #[test]
 fn a_failed_block_publish_clears_only_the_flag_it_set() {
     let dir = tempfile::tempdir().unwrap();
-    let (v, fake) = fake_table(dir.path());
-    let root = v.root().to_path_buf();
-    let d = fake.disk(dir.path(), "fkb", None);
+    let (v, fake, root, d) = with_disk(dir.path(), "fkb", None);
     fake.fail(Call::BindNode, 1, Errno::NOMEM);
     let e = v
         .publish(&request("blk", &d, true, true), &Cancel::never())

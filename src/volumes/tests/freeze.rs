@@ -3,7 +3,7 @@
 
 use rustix::io::Errno;
 
-use super::testkit::{bind_request, fake_table, request};
+use super::testkit::{bind, fake_table, published_ext4, request};
 use crate::cancel::Cancel;
 use crate::code::Code;
 use crate::volumes::fake::Call;
@@ -60,11 +60,7 @@ fn the_second_freeze_fails_and_the_first_is_thawed() {
 #[test]
 fn a_frozen_volume_refuses_writes_and_is_thawed_before_it_is_taken_down() {
     let dir = tempfile::tempdir().unwrap();
-    let (v, fake) = fake_table(dir.path());
-    let d = fake.disk(dir.path(), "fka", Some(crate::model::FsType::Ext4));
-    v.publish(&request("a", &d, false, false), &Cancel::never())
-        .unwrap();
-    let root = v.root().to_path_buf();
+    let (v, fake, root, _) = published_ext4(dir.path());
     let f = v
         .freeze(
             &ids(&["a"]),
@@ -74,9 +70,7 @@ fn a_frozen_volume_refuses_writes_and_is_thawed_before_it_is_taken_down() {
         )
         .unwrap();
     assert_eq!(f.freeze_id, "backup-1");
-    let e = v
-        .bind(&bind_request(&v, "a", "pods/p/data"), &Cancel::never())
-        .unwrap_err();
+    let e = bind(&v, "a", "pods/p/data").unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
     assert!(e.to_string().contains("backup-1"), "{e}");
     let e = v.trim("a", 0, &Cancel::never()).unwrap_err();

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use rustix::io::Errno;
 
-use super::testkit::{fake_partitions, fake_table, publish_loop, reopen, request, table};
+use super::testkit::{
+    fake_partitions, fake_table, publish_loop, reopen, request, table, with_disk,
+};
 use crate::cancel::Cancel;
 use crate::code::Code;
 use crate::model::{FsType, RecursiveReadOnly, VolumeMode};
@@ -104,9 +106,7 @@ fn after_shutdown_nothing_new_is_accepted() {
 #[test]
 fn a_publish_is_recorded_mounted_and_listed_and_an_unpublish_undoes_it() {
     let dir = tempfile::tempdir().unwrap();
-    let (v, fake) = fake_table(dir.path());
-    let d = fake.disk(dir.path(), "fka", Some(FsType::Ext4));
-    let root = v.root().to_path_buf();
+    let (v, fake, root, d) = with_disk(dir.path(), "fka", Some(FsType::Ext4));
     let req = request("a", &d, false, false);
     let out = v.publish(&req, &Cancel::never()).unwrap();
     assert_eq!(out.guest_path, root.join("volumes/a"));
@@ -139,9 +139,7 @@ fn a_publish_is_recorded_mounted_and_listed_and_an_unpublish_undoes_it() {
 #[test]
 fn a_refused_publish_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let (v, fake) = fake_table(dir.path());
-    let root = v.root().to_path_buf();
-    let xfs = fake.disk(dir.path(), "fkx", Some(FsType::Xfs));
+    let (v, fake, root, xfs) = with_disk(dir.path(), "fkx", Some(FsType::Xfs));
     let e = v
         .publish(&request("x", &xfs, false, false), &Cancel::never())
         .unwrap_err();
@@ -184,9 +182,7 @@ fn a_refused_publish_leaves_nothing() {
 #[test]
 fn a_publish_whose_mount_check_fails_leaves_its_steps_to_recovery() {
     let dir = tempfile::tempdir().unwrap();
-    let (v, fake) = fake_table(dir.path());
-    let d = fake.disk(dir.path(), "fka", Some(FsType::Ext4));
-    let root = v.root().to_path_buf();
+    let (v, fake, root, d) = with_disk(dir.path(), "fka", Some(FsType::Ext4));
     // The first statx is the guest node's, the second the mount check's.
     fake.fail(Call::Statx, 2, Errno::IO);
     let req = request("a", &d, false, false);
@@ -218,9 +214,7 @@ fn a_publish_whose_mount_check_fails_leaves_its_steps_to_recovery() {
 #[test]
 fn a_publish_whose_mount_is_covered_touches_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let (v, fake) = fake_table(dir.path());
-    let d = fake.disk(dir.path(), "fka", Some(FsType::Ext4));
-    let root = v.root().to_path_buf();
+    let (v, fake, root, d) = with_disk(dir.path(), "fka", Some(FsType::Ext4));
     fake.cover_next_mount();
     let e = v
         .publish(&request("a", &d, false, false), &Cancel::never())

@@ -1,7 +1,7 @@
 //! A restart on the fake kernel: what recovery takes back, and what it
 //! takes down because no record explains it.
 
-use super::testkit::{bind_request, fake_table, reopen, request};
+use super::testkit::{bind, fake_table, published_block, published_ext4, reopen, request};
 use crate::cancel::Cancel;
 use crate::model::FsType;
 use crate::validate::STATE_DIR;
@@ -15,13 +15,8 @@ use crate::validate::STATE_DIR;
 #[test]
 fn recovery_takes_down_what_no_record_explains() {
     let dir = tempfile::tempdir().unwrap();
-    let (v, fake) = fake_table(dir.path());
-    let root = v.root().to_path_buf();
-    let d = fake.disk(dir.path(), "fka", Some(FsType::Ext4));
-    v.publish(&request("a", &d, false, false), &Cancel::never())
-        .unwrap();
-    v.bind(&bind_request(&v, "a", "pods/p/data"), &Cancel::never())
-        .unwrap();
+    let (v, fake, root, d) = published_ext4(dir.path());
+    bind(&v, "a", "pods/p/data").unwrap();
     v.close_freezes();
     drop(v);
     let ghost = fake.disk(dir.path(), "fkg", Some(FsType::Ext4));
@@ -63,14 +58,9 @@ fn recovery_keeps_what_is_mounted_and_forgets_what_is_gone() {
         let d = fake.disk(dir.path(), disk, Some(FsType::Ext4));
         v.publish(&request(id, &d, false, false), &Cancel::never())
             .unwrap();
-        v.bind(
-            &bind_request(&v, id, &format!("pods/{id}/data")),
-            &Cancel::never(),
-        )
-        .unwrap();
+        bind(&v, id, &format!("pods/{id}/data")).unwrap();
     }
-    v.bind(&bind_request(&v, "a", "pods/a/gone"), &Cancel::never())
-        .unwrap();
+    bind(&v, "a", "pods/a/gone").unwrap();
     v.close_freezes();
     drop(v);
     fake.unmount_behind(&root.join("volumes/b"));
@@ -99,11 +89,7 @@ fn recovery_keeps_what_is_mounted_and_forgets_what_is_gone() {
 #[test]
 fn a_forgotten_block_volume_has_its_read_only_flag_cleared() {
     let dir = tempfile::tempdir().unwrap();
-    let (v, fake) = fake_table(dir.path());
-    let root = v.root().to_path_buf();
-    let d = fake.disk(dir.path(), "fkb", None);
-    v.publish(&request("blk", &d, true, true), &Cancel::never())
-        .unwrap();
+    let (v, fake, root, d) = published_block(dir.path());
     assert!(fake.read_only(&d));
     v.close_freezes();
     drop(v);

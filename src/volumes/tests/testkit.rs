@@ -6,12 +6,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::cancel::Cancel;
+use crate::error::Result;
 use crate::model::testdisk::AgentDevice;
 use crate::model::{Device, FsType, RecursiveReadOnly, VolumeMode};
 use crate::sys::sysfs::Sysfs;
 use crate::volumes::fake::Fake;
 use crate::volumes::kernel::Kernel;
-use crate::volumes::request::{BindRequest, Options, PublishRequest, Source, Spec};
+use crate::volumes::request::{BindOutcome, BindRequest, Options, PublishRequest, Source, Spec};
 use crate::volumes::table::Volumes;
 
 pub(crate) fn table(root: &Path) -> std::sync::Arc<Volumes> {
@@ -68,6 +69,38 @@ pub(crate) fn fake_table(dir: &Path) -> (std::sync::Arc<Volumes<Fake>>, Fake) {
     (reopen(dir, &fake), fake)
 }
 
+/// What most tests on the fake kernel start from: the table, its kernel,
+/// the table's root and the fake disk published on it.
+pub(crate) type Published = (std::sync::Arc<Volumes<Fake>>, Fake, PathBuf, Device);
+
+/// A table on a fake kernel in `dir` with volume `a` published on the fake
+/// ext4 disk `fka`.
+pub(crate) fn published_ext4(dir: &Path) -> Published {
+    published(dir, "a", "fka", false)
+}
+
+/// A table on a fake kernel in `dir` with volume `blk` published read-only
+/// on the unformatted fake disk `fkb`, as a block volume.
+pub(crate) fn published_block(dir: &Path) -> Published {
+    published(dir, "blk", "fkb", true)
+}
+
+fn published(dir: &Path, id: &str, disk: &str, block: bool) -> Published {
+    let (v, fake, root, d) = with_disk(dir, disk, (!block).then_some(FsType::Ext4));
+    v.publish(&request(id, &d, block, block), &Cancel::never())
+        .unwrap();
+    (v, fake, root, d)
+}
+
+/// A table on a fake kernel in `dir`, and a fake disk `disk` (with a
+/// filesystem `fs`, or none) not yet published.
+pub(crate) fn with_disk(dir: &Path, disk: &str, fs: Option<FsType>) -> Published {
+    let (v, fake) = fake_table(dir);
+    let root = v.root().to_path_buf();
+    let d = fake.disk(dir, disk, fs);
+    (v, fake, root, d)
+}
+
 /// The table on `dir`'s root opened again on `fake`, as after a restart:
 /// recovery runs against what the fake has mounted.
 pub(crate) fn reopen(dir: &Path, fake: &Fake) -> std::sync::Arc<Volumes<Fake>> {
@@ -113,4 +146,9 @@ pub(crate) fn bind_request<K: Kernel>(v: &Volumes<K>, id: &str, target: &str) ->
         read_only: false,
         recursive_read_only: RecursiveReadOnly::Disabled,
     }
+}
+
+/// Binds all of volume `id` at `target` (beneath `v`'s root).
+pub(crate) fn bind<K: Kernel>(v: &Volumes<K>, id: &str, target: &str) -> Result<BindOutcome> {
+    v.bind(&bind_request(v, id, target), &Cancel::never())
 }

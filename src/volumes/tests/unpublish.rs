@@ -3,10 +3,9 @@
 
 use rustix::io::Errno;
 
-use super::testkit::{bind_request, fake_table, request};
+use super::testkit::{bind, published_ext4};
 use crate::cancel::Cancel;
 use crate::code::Code;
-use crate::model::FsType;
 use crate::validate::STATE_DIR;
 use crate::volumes::fake::Call;
 
@@ -16,13 +15,9 @@ use crate::volumes::fake::Call;
 #[test]
 fn an_unpublish_takes_binds_down_last_made_first_then_its_mount() {
     let dir = tempfile::tempdir().unwrap();
-    let (v, fake) = fake_table(dir.path());
-    let root = v.root().to_path_buf();
-    let d = fake.disk(dir.path(), "fka", Some(FsType::Ext4));
-    v.publish(&request("a", &d, false, false), &Cancel::never())
-        .unwrap();
+    let (v, fake, root, d) = published_ext4(dir.path());
     for t in ["pods/p/one", "pods/p/two"] {
-        v.bind(&bind_request(&v, "a", t), &Cancel::never()).unwrap();
+        bind(&v, "a", t).unwrap();
     }
     std::fs::create_dir_all(root.join("elsewhere")).unwrap();
     fake.mount_behind(&d, &root.join("elsewhere"));
@@ -48,13 +43,9 @@ fn an_unpublish_takes_binds_down_last_made_first_then_its_mount() {
 #[test]
 fn an_unpublish_stopped_half_way_keeps_what_is_still_up() {
     let dir = tempfile::tempdir().unwrap();
-    let (v, fake) = fake_table(dir.path());
-    let root = v.root().to_path_buf();
-    let d = fake.disk(dir.path(), "fka", Some(FsType::Ext4));
-    v.publish(&request("a", &d, false, false), &Cancel::never())
-        .unwrap();
+    let (v, fake, root, _) = published_ext4(dir.path());
     for t in ["pods/p/one", "pods/p/two"] {
-        v.bind(&bind_request(&v, "a", t), &Cancel::never()).unwrap();
+        bind(&v, "a", t).unwrap();
     }
     fake.journal(&root);
     fake.fail(Call::Unmount, 2, Errno::BUSY);
@@ -71,9 +62,7 @@ fn an_unpublish_stopped_half_way_keeps_what_is_still_up() {
     );
     assert!(root.join(STATE_DIR).join("a.vol").exists());
     // Its target stays the volume's: a bind inside it is refused.
-    let e = v
-        .bind(&bind_request(&v, "a", "pods/p/one/inner"), &Cancel::never())
-        .unwrap_err();
+    let e = bind(&v, "a", "pods/p/one/inner").unwrap_err();
     assert!(e.to_string().contains("inside"), "{e}");
     assert!(v.unpublish("a", &Cancel::never()).unwrap());
     assert!(fake.mounts().is_empty() && v.list().is_empty());
@@ -85,11 +74,7 @@ fn an_unpublish_stopped_half_way_keeps_what_is_still_up() {
 #[test]
 fn an_unpublish_is_never_ok_while_the_disk_is_mounted_beneath_the_root() {
     let dir = tempfile::tempdir().unwrap();
-    let (v, fake) = fake_table(dir.path());
-    let root = v.root().to_path_buf();
-    let d = fake.disk(dir.path(), "fka", Some(FsType::Ext4));
-    v.publish(&request("a", &d, false, false), &Cancel::never())
-        .unwrap();
+    let (v, fake, root, d) = published_ext4(dir.path());
     std::fs::create_dir_all(root.join("copy")).unwrap();
     fake.mount_behind(&d, &root.join("copy"));
     fake.fail(Call::Unmount, 2, Errno::BUSY);
