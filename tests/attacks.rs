@@ -12,19 +12,101 @@ use std::sync::{Arc, Barrier};
 
 use crust_agent::validate::STATE_DIR;
 use crust_protocols::crust_ttrpc::AgentClient;
+use crust_protocols::ttrpc;
 use support::rig::{disk_with_tree, mount_table, Disk, Rig};
 use support::*;
 
-/// A started agent and one published ext4 volume `id`.
-fn scene(id: &str) -> (LoopDisk, Disk, Rig) {
-    let disk = disk_with_tree(64, "ext4", 0);
+/// A 64 MiB ext4 loop disk holding `files` files, and the rig's view of it.
+fn ext4_disk(files: usize) -> (LoopDisk, Disk) {
+    let disk = disk_with_tree(64, "ext4", files);
     let d = Disk::of(&disk, "ext4");
+    (disk, d)
+}
+
+/// A started agent.
+fn started() -> Rig {
     let mut rig = Rig::new();
     rig.start();
-    rig.client()
-        .publish_volume(ctx(), &publish_req(id, &d.path, "ext4"))
-        .expect("publish");
+    rig
+}
+
+/// A started agent and one published ext4 volume `id`.
+fn scene(id: &str) -> (LoopDisk, Disk, Rig) {
+    let rig = started();
+    let (disk, d) = another_volume(&rig.client(), id);
     (disk, d, rig)
+}
+
+/// A new ext4 disk published as volume `id`.
+fn another_volume(c: &AgentClient, id: &str) -> (LoopDisk, Disk) {
+    let (disk, d) = ext4_disk(0);
+    c.publish_volume(ctx(), &publish_req(id, &d.path, "ext4"))
+        .expect("publish");
+    (disk, d)
+}
+
+/// The agent killed with -9 and started again; its new client.
+fn restart(rig: &mut Rig, c: AgentClient) -> AgentClient {
+    drop(c);
+    rig.kill9();
+    rig.start();
+    rig.client()
+}
+
+/// What ListVolumes answers.
+fn volumes(c: &AgentClient) -> Vec<pb::VolumeInfo> {
+    c.list_volumes(ctx(), &pb::ListVolumesRequest::new())
+        .unwrap()
+        .volumes
+}
+
+/// Whether ListVolumes lists volume `id`.
+fn listed(c: &AgentClient, id: &str) -> bool {
+    volumes(c).iter().any(|v| v.volume_id == id)
+}
+
+/// Unmounts `target`, which may answer anything but must change nothing
+/// outside the root.
+fn unmount_touching_nothing_outside(rig: &Rig, c: &AgentClient, target: &Path) {
+    let un = c.unmount(ctx(), &unmount_req(target.display().to_string()));
+    let bad = rig.sentinel_problems();
+    assert!(
+        bad.is_empty(),
+        "Unmount of {} answered {}; {}",
+        target.display(),
+        said(&un),
+        rig.report("after Unmount", &bad)
+    );
+}
+
+/// Unpublishes volume `id`, which must change nothing outside the root;
+/// its answer.
+fn unpublish_touching_nothing_outside(
+    rig: &Rig,
+    c: &AgentClient,
+    id: &str,
+) -> ttrpc::Result<pb::UnpublishVolumeResponse> {
+    let up = c.unpublish_volume(ctx(), &unpublish_req(id));
+    let bad = rig.sentinel_problems();
+    assert!(
+        bad.is_empty(),
+        "UnpublishVolume answered {}; {}",
+        said(&up),
+        rig.report("after UnpublishVolume", &bad)
+    );
+    up
+}
+
+/// Unpublishes volume `id`, which must answer that it was published and
+/// leave `d`'s disk mounted nowhere.
+fn assert_unpublished(c: &AgentClient, id: &str, d: &Disk) {
+    let up = c.unpublish_volume(ctx(), &unpublish_req(id));
+    let left = mounts_of_disk(d);
+    assert!(
+        up.as_ref().is_ok_and(|u| u.was_published) && left.is_empty(),
+        "UnpublishVolume answered {}, and the disk is still mounted at {left:?}",
+        said(&up)
+    );
 }
 
 /// The topmost mount at `path`, as (majmin, root).
@@ -48,10 +130,8 @@ fn assert_clean(rig: &Rig, when: &str, c: &AgentClient, disks: &[Disk], ids: &[&
 #[ignore = "needs root: make test runs it"]
 fn a_symlink_at_the_guest_path_does_not_lead_outside() {
     needs::loop_devices_and_mkfs();
-    let disk = disk_with_tree(64, "ext4", 20);
-    let d = Disk::of(&disk, "ext4");
-    let mut rig = Rig::new();
-    rig.start();
+    let (_disk, d) = ext4_disk(20);
+    let rig = started();
     let c = rig.client();
     let victim = rig.outside.join("victim");
     let gp = rig.guest_path("atk-evil");
@@ -102,23 +182,8 @@ fn unpublish_through_a_parent_swapped_for_a_symlink_deletes_nothing_outside() {
     std::os::unix::fs::symlink(&decoy, &pod).unwrap();
     rig.resnapshot();
 
-    let un = c.unmount(ctx(), &unmount_req(t1.display().to_string()));
-    let bad = rig.sentinel_problems();
-    assert!(
-        bad.is_empty(),
-        "Unmount of {} answered {}; {}",
-        t1.display(),
-        said(&un),
-        rig.report("after Unmount", &bad)
-    );
-    let up = c.unpublish_volume(ctx(), &unpublish_req("atk-swap"));
-    let bad = rig.sentinel_problems();
-    assert!(
-        bad.is_empty(),
-        "UnpublishVolume answered {}; {}",
-        said(&up),
-        rig.report("after UnpublishVolume", &bad)
-    );
+    unmount_touching_nothing_outside(&rig, &c, &t1);
+    let up = unpublish_touching_nothing_outside(&rig, &c, "atk-swap");
     // Its own binds, moved or not, are still its own: nothing of the disk is left.
     assert!(
         up.as_ref().is_ok_and(|u| u.was_published),
@@ -149,37 +214,12 @@ fn unmount_through_an_overmounted_parent_unmounts_nothing_outside() {
     // outside. mountinfo still lists the bind at its old path, but that path
     // now resolves to the sentinel's tmpfs.
     let pods = rig.root.join("pods");
-    run(
-        "mount",
-        &[
-            "-t",
-            "tmpfs",
-            "-o",
-            "size=1m",
-            "atk",
-            pods.to_str().unwrap(),
-        ],
-    );
+    mount_tmpfs("atk", "size=1m", &pods);
     std::os::unix::fs::symlink(&rig.outside, pods.join("p")).unwrap();
     rig.resnapshot();
 
-    let un = c.unmount(ctx(), &unmount_req(target.display().to_string()));
-    let bad = rig.sentinel_problems();
-    assert!(
-        bad.is_empty(),
-        "Unmount of {} answered {}; {}",
-        target.display(),
-        said(&un),
-        rig.report("after Unmount", &bad)
-    );
-    let up = c.unpublish_volume(ctx(), &unpublish_req("atk-over"));
-    let bad = rig.sentinel_problems();
-    assert!(
-        bad.is_empty(),
-        "UnpublishVolume answered {}; {}",
-        said(&up),
-        rig.report("after UnpublishVolume", &bad)
-    );
+    unmount_touching_nothing_outside(&rig, &c, &target);
+    let _ = unpublish_touching_nothing_outside(&rig, &c, "atk-over");
     assert!(
         mount_at(&rig.outside.join("mnt")).is_some(),
         "the sentinel's mount is gone"
@@ -191,8 +231,7 @@ fn unmount_through_an_overmounted_parent_unmounts_nothing_outside() {
 #[ignore = "needs root: make test runs it"]
 fn a_root_through_a_symlinked_parent_really_unmounts() {
     needs::loop_devices_and_mkfs();
-    let disk = disk_with_tree(64, "ext4", 0);
-    let d = Disk::of(&disk, "ext4");
+    let (_disk, d) = ext4_disk(0);
     let mut rig = Rig::with_root(|w| {
         std::fs::create_dir(w.join("real")).unwrap();
         std::os::unix::fs::symlink(w.join("real"), w.join("link")).unwrap();
@@ -252,11 +291,7 @@ fn a_root_through_a_symlinked_parent_really_unmounts() {
 fn two_volumes_racing_for_one_target_never_both_win() {
     needs::loop_devices_and_mkfs();
     let (_a, da, rig) = scene("atk-ra");
-    let b = disk_with_tree(64, "ext4", 0);
-    let db = Disk::of(&b, "ext4");
-    rig.client()
-        .publish_volume(ctx(), &publish_req("atk-rb", &db.path, "ext4"))
-        .unwrap();
+    let (_b, db) = another_volume(&rig.client(), "atk-rb");
     const TRIES: usize = 40;
     let barrier = Arc::new(Barrier::new(2));
     let racers: Vec<_> = ["atk-ra", "atk-rb"]
@@ -351,22 +386,11 @@ fn a_bind_removed_behind_the_agents_back_is_not_already_mounted() {
 #[ignore = "needs root: make test runs it"]
 fn unmount_of_a_mount_the_agent_did_not_make_is_refused() {
     needs::loop_devices_and_mkfs();
-    let mut rig = Rig::new();
-    rig.start();
+    let rig = started();
     let c = rig.client();
     let foreign = rig.root.join("pods/foreign");
     std::fs::create_dir_all(&foreign).unwrap();
-    run(
-        "mount",
-        &[
-            "-t",
-            "tmpfs",
-            "-o",
-            "size=1m",
-            "foreign",
-            foreign.to_str().unwrap(),
-        ],
-    );
+    mount_tmpfs("foreign", "size=1m", &foreign);
     let r = c.unmount(ctx(), &unmount_req(foreign.display().to_string()));
     let still = mount_at(&foreign);
     assert!(
@@ -386,11 +410,8 @@ fn unmount_of_a_mount_the_agent_did_not_make_is_refused() {
 fn a_bind_target_inside_another_volumes_bind_is_refused() {
     needs::loop_devices_and_mkfs();
     let (_a, da, rig) = scene("atk-outer");
-    let b = disk_with_tree(64, "ext4", 0);
-    let db = Disk::of(&b, "ext4");
     let c = rig.client();
-    c.publish_volume(ctx(), &publish_req("atk-inner", &db.path, "ext4"))
-        .unwrap();
+    let (_b, db) = another_volume(&c, "atk-inner");
     let outer = rig.root.join("pods/outer");
     c.bind_mount(ctx(), &rw_bind("atk-outer", &outer)).unwrap();
     let inner = outer.join("inner");
@@ -470,10 +491,8 @@ fn bind_targets_longer_than_path_max_are_invalid() {
 #[ignore = "needs root: make test runs it"]
 fn errors_panic_is_refused() {
     needs::loop_devices_and_mkfs();
-    let disk = disk_with_tree(64, "ext4", 0);
-    let d = Disk::of(&disk, "ext4");
-    let mut rig = Rig::new();
-    rig.start();
+    let (_disk, d) = ext4_disk(0);
+    let rig = started();
     let c = rig.client();
     for opts in [
         &["errors=panic"][..],
@@ -548,20 +567,8 @@ fn a_state_file_naming_a_target_outside_the_root_is_not_trusted() {
     // (Which file says what is the agent's business after a tampered state:
     // the state directory is not compared here.)
     assert_clean(&rig, "after the restart", &c, std::slice::from_ref(&d), &[]);
-    let listed = c
-        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
-        .unwrap()
-        .volumes
-        .iter()
-        .any(|v| v.volume_id == "atk-state");
-    let up = c.unpublish_volume(ctx(), &unpublish_req("atk-state"));
-    let bad = rig.sentinel_problems();
-    assert!(
-        bad.is_empty(),
-        "UnpublishVolume answered {}; {}",
-        said(&up),
-        rig.report("after UnpublishVolume", &bad)
-    );
+    let listed = listed(&c, "atk-state");
+    let up = unpublish_touching_nothing_outside(&rig, &c, "atk-state");
     assert!(
         up.as_ref().is_ok_and(|u| u.was_published == listed),
         "the volume is {}listed, and unpublish answered {}",
@@ -595,12 +602,7 @@ fn an_undecodable_state_file_leaves_the_volume_manageable() {
     assert!(garbled > 0, "no state file names volume atk-garbled");
     rig.start();
     let c = rig.client();
-    let listed = c
-        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
-        .unwrap()
-        .volumes
-        .iter()
-        .any(|v| v.volume_id == "atk-garbled");
+    let listed = listed(&c, "atk-garbled");
     // Taken back from mountinfo or cleaned up: either way, nothing orphaned
     // (an undecodable file names no volume the test could check against).
     let bad = rig.problems(&c, std::slice::from_ref(&d), &[], None);
@@ -648,13 +650,7 @@ fn a_bind_moved_by_renaming_its_parent_is_taken_down() {
         moved1.display(),
         mount_at(&moved1)
     );
-    let up = c.unpublish_volume(ctx(), &unpublish_req("atk-moved"));
-    let left = mounts_of_disk(&d);
-    assert!(
-        up.as_ref().is_ok_and(|u| u.was_published) && left.is_empty(),
-        "UnpublishVolume answered {}, and the disk is still mounted at {left:?}",
-        said(&up)
-    );
+    assert_unpublished(&c, "atk-moved", &d);
     assert_clean(&rig, "after the unpublish", &c, &[d], &["atk-moved"]);
 }
 
@@ -713,13 +709,7 @@ fn a_bind_moved_under_a_name_that_is_not_utf8_is_taken_down() {
         m3,
         rig.log_tail(20)
     );
-    let up = c.unpublish_volume(ctx(), &unpublish_req("atk-odd"));
-    let left = mounts_of_disk(&d);
-    assert!(
-        up.as_ref().is_ok_and(|u| u.was_published) && left.is_empty(),
-        "UnpublishVolume answered {}, and the disk is still mounted at {left:?}",
-        said(&up)
-    );
+    assert_unpublished(&c, "atk-odd", &d);
 }
 
 #[test]
@@ -735,16 +725,9 @@ fn a_foreign_mount_whose_path_is_not_utf8_breaks_nothing() {
         .path()
         .join(std::ffi::OsStr::from_bytes(b"foreign \xff\xfe\tmount"));
     std::fs::create_dir(&odd).unwrap();
-    let status = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=1m", "foreign"])
-        .arg(&odd)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let disk = disk_with_tree(64, "ext4", 10);
-    let d = Disk::of(&disk, "ext4");
-    let mut rig = Rig::new();
-    rig.start();
+    mount_tmpfs("foreign", "size=1m", &odd);
+    let (_disk, d) = ext4_disk(10);
+    let mut rig = started();
     let c = rig.client();
     let mut req = publish_req("atk-foreign", &d.path, "ext4");
     req.fs_group = fs_group(4321, pb::FsGroupChangePolicy::ALWAYS);
@@ -769,10 +752,7 @@ fn a_foreign_mount_whose_path_is_not_utf8_breaks_nothing() {
         &["atk-foreign"],
     );
     // A restart takes the volume back, with the foreign mount still there.
-    drop(c);
-    rig.kill9();
-    rig.start();
-    let c = rig.client();
+    let c = restart(&mut rig, c);
     assert_clean(
         &rig,
         "after a restart",
@@ -866,8 +846,7 @@ fn a_disk_and_its_partition_are_never_both_published() {
     };
     let disks = [whole.clone(), pd.clone()];
     let ids = ["atk-part", "atk-whole"];
-    let mut rig = Rig::new();
-    rig.start();
+    let mut rig = started();
 
     // The partition first, then the whole disk: refused, as a filesystem
     // or as a block volume.
@@ -887,10 +866,7 @@ fn a_disk_and_its_partition_are_never_both_published() {
         "partition first",
     );
     // The same after a restart: a volume taken back claims its sectors.
-    drop(c);
-    rig.kill9();
-    rig.start();
-    let c = rig.client();
+    let c = restart(&mut rig, c);
     refused(
         &c,
         publish_req("atk-whole", &whole.path, "block"),
@@ -963,24 +939,6 @@ fn agent_info(c: &AgentClient) -> pb::GetAgentInfoResponse {
 /// The volume ids of the full-state test.
 const FULL_STATE_IDS: [&str; 3] = ["atk-full1", "atk-full2", "atk-full3"];
 
-/// The root's state directory on a small filesystem of its own (64 KiB).
-fn small_state_fs(rig: &Rig) -> PathBuf {
-    let state = rig.root.join(STATE_DIR);
-    std::fs::create_dir_all(&state).unwrap();
-    run(
-        "mount",
-        &[
-            "-t",
-            "tmpfs",
-            "-o",
-            "size=64k,mode=700",
-            "crust-state",
-            state.to_str().unwrap(),
-        ],
-    );
-    state
-}
-
 /// kill -9 with the state filesystem full: recovery cannot write its
 /// records, and comes up all the same, with the volume left published
 /// (bound at `t2`); its unpublish works. The new client.
@@ -990,10 +948,7 @@ fn comes_up_on_a_full_state(
     disks: &[Disk],
     t2: &Path,
 ) -> AgentClient {
-    drop(c);
-    rig.kill9();
-    rig.start();
-    let c = rig.client();
+    let c = restart(rig, c);
     let info = agent_info(&c);
     assert!(
         info.state_problem.contains("no space"),
@@ -1007,10 +962,7 @@ fn comes_up_on_a_full_state(
         disks,
         &FULL_STATE_IDS,
     );
-    let list = c
-        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
-        .unwrap()
-        .volumes;
+    let list = volumes(&c);
     assert_eq!(list.len(), 1);
     assert_eq!(list[0].bind_targets, vec![t2.display().to_string()]);
     let up = c.unpublish_volume(ctx(), &unpublish_req(FULL_STATE_IDS[0]));
@@ -1039,7 +991,9 @@ fn a_full_state_filesystem_changes_nothing_and_the_agent_still_starts() {
     ];
     let ids = FULL_STATE_IDS;
     let mut rig = Rig::new();
-    let state = small_state_fs(&rig);
+    // The root's state directory on a small filesystem of its own.
+    let state = rig.root.join(STATE_DIR);
+    small_state_fs(&state, "64k");
     rig.start();
     let c = rig.client();
     let pods = rig.root.join("pods");

@@ -686,14 +686,7 @@ fn a_restart_never_thaws_another_tools_freeze_after_an_unrecorded_end() {
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().to_path_buf();
     let state = base.join("root/state");
-    std::fs::create_dir_all(&state).unwrap();
-    let tmpfs = ["-t", "tmpfs", "-o", "size=256k,mode=700", "crust-state"];
-    let mounted = std::process::Command::new("mount")
-        .args(tmpfs)
-        .arg(&state)
-        .status()
-        .unwrap();
-    assert!(mounted.success());
+    small_state_fs(&state, "256k");
     let a = Agent::start_in(dir);
     let c = a.client();
     let path = publish(&c, "v", &disk, "ext4");

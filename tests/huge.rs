@@ -299,18 +299,7 @@ fn a_walk_whose_end_cannot_be_recorded_takes_the_volume_down() {
     // The state directory on a filesystem of its own, filled mid-walk.
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("root/state");
-    std::fs::create_dir_all(&state).unwrap();
-    run(
-        "mount",
-        &[
-            "-t",
-            "tmpfs",
-            "-o",
-            "size=64k,mode=700",
-            "crust-state",
-            state.to_str().unwrap(),
-        ],
-    );
+    small_state_fs(&state, "64k");
     let a = Agent::start_in(dir);
     let req = walk_req("full", &disk, GID);
     let (code, msg) = publish_with_deadline(&a, &req, Duration::from_millis(5));

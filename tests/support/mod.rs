@@ -227,3 +227,17 @@ pub fn is_mount(path: &Path) -> bool {
     let table = crust_agent::sys::mountinfo::read().unwrap();
     crust_agent::sys::mountinfo::mount_at(&table, path).is_some()
 }
+
+/// Mounts a tmpfs named `name` with `options` (`size=1m`) at `at`, whose
+/// path need not be UTF-8.
+pub fn mount_tmpfs(name: &str, options: &str, at: &Path) {
+    let args = ["-t", "tmpfs", "-o", options, name].map(std::ffi::OsStr::new);
+    crust_testkit::disks::run_os("mount", &[&args[..], &[at.as_os_str()]].concat());
+}
+
+/// The directory `state`, created on a tmpfs of its own of `size` (`64k`),
+/// small enough for a test to fill.
+pub fn small_state_fs(state: &Path, size: &str) {
+    std::fs::create_dir_all(state).unwrap();
+    mount_tmpfs("crust-state", &format!("size={size},mode=700"), state);
+}

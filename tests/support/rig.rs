@@ -237,17 +237,7 @@ impl Rig {
         std::fs::write(o.join("dir/sub/deep.txt"), b"deep").unwrap();
         std::os::unix::fs::symlink("file.txt", o.join("link")).unwrap();
         std::fs::create_dir(o.join("mnt")).unwrap();
-        run(
-            "mount",
-            &[
-                "-t",
-                "tmpfs",
-                "-o",
-                "size=1m",
-                "crust-sentinel",
-                o.join("mnt").to_str().unwrap(),
-            ],
-        );
+        super::mount_tmpfs("crust-sentinel", "size=1m", &o.join("mnt"));
         std::fs::create_dir(o.join("mnt/t")).unwrap();
         std::fs::write(o.join("mnt/inside.txt"), b"in the sentinel's own mount").unwrap();
     }
