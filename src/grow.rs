@@ -662,81 +662,86 @@ mod tests {
         assert_eq!(parse_ext4_super(&sb), None);
     }
 
+    /// A loop disk with a filesystem mounted (dropped in this order: the
+    /// mount first), and the agent's view of the disk.
+    struct Scene {
+        m: Mounted,
+        disk: LoopDisk,
+        dev: Device,
+    }
+
+    impl Scene {
+        /// A disk of `mb` MiB with a new `fs`, mounted with `options`.
+        fn mounted(mb: u64, fs: &str, options: &str) -> Scene {
+            let disk = LoopDisk::new(mb, Some(fs));
+            let m = Mounted::new(&disk.device, fs, options);
+            Scene::of(disk, m)
+        }
+
+        fn of(disk: LoopDisk, m: Mounted) -> Scene {
+            let dev = disk.agent_device();
+            Scene { m, disk, dev }
+        }
+
+        /// The filesystem's size, read as `fs`.
+        fn size(&self, fs: FsType) -> Result<u64, Error> {
+            fs_size_bytes(fd(&self.m.path).as_fd(), &self.m.path, &self.dev, fs)
+        }
+
+        /// Grows the filesystem, as `fs`, to a device of `bytes`.
+        fn grow(&self, fs: FsType, bytes: u64) -> Result<u64, Error> {
+            self.grow_on(&self.dev, fs, bytes)
+        }
+
+        /// [`Scene::grow`] told the filesystem is on `dev`.
+        fn grow_on(&self, dev: &Device, fs: FsType, bytes: u64) -> Result<u64, Error> {
+            grow(
+                fd(&self.m.path).as_fd(),
+                &self.m.path,
+                dev,
+                fs,
+                bytes,
+                &Sysfs::system(),
+            )
+        }
+    }
+
     #[test]
     #[ignore = "needs root: make test runs it"]
     fn grows_xfs_online() {
         needs::loop_devices();
-        let disk = LoopDisk::new(300, Some("xfs"));
-        let m = Mounted::new(&disk.device, "xfs", "");
-        let dev = disk.agent_device();
-        let before = fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs).unwrap();
-        let total_before = rustix::fs::statvfs(&m.path).unwrap();
+        let s = Scene::mounted(300, "xfs", "");
+        let before = s.size(FsType::Xfs).unwrap();
+        let total_before = rustix::fs::statvfs(&s.m.path).unwrap();
         assert!(before <= 300 << 20 && before > 290 << 20, "{before}");
         // Not grown yet: a no-op that reports the current size.
         assert_eq!(
-            grow(
-                fd(&m.path).as_fd(),
-                &m.path,
-                &dev,
-                FsType::Xfs,
-                size_bytes(&disk.device).unwrap(),
-                &Sysfs::system()
-            )
-            .unwrap(),
+            s.grow(FsType::Xfs, size_bytes(&s.disk.device).unwrap())
+                .unwrap(),
             before
         );
         // Never shrinks: a device smaller than the filesystem is refused.
-        let e = grow(
-            fd(&m.path).as_fd(),
-            &m.path,
-            &dev,
-            FsType::Xfs,
-            100 << 20,
-            &Sysfs::system(),
-        )
-        .unwrap_err();
+        let e = s.grow(FsType::Xfs, 100 << 20).unwrap_err();
         assert!(matches!(e, Error::LargerThanDevice { .. }), "{e}");
-        disk.resize(1024);
-        let dev_bytes = size_bytes(&disk.device).unwrap();
+        s.disk.resize(1024);
+        let dev_bytes = size_bytes(&s.disk.device).unwrap();
         assert_eq!(dev_bytes, 1 << 30);
-        let after = grow(
-            fd(&m.path).as_fd(),
-            &m.path,
-            &dev,
-            FsType::Xfs,
-            dev_bytes,
-            &Sysfs::system(),
-        )
-        .unwrap();
+        let after = s.grow(FsType::Xfs, dev_bytes).unwrap();
         assert!(
             after > (1 << 30) - (16 << 20) && after <= 1 << 30,
             "{after}"
         );
-        assert_eq!(
-            fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs).unwrap(),
-            after
-        );
-        let total_after = rustix::fs::statvfs(&m.path).unwrap();
+        assert_eq!(s.size(FsType::Xfs).unwrap(), after);
+        let total_after = rustix::fs::statvfs(&s.m.path).unwrap();
         let grew = (total_after.f_blocks - total_before.f_blocks) * total_after.f_frsize;
         assert!(
             grew >= after - before - (8 << 20) && grew <= after - before,
             "statfs grew by {grew}"
         );
         // Again: already there.
-        assert_eq!(
-            grow(
-                fd(&m.path).as_fd(),
-                &m.path,
-                &dev,
-                FsType::Xfs,
-                dev_bytes,
-                &Sysfs::system()
-            )
-            .unwrap(),
-            after
-        );
+        assert_eq!(s.grow(FsType::Xfs, dev_bytes).unwrap(), after);
         // What xfs_growfs (the reference tool) thinks, as a cross-check.
-        let info = run("xfs_info", &[m.path.to_str().unwrap()]);
+        let info = run("xfs_info", &[s.m.path.to_str().unwrap()]);
         let blocks = after / 4096;
         assert!(info.contains(&format!("blocks={blocks}")), "{info}");
     }
@@ -748,21 +753,13 @@ mod tests {
         for (fs, mb) in [(FsType::Ext4, 64u64), (FsType::Xfs, 320)] {
             let disk = LoopDisk::new(mb, Some(fs.name()));
             let m = Mounted::as_the_agent(&disk.device, fs.name());
-            let dev = disk.agent_device();
-            let before = fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, fs).unwrap();
-            disk.resize(mb - 16);
-            let now = size_bytes(&disk.device).unwrap();
+            let s = Scene::of(disk, m);
+            let before = s.size(fs).unwrap();
+            s.disk.resize(mb - 16);
+            let now = size_bytes(&s.disk.device).unwrap();
             assert_eq!(now, (mb - 16) << 20);
             // No growth can fix this; never an OK that hides it.
-            let e = grow(
-                fd(&m.path).as_fd(),
-                &m.path,
-                &dev,
-                fs,
-                now,
-                &Sysfs::system(),
-            )
-            .unwrap_err();
+            let e = s.grow(fs, now).unwrap_err();
             assert!(matches!(e, Error::LargerThanDevice { .. }), "{fs}: {e}");
             assert_eq!(e.code(), Code::OutOfRange, "{fs}");
             let msg = e.to_string();
@@ -771,12 +768,8 @@ mod tests {
                     && msg.contains(&format!("only {now} bytes")),
                 "{fs}: {msg}"
             );
-            assert_eq!(
-                fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, fs).unwrap(),
-                before,
-                "{fs}: nothing changed"
-            );
-            fits(&m.path, fs, &dev, before, before).unwrap();
+            assert_eq!(s.size(fs).unwrap(), before, "{fs}: nothing changed");
+            fits(&s.m.path, fs, &s.dev, before, before).unwrap();
         }
     }
 
@@ -784,51 +777,22 @@ mod tests {
     #[ignore = "needs root: make test runs it"]
     fn refuses_read_only_and_wrong_filesystems() {
         needs::loop_devices();
-        let disk = LoopDisk::new(300, Some("xfs"));
-        let m = Mounted::new(&disk.device, "xfs", "ro");
-        let dev = disk.agent_device();
-        disk.resize(600);
-        let e = grow(
-            fd(&m.path).as_fd(),
-            &m.path,
-            &dev,
-            FsType::Xfs,
-            600 << 20,
-            &Sysfs::system(),
-        )
-        .unwrap_err();
+        let s = Scene::mounted(300, "xfs", "ro");
+        s.disk.resize(600);
+        let e = s.grow(FsType::Xfs, 600 << 20).unwrap_err();
         assert!(matches!(e, Error::ReadOnly { .. }), "{e}");
         assert_eq!(e.code(), Code::FailedPrecondition);
-        assert!(
-            fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs).unwrap() <= 300 << 20,
-            "nothing grew"
-        );
-        let e = grow(
-            fd(&m.path).as_fd(),
-            &m.path,
-            &dev,
-            FsType::Ext4,
-            600 << 20,
-            &Sysfs::system(),
-        )
-        .unwrap_err();
+        assert!(s.size(FsType::Xfs).unwrap() <= 300 << 20, "nothing grew");
+        let e = s.grow(FsType::Ext4, 600 << 20).unwrap_err();
         assert!(matches!(e, Error::WrongFs { .. }), "{e}");
         assert!(e.to_string().contains("not an ext4 filesystem"), "{e}");
         assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
         // Another device than the one mounted there: refused before any ioctl.
         let elsewhere = Device {
-            minor: dev.minor + 1000,
-            ..dev.clone()
+            minor: s.dev.minor + 1000,
+            ..s.dev.clone()
         };
-        let e = grow(
-            fd(&m.path).as_fd(),
-            &m.path,
-            &elsewhere,
-            FsType::Xfs,
-            600 << 20,
-            &Sysfs::system(),
-        )
-        .unwrap_err();
+        let e = s.grow_on(&elsewhere, FsType::Xfs, 600 << 20).unwrap_err();
         assert!(matches!(e, Error::NotOnDevice { .. }), "{e}");
     }
 
@@ -836,57 +800,30 @@ mod tests {
     #[ignore = "needs root: make test runs it"]
     fn grows_ext4_or_says_which_capability_is_missing() {
         needs::loop_devices();
-        let disk = LoopDisk::new(64, Some("ext4"));
-        let m = Mounted::new(&disk.device, "ext4", "");
-        let dev = disk.agent_device();
-        let before = fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, FsType::Ext4).unwrap();
+        let s = Scene::mounted(64, "ext4", "");
+        let before = s.size(FsType::Ext4).unwrap();
         assert_eq!(before, 64 << 20);
         // Nothing to do needs no capability.
-        assert_eq!(
-            grow(
-                fd(&m.path).as_fd(),
-                &m.path,
-                &dev,
-                FsType::Ext4,
-                64 << 20,
-                &Sysfs::system()
-            )
-            .unwrap(),
-            before
-        );
-        disk.resize(256);
+        assert_eq!(s.grow(FsType::Ext4, 64 << 20).unwrap(), before);
+        s.disk.resize(256);
         let has_cap = caps::has_cap(
             None,
             caps::CapSet::Effective,
             caps::Capability::CAP_SYS_RESOURCE,
         )
         .unwrap();
-        let r = grow(
-            fd(&m.path).as_fd(),
-            &m.path,
-            &dev,
-            FsType::Ext4,
-            256 << 20,
-            &Sysfs::system(),
-        );
+        let r = s.grow(FsType::Ext4, 256 << 20);
         if has_cap {
             let after = r.unwrap();
             assert!(after > 250 << 20 && after <= 256 << 20, "{after}");
-            assert_eq!(
-                fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, FsType::Ext4).unwrap(),
-                after
-            );
-            let st = rustix::fs::statvfs(&m.path).unwrap();
+            assert_eq!(s.size(FsType::Ext4).unwrap(), after);
+            let st = rustix::fs::statvfs(&s.m.path).unwrap();
             assert!(st.f_blocks * st.f_frsize > 200 << 20, "statfs did not grow");
         } else {
             let e = r.unwrap_err();
             assert_eq!(e.code(), Code::FailedPrecondition);
             assert!(e.to_string().contains("needs CAP_SYS_RESOURCE"), "{e}");
-            assert_eq!(
-                fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, FsType::Ext4).unwrap(),
-                before,
-                "nothing grew"
-            );
+            assert_eq!(s.size(FsType::Ext4).unwrap(), before, "nothing grew");
         }
     }
 
@@ -906,13 +843,11 @@ mod tests {
         needs::loop_devices();
         // 1 KiB blocks below 512 MiB, 4 KiB above; the 64bit feature on both.
         for mb in [100, 700] {
-            let disk = LoopDisk::new(mb, Some("ext4"));
-            let m = Mounted::new(&disk.device, "ext4", "");
-            let dev = disk.agent_device();
-            let got = fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, FsType::Ext4).unwrap();
-            assert_eq!(got, dumpe2fs_bytes(&disk.device), "{mb} MiB");
+            let s = Scene::mounted(mb, "ext4", "");
+            let got = s.size(FsType::Ext4).unwrap();
+            assert_eq!(got, dumpe2fs_bytes(&s.disk.device), "{mb} MiB");
             assert_eq!(got, mb << 20);
-            let e = fs_size_bytes(fd(&m.path).as_fd(), &m.path, &dev, FsType::Xfs).unwrap_err();
+            let e = s.size(FsType::Xfs).unwrap_err();
             assert!(matches!(e, Error::WrongFs { .. }), "{e}");
         }
     }
@@ -921,26 +856,17 @@ mod tests {
     #[ignore = "needs root: make test runs it"]
     fn refuses_an_ext4_with_errors() {
         needs::loop_devices();
-        let disk = LoopDisk::new(64, Some("ext4"));
-        let m = Mounted::new(&disk.device, "ext4", "errors=continue");
-        let dev = disk.agent_device();
+        let s = Scene::mounted(64, "ext4", "errors=continue");
         std::fs::write(
-            format!("/sys/fs/ext4/{}/trigger_fs_error", disk.name()),
+            format!("/sys/fs/ext4/{}/trigger_fs_error", s.disk.name()),
             "1",
         )
         .unwrap();
-        disk.resize(256);
+        s.disk.resize(256);
         // The error is recorded by a work item: give it a moment.
         let mut e = None;
         for _ in 0..100 {
-            match grow(
-                fd(&m.path).as_fd(),
-                &m.path,
-                &dev,
-                FsType::Ext4,
-                256 << 20,
-                &Sysfs::system(),
-            ) {
+            match s.grow(FsType::Ext4, 256 << 20) {
                 Err(err @ Error::HasErrors { .. }) => {
                     e = Some(err);
                     break;
