@@ -79,8 +79,59 @@ fn publish(c: &AgentClient, id: &str, disk: &LoopDisk, fs: &str) -> String {
         .guest_path
 }
 
+/// A started agent, its client, and each (id, disk, fs) of `volumes`
+/// published on it: their guest paths.
+fn agent_with(volumes: &[(&str, &LoopDisk, &str)]) -> (Agent, AgentClient, Vec<String>) {
+    let a = Agent::start();
+    let c = a.client();
+    let paths = volumes
+        .iter()
+        .map(|(id, disk, fs)| publish(&c, id, disk, fs))
+        .collect();
+    (a, c, paths)
+}
+
+/// [`agent_with`] one volume `id`: its guest path.
+fn one_volume(id: &str, disk: &LoopDisk, fs: &str) -> (Agent, AgentClient, String) {
+    let (a, c, mut paths) = agent_with(&[(id, disk, fs)]);
+    (a, c, paths.remove(0))
+}
+
+/// Writes a file `name` into `dir`, which must be done within 10 s (`why`
+/// says why it should).
+fn writes(dir: &str, name: &str, why: &str) {
+    write_in(Path::new(dir), name)
+        .recv_timeout(Duration::from_secs(10))
+        .expect(why);
+}
+
+/// Freezes volumes `ids` for `timeout_ms`: the freeze.
+fn freeze(c: &AgentClient, ids: &[&str], timeout_ms: u32) -> pb::FreezeVolumesResponse {
+    c.freeze_volumes(ctx(), &freeze_req(ids, timeout_ms))
+        .unwrap()
+}
+
+/// Thaws freeze `freeze_id`: the answer.
+fn thaw(c: &AgentClient, freeze_id: &str) -> ttrpc::Result<pb::ThawVolumesResponse> {
+    c.thaw_volumes(ctx(), &thaw_req(freeze_id))
+}
+
+/// The thaw's answer is ABORTED, and its message says `says`.
+fn assert_aborted(r: ttrpc::Result<pb::ThawVolumesResponse>, says: &str) {
+    assert_eq!(code(r.clone()), "ABORTED");
+    assert!(message(r).contains(says));
+}
+
+/// What ListVolumes answers.
+fn volumes(c: &AgentClient) -> Vec<pb::VolumeInfo> {
+    c.list_volumes(ctx(), &pb::ListVolumesRequest::new())
+        .unwrap()
+        .volumes
+}
+
 use crust_agent::validate::FREEZES_DIR;
 use crust_protocols::crust_ttrpc::AgentClient;
+use crust_protocols::ttrpc;
 
 #[test]
 #[ignore = "needs root: make test runs it"]
@@ -88,9 +139,7 @@ fn a_frozen_volume_blocks_writes_until_thawed_and_says_so_everywhere() {
     needs::loop_devices_and_mkfs();
     for fs in ["ext4", "xfs"] {
         let disk = LoopDisk::new(320, Some(fs));
-        let a = Agent::start();
-        let c = a.client();
-        let path = publish(&c, "v", &disk, fs);
+        let (a, c, path) = one_volume("v", &disk, fs);
         let unix_ms = || {
             u64::try_from(
                 std::time::SystemTime::now()
@@ -101,9 +150,7 @@ fn a_frozen_volume_blocks_writes_until_thawed_and_says_so_everywhere() {
             .unwrap()
         };
         let before = unix_ms();
-        let f = c
-            .freeze_volumes(ctx(), &freeze_req(&["v"], 30_000))
-            .unwrap();
+        let f = freeze(&c, &["v"], 30_000);
         let after = unix_ms();
         assert!(
             (before + 30_000..=after + 30_000).contains(&f.thaw_at_unix_ms),
@@ -119,11 +166,9 @@ fn a_frozen_volume_blocks_writes_until_thawed_and_says_so_everywhere() {
             "{fs}: a write went through a frozen volume"
         );
         // The list says it, with the time left.
-        let l = c
-            .list_volumes(ctx(), &pb::ListVolumesRequest::new())
-            .unwrap();
-        assert_eq!(l.volumes[0].freeze_id, f.freeze_id);
-        assert!(l.volumes[0].frozen_ms_left > 20_000 && l.volumes[0].frozen_ms_left <= 30_000);
+        let l = volumes(&c);
+        assert_eq!(l[0].freeze_id, f.freeze_id);
+        assert!(l[0].frozen_ms_left > 20_000 && l[0].frozen_ms_left <= 30_000);
         // A second freeze is refused, naming the freeze that holds it.
         let again = c.freeze_volumes(ctx(), &freeze_req(&["v"], 0));
         assert_eq!(code(again.clone()), "FAILED_PRECONDITION");
@@ -150,16 +195,14 @@ fn a_frozen_volume_blocks_writes_until_thawed_and_says_so_everywhere() {
         // Recorded before it was frozen, by its id.
         assert!(record(&a.root, &f.freeze_id).contains("volume=v\tpending"));
         // Thaw by its id: the write ends, and thawing again is fine.
-        let t = c.thaw_volumes(ctx(), &thaw_req(&f.freeze_id)).unwrap();
+        let t = thaw(&c, &f.freeze_id).unwrap();
         assert_eq!(t.thawed, vec!["v".to_string()]);
         done.recv_timeout(Duration::from_secs(10))
             .expect("the write ends after the thaw");
-        let t = c.thaw_volumes(ctx(), &thaw_req(&f.freeze_id)).unwrap();
+        let t = thaw(&c, &f.freeze_id).unwrap();
         assert!(t.thawed.is_empty());
-        let l = c
-            .list_volumes(ctx(), &pb::ListVolumesRequest::new())
-            .unwrap();
-        assert_eq!(l.volumes[0].freeze_id, "");
+        let l = volumes(&c);
+        assert_eq!(l[0].freeze_id, "");
         assert!(record(&a.root, &f.freeze_id).contains("volume=v\tended\tthawed\t"));
         c.unpublish_volume(ctx(), &unpublish_req("v")).unwrap();
     }
@@ -170,10 +213,8 @@ fn a_frozen_volume_blocks_writes_until_thawed_and_says_so_everywhere() {
 fn a_freeze_is_all_or_none() {
     needs::loop_devices_and_mkfs();
     let (d1, d2) = (LoopDisk::new(64, Some("ext4")), LoopDisk::new(64, None));
-    let a = Agent::start();
-    let c = a.client();
-    let path = publish(&c, "fs", &d1, "ext4");
-    publish(&c, "blk", &d2, "block");
+    let (_a, c, paths) = agent_with(&[("fs", &d1, "ext4"), ("blk", &d2, "block")]);
+    let path = &paths[0];
     // An unknown id: NOT_FOUND; a block volume: FAILED_PRECONDITION. Both
     // leave the first volume writable.
     for (ids, want) in [
@@ -182,9 +223,11 @@ fn a_freeze_is_all_or_none() {
     ] {
         let r = c.freeze_volumes(ctx(), &freeze_req(&ids, 0));
         assert_eq!(code(r), want, "{ids:?}");
-        write_in(Path::new(&path), "after")
-            .recv_timeout(Duration::from_secs(10))
-            .expect("the volume a failed freeze froze first is thawed");
+        writes(
+            path,
+            "after",
+            "the volume a failed freeze froze first is thawed",
+        );
     }
     // Bad requests: INVALID_ARGUMENT, nothing frozen.
     let many: Vec<String> = (0..65).map(|n| format!("v{n}")).collect();
@@ -231,14 +274,9 @@ fn a_freeze_is_all_or_none() {
     let mut own = freeze_req(&["fs"], 0);
     own.freeze_id = "-x".into();
     assert_eq!(code(c.freeze_volumes(ctx(), &own)), "INVALID_ARGUMENT");
-    assert_eq!(
-        code(c.thaw_volumes(ctx(), &thaw_req("f-never"))),
-        "NOT_FOUND"
-    );
-    let l = c
-        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
-        .unwrap();
-    assert!(l.volumes.iter().all(|v| v.freeze_id.is_empty()));
+    assert_eq!(code(thaw(&c, "f-never")), "NOT_FOUND");
+    let l = volumes(&c);
+    assert!(l.iter().all(|v| v.freeze_id.is_empty()));
 }
 
 #[test]
@@ -246,30 +284,21 @@ fn a_freeze_is_all_or_none() {
 fn a_freeze_nobody_thaws_ends_by_itself_and_the_thaw_says_when() {
     needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(320, Some("xfs"));
-    let a = Agent::start();
-    let c = a.client();
-    let path = publish(&c, "v", &disk, "xfs");
+    let (a, c, path) = one_volume("v", &disk, "xfs");
     let start = Instant::now();
-    let f = c.freeze_volumes(ctx(), &freeze_req(&["v"], 1_000)).unwrap();
-    write_in(Path::new(&path), "waits")
-        .recv_timeout(Duration::from_secs(10))
-        .expect("the freeze ended at its timeout");
+    let f = freeze(&c, &["v"], 1_000);
+    writes(&path, "waits", "the freeze ended at its timeout");
     assert!(start.elapsed() >= Duration::from_millis(900));
-    let r = c.thaw_volumes(ctx(), &thaw_req(&f.freeze_id));
-    assert_eq!(code(r.clone()), "ABORTED");
-    assert!(message(r).contains("thawed by the agent when its timeout passed"));
+    assert_aborted(
+        thaw(&c, &f.freeze_id),
+        "thawed by the agent when its timeout passed",
+    );
     assert!(a.log().contains("freeze ended by itself"));
     assert!(record(&a.root, &f.freeze_id).contains("ended\ttimeout"));
     // A new freeze starts afresh.
-    let g = c.freeze_volumes(ctx(), &freeze_req(&["v"], 0)).unwrap();
+    let g = freeze(&c, &["v"], 0);
     assert_ne!(f.freeze_id, g.freeze_id);
-    assert_eq!(
-        c.thaw_volumes(ctx(), &thaw_req(&g.freeze_id))
-            .unwrap()
-            .thawed
-            .len(),
-        1
-    );
+    assert_eq!(thaw(&c, &g.freeze_id).unwrap().thawed.len(), 1);
 }
 
 /// Backup A's freeze ends at its timeout while its snapshot is slow;
@@ -280,22 +309,14 @@ fn a_freeze_nobody_thaws_ends_by_itself_and_the_thaw_says_when() {
 fn a_late_thaw_never_ends_the_next_backups_freeze() {
     needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(64, Some("ext4"));
-    let a = Agent::start();
-    let c = a.client();
-    let path = publish(&c, "v1", &disk, "ext4");
-    let fa = c
-        .freeze_volumes(ctx(), &freeze_req(&["v1"], 1_000))
-        .unwrap();
-    write_in(Path::new(&path), "between")
-        .recv_timeout(Duration::from_secs(10))
-        .expect("A's freeze ended at its timeout");
-    let fb = c
-        .freeze_volumes(ctx(), &freeze_req(&["v1"], 60_000))
-        .unwrap();
-    let late = c.thaw_volumes(ctx(), &thaw_req(&fa.freeze_id));
+    let (_a, c, path) = one_volume("v1", &disk, "ext4");
+    let fa = freeze(&c, &["v1"], 1_000);
+    writes(&path, "between", "A's freeze ended at its timeout");
+    let fb = freeze(&c, &["v1"], 60_000);
+    let late = thaw(&c, &fa.freeze_id);
     assert_eq!(code(late.clone()), "ABORTED", "{}", message(late));
     let held = blocks(&path, "during-b").expect("A's late thaw ended B's freeze");
-    let t = c.thaw_volumes(ctx(), &thaw_req(&fb.freeze_id)).unwrap();
+    let t = thaw(&c, &fb.freeze_id).unwrap();
     assert_eq!(t.thawed, vec!["v1".to_string()]);
     held.recv_timeout(Duration::from_secs(10))
         .expect("B's thaw lets the write go");
@@ -311,9 +332,8 @@ fn a_callers_id_and_a_forced_thaw() {
         LoopDisk::new(64, Some("ext4")),
         LoopDisk::new(320, Some("xfs")),
     );
-    let a = Agent::start();
-    let c = a.client();
-    let (p1, p2) = (publish(&c, "a", &d1, "ext4"), publish(&c, "b", &d2, "xfs"));
+    let (a, c, p) = agent_with(&[("a", &d1, "ext4"), ("b", &d2, "xfs")]);
+    let (p1, p2) = (&p[0], &p[1]);
     let mut own = freeze_req(&["a", "b"], 60_000);
     own.freeze_id = "velero:nightly.1".into();
     let f = c.freeze_volumes(ctx(), &own).unwrap();
@@ -327,16 +347,10 @@ fn a_callers_id_and_a_forced_thaw() {
     let r = c.thaw_volumes(ctx(), &force_req(&["b", "gone"]));
     assert_eq!(code(r.clone()), "NOT_FOUND");
     assert!(message(r).contains("volume gone is not published here"));
-    write_in(Path::new(&p2), "f")
-        .recv_timeout(Duration::from_secs(10))
-        .expect("b thawed");
-    assert!(blocks(&p1, "f").is_some(), "a stays frozen");
-    let r = c.thaw_volumes(ctx(), &thaw_req(&f.freeze_id));
-    assert_eq!(code(r.clone()), "ABORTED");
-    assert!(message(r).contains("volume b thawed by a forced thaw"));
-    write_in(Path::new(&p1), "g")
-        .recv_timeout(Duration::from_secs(10))
-        .expect("a thawed");
+    writes(p2, "f", "b thawed");
+    assert!(blocks(p1, "f").is_some(), "a stays frozen");
+    assert_aborted(thaw(&c, &f.freeze_id), "volume b thawed by a forced thaw");
+    writes(p1, "g", "a thawed");
     assert_eq!(code(c.freeze_volumes(ctx(), &own)), "ALREADY_EXISTS");
     assert!(a.log().contains("forced thaw"));
 }
@@ -351,18 +365,15 @@ fn a_thaw_thaws_what_it_can_when_a_volume_is_gone() {
         LoopDisk::new(64, Some("ext4")),
         LoopDisk::new(64, Some("ext4")),
     );
-    let a = Agent::start();
-    let c = a.client();
-    publish(&c, "a", &d1, "ext4");
-    let p2 = publish(&c, "b", &d2, "ext4");
-    let f = c
-        .freeze_volumes(ctx(), &freeze_req(&["a", "b"], 60_000))
-        .unwrap();
+    let (_a, c, p) = agent_with(&[("a", &d1, "ext4"), ("b", &d2, "ext4")]);
+    let p2 = &p[1];
+    let f = freeze(&c, &["a", "b"], 60_000);
     c.unpublish_volume(ctx(), &unpublish_req("a")).unwrap();
-    let held = blocks(&p2, "x").expect("b is still frozen");
-    let r = c.thaw_volumes(ctx(), &thaw_req(&f.freeze_id));
-    assert_eq!(code(r.clone()), "ABORTED");
-    assert!(message(r).contains("volume a thawed when the volume was unpublished"));
+    let held = blocks(p2, "x").expect("b is still frozen");
+    assert_aborted(
+        thaw(&c, &f.freeze_id),
+        "volume a thawed when the volume was unpublished",
+    );
     held.recv_timeout(Duration::from_secs(10))
         .expect("b thawed all the same");
 }
@@ -375,12 +386,9 @@ fn unpublish_and_shutdown_thaw_first() {
         LoopDisk::new(64, Some("ext4")),
         LoopDisk::new(320, Some("xfs")),
     );
-    let a = Agent::start();
-    let c = a.client();
-    let p1 = publish(&c, "a", &d1, "ext4");
-    publish(&c, "b", &d2, "xfs");
-    c.freeze_volumes(ctx(), &freeze_req(&["a", "b"], 0))
-        .unwrap();
+    let (_a, c, p) = agent_with(&[("a", &d1, "ext4"), ("b", &d2, "xfs")]);
+    let p1 = &p[0];
+    freeze(&c, &["a", "b"], 0);
     let blocked = write_in(Path::new(&p1), "f");
     assert!(
         c.unpublish_volume(ctx(), &unpublish_req("a"))
@@ -403,12 +411,8 @@ fn unpublish_and_shutdown_thaw_first() {
 fn a_kill_9_while_frozen_is_thawed_by_the_next_agent() {
     needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(64, Some("ext4"));
-    let a = Agent::start();
-    let c = a.client();
-    let path = publish(&c, "v", &disk, "ext4");
-    let f = c
-        .freeze_volumes(ctx(), &freeze_req(&["v"], 600_000))
-        .unwrap();
+    let (a, c, path) = one_volume("v", &disk, "ext4");
+    let f = freeze(&c, &["v"], 600_000);
     assert!(record(&a.root, &f.freeze_id).contains("pending"));
     let dir = a.kill9();
     let blocked = write_in(Path::new(&path), "f");
@@ -424,16 +428,12 @@ fn a_kill_9_while_frozen_is_thawed_by_the_next_agent() {
         b.log()
     );
     let c = b.client();
-    let l = c
-        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
-        .unwrap();
-    assert_eq!((l.volumes.len(), l.volumes[0].freeze_id.as_str()), (1, ""));
+    let l = volumes(&c);
+    assert_eq!((l.len(), l[0].freeze_id.as_str()), (1, ""));
     assert!(record(&b.root, &f.freeze_id).contains("ended\trestart"));
     // The late thaw hears of the restart; a new freeze gets a new id.
-    let r = c.thaw_volumes(ctx(), &thaw_req(&f.freeze_id));
-    assert_eq!(code(r.clone()), "ABORTED");
-    assert!(message(r).contains("after the agent that froze it died"));
-    let g = c.freeze_volumes(ctx(), &freeze_req(&["v"], 0)).unwrap();
+    assert_aborted(thaw(&c, &f.freeze_id), "after the agent that froze it died");
+    let g = freeze(&c, &["v"], 0);
     assert_ne!(g.freeze_id, f.freeze_id);
     c.unpublish_volume(ctx(), &unpublish_req("v")).unwrap();
 }
@@ -444,9 +444,7 @@ fn trim_gives_deleted_blocks_back_to_the_disk() {
     needs::loop_devices_and_mkfs();
     for fs in ["ext4", "xfs"] {
         let disk = LoopDisk::new(320, Some(fs));
-        let a = Agent::start();
-        let c = a.client();
-        let path = publish(&c, "v", &disk, fs);
+        let (_a, c, path) = one_volume("v", &disk, fs);
         c.trim_volume(ctx(), &trim_req("v")).unwrap();
         let file = Path::new(&path).join("big");
         std::fs::write(&file, vec![0x5a; 64 << 20]).unwrap();
@@ -484,9 +482,7 @@ fn trim_gives_deleted_blocks_back_to_the_disk() {
 fn trim_stops_at_the_callers_deadline_with_what_it_did() {
     needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(64, Some("ext4"));
-    let a = Agent::start();
-    let c = a.client();
-    publish(&c, "v", &disk, "ext4");
+    let (a, _c, _) = one_volume("v", &disk, "ext4");
     // A deadline gone by the time the trim looks at it, sent by hand (a
     // ttrpc client would stop waiting before the answer comes).
     let mut raw = support::raw::Raw::connect(&a.sock);
@@ -510,9 +506,7 @@ fn trim_stops_at_the_callers_deadline_with_what_it_did() {
 fn health_speaks_csi_for_healthy_broken_failed_and_unknown_volumes() {
     needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(64, Some("ext4"));
-    let a = Agent::start();
-    let c = a.client();
-    let path = publish(&c, "v", &disk, "ext4");
+    let (_a, c, path) = one_volume("v", &disk, "ext4");
     assert!(c
         .get_volume_health(ctx(), &health_req("v"))
         .unwrap()
@@ -606,14 +600,10 @@ fn a_dropped_table_leaves_no_timer_to_thaw_the_next_tables_freeze() {
     for timer_first in [false, true] {
         let old = freeze(&t1, 1_000);
         if timer_first {
-            write_in(Path::new(&path), "old")
-                .recv_timeout(Duration::from_secs(10))
-                .expect("the old freeze ends at its timeout");
+            writes(&path, "old", "the old freeze ends at its timeout");
         }
         drop(t1);
-        write_in(Path::new(&path), "free")
-            .recv_timeout(Duration::from_secs(10))
-            .expect("nothing is left frozen by a dropped table");
+        writes(&path, "free", "nothing is left frozen by a dropped table");
         let t2 = Table::open(root.path()).unwrap();
         let new = freeze(&t2, 60_000);
         assert_ne!(old, new, "ids never repeat across tables");
@@ -645,29 +635,24 @@ fn a_dropped_table_leaves_no_timer_to_thaw_the_next_tables_freeze() {
 fn a_freeze_thawed_behind_the_agents_back_is_reported_as_lost() {
     needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(320, Some("ext4"));
-    let a = Agent::start();
-    let c = a.client();
-    let path = publish(&c, "v", &disk, "ext4");
-    let f = c
-        .freeze_volumes(ctx(), &freeze_req(&["v"], 60_000))
-        .unwrap();
+    let (_a, c, path) = one_volume("v", &disk, "ext4");
+    let f = freeze(&c, &["v"], 60_000);
     let out = std::process::Command::new("fsfreeze")
         .args(["-u", &path])
         .output()
         .expect("fsfreeze");
     assert!(out.status.success(), "{out:?}");
-    write_in(Path::new(&path), "torn")
-        .recv_timeout(Duration::from_secs(10))
-        .expect("the write goes through: the filesystem is thawed");
-    match c.thaw_volumes(ctx(), &thaw_req(&f.freeze_id)) {
+    writes(
+        &path,
+        "torn",
+        "the write goes through: the filesystem is thawed",
+    );
+    match thaw(&c, &f.freeze_id) {
         Ok(t) => panic!(
             "told OK (thawed {:?}) though a write went through before this thaw",
             t.thawed
         ),
-        r => {
-            assert_eq!(code(r.clone()), "ABORTED");
-            assert!(message(r).contains("found thawed by something other than the agent"));
-        }
+        r => assert_aborted(r, "found thawed by something other than the agent"),
     }
 }
 
@@ -699,7 +684,7 @@ fn a_restart_never_thaws_another_tools_freeze_after_an_unrecorded_end() {
         while f.write_all(&[0u8; 4096]).is_ok() {}
     }
     // It held: OK, though its end could not be recorded.
-    c.thaw_volumes(ctx(), &thaw_req("snap-1")).unwrap();
+    thaw(&c, "snap-1").unwrap();
     drop(c);
     let dir = a.kill9();
     let fsfreeze = |how: &str| {
@@ -737,18 +722,16 @@ fn a_thaw_sent_after_a_forced_thaw_let_a_write_through_hears_aborted() {
     needs::loop_devices_and_mkfs();
     const N: usize = 24;
     let disks: Vec<LoopDisk> = (0..N).map(|_| LoopDisk::new(16, Some("ext4"))).collect();
-    let a = Agent::start();
-    let c = a.client();
     let ids: Vec<String> = (0..N).map(|i| format!("v{i}")).collect();
-    let mut paths = Vec::new();
-    for (id, d) in ids.iter().zip(&disks) {
-        paths.push(publish(&c, id, d, "ext4"));
-    }
+    let volumes: Vec<_> = ids
+        .iter()
+        .zip(&disks)
+        .map(|(id, d)| (id.as_str(), d, "ext4"))
+        .collect();
+    let (a, c, paths) = agent_with(&volumes);
     let names: Vec<&str> = ids.iter().map(String::as_str).collect();
     for round in 0..3 {
-        let f = c
-            .freeze_volumes(ctx(), &freeze_req(&names, 60_000))
-            .unwrap();
+        let f = freeze(&c, &names, 60_000);
         let written = write_in(Path::new(&paths[0]), &format!("w{round}"));
         assert!(written.recv_timeout(Duration::from_millis(200)).is_err());
         let (c2, all) = (a.client(), ids.clone());
@@ -759,7 +742,7 @@ fn a_thaw_sent_after_a_forced_thaw_let_a_write_through_hears_aborted() {
         written
             .recv_timeout(Duration::from_secs(10))
             .expect("the forced thaw lets v0's write through");
-        let r = c.thaw_volumes(ctx(), &thaw_req(&f.freeze_id));
+        let r = thaw(&c, &f.freeze_id);
         forced.join().unwrap().unwrap();
         match r {
             Ok(t) => panic!(
