@@ -10,6 +10,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use crust_agent::sys::mountinfo::MountEntry;
+use crust_protocols::crust_ttrpc::AgentClient;
 use support::*;
 
 fn block_req(id: &str, device: &str, read_only: bool) -> pb::PublishVolumeRequest {
@@ -55,20 +57,45 @@ fn rdev(path: &Path) -> u64 {
     std::fs::metadata(path).unwrap().rdev()
 }
 
-fn list(c: &crust_protocols::crust_ttrpc::AgentClient) -> Vec<pb::VolumeInfo> {
+fn list(c: &AgentClient) -> Vec<pb::VolumeInfo> {
     c.list_volumes(ctx(), &pb::ListVolumesRequest::new())
         .unwrap()
         .volumes
 }
 
+/// Publishes the disk `d` as block volume `id`.
+fn publish_block(
+    c: &AgentClient,
+    id: &str,
+    d: &LoopDisk,
+    read_only: bool,
+) -> pb::PublishVolumeResponse {
+    c.publish_volume(ctx(), &block_req(id, &d.path(), read_only))
+        .unwrap()
+}
+
+/// Binds all of volume `id` at `target`.
+fn bind(c: &AgentClient, id: &str, target: &Path, read_only: bool) -> pb::BindMountResponse {
+    c.bind_mount(
+        ctx(),
+        &bind_req(id, target, "", read_only, pb::RecursiveReadOnly::DISABLED),
+    )
+    .unwrap()
+}
+
+/// The mounts beneath `root`.
+fn mounts_beneath(root: &Path) -> Vec<MountEntry> {
+    let mut all = crust_agent::sys::mountinfo::read().unwrap();
+    all.retain(|m| m.mount_point.starts_with(root));
+    all
+}
+
 /// Everything a refused request must leave as it was: the mounts beneath
 /// the root, the list, the state files, the nodes beneath the root, and the
 /// disks' read-only flags.
-fn scene(a: &Agent, c: &crust_protocols::crust_ttrpc::AgentClient, disks: &[&LoopDisk]) -> String {
-    let mounts: Vec<String> = crust_agent::sys::mountinfo::read()
-        .unwrap()
+fn scene(a: &Agent, c: &AgentClient, disks: &[&LoopDisk]) -> String {
+    let mounts: Vec<String> = mounts_beneath(&a.root)
         .into_iter()
-        .filter(|m| m.mount_point.starts_with(&a.root))
         .map(|m| {
             format!(
                 "{} {} {:?} {}",
@@ -239,9 +266,7 @@ fn block_volume_publish_bind_write_stats_expand_unpublish() {
         .contains(&pb::Capability::CAPABILITY_BLOCK_VOLUME.into()));
     let d = raw_disk(64);
 
-    let r = c
-        .publish_volume(ctx(), &block_req("raw", &d.path(), false))
-        .unwrap();
+    let r = publish_block(&c, "raw", &d, false);
     let gp = a.root.join("volumes/raw");
     assert_eq!(
         PathBuf::from(&r.guest_path),
@@ -255,9 +280,7 @@ fn block_volume_publish_bind_write_stats_expand_unpublish() {
     assert_eq!(md.rdev(), rdev(&d.device));
     assert!(is_mount(Path::new(&r.guest_path)));
     assert_eq!(sys_ro(&d), "0");
-    let again = c
-        .publish_volume(ctx(), &block_req("raw", &d.path(), false))
-        .unwrap();
+    let again = publish_block(&c, "raw", &d, false);
     assert!(again.already_published);
 
     let v = &list(&c)[0];
@@ -269,18 +292,9 @@ fn block_volume_publish_bind_write_stats_expand_unpublish() {
 
     // A bind onto a file target, created 0600 with its directories.
     let target = a.root.join("pods/p1/volumeDevices/raw");
-    c.bind_mount(
-        ctx(),
-        &bind_req("raw", &target, "", false, pb::RecursiveReadOnly::DISABLED),
-    )
-    .unwrap();
+    bind(&c, "raw", &target, false);
     assert_eq!(rdev(&target), rdev(&d.device));
-    let again = c
-        .bind_mount(
-            ctx(),
-            &bind_req("raw", &target, "", false, pb::RecursiveReadOnly::DISABLED),
-        )
-        .unwrap();
+    let again = bind(&c, "raw", &target, false);
     assert!(again.already_mounted);
 
     // Bytes written through the bind, without an fsync: the unpublish flushes them.
@@ -327,10 +341,7 @@ fn block_volume_publish_bind_write_stats_expand_unpublish() {
             .unwrap()
             .was_published
     );
-    assert!(crust_agent::sys::mountinfo::read()
-        .unwrap()
-        .iter()
-        .all(|m| !m.mount_point.starts_with(&a.root)));
+    assert!(mounts_beneath(&a.root).is_empty());
 }
 
 #[test]
@@ -341,8 +352,7 @@ fn a_read_only_block_volume_refuses_every_write_and_is_left_byte_identical() {
     let c = a.client();
     let d = raw_disk(16);
     let before = sha256(&d.image);
-    c.publish_volume(ctx(), &block_req("ro", &d.path(), true))
-        .unwrap();
+    publish_block(&c, "ro", &d, true);
     assert_eq!(sys_ro(&d), "1", "BLKROSET for as long as it is published");
     let v = &list(&c)[0];
     assert!(v.read_only, "ListVolumes reports the kernel's BLKROGET");
@@ -354,16 +364,8 @@ fn a_read_only_block_volume_refuses_every_write_and_is_left_byte_identical() {
     );
     let ro_bind = a.root.join("pods/p/ro");
     let rw_bind = a.root.join("pods/p/rw");
-    c.bind_mount(
-        ctx(),
-        &bind_req("ro", &ro_bind, "", true, pb::RecursiveReadOnly::DISABLED),
-    )
-    .unwrap();
-    c.bind_mount(
-        ctx(),
-        &bind_req("ro", &rw_bind, "", false, pb::RecursiveReadOnly::DISABLED),
-    )
-    .unwrap();
+    bind(&c, "ro", &ro_bind, true);
+    bind(&c, "ro", &rw_bind, false);
     for p in [&gp, &ro_bind, &rw_bind, &d.device] {
         let through = writes_that_got_through(p);
         assert!(
@@ -384,8 +386,7 @@ fn a_read_only_block_volume_refuses_every_write_and_is_left_byte_identical() {
     // And the flag was the agent's to clear only because it set it: a disk
     // already read-only stays so.
     run("blockdev", &["--setro", &d.path()]);
-    c.publish_volume(ctx(), &block_req("ro2", &d.path(), true))
-        .unwrap();
+    publish_block(&c, "ro2", &d, true);
     c.unpublish_volume(ctx(), &unpublish_req("ro2")).unwrap();
     assert_eq!(sys_ro(&d), "1", "a flag the agent did not set stays");
     run("blockdev", &["--setrw", &d.path()]);
@@ -506,8 +507,7 @@ fn block_refusals_have_their_codes_and_change_nothing() {
     let raw = raw_disk(16);
     let ext4 = LoopDisk::new(64, Some("ext4"));
     let other = LoopDisk::new(64, Some("ext4"));
-    c.publish_volume(ctx(), &block_req("b1", &raw.path(), false))
-        .unwrap();
+    publish_block(&c, "b1", &raw, false);
     c.publish_volume(ctx(), &publish_req("fs1", &ext4.path(), "ext4"))
         .unwrap();
     std::fs::create_dir_all(a.root.join("pods/dir-target")).unwrap();
@@ -552,8 +552,7 @@ fn block_condition_sees_a_removed_bind_and_a_flag_set_behind_the_agents_back() {
     let a = Agent::start();
     let c = a.client();
     let d = raw_disk(16);
-    c.publish_volume(ctx(), &block_req("raw", &d.path(), false))
-        .unwrap();
+    publish_block(&c, "raw", &d, false);
     let stats = || {
         c.get_volume_stats(ctx(), &stats_req("raw"))
             .unwrap()
@@ -598,22 +597,12 @@ fn block_volumes_come_back_after_a_restart_and_go_at_shutdown() {
     let ro = raw_disk(16);
     let rw = raw_disk(16);
     let before = sha256(&ro.image);
-    c.publish_volume(ctx(), &block_req("ro", &ro.path(), true))
-        .unwrap();
-    c.publish_volume(ctx(), &block_req("rw", &rw.path(), false))
-        .unwrap();
+    publish_block(&c, "ro", &ro, true);
+    publish_block(&c, "rw", &rw, false);
     let t1 = a.root.join("pods/a/ro");
     let t2 = a.root.join("pods/a/rw");
-    c.bind_mount(
-        ctx(),
-        &bind_req("ro", &t1, "", true, pb::RecursiveReadOnly::DISABLED),
-    )
-    .unwrap();
-    c.bind_mount(
-        ctx(),
-        &bind_req("rw", &t2, "", false, pb::RecursiveReadOnly::DISABLED),
-    )
-    .unwrap();
+    bind(&c, "ro", &t1, true);
+    bind(&c, "rw", &t2, false);
     let listed = list(&c);
     let dir = a.kill9();
     let a = Agent::start_in(dir);
@@ -625,19 +614,8 @@ fn block_volumes_come_back_after_a_restart_and_go_at_shutdown() {
     assert_eq!(again, listed, "taken back as they were");
     assert_eq!(sys_ro(&ro), "1", "still read-only after the restart");
     // Repeats are idempotent against the adopted state.
-    assert!(
-        c.publish_volume(ctx(), &block_req("ro", &ro.path(), true))
-            .unwrap()
-            .already_published
-    );
-    assert!(
-        c.bind_mount(
-            ctx(),
-            &bind_req("rw", &t2, "", false, pb::RecursiveReadOnly::DISABLED)
-        )
-        .unwrap()
-        .already_mounted
-    );
+    assert!(publish_block(&c, "ro", &ro, true).already_published);
+    assert!(bind(&c, "rw", &t2, false).already_mounted);
     // A bind removed while the agent was down is dropped at the next start.
     let dir = a.kill9();
     run("umount", &[t2.to_str().unwrap()]);
@@ -651,10 +629,7 @@ fn block_volumes_come_back_after_a_restart_and_go_at_shutdown() {
     while a.alive() && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    assert!(crust_agent::sys::mountinfo::read()
-        .unwrap()
-        .iter()
-        .all(|m| !m.mount_point.starts_with(&a.root)));
+    assert!(mounts_beneath(&a.root).is_empty());
     assert_eq!(sys_ro(&ro), "0", "Shutdown gives the device back writable");
     assert_eq!(sha256(&ro.image), before);
 }
@@ -666,14 +641,9 @@ fn a_block_bind_no_record_explains_is_taken_down_at_start() {
     let a = Agent::start();
     let c = a.client();
     let d = raw_disk(16);
-    c.publish_volume(ctx(), &block_req("raw", &d.path(), false))
-        .unwrap();
+    publish_block(&c, "raw", &d, false);
     let t = a.root.join("pods/x/dev");
-    c.bind_mount(
-        ctx(),
-        &bind_req("raw", &t, "", false, pb::RecursiveReadOnly::DISABLED),
-    )
-    .unwrap();
+    bind(&c, "raw", &t, false);
     let dir = a.kill9();
     // The record is lost: the guest path and the bind are orphans.
     std::fs::remove_file(
@@ -686,13 +656,8 @@ fn a_block_bind_no_record_explains_is_taken_down_at_start() {
     let a = Agent::start_in(dir);
     let c = a.client();
     assert!(list(&c).is_empty());
-    let left: Vec<_> = crust_agent::sys::mountinfo::read()
-        .unwrap()
-        .into_iter()
-        .filter(|m| m.mount_point.starts_with(&a.root))
-        .collect();
+    let left = mounts_beneath(&a.root);
     assert!(left.is_empty(), "{left:?}");
     // And the disk can be published again.
-    c.publish_volume(ctx(), &block_req("raw", &d.path(), false))
-        .unwrap();
+    publish_block(&c, "raw", &d, false);
 }
