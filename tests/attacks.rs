@@ -53,13 +53,6 @@ fn restart(rig: &mut Rig, c: AgentClient) -> AgentClient {
     rig.client()
 }
 
-/// What ListVolumes answers.
-fn volumes(c: &AgentClient) -> Vec<pb::VolumeInfo> {
-    c.list_volumes(ctx(), &pb::ListVolumesRequest::new())
-        .unwrap()
-        .volumes
-}
-
 /// Whether ListVolumes lists volume `id`.
 fn listed(c: &AgentClient, id: &str) -> bool {
     volumes(c).iter().any(|v| v.volume_id == id)

@@ -57,12 +57,6 @@ fn rdev(path: &Path) -> u64 {
     std::fs::metadata(path).unwrap().rdev()
 }
 
-fn list(c: &AgentClient) -> Vec<pb::VolumeInfo> {
-    c.list_volumes(ctx(), &pb::ListVolumesRequest::new())
-        .unwrap()
-        .volumes
-}
-
 /// Publishes the disk `d` as block volume `id`.
 fn publish_block(
     c: &AgentClient,
@@ -75,10 +69,14 @@ fn publish_block(
 }
 
 /// Binds all of volume `id` at `target`.
-fn bind(c: &AgentClient, id: &str, target: &Path, read_only: bool) -> pb::BindMountResponse {
-    c.bind_mount(
-        ctx(),
-        &bind_req(id, target, "", read_only, pb::RecursiveReadOnly::DISABLED),
+fn bind_all(c: &AgentClient, id: &str, target: &Path, read_only: bool) -> pb::BindMountResponse {
+    bind(
+        c,
+        id,
+        target,
+        "",
+        read_only,
+        pb::RecursiveReadOnly::DISABLED,
     )
     .unwrap()
 }
@@ -126,7 +124,7 @@ fn scene(a: &Agent, c: &AgentClient, disks: &[&LoopDisk]) -> String {
     let ro: Vec<String> = disks.iter().map(|d| sys_ro(d)).collect();
     format!(
         "mounts {mounts:#?}\nlist {:?}\nnodes {nodes:#?}\nro {ro:?}",
-        list(c)
+        volumes(c)
     )
 }
 
@@ -283,7 +281,7 @@ fn block_volume_publish_bind_write_stats_expand_unpublish() {
     let again = publish_block(&c, "raw", &d, false);
     assert!(again.already_published);
 
-    let v = &list(&c)[0];
+    let v = &volumes(&c)[0];
     assert_eq!(v.volume_mode, pb::VolumeMode::BLOCK.into());
     assert_eq!(
         (v.fs_type.as_str(), v.read_only, v.device_bytes),
@@ -292,9 +290,9 @@ fn block_volume_publish_bind_write_stats_expand_unpublish() {
 
     // A bind onto a file target, created 0600 with its directories.
     let target = a.root.join("pods/p1/volumeDevices/raw");
-    bind(&c, "raw", &target, false);
+    bind_all(&c, "raw", &target, false);
     assert_eq!(rdev(&target), rdev(&d.device));
-    let again = bind(&c, "raw", &target, false);
+    let again = bind_all(&c, "raw", &target, false);
     assert!(again.already_mounted);
 
     // Bytes written through the bind, without an fsync: the unpublish flushes them.
@@ -354,7 +352,7 @@ fn a_read_only_block_volume_refuses_every_write_and_is_left_byte_identical() {
     let before = sha256(&d.image);
     publish_block(&c, "ro", &d, true);
     assert_eq!(sys_ro(&d), "1", "BLKROSET for as long as it is published");
-    let v = &list(&c)[0];
+    let v = &volumes(&c)[0];
     assert!(v.read_only, "ListVolumes reports the kernel's BLKROGET");
     let gp = a.root.join("volumes/ro");
     assert_eq!(
@@ -364,8 +362,8 @@ fn a_read_only_block_volume_refuses_every_write_and_is_left_byte_identical() {
     );
     let ro_bind = a.root.join("pods/p/ro");
     let rw_bind = a.root.join("pods/p/rw");
-    bind(&c, "ro", &ro_bind, true);
-    bind(&c, "ro", &rw_bind, false);
+    bind_all(&c, "ro", &ro_bind, true);
+    bind_all(&c, "ro", &rw_bind, false);
     for p in [&gp, &ro_bind, &rw_bind, &d.device] {
         let through = writes_that_got_through(p);
         assert!(
@@ -566,7 +564,7 @@ fn block_condition_sees_a_removed_bind_and_a_flag_set_behind_the_agents_back() {
         "{}",
         cond.message
     );
-    assert!(list(&c)[0].read_only, "list shows the kernel's flag");
+    assert!(volumes(&c)[0].read_only, "list shows the kernel's flag");
     run("blockdev", &["--setrw", &d.path()]);
     assert!(!stats().abnormal);
     let gp = a.root.join("volumes/raw");
@@ -601,13 +599,13 @@ fn block_volumes_come_back_after_a_restart_and_go_at_shutdown() {
     publish_block(&c, "rw", &rw, false);
     let t1 = a.root.join("pods/a/ro");
     let t2 = a.root.join("pods/a/rw");
-    bind(&c, "ro", &t1, true);
-    bind(&c, "rw", &t2, false);
-    let listed = list(&c);
+    bind_all(&c, "ro", &t1, true);
+    bind_all(&c, "rw", &t2, false);
+    let listed = volumes(&c);
     let dir = a.kill9();
     let a = Agent::start_in(dir);
     let c = a.client();
-    let mut again = list(&c);
+    let mut again = volumes(&c);
     again.sort_by(|x, y| x.volume_id.cmp(&y.volume_id));
     let mut listed = listed;
     listed.sort_by(|x, y| x.volume_id.cmp(&y.volume_id));
@@ -615,13 +613,16 @@ fn block_volumes_come_back_after_a_restart_and_go_at_shutdown() {
     assert_eq!(sys_ro(&ro), "1", "still read-only after the restart");
     // Repeats are idempotent against the adopted state.
     assert!(publish_block(&c, "ro", &ro, true).already_published);
-    assert!(bind(&c, "rw", &t2, false).already_mounted);
+    assert!(bind_all(&c, "rw", &t2, false).already_mounted);
     // A bind removed while the agent was down is dropped at the next start.
     let dir = a.kill9();
     run("umount", &[t2.to_str().unwrap()]);
     let mut a = Agent::start_in(dir);
     let c = a.client();
-    let rwv = list(&c).into_iter().find(|v| v.volume_id == "rw").unwrap();
+    let rwv = volumes(&c)
+        .into_iter()
+        .find(|v| v.volume_id == "rw")
+        .unwrap();
     assert!(rwv.bind_targets.is_empty(), "{rwv:?}");
     let r = c.shutdown(ctx(), &pb::ShutdownRequest::new()).unwrap();
     assert_eq!(r.volumes_unmounted, 2);
@@ -643,7 +644,7 @@ fn a_block_bind_no_record_explains_is_taken_down_at_start() {
     let d = raw_disk(16);
     publish_block(&c, "raw", &d, false);
     let t = a.root.join("pods/x/dev");
-    bind(&c, "raw", &t, false);
+    bind_all(&c, "raw", &t, false);
     let dir = a.kill9();
     // The record is lost: the guest path and the bind are orphans.
     std::fs::remove_file(
@@ -655,7 +656,7 @@ fn a_block_bind_no_record_explains_is_taken_down_at_start() {
     .unwrap();
     let a = Agent::start_in(dir);
     let c = a.client();
-    assert!(list(&c).is_empty());
+    assert!(volumes(&c).is_empty());
     let left = mounts_beneath(&a.root);
     assert!(left.is_empty(), "{left:?}");
     // And the disk can be published again.

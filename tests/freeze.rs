@@ -122,13 +122,6 @@ fn assert_aborted(r: ttrpc::Result<pb::ThawVolumesResponse>, says: &str) {
     assert!(message(r).contains(says));
 }
 
-/// What ListVolumes answers.
-fn volumes(c: &AgentClient) -> Vec<pb::VolumeInfo> {
-    c.list_volumes(ctx(), &pb::ListVolumesRequest::new())
-        .unwrap()
-        .volumes
-}
-
 use crust_agent::validate::FREEZES_DIR;
 use crust_protocols::crust_ttrpc::AgentClient;
 use crust_protocols::ttrpc;

@@ -46,10 +46,8 @@ fn serves_the_basic_calls() {
     assert!(!info.init_mode);
     assert!(info.rss_bytes > 0);
     assert!(info.boot.listening_ms >= info.boot.agent_start_ms && info.boot.agent_start_ms > 0);
-    let list = c
-        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
-        .unwrap();
-    assert!(list.volumes.is_empty());
+    let list = volumes(&c);
+    assert!(list.is_empty());
 }
 
 #[test]
@@ -254,67 +252,69 @@ fn stats_follow_a_write(c: &AgentClient, id: &str, gp: &Path) {
 /// the root; a missing subpath or one through a symlink is refused. The target.
 fn bound_read_only(a: &Agent, c: &AgentClient, id: &str, fs: &str) -> std::path::PathBuf {
     let target = a.root.join("pods/p1/data");
-    let br = c
-        .bind_mount(
-            ctx(),
-            &bind_req(id, &target, "data", true, pb::RecursiveReadOnly::DISABLED),
-        )
-        .unwrap();
+    let br = bind(
+        c,
+        id,
+        &target,
+        "data",
+        true,
+        pb::RecursiveReadOnly::DISABLED,
+    )
+    .unwrap();
     assert!(!br.recursive_read_only_applied && !br.already_mounted);
     assert_eq!(std::fs::read(target.join("file")).unwrap(), b"hello");
     let err = std::fs::write(target.join("new"), b"x").unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EROFS));
     assert!(
-        c.bind_mount(
-            ctx(),
-            &bind_req(id, &target, "data", true, pb::RecursiveReadOnly::DISABLED)
+        bind(
+            c,
+            id,
+            &target,
+            "data",
+            true,
+            pb::RecursiveReadOnly::DISABLED
         )
         .unwrap()
         .already_mounted
     );
     assert_eq!(
-        code(c.bind_mount(
-            ctx(),
-            &bind_req(id, &target, "", true, pb::RecursiveReadOnly::DISABLED)
+        code(bind(
+            c,
+            id,
+            &target,
+            "",
+            true,
+            pb::RecursiveReadOnly::DISABLED
         )),
         "ALREADY_EXISTS"
     );
     assert_eq!(
-        code(c.bind_mount(
-            ctx(),
-            &bind_req(
-                id,
-                &a.root.join("x"),
-                "missing",
-                false,
-                pb::RecursiveReadOnly::DISABLED
-            )
+        code(bind(
+            c,
+            id,
+            &a.root.join("x"),
+            "missing",
+            false,
+            pb::RecursiveReadOnly::DISABLED
         )),
         "NOT_FOUND"
     );
     assert_eq!(
-        code(c.bind_mount(
-            ctx(),
-            &bind_req(
-                id,
-                &a.root.join("x"),
-                "data/link",
-                false,
-                pb::RecursiveReadOnly::DISABLED
-            )
+        code(bind(
+            c,
+            id,
+            &a.root.join("x"),
+            "data/link",
+            false,
+            pb::RecursiveReadOnly::DISABLED
         )),
         "INVALID_ARGUMENT"
     );
     assert!(!is_mount(&a.root.join("x")));
-    let list = c
-        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
-        .unwrap();
-    assert_eq!(list.volumes.len(), 1);
-    assert_eq!(
-        list.volumes[0].bind_targets,
-        vec![target.display().to_string()]
-    );
-    assert_eq!(list.volumes[0].fs_type, fs);
+    let list = volumes(c);
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].bind_targets, vec![target.display().to_string()]);
+    assert_eq!(list[0].fs_type, fs);
 
     target
 }
@@ -422,15 +422,13 @@ fn error_codes_have_their_triggers() {
     er.volume_id = "ghost".into();
     assert_eq!(code(c.expand_volume(ctx(), &er)), "NOT_FOUND");
     assert_eq!(
-        code(c.bind_mount(
-            ctx(),
-            &bind_req(
-                "ghost",
-                &a.root.join("g"),
-                "",
-                false,
-                pb::RecursiveReadOnly::DISABLED
-            )
+        code(bind(
+            &c,
+            "ghost",
+            &a.root.join("g"),
+            "",
+            false,
+            pb::RecursiveReadOnly::DISABLED
         )),
         "NOT_FOUND"
     );
@@ -467,28 +465,24 @@ fn errors_of_published_volumes(a: &Agent, c: &AgentClient, ext4: &LoopDisk) {
     assert_eq!(mounts_of(&other.path()).len(), 1, "only the volume itself");
     // INVALID_ARGUMENT: RRO without read-only; a target outside the root.
     assert_eq!(
-        code(c.bind_mount(
-            ctx(),
-            &bind_req(
-                "ro",
-                &a.root.join("t"),
-                "",
-                false,
-                pb::RecursiveReadOnly::ENABLED
-            )
+        code(bind(
+            c,
+            "ro",
+            &a.root.join("t"),
+            "",
+            false,
+            pb::RecursiveReadOnly::ENABLED
         )),
         "INVALID_ARGUMENT"
     );
     assert_eq!(
-        code(c.bind_mount(
-            ctx(),
-            &bind_req(
-                "ro",
-                Path::new("/tmp/outside"),
-                "",
-                true,
-                pb::RecursiveReadOnly::DISABLED
-            )
+        code(bind(
+            c,
+            "ro",
+            Path::new("/tmp/outside"),
+            "",
+            true,
+            pb::RecursiveReadOnly::DISABLED
         )),
         "INVALID_ARGUMENT"
     );
@@ -591,18 +585,8 @@ fn recursive_read_only_makes_the_difference() {
     );
     let plain = a.root.join("plain");
     let rro = a.root.join("rro");
-    let r1 = c
-        .bind_mount(
-            ctx(),
-            &bind_req("r", &plain, "", true, pb::RecursiveReadOnly::DISABLED),
-        )
-        .unwrap();
-    let r2 = c
-        .bind_mount(
-            ctx(),
-            &bind_req("r", &rro, "", true, pb::RecursiveReadOnly::ENABLED),
-        )
-        .unwrap();
+    let r1 = bind(&c, "r", &plain, "", true, pb::RecursiveReadOnly::DISABLED).unwrap();
+    let r2 = bind(&c, "r", &rro, "", true, pb::RecursiveReadOnly::ENABLED).unwrap();
     assert!(!r1.recursive_read_only_applied && r2.recursive_read_only_applied);
     std::fs::write(plain.join("sub/ok"), b"x").expect("DISABLED leaves submounts writable");
     let e = std::fs::write(rro.join("sub/no"), b"x").unwrap_err();
@@ -613,18 +597,15 @@ fn recursive_read_only_makes_the_difference() {
             .raw_os_error(),
         Some(libc::EROFS)
     );
-    let r3 = c
-        .bind_mount(
-            ctx(),
-            &bind_req(
-                "r",
-                &a.root.join("ifp"),
-                "",
-                true,
-                pb::RecursiveReadOnly::IF_POSSIBLE,
-            ),
-        )
-        .unwrap();
+    let r3 = bind(
+        &c,
+        "r",
+        &a.root.join("ifp"),
+        "",
+        true,
+        pb::RecursiveReadOnly::IF_POSSIBLE,
+    )
+    .unwrap();
     assert!(r3.recursive_read_only_applied);
     let un = unmount_req(rro.display().to_string());
     assert!(c.unmount(ctx(), &un).unwrap().was_mounted);
@@ -646,41 +627,38 @@ fn restart_after_kill_takes_the_volumes_back() {
     c.publish_volume(ctx(), &publish_req("keep", &disk.path(), "xfs"))
         .unwrap();
     let target = a.root.join("pods/k");
-    c.bind_mount(
-        ctx(),
-        &bind_req("keep", &target, "", true, pb::RecursiveReadOnly::ENABLED),
+    bind(
+        &c,
+        "keep",
+        &target,
+        "",
+        true,
+        pb::RecursiveReadOnly::ENABLED,
     )
     .unwrap();
     let lost = a.root.join("pods/lost");
-    c.bind_mount(
-        ctx(),
-        &bind_req("keep", &lost, "", false, pb::RecursiveReadOnly::DISABLED),
+    bind(
+        &c,
+        "keep",
+        &lost,
+        "",
+        false,
+        pb::RecursiveReadOnly::DISABLED,
     )
     .unwrap();
     let dir = a.kill9();
     // While the agent is down, one bind goes away behind its back.
     run("umount", &[lost.to_str().unwrap()]);
     let b = Agent::start_in(dir);
-    let list = b
-        .client()
-        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
-        .unwrap();
-    assert_eq!(list.volumes.len(), 1, "{}", b.log());
-    assert_eq!(list.volumes[0].volume_id, "keep");
-    assert_eq!(
-        list.volumes[0].bind_targets,
-        vec![target.display().to_string()]
-    );
+    let list = volumes(&b.client());
+    assert_eq!(list.len(), 1, "{}", b.log());
+    assert_eq!(list[0].volume_id, "keep");
+    assert_eq!(list[0].bind_targets, vec![target.display().to_string()]);
     // The pruned table was written back: a second restart agrees.
     let b = Agent::start_in(b.kill9());
     let c = b.client();
-    let list = c
-        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
-        .unwrap();
-    assert_eq!(
-        list.volumes[0].bind_targets,
-        vec![target.display().to_string()]
-    );
+    let list = volumes(&c);
+    assert_eq!(list[0].bind_targets, vec![target.display().to_string()]);
     let sr = stats_req("keep");
     assert!(!c.get_volume_stats(ctx(), &sr).unwrap().condition.abnormal);
     let ur = unpublish_req("keep");
@@ -803,10 +781,8 @@ fn an_ro_option_makes_the_volume_read_only() {
 
     let gp = a.root.join("volumes/ro-opt");
     assert_ne!(std::fs::metadata(&gp).unwrap().gid(), 777);
-    let list = c
-        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
-        .unwrap();
-    assert!(list.volumes[0].read_only);
+    let list = volumes(&c);
+    assert!(list[0].read_only);
     let sr = stats_req("ro-opt");
     assert!(!c.get_volume_stats(ctx(), &sr).unwrap().condition.abnormal);
     let mut er = pb::ExpandVolumeRequest::new();

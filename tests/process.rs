@@ -203,9 +203,13 @@ fn a_second_agent_on_the_same_root_is_refused() {
     c.publish_volume(ctx(), &publish_req("mine", &disk.path(), "ext4"))
         .unwrap();
     let target = a.root.join("pods/p");
-    c.bind_mount(
-        ctx(),
-        &bind_req("mine", &target, "", false, pb::RecursiveReadOnly::DISABLED),
+    bind(
+        &c,
+        "mine",
+        &target,
+        "",
+        false,
+        pb::RecursiveReadOnly::DISABLED,
     )
     .unwrap();
 
@@ -238,25 +242,17 @@ fn a_second_agent_on_the_same_root_is_refused() {
     );
     assert!(!sock2.exists(), "the refused agent listened");
     // The first agent's volume and bind are as they were, and it still serves.
-    let list = c
-        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
-        .unwrap();
-    assert_eq!(list.volumes.len(), 1, "{}", a.log());
-    assert_eq!(
-        list.volumes[0].bind_targets,
-        vec![target.display().to_string()]
-    );
+    let list = volumes(&c);
+    assert_eq!(list.len(), 1, "{}", a.log());
+    assert_eq!(list[0].bind_targets, vec![target.display().to_string()]);
     assert!(is_mount(&target) && is_mount(&a.root.join("volumes/mine")));
 
     // The lock dies with its holder, however it ends: after kill -9 the next
     // agent takes the root (and the volume) back.
     let dir = a.kill9();
     let a2 = Agent::start_in(dir);
-    let list = a2
-        .client()
-        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
-        .unwrap();
-    assert_eq!(list.volumes.len(), 1, "{}", a2.log());
+    let list = volumes(&a2.client());
+    assert_eq!(list.len(), 1, "{}", a2.log());
     a2.client()
         .unpublish_volume(ctx(), &unpublish_req("mine"))
         .unwrap();
@@ -359,11 +355,7 @@ fn sigterm_under_a_service_manager_leaves_volumes_for_the_next_start() {
         .unwrap()
         .guest_path;
     let target = root.join("pods/p/data");
-    c.bind_mount(
-        ctx(),
-        &bind_req("v", &target, "", false, pb::RecursiveReadOnly::DISABLED),
-    )
-    .unwrap();
+    bind(&c, "v", &target, "", false, pb::RecursiveReadOnly::DISABLED).unwrap();
     let mut f = pb::FreezeVolumesRequest::new();
     f.volume_ids = vec!["v".into()];
     c.freeze_volumes(ctx(), &f).unwrap();
@@ -380,14 +372,9 @@ fn sigterm_under_a_service_manager_leaves_volumes_for_the_next_start() {
     let mut b = spawn(0o022, &args, &log);
     wait_for_socket(&mut b, &sock, &log);
     let c = connect(&addr).unwrap();
-    let l = c
-        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
-        .unwrap();
-    assert_eq!(l.volumes.len(), 1);
-    assert_eq!(
-        l.volumes[0].bind_targets,
-        vec![target.display().to_string()]
-    );
+    let l = volumes(&c);
+    assert_eq!(l.len(), 1);
+    assert_eq!(l[0].bind_targets, vec![target.display().to_string()]);
     assert!(
         c.unpublish_volume(ctx(), &unpublish_req("v"))
             .unwrap()

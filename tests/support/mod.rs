@@ -241,3 +241,23 @@ pub fn small_state_fs(state: &Path, size: &str) {
     std::fs::create_dir_all(state).unwrap();
     mount_tmpfs("crust-state", &format!("size={size},mode=700"), state);
 }
+
+/// BindMount of volume `id`'s `subpath` at `target` (the request of
+/// `bind_req`): the answer.
+pub fn bind(
+    c: &AgentClient,
+    id: &str,
+    target: &Path,
+    subpath: &str,
+    read_only: bool,
+    rro: pb::RecursiveReadOnly,
+) -> ttrpc::Result<pb::BindMountResponse> {
+    c.bind_mount(ctx(), &bind_req(id, target, subpath, read_only, rro))
+}
+
+/// What ListVolumes answers.
+pub fn volumes(c: &AgentClient) -> Vec<pb::VolumeInfo> {
+    c.list_volumes(ctx(), &pb::ListVolumesRequest::new())
+        .unwrap()
+        .volumes
+}
