@@ -22,11 +22,17 @@ const NOBODY: u32 = 65534;
 /// connects to it and exits 0 (connected), 13 (EACCES) or 1 (anything else).
 const CONNECT_ENV: &str = "CRUST_TEST_CONNECT_TO";
 
-/// An agent process started with `umask` and these arguments, its stderr in `log`.
-fn spawn(umask: u32, args: &[&str], log: &Path) -> Child {
+/// An agent process started with `umask`, listening on each address of
+/// `listen` and serving `root`, with `extra` arguments; its stderr in `log`.
+fn spawn(umask: u32, listen: &[String], root: &Path, extra: &[&str], log: &Path) -> Child {
     let err = std::fs::File::create(log).unwrap();
     let mut c = Command::new(agent_bin());
-    c.args(args)
+    for addr in listen {
+        c.args(["--listen", addr]);
+    }
+    c.arg("--root")
+        .arg(root)
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(err);
@@ -39,6 +45,23 @@ fn spawn(umask: u32, args: &[&str], log: &Path) -> Child {
         });
     }
     c.spawn().unwrap()
+}
+
+/// The address of the unix socket at `sock`.
+fn unix(sock: &Path) -> String {
+    format!("unix://{}", sock.display())
+}
+
+/// Waits up to 20 s for `child` to exit, kills it if it has not: how it
+/// exited, and what it wrote to `log`.
+fn exit_and_log(mut child: Child, log: &Path) -> (Option<ExitStatus>, String) {
+    let st = exit_of(&mut child);
+    let said = std::fs::read_to_string(log).unwrap_or_default();
+    if st.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    (st, said)
 }
 
 fn wait_for_socket(child: &mut Child, sock: &Path, log: &Path) {
@@ -75,7 +98,7 @@ fn exit_of(child: &mut Child) -> Option<ExitStatus> {
 }
 
 fn stop(mut child: Child, sock: &Path) {
-    if let Ok(c) = connect(&format!("unix://{}", sock.display())) {
+    if let Ok(c) = connect(&unix(sock)) {
         let _ = c.shutdown(ctx(), &pb::ShutdownRequest::new());
     }
     if exit_of(&mut child).is_none() {
@@ -146,16 +169,7 @@ fn a_root_agent_under_umask_0_is_private() {
     let root: PathBuf = dir.path().join("new/root");
     let sock = dir.path().join("agent.sock");
     let log = dir.path().join("agent.log");
-    let mut a = spawn(
-        0,
-        &[
-            "--listen",
-            &format!("unix://{}", sock.display()),
-            "--root",
-            root.to_str().unwrap(),
-        ],
-        &log,
-    );
+    let mut a = spawn(0, &[unix(&sock)], &root, &[], &log);
     wait_for_socket(&mut a, &sock, &log);
 
     // What the kernel enforces: a local user who is not root cannot connect
@@ -217,20 +231,8 @@ fn a_second_agent_on_the_same_root_is_refused() {
     let other = tempfile::tempdir().unwrap();
     let sock2 = other.path().join("b.sock");
     let log2 = other.path().join("b.log");
-    let args = [
-        "--listen".to_string(),
-        format!("unix://{}", sock2.display()),
-        "--root".to_string(),
-        a.root.display().to_string(),
-    ];
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut b = spawn(0o022, &args, &log2);
-    let st = exit_of(&mut b);
-    let said = std::fs::read_to_string(&log2).unwrap_or_default();
-    if st.is_none() {
-        let _ = b.kill();
-        let _ = b.wait();
-    }
+    let b = spawn(0o022, &[unix(&sock2)], &a.root, &[], &log2);
+    let (st, said) = exit_and_log(b, &log2);
     assert_eq!(
         st.and_then(|s| s.code()),
         Some(1),
@@ -264,20 +266,8 @@ fn a_socket_another_agent_listens_on_is_not_taken() {
     // Another root, the same socket: the live socket is not stale.
     let other = tempfile::tempdir().unwrap();
     let log2 = other.path().join("b.log");
-    let args = [
-        "--listen".to_string(),
-        a.addr(),
-        "--root".to_string(),
-        other.path().join("root").display().to_string(),
-    ];
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut b = spawn(0o022, &args, &log2);
-    let st = exit_of(&mut b);
-    let said = std::fs::read_to_string(&log2).unwrap_or_default();
-    if st.is_none() {
-        let _ = b.kill();
-        let _ = b.wait();
-    }
+    let b = spawn(0o022, &[a.addr()], &other.path().join("root"), &[], &log2);
+    let (st, said) = exit_and_log(b, &log2);
     assert_eq!(st.and_then(|s| s.code()), Some(1), "{said}");
     assert!(said.contains("something already listens on"), "{said}");
     // The first agent still answers on its socket.
@@ -289,16 +279,8 @@ fn a_socket_another_agent_listens_on_is_not_taken() {
     // stopping, it removes only the socket it made.
     let own = other.path().join("own.sock");
     let log4 = other.path().join("d.log");
-    let args = [
-        "--listen".to_string(),
-        a.addr(),
-        "--listen".to_string(),
-        format!("unix://{}", own.display()),
-        "--root".to_string(),
-        other.path().join("root4").display().to_string(),
-    ];
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut d = spawn(0o022, &args, &log4);
+    let listen = [a.addr(), unix(&own)];
+    let mut d = spawn(0o022, &listen, &other.path().join("root4"), &[], &log4);
     wait_for_socket(&mut d, &own, &log4);
     stop(d, &own);
     assert!(!own.exists());
@@ -310,14 +292,8 @@ fn a_socket_another_agent_listens_on_is_not_taken() {
     let stale = other.path().join("stale.sock");
     drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
     let log3 = other.path().join("c.log");
-    let args = [
-        "--listen".to_string(),
-        format!("unix://{}", stale.display()),
-        "--root".to_string(),
-        other.path().join("root3").display().to_string(),
-    ];
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut c = spawn(0o022, &args, &log3);
+    let root3 = other.path().join("root3");
+    let mut c = spawn(0o022, &[unix(&stale)], &root3, &[], &log3);
     wait_for_socket(&mut c, &stale, &log3);
     stop(c, &stale);
 }
@@ -337,19 +313,11 @@ fn sigterm_under_a_service_manager_leaves_volumes_for_the_next_start() {
         dir.path().join("a.sock"),
         dir.path().join("a.log"),
     );
-    let args = [
-        "--listen".to_string(),
-        format!("unix://{}", sock.display()),
-        "--root".to_string(),
-        root.display().to_string(),
-        "--on-sigterm".to_string(),
-        "exit".to_string(),
-    ];
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut a = spawn(0o022, &args, &log);
+    let listen = [unix(&sock)];
+    let on_sigterm = ["--on-sigterm", "exit"];
+    let mut a = spawn(0o022, &listen, &root, &on_sigterm, &log);
     wait_for_socket(&mut a, &sock, &log);
-    let addr = format!("unix://{}", sock.display());
-    let c = connect(&addr).unwrap();
+    let c = connect(&listen[0]).unwrap();
     let guest = c
         .publish_volume(ctx(), &publish_req("v", &disk.path(), "ext4"))
         .unwrap()
@@ -369,9 +337,9 @@ fn sigterm_under_a_service_manager_leaves_volumes_for_the_next_start() {
     // Thawed before it went: a write goes through.
     std::fs::write(Path::new(&guest).join("after"), b"x").unwrap();
     // The next start adopts both.
-    let mut b = spawn(0o022, &args, &log);
+    let mut b = spawn(0o022, &listen, &root, &on_sigterm, &log);
     wait_for_socket(&mut b, &sock, &log);
-    let c = connect(&addr).unwrap();
+    let c = connect(&listen[0]).unwrap();
     let l = volumes(&c);
     assert_eq!(l.len(), 1);
     assert_eq!(l[0].bind_targets, vec![target.display().to_string()]);
