@@ -353,6 +353,19 @@ fn checked_size(frame: &Frame, max: usize) -> usize {
     HEADER_LEN + h.len as usize
 }
 
+/// The job of a request `conn` admitted (connection 1, on no descriptor).
+fn job(conn: &mut Conn, stream: u32, method: usize, req: ttrpc::Request) -> Job {
+    Job {
+        conn: 1,
+        fd: -1,
+        stream,
+        method,
+        req,
+        gone: conn.gone_rx(),
+        wire: conn.wire.clone(),
+    }
+}
+
 /// Puts one frame through the connection's rules and, if admitted, the
 /// service table, and checks the answer.
 fn answer(conn: &mut Conn, methods: &Table, out: &Outbox, frame: Frame, max: usize) {
@@ -372,16 +385,7 @@ fn answer(conn: &mut Conn, methods: &Table, out: &Outbox, frame: Frame, max: usi
             method,
             req,
         } => {
-            let job = Job {
-                conn: 1,
-                fd: -1,
-                stream,
-                method,
-                req,
-                gone: conn.gone_rx(),
-                wire: conn.wire.clone(),
-            };
-            let (answer, failure) = dispatch::run(methods, job, out);
+            let (answer, failure) = dispatch::run(methods, job(conn, stream, method, req), out);
             if let Some((code, why)) = failure {
                 assert_ne!(code, Code::INTERNAL, "{why}");
             }
@@ -586,15 +590,7 @@ mod tests {
         else {
             panic!("refused");
         };
-        let job = Job {
-            conn: 1,
-            fd: -1,
-            stream,
-            method,
-            req,
-            gone: conn.gone_rx(),
-            wire: conn.wire.clone(),
-        };
+        let job = job(&mut conn, stream, method, req);
         let (answer, failure) = dispatch::run(&methods, job, &Outbox::new());
         assert!(failure.is_none(), "{failure:?}");
         ttrpc::Response::parse_from_bytes(&answer).unwrap()
