@@ -264,33 +264,21 @@ mod tests {
     fn lines_in_both_formats() {
         let kv = slog::o!("method" => "PublishVolume", "volume" => "vol 1", "code" => "OK");
         let values = OwnedKVList::from(kv);
-        let rs = slog::RecordStatic {
-            location: &slog::RecordLocation {
-                file: "",
-                line: 0,
-                column: 0,
-                function: "",
-                module: "",
-            },
-            tag: "",
-            level: Level::Info,
-        };
-        let args = format_args!("request \"done\"");
-        let rec = Record::new(&rs, &args, slog::b!());
-        let text = format_line(Format::Text, "T", &rec, &values);
+        let msg = "request \"done\"";
+        let text = format_record(Format::Text, Level::Info, msg, &values);
         assert_eq!(
             text,
             "T INFO request \"done\" method=PublishVolume volume=\"vol 1\" code=OK\n"
         );
-        let json = format_line(Format::Json, "T", &rec, &values);
+        let json = format_record(Format::Json, Level::Info, msg, &values);
         assert_eq!(
             json,
             "{\"ts\":\"T\",\"level\":\"INFO\",\"msg\":\"request \\\"done\\\"\",\"method\":\"PublishVolume\",\"volume\":\"vol 1\",\"code\":\"OK\"}\n"
         );
     }
 
-    fn line(format: Format, msg: &str, volume: &str) -> String {
-        let values = OwnedKVList::from(slog::o!("volume" => volume.to_string()));
+    /// A record of `level` saying `msg` with `values`, as `format` at time "T".
+    fn format_record(format: Format, level: Level, msg: &str, values: &OwnedKVList) -> String {
         let rs = slog::RecordStatic {
             location: &slog::RecordLocation {
                 file: "",
@@ -300,11 +288,16 @@ mod tests {
                 module: "",
             },
             tag: "",
-            level: Level::Warning,
+            level,
         };
         let args = format_args!("{}", msg);
         let rec = Record::new(&rs, &args, slog::b!());
-        format_line(format, "T", &rec, &values)
+        format_line(format, "T", &rec, values)
+    }
+
+    fn line(format: Format, msg: &str, volume: &str) -> String {
+        let values = OwnedKVList::from(slog::o!("volume" => volume.to_string()));
+        format_record(format, Level::Warning, msg, &values)
     }
 
     #[test]

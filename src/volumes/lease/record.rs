@@ -254,47 +254,27 @@ mod tests {
     fn a_record_that_breaks_a_rule_is_refused_whole() {
         let good = encode(&sample());
         let name = "freeze-1-00000000000000ab";
-        let cases: Vec<(String, &str, &str)> = vec![
-            (
-                good.replace("version=1", "version=2"),
-                name,
-                "version \"2\"",
-            ),
-            (good.replace("version=1\n", ""), name, "no version"),
+        // Each (from, to, why): the good record with `from` replaced by `to`
+        // is refused, saying `why`.
+        let edits = [
+            ("version=1", "version=2", "version \"2\""),
+            ("version=1\n", "", "no version"),
+            ("pvc-3\tskipped", "pvc-1\tskipped", "twice"),
+            ("pvc-3\tskipped", "../x\tskipped", "../x"),
+            ("pvc-3\tskipped", "pvc-3\tmaybe", "not one a record holds"),
+            ("timeout\t", "melted\t", "no way a freeze ends"),
+            ("timeout_ms=60000", "timeout_ms=600001", "is not a freeze's"),
+            ("timeout_ms=60000", "timeout_ms=x", "not a number"),
+        ];
+        let mut cases: Vec<(String, &str, &str)> = edits
+            .into_iter()
+            .map(|(from, to, why)| (good.replace(from, to), name, why))
+            .collect();
+        cases.extend([
             (good.clone(), "freeze-other", "not freeze-other"),
-            (
-                good.replace("pvc-3\tskipped", "pvc-1\tskipped"),
-                name,
-                "twice",
-            ),
-            (
-                good.replace("pvc-3\tskipped", "../x\tskipped"),
-                name,
-                "../x",
-            ),
-            (
-                good.replace("pvc-3\tskipped", "pvc-3\tmaybe"),
-                name,
-                "not one a record holds",
-            ),
-            (
-                good.replace("timeout\t", "melted\t"),
-                name,
-                "no way a freeze ends",
-            ),
-            (
-                good.replace("timeout_ms=60000", "timeout_ms=600001"),
-                name,
-                "is not a freeze's",
-            ),
-            (
-                good.replace("timeout_ms=60000", "timeout_ms=x"),
-                name,
-                "not a number",
-            ),
             (good.clone() + "extra=1\n", name, "key \"extra\""),
             (good.clone() + "no equals\n", name, "has no '='"),
-        ];
+        ]);
         for (text, n, why) in cases {
             let e = decode(text.as_bytes(), n).unwrap_err().to_string();
             assert!(e.contains(why), "{e} (wanted {why:?})");
