@@ -847,11 +847,7 @@ mod tests {
             let subdirs = files.div_ceil(CHUNK / 2) as u64;
             let entries = 1 + files as u64 + 2 * subdirs;
             let (r, _) = walk_in(&root, Duration::MAX, &|_| {}, &Cancel::never(), limits).unwrap();
-            assert_eq!(
-                (r.visited, r.changed, r.errors),
-                (entries, entries, 0),
-                "{name}: {r:?}"
-            );
+            assert_eq!(counts(&r), (entries, entries, 0), "{name}: {r:?}");
         }
     }
 
@@ -931,11 +927,7 @@ mod tests {
 
         let r = apply(root, GID, Policy::Always, false).unwrap();
         assert!(!r.skipped);
-        assert_eq!(
-            (r.visited, r.changed, r.errors),
-            (want_visited, want_visited, 0),
-            "{r:?}"
-        );
+        assert_eq!(counts(&r), (want_visited, want_visited, 0), "{r:?}");
 
         let expect: &[(&str, u32)] = &[
             ("", 0o2775),
@@ -1077,10 +1069,7 @@ mod tests {
             set_mode(&d.path().join(format!("f{i}")), 0o640);
         }
         let r = apply(d.path(), GID, Policy::Always, false).unwrap();
-        assert_eq!(
-            (r.visited, r.changed, r.errors),
-            (n as u64 + 1, n as u64 + 1, 0)
-        );
+        assert_eq!(counts(&r), (n as u64 + 1, n as u64 + 1, 0));
         for i in 0..n {
             let p = d.path().join(format!("f{i}"));
             assert_eq!((gid_of(&p), mode_of(&p)), (GID, 0o660), "f{i}");
@@ -1113,7 +1102,7 @@ mod tests {
             (plain.skipped, plain.visited, plain.changed, plain.errors)
         );
         // The root, d0..d9, and the 5000 below them.
-        assert_eq!((r.visited, r.changed, r.errors), (5011, 5011, 0), "{r:?}");
+        assert_eq!(counts(&r), (5011, 5011, 0), "{r:?}");
         assert_eq!(snapshot(&a), snapshot(&b));
 
         let calls = calls.into_inner().unwrap();
@@ -1377,9 +1366,22 @@ mod tests {
             Tmpfs { dir, dev }
         }
 
+        /// A tmpfs with an empty directory `vol` on it, a volume's root.
+        fn with_vol() -> (Tmpfs, PathBuf) {
+            let t = Tmpfs::new();
+            let root = t.path().join("vol");
+            fs::create_dir(&root).unwrap();
+            (t, root)
+        }
+
         fn path(&self) -> &Path {
             self.dir.path()
         }
+    }
+
+    /// A walk's counts: (visited, changed, errors).
+    fn counts(r: &Report) -> (u64, u64, u64) {
+        (r.visited, r.changed, r.errors)
     }
 
     impl Drop for Tmpfs {
@@ -1574,18 +1576,12 @@ mod tests {
     #[ignore = "needs root: make test runs it"]
     fn depth_and_path_length_do_not_matter() {
         needs::root();
-        let t = Tmpfs::new();
-        let root = t.path().join("vol");
-        fs::create_dir(&root).unwrap();
+        let (t, root) = Tmpfs::with_vol();
         // 3,000 levels of "dir/": paths of 12,000 bytes, three times PATH_MAX.
         let entries = deep_tree(&root, 3000, c"dir", false);
         let limits = Limits::for_this_machine();
         let (r, most) = walk_counting_fds(&root, Some(t.dev), limits, Duration::ZERO);
-        assert_eq!(
-            (r.visited, r.changed, r.errors),
-            (entries, entries, 0),
-            "{r:?}"
-        );
+        assert_eq!(counts(&r), (entries, entries, 0), "{r:?}");
         let (n, bad) = read_back(&root, GID);
         assert_eq!((n, bad), (entries, vec![]));
         // A pure chain holds O(1) fds however deep it is: per worker, the
@@ -1599,16 +1595,14 @@ mod tests {
         assert_eq!(fds_on(t.dev), 0);
         // Again: only reads.
         let r = apply(&root, GID, Policy::Always, false).unwrap();
-        assert_eq!((r.visited, r.changed, r.errors), (entries, 0, 0), "{r:?}");
+        assert_eq!(counts(&r), (entries, 0, 0), "{r:?}");
     }
 
     #[test]
     #[ignore = "needs root: make test runs it"]
     fn a_deep_comb_stays_within_the_fd_budget() {
         needs::root();
-        let t = Tmpfs::new();
-        let root = t.path().join("vol");
-        fs::create_dir(&root).unwrap();
+        let (t, root) = Tmpfs::with_vol();
         let entries = comb_holding_fds(&root, 1500);
         // Without the budget the comb costs an fd per level (one worker: no
         // other takes the pending siblings meanwhile)…
@@ -1618,11 +1612,7 @@ mod tests {
             dir_fds: usize::MAX,
         };
         let (r, most) = walk_counting_fds(&root, None, one, Duration::from_millis(2));
-        assert_eq!(
-            (r.visited, r.changed, r.errors),
-            (entries, entries, 0),
-            "{r:?}"
-        );
+        assert_eq!(counts(&r), (entries, entries, 0), "{r:?}");
         assert!(
             most > 500,
             "only {most} fds open at once without the budget"
@@ -1652,9 +1642,7 @@ mod tests {
     #[ignore = "needs root: make test runs it"]
     fn a_directory_moved_during_a_lone_walk_is_found_again() {
         needs::root();
-        let t = Tmpfs::new();
-        let root = t.path().join("vol");
-        fs::create_dir(&root).unwrap();
+        let (_t, root) = Tmpfs::with_vol();
         let entries = deep_tree(&root, 60, c"d", true);
         // A budget of 0: the root's subtree is walked alone, depth first,
         // going back up by "..", one progress call per directory.
@@ -1676,11 +1664,7 @@ mod tests {
         assert!(root.join("moved").is_dir());
         // Nothing lost: the moved subtree was walked through its fds, the
         // rest found again by name from the top.
-        assert_eq!(
-            (r.visited, r.changed, r.errors),
-            (entries, entries, 0),
-            "{r:?}"
-        );
+        assert_eq!(counts(&r), (entries, entries, 0), "{r:?}");
         let (n, bad) = read_back(&root, GID);
         assert_eq!((n, bad), (entries, vec![]));
     }
@@ -1716,7 +1700,7 @@ mod tests {
         };
         let (r, _) = walk_in(&root, Duration::ZERO, &swap, &Cancel::never(), one).unwrap();
         // The root changed; a and b were refused (ELOOP), each an error.
-        assert_eq!((r.visited, r.changed, r.errors), (1, 1, 2), "{r:?}");
+        assert_eq!(counts(&r), (1, 1, 2), "{r:?}");
         for p in [&outside, &outside.join("secret")] {
             assert_eq!(gid_of(p), 0, "{p:?} outside the volume was changed");
         }
