@@ -222,44 +222,8 @@ fn hostile_superblocks_are_refused_before_anything_is_mounted() {
     needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
-    let journal = LoopDisk::new(16, None);
-    run(
-        "mke2fs",
-        &[
-            "-q",
-            "-F",
-            "-O",
-            "journal_dev",
-            "-b",
-            "4096",
-            &journal.path(),
-        ],
-    );
-    let with_journal = LoopDisk::new(64, None);
-    run(
-        "mkfs.ext4",
-        &[
-            "-q",
-            "-F",
-            "-b",
-            "4096",
-            "-J",
-            &format!("device={}", journal.path()),
-            &with_journal.path(),
-        ],
-    );
-    let log = LoopDisk::new(64, None);
-    let with_log = LoopDisk::new(320, None);
-    run(
-        "mkfs.xfs",
-        &[
-            "-q",
-            "-f",
-            "-l",
-            &format!("logdev={}", log.path()),
-            &with_log.path(),
-        ],
-    );
+    let (journal, with_journal) = LoopDisk::ext4_with_external_journal();
+    let (log, with_log) = LoopDisk::xfs_with_external_log();
     // After any unclean stop the kernel would sleep 720 s in mount(2).
     let mmp = LoopDisk::with_mkfs(
         64,

@@ -366,19 +366,7 @@ mod tests {
     #[ignore = "needs root: make test runs it"]
     fn refuses_a_real_xfs_whose_log_is_another_device() {
         needs::loop_devices();
-        // An xfs whose log is another device.
-        let log = LoopDisk::new(64, None);
-        let disk = LoopDisk::new(320, None);
-        run(
-            "mkfs.xfs",
-            &[
-                "-q",
-                "-f",
-                "-l",
-                &format!("logdev={}", log.path()),
-                &disk.path(),
-            ],
-        );
+        let (_log, disk) = LoopDisk::xfs_with_external_log();
         let e = check(&disk.device, FsType::Xfs).unwrap_err();
         assert!(matches!(e, Error::NeedsAnotherDevice { .. }), "{e}");
         assert!(e.to_string().contains("external log"), "{e}");
@@ -389,32 +377,7 @@ mod tests {
     fn refuses_real_disks_that_need_another_device_or_plant_options() {
         needs::loop_devices();
         // An ext4 whose journal is another device, and that device itself.
-        let journal = LoopDisk::new(16, None);
-        run(
-            "mke2fs",
-            &[
-                "-q",
-                "-F",
-                "-O",
-                "journal_dev",
-                "-b",
-                "4096",
-                &journal.path(),
-            ],
-        );
-        let disk = LoopDisk::new(64, None);
-        run(
-            "mkfs.ext4",
-            &[
-                "-q",
-                "-F",
-                "-b",
-                "4096",
-                "-J",
-                &format!("device={}", journal.path()),
-                &disk.path(),
-            ],
-        );
+        let (journal, disk) = LoopDisk::ext4_with_external_journal();
         let e = check(&disk.device, FsType::Ext4).unwrap_err();
         assert!(matches!(e, Error::NeedsAnotherDevice { .. }), "{e}");
         assert!(e.to_string().contains("external journal"), "{e}");
