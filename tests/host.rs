@@ -58,15 +58,7 @@ fn shutdown_exits_cleanly() {
         .shutdown(ctx(), &pb::ShutdownRequest::new())
         .unwrap();
     assert_eq!(r.volumes_unmounted, 0);
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while a.alive() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let status = a
-        .child
-        .try_wait()
-        .unwrap()
-        .expect("agent exited after Shutdown");
+    let status = exit_within(&mut a, Duration::from_secs(5), "Shutdown");
     assert!(status.success());
 }
 
@@ -219,26 +211,45 @@ fn published_with_fs_group(
     (req, gp)
 }
 
+/// Waits up to `within` for the agent to exit (`after` what): how it exited.
+fn exit_within(a: &mut Agent, within: Duration, after: &str) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + within;
+    while a.alive() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    a.child
+        .try_wait()
+        .unwrap()
+        .unwrap_or_else(|| panic!("agent exited after {after}"))
+}
+
+/// Unpublishes volume `id`, which must answer that it was published and
+/// leave `disk` mounted nowhere.
+fn assert_unpublished(c: &AgentClient, id: &str, disk: &LoopDisk) {
+    let ur = unpublish_req(id);
+    assert!(c.unpublish_volume(ctx(), &ur).unwrap().was_published);
+    assert!(mounts_of(&disk.path()).is_empty());
+}
+
+/// The usage in bytes of a GetVolumeStats answer.
+fn bytes_usage(s: &pb::GetVolumeStatsResponse) -> pb::VolumeUsage {
+    s.usage
+        .iter()
+        .find(|u| u.unit.enum_value() == Ok(pb::volume_usage::Unit::BYTES))
+        .unwrap()
+        .clone()
+}
+
 /// Stats: usage follows a write; the condition is ok.
 fn stats_follow_a_write(c: &AgentClient, id: &str, gp: &Path) {
     let sr = stats_req(id);
     let s0 = c.get_volume_stats(ctx(), &sr).unwrap();
     assert!(!s0.condition.abnormal, "{}", s0.condition.message);
-    let bytes0 = s0
-        .usage
-        .iter()
-        .find(|u| u.unit.enum_value() == Ok(pb::volume_usage::Unit::BYTES))
-        .unwrap()
-        .clone();
+    let bytes0 = bytes_usage(&s0);
     std::fs::write(gp.join("big"), vec![7u8; 8 << 20]).unwrap();
     rustix::fs::sync();
     let s1 = c.get_volume_stats(ctx(), &sr).unwrap();
-    let bytes1 = s1
-        .usage
-        .iter()
-        .find(|u| u.unit.enum_value() == Ok(pb::volume_usage::Unit::BYTES))
-        .unwrap()
-        .clone();
+    let bytes1 = bytes_usage(&s1);
     assert!(
         bytes1.used >= bytes0.used + (7 << 20),
         "{bytes0:?} → {bytes1:?}"
@@ -611,10 +622,8 @@ fn recursive_read_only_makes_the_difference() {
     assert!(c.unmount(ctx(), &un).unwrap().was_mounted);
     assert!(!c.unmount(ctx(), &un).unwrap().was_mounted);
     assert!(!is_mount(&rro));
-    let ur = unpublish_req("r");
     // The tmpfs under the volume is unmounted with it.
-    assert!(c.unpublish_volume(ctx(), &ur).unwrap().was_published);
-    assert!(mounts_of(&disk.path()).is_empty());
+    assert_unpublished(&c, "r", &disk);
 }
 
 #[test]
@@ -661,9 +670,7 @@ fn restart_after_kill_takes_the_volumes_back() {
     assert_eq!(list[0].bind_targets, vec![target.display().to_string()]);
     let sr = stats_req("keep");
     assert!(!c.get_volume_stats(ctx(), &sr).unwrap().condition.abnormal);
-    let ur = unpublish_req("keep");
-    assert!(c.unpublish_volume(ctx(), &ur).unwrap().was_published);
-    assert!(mounts_of(&disk.path()).is_empty());
+    assert_unpublished(&c, "keep", &disk);
 }
 
 #[test]
@@ -747,15 +754,7 @@ fn sigterm_unmounts_and_exits() {
         rustix::process::Signal::TERM,
     )
     .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while a.alive() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let status = a
-        .child
-        .try_wait()
-        .unwrap()
-        .expect("agent exited after SIGTERM");
+    let status = exit_within(&mut a, Duration::from_secs(10), "SIGTERM");
     assert!(status.success(), "{status:?}");
     assert!(
         mounts_of(&disk.path()).is_empty(),
