@@ -20,7 +20,7 @@
 //!                 list, the walk a volume owns, binds, block volumes, state,
 //!                 recovery; the Kernel trait under it all)
 //!                 error.rs (joins the capabilities' errors)
-//! 1 capabilities  device · probe/ · mount/ · ownership/ · stats · grow
+//! 1 capabilities  device · probe/ · mount/ · ownership/ · stats · grow · luks2/
 //!                 each owns its syscalls and its error, and says its code
 //! 0 leaves        code (Code) · model (the shared domain types, MountId)
 //!                 sys/ (SysError, beneath, mountinfo, sysfs, uevents, blockdev,
@@ -47,6 +47,7 @@ pub mod grow;
 pub mod init;
 pub mod instance;
 pub mod logging;
+pub mod luks2;
 pub mod model;
 pub mod mount;
 pub mod notify;

@@ -1,0 +1,444 @@
+//! The header reader and the unlock against images `cryptsetup luksFormat`
+//! made on plain files (no device-mapper needed), each volume key compared
+//! with `cryptsetup luksDump --dump-volume-key`; and the helpers that build
+//! and edit headers by hand for the tests beside the logic. The cryptsetup
+//! tests are ignored in a plain `cargo test` (make test-host runs them) and
+//! fail, saying so, where cryptsetup is missing.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest as _, Sha256};
+use zeroize::Zeroizing;
+
+use super::error::Error;
+use super::header::{self, Copy, Header};
+use super::unlock::{unlock, Limits, Unlocked};
+use crate::code::Code;
+
+/// Writes one copy of a header at `offset` of `img` (grown as needed): the
+/// binary header as cryptsetup lays it out, `json` NUL-padded to the area,
+/// and the checksum over both.
+pub(crate) fn write_copy(img: &mut Vec<u8>, offset: u64, hdr_size: u64, seqid: u64, json: &[u8]) {
+    let (at, size) = (offset as usize, hdr_size as usize);
+    if img.len() < at + size {
+        img.resize(at + size, 0);
+    }
+    let h = &mut img[at..at + size];
+    h.fill(0);
+    h[..6].copy_from_slice(if offset == 0 {
+        header::MAGIC_PRIMARY
+    } else {
+        header::MAGIC_SECONDARY
+    });
+    h[6..8].copy_from_slice(&2u16.to_be_bytes());
+    h[8..16].copy_from_slice(&hdr_size.to_be_bytes());
+    h[16..24].copy_from_slice(&seqid.to_be_bytes());
+    h[72..78].copy_from_slice(b"sha256");
+    h[168..204].copy_from_slice(b"1bf7a5b2-0000-4000-8000-000000000000");
+    h[256..264].copy_from_slice(&offset.to_be_bytes());
+    h[4096..4096 + json.len()].copy_from_slice(json);
+    rechecksum(img, offset, hdr_size);
+}
+
+/// Recomputes the checksum of the copy at `offset`, after an edit.
+pub(crate) fn rechecksum(img: &mut [u8], offset: u64, hdr_size: u64) {
+    let (at, size) = (offset as usize, hdr_size as usize);
+    img[at + 448..at + 512].fill(0);
+    let sum = Sha256::digest(&img[at..at + size]);
+    img[at + 448..at + 480].copy_from_slice(&sum);
+}
+
+/// The JSON of a 16 KiB header with one PBKDF2 keyslot, one crypt segment
+/// from 16 MiB and one digest, as cryptsetup writes it; `edit` changes the
+/// text before it is written.
+pub(crate) fn json(edit: impl Fn(String) -> String) -> Vec<u8> {
+    let salt = "2l3gRScdV3fYdPjlkSaf2cMmUhlnQrgrJqou/QUsS+0=";
+    edit(format!(
+        concat!(
+            r#"{{"keyslots":{{"0":{{"type":"luks2","key_size":64,"af":{{"type":"luks1","stripes":4000,"hash":"sha256"}},"#,
+            r#""area":{{"type":"raw","offset":"32768","size":"258048","encryption":"aes-xts-plain64","key_size":64}},"#,
+            r#""kdf":{{"type":"pbkdf2","hash":"sha256","iterations":1000,"salt":"{salt}"}}}}}},"tokens":{{}},"#,
+            r#""segments":{{"0":{{"type":"crypt","offset":"16777216","size":"dynamic","iv_tweak":"0","encryption":"aes-xts-plain64","sector_size":4096}}}},"#,
+            r#""digests":{{"0":{{"type":"pbkdf2","keyslots":["0"],"segments":["0"],"hash":"sha256","iterations":1000,"salt":"{salt}","digest":"{salt}"}}}},"#,
+            r#""config":{{"json_size":"12288","keyslots_size":"16744448"}}}}"#
+        ),
+        salt = salt
+    ))
+    .into_bytes()
+}
+
+/// A 32 MiB device (as far as the reader knows: only the headers are
+/// held) with both copies of a 16 KiB header carrying `json`.
+pub(crate) fn image(json: &[u8]) -> Vec<u8> {
+    let mut img = Vec::new();
+    write_copy(&mut img, 0, 16384, 3, json);
+    write_copy(&mut img, 16384, 16384, 3, json);
+    img
+}
+
+/// The device size [`image`] stands for.
+pub(crate) const DEVICE: u64 = 32 << 20;
+
+// ------------------------------------------------------------ cryptsetup --
+
+/// Runs cryptsetup, failing the test with a sentence if it is not installed.
+fn cryptsetup(args: &[&str]) -> std::process::Output {
+    let out = Command::new("cryptsetup")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cryptsetup could not be run ({e}): these tests compare the agent with it; \
+                 install cryptsetup-bin (scripts/deps.sh does)"
+            )
+        });
+    assert!(
+        out.status.success(),
+        "cryptsetup {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// An image file made by `cryptsetup luksFormat --type luks2` with `args`,
+/// its first passphrase written to a key file beside it.
+struct Image {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl Image {
+    fn format(passphrase: &[u8], args: &[&str]) -> Image {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("disk.img");
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(32 << 20)
+            .unwrap();
+        let key = write_key(dir.path(), "key0", passphrase);
+        let mut all = vec!["luksFormat", "--batch-mode", "--key-file", &key];
+        all.extend_from_slice(args);
+        all.push(path.to_str().unwrap());
+        cryptsetup(&all);
+        Image { _dir: dir, path }
+    }
+
+    fn dir(&self) -> &Path {
+        self._dir.path()
+    }
+
+    /// Adds `new` as a passphrase (opened with `old`), with `args`.
+    fn add_key(&self, old: &[u8], new: &[u8], args: &[&str]) {
+        let old = write_key(self.dir(), "old", old);
+        let new = write_key(self.dir(), "new", new);
+        let mut all = vec!["luksAddKey", "--batch-mode", "--key-file", &old];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&[self.path.to_str().unwrap(), &new]);
+        cryptsetup(&all);
+    }
+
+    /// The volume key as cryptsetup dumps it with `passphrase`.
+    fn volume_key(&self, passphrase: &[u8]) -> Vec<u8> {
+        let key = write_key(self.dir(), "dump", passphrase);
+        let out = cryptsetup(&[
+            "luksDump",
+            "--dump-volume-key",
+            "--batch-mode",
+            "--key-file",
+            &key,
+            self.path.to_str().unwrap(),
+        ]);
+        let text = String::from_utf8(out.stdout).unwrap();
+        let dump = text
+            .split_once("MK dump:")
+            .unwrap_or_else(|| panic!("no MK dump in {text}"))
+            .1;
+        dump.split_whitespace()
+            .map(|h| u8::from_str_radix(h, 16).unwrap())
+            .collect()
+    }
+
+    fn header(&self) -> Result<Header, Error> {
+        let f = std::fs::File::open(&self.path).unwrap();
+        header::read(&f, f.metadata().unwrap().len())
+    }
+
+    fn unlock(&self, passphrase: &[u8], only: Option<u32>) -> Result<Unlocked, Error> {
+        let h = self.header()?;
+        let f = std::fs::File::open(&self.path).unwrap();
+        let limits = Limits {
+            argon2_memory_kib: 1 << 20,
+        };
+        unlock(&f, &h, &Zeroizing::new(passphrase.to_vec()), limits, only)
+    }
+
+    /// Unlocks with the agent and checks the key against cryptsetup's.
+    fn same_key(&self, passphrase: &[u8]) -> Unlocked {
+        let u = self.unlock(passphrase, None).unwrap();
+        assert_eq!(u.volume_key.bytes(), &self.volume_key(passphrase)[..]);
+        u
+    }
+}
+
+fn write_key(dir: &Path, name: &str, passphrase: &[u8]) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, passphrase).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+const FAST_PBKDF2: &[&str] = &["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+const FAST_ARGON2ID: &[&str] = &[
+    "--pbkdf",
+    "argon2id",
+    "--pbkdf-memory",
+    "32768",
+    "--pbkdf-force-iterations",
+    "4",
+];
+
+#[test]
+#[ignore = "needs cryptsetup: make test runs it"]
+fn pbkdf2_keyslots_open_with_cryptsetups_volume_key() {
+    for (extra, key_bits) in [
+        (&["--key-size", "512"][..], 512),
+        (&["--key-size", "256"], 256),
+        (&["--key-size", "512", "--hash", "sha512"], 512),
+        (&["--key-size", "256", "--hash", "sha1"], 256),
+        (&["--key-size", "512", "--sector-size", "512"], 512),
+    ] {
+        let args = [FAST_PBKDF2, extra].concat();
+        let img = Image::format(b"correct horse", &args);
+        let u = img.same_key(b"correct horse");
+        assert_eq!(u.volume_key.bytes().len() * 8, key_bits, "{args:?}");
+        assert_eq!(u.keyslot, 0);
+        let s = &u.segment;
+        assert_eq!(
+            (s.kind.as_str(), s.encryption.as_str()),
+            ("crypt", "aes-xts-plain64")
+        );
+        assert_eq!(
+            (s.offset, s.size, s.iv_tweak, s.integrity.as_ref()),
+            (16 << 20, None, 0, None)
+        );
+        let sector = if extra.contains(&"--sector-size") {
+            512
+        } else {
+            4096
+        };
+        assert_eq!(s.sector_size, sector, "{args:?}");
+        // Debug shows the key's size only.
+        let shown = format!("{u:?}");
+        assert!(
+            shown.contains("VolumeKey(") && shown.contains("redacted"),
+            "{shown}"
+        );
+        let hex: String = u.volume_key.bytes()[..4]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert!(!shown.contains(&hex), "{shown}");
+    }
+}
+
+#[test]
+#[ignore = "needs cryptsetup: make test runs it"]
+fn argon2_keyslots_open_with_cryptsetups_volume_key() {
+    for kdf in ["argon2id", "argon2i"] {
+        for parallel in ["1", "4"] {
+            let mut args = FAST_ARGON2ID.to_vec();
+            args[1] = kdf;
+            args.extend_from_slice(&["--pbkdf-parallel", parallel]);
+            let img = Image::format(b"p\xffss\0word", &args);
+            img.same_key(b"p\xffss\0word");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs cryptsetup: make test runs it"]
+fn each_of_several_keyslots_opens_and_a_wrong_passphrase_does_not() {
+    let img = Image::format(b"first", FAST_PBKDF2);
+    img.add_key(
+        b"first",
+        b"second",
+        &[FAST_ARGON2ID, &["--key-slot", "3"]].concat(),
+    );
+    img.add_key(
+        b"first",
+        b"third",
+        &[FAST_PBKDF2, &["--hash", "sha512", "--key-slot", "7"]].concat(),
+    );
+    let key = img.volume_key(b"first");
+    for (pass, slot) in [(&b"first"[..], 0), (b"second", 3), (b"third", 7)] {
+        let u = img.unlock(pass, None).unwrap();
+        assert_eq!((u.keyslot, u.volume_key.bytes()), (slot, &key[..]));
+    }
+    let e = img.unlock(b"fourth", None).unwrap_err();
+    assert!(matches!(e, Error::WrongPassphrase), "{e}");
+    assert_eq!(e.code(), Code::PermissionDenied);
+    // Named: only that slot is tried.
+    assert!(matches!(
+        img.unlock(b"third", Some(3)),
+        Err(Error::WrongPassphrase)
+    ));
+    assert_eq!(img.unlock(b"third", Some(7)).unwrap().keyslot, 7);
+    assert!(matches!(
+        img.unlock(b"third", Some(9)),
+        Err(Error::NoKeyslot { .. })
+    ));
+    // Priority: an ignored slot opens only when named; a preferred one is tried first.
+    let path = img.path.to_str().unwrap();
+    cryptsetup(&["config", "--priority", "ignore", "--key-slot", "7", path]);
+    assert!(matches!(
+        img.unlock(b"third", None),
+        Err(Error::WrongPassphrase)
+    ));
+    assert_eq!(img.unlock(b"third", Some(7)).unwrap().keyslot, 7);
+    cryptsetup(&["config", "--priority", "prefer", "--key-slot", "3", path]);
+    let h = img.header().unwrap();
+    let prio: Vec<(u32, u8)> = h
+        .metadata
+        .keyslots
+        .iter()
+        .map(|(n, k)| (*n, k.priority))
+        .collect();
+    assert_eq!(prio, [(0, 1), (3, 2), (7, 0)]);
+    assert_eq!(img.unlock(b"second", None).unwrap().keyslot, 3);
+}
+
+#[test]
+#[ignore = "needs cryptsetup: make test runs it"]
+fn argon2_memory_over_the_limit_is_refused_before_any_work() {
+    let img = Image::format(
+        b"pw",
+        &[
+            "--pbkdf",
+            "argon2id",
+            "--pbkdf-memory",
+            "262144",
+            "--pbkdf-force-iterations",
+            "4",
+        ],
+    );
+    let h = img.header().unwrap();
+    let f = std::fs::File::open(&img.path).unwrap();
+    let start = Instant::now();
+    let limits = Limits {
+        argon2_memory_kib: 65536,
+    };
+    let e = unlock(&f, &h, &Zeroizing::new(b"pw".to_vec()), limits, None).unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_millis(50),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    let msg = e.to_string();
+    assert!(
+        msg.contains("262144 KiB") && msg.contains("65536 KiB"),
+        "{msg}"
+    );
+}
+
+#[test]
+#[ignore = "needs cryptsetup: make test runs it"]
+fn a_damaged_primary_gives_way_to_the_secondary_as_in_cryptsetup() {
+    let img = Image::format(b"pw", FAST_PBKDF2);
+    let key = img.volume_key(b"pw");
+    assert_eq!(img.header().unwrap().copy, Copy::Primary);
+    // A flipped byte in the primary's JSON area: its checksum no longer holds.
+    let mut bytes = std::fs::read(&img.path).unwrap();
+    bytes[4096 + 10] ^= 0x20;
+    std::fs::write(&img.path, &bytes).unwrap();
+    let h = img.header().unwrap();
+    assert_eq!(h.copy, Copy::Secondary);
+    assert_eq!(
+        img.unlock(b"pw", None).unwrap().volume_key.bytes(),
+        &key[..]
+    );
+    // cryptsetup reads the same volume key from what is left.
+    assert_eq!(img.volume_key(b"pw"), key);
+    // Both damaged: refused, naming both.
+    let mut bytes = std::fs::read(&img.path).unwrap();
+    bytes[4096 + 10] ^= 0x20;
+    bytes[16384 + 4096 + 10] ^= 0x20;
+    bytes[4096 + 11] ^= 0x20;
+    std::fs::write(&img.path, &bytes).unwrap();
+    let e = img.header().unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("the primary: a checksum that does not match"),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .contains("the secondary: at byte 16384: a checksum"),
+        "{e}"
+    );
+}
+
+#[test]
+#[ignore = "needs cryptsetup: make test runs it"]
+fn luks1_is_recognised_and_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v1.img");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    let key = write_key(dir.path(), "k", b"pw");
+    cryptsetup(&[
+        "luksFormat",
+        "--type",
+        "luks1",
+        "--batch-mode",
+        "--pbkdf-force-iterations",
+        "1000",
+        "--key-file",
+        &key,
+        path.to_str().unwrap(),
+    ]);
+    let f = std::fs::File::open(&path).unwrap();
+    let e = header::read(&f, 8 << 20).unwrap_err();
+    assert!(matches!(e, Error::Luks1), "{e}");
+    assert!(e.to_string().contains("LUKS1"), "{e}");
+}
+
+#[test]
+#[ignore = "needs cryptsetup: make test runs it"]
+fn the_header_reads_as_luksdump_says() {
+    let img = Image::format(
+        b"pw",
+        &[
+            FAST_PBKDF2,
+            &[
+                "--label",
+                "pvc-1",
+                "--subsystem",
+                "crust",
+                "--luks2-metadata-size",
+                "64k",
+            ],
+        ]
+        .concat(),
+    );
+    let h = img.header().unwrap();
+    let dump =
+        String::from_utf8(cryptsetup(&["luksDump", img.path.to_str().unwrap()]).stdout).unwrap();
+    assert!(
+        dump.contains(&format!("UUID:          \t{}", h.uuid)),
+        "{dump}"
+    );
+    assert_eq!(
+        (h.label.as_str(), h.subsystem.as_str(), h.hdr_size),
+        ("pvc-1", "crust", 65536)
+    );
+    assert!(
+        dump.contains(&format!("Epoch:         \t{}", h.seqid)),
+        "{dump}"
+    );
+    assert_eq!(h.metadata.config.json_size, 65536 - 4096);
+    img.same_key(b"pw");
+}
