@@ -32,8 +32,11 @@ guest-image: deps initrd
 # run (not root, no losetup or mkfs) fail instead of skipping.
 test: deps initrd guest-image test-host test-fuzz test-vm
 
+# test-host also runs the LUKS2 tests against images cryptsetup makes
+# (ignored in a plain cargo test, which may not have cryptsetup).
 test-host: deps
 	CRUST_REQUIRE_PRIVILEGED=1 cargo test --workspace --no-fail-fast
+	cargo test -p crust-agent --lib -- --ignored luks2::
 	sh scripts/embed-example.sh
 
 # Fuzzing (fuzz/, README "Fuzzing"): every parser a hostile host or disk

@@ -124,7 +124,7 @@ struct Binary {
 
 fn be64(b: &[u8], at: usize) -> u64 {
     let mut x = [0; 8];
-    x.copy_from_slice(&b[at..at + 8]);
+    x.copy_from_slice(&b[at..][..8]);
     u64::from_be_bytes(x)
 }
 
@@ -330,7 +330,7 @@ fn finish(b: &[u8; 4096], bin: Binary, area: &[u8], device_bytes: u64) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::luks2::tests::{image, json, rechecksum, write_copy, DEVICE};
+    use crate::luks2::fixture::{image, json, rechecksum, write_copy, DEVICE};
 
     fn refused(img: &[u8]) -> String {
         match read(&Head(img), DEVICE) {

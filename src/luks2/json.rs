@@ -301,7 +301,7 @@ pub fn base64(text: &str) -> Option<Vec<u8>> {
         }))
     }
     let b = text.as_bytes();
-    if b.len() % 4 != 0 {
+    if !b.len().is_multiple_of(4) {
         return None;
     }
     let mut out = Vec::with_capacity(b.len() / 4 * 3);

@@ -201,7 +201,7 @@ impl Metadata {
 
     fn check(&self, hdr_size: u64, device_bytes: u64) -> Result<(), String> {
         let keyslots_size = self.config.keyslots_size;
-        if keyslots_size % 4096 != 0 || keyslots_size > MAX_KEYSLOTS_SIZE {
+        if !keyslots_size.is_multiple_of(4096) || keyslots_size > MAX_KEYSLOTS_SIZE {
             return Err(format!(
                 "the keyslots area is {keyslots_size} bytes, not a multiple of 4096 up to {MAX_KEYSLOTS_SIZE}"
             ));
@@ -246,7 +246,7 @@ impl Metadata {
         for (id, k) in &self.keyslots {
             let Some(st) = &k.stored else { continue };
             let (start, size) = (st.area_offset, st.area_size);
-            let stop = start.checked_add(size).unwrap_or(u64::MAX);
+            let stop = start.saturating_add(size);
             if start < hdr_size.saturating_mul(2) || size == 0 || stop > end {
                 return Err(format!(
                     "keyslot {id}'s area [{start}, +{size}) is not inside the keyslots area [{}, {end})",
@@ -269,7 +269,7 @@ impl Metadata {
 }
 
 fn check_segment(id: u32, s: &Segment, metadata_end: u64, device_bytes: u64) -> Result<(), String> {
-    if s.offset < metadata_end || s.offset % 512 != 0 {
+    if s.offset < metadata_end || !s.offset.is_multiple_of(512) {
         return Err(format!(
             "segment {id} starts at byte {}, inside the metadata (which ends at {metadata_end}) or not on a 512-byte sector",
             s.offset
@@ -293,7 +293,9 @@ fn check_segment(id: u32, s: &Segment, metadata_end: u64, device_bytes: u64) -> 
                 s.sector_size
             ));
         }
-        if s.size.is_some_and(|n| n % u64::from(s.sector_size) != 0) {
+        if s.size
+            .is_some_and(|n| !n.is_multiple_of(u64::from(s.sector_size)))
+        {
             return Err(format!(
                 "segment {id}'s size is not a whole number of its sectors"
             ));
@@ -565,4 +567,224 @@ fn ids(v: &Value, what: &str) -> Result<Vec<u32>, String> {
                 .ok_or_else(|| format!("{what} holds {s:?}, not a number below {MAX_NUMBERED}"))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::luks2::fixture::{json, DEVICE};
+    use crate::luks2::json::parse;
+
+    fn read_edited(edit: impl Fn(String) -> String) -> Result<Metadata, String> {
+        let text = json(edit);
+        read(&parse(&text).unwrap(), 16384, DEVICE)
+    }
+
+    fn refused(edit: impl Fn(String) -> String) -> String {
+        read_edited(edit).expect_err("accepted")
+    }
+
+    #[test]
+    fn cryptsetups_json_reads_typed() {
+        let m = read_edited(|s| s).unwrap();
+        let (id, k) = &m.keyslots[0];
+        let st = k.stored.as_ref().unwrap();
+        assert_eq!((*id, k.key_size, k.priority), (0, 64, 1));
+        assert_eq!(
+            (st.area_offset, st.area_size, st.stripes),
+            (32768, 258048, 4000)
+        );
+        assert_eq!(st.split_bytes(64), 256000);
+        assert!(
+            matches!(st.kdf, Kdf::Pbkdf2 { iterations: 1000, ref salt, .. } if salt.len() == 32)
+        );
+        let s = &m.segments[0].1;
+        assert_eq!((s.offset, s.size, s.sector_size), (16 << 20, None, 4096));
+        assert_eq!(m.digests[0].1.keyslots, [0]);
+        assert_eq!((m.config.json_size, m.tokens), (12288, 0));
+    }
+
+    /// As cryptsetup writes a segment formatted with --integrity
+    /// hmac-sha256 (luksFormat cannot make one without device-mapper, so
+    /// the JSON is edited by hand), and a 768-bit volume key.
+    #[test]
+    fn an_integrity_segment_reads() {
+        let m = read_edited(|s| {
+            s.replace(
+                "\"sector_size\":4096}",
+                "\"sector_size\":4096,\"integrity\":{\"type\":\"hmac(sha256)\",\"journal_encryption\":\"none\",\"journal_integrity\":\"none\"}}",
+            )
+            .replace("\"key_size\":64,\"af\"", "\"key_size\":96,\"af\"")
+            .replace("\"size\":\"258048\"", "\"size\":\"385024\"")
+        })
+        .unwrap();
+        let i = m.segments[0].1.integrity.as_ref().unwrap();
+        assert_eq!(
+            (
+                i.kind.as_str(),
+                i.journal_encryption.as_str(),
+                i.journal_integrity.as_str()
+            ),
+            ("hmac(sha256)", "none", "none")
+        );
+        assert_eq!(m.keyslots[0].1.key_size, 96);
+    }
+
+    #[test]
+    fn absurd_sizes_and_counts_are_refused() {
+        for (edit, says) in [
+            (
+                ("\"key_size\":64,\"af\"", "\"key_size\":100000,\"af\""),
+                "outside [1, 256]",
+            ),
+            (
+                ("\"stripes\":4000", "\"stripes\":4001"),
+                "outside [1, 4000]",
+            ),
+            (("\"stripes\":4000", "\"stripes\":-1"), "outside [1, 4000]"),
+            (
+                ("\"size\":\"258048\"", "\"size\":\"1000\""),
+                "cannot hold 4000 stripes",
+            ),
+            (
+                ("\"offset\":\"32768\"", "\"offset\":\"16384\""),
+                "not inside the keyslots area",
+            ),
+            (
+                (
+                    "\"offset\":\"32768\"",
+                    "\"offset\":\"18446744073709551615\"",
+                ),
+                "not inside",
+            ),
+            (
+                (
+                    "\"offset\":\"32768\"",
+                    "\"offset\":\"18446744073709551616\"",
+                ),
+                "not a decimal number of 64 bits",
+            ),
+            (
+                ("\"offset\":\"32768\"", "\"offset\":\"+32768\""),
+                "not a decimal number",
+            ),
+            (
+                ("\"offset\":\"16777216\"", "\"offset\":\"4096\""),
+                "inside the metadata",
+            ),
+            (
+                ("\"offset\":\"16777216\"", "\"offset\":\"16777217\""),
+                "not on a 512-byte sector",
+            ),
+            (
+                ("\"size\":\"dynamic\"", "\"size\":\"1073741824\""),
+                "does not fit the device",
+            ),
+            (
+                ("\"sector_size\":4096", "\"sector_size\":3000"),
+                "not 512, 1024, 2048 or 4096",
+            ),
+            (
+                (
+                    "\"keyslots_size\":\"16744448\"",
+                    "\"keyslots_size\":\"16744449\"",
+                ),
+                "not a multiple of 4096",
+            ),
+            (
+                (
+                    "\"keyslots_size\":\"16744448\"",
+                    "\"keyslots_size\":\"1073741824\"",
+                ),
+                "up to 134217728",
+            ),
+            (
+                ("\"json_size\":\"12288\"", "\"json_size\":\"61440\""),
+                "the binary header makes it 12288",
+            ),
+            (
+                ("\"iterations\":1000,\"salt\"", "\"iterations\":0,\"salt\""),
+                "outside [1, 4294967295]",
+            ),
+            (
+                (
+                    "\"iterations\":1000,\"salt\"",
+                    "\"iterations\":1e9,\"salt\"",
+                ),
+                "not an integer",
+            ),
+            (
+                ("\"keyslots\":[\"0\"]", "\"keyslots\":[\"5\"]"),
+                "names keyslot 5, which does not exist",
+            ),
+            (
+                ("\"segments\":[\"0\"]", "\"segments\":[\"01\"]"),
+                "not a number below 32",
+            ),
+            (
+                ("\"keyslots\":{\"0\"", "\"keyslots\":{\"32\""),
+                "not a number below 32",
+            ),
+            (("\"tokens\":{}", "\"tokens\":[]"), "not an object"),
+            (
+                ("\"af\":{\"type\":\"luks1\"", "\"af\":{\"type\":\"luks3\""),
+                "not \"luks1\"",
+            ),
+            (
+                (
+                    "\"type\":\"pbkdf2\",\"hash\"",
+                    "\"type\":\"scrypt\",\"hash\"",
+                ),
+                "\"scrypt\"",
+            ),
+        ] {
+            let what = refused(|s| {
+                assert!(s.contains(edit.0), "{}", edit.0);
+                s.replacen(edit.0, edit.1, 1)
+            });
+            assert!(what.contains(says), "{edit:?}: {what}");
+        }
+    }
+
+    #[test]
+    fn more_than_32_of_a_section_is_refused() {
+        let tokens: Vec<String> = (0..33).map(|i| format!("\"{i}\":{{}}")).collect();
+        let what = refused(|s| {
+            s.replace(
+                "\"tokens\":{}",
+                &format!("\"tokens\":{{{}}}", tokens.join(",")),
+            )
+        });
+        assert!(what.contains("33 tokens, more than 32"), "{what}");
+    }
+
+    #[test]
+    fn overlapping_keyslot_areas_are_refused() {
+        let what = refused(|s| {
+            let slot = s
+                .split_once("\"0\":")
+                .unwrap()
+                .1
+                .split_once(",\"tokens\"")
+                .unwrap()
+                .0
+                .strip_suffix('}')
+                .unwrap()
+                .to_string();
+            let other = slot.replace("\"offset\":\"32768\"", "\"offset\":\"36864\"");
+            s.replacen(
+                "\"keyslots\":{",
+                &format!("\"keyslots\":{{\"1\":{other},"),
+                1,
+            )
+        });
+        assert!(what.contains("the areas of keyslots"), "{what}");
+    }
+
+    #[test]
+    fn the_device_must_hold_the_metadata() {
+        let text = json(|s| s);
+        let e = read(&parse(&text).unwrap(), 16384, 1 << 20).unwrap_err();
+        assert!(e.contains("past the device's 1048576 bytes"), "{e}");
+    }
 }

@@ -10,7 +10,8 @@
 //! One idea a file: the refusals (`error`), the binary headers and the
 //! choice of copy (`header`), the JSON area as types (`metadata`) over a
 //! bounded JSON reader (`json`), the hashes and KDFs (`kdf`), the unlock
-//! (`unlock`); `tests` holds the tests against images cryptsetup made.
+//! (`unlock`); `tests` holds the tests against images cryptsetup made,
+//! `fixture` the headers the other tests build by hand.
 //!
 //! The JSON reader is the agent's own, not serde_json: the area wants only
 //! objects, arrays, strings and integers, read with bounds serde_json does
@@ -20,6 +21,8 @@
 //! main: docs/encryption.md has the figures.
 
 pub mod error;
+#[cfg(test)]
+mod fixture;
 pub mod header;
 pub mod json;
 pub mod kdf;

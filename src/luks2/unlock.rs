@@ -265,3 +265,113 @@ fn decrypt_xts(key: &[u8], data: &mut [u8]) {
         Xts128::new(a, b).decrypt_area(data, 512, 0, get_tweak_default);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::code::Code;
+    use crate::luks2::fixture::{image, json, DEVICE};
+    use crate::luks2::header::{read, Head};
+
+    fn try_unlock(edit: impl Fn(String) -> String, limit_kib: u64) -> Error {
+        let img = image(&json(edit));
+        let h = read(&Head(&img), DEVICE).unwrap();
+        let limits = Limits {
+            argon2_memory_kib: limit_kib,
+        };
+        unlock(
+            &Head(&img),
+            &h,
+            &Zeroizing::new(b"pw".to_vec()),
+            limits,
+            None,
+        )
+        .unwrap_err()
+    }
+
+    const ARGON2: &str =
+        "\"kdf\":{\"type\":\"argon2id\",\"time\":4,\"memory\":4194304,\"cpus\":4,\"salt\"";
+
+    #[test]
+    fn argon2_memory_over_the_limit_is_refused_at_once_naming_both() {
+        let start = Instant::now();
+        let e = try_unlock(
+            |s| {
+                s.replace(
+                    "\"kdf\":{\"type\":\"pbkdf2\",\"hash\":\"sha256\",\"iterations\":1000,\"salt\"",
+                    ARGON2,
+                )
+            },
+            65536,
+        );
+        assert!(start.elapsed() < Duration::from_millis(100));
+        assert!(
+            matches!(
+                e,
+                Error::MemoryOverLimit {
+                    keyslot: 0,
+                    cost_kib: 4194304,
+                    limit_kib: 65536
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        assert!(
+            e.to_string()
+                .contains("4194304 KiB of memory but the agent may use 65536 KiB"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn what_the_agent_cannot_do_is_named() {
+        for (from, to, says) in [
+            ("\"encryption\":\"aes-xts-plain64\",\"key_size\":64}", "\"encryption\":\"serpent-xts-plain64\",\"key_size\":64}", "\"serpent-xts-plain64\" with a 512-bit key"),
+            ("\"encryption\":\"aes-xts-plain64\",\"key_size\":64}", "\"encryption\":\"aes-xts-plain64\",\"key_size\":48}", "with a 384-bit key"),
+            ("\"hash\":\"sha256\"},\"area\"", "\"hash\":\"whirlpool\"},\"area\"", "the hash \"whirlpool\""),
+            ("\"hash\":\"sha256\",\"iterations\":1000,\"salt\"", "\"hash\":\"ripemd160\",\"iterations\":1000,\"salt\"", "\"ripemd160\""),
+            ("\"json_size\":\"12288\"", "\"json_size\":\"12288\",\"requirements\":{\"mandatory\":[\"online-reencrypt-v2\"]}", "online-reencrypt-v2"),
+            ("\"segments\":{\"0\":{\"type\":\"crypt\"", "\"segments\":{\"0\":{\"type\":\"linear\"", "a segment of type \"linear\""),
+        ] {
+            let e = try_unlock(|s| { assert!(s.contains(from), "{from}"); s.replacen(from, to, 1) }, 1 << 20);
+            assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+            assert_eq!(e.code(), Code::FailedPrecondition);
+            assert!(e.to_string().contains(says), "{says}: {e}");
+        }
+    }
+
+    #[test]
+    fn keyslots_outside_the_segments_digest_are_not_tried() {
+        let e = try_unlock(
+            |s| s.replace("\"keyslots\":[\"0\"]", "\"keyslots\":[]"),
+            1 << 20,
+        );
+        assert!(matches!(e, Error::NoKeyslot { .. }), "{e}");
+        let e = try_unlock(
+            |s| s.replace("\"segments\":[\"0\"]", "\"segments\":[]"),
+            1 << 20,
+        );
+        assert!(e.to_string().contains("no digest names segment 0"), "{e}");
+        let e = try_unlock(
+            |s| {
+                s.replace(
+                    "\"key_size\":64,\"af\"",
+                    "\"key_size\":64,\"priority\":0,\"af\"",
+                )
+            },
+            1 << 20,
+        );
+        assert!(matches!(e, Error::NoKeyslot { .. }), "{e}");
+    }
+
+    /// The hand-built slot holds no real key: the passphrase opens nothing.
+    #[test]
+    fn a_slot_that_does_not_open_is_a_wrong_passphrase() {
+        let e = try_unlock(|s| s, 1 << 20);
+        assert!(matches!(e, Error::WrongPassphrase), "{e}");
+        assert_eq!(e.code(), Code::PermissionDenied);
+    }
+}
