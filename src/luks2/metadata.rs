@@ -332,7 +332,15 @@ fn numbered<T>(
         let what = format!("{} {id}", name.trim_end_matches('s'));
         out.push((id, each(&what, v)?));
     }
-    out.sort_by_key(|(id, _)| *id);
+    // At most 32, in a sort that costs no code per section (the
+    // standard sorts are large, and would be built four times here).
+    for i in 1..out.len() {
+        let mut j = i;
+        while j > 0 && out[j - 1].0 > out[j].0 {
+            out.swap(j - 1, j);
+            j -= 1;
+        }
+    }
     Ok(out)
 }
 

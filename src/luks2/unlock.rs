@@ -122,7 +122,7 @@ fn plan<'a>(
     only: Option<u32>,
 ) -> Result<(Vec<Candidate<'a>>, Option<Error>), Error> {
     let slots = &header.metadata.keyslots;
-    let mut order: Vec<&(u32, Keyslot)> = match only {
+    let order: Vec<&(u32, Keyslot)> = match only {
         Some(n) => {
             let named: Vec<_> = slots.iter().filter(|(id, _)| *id == n).collect();
             if named.is_empty() {
@@ -132,10 +132,12 @@ fn plan<'a>(
             }
             named
         }
-        None => slots.iter().filter(|(_, k)| k.priority > 0).collect(),
+        // High, then normal; by number within each (slots are in order).
+        None => [2, 1]
+            .iter()
+            .flat_map(|p| slots.iter().filter(move |(_, k)| k.priority == *p))
+            .collect(),
     };
-    // Stable: by number within a priority.
-    order.sort_by_key(|(_, k)| std::cmp::Reverse(k.priority));
     let (mut candidates, mut refused) = (Vec::new(), None);
     for (id, slot) in order {
         if slot.kind != "luks2" || !digest.keyslots.contains(id) {
