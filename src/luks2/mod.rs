@@ -10,7 +10,7 @@
 //! One idea a file: the refusals (`error`), the binary headers and the
 //! choice of copy (`header`), the JSON area as types (`metadata`) over a
 //! bounded JSON reader (`json`), the hashes and KDFs (`kdf`), the unlock
-//! (`unlock`); `tests` holds the tests against images cryptsetup made,
+//! (`unlock`); `fuzz` is the fuzz target's way in; `tests` holds the tests against images cryptsetup made,
 //! `fixture` the headers the other tests build by hand.
 //!
 //! The JSON reader is the agent's own, not serde_json: the area wants only
@@ -23,6 +23,8 @@
 pub mod error;
 #[cfg(test)]
 mod fixture;
+#[cfg(any(test, feature = "fuzz"))]
+pub mod fuzz;
 pub mod header;
 pub mod json;
 pub mod kdf;

@@ -1,0 +1,107 @@
+//! The fuzz target's way in (`crust_agent::fuzz::luks2_header`), beside
+//! what it checks: a header as a hostile disk could carry it, read as the
+//! agent reads it, and where its costs are small, unlocked.
+
+use zeroize::Zeroizing;
+
+use super::header::{read, Head, SIZES};
+use super::metadata::{Kdf, MAX_NUMBERED};
+use super::unlock::{unlock, Limits};
+use crate::code::Code;
+
+/// The device the fuzzed bytes start: 1 GiB, zeros after the bytes.
+const DEVICE: u64 = 1 << 30;
+
+/// The passphrase fuzz/seeds.py formats the seeds with.
+pub const PASSPHRASE: &[u8] = b"crust";
+
+/// Reads `data` (a disk's first bytes) as a LUKS2 header. A refusal is the
+/// disk's, never INTERNAL. What is accepted keeps the promises the unlock
+/// relies on: a size from cryptsetup's set, at most 32 of each section,
+/// keyslot areas inside the keyslots area and long enough, segments after
+/// the metadata and inside the device, digests naming what exists. If
+/// every KDF is cheap, the unlock is tried too (the seeds' keyslot areas
+/// are not in the bytes, so their passphrase opens nothing): it answers a
+/// key of the keyslot's size or a refusal, never INTERNAL. Whether the
+/// header was accepted.
+pub fn fuzz_header(data: &[u8]) -> bool {
+    let h = match read(&Head(data), DEVICE) {
+        Ok(h) => h,
+        Err(e) => {
+            assert_ne!(e.code(), Code::Internal, "{e}");
+            return false;
+        }
+    };
+    let m = &h.metadata;
+    assert!(SIZES.contains(&h.hdr_size), "{}", h.hdr_size);
+    assert_eq!(m.config.json_size + 4096, h.hdr_size);
+    let end = m.end(h.hdr_size);
+    assert!(end <= DEVICE);
+    let n = |len: usize| u32::try_from(len).unwrap() <= MAX_NUMBERED;
+    assert!(n(m.keyslots.len()) && n(m.segments.len()) && n(m.digests.len()));
+    for (id, k) in &m.keyslots {
+        if let Some(st) = &k.stored {
+            assert!(st.area_offset >= 2 * h.hdr_size, "keyslot {id}");
+            assert!(st.area_offset + st.area_size <= end, "keyslot {id}");
+            assert!(st.split_bytes(k.key_size) <= st.area_size, "keyslot {id}");
+        }
+    }
+    for (id, s) in &m.segments {
+        assert!(
+            s.offset >= end && s.offset + s.size.unwrap_or(0) <= DEVICE,
+            "segment {id}"
+        );
+    }
+    for (_, d) in &m.digests {
+        assert!(d
+            .keyslots
+            .iter()
+            .all(|k| m.keyslots.iter().any(|(n, _)| n == k)));
+        assert!(d
+            .segments
+            .iter()
+            .all(|s| m.segments.iter().any(|(n, _)| n == s)));
+    }
+    let cheap = m.digests.iter().all(|(_, d)| d.iterations <= 2000)
+        && m.keyslots.iter().all(|(_, k)| {
+            k.stored.as_ref().is_none_or(|st| match st.kdf {
+                Kdf::Pbkdf2 { iterations, .. } => iterations <= 2000,
+                Kdf::Argon2 { time, .. } => time <= 4,
+            })
+        });
+    if cheap {
+        let limits = Limits {
+            argon2_memory_kib: 256,
+        };
+        let pass = Zeroizing::new(PASSPHRASE.to_vec());
+        match unlock(&Head(data), &h, &pass, limits, None) {
+            Ok(u) => {
+                let (_, k) = m.keyslots.iter().find(|(n, _)| *n == u.keyslot).unwrap();
+                assert_eq!(u.volume_key.bytes().len(), k.key_size as usize);
+            }
+            Err(e) => assert_ne!(e.code(), Code::Internal, "{e}"),
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The headers cryptsetup made (fuzz/seeds.py) are accepted, so
+    /// fuzzing starts from headers that read; the LUKS1 one is refused.
+    #[test]
+    fn the_seed_luks2_headers_read() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/luks2_header");
+        let mut read = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let path = e.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let ok = fuzz_header(&std::fs::read(&path).unwrap());
+            assert_eq!(ok, !name.starts_with("luks1"), "{name}");
+            read += usize::from(ok);
+        }
+        assert!(read >= 5, "{read} seeds read");
+    }
+}
