@@ -330,16 +330,10 @@ fn numbered<T>(
                 format!("{name} has a member {key:?}, not a number below {MAX_NUMBERED}")
             })?;
         let what = format!("{} {id}", name.trim_end_matches('s'));
-        out.push((id, each(&what, v)?));
-    }
-    // At most 32, in a sort that costs no code per section (the
-    // standard sorts are large, and would be built four times here).
-    for i in 1..out.len() {
-        let mut j = i;
-        while j > 0 && out[j - 1].0 > out[j].0 {
-            out.swap(j - 1, j);
-            j -= 1;
-        }
+        // In order as they come: at most 32, and no sort's code built
+        // once per section (the standard sorts are large).
+        let at = out.partition_point(|(n, _)| *n < id);
+        out.insert(at, (id, each(&what, v)?));
     }
     Ok(out)
 }
