@@ -17,8 +17,10 @@
 //! objects, arrays, strings and integers, read with bounds serde_json does
 //! not have (depth is bounded there too, the count of values and duplicate
 //! keys are not), and the agent is one static binary held to a size bound.
-//! Measured on the release binary with the header reader reachable from
-//! main: docs/encryption.md has the figures.
+//! Measured on the release agent with the unlock reachable from main: this
+//! reader costs 8.6 KB, and a `serde_json::Value` parse of the same area
+//! added 25.6 KB on top before any typed decoding; the whole of LUKS2 adds
+//! 163 KiB (docs/encryption.md has the figures and the other choices).
 
 pub mod error;
 #[cfg(test)]
