@@ -46,10 +46,11 @@ VER=$(ls "$BUILD/kernel/lib/modules" | head -n1)
 cmp -s "$BUILD/kernel/boot/vmlinuz-$VER" "$BUILD/vmlinuz" || cp "$BUILD/kernel/boot/vmlinuz-$VER" "$BUILD/vmlinuz"
 
 cargo build --release -p crust-agent
-AGENT=target/x86_64-unknown-linux-gnu/release/crust-agent
+T=${CARGO_TARGET_DIR:-target}/x86_64-unknown-linux-gnu
+AGENT=$T/release/crust-agent
 cargo build -q -p crust-vm
 set -- --agent "$AGENT" --kernel-root "$BUILD/kernel" --version "$VER" --out "$BUILD/initrd.img"
 [ -n "${CRUST_MODULES:-}" ] && set -- "$@" --modules "$CRUST_MODULES"
 [ -n "${CRUST_ON_DEMAND_MODULES:-}" ] && set -- "$@" --on-demand "$CRUST_ON_DEMAND_MODULES"
-target/x86_64-unknown-linux-gnu/debug/crust-vm initrd "$@"
+"$T/debug/crust-vm" initrd "$@"
 echo "kernel $VER: $BUILD/vmlinuz, $BUILD/initrd.img ($(stat -c %s "$BUILD/initrd.img") bytes, agent $(stat -c %s "$AGENT") bytes)"

@@ -4,7 +4,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 cargo build -q -p crust-agent --example embed
-BIN=target/x86_64-unknown-linux-gnu/debug/examples/embed
+BIN=${CARGO_TARGET_DIR:-target}/x86_64-unknown-linux-gnu/debug/examples/embed
 DIR=$(mktemp -d)
 LOOPS=""
 cleanup() {

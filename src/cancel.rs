@@ -33,7 +33,6 @@ pub enum Why {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{}", self.message())]
 pub struct Stopped {
-    /// Why.
     pub why: Why,
     /// What was under way ("waiting for the disk with serial vol-1").
     pub during: String,

@@ -15,6 +15,7 @@ use crate::cancel::{deadline_after, until, Cancel, Stopped};
 use crate::model::{Device, DiskState};
 use crate::sys::blockdev::size_of;
 use crate::sys::error::SysError;
+use crate::sys::mountinfo::shown;
 use crate::sys::sysfs::{parse_devnum, read_attr, Sysfs};
 use crate::sys::uevents::Uevents;
 
@@ -68,17 +69,16 @@ pub enum Error {
     #[error("the serial is empty; give the serial the host set on the disk")]
     EmptySerial,
     #[code(InvalidArgument)]
-    #[error("device path {path} {reason}; give the absolute path of a block device under /dev")]
+    #[error("device path {} {reason}; give the absolute path of a block device under /dev", shown(path))]
     BadPath {
         /// The path as given.
-        path: String,
+        path: PathBuf,
         /// What is wrong with it.
         reason: String,
     },
     #[code(OutOfRange)]
     #[error("{} is {actual} bytes, less than the required {required} bytes, still after waiting {} ms; the host must grow the disk first", .device.display(), .waited.as_millis())]
     TooSmall {
-        /// The device node.
         device: PathBuf,
         /// The bytes asked for.
         required: u64,
@@ -92,9 +92,7 @@ pub enum Error {
     Gone {
         /// The disk's kernel name.
         name: String,
-        /// Its major number.
         major: u32,
-        /// Its minor number.
         minor: u32,
     },
     #[code(inner)]
@@ -242,7 +240,7 @@ fn under_dev(path: &Path) -> bool {
 /// /dev/disk/by-id are followed only while they stay under /dev).
 pub fn from_path(sysfs: &Sysfs, path: &Path) -> Result<Device, Error> {
     let bad = |reason: String| Error::BadPath {
-        path: path.display().to_string(),
+        path: path.to_path_buf(),
         reason,
     };
     if !path.is_absolute() {
@@ -342,7 +340,7 @@ mod tests {
     use super::*;
     use crate::code::Code;
     use crate::model::Extent;
-    use crate::testutil::{root_or_skip, run, LoopDisk};
+    use crust_testkit::{needs, run, LoopDisk};
 
     #[test]
     fn parses_devnums_and_paths() {
@@ -513,10 +511,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn the_extent_of_a_real_partition_is_on_its_loop_disk() {
-        if !root_or_skip("the_extent_of_a_real_partition_is_on_its_loop_disk") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(16, None);
         let part = from_path(&Sysfs::system(), &disk.add_partition()).unwrap();
         let whole = from_path(&Sysfs::system(), &disk.device).unwrap();
@@ -582,10 +579,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn finds_a_disk_listed_at_start() {
-        if !root_or_skip("finds_a_disk_listed_at_start") {
-            return;
-        }
+        needs::loop_devices();
         let t = FakeTree::new();
         t.add("vdb", "vol-a", (7, 200), Some((7, 200)));
         t.add("vdc", "vol-b", (7, 201), Some((7, 201)));
@@ -611,10 +607,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn trims_serials_padded_with_nuls() {
-        if !root_or_skip("trims_serials_padded_with_nuls") {
-            return;
-        }
+        needs::loop_devices();
         let t = FakeTree::new();
         t.add("vdd", "vol-pad", (7, 210), Some((7, 210)));
         fs::write(t.sysfs.sys_block.join("vdd/serial"), b"vol-pad \0\0\0\n").unwrap();
@@ -641,10 +636,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn waits_for_a_disk_that_appears_later() {
-        if !root_or_skip("waits_for_a_disk_that_appears_later") {
-            return;
-        }
+        needs::loop_devices();
         let t = FakeTree::new();
         let sysfs = t.sysfs.clone();
         let adder = std::thread::spawn(move || {
@@ -707,10 +701,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn refuses_a_node_of_another_device() {
-        if !root_or_skip("refuses_a_node_of_another_device") {
-            return;
-        }
+        needs::loop_devices();
         let t = FakeTree::new();
         t.add("vdh", "vol-wrong", (7, 250), Some((7, 251)));
         let e = find_by_serial(
@@ -757,10 +750,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn takes_a_real_loop_device_by_path() {
-        if !root_or_skip("takes_a_real_loop_device_by_path") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(16, None);
         let dev = from_path(&Sysfs::system(), &disk.device).unwrap();
         assert_eq!(dev.name, disk.name());
@@ -777,10 +769,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn refuses_paths_that_are_not_block_devices_under_dev() {
-        if !root_or_skip("refuses_paths_that_are_not_block_devices_under_dev") {
-            return;
-        }
+        needs::loop_devices();
         let dir = tempfile::tempdir().unwrap();
         let outside = dir.path().join("disk.img");
         fs::write(&outside, b"x").unwrap();
@@ -807,10 +798,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn sizes_and_waits_for_growth() {
-        if !root_or_skip("sizes_and_waits_for_growth") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(32, None);
         let dev = from_path(&Sysfs::system(), &disk.device).unwrap();
         let sysfs = Sysfs::system();
@@ -874,10 +864,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn a_partition_given_by_path_is_present() {
-        if !root_or_skip("a_partition_given_by_path_is_present") {
-            return;
-        }
+        needs::loop_devices();
         // /sys/block lists whole disks only; a partition is found through /sys/dev/block.
         let disk = LoopDisk::new(16, None);
         let part = disk.add_partition();

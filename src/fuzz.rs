@@ -235,7 +235,7 @@ pub fn superblock(data: &[u8]) {
                         .unwrap_or_default(),
                 })
             };
-            match judge(head, fs, "/dev/fuzz", || Ok(size), read) {
+            match judge(head, fs, Path::new("/dev/fuzz"), || Ok(size), read) {
                 Ok(()) => assert_eq!(found, [fs.name()], "judged fit as {fs}"),
                 Err(e) => assert_ne!(e.code(), AgentCode::Internal, "{e}"),
             }
@@ -549,7 +549,13 @@ mod tests {
     #[test]
     fn the_seed_superblocks_are_judged_fit() {
         let fit = |head: &[u8], fs, mib: u64| {
-            judge(head, fs, "seed", || Ok(mib << 20), |_, _| Ok(Vec::new()))
+            judge(
+                head,
+                fs,
+                Path::new("seed"),
+                || Ok(mib << 20),
+                |_, _| Ok(Vec::new()),
+            )
         };
         let ext4 = include_bytes!("../fuzz/corpus/superblock/ext4");
         let xfs = include_bytes!("../fuzz/corpus/superblock/xfs");

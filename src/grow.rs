@@ -1,6 +1,8 @@
 //! Online growth of a mounted ext4 or xfs to fill its (already grown) disk, by
 //! the kernel's own resize ioctls: no resize2fs or xfs_growfs. Growth is only
 //! reported once the filesystem's size, read back afterwards, shows it.
+//! Growth is one skeleton (`grow_with`: measure, check, ioctl, measure
+//! again); each filesystem says only how it does each step (`Resize`).
 
 // Sizes come from disks and superblocks the agent does not control: every
 // sum and product of them is checked.
@@ -10,7 +12,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rustix::ioctl::{opcode, Opcode};
 
@@ -19,6 +21,7 @@ use crate::superblock;
 use crate::sys::beneath;
 use crate::sys::error::SysError;
 use crate::sys::features::has_sys_resource;
+use crate::sys::mountinfo::shown;
 use crate::sys::sysfs::Sysfs;
 
 crate::code::coded_errors! {
@@ -26,42 +29,34 @@ crate::code::coded_errors! {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[code(FailedPrecondition)]
-    #[error("{path} is mounted read-only; a read-only filesystem cannot be grown")]
+    #[error("{} is mounted read-only; a read-only filesystem cannot be grown", shown(path))]
     ReadOnly {
-        /// The mount path.
-        path: String,
+        path: PathBuf,
     },
     #[code(FailedPrecondition)]
-    #[error(
-        "{path} is not an {expected} filesystem (statfs type {found:#x}); refusing to grow it"
-    )]
+    #[error("{} is not an {expected} filesystem (statfs type {found:#x}); refusing to grow it", shown(path))]
     WrongFs {
-        /// The mount path.
-        path: String,
+        path: PathBuf,
         /// The volume's filesystem.
         expected: FsType,
         /// The statfs magic found instead.
         found: u64,
     },
     #[code(FailedPrecondition)]
-    #[error("growing ext4 online at {path} needs CAP_SYS_RESOURCE, which the agent does not have; run the agent with that capability (as PID 1 it has it), or grow the filesystem offline")]
+    #[error("growing ext4 online at {} needs CAP_SYS_RESOURCE, which the agent does not have; run the agent with that capability (as PID 1 it has it), or grow the filesystem offline", shown(path))]
     NeedsCapSysResource {
-        /// The mount path.
-        path: String,
+        path: PathBuf,
     },
     #[code(FailedPrecondition)]
-    #[error("the ext4 filesystem at {path} ({device}) has errors recorded; the kernel refuses online growth until e2fsck has repaired it on the host")]
+    #[error("the ext4 filesystem at {} ({}) has errors recorded; the kernel refuses online growth until e2fsck has repaired it on the host", shown(path), shown(device))]
     HasErrors {
-        /// The mount path.
-        path: String,
-        /// Its device.
-        device: String,
+        path: PathBuf,
+        device: PathBuf,
     },
     #[code(FailedPrecondition)]
-    #[error("the kernel refused to grow {fs} at {path}: {call} failed with {source}")]
+    #[error("the kernel refused to grow {fs} at {}: {call} failed with {source}", shown(path))]
     Refused {
-        /// The mount path.
-        path: String,
+        path: PathBuf,
         /// The filesystem.
         fs: FsType,
         /// The ioctl.
@@ -71,10 +66,9 @@ pub enum Error {
         source: io::Error,
     },
     #[code(Internal)]
-    #[error("growing {fs} at {path} to fill {wanted} bytes was accepted, but the filesystem is {after} bytes (it was {before}); not reporting a growth that did not happen")]
+    #[error("growing {fs} at {} to fill {wanted} bytes was accepted, but the filesystem is {after} bytes (it was {before}); not reporting a growth that did not happen", shown(path))]
     NotGrown {
-        /// The mount path.
-        path: String,
+        path: PathBuf,
         /// The filesystem.
         fs: FsType,
         /// Size before, bytes.
@@ -85,47 +79,115 @@ pub enum Error {
         wanted: u64,
     },
     #[code(FailedPrecondition)]
-    #[error(
-        "{path} is not mounted from {device} ({major}:{minor}); refusing to grow what is there"
-    )]
+    #[error("{} is not mounted from {} ({major}:{minor}); refusing to grow what is there", shown(path), shown(device))]
     NotOnDevice {
-        /// The mount path.
-        path: String,
+        path: PathBuf,
         /// The volume's device node.
-        device: String,
-        /// Its major number.
+        device: PathBuf,
         major: u32,
-        /// Its minor number.
         minor: u32,
     },
     #[code(OutOfRange)]
-    #[error("the {fs} at {path} is {fs_bytes} bytes but its disk {device} now holds only {device_bytes} bytes: the disk shrank under the mounted filesystem, which cannot shrink, and reads past the disk's end fail; give the disk back at least {fs_bytes} bytes")]
+    #[error("the {fs} at {} is {fs_bytes} bytes but its disk {} now holds only {device_bytes} bytes: the disk shrank under the mounted filesystem, which cannot shrink, and reads past the disk's end fail; give the disk back at least {fs_bytes} bytes", shown(path), shown(device))]
     LargerThanDevice {
-        /// The mount path.
-        path: String,
+        path: PathBuf,
         /// The filesystem.
         fs: FsType,
         /// The volume's device node.
-        device: String,
+        device: PathBuf,
         /// The filesystem's size, bytes.
         fs_bytes: u64,
         /// The device's size now, bytes.
         device_bytes: u64,
     },
     #[code(Internal)]
-    #[error("the filesystem at {path} claims {blocks} blocks of {block_size} bytes, more than 2^64 bytes; its superblock is corrupt: check it on the host")]
+    #[error("the filesystem at {} claims {blocks} blocks of {block_size} bytes, more than 2^64 bytes; its superblock is corrupt: check it on the host", shown(path))]
     Overflow {
-        /// The mount path.
-        path: String,
+        path: PathBuf,
         /// The block count.
         blocks: u64,
-        /// The block size.
         block_size: u64,
     },
     #[code(Internal)]
     #[error(transparent)]
     Sys(#[from] SysError),
 }
+}
+
+// ---- the skeleton ----
+
+/// A filesystem's size as one measure reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Size {
+    blocks: u64,
+    block_size: u64,
+}
+
+/// A mounted filesystem growth works on: its mount directory (opened and
+/// checked by [`open_checked`]), its path for messages, and its device.
+struct At<'a> {
+    dir: File,
+    path: &'a Path,
+    dev: &'a Device,
+}
+
+/// What growth asks of one filesystem. [`grow_with`] is the rest, the same
+/// for every filesystem: measure, refuse a disk smaller than the
+/// filesystem, the ioctl, and the measure again that alone says it grew.
+trait Resize {
+    const FS: FsType;
+    /// The resize ioctl, for messages.
+    const CALL: &'static str;
+    /// What one measure reads: the size, and what the other steps need of it.
+    type Measure;
+    fn measure(at: &At<'_>) -> Result<Self::Measure, Error>;
+    fn size(m: &Self::Measure) -> Size;
+    /// The block count the filesystem can reach on a disk of `blocks`.
+    fn reachable(_m: &Self::Measure, blocks: u64) -> u64 {
+        blocks
+    }
+    /// Refuses growth the kernel would refuse less clearly (nothing, unless
+    /// the filesystem says).
+    fn ready(_at: &At<'_>, _m: &Self::Measure, _sysfs: &Sysfs) -> Result<(), Error> {
+        Ok(())
+    }
+    /// The ioctl, asking for `target` blocks.
+    fn resize(at: &At<'_>, m: &Self::Measure, target: u64) -> io::Result<()>;
+    /// Whether `after` is the growth from `before` to `target` asked for.
+    fn reached(before: &Self::Measure, after: &Self::Measure, target: u64) -> bool;
+}
+
+/// The filesystem's own size in bytes.
+fn size_with<R: Resize>(at: &At<'_>) -> Result<u64, Error> {
+    let s = R::size(&R::measure(at)?);
+    bytes(s.blocks, s.block_size, at.path)
+}
+
+/// Grows the filesystem at `at` to fill `device_bytes`: its new size, or its
+/// size unchanged when it fills them already.
+fn grow_with<R: Resize>(at: &At<'_>, device_bytes: u64, sysfs: &Sysfs) -> Result<u64, Error> {
+    let before = R::measure(at)?;
+    let Size { blocks, block_size } = R::size(&before);
+    let before_bytes = bytes(blocks, block_size, at.path)?;
+    fits(at.path, R::FS, at.dev, before_bytes, device_bytes)?;
+    let target = R::reachable(&before, blocks_in(device_bytes, block_size));
+    if target <= blocks {
+        return Ok(before_bytes);
+    }
+    R::ready(at, &before, sysfs)?;
+    R::resize(at, &before, target).map_err(|e| refused_or_sys(at.path, R::FS, R::CALL, e))?;
+    let after = R::measure(at)?;
+    let now = R::size(&after);
+    if !R::reached(&before, &after, target) {
+        return Err(Error::NotGrown {
+            path: at.path.to_path_buf(),
+            fs: R::FS,
+            before: before_bytes,
+            after: now.blocks.saturating_mul(now.block_size),
+            wanted: device_bytes,
+        });
+    }
+    bytes(now.blocks, now.block_size, at.path)
 }
 
 // ---- xfs ----
@@ -217,45 +279,47 @@ fn xfs_reachable_blocks(newblocks: u64, agblocks: u64) -> u64 {
     }
 }
 
-fn grow_xfs(dir: &File, path: &Path, dev: &Device, device_bytes: u64) -> Result<u64, Error> {
-    let g = xfs_geometry(dir, path)?;
-    let bs = u64::from(g.blocksize);
-    let before = bytes(g.datablocks, bs, path)?;
-    fits(path, FsType::Xfs, dev, before, device_bytes)?;
-    let target = xfs_reachable_blocks(blocks_in(device_bytes, bs), u64::from(g.agblocks));
-    if target <= g.datablocks {
-        return Ok(before);
+/// xfs: its geometry from the mount directory, FSGROWFSDATA to grow.
+enum Xfs {}
+
+impl Resize for Xfs {
+    const FS: FsType = FsType::Xfs;
+    const CALL: &'static str = "XFS_IOC_FSGROWFSDATA";
+    type Measure = XfsGeom;
+
+    fn measure(at: &At<'_>) -> Result<XfsGeom, Error> {
+        xfs_geometry(&at.dir, at.path)
     }
-    let arg = XfsGrowfsData {
-        newblocks: target,
-        imaxpct: g.imaxpct,
-    };
-    // SAFETY: XFS_IOC_FSGROWFSDATA reads one xfs_growfs_data, which `arg` is.
-    let rc = unsafe {
-        rustix::ioctl::ioctl(
-            dir,
-            rustix::ioctl::Setter::<XFS_IOC_FSGROWFSDATA, XfsGrowfsData>::new(arg),
-        )
-    };
-    if let Err(e) = rc {
-        return Err(refused_or_sys(
-            path,
-            FsType::Xfs,
-            "XFS_IOC_FSGROWFSDATA",
-            e.into(),
-        ));
+
+    fn size(g: &XfsGeom) -> Size {
+        Size {
+            blocks: g.datablocks,
+            block_size: u64::from(g.blocksize),
+        }
     }
-    let after = xfs_geometry(dir, path)?.datablocks;
-    if after != target {
-        return Err(Error::NotGrown {
-            path: path.display().to_string(),
-            fs: FsType::Xfs,
-            before,
-            after: after.saturating_mul(bs),
-            wanted: device_bytes,
-        });
+
+    fn reachable(g: &XfsGeom, blocks: u64) -> u64 {
+        xfs_reachable_blocks(blocks, u64::from(g.agblocks))
     }
-    bytes(after, bs, path)
+
+    fn resize(at: &At<'_>, g: &XfsGeom, target: u64) -> io::Result<()> {
+        let arg = XfsGrowfsData {
+            newblocks: target,
+            imaxpct: g.imaxpct,
+        };
+        // SAFETY: XFS_IOC_FSGROWFSDATA reads one xfs_growfs_data, which `arg` is.
+        unsafe {
+            rustix::ioctl::ioctl(
+                &at.dir,
+                rustix::ioctl::Setter::<XFS_IOC_FSGROWFSDATA, XfsGrowfsData>::new(arg),
+            )
+        }
+        .map_err(io::Error::from)
+    }
+
+    fn reached(_before: &XfsGeom, after: &XfsGeom, target: u64) -> bool {
+        after.datablocks == target
+    }
 }
 
 // ---- ext4 ----
@@ -311,61 +375,58 @@ fn ext4_has_errors(sup: &Ext4Super, dev: &Device, sysfs: &Sysfs) -> bool {
 /// EXT4_IOC_RESIZE_FS: `_IOW('f', 16, __u64)`.
 const EXT4_IOC_RESIZE_FS: Opcode = opcode::write::<u64>(b'f', 16);
 
-fn grow_ext4(
-    dir: &File,
-    path: &Path,
-    dev: &Device,
-    device_bytes: u64,
-    sysfs: &Sysfs,
-) -> Result<u64, Error> {
-    let sup = ext4_super(dev)?;
-    let before = bytes(sup.blocks_count, sup.block_size, path)?;
-    fits(path, FsType::Ext4, dev, before, device_bytes)?;
-    let target = blocks_in(device_bytes, sup.block_size);
-    if target <= sup.blocks_count {
-        return Ok(before);
+/// ext4: its superblock from the device, RESIZE_FS to grow.
+enum Ext4 {}
+
+impl Resize for Ext4 {
+    const FS: FsType = FsType::Ext4;
+    const CALL: &'static str = "EXT4_IOC_RESIZE_FS";
+    type Measure = Ext4Super;
+
+    fn measure(at: &At<'_>) -> Result<Ext4Super, Error> {
+        ext4_super(at.dev)
     }
-    let p = path.display().to_string();
-    if ext4_has_errors(&sup, dev, sysfs) {
-        return Err(Error::HasErrors {
-            path: p,
-            device: dev.path.display().to_string(),
-        });
+
+    fn size(s: &Ext4Super) -> Size {
+        Size {
+            blocks: s.blocks_count,
+            block_size: s.block_size,
+        }
     }
-    // Without the capability the kernel answers a bare EPERM; say what is missing.
-    if !has_sys_resource() {
-        return Err(Error::NeedsCapSysResource { path: p });
+
+    fn ready(at: &At<'_>, sup: &Ext4Super, sysfs: &Sysfs) -> Result<(), Error> {
+        let path = at.path.to_path_buf();
+        if ext4_has_errors(sup, at.dev, sysfs) {
+            return Err(Error::HasErrors {
+                path,
+                device: at.dev.path.to_path_buf(),
+            });
+        }
+        // Without the capability the kernel answers a bare EPERM; say what is missing.
+        if !has_sys_resource() {
+            return Err(Error::NeedsCapSysResource { path });
+        }
+        Ok(())
     }
-    // SAFETY: EXT4_IOC_RESIZE_FS reads one u64 block count.
-    let rc = unsafe {
-        rustix::ioctl::ioctl(
-            dir,
-            rustix::ioctl::Setter::<EXT4_IOC_RESIZE_FS, u64>::new(target),
-        )
-    };
-    if let Err(e) = rc {
-        return Err(refused_or_sys(
-            path,
-            FsType::Ext4,
-            "EXT4_IOC_RESIZE_FS",
-            e.into(),
-        ));
+
+    fn resize(at: &At<'_>, _sup: &Ext4Super, target: u64) -> io::Result<()> {
+        // SAFETY: EXT4_IOC_RESIZE_FS reads one u64 block count.
+        unsafe {
+            rustix::ioctl::ioctl(
+                &at.dir,
+                rustix::ioctl::Setter::<EXT4_IOC_RESIZE_FS, u64>::new(target),
+            )
+        }
+        .map_err(io::Error::from)
     }
-    let after = ext4_super(dev)?;
-    // The kernel leaves out a last group too small for its metadata, so "full"
-    // means within one group of the target (and no smaller than before).
-    let full = after.blocks_count <= target
-        && target.saturating_sub(after.blocks_count) < after.blocks_per_group.max(1);
-    if after.blocks_count < sup.blocks_count || !full {
-        return Err(Error::NotGrown {
-            path: p,
-            fs: FsType::Ext4,
-            before,
-            after: after.blocks_count.saturating_mul(after.block_size),
-            wanted: device_bytes,
-        });
+
+    /// The kernel leaves out a last group too small for its metadata, so
+    /// "full" means within one group of the target (and no smaller than before).
+    fn reached(before: &Ext4Super, after: &Ext4Super, target: u64) -> bool {
+        after.blocks_count >= before.blocks_count
+            && after.blocks_count <= target
+            && target.saturating_sub(after.blocks_count) < after.blocks_per_group.max(1)
     }
-    bytes(after.blocks_count, after.block_size, path)
 }
 
 // ---- both ----
@@ -381,7 +442,7 @@ fn refused_or_sys(path: &Path, fs: FsType, call: &'static str, err: io::Error) -
     ];
     if err.raw_os_error().is_some_and(|e| refusals.contains(&e)) {
         Error::Refused {
-            path: path.display().to_string(),
+            path: path.to_path_buf(),
             fs,
             call,
             source: err,
@@ -403,8 +464,8 @@ fn open_checked(at: BorrowedFd<'_>, path: &Path, dev: &Device, fs: FsType) -> Re
     let st = rustix::fs::fstat(&dir).map_err(|e| SysError::new("stat", path.display(), e))?;
     if (rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev)) != (dev.major, dev.minor) {
         return Err(Error::NotOnDevice {
-            path: path.display().to_string(),
-            device: dev.path.display().to_string(),
+            path: path.to_path_buf(),
+            device: dev.path.to_path_buf(),
             major: dev.major,
             minor: dev.minor,
         });
@@ -417,7 +478,7 @@ fn open_checked(at: BorrowedFd<'_>, path: &Path, dev: &Device, fs: FsType) -> Re
     };
     if magic != want {
         return Err(Error::WrongFs {
-            path: path.display().to_string(),
+            path: path.to_path_buf(),
             expected: fs,
             found: magic,
         });
@@ -439,16 +500,14 @@ pub fn fs_size_bytes(
     dev: &Device,
     fs: FsType,
 ) -> Result<u64, Error> {
-    let dir = open_checked(at, mount_path, dev, fs)?;
+    let at = At {
+        dir: open_checked(at, mount_path, dev, fs)?,
+        path: mount_path,
+        dev,
+    };
     match fs {
-        FsType::Xfs => {
-            let g = xfs_geometry(&dir, mount_path)?;
-            bytes(g.datablocks, u64::from(g.blocksize), mount_path)
-        }
-        FsType::Ext4 => {
-            let sup = ext4_super(dev)?;
-            bytes(sup.blocks_count, sup.block_size, mount_path)
-        }
+        FsType::Xfs => size_with::<Xfs>(&at),
+        FsType::Ext4 => size_with::<Ext4>(&at),
     }
 }
 
@@ -464,9 +523,9 @@ pub fn fits(
 ) -> Result<(), Error> {
     if fs_bytes > device_bytes {
         return Err(Error::LargerThanDevice {
-            path: mount_path.display().to_string(),
+            path: mount_path.to_path_buf(),
             fs,
-            device: dev.path.display().to_string(),
+            device: dev.path.to_path_buf(),
             fs_bytes,
             device_bytes,
         });
@@ -480,7 +539,7 @@ fn bytes(blocks: u64, block_size: u64, path: &Path) -> Result<u64, Error> {
     blocks
         .checked_mul(block_size)
         .ok_or_else(|| Error::Overflow {
-            path: path.display().to_string(),
+            path: path.to_path_buf(),
             blocks,
             block_size,
         })
@@ -504,15 +563,19 @@ pub fn grow(
     device_bytes: u64,
     sysfs: &Sysfs,
 ) -> Result<u64, Error> {
-    let dir = open_checked(at, mount_path, dev, fs)?;
-    if is_read_only(&dir, mount_path)? {
+    let at = At {
+        dir: open_checked(at, mount_path, dev, fs)?,
+        path: mount_path,
+        dev,
+    };
+    if is_read_only(&at.dir, mount_path)? {
         return Err(Error::ReadOnly {
-            path: mount_path.display().to_string(),
+            path: mount_path.to_path_buf(),
         });
     }
     match fs {
-        FsType::Xfs => grow_xfs(&dir, mount_path, dev, device_bytes),
-        FsType::Ext4 => grow_ext4(&dir, mount_path, dev, device_bytes, sysfs),
+        FsType::Xfs => grow_with::<Xfs>(&at, device_bytes, sysfs),
+        FsType::Ext4 => grow_with::<Ext4>(&at, device_bytes, sysfs),
     }
 }
 
@@ -522,7 +585,7 @@ mod tests {
     use crate::code::Code;
     use crate::model::testdisk::AgentDevice;
     use crate::sys::blockdev;
-    use crate::testutil::{root_or_skip, run, LoopDisk, Mounted};
+    use crust_testkit::{needs, run, LoopDisk, Mounted};
     use std::os::fd::{AsFd, OwnedFd};
     use std::time::Duration;
 
@@ -600,10 +663,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn grows_xfs_online() {
-        if !root_or_skip("grows_xfs_online") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(300, Some("xfs"));
         let m = Mounted::new(&disk.device, "xfs", "");
         let dev = disk.agent_device();
@@ -680,10 +742,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn a_disk_that_shrank_under_its_filesystem_is_out_of_range() {
-        if !root_or_skip("a_disk_that_shrank_under_its_filesystem_is_out_of_range") {
-            return;
-        }
+        needs::loop_devices();
         for (fs, mb) in [(FsType::Ext4, 64u64), (FsType::Xfs, 320)] {
             let disk = LoopDisk::new(mb, Some(fs.name()));
             let m = Mounted::as_the_agent(&disk.device, fs.name());
@@ -720,10 +781,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn refuses_read_only_and_wrong_filesystems() {
-        if !root_or_skip("refuses_read_only_and_wrong_filesystems") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(300, Some("xfs"));
         let m = Mounted::new(&disk.device, "xfs", "ro");
         let dev = disk.agent_device();
@@ -773,10 +833,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn grows_ext4_or_says_which_capability_is_missing() {
-        if !root_or_skip("grows_ext4_or_says_which_capability_is_missing") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(64, Some("ext4"));
         let m = Mounted::new(&disk.device, "ext4", "");
         let dev = disk.agent_device();
@@ -842,10 +901,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn reads_ext4_sizes_like_e2fsprogs() {
-        if !root_or_skip("reads_ext4_sizes_like_e2fsprogs") {
-            return;
-        }
+        needs::loop_devices();
         // 1 KiB blocks below 512 MiB, 4 KiB above; the 64bit feature on both.
         for mb in [100, 700] {
             let disk = LoopDisk::new(mb, Some("ext4"));
@@ -860,10 +918,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn refuses_an_ext4_with_errors() {
-        if !root_or_skip("refuses_an_ext4_with_errors") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(64, Some("ext4"));
         let m = Mounted::new(&disk.device, "ext4", "errors=continue");
         let dev = disk.agent_device();

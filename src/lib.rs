@@ -28,42 +28,65 @@
 //!                 · logging · system (what the agent reports about itself)
 //! ```
 //!
+//! # The API
+//!
+//! The one public API is [`embed`]: a guest agent written in Rust takes the
+//! volume table from it. Every other module is `#[doc(hidden)]`: the way in
+//! for the agent's own binary (`src/main.rs`, a crate of its own), its
+//! tests, the fuzz targets and the bench, with no promise to anyone else
+//! (`tests/layers.rs` checks that no other module is documented as API).
+//!
 //! A `mod.rs` (and this file) only declares and documents its modules: it
 //! holds no items and imports nothing, so no child can close a circle
 //! through its parent.
 
-// The shared test fixtures name this crate as the integration tests do.
-extern crate self as crust_agent;
-
+#[doc(hidden)]
 pub mod cancel;
+#[doc(hidden)]
 pub mod code;
+#[doc(hidden)]
 pub mod device;
 pub mod embed;
+#[doc(hidden)]
 pub mod error;
 #[cfg(feature = "fuzz")]
 #[doc(hidden)]
 pub mod fuzz;
+#[doc(hidden)]
 pub mod grow;
+#[doc(hidden)]
 pub mod init;
+#[doc(hidden)]
 pub mod instance;
+#[doc(hidden)]
 pub mod logging;
+#[doc(hidden)]
 pub mod luks2;
+#[doc(hidden)]
 pub mod model;
+#[doc(hidden)]
 pub mod mount;
+#[doc(hidden)]
 pub mod notify;
+#[doc(hidden)]
 pub mod ownership;
+#[doc(hidden)]
 pub mod probe;
+#[doc(hidden)]
 pub mod quiesce;
+#[doc(hidden)]
 pub mod rpc;
+#[doc(hidden)]
 pub mod server;
+#[doc(hidden)]
 pub mod stats;
+#[doc(hidden)]
 pub mod superblock;
+#[doc(hidden)]
 pub mod sys;
+#[doc(hidden)]
 pub mod system;
-/// Loop devices and mkfs'd filesystems for the unit tests, shared with the
-/// host and VM tests. Test-only: the agent itself never runs a program.
-#[cfg(test)]
-#[path = "../tests/fixtures/disks.rs"]
-pub(crate) mod testutil;
+#[doc(hidden)]
 pub mod validate;
+#[doc(hidden)]
 pub mod volumes;

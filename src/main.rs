@@ -3,6 +3,7 @@
 //! server per listen address → wait for Shutdown or SIGTERM → unmount all,
 //! then exit (or power off, as PID 1).
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{mpsc, Arc, Mutex};
@@ -18,6 +19,7 @@ use crust_agent::sys::sysfs::Sysfs;
 use crust_agent::system::{self, Gate, Timeline};
 use crust_agent::volumes::table::Volumes;
 use crust_agent::{init, instance, logging, notify};
+use crust_protocols::sync::LockExt;
 use slog::{error, info, warn};
 
 /// Loaded before listening: PCI virtio and the vsock transport. Everything
@@ -276,10 +278,7 @@ fn load_modules(
                     warn!(log, "module not loaded"; "module" => m, "error" => why);
                 }
                 let now = system::boottime_ms();
-                timeline
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .modules_loaded_ms = now;
+                timeline.locked().modules_loaded_ms = now;
                 info!(log, "modules loaded"; "count" => report.loaded.len(), "boot_ms" => now);
                 modules.open();
             });
@@ -391,8 +390,35 @@ fn run(
         tx.clone(),
         modules,
     ));
+    let (listeners, made) = open_listeners(cfg, log);
+    if listeners.is_empty() {
+        error!(
+            log,
+            "no listener could be started; the agent cannot be reached"
+        );
+        volumes.shutdown();
+        return ExitCode::FAILURE;
+    }
+    let Some(server) = serve(cfg, log, listeners, service) else {
+        volumes.shutdown();
+        return ExitCode::FAILURE;
+    };
+    note_listening(&timeline, log);
+    if let Some(f) = after_listening {
+        f();
+    }
+    if let Some(target) = cfg.notify.clone() {
+        announce_ready(target, cfg, log.clone());
+    }
+    let by_signal = wait_for_the_end(&tx, &rx);
+    wind_down(cfg, log, &volumes, server, &made, by_signal)
+}
+
+/// A listening socket for each address of `--listen` that can have one
+/// (the others are logged), and the unix sockets made, which the agent
+/// removes when it stops.
+fn open_listeners(cfg: &Config, log: &slog::Logger) -> (Vec<(String, OwnedFd)>, Vec<PathBuf>) {
     let mut listeners = Vec::new();
-    // The unix sockets this agent made, and so removes when it stops.
     let mut made: Vec<PathBuf> = Vec::new();
     for addr in &cfg.listen {
         if let Some(p) = unix_path(addr) {
@@ -409,20 +435,23 @@ fn run(
             Err(e) => error!(log, "cannot listen"; "listen" => addr, "error" => %e),
         }
     }
-    if listeners.is_empty() {
-        error!(
-            log,
-            "no listener could be started; the agent cannot be reached"
-        );
-        volumes.shutdown();
-        return ExitCode::FAILURE;
-    }
+    (listeners, made)
+}
+
+/// Serves the method table on `listeners` within the default limits; None
+/// (logged) if the server cannot start.
+fn serve(
+    cfg: &Config,
+    log: &slog::Logger,
+    listeners: Vec<(String, OwnedFd)>,
+    service: Arc<Service>,
+) -> Option<Server> {
     let limits = Limits::default();
     info!(log, "serving"; "max_connections" => limits.max_connections, "workers" => limits.workers,
           "quick_workers" => limits.quick_workers, "queue" => limits.queue,
           "in_flight_per_connection" => limits.in_flight_per_connection,
           "max_request_bytes" => limits.max_request);
-    let server = match Server::start(
+    match Server::start(
         listeners,
         table(service),
         limits,
@@ -430,26 +459,25 @@ fn run(
         log.clone(),
         SHUTDOWN_GRACE,
     ) {
-        Ok(s) => s,
+        Ok(s) => Some(s),
         Err(e) => {
             error!(log, "cannot serve"; "error" => %e);
-            volumes.shutdown();
-            return ExitCode::FAILURE;
+            None
         }
-    };
+    }
+}
+
+/// Records and logs when the agent began to listen, since boot and since it started.
+fn note_listening(timeline: &Mutex<Timeline>, log: &slog::Logger) {
     let listening_ms = system::boottime_ms();
-    {
-        let mut t = timeline.lock().unwrap_or_else(|p| p.into_inner());
-        t.listening_ms = listening_ms;
-        info!(log, "listening"; "agent_ms" => listening_ms.saturating_sub(t.agent_start_ms),
+    let mut t = timeline.locked();
+    t.listening_ms = listening_ms;
+    info!(log, "listening"; "agent_ms" => listening_ms.saturating_sub(t.agent_start_ms),
               "boot_ms" => listening_ms);
-    }
-    if let Some(f) = after_listening {
-        f();
-    }
-    if let Some(target) = cfg.notify.clone() {
-        announce_ready(target, cfg, log.clone());
-    }
+}
+
+/// Waits for a Shutdown request (on `rx`) or a signal: whether it was a signal.
+fn wait_for_the_end(tx: &mpsc::Sender<()>, rx: &mpsc::Receiver<()>) -> bool {
     let signal_tx = tx.clone();
     let signalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let by_signal = signalled.clone();
@@ -458,8 +486,7 @@ fn run(
         let _ = signal_tx.send(());
     });
     let _ = rx.recv();
-    let by_signal = signalled.load(std::sync::atomic::Ordering::SeqCst);
-    wind_down(cfg, log, &volumes, server, &made, by_signal)
+    signalled.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 /// After a Shutdown request or a signal: every volume unpublished (nothing

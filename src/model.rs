@@ -10,7 +10,6 @@ use std::path::PathBuf;
 pub enum FsType {
     /// ext4 (the kernel's ext4 driver also mounts ext2/ext3, which share the magic).
     Ext4,
-    /// xfs.
     Xfs,
 }
 
@@ -167,8 +166,8 @@ pub enum DiskState {
     ZeroSize,
 }
 
-/// The fixtures' disks as the agent knows a disk (the fixtures are shared
-/// with crates that do not link the agent).
+/// crust-testkit's loop disks as the agent knows a disk (the kit links
+/// neither the agent nor crustd, so that both can use it in their tests).
 #[cfg(test)]
 pub(crate) mod testdisk {
     /// A loop disk as the agent's [`super::Device`].
@@ -177,7 +176,7 @@ pub(crate) mod testdisk {
         fn agent_device(&self) -> super::Device;
     }
 
-    impl AgentDevice for crate::testutil::LoopDisk {
+    impl AgentDevice for crust_testkit::LoopDisk {
         fn agent_device(&self) -> super::Device {
             use std::os::unix::fs::MetadataExt;
             let rdev = std::fs::metadata(&self.device).unwrap().rdev();

@@ -35,7 +35,6 @@ pub enum Target {
     Vsock {
         /// The context id (2: the host).
         cid: u32,
-        /// The port.
         port: u32,
         /// Whether to use SOCK_SEQPACKET instead of SOCK_STREAM.
         seqpacket: bool,

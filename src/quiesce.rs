@@ -12,40 +12,37 @@ use std::fs::File;
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rustix::ioctl::{opcode, Opcode};
 
 use crate::sys::beneath;
 use crate::sys::error::SysError;
+use crate::sys::mountinfo::shown;
 
 crate::code::coded_errors! {
 /// What can go wrong freezing, thawing or trimming a filesystem.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[code(FailedPrecondition)]
-    #[error("the filesystem at {path} is already frozen by something other than the agent (FIFREEZE says EBUSY); thaw it there first")]
+    #[error("the filesystem at {} is already frozen by something other than the agent (FIFREEZE says EBUSY); thaw it there first", shown(path))]
     FrozenElsewhere {
-        /// The mount path.
-        path: String,
+        path: PathBuf,
     },
     #[code(FailedPrecondition)]
-    #[error("the filesystem at {path} cannot be frozen (FIFREEZE says EOPNOTSUPP)")]
+    #[error("the filesystem at {} cannot be frozen (FIFREEZE says EOPNOTSUPP)", shown(path))]
     CannotFreeze {
-        /// The mount path.
-        path: String,
+        path: PathBuf,
     },
     #[code(FailedPrecondition)]
-    #[error("the disk under {path} does not take discards, so there is nothing to give back (FITRIM says EOPNOTSUPP); the host must attach it with discard enabled (QEMU: discard=unmap)")]
+    #[error("the disk under {} does not take discards, so there is nothing to give back (FITRIM says EOPNOTSUPP); the host must attach it with discard enabled (QEMU: discard=unmap)", shown(path))]
     NoDiscard {
-        /// The mount path.
-        path: String,
+        path: PathBuf,
     },
     #[code(FailedPrecondition)]
-    #[error("the filesystem at {path} is mounted read-only; a read-only filesystem is not trimmed")]
+    #[error("the filesystem at {} is mounted read-only; a read-only filesystem is not trimmed", shown(path))]
     ReadOnly {
-        /// The mount path.
-        path: String,
+        path: PathBuf,
     },
     #[code(Internal)]
     #[error(transparent)]
@@ -85,10 +82,10 @@ pub fn freeze(dir: &File, path: &Path) -> Result<(), Error> {
     let r = unsafe { rustix::ioctl::ioctl(dir, rustix::ioctl::NoArg::<FIFREEZE>::new()) };
     r.map_err(|e| match e {
         rustix::io::Errno::BUSY => Error::FrozenElsewhere {
-            path: path.display().to_string(),
+            path: path.to_path_buf(),
         },
         rustix::io::Errno::OPNOTSUPP => Error::CannotFreeze {
-            path: path.display().to_string(),
+            path: path.to_path_buf(),
         },
         e => SysError::new("FIFREEZE", path.display(), e).into(),
     })
@@ -126,10 +123,10 @@ pub fn trim(dir: &File, path: &Path, start: u64, len: u64, min_len: u64) -> Resu
     match r {
         Ok(()) => Ok(range.len),
         Err(rustix::io::Errno::OPNOTSUPP) => Err(Error::NoDiscard {
-            path: path.display().to_string(),
+            path: path.to_path_buf(),
         }),
         Err(rustix::io::Errno::ROFS) => Err(Error::ReadOnly {
-            path: path.display().to_string(),
+            path: path.to_path_buf(),
         }),
         Err(e) => Err(SysError::new("FITRIM", path.display(), io::Error::from(e)).into()),
     }
@@ -138,17 +135,15 @@ pub fn trim(dir: &File, path: &Path, start: u64, len: u64, min_len: u64) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::{root_or_skip, LoopDisk, Mounted};
+    use crust_testkit::{needs, LoopDisk, Mounted};
     use std::os::fd::AsFd;
     use std::time::Duration;
 
-    fn mounted(test: &str, fs: &str) -> Option<(LoopDisk, Mounted)> {
-        if !root_or_skip(test) {
-            return None;
-        }
+    fn mounted(fs: &str) -> (LoopDisk, Mounted) {
+        needs::loop_devices();
         let disk = LoopDisk::new(320, Some(fs));
         let m = Mounted::new(&disk.device, fs, "");
-        Some((disk, m))
+        (disk, m)
     }
 
     fn dir_of(m: &Mounted) -> File {
@@ -164,12 +159,10 @@ mod tests {
     /// A write into a frozen filesystem blocks until the thaw, and a second
     /// freeze is refused; thawing twice is fine.
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn a_frozen_filesystem_holds_writes_until_thawed() {
         for fs in ["ext4", "xfs"] {
-            let Some((_disk, m)) = mounted("a_frozen_filesystem_holds_writes_until_thawed", fs)
-            else {
-                return;
-            };
+            let (_disk, m) = mounted(fs);
             let dir = dir_of(&m);
             freeze(&dir, &m.path).unwrap();
             assert!(matches!(
@@ -195,11 +188,10 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn trim_answers_bytes_or_says_the_disk_takes_no_discards() {
         for fs in ["ext4", "xfs"] {
-            let Some((_disk, m)) = mounted("trim_answers_bytes", fs) else {
-                return;
-            };
+            let (_disk, m) = mounted(fs);
             let dir = dir_of(&m);
             // A loop device over a file takes discards (it punches holes).
             let n = trim(&dir, &m.path, 0, u64::MAX, 0).unwrap();

@@ -10,8 +10,16 @@ use crate::model::{FsType, RecursiveReadOnly};
 
 /// Where the agent mounts its volumes, beneath its root.
 pub const VOLUMES_DIR: &str = "volumes";
-/// Where the agent keeps its records (the volumes', then `freezes/`), beneath its root.
-pub const STATE_DIR: &str = "state";
+/// The state directory's name, written once for the two paths below.
+macro_rules! state_dir {
+    () => {
+        "state"
+    };
+}
+/// Where the agent keeps its records (the volumes', then [`FREEZES_DIR`]), beneath its root.
+pub const STATE_DIR: &str = state_dir!();
+/// Where the freezes' records are, beneath the root.
+pub const FREEZES_DIR: &str = concat!(state_dir!(), "/freezes");
 
 /// A malformed request: the message says which field and why.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -10,6 +10,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 
+use crust_agent::validate::STATE_DIR;
 use crust_protocols::crust_ttrpc::AgentClient;
 use support::rig::{disk_with_tree, mount_table, Disk, Rig};
 use support::*;
@@ -44,10 +45,9 @@ fn assert_clean(rig: &Rig, when: &str, c: &AgentClient, disks: &[Disk], ids: &[&
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_symlink_at_the_guest_path_does_not_lead_outside() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = disk_with_tree(64, "ext4", 20);
     let d = Disk::of(&disk, "ext4");
     let mut rig = Rig::new();
@@ -83,10 +83,9 @@ fn a_symlink_at_the_guest_path_does_not_lead_outside() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn unpublish_through_a_parent_swapped_for_a_symlink_deletes_nothing_outside() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (_disk, d, mut rig) = scene("atk-swap");
     let c = rig.client();
     let pod = rig.root.join("pods/p");
@@ -138,10 +137,9 @@ fn unpublish_through_a_parent_swapped_for_a_symlink_deletes_nothing_outside() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn unmount_through_an_overmounted_parent_unmounts_nothing_outside() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (_disk, d, mut rig) = scene("atk-over");
     let c = rig.client();
     // The bind's last component is named like the sentinel's own mount.
@@ -190,10 +188,9 @@ fn unmount_through_an_overmounted_parent_unmounts_nothing_outside() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_root_through_a_symlinked_parent_really_unmounts() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = disk_with_tree(64, "ext4", 0);
     let d = Disk::of(&disk, "ext4");
     let mut rig = Rig::with_root(|w| {
@@ -251,10 +248,9 @@ fn a_root_through_a_symlinked_parent_really_unmounts() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn two_volumes_racing_for_one_target_never_both_win() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (_a, da, rig) = scene("atk-ra");
     let b = disk_with_tree(64, "ext4", 0);
     let db = Disk::of(&b, "ext4");
@@ -323,10 +319,9 @@ fn two_volumes_racing_for_one_target_never_both_win() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_bind_removed_behind_the_agents_back_is_not_already_mounted() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (_disk, d, rig) = scene("atk-stale");
     let c = rig.client();
     let t = rig.root.join("pods/stale");
@@ -353,10 +348,9 @@ fn a_bind_removed_behind_the_agents_back_is_not_already_mounted() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn unmount_of_a_mount_the_agent_did_not_make_is_refused() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let mut rig = Rig::new();
     rig.start();
     let c = rig.client();
@@ -388,10 +382,9 @@ fn unmount_of_a_mount_the_agent_did_not_make_is_refused() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_bind_target_inside_another_volumes_bind_is_refused() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (_a, da, rig) = scene("atk-outer");
     let b = disk_with_tree(64, "ext4", 0);
     let db = Disk::of(&b, "ext4");
@@ -432,10 +425,9 @@ fn long_target(root: &Path, len: usize) -> PathBuf {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn bind_targets_longer_than_path_max_are_invalid() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (_disk, d, rig) = scene("atk-long");
     let c = rig.client();
     let mut bad = Vec::new();
@@ -475,10 +467,9 @@ fn bind_targets_longer_than_path_max_are_invalid() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn errors_panic_is_refused() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = disk_with_tree(64, "ext4", 0);
     let d = Disk::of(&disk, "ext4");
     let mut rig = Rig::new();
@@ -519,10 +510,9 @@ fn edit_state(rig: &Rig, from: &str, to: &str) -> usize {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_state_file_naming_a_target_outside_the_root_is_not_trusted() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (_disk, d, mut rig) = scene("atk-state");
     let c = rig.client();
     let t = rig.root.join("pods/s");
@@ -584,10 +574,9 @@ fn a_state_file_naming_a_target_outside_the_root_is_not_trusted() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn an_undecodable_state_file_leaves_the_volume_manageable() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (_disk, d, mut rig) = scene("atk-garbled");
     let c = rig.client();
     c.bind_mount(ctx(), &rw_bind("atk-garbled", &rig.root.join("pods/g")))
@@ -634,10 +623,9 @@ fn mounts_of_disk(d: &Disk) -> Vec<String> {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_bind_moved_by_renaming_its_parent_is_taken_down() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (_disk, d, rig) = scene("atk-moved");
     let c = rig.client();
     let (p, q) = (rig.root.join("pods/p"), rig.root.join("pods/q"));
@@ -671,8 +659,10 @@ fn a_bind_moved_by_renaming_its_parent_is_taken_down() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_bind_moved_under_a_name_that_is_not_utf8_is_taken_down() {
-    if !privileged() || !own_mount_namespace() {
+    needs::loop_devices_and_mkfs();
+    if !own_mount_namespace() {
         return;
     }
     use std::os::unix::ffi::OsStrExt;
@@ -733,8 +723,10 @@ fn a_bind_moved_under_a_name_that_is_not_utf8_is_taken_down() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_foreign_mount_whose_path_is_not_utf8_breaks_nothing() {
-    if !privileged() || !own_mount_namespace() {
+    needs::loop_devices_and_mkfs();
+    if !own_mount_namespace() {
         return;
     }
     use std::os::unix::ffi::OsStrExt;
@@ -808,11 +800,56 @@ fn a_foreign_mount_whose_path_is_not_utf8_breaks_nothing() {
     let _ = rustix::mount::unmount(&odd, rustix::mount::UnmountFlags::DETACH);
 }
 
-#[test]
-fn a_disk_and_its_partition_are_never_both_published() {
-    if !privileged() {
-        return;
+/// Publishing `req` is refused: its sectors are volume `holder`'s.
+fn refused(c: &AgentClient, req: pb::PublishVolumeRequest, holder: &str, when: &str) {
+    let r = c.publish_volume(ctx(), &req);
+    let got = said(&r);
+    assert!(
+        got.starts_with("FAILED_PRECONDITION") && got.contains(holder),
+        "{when}: publishing {} as {} answered {got}; it shares sectors with volume {holder}",
+        req.device_path(),
+        req.volume_id
+    );
+}
+
+/// Publishes in flight claim their sectors too: the whole disk and its
+/// partition (`disks`, in that order) racing, never both win.
+fn never_both_win_a_race(rig: &Rig, c: &AgentClient, disks: &[Disk; 2]) {
+    let [whole, part] = disks;
+    let (whole, p) = (whole.path.as_str(), part.path.as_str());
+    let ids = ["atk-part", "atk-whole"];
+    for round in 0..8 {
+        let barrier = Arc::new(Barrier::new(2));
+        let racers: Vec<_> = [
+            publish_req("atk-whole", whole, "block"),
+            publish_req("atk-part", p, "ext4"),
+        ]
+        .into_iter()
+        .map(|req| {
+            let (barrier, addr) = (barrier.clone(), rig.addr());
+            std::thread::spawn(move || {
+                let c = connect(&addr).unwrap();
+                barrier.wait();
+                c.publish_volume(ctx(), &req).is_ok()
+            })
+        })
+        .collect();
+        let won: Vec<bool> = racers.into_iter().map(|t| t.join().unwrap()).collect();
+        assert!(
+            !(won[0] && won[1]),
+            "round {round}: the whole disk and its partition were both published"
+        );
+        assert_clean(rig, &format!("after race {round}"), c, disks, &ids);
+        for id in ids {
+            c.unpublish_volume(ctx(), &unpublish_req(id)).unwrap();
+        }
     }
+}
+
+#[test]
+#[ignore = "needs root: make test runs it"]
+fn a_disk_and_its_partition_are_never_both_published() {
+    needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(64, None);
     let part = disk.add_partition();
     run("mkfs.ext4", &["-q", "-F", part.to_str().unwrap()]);
@@ -831,16 +868,6 @@ fn a_disk_and_its_partition_are_never_both_published() {
     let ids = ["atk-part", "atk-whole"];
     let mut rig = Rig::new();
     rig.start();
-    let refused = |c: &AgentClient, req: pb::PublishVolumeRequest, holder: &str, when: &str| {
-        let r = c.publish_volume(ctx(), &req);
-        let got = said(&r);
-        assert!(
-            got.starts_with("FAILED_PRECONDITION") && got.contains(holder),
-            "{when}: publishing {} as {} answered {got}; it shares sectors with volume {holder}",
-            req.device_path(),
-            req.volume_id
-        );
-    };
 
     // The partition first, then the whole disk: refused, as a filesystem
     // or as a block volume.
@@ -904,33 +931,7 @@ fn a_disk_and_its_partition_are_never_both_published() {
             .was_published
     );
 
-    // Publishes in flight claim their sectors too: racing, never both win.
-    for round in 0..8 {
-        let barrier = Arc::new(Barrier::new(2));
-        let racers: Vec<_> = [
-            publish_req("atk-whole", &whole.path, "block"),
-            publish_req("atk-part", &p, "ext4"),
-        ]
-        .into_iter()
-        .map(|req| {
-            let (barrier, addr) = (barrier.clone(), rig.addr());
-            std::thread::spawn(move || {
-                let c = connect(&addr).unwrap();
-                barrier.wait();
-                c.publish_volume(ctx(), &req).is_ok()
-            })
-        })
-        .collect();
-        let won: Vec<bool> = racers.into_iter().map(|t| t.join().unwrap()).collect();
-        assert!(
-            !(won[0] && won[1]),
-            "round {round}: the whole disk and its partition were both published"
-        );
-        assert_clean(&rig, &format!("after race {round}"), &c, &disks, &ids);
-        for id in ids {
-            c.unpublish_volume(ctx(), &unpublish_req(id)).unwrap();
-        }
-    }
+    never_both_win_a_race(&rig, &c, &disks);
 
     // The partition mounted by someone else: the whole disk is refused.
     let host = disk.scratch("host");
@@ -959,25 +960,12 @@ fn agent_info(c: &AgentClient) -> pb::GetAgentInfoResponse {
         .unwrap()
 }
 
-#[test]
-fn a_full_state_filesystem_changes_nothing_and_the_agent_still_starts() {
-    if !privileged() {
-        return;
-    }
-    let (d1, d2, d3) = (
-        disk_with_tree(64, "ext4", 0),
-        disk_with_tree(64, "ext4", 0),
-        disk_with_tree(64, "ext4", 0),
-    );
-    let disks = [
-        Disk::of(&d1, "ext4"),
-        Disk::of(&d2, "ext4"),
-        Disk::of(&d3, "ext4"),
-    ];
-    let ids = ["atk-full1", "atk-full2", "atk-full3"];
-    let mut rig = Rig::new();
-    // The root's state directory on a small filesystem of its own.
-    let state = rig.root.join("state");
+/// The volume ids of the full-state test.
+const FULL_STATE_IDS: [&str; 3] = ["atk-full1", "atk-full2", "atk-full3"];
+
+/// The root's state directory on a small filesystem of its own (64 KiB).
+fn small_state_fs(rig: &Rig) -> PathBuf {
+    let state = rig.root.join(STATE_DIR);
     std::fs::create_dir_all(&state).unwrap();
     run(
         "mount",
@@ -990,6 +978,68 @@ fn a_full_state_filesystem_changes_nothing_and_the_agent_still_starts() {
             state.to_str().unwrap(),
         ],
     );
+    state
+}
+
+/// kill -9 with the state filesystem full: recovery cannot write its
+/// records, and comes up all the same, with the volume left published
+/// (bound at `t2`); its unpublish works. The new client.
+fn comes_up_on_a_full_state(
+    rig: &mut Rig,
+    c: AgentClient,
+    disks: &[Disk],
+    t2: &Path,
+) -> AgentClient {
+    drop(c);
+    rig.kill9();
+    rig.start();
+    let c = rig.client();
+    let info = agent_info(&c);
+    assert!(
+        info.state_problem.contains("no space"),
+        "GetAgentInfo says nothing of the state it cannot write: {:?}",
+        info.state_problem
+    );
+    assert_clean(
+        rig,
+        "after a restart on a full state filesystem",
+        &c,
+        disks,
+        &FULL_STATE_IDS,
+    );
+    let list = c
+        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
+        .unwrap()
+        .volumes;
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].bind_targets, vec![t2.display().to_string()]);
+    let up = c.unpublish_volume(ctx(), &unpublish_req(FULL_STATE_IDS[0]));
+    assert!(
+        up.as_ref().is_ok_and(|u| u.was_published) && mounts_of(&disks[0].path).is_empty(),
+        "unpublish after a restart on a full state filesystem answered {}",
+        said(&up)
+    );
+    assert_clean(rig, "after the unpublish", &c, disks, &FULL_STATE_IDS);
+    c
+}
+
+#[test]
+#[ignore = "needs root: make test runs it"]
+fn a_full_state_filesystem_changes_nothing_and_the_agent_still_starts() {
+    needs::loop_devices_and_mkfs();
+    let (d1, d2, d3) = (
+        disk_with_tree(64, "ext4", 0),
+        disk_with_tree(64, "ext4", 0),
+        disk_with_tree(64, "ext4", 0),
+    );
+    let disks = [
+        Disk::of(&d1, "ext4"),
+        Disk::of(&d2, "ext4"),
+        Disk::of(&d3, "ext4"),
+    ];
+    let ids = FULL_STATE_IDS;
+    let mut rig = Rig::new();
+    let state = small_state_fs(&rig);
     rig.start();
     let c = rig.client();
     let pods = rig.root.join("pods");
@@ -1050,37 +1100,7 @@ fn a_full_state_filesystem_changes_nothing_and_the_agent_still_starts() {
     // (The record the unpublish removed freed some space: taken again.)
     fill(&state, "filler2");
 
-    // kill -9: recovery cannot write its records, and comes up all the same.
-    drop(c);
-    rig.kill9();
-    rig.start();
-    let c = rig.client();
-    let info = agent_info(&c);
-    assert!(
-        info.state_problem.contains("no space"),
-        "GetAgentInfo says nothing of the state it cannot write: {:?}",
-        info.state_problem
-    );
-    assert_clean(
-        &rig,
-        "after a restart on a full state filesystem",
-        &c,
-        &disks,
-        &ids,
-    );
-    let list = c
-        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
-        .unwrap()
-        .volumes;
-    assert_eq!(list.len(), 1);
-    assert_eq!(list[0].bind_targets, vec![t2.display().to_string()]);
-    let up = c.unpublish_volume(ctx(), &unpublish_req(ids[0]));
-    assert!(
-        up.as_ref().is_ok_and(|u| u.was_published) && mounts_of(&disks[0].path).is_empty(),
-        "unpublish after a restart on a full state filesystem answered {}",
-        said(&up)
-    );
-    assert_clean(&rig, "after the unpublish", &c, &disks, &ids);
+    let c = comes_up_on_a_full_state(&mut rig, c, &disks, &t2);
 
     // Space again: everything works, and the problem is gone.
     std::fs::remove_file(state.join("filler")).unwrap();

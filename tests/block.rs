@@ -201,12 +201,11 @@ fn writes_that_got_through(path: &Path) -> Vec<String> {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_read_only_bind_of_a_device_node_does_not_stop_writes() {
     // The premise of BLKROSET: the kernel checks a mount's read-only flag
     // for files, directories and symlinks, not for device nodes.
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let d = raw_disk(8);
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("node");
@@ -227,10 +226,9 @@ fn a_read_only_bind_of_a_device_node_does_not_stop_writes() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn block_volume_publish_bind_write_stats_expand_unpublish() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     let caps = c
@@ -336,10 +334,9 @@ fn block_volume_publish_bind_write_stats_expand_unpublish() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_read_only_block_volume_refuses_every_write_and_is_left_byte_identical() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     let d = raw_disk(16);
@@ -394,33 +391,20 @@ fn a_read_only_block_volume_refuses_every_write_and_is_left_byte_identical() {
     run("blockdev", &["--setrw", &d.path()]);
 }
 
-#[test]
-fn block_refusals_have_their_codes_and_change_nothing() {
-    if !privileged() {
-        return;
-    }
-    let a = Agent::start();
-    let c = a.client();
-    let raw = raw_disk(16);
-    let ext4 = LoopDisk::new(64, Some("ext4"));
-    let other = LoopDisk::new(64, Some("ext4"));
-    c.publish_volume(ctx(), &block_req("b1", &raw.path(), false))
-        .unwrap();
-    c.publish_volume(ctx(), &publish_req("fs1", &ext4.path(), "ext4"))
-        .unwrap();
-    std::fs::create_dir_all(a.root.join("pods/dir-target")).unwrap();
-    std::fs::write(a.root.join("pods/file-target"), b"").unwrap();
-    let foreign = other.scratch("m");
-    run("mount", &[&other.path(), foreign.to_str().unwrap()]);
-    let disks = [&raw, &ext4, &other];
-    let before = scene(&a, &c, &disks);
-
+/// Publishes refused, with their codes: block and filesystem fields mixed,
+/// a device that is another volume's or mounted elsewhere (`other`), an id
+/// taken (b1 on `raw`; fs1 is on `ext4`).
+fn refused_publishes(
+    raw: &LoopDisk,
+    ext4: &LoopDisk,
+    other: &LoopDisk,
+) -> Vec<(&'static str, pb::PublishVolumeRequest, &'static str)> {
     let with = |f: &dyn Fn(&mut pb::PublishVolumeRequest)| {
         let mut r = block_req("b9", &other.path(), false);
         f(&mut r);
         r
     };
-    let publishes: Vec<(&str, pb::PublishVolumeRequest, &str)> = vec![
+    vec![
         (
             "fs_type with BLOCK",
             with(&|r| r.fs_type = "ext4".into()),
@@ -466,8 +450,74 @@ fn block_refusals_have_their_codes_and_change_nothing() {
             block_req("b1", &raw.path(), true),
             "ALREADY_EXISTS",
         ),
-    ];
-    for (what, req, want) in publishes {
+    ]
+}
+
+/// Binds refused, with their codes: what a block volume cannot be bound
+/// as (at `t`), and targets of the wrong kind beneath `root`.
+fn refused_binds(root: &Path, t: &Path) -> Vec<(&'static str, pb::BindMountRequest, &'static str)> {
+    vec![
+        (
+            "a subpath",
+            bind_req("b1", t, "x", false, pb::RecursiveReadOnly::DISABLED),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "recursive read-only",
+            bind_req("b1", t, "", true, pb::RecursiveReadOnly::IF_POSSIBLE),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "a read-only bind of a read-write block volume",
+            bind_req("b1", t, "", true, pb::RecursiveReadOnly::DISABLED),
+            "FAILED_PRECONDITION",
+        ),
+        (
+            "a directory as a block bind target",
+            bind_req(
+                "b1",
+                &root.join("pods/dir-target"),
+                "",
+                false,
+                pb::RecursiveReadOnly::DISABLED,
+            ),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "a file as a filesystem bind target",
+            bind_req(
+                "fs1",
+                &root.join("pods/file-target"),
+                "",
+                false,
+                pb::RecursiveReadOnly::DISABLED,
+            ),
+            "INVALID_ARGUMENT",
+        ),
+    ]
+}
+
+#[test]
+#[ignore = "needs root: make test runs it"]
+fn block_refusals_have_their_codes_and_change_nothing() {
+    needs::loop_devices_and_mkfs();
+    let a = Agent::start();
+    let c = a.client();
+    let raw = raw_disk(16);
+    let ext4 = LoopDisk::new(64, Some("ext4"));
+    let other = LoopDisk::new(64, Some("ext4"));
+    c.publish_volume(ctx(), &block_req("b1", &raw.path(), false))
+        .unwrap();
+    c.publish_volume(ctx(), &publish_req("fs1", &ext4.path(), "ext4"))
+        .unwrap();
+    std::fs::create_dir_all(a.root.join("pods/dir-target")).unwrap();
+    std::fs::write(a.root.join("pods/file-target"), b"").unwrap();
+    let foreign = other.scratch("m");
+    run("mount", &[&other.path(), foreign.to_str().unwrap()]);
+    let disks = [&raw, &ext4, &other];
+    let before = scene(&a, &c, &disks);
+
+    for (what, req, want) in refused_publishes(&raw, &ext4, &other) {
         let r = c.publish_volume(ctx(), &req);
         assert_eq!(code(r), want, "{what}");
         assert_eq!(scene(&a, &c, &disks), before, "{what} changed something");
@@ -479,46 +529,7 @@ fn block_refusals_have_their_codes_and_change_nothing() {
     );
 
     let t = a.root.join("pods/t");
-    let binds: Vec<(&str, pb::BindMountRequest, &str)> = vec![
-        (
-            "a subpath",
-            bind_req("b1", &t, "x", false, pb::RecursiveReadOnly::DISABLED),
-            "INVALID_ARGUMENT",
-        ),
-        (
-            "recursive read-only",
-            bind_req("b1", &t, "", true, pb::RecursiveReadOnly::IF_POSSIBLE),
-            "INVALID_ARGUMENT",
-        ),
-        (
-            "a read-only bind of a read-write block volume",
-            bind_req("b1", &t, "", true, pb::RecursiveReadOnly::DISABLED),
-            "FAILED_PRECONDITION",
-        ),
-        (
-            "a directory as a block bind target",
-            bind_req(
-                "b1",
-                &a.root.join("pods/dir-target"),
-                "",
-                false,
-                pb::RecursiveReadOnly::DISABLED,
-            ),
-            "INVALID_ARGUMENT",
-        ),
-        (
-            "a file as a filesystem bind target",
-            bind_req(
-                "fs1",
-                &a.root.join("pods/file-target"),
-                "",
-                false,
-                pb::RecursiveReadOnly::DISABLED,
-            ),
-            "INVALID_ARGUMENT",
-        ),
-    ];
-    for (what, req, want) in binds {
+    for (what, req, want) in refused_binds(&a.root, &t) {
         let r = c.bind_mount(ctx(), &req);
         assert_eq!(code(r), want, "{what}");
         assert_eq!(scene(&a, &c, &disks), before, "{what} changed something");
@@ -535,10 +546,9 @@ fn block_refusals_have_their_codes_and_change_nothing() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn block_condition_sees_a_removed_bind_and_a_flag_set_behind_the_agents_back() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     let d = raw_disk(16);
@@ -580,10 +590,9 @@ fn block_condition_sees_a_removed_bind_and_a_flag_set_behind_the_agents_back() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn block_volumes_come_back_after_a_restart_and_go_at_shutdown() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     let ro = raw_disk(16);
@@ -651,10 +660,9 @@ fn block_volumes_come_back_after_a_restart_and_go_at_shutdown() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_block_bind_no_record_explains_is_taken_down_at_start() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     let d = raw_disk(16);
@@ -668,7 +676,13 @@ fn a_block_bind_no_record_explains_is_taken_down_at_start() {
     .unwrap();
     let dir = a.kill9();
     // The record is lost: the guest path and the bind are orphans.
-    std::fs::remove_file(dir.path().join("root/state/raw.vol")).unwrap();
+    std::fs::remove_file(
+        dir.path()
+            .join("root")
+            .join(crust_agent::validate::STATE_DIR)
+            .join("raw.vol"),
+    )
+    .unwrap();
     let a = Agent::start_in(dir);
     let c = a.client();
     assert!(list(&c).is_empty());

@@ -8,6 +8,7 @@ mod support;
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use support::raw::{self, Raw};
@@ -64,39 +65,26 @@ fn caps_frame(stream: u32) -> Vec<u8> {
     )
 }
 
-/// (1) Pipelined requests, hundreds of idle connections, clients that
-/// never read, half-sent and oversized frames, then more connections than
-/// the limit — all at once, while a well-behaved client keeps calling. The
-/// agent's threads never grow, its memory and descriptors stay bounded and
-/// come back, and every call of the good client is answered promptly.
-#[test]
-fn floods_stay_bounded_and_the_agent_keeps_answering() {
-    raise_own_fd_limit();
-    let mut a = Agent::start();
-    let good = a.client();
-    good.get_agent_info(ctx(), &pb::GetAgentInfoRequest::new())
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    let idle = usage(&a);
-    let started = Instant::now();
-
-    // 500 idle connections.
+/// 500 idle connections, 20 half-sent frames, one frame announcing 4 GiB
+/// (refused), and 20 clients that pipeline requests and never read an
+/// answer: the connections held, and the one with the huge frame.
+fn hostile_connections(sock: &Path) -> (Vec<UnixStream>, Raw) {
     let mut held: Vec<UnixStream> = (0..500)
-        .map(|_| UnixStream::connect(&a.sock).unwrap())
+        .map(|_| UnixStream::connect(sock).unwrap())
         .collect();
     // 20 half-sent frames, and one frame announcing 4 GiB.
     for _ in 0..20 {
-        let mut s = UnixStream::connect(&a.sock).unwrap();
+        let mut s = UnixStream::connect(sock).unwrap();
         s.write_all(&caps_frame(1)[..7]).unwrap();
         held.push(s);
     }
-    let mut huge = Raw::connect(&a.sock);
+    let mut huge = Raw::connect(sock);
     huge.send(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 1, 1, 0]);
     huge.send(&vec![0u8; 1 << 20]);
     assert_eq!(huge.status(1).0, "RESOURCE_EXHAUSTED");
     // 20 clients that pipeline requests and never read an answer.
     for _ in 0..20 {
-        let mut s = UnixStream::connect(&a.sock).unwrap();
+        let mut s = UnixStream::connect(sock).unwrap();
         s.set_nonblocking(true).unwrap();
         let mut stream = 1u32;
         let deadline = Instant::now() + Duration::from_millis(300);
@@ -118,9 +106,22 @@ fn floods_stay_bounded_and_the_agent_keeps_answering() {
         held.push(s);
     }
 
-    // One client pipelining 100,000 requests, reading on another thread.
-    const PIPELINED: u32 = 100_000;
-    let pipe = UnixStream::connect(&a.sock).unwrap();
+    (held, huge)
+}
+
+/// How many requests the pipelining client sends.
+const PIPELINED: u32 = 100_000;
+
+/// One client pipelining [`PIPELINED`] requests, reading on another thread:
+/// the writer (its stream when done) and the reader (answers served, and
+/// refused as RESOURCE_EXHAUSTED).
+fn pipeline(
+    sock: &Path,
+) -> (
+    std::thread::JoinHandle<UnixStream>,
+    std::thread::JoinHandle<(u32, u32)>,
+) {
+    let pipe = UnixStream::connect(sock).unwrap();
     let mut reader = pipe.try_clone().unwrap();
     reader
         .set_read_timeout(Some(Duration::from_secs(30)))
@@ -164,6 +165,27 @@ fn floods_stay_bounded_and_the_agent_keeps_answering() {
         }
         (ok, busy)
     });
+    (writer, answers)
+}
+
+/// (1) Pipelined requests, hundreds of idle connections, clients that
+/// never read, half-sent and oversized frames, then more connections than
+/// the limit — all at once, while a well-behaved client keeps calling. The
+/// agent's threads never grow, its memory and descriptors stay bounded and
+/// come back, and every call of the good client is answered promptly.
+#[test]
+fn floods_stay_bounded_and_the_agent_keeps_answering() {
+    raise_own_fd_limit();
+    let mut a = Agent::start();
+    let good = a.client();
+    good.get_agent_info(ctx(), &pb::GetAgentInfoRequest::new())
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let idle = usage(&a);
+    let started = Instant::now();
+
+    let (mut held, huge) = hostile_connections(&a.sock);
+    let (writer, answers) = pipeline(&a.sock);
 
     // Meanwhile the good client is answered, promptly, every time.
     let mut peak = idle;

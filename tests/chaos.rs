@@ -392,218 +392,214 @@ fn table(c: &AgentClient) -> Result<Vec<String>, String> {
     Ok(v)
 }
 
-#[test]
-fn chaos_rounds_keep_the_invariant() {
-    if !privileged() {
-        return;
+/// What every round works on: the disks, the bind targets, how long the
+/// tree's walk takes, how many clients, and what they all record.
+struct Bed {
+    disks: Vec<Disk>,
+    targets: Vec<PathBuf>,
+    walk: Duration,
+    clients_n: u64,
+    shared: Arc<Shared>,
+}
+
+/// One round, as a failure names it.
+struct Round<'a> {
+    seed: u64,
+    n: u32,
+    ending: Ending,
+    shared: &'a Shared,
+}
+
+impl Round<'_> {
+    /// Fails the test with the seed that replays it and the last operations.
+    fn fail(&self, rig: &Rig, bad: &[String]) -> ! {
+        let Round {
+            seed,
+            n: round,
+            ending,
+            shared,
+        } = self;
+        panic!(
+            "chaos seed {seed} (CRUST_CHAOS_SEED={seed}), round {round} ({ending:?}): {}\nlast operations:\n{}",
+            rig.report(&format!("after round {round}"), bad),
+            shared.recent()
+        )
     }
-    let seed = env_u64("CRUST_CHAOS_SEED").unwrap_or_else(|| fastrand::u64(..));
-    let budget = Duration::from_secs(env_u64("CRUST_STRESS_SECS").unwrap_or(20));
-    let clients_n = env_u64("CRUST_CHAOS_CLIENTS").unwrap_or(4).max(1);
-    let allowed = endings_allowed();
-    eprintln!(
-        "chaos: seed {seed} (replay: CRUST_CHAOS_SEED={seed}), {budget:?} of rounds, \
-         {clients_n} clients, endings {allowed:?}"
-    );
-    let mut rng = fastrand::Rng::with_seed(seed);
+}
 
-    // Disk 0 holds the long tree; two ext4, two xfs, and a raw disk that
-    // chaos-4 publishes as a block volume (the others try it as a filesystem,
-    // and binds try subpaths on it: refusals with their codes).
-    let loops = [
-        (disk_with_tree(64, "ext4", TREE_FILES), "ext4"),
-        (disk_with_tree(64, "ext4", 0), "ext4"),
-        (disk_with_tree(300, "xfs", 0), "xfs"),
-        (disk_with_tree(300, "xfs", 0), "xfs"),
-        (LoopDisk::new(16, None), "block"),
-    ];
-    let disks: Vec<Disk> = loops.iter().map(|(d, fs)| Disk::of(d, fs)).collect();
-    let own: Vec<(&str, &Disk)> = IDS.iter().copied().zip(&disks).collect();
-    let images: Vec<PathBuf> = loops.iter().map(|(d, _)| d.image.clone()).collect();
+/// An ending, drawn by its weight among those allowed.
+fn draw_ending(rng: &mut fastrand::Rng, allowed: &[Ending]) -> Ending {
+    loop {
+        let e = match rng.u32(0..100) {
+            0..=44 => Ending::Kill,
+            45..=69 => Ending::KillMidPublish,
+            70..=84 => Ending::Term,
+            _ => Ending::Calm,
+        };
+        if allowed.contains(&e) {
+            return e;
+        }
+    }
+}
 
-    let mut rig = Rig::new();
-    rig.start();
-    let root = rig.root.clone();
+/// Two bind targets for each of four pods, and one every volume wants, on purpose.
+fn bind_targets(root: &Path) -> Vec<PathBuf> {
     let mut targets: Vec<PathBuf> = (0..4)
         .flat_map(|p| (0..2).map(move |t| (p, t)))
         .map(|(p, t)| root.join(format!("pods/p{p}/t{t}")))
         .collect();
-    // One target every volume wants, on purpose.
     targets.extend(vec![root.join("shared/s"); 3]);
+    targets
+}
 
-    // How long a publish whose walk changes the whole tree takes.
-    let walk = {
-        let c = rig.client();
-        let mut req = publish_req(IDS[0], &disks[0].path, "ext4");
-        req.fs_group = fs_group(4000, pb::FsGroupChangePolicy::ALWAYS);
+/// How long a publish whose walk changes the whole tree (on `tree`) takes.
+fn time_a_walk(rig: &Rig, tree: &Disk) -> Duration {
+    let c = rig.client();
+    let mut req = publish_req(IDS[0], &tree.path, "ext4");
+    req.fs_group = fs_group(4000, pb::FsGroupChangePolicy::ALWAYS);
+    let t = Instant::now();
+    let r = c
+        .publish_volume(ctx(), &req)
+        .expect("publish the tree disk");
+    let took = t.elapsed();
+    let own = r.ownership.as_ref().expect("an ownership report");
+    assert!(
+        own.changed >= TREE_FILES as u64,
+        "the walk changed only {own:?}"
+    );
+    assert!(
+        c.unpublish_volume(ctx(), &unpublish_req(IDS[0]))
+            .unwrap()
+            .was_published
+    );
+    took.max(Duration::from_millis(10))
+}
+
+/// Publishes the tree disk with a walk and kills the agent at a random
+/// moment of it.
+fn kill_mid_publish(rig: &mut Rig, bed: &Bed, round: u32, rng: &mut fastrand::Rng) {
+    // A fresh gid every time, so the walk has every entry to change.
+    let c = rig.client();
+    let _ = c.unpublish_volume(op_ctx(), &unpublish_req(IDS[0]));
+    let mut req = publish_req(IDS[0], &bed.disks[0].path, "ext4");
+    req.fs_group = fs_group(4001 + round, pb::FsGroupChangePolicy::ALWAYS);
+    // Connected before the thread starts: a kill right away
+    // must find the publish sent or about to be, not refuse a
+    // connection the round never made.
+    let c = connect(&rig.addr()).unwrap();
+    let crash = std::thread::spawn(move || {
         let t = Instant::now();
-        let r = c
-            .publish_volume(ctx(), &req)
-            .expect("publish the tree disk");
-        let took = t.elapsed();
-        let own = r.ownership.as_ref().expect("an ownership report");
-        assert!(
-            own.changed >= TREE_FILES as u64,
-            "the walk changed only {own:?}"
-        );
-        assert!(
-            c.unpublish_volume(ctx(), &unpublish_req(IDS[0]))
-                .unwrap()
-                .was_published
-        );
-        took.max(Duration::from_millis(10))
-    };
-    eprintln!("chaos: a publish with a {TREE_FILES}-file fsGroup walk takes {walk:?}");
+        let r = c.publish_volume(op_ctx(), &req);
+        (
+            outcome(&r, |r| format!("already={}", r.already_published)).0,
+            t.elapsed(),
+        )
+    });
+    let wait = u64::try_from(bed.walk.as_micros()).unwrap_or(u64::MAX / 2) * 13 / 10;
+    std::thread::sleep(Duration::from_micros(rng.u64(0..=wait)));
+    rig.kill9();
+    let (o, took) = crash.join().unwrap();
+    bed.shared.record(
+        "main",
+        "publish",
+        "publish chaos-0 with a walk, killed",
+        &o,
+        took,
+    );
+}
 
-    let shared = Arc::new(Shared::new());
-    let mut endings: BTreeMap<Ending, u32> = BTreeMap::new();
-    let started = Instant::now();
-    let mut round = 0u32;
-    while round < 3 || started.elapsed() < budget {
-        round += 1;
-        let ending = loop {
-            let e = match rng.u32(0..100) {
-                0..=44 => Ending::Kill,
-                45..=69 => Ending::KillMidPublish,
-                70..=84 => Ending::Term,
-                _ => Ending::Calm,
-            };
-            if allowed.contains(&e) {
-                break e;
+/// The clients' work for a while, then the round's ending, and the agent
+/// started again: what went wrong on the way.
+fn play_round(rig: &mut Rig, bed: &Bed, r: &Round<'_>, rng: &mut fastrand::Rng) -> Vec<String> {
+    let shared = &bed.shared;
+    shared.stop.store(false, Ordering::SeqCst);
+    let clients: Vec<_> = (0..bed.clients_n)
+        .map(|i| {
+            let (who, addr, seed) = (format!("c{i}"), rig.addr(), rng.u64(..));
+            let (disks, targets, shared) = (bed.disks.clone(), bed.targets.clone(), shared.clone());
+            std::thread::spawn(move || client(who, addr, seed, disks, targets, shared))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(rng.u64(150..900)));
+    let mut bad = Vec::new();
+    if !rig.alive() {
+        bad.push("the agent died on its own during the round".into());
+    }
+    match r.ending {
+        Ending::Kill => rig.kill9(),
+        Ending::KillMidPublish => kill_mid_publish(rig, bed, r.n, rng),
+        Ending::Term => {
+            let status = rig.sigterm();
+            if !status.success() {
+                bad.push(format!("SIGTERM: the agent exited with {status:?}, not 0"));
             }
-        };
-        *endings.entry(ending).or_default() += 1;
-        let fail = |rig: &Rig, bad: &[String]| {
-            panic!(
-                "chaos seed {seed} (CRUST_CHAOS_SEED={seed}), round {round} ({ending:?}): {}\nlast operations:\n{}",
-                rig.report(&format!("after round {round}"), bad),
-                shared.recent()
-            )
-        };
-        shared.stop.store(false, Ordering::SeqCst);
-        let clients: Vec<_> = (0..clients_n)
-            .map(|i| {
-                let (who, addr, seed) = (format!("c{i}"), rig.addr(), rng.u64(..));
-                let (disks, targets, shared) = (disks.clone(), targets.clone(), shared.clone());
-                std::thread::spawn(move || client(who, addr, seed, disks, targets, shared))
-            })
-            .collect();
-        std::thread::sleep(Duration::from_millis(rng.u64(150..900)));
-        let mut bad = Vec::new();
-        if !rig.alive() {
-            bad.push("the agent died on its own during the round".into());
         }
-        match ending {
-            Ending::Kill => rig.kill9(),
-            Ending::KillMidPublish => {
-                // A fresh gid every time, so the walk has every entry to change.
-                let c = rig.client();
-                let _ = c.unpublish_volume(op_ctx(), &unpublish_req(IDS[0]));
-                let mut req = publish_req(IDS[0], &disks[0].path, "ext4");
-                req.fs_group = fs_group(4001 + round, pb::FsGroupChangePolicy::ALWAYS);
-                // Connected before the thread starts: a kill right away
-                // must find the publish sent or about to be, not refuse a
-                // connection the round never made.
-                let c = connect(&rig.addr()).unwrap();
-                let crash = std::thread::spawn(move || {
-                    let t = Instant::now();
-                    let r = c.publish_volume(op_ctx(), &req);
-                    (
-                        outcome(&r, |r| format!("already={}", r.already_published)).0,
-                        t.elapsed(),
-                    )
-                });
-                let wait = u64::try_from(walk.as_micros()).unwrap_or(u64::MAX / 2) * 13 / 10;
-                std::thread::sleep(Duration::from_micros(rng.u64(0..=wait)));
-                rig.kill9();
-                let (o, took) = crash.join().unwrap();
-                shared.record(
-                    "main",
-                    "publish",
-                    "publish chaos-0 with a walk, killed",
-                    &o,
-                    took,
-                );
-            }
-            Ending::Term => {
-                let status = rig.sigterm();
-                if !status.success() {
-                    bad.push(format!("SIGTERM: the agent exited with {status:?}, not 0"));
-                }
-            }
-            Ending::Calm => {}
-        }
-        shared.stop.store(true, Ordering::SeqCst);
-        for t in clients {
-            t.join().unwrap();
-        }
-        if ending == Ending::Term {
-            bad.extend(
-                rig.exit_problems(&disks)
-                    .into_iter()
-                    .map(|p| format!("SIGTERM: {p}")),
-            );
-        }
-        let internal = std::mem::take(&mut *shared.internal.lock().unwrap());
+        Ending::Calm => {}
+    }
+    shared.stop.store(true, Ordering::SeqCst);
+    for t in clients {
+        t.join().unwrap();
+    }
+    if r.ending == Ending::Term {
         bad.extend(
-            internal
-                .iter()
-                .take(5)
-                .map(|l| format!("a well-formed request was answered INTERNAL/UNKNOWN: {l}")),
-        );
-        if ending != Ending::Calm {
-            rig.start();
-        } else if !rig.alive() {
-            bad.push("the agent died on its own".into());
-        }
-        if !bad.is_empty() {
-            fail(&rig, &bad);
-        }
-
-        // The invariant, as the round left things.
-        let c = rig.client();
-        let bad = rig.problems(&c, &disks, &IDS, Some(&BIND_ROOTS));
-        if !bad.is_empty() {
-            fail(&rig, &bad);
-        }
-        // The state directory carries the table: an idle restart serves the same.
-        let before = table(&c).unwrap_or_else(|e| fail(&rig, &[e]));
-        drop(c);
-        rig.kill9();
-        rig.start();
-        let c = rig.client();
-        let after =
-            table(&c).unwrap_or_else(|e| fail(&rig, &[format!("after an idle restart: {e}")]));
-        if before != after {
-            fail(
-                &rig,
-                &[format!(
-                    "(a) an idle agent killed and restarted serves another table: before {before:#?}\nafter {after:#?}"
-                )],
-            );
-        }
-        // Every volume manageable; then the invariant again.
-        let bad = rig.manageability_problems(&c, &own);
-        if !bad.is_empty() {
-            fail(&rig, &bad);
-        }
-        let bad = rig.problems(&c, &disks, &IDS, Some(&BIND_ROOTS));
-        if !bad.is_empty() {
-            fail(&rig, &bad);
-        }
-        // The next round starts from a random subset of published volumes.
-        for id in &IDS[..disks.len()] {
-            if rng.bool() {
-                let _ = c.unpublish_volume(ctx(), &unpublish_req(*id));
-            }
-        }
-        eprintln!(
-            "chaos: round {round} ({ending:?}) holds, {:.1} s",
-            started.elapsed().as_secs_f64()
+            rig.exit_problems(&bed.disks)
+                .into_iter()
+                .map(|p| format!("SIGTERM: {p}")),
         );
     }
+    let internal = std::mem::take(&mut *shared.internal.lock().unwrap());
+    bad.extend(
+        internal
+            .iter()
+            .take(5)
+            .map(|l| format!("a well-formed request was answered INTERNAL/UNKNOWN: {l}")),
+    );
+    if r.ending != Ending::Calm {
+        rig.start();
+    } else if !rig.alive() {
+        bad.push("the agent died on its own".into());
+    }
+    bad
+}
 
-    // The end: unpublish all, stop, nothing left mounted or attached.
+/// The invariant, as the round left things; the same table after an idle
+/// restart; every volume manageable; then the invariant again.
+fn check_round(rig: &mut Rig, bed: &Bed, r: &Round<'_>) {
+    let disks = &bed.disks;
+    let c = rig.client();
+    let bad = rig.problems(&c, disks, &IDS, Some(&BIND_ROOTS));
+    if !bad.is_empty() {
+        r.fail(rig, &bad);
+    }
+    // The state directory carries the table: an idle restart serves the same.
+    let before = table(&c).unwrap_or_else(|e| r.fail(rig, &[e]));
+    drop(c);
+    rig.kill9();
+    rig.start();
+    let c = rig.client();
+    let after = table(&c).unwrap_or_else(|e| r.fail(rig, &[format!("after an idle restart: {e}")]));
+    if before != after {
+        r.fail(
+            rig,
+            &[format!(
+                "(a) an idle agent killed and restarted serves another table: before {before:#?}\nafter {after:#?}"
+            )],
+        );
+    }
+    let own: Vec<(&str, &Disk)> = IDS.iter().copied().zip(disks).collect();
+    let bad = rig.manageability_problems(&c, &own);
+    if !bad.is_empty() {
+        r.fail(rig, &bad);
+    }
+    let bad = rig.problems(&c, disks, &IDS, Some(&BIND_ROOTS));
+    if !bad.is_empty() {
+        r.fail(rig, &bad);
+    }
+}
+
+/// The end: unpublish all, stop, nothing left mounted or attached.
+fn nothing_left(mut rig: Rig, disks: &[Disk], loops: Vec<(LoopDisk, &str)>) {
+    let images: Vec<PathBuf> = loops.iter().map(|(d, _)| d.image.clone()).collect();
     let c = rig.client();
     for v in c
         .list_volumes(ctx(), &pb::ListVolumesRequest::new())
@@ -620,7 +616,7 @@ fn chaos_rounds_keep_the_invariant() {
     drop(c);
     let status = rig.sigterm();
     assert!(status.success(), "SIGTERM at the end: {status:?}");
-    let bad = rig.exit_problems(&disks);
+    let bad = rig.exit_problems(disks);
     assert!(bad.is_empty(), "{}", rig.report("at the end", &bad));
     let left: Vec<String> = mount_table()
         .iter()
@@ -635,7 +631,79 @@ fn chaos_rounds_keep_the_invariant() {
         attached.is_empty(),
         "loop devices still attached to the test images: {attached:?}"
     );
+}
 
+#[test]
+#[ignore = "needs root: make test runs it"]
+fn chaos_rounds_keep_the_invariant() {
+    needs::loop_devices_and_mkfs();
+    let seed = env_u64("CRUST_CHAOS_SEED").unwrap_or_else(|| fastrand::u64(..));
+    let budget = Duration::from_secs(env_u64("CRUST_STRESS_SECS").unwrap_or(20));
+    let clients_n = env_u64("CRUST_CHAOS_CLIENTS").unwrap_or(4).max(1);
+    let allowed = endings_allowed();
+    eprintln!(
+        "chaos: seed {seed} (replay: CRUST_CHAOS_SEED={seed}), {budget:?} of rounds, \
+         {clients_n} clients, endings {allowed:?}"
+    );
+    let mut rng = fastrand::Rng::with_seed(seed);
+
+    // Disk 0 holds the long tree; two ext4, two xfs, and a raw disk that
+    // chaos-4 publishes as a block volume (the others try it as a filesystem,
+    // and binds try subpaths on it: refusals with their codes).
+    let loops = vec![
+        (disk_with_tree(64, "ext4", TREE_FILES), "ext4"),
+        (disk_with_tree(64, "ext4", 0), "ext4"),
+        (disk_with_tree(300, "xfs", 0), "xfs"),
+        (disk_with_tree(300, "xfs", 0), "xfs"),
+        (LoopDisk::new(16, None), "block"),
+    ];
+    let disks: Vec<Disk> = loops.iter().map(|(d, fs)| Disk::of(d, fs)).collect();
+
+    let mut rig = Rig::new();
+    rig.start();
+    let walk = time_a_walk(&rig, &disks[0]);
+    eprintln!("chaos: a publish with a {TREE_FILES}-file fsGroup walk takes {walk:?}");
+    let bed = Bed {
+        targets: bind_targets(&rig.root),
+        disks,
+        walk,
+        clients_n,
+        shared: Arc::new(Shared::new()),
+    };
+
+    let mut endings: BTreeMap<Ending, u32> = BTreeMap::new();
+    let started = Instant::now();
+    let mut round = 0u32;
+    while round < 3 || started.elapsed() < budget {
+        round += 1;
+        let ending = draw_ending(&mut rng, &allowed);
+        *endings.entry(ending).or_default() += 1;
+        let r = Round {
+            seed,
+            n: round,
+            ending,
+            shared: &bed.shared,
+        };
+        let bad = play_round(&mut rig, &bed, &r, &mut rng);
+        if !bad.is_empty() {
+            r.fail(&rig, &bad);
+        }
+        check_round(&mut rig, &bed, &r);
+        // The next round starts from a random subset of published volumes.
+        let c = rig.client();
+        for id in &IDS[..bed.disks.len()] {
+            if rng.bool() {
+                let _ = c.unpublish_volume(ctx(), &unpublish_req(*id));
+            }
+        }
+        eprintln!(
+            "chaos: round {round} ({ending:?}) holds, {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    nothing_left(rig, &bed.disks, loops);
+
+    let shared = &bed.shared;
     let slow = shared.slow.lock().unwrap();
     eprintln!(
         "chaos: seed {seed}, {round} rounds in {:.1} s, endings {endings:?}",

@@ -34,7 +34,7 @@ fn force_req(ids: &[&str]) -> pb::ThawVolumesRequest {
 
 /// The text of freeze `id`'s record under the agent's root.
 fn record(root: &Path, id: &str) -> String {
-    std::fs::read_to_string(root.join(format!("state/freezes/{id}.freeze"))).unwrap_or_default()
+    std::fs::read_to_string(root.join(FREEZES_DIR).join(format!("{id}.freeze"))).unwrap_or_default()
 }
 
 /// Whether a write into `dir` is held back (for 500 ms): the volume is frozen.
@@ -79,13 +79,13 @@ fn publish(c: &AgentClient, id: &str, disk: &LoopDisk, fs: &str) -> String {
         .guest_path
 }
 
+use crust_agent::validate::FREEZES_DIR;
 use crust_protocols::crust_ttrpc::AgentClient;
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_frozen_volume_blocks_writes_until_thawed_and_says_so_everywhere() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     for fs in ["ext4", "xfs"] {
         let disk = LoopDisk::new(320, Some(fs));
         let a = Agent::start();
@@ -166,10 +166,9 @@ fn a_frozen_volume_blocks_writes_until_thawed_and_says_so_everywhere() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_freeze_is_all_or_none() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (d1, d2) = (LoopDisk::new(64, Some("ext4")), LoopDisk::new(64, None));
     let a = Agent::start();
     let c = a.client();
@@ -243,10 +242,9 @@ fn a_freeze_is_all_or_none() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_freeze_nobody_thaws_ends_by_itself_and_the_thaw_says_when() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(320, Some("xfs"));
     let a = Agent::start();
     let c = a.client();
@@ -278,10 +276,9 @@ fn a_freeze_nobody_thaws_ends_by_itself_and_the_thaw_says_when() {
 /// backup B freezes the volume; A's late thaw answers ABORTED and leaves
 /// B's freeze in force (a write still blocks); B's thaw is OK.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_late_thaw_never_ends_the_next_backups_freeze() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(64, Some("ext4"));
     let a = Agent::start();
     let c = a.client();
@@ -307,10 +304,9 @@ fn a_late_thaw_never_ends_the_next_backups_freeze() {
 /// A caller's own id: a retried call answers the same freeze; a forced
 /// thaw ends it and its own thaw hears so; the id is never taken again.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_callers_id_and_a_forced_thaw() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (d1, d2) = (
         LoopDisk::new(64, Some("ext4")),
         LoopDisk::new(320, Some("xfs")),
@@ -348,10 +344,9 @@ fn a_callers_id_and_a_forced_thaw() {
 /// A freeze whose volume was unpublished (its pod deleted): its thaw ends
 /// the rest and answers ABORTED naming that volume.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_thaw_thaws_what_it_can_when_a_volume_is_gone() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (d1, d2) = (
         LoopDisk::new(64, Some("ext4")),
         LoopDisk::new(64, Some("ext4")),
@@ -373,10 +368,9 @@ fn a_thaw_thaws_what_it_can_when_a_volume_is_gone() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn unpublish_and_shutdown_thaw_first() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (d1, d2) = (
         LoopDisk::new(64, Some("ext4")),
         LoopDisk::new(320, Some("xfs")),
@@ -405,10 +399,9 @@ fn unpublish_and_shutdown_thaw_first() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_kill_9_while_frozen_is_thawed_by_the_next_agent() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(64, Some("ext4"));
     let a = Agent::start();
     let c = a.client();
@@ -446,10 +439,9 @@ fn a_kill_9_while_frozen_is_thawed_by_the_next_agent() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn trim_gives_deleted_blocks_back_to_the_disk() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     for fs in ["ext4", "xfs"] {
         let disk = LoopDisk::new(320, Some(fs));
         let a = Agent::start();
@@ -486,16 +478,11 @@ fn trim_gives_deleted_blocks_back_to_the_disk() {
 }
 
 /// Bytes the file holds on its filesystem.
-fn allocated(p: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(p).unwrap().blocks() * 512
-}
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn trim_stops_at_the_callers_deadline_with_what_it_did() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(64, Some("ext4"));
     let a = Agent::start();
     let c = a.client();
@@ -519,10 +506,9 @@ fn trim_stops_at_the_callers_deadline_with_what_it_did() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn health_speaks_csi_for_healthy_broken_failed_and_unknown_volumes() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(64, Some("ext4"));
     let a = Agent::start();
     let c = a.client();
@@ -594,11 +580,10 @@ fn capabilities_advertise_freeze_trim_and_health() {
 /// before the drop. A table opened next on the root keeps its own freeze
 /// past the old timeout, and its thaw is OK; the old id hears how it ended.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_dropped_table_leaves_no_timer_to_thaw_the_next_tables_freeze() {
     use crust_agent::embed::{pb as epb, Table};
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(64, Some("ext4"));
     let root = tempfile::tempdir().unwrap();
     let freeze = |t: &Table, ms: u32| {
@@ -656,10 +641,9 @@ fn a_dropped_table_leaves_no_timer_to_thaw_the_next_tables_freeze() {
 /// the freeze's id answers ABORTED, saying the volume was found thawed by
 /// something else, so the backup does not keep a torn snapshot.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_freeze_thawed_behind_the_agents_back_is_reported_as_lost() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(320, Some("ext4"));
     let a = Agent::start();
     let c = a.client();
@@ -695,10 +679,9 @@ fn a_freeze_thawed_behind_the_agents_back_is_reported_as_lost() {
 /// torn. The record of a freeze with nothing left frozen is removed
 /// instead (an unlink needs no space).
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_restart_never_thaws_another_tools_freeze_after_an_unrecorded_end() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(320, Some("ext4"));
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().to_path_buf();
@@ -756,10 +739,9 @@ fn a_restart_never_thaws_another_tools_freeze_after_an_unrecorded_end() {
 /// through at once, and the freeze's own thaw, sent after that write
 /// finished, must hear ABORTED (its snapshot may hold the write), never OK.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_thaw_sent_after_a_forced_thaw_let_a_write_through_hears_aborted() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     const N: usize = 24;
     let disks: Vec<LoopDisk> = (0..N).map(|_| LoopDisk::new(16, Some("ext4"))).collect();
     let a = Agent::start();

@@ -8,10 +8,14 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::Duration;
 
+use crust_protocols::crust_ttrpc::AgentClient;
 use support::*;
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn serves_the_basic_calls() {
+    // Recursive read-only is offered only where the agent can make mounts.
+    needs::root();
     let a = Agent::start();
     let c = a.client();
     let caps = c
@@ -150,188 +154,214 @@ fn ttrpc_ctx_ms(ms: u64) -> crust_protocols::ttrpc::context::Context {
     )
 }
 
+/// Content with foreign ownership, a private file and a symlink out, put on
+/// `disk` before the agent sees it.
+fn foreign_content(disk: &LoopDisk) {
+    let m = tempfile::tempdir().unwrap();
+    run("mount", &[&disk.path(), m.path().to_str().unwrap()]);
+    std::fs::create_dir_all(m.path().join("data/sub")).unwrap();
+    std::fs::write(m.path().join("data/file"), b"hello").unwrap();
+    std::fs::set_permissions(
+        m.path().join("data/file"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", m.path().join("data/link")).unwrap();
+    run("umount", &[m.path().to_str().unwrap()]);
+}
+
+/// Publishes `disk` with an fsGroup: the walk changed the files, followed
+/// no symlink; again is idempotent, a different one ALREADY_EXISTS, the
+/// same disk under another id refused. The request and the guest path.
+fn published_with_fs_group(
+    a: &Agent,
+    c: &AgentClient,
+    disk: &LoopDisk,
+    fs: &str,
+) -> (pb::PublishVolumeRequest, std::path::PathBuf) {
+    let id = format!("vol-{fs}");
+    let mut req = publish_req(&id, &disk.path(), fs);
+    req.mount_options = vec!["noatime".into()];
+    req.fs_group = fs_group(2345, pb::FsGroupChangePolicy::ALWAYS);
+    let r = c.publish_volume(ctx(), &req).unwrap();
+    let gp = a.root.join("volumes").join(&id);
+    assert_eq!(Path::new(&r.guest_path), gp);
+    assert_eq!(r.device, disk.path());
+    assert!(!r.already_published);
+    let own = r.ownership.as_ref().expect("ownership report");
+    assert!(
+        !own.skipped && own.visited >= 5 && own.changed >= 4 && own.errors == 0,
+        "{own:?}"
+    );
+    assert_eq!(mounts_of(&disk.path()), vec![gp.display().to_string()]);
+    assert_eq!(std::fs::metadata(gp.join("data/file")).unwrap().gid(), 2345);
+    assert_eq!(
+        std::fs::metadata(gp.join("data/file")).unwrap().mode() & 0o7777,
+        0o660
+    );
+    assert_eq!(
+        std::fs::metadata(gp.join("data/sub")).unwrap().mode() & 0o2070,
+        0o2070
+    );
+    assert_ne!(
+        std::fs::metadata("/etc/passwd").unwrap().gid(),
+        2345,
+        "a symlink was followed"
+    );
+
+    // Idempotent publish; a different one is ALREADY_EXISTS; the same disk under another id is refused.
+    assert!(c.publish_volume(ctx(), &req).unwrap().already_published);
+    let mut other = req.clone();
+    other.read_only = true;
+    assert_eq!(code(c.publish_volume(ctx(), &other)), "ALREADY_EXISTS");
+    let mut twin = req.clone();
+    twin.volume_id = "twin".into();
+    assert_eq!(code(c.publish_volume(ctx(), &twin)), "FAILED_PRECONDITION");
+
+    (req, gp)
+}
+
+/// Stats: usage follows a write; the condition is ok.
+fn stats_follow_a_write(c: &AgentClient, id: &str, gp: &Path) {
+    let sr = stats_req(id);
+    let s0 = c.get_volume_stats(ctx(), &sr).unwrap();
+    assert!(!s0.condition.abnormal, "{}", s0.condition.message);
+    let bytes0 = s0
+        .usage
+        .iter()
+        .find(|u| u.unit.enum_value() == Ok(pb::volume_usage::Unit::BYTES))
+        .unwrap()
+        .clone();
+    std::fs::write(gp.join("big"), vec![7u8; 8 << 20]).unwrap();
+    rustix::fs::sync();
+    let s1 = c.get_volume_stats(ctx(), &sr).unwrap();
+    let bytes1 = s1
+        .usage
+        .iter()
+        .find(|u| u.unit.enum_value() == Ok(pb::volume_usage::Unit::BYTES))
+        .unwrap()
+        .clone();
+    assert!(
+        bytes1.used >= bytes0.used + (7 << 20),
+        "{bytes0:?} → {bytes1:?}"
+    );
+    assert!(bytes1.available <= bytes1.total);
+    let st = rustix::fs::statfs(gp).unwrap();
+    assert_eq!(bytes1.available as u64, st.f_bavail * st.f_frsize as u64);
+}
+
+/// Binds: a read-only subpath bind refuses writes; the target is beneath
+/// the root; a missing subpath or one through a symlink is refused. The target.
+fn bound_read_only(a: &Agent, c: &AgentClient, id: &str, fs: &str) -> std::path::PathBuf {
+    let target = a.root.join("pods/p1/data");
+    let br = c
+        .bind_mount(
+            ctx(),
+            &bind_req(id, &target, "data", true, pb::RecursiveReadOnly::DISABLED),
+        )
+        .unwrap();
+    assert!(!br.recursive_read_only_applied && !br.already_mounted);
+    assert_eq!(std::fs::read(target.join("file")).unwrap(), b"hello");
+    let err = std::fs::write(target.join("new"), b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+    assert!(
+        c.bind_mount(
+            ctx(),
+            &bind_req(id, &target, "data", true, pb::RecursiveReadOnly::DISABLED)
+        )
+        .unwrap()
+        .already_mounted
+    );
+    assert_eq!(
+        code(c.bind_mount(
+            ctx(),
+            &bind_req(id, &target, "", true, pb::RecursiveReadOnly::DISABLED)
+        )),
+        "ALREADY_EXISTS"
+    );
+    assert_eq!(
+        code(c.bind_mount(
+            ctx(),
+            &bind_req(
+                id,
+                &a.root.join("x"),
+                "missing",
+                false,
+                pb::RecursiveReadOnly::DISABLED
+            )
+        )),
+        "NOT_FOUND"
+    );
+    assert_eq!(
+        code(c.bind_mount(
+            ctx(),
+            &bind_req(
+                id,
+                &a.root.join("x"),
+                "data/link",
+                false,
+                pb::RecursiveReadOnly::DISABLED
+            )
+        )),
+        "INVALID_ARGUMENT"
+    );
+    assert!(!is_mount(&a.root.join("x")));
+    let list = c
+        .list_volumes(ctx(), &pb::ListVolumesRequest::new())
+        .unwrap();
+    assert_eq!(list.volumes.len(), 1);
+    assert_eq!(
+        list.volumes[0].bind_targets,
+        vec![target.display().to_string()]
+    );
+    assert_eq!(list.volumes[0].fs_type, fs);
+
+    target
+}
+
+/// Unpublish takes the binds with it, a second one is a no-op; read back
+/// from the disk, data and ownership are there.
+fn unpublished_and_read_back(c: &AgentClient, disk: &LoopDisk, id: &str, target: &Path) {
+    let ur = unpublish_req(id);
+    assert!(c.unpublish_volume(ctx(), &ur).unwrap().was_published);
+    assert!(!c.unpublish_volume(ctx(), &ur).unwrap().was_published);
+    assert!(mounts_of(&disk.path()).is_empty());
+    assert!(!is_mount(target));
+
+    // Read back from the disk: data and ownership are there.
+    let m = tempfile::tempdir().unwrap();
+    run(
+        "mount",
+        &["-o", "ro", &disk.path(), m.path().to_str().unwrap()],
+    );
+    let md = std::fs::metadata(m.path().join("data/file")).unwrap();
+    let big = std::fs::metadata(m.path().join("big")).map(|m| m.len());
+    run("umount", &[m.path().to_str().unwrap()]);
+    assert_eq!((md.gid(), md.mode() & 0o777), (2345, 0o660));
+    assert_eq!(big.unwrap(), 8 << 20);
+}
+
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn publish_fsgroup_stats_bind_unpublish_ext4_and_xfs() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     for fs in ["ext4", "xfs"] {
         let disk = LoopDisk::new(300, Some(fs));
-        // Put some content with foreign ownership on the disk first.
-        {
-            let m = tempfile::tempdir().unwrap();
-            run("mount", &[&disk.path(), m.path().to_str().unwrap()]);
-            std::fs::create_dir_all(m.path().join("data/sub")).unwrap();
-            std::fs::write(m.path().join("data/file"), b"hello").unwrap();
-            std::fs::set_permissions(
-                m.path().join("data/file"),
-                std::fs::Permissions::from_mode(0o600),
-            )
-            .unwrap();
-            std::os::unix::fs::symlink("/etc/passwd", m.path().join("data/link")).unwrap();
-            run("umount", &[m.path().to_str().unwrap()]);
-        }
+        foreign_content(&disk);
         let a = Agent::start();
         let c = a.client();
-        let id = format!("vol-{fs}");
-        let mut req = publish_req(&id, &disk.path(), fs);
-        req.mount_options = vec!["noatime".into()];
-        req.fs_group = fs_group(2345, pb::FsGroupChangePolicy::ALWAYS);
-        let r = c.publish_volume(ctx(), &req).unwrap();
-        let gp = a.root.join("volumes").join(&id);
-        assert_eq!(Path::new(&r.guest_path), gp);
-        assert_eq!(r.device, disk.path());
-        assert!(!r.already_published);
-        let own = r.ownership.as_ref().expect("ownership report");
-        assert!(
-            !own.skipped && own.visited >= 5 && own.changed >= 4 && own.errors == 0,
-            "{own:?}"
-        );
-        assert_eq!(mounts_of(&disk.path()), vec![gp.display().to_string()]);
-        assert_eq!(std::fs::metadata(gp.join("data/file")).unwrap().gid(), 2345);
-        assert_eq!(
-            std::fs::metadata(gp.join("data/file")).unwrap().mode() & 0o7777,
-            0o660
-        );
-        assert_eq!(
-            std::fs::metadata(gp.join("data/sub")).unwrap().mode() & 0o2070,
-            0o2070
-        );
-        assert_ne!(
-            std::fs::metadata("/etc/passwd").unwrap().gid(),
-            2345,
-            "a symlink was followed"
-        );
-
-        // Idempotent publish; a different one is ALREADY_EXISTS; the same disk under another id is refused.
-        assert!(c.publish_volume(ctx(), &req).unwrap().already_published);
-        let mut other = req.clone();
-        other.read_only = true;
-        assert_eq!(code(c.publish_volume(ctx(), &other)), "ALREADY_EXISTS");
-        let mut twin = req.clone();
-        twin.volume_id = "twin".into();
-        assert_eq!(code(c.publish_volume(ctx(), &twin)), "FAILED_PRECONDITION");
-
-        // OnRootMismatch now finds the root right and skips.
-        // (Same id with another policy would conflict, so check via stats of behaviour below.)
-
-        // Stats: usage follows a write; the condition is ok.
-        let sr = stats_req(id.clone());
-        let s0 = c.get_volume_stats(ctx(), &sr).unwrap();
-        assert!(!s0.condition.abnormal, "{}", s0.condition.message);
-        let bytes0 = s0
-            .usage
-            .iter()
-            .find(|u| u.unit.enum_value() == Ok(pb::volume_usage::Unit::BYTES))
-            .unwrap()
-            .clone();
-        std::fs::write(gp.join("big"), vec![7u8; 8 << 20]).unwrap();
-        rustix::fs::sync();
-        let s1 = c.get_volume_stats(ctx(), &sr).unwrap();
-        let bytes1 = s1
-            .usage
-            .iter()
-            .find(|u| u.unit.enum_value() == Ok(pb::volume_usage::Unit::BYTES))
-            .unwrap()
-            .clone();
-        assert!(
-            bytes1.used >= bytes0.used + (7 << 20),
-            "{bytes0:?} → {bytes1:?}"
-        );
-        assert!(bytes1.available <= bytes1.total);
-        let st = rustix::fs::statfs(&gp).unwrap();
-        assert_eq!(bytes1.available as u64, st.f_bavail * st.f_frsize as u64);
-
-        // Binds: a read-only subpath bind refuses writes; the target is beneath the root.
-        let target = a.root.join("pods/p1/data");
-        let br = c
-            .bind_mount(
-                ctx(),
-                &bind_req(&id, &target, "data", true, pb::RecursiveReadOnly::DISABLED),
-            )
-            .unwrap();
-        assert!(!br.recursive_read_only_applied && !br.already_mounted);
-        assert_eq!(std::fs::read(target.join("file")).unwrap(), b"hello");
-        let err = std::fs::write(target.join("new"), b"x").unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(libc::EROFS));
-        assert!(
-            c.bind_mount(
-                ctx(),
-                &bind_req(&id, &target, "data", true, pb::RecursiveReadOnly::DISABLED)
-            )
-            .unwrap()
-            .already_mounted
-        );
-        assert_eq!(
-            code(c.bind_mount(
-                ctx(),
-                &bind_req(&id, &target, "", true, pb::RecursiveReadOnly::DISABLED)
-            )),
-            "ALREADY_EXISTS"
-        );
-        assert_eq!(
-            code(c.bind_mount(
-                ctx(),
-                &bind_req(
-                    &id,
-                    &a.root.join("x"),
-                    "missing",
-                    false,
-                    pb::RecursiveReadOnly::DISABLED
-                )
-            )),
-            "NOT_FOUND"
-        );
-        assert_eq!(
-            code(c.bind_mount(
-                ctx(),
-                &bind_req(
-                    &id,
-                    &a.root.join("x"),
-                    "data/link",
-                    false,
-                    pb::RecursiveReadOnly::DISABLED
-                )
-            )),
-            "INVALID_ARGUMENT"
-        );
-        assert!(!is_mount(&a.root.join("x")));
-        let list = c
-            .list_volumes(ctx(), &pb::ListVolumesRequest::new())
-            .unwrap();
-        assert_eq!(list.volumes.len(), 1);
-        assert_eq!(
-            list.volumes[0].bind_targets,
-            vec![target.display().to_string()]
-        );
-        assert_eq!(list.volumes[0].fs_type, fs);
-
-        // Unpublish takes the binds with it; a second one is a no-op.
-        let ur = unpublish_req(id.clone());
-        assert!(c.unpublish_volume(ctx(), &ur).unwrap().was_published);
-        assert!(!c.unpublish_volume(ctx(), &ur).unwrap().was_published);
-        assert!(mounts_of(&disk.path()).is_empty());
-        assert!(!is_mount(&target));
-
-        // Read back from the disk: data and ownership are there.
-        let m = tempfile::tempdir().unwrap();
-        run(
-            "mount",
-            &["-o", "ro", &disk.path(), m.path().to_str().unwrap()],
-        );
-        let md = std::fs::metadata(m.path().join("data/file")).unwrap();
-        let big = std::fs::metadata(m.path().join("big")).map(|m| m.len());
-        run("umount", &[m.path().to_str().unwrap()]);
-        assert_eq!((md.gid(), md.mode() & 0o777), (2345, 0o660));
-        assert_eq!(big.unwrap(), 8 << 20);
+        let (req, gp) = published_with_fs_group(&a, &c, &disk, fs);
+        let id = req.volume_id.clone();
+        stats_follow_a_write(&c, &id, &gp);
+        let target = bound_read_only(&a, &c, &id, fs);
+        unpublished_and_read_back(&c, &disk, &id, &target);
     }
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn error_codes_have_their_triggers() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     let blank = LoopDisk::new(64, None);
@@ -404,10 +434,18 @@ fn error_codes_have_their_triggers() {
         )),
         "NOT_FOUND"
     );
+    errors_of_published_volumes(&a, &c, &ext4);
+}
+
+/// The errors of calls on published volumes: expand of a read-only one,
+/// binds onto a taken target, RRO without read-only, a target outside the
+/// root; an unmount of nothing is no error.
+fn errors_of_published_volumes(a: &Agent, c: &AgentClient, ext4: &LoopDisk) {
     // FAILED_PRECONDITION: expand of a read-only volume.
     let mut ro = publish_req("ro", &ext4.path(), "ext4");
     ro.read_only = true;
     c.publish_volume(ctx(), &ro).unwrap();
+    let mut er = pb::ExpandVolumeRequest::new();
     er.volume_id = "ro".into();
     assert_eq!(code(c.expand_volume(ctx(), &er)), "FAILED_PRECONDITION");
     // ALREADY_EXISTS: the target is another volume's bind, or a mount of something else.
@@ -466,10 +504,9 @@ fn error_codes_have_their_triggers() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn growth_xfs_for_real_ext4_by_capability() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     let xfs = LoopDisk::new(300, Some("xfs"));
@@ -538,10 +575,9 @@ fn growth_xfs_for_real_ext4_by_capability() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn recursive_read_only_makes_the_difference() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     let disk = LoopDisk::new(64, Some("ext4"));
@@ -601,10 +637,9 @@ fn recursive_read_only_makes_the_difference() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn restart_after_kill_takes_the_volumes_back() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(300, Some("xfs"));
     let a = Agent::start();
     let c = a.client();
@@ -654,10 +689,9 @@ fn restart_after_kill_takes_the_volumes_back() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn concurrent_publish_of_one_id_mounts_once() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(64, Some("ext4"));
     let a = Agent::start();
     let addr = a.addr();
@@ -678,10 +712,9 @@ fn concurrent_publish_of_one_id_mounts_once() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn stats_condition_turns_abnormal() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     let stats = |id: &str| {
@@ -722,10 +755,9 @@ fn stats_condition_turns_abnormal() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn sigterm_unmounts_and_exits() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(64, Some("ext4"));
     let mut a = Agent::start();
     a.client()
@@ -754,10 +786,9 @@ fn sigterm_unmounts_and_exits() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn an_ro_option_makes_the_volume_read_only() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(64, Some("ext4"));
     let a = Agent::start();
     let c = a.client();
@@ -788,10 +819,9 @@ fn an_ro_option_makes_the_volume_read_only() {
 /// answer and the log: mount(2) would refuse them (no security module
 /// claims `context=`), and so would the publish.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn selinux_context_options_are_left_out_without_selinux() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     if crust_agent::sys::sysfs::Sysfs::system().selinux_enabled() {
         // Then they go to the kernel as given (src/mount/selinux.rs's tests).
         eprintln!("this host has SELinux: the options would be passed through, not left out");

@@ -52,10 +52,9 @@ fn expand_req(id: &str, bytes: i64) -> pb::ExpandVolumeRequest {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn the_agent_decides_what_an_ext4_error_does_not_the_superblock() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     // (mkfs, tune2fs, request options, the super option mountinfo must show)
@@ -149,10 +148,9 @@ fn the_agent_decides_what_an_ext4_error_does_not_the_superblock() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_filesystem_larger_than_its_device_is_refused_naming_both_sizes() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     for (fs, mb) in [("ext4", 64u64), ("xfs", 320)] {
@@ -175,10 +173,9 @@ fn a_filesystem_larger_than_its_device_is_refused_naming_both_sizes() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn expand_after_the_disk_shrank_is_out_of_range_and_stats_say_so() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     for (fs, mb) in [("ext4", 64u64), ("xfs", 320)] {
@@ -220,10 +217,9 @@ fn expand_after_the_disk_shrank_is_out_of_range_and_stats_say_so() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn hostile_superblocks_are_refused_before_anything_is_mounted() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let a = Agent::start();
     let c = a.client();
     let journal = LoopDisk::new(16, None);

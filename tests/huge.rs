@@ -116,10 +116,9 @@ fn applied_lines(a: &Agent) -> usize {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_walk_outlives_its_callers_deadline_and_a_retry_joins_it() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (disk, entries) = tree_disk(100_000);
     let a = Agent::start();
     let c = a.client();
@@ -213,10 +212,9 @@ fn a_walk_outlives_its_callers_deadline_and_a_retry_joins_it() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_caller_that_goes_away_leaves_the_walk_running() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (disk, entries) = tree_disk(60_000);
     let a = Agent::start();
     let req = walk_req("gone", &disk, GID);
@@ -243,10 +241,9 @@ fn a_caller_that_goes_away_leaves_the_walk_running() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn unpublish_mid_walk_stops_the_walk_and_takes_the_volume_down() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (disk, entries) = tree_disk(100_000);
     let a = Agent::start();
     let c = a.client();
@@ -277,10 +274,9 @@ fn unpublish_mid_walk_stops_the_walk_and_takes_the_volume_down() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_crash_mid_walk_is_finished_by_the_next_publish() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (disk, entries) = tree_disk(60_000);
     let a = Agent::start();
     let req = walk_req("crash", &disk, GID);
@@ -296,10 +292,9 @@ fn a_crash_mid_walk_is_finished_by_the_next_publish() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_walk_whose_end_cannot_be_recorded_takes_the_volume_down() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let (disk, entries) = tree_disk(60_000);
     // The state directory on a filesystem of its own, filled mid-walk.
     let dir = tempfile::tempdir().unwrap();
@@ -355,10 +350,9 @@ fn a_walk_whose_end_cannot_be_recorded_takes_the_volume_down() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn memory_stays_bounded_through_a_huge_directory_and_a_deep_tree() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     const FILES: usize = 200_000;
     const DEPTH: usize = 10_000;
     let disk = LoopDisk::with_mkfs(1024, Some("ext4"), &["-N", "260000"]);

@@ -13,21 +13,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use crust_agent::validate::STATE_DIR;
 use support::*;
 
 /// The uid (and gid) of `nobody`: a local user who is not root.
 const NOBODY: u32 = 65534;
-/// Set to a socket path, the helper "test" below connects to it and exits
-/// 0 (connected), 13 (EACCES) or 1 (anything else).
+/// Set to a socket path in the copy of this test run as `nobody`: it
+/// connects to it and exits 0 (connected), 13 (EACCES) or 1 (anything else).
 const CONNECT_ENV: &str = "CRUST_TEST_CONNECT_TO";
-
-fn mode(p: &Path) -> u32 {
-    std::fs::symlink_metadata(p)
-        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-        .permissions()
-        .mode()
-        & 0o7777
-}
 
 /// An agent process started with `umask` and these arguments, its stderr in `log`.
 fn spawn(umask: u32, args: &[&str], log: &Path) -> Child {
@@ -91,14 +84,10 @@ fn stop(mut child: Child, sock: &Path) {
     }
 }
 
-/// Not a test: run in a child (as `nobody`) by the test below.
-#[test]
-#[ignore = "a helper run by a_root_agent_under_umask_0_is_private"]
-fn helper_connect() {
-    let Ok(path) = std::env::var(CONNECT_ENV) else {
-        return;
-    };
-    let code = match std::os::unix::net::UnixStream::connect(&path) {
+/// What the copy of `a_root_agent_under_umask_0_is_private` run as
+/// `nobody` does: connect to `path`, and exit with what it met.
+fn connect_as_nobody(path: &std::ffi::OsStr) -> ! {
+    let code = match std::os::unix::net::UnixStream::connect(path) {
         Ok(_) => 0,
         Err(e) if e.raw_os_error() == Some(libc::EACCES) => 13,
         Err(_) => 1,
@@ -109,11 +98,13 @@ fn helper_connect() {
 /// Whether `nobody` can connect to `sock`: Some(true) if it did, Some(false)
 /// if refused (EACCES), None if it failed otherwise. `helper` is a copy of
 /// this test binary where `nobody` may run it (the build's may sit in a
-/// directory only root can enter).
+/// directory only root can enter); it runs this test with `CONNECT_ENV` set.
 fn nobody_connects(helper: &Path, sock: &Path) -> Option<bool> {
     let run = || {
         Command::new(helper)
-            .args(["--ignored", "--exact", "helper_connect", "--test-threads=1"])
+            .args(crust_testkit::child::alone(
+                "a_root_agent_under_umask_0_is_private",
+            ))
             .env(CONNECT_ENV, sock)
             .uid(NOBODY)
             .gid(NOBODY)
@@ -143,11 +134,12 @@ fn nobody_connects(helper: &Path, sock: &Path) -> Option<bool> {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_root_agent_under_umask_0_is_private() {
-    if !rustix::process::geteuid().is_root() {
-        cannot_run("a_root_agent_under_umask_0_is_private", "needs root");
-        return;
+    if let Some(path) = std::env::var_os(CONNECT_ENV) {
+        connect_as_nobody(&path);
     }
+    needs::root();
     // A scratch directory that `nobody` may traverse, as /run is.
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -193,7 +185,7 @@ fn a_root_agent_under_umask_0_is_private() {
     for d in [
         dir.path().join("new"),
         root.clone(),
-        root.join("state"),
+        root.join(STATE_DIR),
         root.join("volumes"),
     ] {
         assert_eq!(mode(&d), 0o700, "{}", d.display());
@@ -202,10 +194,9 @@ fn a_root_agent_under_umask_0_is_private() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_second_agent_on_the_same_root_is_refused() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(64, Some("ext4"));
     let a = Agent::start();
     let c = a.client();
@@ -340,10 +331,9 @@ fn a_socket_another_agent_listens_on_is_not_taken() {
 /// volumes and binds mounted; the next start adopts them. Without the flag,
 /// SIGTERM unpublishes everything.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn sigterm_under_a_service_manager_leaves_volumes_for_the_next_start() {
-    if !privileged() {
-        return;
-    }
+    needs::loop_devices_and_mkfs();
     let disk = LoopDisk::new(64, Some("ext4"));
     let dir = tempfile::tempdir().unwrap();
     let (root, sock, log) = (

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use crust_client::proto::{GetVolumeStatsRequest, PublishVolumeRequest, UnpublishVolumeRequest};
 use crust_client::qmp::{unplug, BlockDisk, Patience, Qmp, Source};
 use crust_client::{Address, CrustClient};
+use crust_kubelet::{pb, Kubelet};
 use crust_vm::{Vm, VmOptions};
-use crustd_ctl::{pb, Kubelet};
 use serde_json::json;
 
 use crate::report::{fmt_secs, Figure, Verdict};

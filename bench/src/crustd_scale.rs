@@ -16,8 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crust_client::qmp::Qmp;
+use crust_kubelet::{code_name, pb, Kubelet};
+use crust_protocols::sync::LockExt;
 use crust_vm::{Vm, VmOptions};
-use crustd_ctl::{code_name, pb, Kubelet};
 use serde_json::json;
 
 use crate::crustd_figs;
@@ -184,11 +185,7 @@ fn flood(
         };
         let code = r.map_or_else(|s| code_name(s.code()), |()| "OK".into());
         let failed = code != "OK";
-        *codes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(code)
-            .or_default() += 1;
+        *codes.locked().entry(code).or_default() += 1;
         if failed {
             std::thread::sleep(BACKOFF);
         }
@@ -264,7 +261,7 @@ fn paused_neighbour(
         .map_err(|s| s.message().to_string());
     let (a, l) = (median(&alone), median(&loaded));
     let ratio = l / a;
-    let codes = codes.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let codes = codes.locked().clone();
     let calls: usize = codes.values().sum();
     Ok(Figure {
         key: PAUSED.0.into(),

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use crust_agent::model::Policy;
 use crust_agent::ownership::walk as ownership;
+use crust_protocols::sync::{CondvarExt, LockExt};
 use serde_json::json;
 
 use crate::fsgroup::{
@@ -91,10 +92,6 @@ impl Tree {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
@@ -136,17 +133,17 @@ fn build(work: &Path) -> R<Tree> {
     std::thread::scope(|s| {
         for _ in 0..threads() {
             s.spawn(|| loop {
-                let Some(unit) = lock(&next).next() else {
+                let Some(unit) = next.locked().next() else {
                     return;
                 };
                 if let Err(e) = build_unit(&unit) {
-                    *lock(&failed) = Some(e);
+                    *failed.locked() = Some(e);
                     return;
                 }
             });
         }
     });
-    if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+    if let Some(e) = failed.locked().take() {
         return Err(e);
     }
     sys::syncfs(&root)?;
@@ -185,9 +182,9 @@ fn par_visit(root: &Path, f: &(dyn Fn(&Path, &fs::Metadata) -> R<()> + Sync)) ->
         for _ in 0..threads() {
             s.spawn(|| loop {
                 let dir = {
-                    let mut q = lock(&queue);
+                    let mut q = queue.locked();
                     loop {
-                        if lock(&failed).is_some() {
+                        if failed.locked().is_some() {
                             more.notify_all();
                             return;
                         }
@@ -199,7 +196,7 @@ fn par_visit(root: &Path, f: &(dyn Fn(&Path, &fs::Metadata) -> R<()> + Sync)) ->
                             more.notify_all();
                             return;
                         }
-                        q = more.wait(q).unwrap_or_else(|e| e.into_inner());
+                        q = more.waited(q);
                     }
                 };
                 let listed = (|| -> R<(u64, Vec<PathBuf>)> {
@@ -221,23 +218,24 @@ fn par_visit(root: &Path, f: &(dyn Fn(&Path, &fs::Metadata) -> R<()> + Sync)) ->
                     }
                     Ok((n, dirs))
                 })();
-                let mut q = lock(&queue);
+                let mut q = queue.locked();
                 q.1 -= 1;
                 match listed {
                     Ok((n, dirs)) => {
-                        *lock(&count) += n;
+                        *count.locked() += n;
                         q.0.extend(dirs);
                     }
-                    Err(e) => *lock(&failed) = Some(e),
+                    Err(e) => *failed.locked() = Some(e),
                 }
                 more.notify_all();
             });
         }
     });
-    if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+    if let Some(e) = failed.locked().take() {
         return Err(e);
     }
-    Ok(count.into_inner().unwrap_or_else(|e| e.into_inner()))
+    let count = *count.locked();
+    Ok(count)
 }
 
 /// Makes `path`'s subtree fresh: group 0, modes 0755/0644, no setgid; synced.

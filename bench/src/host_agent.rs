@@ -170,7 +170,6 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Its pid.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -626,41 +625,42 @@ fn measure(work: &Path, bin: &Path, name: &str) -> R<Measured> {
     })
 }
 
-fn rtt_and_rss(m: Measured, base: Option<&(String, Option<Measured>)>) -> R<[Figure; 3]> {
+/// The baseline agent's run of the same measure, if one was asked for: what
+/// a figure shows of it (`shown`), or that it was not measured.
+type Baseline<'a> = Option<&'a (String, Option<Measured>)>;
+
+/// `rev: <shown>` for a baseline that was measured, `rev: not measured` for
+/// one that was not, and `none` when no baseline was asked for.
+fn baseline_text(base: Baseline<'_>, none: &str, shown: impl Fn(&Measured) -> String) -> String {
+    match base {
+        Some((rev, Some(b))) => format!("{rev}: {}", shown(b)),
+        Some((rev, None)) => format!("{rev}: not measured"),
+        None => none.to_string(),
+    }
+}
+
+fn rtt_and_rss(m: Measured, base: Baseline<'_>) -> R<[Figure; 3]> {
+    Ok([rtt(&m, base), rtt_raw(&m, base), rss(&m, base)])
+}
+
+/// The round trip through crust_client, beside the echo.
+fn rtt(m: &Measured, base: Baseline<'_>) -> Figure {
     let Measured {
         ours_s,
-        raw_s,
         echo_s,
-        free_raw_s,
-        free_echo_s,
         req_len,
         resp_len,
-        idle,
-        warm,
-        after_10k,
-        after_more,
-        reported,
+        ..
     } = m;
     // Today's figures beside ours: the baseline agent measured the same way in this run.
-    let (base_rtt, base_raw, base_rss) = match base {
-        Some((rev, Some(b))) => (
-            format!("; {rev}: {}", fmt_secs(median(&b.ours_s))),
-            format!("; {rev}: {}", fmt_secs(median(&b.raw_s))),
+    let base_rtt = base
+        .map(|_| {
             format!(
-                "{rev}: {} / {} / {} / {}",
-                fmt_mib(b.idle),
-                fmt_mib(b.warm),
-                fmt_mib(b.after_10k),
-                fmt_mib(b.after_more)
-            ),
-        ),
-        Some((rev, None)) => (
-            format!("; {rev}: not measured"),
-            format!("; {rev}: not measured"),
-            format!("{rev}: not measured"),
-        ),
-        None => (String::new(), String::new(), "—".into()),
-    };
+                "; {}",
+                baseline_text(base, "", |b| fmt_secs(median(&b.ours_s)))
+            )
+        })
+        .unwrap_or_default();
     let base_json = match base {
         Some((rev, Some(b))) => json!({
             "rev": rev, "median_s": median(&b.ours_s), "raw_median_s": median(&b.raw_s),
@@ -669,51 +669,93 @@ fn rtt_and_rss(m: Measured, base: Option<&(String, Option<Measured>)>) -> R<[Fig
         }),
         _ => Value::Null,
     };
-    let (ours, base, rawm) = (median(&ours_s), median(&echo_s), median(&raw_s));
-    let rtt = Figure {
+    let (ours, echo) = (median(ours_s), median(echo_s));
+    Figure {
         key: "rtt_unix".into(),
         title: "GetCapabilities round trip, unix socket, crust_client (median of 10,000)".into(),
         ours: fmt_secs(ours),
-        baseline: format!("raw echo {}{base_rtt}", fmt_secs(base)),
-        ratio: format!("{:.2}x the echo", ours / base),
+        baseline: format!("raw echo {}{base_rtt}", fmt_secs(echo)),
+        ratio: format!("{:.2}x the echo", ours / echo),
         target: "— (adds the ttrpc crate's client: its threads hand each call over)".into(),
         verdict: Verdict::Report,
         data: json!({
-            "calls": CALLS, "median_s": ours, "echo_median_s": base,
-            "p90_s": percentile(&ours_s, 0.9), "echo_p90_s": percentile(&echo_s, 0.9),
+            "calls": CALLS, "median_s": ours, "echo_median_s": echo,
+            "p90_s": percentile(ours_s, 0.9), "echo_p90_s": percentile(echo_s, 0.9),
             "request_frame_bytes": req_len, "response_frame_bytes": resp_len,
             "baseline_agent": base_json,
             "note": format!("crust_client::CrustClient (the ttrpc crate's sync client) against the release agent; the echo is a blocking read/write server in its own process moving the same bytes ({req_len} B request, {resp_len} B response frames)"),
         }),
-    };
-    let rtt_raw = Figure {
+    }
+}
+
+/// The round trip through a minimal client on the calling thread: the
+/// agent's own share.
+fn rtt_raw(m: &Measured, base: Baseline<'_>) -> Figure {
+    let Measured {
+        raw_s,
+        echo_s,
+        free_raw_s,
+        free_echo_s,
+        ..
+    } = m;
+    let base_raw = base
+        .map(|_| {
+            format!(
+                "; {}",
+                baseline_text(base, "", |b| fmt_secs(median(&b.raw_s)))
+            )
+        })
+        .unwrap_or_default();
+    let (rawm, echo) = (median(raw_s), median(echo_s));
+    Figure {
         key: "rtt_unix_raw_client".into(),
         title: "GetCapabilities round trip, unix socket, minimal blocking ttrpc client (median of 10,000, on one CPU)".into(),
         ours: fmt_secs(rawm),
         baseline: format!(
             "raw echo {}{base_raw}; unpinned: {} beside {}",
-            fmt_secs(base),
-            fmt_secs(median(&free_raw_s)),
-            fmt_secs(median(&free_echo_s))
+            fmt_secs(echo),
+            fmt_secs(median(free_raw_s)),
+            fmt_secs(median(free_echo_s))
         ),
-        ratio: format!("{:.2}x the echo", rawm / base),
+        ratio: format!("{:.2}x the echo", rawm / echo),
         // The agent's own share: nothing but the agent differs
         // from the echo here.
         target: "≤ 1.5x the raw echo".into(),
-        verdict: Verdict::from(rawm / base <= 1.5),
+        verdict: Verdict::from(rawm / echo <= 1.5),
         data: json!({
-            "calls": CALLS, "median_s": rawm, "echo_median_s": base, "p90_s": percentile(&raw_s, 0.9),
+            "calls": CALLS, "median_s": rawm, "echo_median_s": echo, "p90_s": percentile(raw_s, 0.9),
             "unpinned": {
-                "median_s": median(&free_raw_s), "echo_median_s": median(&free_echo_s),
-                "over_20us_share": share_over(&free_raw_s, 20e-6), "echo_over_20us_share": share_over(&free_echo_s, 20e-6),
+                "median_s": median(free_raw_s), "echo_median_s": median(free_echo_s),
+                "over_20us_share": share_over(free_raw_s, 20e-6), "echo_over_20us_share": share_over(free_echo_s, 20e-6),
             },
             "note": "the same request frame written and the response frame read on the calling thread, no client threads: the difference to the row above is the ttrpc crate's client, not the agent. Timed as the echo's client is timed (a write, a read); the answer is decoded and checked after the clock stops. Echo and agent alternate in 10 turns on kept connections, client and servers on one CPU; unpinned: the same where the scheduler puts them, where over_20us_share is the share of round trips that waited for a wake-up on another, idle CPU (which one pays is the scheduler's choice)",
         }),
-    };
+    }
+}
+
+/// The agent's resident memory, idle and as calls go by.
+fn rss(m: &Measured, base: Baseline<'_>) -> Figure {
+    let &Measured {
+        idle,
+        warm,
+        after_10k,
+        after_more,
+        reported,
+        ..
+    } = m;
+    let base_rss = baseline_text(base, "—", |b| {
+        format!(
+            "{} / {} / {} / {}",
+            fmt_mib(b.idle),
+            fmt_mib(b.warm),
+            fmt_mib(b.after_10k),
+            fmt_mib(b.after_more)
+        )
+    });
     let first_client = warm as i64 - idle as i64;
     let growth = after_10k as i64 - warm as i64;
     let later = after_more as i64 - after_10k as i64;
-    let rss = Figure {
+    Figure {
         key: "rss".into(),
         title: "agent RSS (VmRSS): idle / first client connected / after 10,000 / after 30,000 calls".into(),
         ours: format!(
@@ -737,8 +779,7 @@ fn rtt_and_rss(m: Measured, base: Option<&(String, Option<Measured>)>) -> R<[Fig
             "agent_reported_rss_bytes": reported,
             "note": format!("idle: listening, no client yet. A first crust_client connection then makes {WARM_UP} GetCapabilities calls (warm: the ttrpc server's per-connection threads and buffers exist), then 10,000 more, then 20,000 more. The growth that counts is with the number of calls, from warm on; what the first connection costs is shown beside it"),
         }),
-    };
-    Ok([rtt, rtt_raw, rss])
+    }
 }
 
 /// The share of `s` above `limit`: round trips that waited for a wake-up
@@ -892,28 +933,6 @@ mod tests {
         assert!(size > 0);
         assert!(is_static);
         assert!(!stripped);
-    }
-
-    /// A diagnostic, not part of the report: RSS of the release agent every
-    /// 10,000 GetCapabilities calls over one connection, to tell a leak
-    /// (steady growth) from warm-up. Root not needed.
-    /// `cargo test -p crust-bench -- --ignored rss_trend --nocapture`
-    #[test]
-    #[ignore]
-    fn rss_trend() {
-        let work = std::env::temp_dir().join(format!("crust-bench-rss-{}", std::process::id()));
-        fs::create_dir_all(&work).unwrap();
-        let (agent, _) = spawn_agent(&work, "trend").unwrap();
-        let c = client(&agent.sock).unwrap();
-        let mut rss = vec![sys::vm_rss(agent.pid()).unwrap()];
-        for _ in 0..10 {
-            capability_round_trips(&c, 10_000).unwrap();
-            rss.push(sys::vm_rss(agent.pid()).unwrap());
-        }
-        let kib: Vec<u64> = rss.iter().map(|b| b / 1024).collect();
-        eprintln!("VmRSS KiB every 10,000 calls: {kib:?}");
-        drop(agent);
-        fs::remove_dir_all(&work).unwrap();
     }
 
     #[test]

@@ -107,7 +107,6 @@ fn cell(s: &str) -> String {
     s.replace('|', "\\|").replace('\n', " ")
 }
 
-/// The Markdown report.
 pub fn markdown(figures: &[Figure], preamble: &str) -> String {
     let mut out = String::from("# crust-agent bench\n\n");
     out.push_str(preamble);
@@ -143,7 +142,6 @@ pub fn markdown(figures: &[Figure], preamble: &str) -> String {
     out
 }
 
-/// The JSON report.
 pub fn json(figures: &[Figure], env: Value) -> Value {
     let rows: Vec<Value> = figures
         .iter()

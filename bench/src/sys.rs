@@ -9,26 +9,25 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use crust_protocols::sync::LockExt;
+
 /// Children the bench started and has not reaped yet (agents, the echo
 /// server), so a signal can stop them too.
 static CHILDREN: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
 
 /// Records a child to kill if the bench is interrupted.
 pub fn register_child(pid: u32) {
-    CHILDREN.lock().unwrap_or_else(|e| e.into_inner()).push(pid);
+    CHILDREN.locked().push(pid);
 }
 
 /// Forgets a child that has been reaped.
 pub fn unregister_child(pid: u32) {
-    CHILDREN
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .retain(|p| *p != pid);
+    CHILDREN.locked().retain(|p| *p != pid);
 }
 
 /// SIGKILLs every registered child (on interruption).
 pub fn kill_children() {
-    for pid in CHILDREN.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+    for pid in CHILDREN.locked().drain(..) {
         // SAFETY: kill() has no memory effects; the pid is a child not yet reaped, so not reused.
         unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
     }
@@ -56,7 +55,6 @@ pub fn run(prog: &str, args: &[&str]) -> R<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// A sparse file of `bytes`.
 pub fn sparse_file(path: &Path, bytes: u64) -> R<()> {
     let _ = fs::remove_file(path);
     let f = fs::File::create(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;

@@ -12,7 +12,6 @@ pub const VSOCK_CID_ANY: u32 = u32::MAX;
 /// The longest path a `sockaddr_un` holds (108 bytes with the terminating NUL).
 const MAX_UNIX_PATH: usize = 107;
 
-/// An agent address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Address {
     /// A Unix stream socket, e.g. for an agent run on the host in tests.

@@ -27,6 +27,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crust_protocols::sync::LockExt;
+
 use crate::connect_error::ConnectError;
 
 /// The longest handshake answer read before calling the backend broken.
@@ -182,7 +184,7 @@ fn park(s: UnixStream, path: &Path) {
     if s.set_nonblocking(true).is_err() {
         return;
     }
-    let mut p = parked().lock().unwrap_or_else(|e| e.into_inner());
+    let mut p = parked().locked();
     let mine = p.iter().filter(|(b, _)| b == path).count();
     if p.len() < MAX_PARKED && mine < MAX_PARKED_PER_BACKEND {
         p.push((path.to_path_buf(), s));
@@ -195,12 +197,7 @@ pub(crate) fn admit(path: &Path, port: u32) -> Result<(), ConnectError> {
     let Some(p) = PARKED.get() else {
         return Ok(());
     };
-    let waiting = p
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .filter(|(b, _)| b == path)
-        .count();
+    let waiting = p.locked().iter().filter(|(b, _)| b == path).count();
     if waiting >= MAX_PARKED_PER_BACKEND {
         return Err(ConnectError::Unanswered {
             path: path.to_path_buf(),
@@ -214,9 +211,7 @@ pub(crate) fn admit(path: &Path, port: u32) -> Result<(), ConnectError> {
 /// How many hybrid vsock `CONNECT`s this process gave up on are still
 /// unanswered (their streams held open until the answer comes).
 pub fn unanswered() -> usize {
-    PARKED
-        .get()
-        .map_or(0, |p| p.lock().unwrap_or_else(|e| e.into_inner()).len())
+    PARKED.get().map_or(0, |p| p.locked().len())
 }
 
 /// Waits until every `CONNECT` this process gave up on has been answered
@@ -239,7 +234,7 @@ pub fn settle(max: Duration) -> usize {
 fn reap() {
     loop {
         std::thread::sleep(REAP_EVERY);
-        let mut p = parked().lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = parked().locked();
         p.retain_mut(|(_, s)| {
             let mut b = [0u8; 256];
             match s.read(&mut b) {
@@ -362,7 +357,6 @@ mod tests {
 
     /// When the fake backend answers CONNECT.
     enum Answer {
-        /// After this long.
         After(Duration),
         /// When the test says so (after the client has given up).
         When(mpsc::Receiver<()>),

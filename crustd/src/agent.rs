@@ -4,7 +4,9 @@
 //! dropped and the call tried once more on a fresh one; every agent call is
 //! idempotent, so the retry is safe. An agent that cannot be reached or does
 //! not answer is UNAVAILABLE; an agent that answers with an error has its
-//! code and message passed through, the message bounded.
+//! code and message passed through, the message bounded. Each call is
+//! crust-client's typed `call`: the request's type names the method and
+//! the answer's type, so no answer is matched to its method at run time.
 //!
 //! The guest is untrusted: what it answers is checked and bounded before
 //! crustd records it or passes it on. A guest path must be the agent's
@@ -17,8 +19,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crust_client::proto as pb;
-use crust_client::{protobuf::MessageField, Address, CallError, ConnectError, CrustClient};
+use crust_client::{protobuf::MessageField, Address, CallError, ConnectError, CrustClient, Rpc};
 use crust_protocols::code::Code;
+use crust_protocols::sync::LockExt;
 
 crust_protocols::coded_errors! {
 /// What a sandbox's agent answered, or why it did not; and the answers of
@@ -152,7 +155,7 @@ impl Agent<'_> {
     fn client(&self, fresh: bool) -> Result<CrustClient> {
         let addr = self.addr.to_string();
         {
-            let mut map = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+            let mut map = self.connections.locked();
             match map.get(self.sandbox) {
                 Some((a, c)) if *a == addr && !fresh => return Ok(c.clone()),
                 _ => {
@@ -166,26 +169,30 @@ impl Agent<'_> {
             source: Arc::new(e),
         })?;
         self.connections
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .insert(self.sandbox.to_string(), (addr, c.clone()));
         Ok(c)
     }
 
     fn forget(&self) {
-        self.connections
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(self.sandbox);
+        self.connections.locked().remove(self.sandbox);
     }
 
-    /// Runs `f` on the kept connection, within [`Agent::budget`]; once more
-    /// on a fresh one if it broke.
-    fn call<T>(&self, f: impl Fn(&CrustClient) -> std::result::Result<T, CallError>) -> Result<T> {
-        let timed = |mut c: CrustClient| {
-            c.set_timeout(self.budget());
-            f(&c)
-        };
+    /// Calls the method `req` is the request of (its type says the answer's)
+    /// on the kept connection, within [`Agent::budget`]; once more on a
+    /// fresh one if it broke.
+    fn call<R: Rpc>(&self, req: &R) -> Result<R::Response> {
+        self.call_within(req, |budget| budget)
+    }
+
+    /// [`call`](Self::call) within `within(budget)`: for a request that has
+    /// the agent wait itself.
+    fn call_within<R: Rpc>(
+        &self,
+        req: &R,
+        within: impl Fn(Duration) -> Duration,
+    ) -> Result<R::Response> {
+        let timed = |c: CrustClient| c.call_within(req, within(self.budget()));
         let first = timed(self.client(false)?);
         let out = match first {
             Err(CallError::Connection { .. }) => timed(self.client(true)?),
@@ -273,7 +280,7 @@ impl Agent<'_> {
 
     /// Whether the agent lists `volume_id` (mounted, its walk running or done).
     pub fn lists(&self, volume_id: &str) -> Result<bool> {
-        self.call(|c| c.list_volumes())
+        self.call(&pb::ListVolumesRequest::new())
             .map(|l| l.volumes.iter().any(|v| v.volume_id == volume_id))
     }
 
@@ -281,14 +288,14 @@ impl Agent<'_> {
     pub fn unpublish(&self, volume_id: &str) -> Result<()> {
         let mut r = pb::UnpublishVolumeRequest::new();
         r.volume_id = volume_id.into();
-        self.call(|c| c.unpublish_volume(&r)).map(|_| ())
+        self.call(&r).map(|_| ())
     }
 
     /// GetVolumeStats: the usage and condition the agent answers, checked.
     pub fn stats(&self, volume_id: &str) -> Result<Stats> {
         let mut r = pb::GetVolumeStatsRequest::new();
         r.volume_id = volume_id.into();
-        let s = self.call(|c| c.get_volume_stats(&r))?;
+        let s = self.call(&r)?;
         stats_of(&s).map_err(|why| Error::Stats {
             sandbox: self.sandbox.to_string(),
             volume_id: volume_id.to_string(),
@@ -302,7 +309,11 @@ impl Agent<'_> {
         r.volume_id = volume_id.into();
         r.required_bytes = required_bytes;
         r.timeout_ms = self.wait_ms();
-        let capacity = self.call(|c| c.expand_volume(&r))?.capacity_bytes;
+        // The call's deadline covers the agent's own wait for the disk.
+        let wait = r.timeout_ms;
+        let capacity = self
+            .call_within(&r, |budget| crust_client::deadline_for_wait(budget, wait))?
+            .capacity_bytes;
         if capacity < required_bytes {
             return Err(Error::Capacity {
                 sandbox: self.sandbox.to_string(),
@@ -371,10 +382,7 @@ impl Agent<'_> {
         until: Instant,
         freeze_id: &str,
     ) -> std::result::Result<(), FreezeFailed> {
-        let timed = |mut c: CrustClient, r: &pb::FreezeVolumesRequest| {
-            c.set_timeout(self.budget());
-            c.freeze_volumes(r)
-        };
+        let timed = |c: CrustClient, r: &pb::FreezeVolumesRequest| c.call_within(r, self.budget());
         let first = self.client(false).map_err(FreezeFailed::NotSent)?;
         let sent = Instant::now();
         let left = until.saturating_duration_since(sent);
@@ -425,7 +433,7 @@ impl Agent<'_> {
     pub fn thaw_id(&self, freeze_id: &str) -> Result<()> {
         let mut r = pb::ThawVolumesRequest::new();
         r.freeze_id = freeze_id.into();
-        self.call(|c| c.thaw_volumes(&r)).map(|_| ())
+        self.call(&r).map(|_| ())
     }
 
     /// ThawVolumes with force: ends whatever freeze holds `ids`; NOT_FOUND
@@ -434,7 +442,7 @@ impl Agent<'_> {
         let mut r = pb::ThawVolumesRequest::new();
         r.volume_ids = ids.to_vec();
         r.force = true;
-        self.call(|c| c.thaw_volumes(&r)).map(|_| ())
+        self.call(&r).map(|_| ())
     }
 
     /// TrimVolume; answers the bytes given back.
@@ -442,14 +450,14 @@ impl Agent<'_> {
         let mut r = pb::TrimVolumeRequest::new();
         r.volume_id = volume_id.into();
         r.min_extent_bytes = min_extent_bytes;
-        Ok(self.call(|c| c.trim_volume(&r))?.trimmed_bytes)
+        Ok(self.call(&r)?.trimmed_bytes)
     }
 
     /// GetVolumeHealth: the agent's list, checked.
     pub fn health(&self, volume_id: &str) -> Result<Vec<Health>> {
         let mut r = pb::GetVolumeHealthRequest::new();
         r.volume_id = volume_id.into();
-        let out = self.call(|c| c.get_volume_health(&r))?;
+        let out = self.call(&r)?;
         health_of(&out).map_err(|why| Error::Health {
             sandbox: self.sandbox.to_string(),
             volume_id: volume_id.to_string(),

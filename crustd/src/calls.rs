@@ -6,31 +6,35 @@
 //! Two callers waiting at once for the same call each run it in turn (every
 //! call is idempotent); a retry after its caller left joins.
 //!
+//! A call is any [`Call`]: its type says its method and what it answers,
+//! so a caller is handed its own call's answer and no other (the calls
+//! themselves are `methods`'). Calls of one type join when they are equal.
+//!
 //! An answer nobody takes is not always harmless: a freeze's is a lease
 //! whose id only its caller would hold. So the work and the last caller to
 //! leave settle, once, whether the answer was taken; one that was not (the
 //! caller gave up or went away before it came) is handed back to crustd,
-//! which ends the group at once ([`What::unclaimed`]).
+//! which ends the group at once ([`Call::unclaimed`]).
 //!
 //! What one sandbox can hold is bounded: at most [`PER_SANDBOX`] calls of a
 //! sandbox run at once (a hung guest ties up that many threads and no
 //! more); the next ones wait for a free slot until their deadline, then
 //! answer RESOURCE_EXHAUSTED. The whole node runs at most [`IN_FLIGHT`].
 
+use std::any::{Any, TypeId};
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crust_protocols::sync::LockExt;
 use tokio::sync::{watch, Semaphore};
 
-use crate::agent::Health;
 use crate::deadline::Deadline;
-use crate::devices::Key;
 use crate::error::{Error, Result};
-use crate::freezes::Frozen;
-use crate::volumes::{Crustd, DirectRequest, PublishRequest, Stats};
+use crate::volumes::Crustd;
 
 /// The most calls of one sandbox that run at once.
 pub const PER_SANDBOX: usize = 16;
@@ -43,173 +47,32 @@ pub const IN_FLIGHT: usize = 1024;
 const GRACE: Duration = Duration::from_millis(25);
 
 /// One call, by everything that makes it itself: equal calls join.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum What {
-    Publish(PublishRequest),
-    Direct(DirectRequest),
-    Unpublish {
-        sandbox: String,
-        volume: String,
-    },
-    Stats {
-        sandbox: String,
-        volume: String,
-    },
-    Expand {
-        sandbox: String,
-        volume: String,
-        bytes: i64,
-    },
-    /// Its slot is its first sandbox's.
-    Freeze {
-        volumes: Vec<Key>,
-        timeout_ms: u32,
-        /// The caller's id for the group ("": crustd makes one).
-        freeze_id: String,
-    },
-    /// A group by its id, or with force the volumes; its slot is its first
-    /// sandbox's, or the group's.
-    Thaw {
-        volumes: Vec<Key>,
-        freeze_id: String,
-        force: bool,
-    },
-    Trim {
-        sandbox: String,
-        volume: String,
-        min_extent: u64,
-    },
-    Health {
-        sandbox: String,
-        volume: String,
-    },
-}
-
-impl What {
-    fn sandbox(&self) -> &str {
-        match self {
-            What::Publish(r) => &r.sandbox_id,
-            What::Direct(r) => &r.sandbox_id,
-            What::Unpublish { sandbox, .. }
-            | What::Stats { sandbox, .. }
-            | What::Expand { sandbox, .. }
-            | What::Trim { sandbox, .. }
-            | What::Health { sandbox, .. } => sandbox,
-            What::Freeze { volumes, .. } => volumes.first().map_or("", |k| k.sandbox.as_str()),
-            What::Thaw {
-                volumes, freeze_id, ..
-            } => volumes
-                .first()
-                .map_or(freeze_id.as_str(), |k| k.sandbox.as_str()),
-        }
-    }
-
-    /// The group a freeze or thaw names ("" for none), for the log.
-    pub fn freeze_id(&self) -> &str {
-        match self {
-            What::Freeze { freeze_id, .. } | What::Thaw { freeze_id, .. } => freeze_id,
-            _ => "",
-        }
-    }
-
+pub trait Call: Clone + Eq + Hash + Send + Sync + 'static {
     /// The CRUST method, for messages and the log.
-    pub fn method(&self) -> &'static str {
-        match self {
-            What::Publish(_) => "RuntimePublishVolume",
-            What::Direct(_) => "RuntimePublishDirectVolume",
-            What::Unpublish { .. } => "RuntimeUnpublishVolume",
-            What::Stats { .. } => "RuntimeGetVolumeStats",
-            What::Expand { .. } => "RuntimeExpandVolume",
-            What::Freeze { .. } => "RuntimeFreezeVolumes",
-            What::Thaw { .. } => "RuntimeThawVolumes",
-            What::Trim { .. } => "RuntimeTrimVolume",
-            What::Health { .. } => "RuntimeGetVolumeHealth",
-        }
+    const METHOD: &'static str;
+    /// What it answers.
+    type Answer: Clone + Send + Sync + 'static;
+    /// The sandbox whose slots it takes.
+    fn sandbox(&self) -> &str;
+    /// What its log line names: the sandbox and the host volume.
+    fn subject(&self) -> (&str, &str);
+    /// The freeze group its log line names ("" for none), given its answer
+    /// when there is one.
+    fn group<'a>(&'a self, answer: Option<&'a Self::Answer>) -> &'a str {
+        let _ = answer;
+        ""
     }
-
     /// Does the work, on a blocking thread.
-    fn run(&self, c: &Arc<Crustd>, deadline: &Deadline) -> Result<Reply> {
-        match self {
-            What::Publish(r) => c.publish(r, deadline).map(Reply::Path),
-            What::Direct(r) => c
-                .publish_direct(r, deadline)
-                .map(|(p, d)| Reply::Direct(p, d)),
-            What::Unpublish { sandbox, volume } => {
-                c.unpublish(sandbox, volume, deadline).map(|()| Reply::Done)
-            }
-            What::Stats { sandbox, volume } => c.stats(sandbox, volume, deadline).map(Reply::Stats),
-            What::Expand {
-                sandbox,
-                volume,
-                bytes,
-            } => c
-                .expand(sandbox, volume, *bytes, deadline)
-                .map(Reply::Capacity),
-            What::Freeze {
-                volumes,
-                timeout_ms,
-                freeze_id,
-            } => c
-                .freeze(volumes, *timeout_ms, freeze_id, deadline)
-                .map(Reply::Frozen),
-            What::Thaw {
-                volumes,
-                freeze_id,
-                force,
-            } => c
-                .thaw(volumes, freeze_id, *force, deadline)
-                .map(|()| Reply::Done),
-            What::Trim {
-                sandbox,
-                volume,
-                min_extent,
-            } => c
-                .trim(sandbox, volume, *min_extent, deadline)
-                .map(Reply::Trimmed),
-            What::Health { sandbox, volume } => {
-                c.health(sandbox, volume, deadline).map(Reply::Health)
-            }
-        }
+    fn run(&self, crustd: &Arc<Crustd>, deadline: &Deadline) -> Result<Self::Answer>;
+    /// `answer`, this call's, was taken by no caller (runs on the call's
+    /// thread or a caller's): nothing to do unless it hands out what only
+    /// its caller would hold.
+    fn unclaimed(crustd: &Arc<Crustd>, answer: &Self::Answer) {
+        let _ = (crustd, answer);
     }
 }
 
-impl What {
-    /// `out`, this call's answer, was taken by no caller: a freeze's group
-    /// is ended at once (nobody holds its id). Runs on a thread of its own.
-    fn unclaimed(crustd: &Arc<Crustd>, out: &Result<Reply>) {
-        if let Ok(Reply::Frozen(f)) = out {
-            if !f.made_now {
-                // Answered again from the record: whoever made it was told.
-                return;
-            }
-            let (c, id) = (crustd.clone(), f.id.clone());
-            let spawned = std::thread::Builder::new()
-                .name("freeze-unclaimed".into())
-                .spawn(move || c.end_unclaimed(&id));
-            if let Err(e) = spawned {
-                eprintln!("crustd: could not start a thread to end a group nobody holds ({e}); crustd's timer ends it");
-            }
-        }
-    }
-}
-
-/// What a call answers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reply {
-    /// A guest path.
-    Path(String),
-    /// A guest path and the device a direct-volume record named.
-    Direct(String, String),
-    Done,
-    Stats(Stats),
-    Capacity(i64),
-    /// A group, and when it ends.
-    Frozen(Frozen),
-    Trimmed(u64),
-    Health(Vec<Health>),
-}
-
-type Outcome = Option<Result<Reply>>;
+type Outcome<A> = Option<Result<A>>;
 
 /// Whether a call's answer was taken: not yet.
 const PENDING: u8 = 0;
@@ -218,20 +81,20 @@ const TAKEN: u8 = 1;
 /// By nobody: its callers had left when it came.
 const UNCLAIMED: u8 = 2;
 
-/// One call at work.
-struct Running {
+/// One call at work, answering `A`.
+struct Running<A> {
     /// Its deadline, extended by a joining retry, and how many callers wait
     /// for it now (none: it outlived them, and the same call joins it).
     deadline: Deadline,
     /// Its answer, once there.
-    done: watch::Receiver<Outcome>,
+    done: watch::Receiver<Outcome<A>>,
     /// Set once the answer is there.
     answered: AtomicBool,
     /// PENDING, TAKEN or UNCLAIMED: settled once, by whoever comes first.
     claim: AtomicU8,
 }
 
-impl Running {
+impl<A> Running<A> {
     /// Settles that nobody took the answer; true for the one that settles it.
     fn unclaimed(&self) -> bool {
         self.claim
@@ -243,26 +106,68 @@ impl Running {
 /// A caller's wait; when it ends (answered, or dropped by a caller that
 /// gave up or went away), the call has one caller fewer, and the last one
 /// to leave an answer it did not take hands it back.
-struct Waiting {
-    running: Arc<Running>,
+struct Waiting<C: Call> {
+    running: Arc<Running<C::Answer>>,
     crustd: Arc<Crustd>,
 }
 
-impl Drop for Waiting {
+impl<C: Call> Drop for Waiting<C> {
     fn drop(&mut self) {
         let r = &self.running;
         if r.deadline.leave() == 0 && r.answered.load(Ordering::SeqCst) && r.unclaimed() {
-            if let Some(out) = r.done.borrow().as_ref() {
-                What::unclaimed(&self.crustd, out);
+            if let Some(Ok(answer)) = r.done.borrow().as_ref() {
+                C::unclaimed(&self.crustd, answer);
             }
         }
+    }
+}
+
+/// The calls of one type at work, by the call.
+type Table<C> = HashMap<C, Arc<Running<<C as Call>::Answer>>>;
+
+/// A [`Table`] of any type of call.
+trait AnyTable: Any + Send {
+    fn len(&self) -> usize;
+    fn as_any(&mut self) -> &mut dyn Any;
+}
+
+impl<C: Call> AnyTable for Table<C> {
+    fn len(&self) -> usize {
+        HashMap::len(self)
+    }
+
+    fn as_any(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// The calls at work: a table for each type of call.
+#[derive(Default)]
+struct Tables(HashMap<TypeId, Box<dyn AnyTable>>);
+
+impl Tables {
+    /// The table of the calls of type `C`.
+    fn of<C: Call>(&mut self) -> &mut Table<C> {
+        let t = self
+            .0
+            .entry(TypeId::of::<C>())
+            .or_insert_with(|| Box::new(Table::<C>::new()));
+        match t.as_any().downcast_mut() {
+            Some(t) => t,
+            None => unreachable!("each table is filed under its own type of call"),
+        }
+    }
+
+    /// How many calls are at work.
+    fn len(&self) -> usize {
+        self.0.values().map(|t| t.len()).sum()
     }
 }
 
 /// The calls in flight; see the module doc.
 pub struct Calls {
     crustd: Arc<Crustd>,
-    running: Mutex<HashMap<What, Arc<Running>>>,
+    running: Mutex<Tables>,
     sandboxes: Mutex<HashMap<String, Arc<Semaphore>>>,
     node: Arc<Semaphore>,
     per_sandbox: usize,
@@ -290,17 +195,21 @@ impl Calls {
 
     /// How many calls are at work, and how many sandboxes have one (a bound tests check).
     pub fn in_flight(&self) -> (usize, usize) {
-        (lock(&self.running).len(), lock(&self.sandboxes).len())
+        (self.running.locked().len(), self.sandboxes.locked().len())
     }
 
     /// Makes call `what` for a caller whose deadline is `at` (none: crustd's
     /// own bounds), joining the same call if one outlived its caller.
-    pub async fn call(self: &Arc<Self>, what: What, at: Option<Instant>) -> Result<Reply> {
+    pub async fn call<C: Call>(
+        self: &Arc<Self>,
+        what: C,
+        at: Option<Instant>,
+    ) -> Result<C::Answer> {
         let running = match self.join(&what, at) {
             Some(r) => r,
             None => self.start(what.clone(), at).await?,
         };
-        let waiting = Waiting {
+        let waiting = Waiting::<C> {
             running,
             crustd: self.crustd.clone(),
         };
@@ -312,11 +221,7 @@ impl Calls {
                     .await
                 {
                     Ok(r) => r.map(|v| v.clone()),
-                    Err(_) => {
-                        return Err(Error::StillAtWork {
-                            method: what.method(),
-                        })
-                    }
+                    Err(_) => return Err(Error::StillAtWork { method: C::METHOD }),
                 }
             }
             None => answered.await.map(|v| v.clone()),
@@ -332,16 +237,14 @@ impl Calls {
                 );
                 r
             }
-            _ => Err(Error::NoAnswer {
-                method: what.method(),
-            }),
+            _ => Err(Error::NoAnswer { method: C::METHOD }),
         }
     }
 
     /// The same call at work with no caller left, now the caller's.
-    fn join(&self, what: &What, at: Option<Instant>) -> Option<Arc<Running>> {
-        let map = lock(&self.running);
-        let r = map.get(what)?;
+    fn join<C: Call>(&self, what: &C, at: Option<Instant>) -> Option<Arc<Running<C::Answer>>> {
+        let mut tables = self.running.locked();
+        let r = tables.of::<C>().get(what)?;
         if !r.deadline.rejoin() {
             return None;
         }
@@ -350,7 +253,11 @@ impl Calls {
     }
 
     /// Starts `what` once its sandbox and the node have a free slot.
-    async fn start(self: &Arc<Self>, what: What, at: Option<Instant>) -> Result<Arc<Running>> {
+    async fn start<C: Call>(
+        self: &Arc<Self>,
+        what: C,
+        at: Option<Instant>,
+    ) -> Result<Arc<Running<C::Answer>>> {
         let wait = self.crustd.config().wait_timeout;
         let until = at.unwrap_or_else(|| crate::locks::after(wait));
         let sem = self.semaphore(what.sandbox());
@@ -366,7 +273,7 @@ impl Calls {
                 sandbox: what.sandbox().to_string(),
                 per_sandbox: self.per_sandbox,
                 node: IN_FLIGHT,
-                method: what.method(),
+                method: C::METHOD,
             });
         };
         let (tx, rx) = watch::channel(None);
@@ -376,18 +283,17 @@ impl Calls {
             answered: AtomicBool::new(false),
             claim: AtomicU8::new(PENDING),
         });
-        lock(&self.running).insert(what.clone(), running.clone());
+        self.running
+            .locked()
+            .of::<C>()
+            .insert(what.clone(), running.clone());
         let me = self.clone();
         let r = running.clone();
         // The work is detached: no one awaits this handle, the answer goes by `tx`.
         drop(tokio::task::spawn_blocking(move || {
             let out =
                 std::panic::catch_unwind(AssertUnwindSafe(|| what.run(&me.crustd, &r.deadline)))
-                    .unwrap_or_else(|_| {
-                        Err(Error::Panicked {
-                            method: what.method(),
-                        })
-                    });
+                    .unwrap_or_else(|_| Err(Error::Panicked { method: C::METHOD }));
             // Out of the map before anyone hears the answer: a caller that
             // has it and makes the same call again must start it afresh,
             // not join this one and be handed its old answer (a retry after
@@ -397,7 +303,9 @@ impl Calls {
             let _ = tx.send(Some(out.clone()));
             r.answered.store(true, Ordering::SeqCst);
             if !r.deadline.attended() && r.unclaimed() {
-                What::unclaimed(&me.crustd, &out);
+                if let Ok(answer) = &out {
+                    C::unclaimed(&me.crustd, answer);
+                }
             }
             drop((sandbox, node));
             me.prune(what.sandbox());
@@ -407,8 +315,9 @@ impl Calls {
 
     /// After a call's work, before its answer is sent: its entry goes, so
     /// no call joins it once it has answered.
-    fn forget_running(&self, what: &What, r: &Arc<Running>) {
-        let mut map = lock(&self.running);
+    fn forget_running<C: Call>(&self, what: &C, r: &Arc<Running<C::Answer>>) {
+        let mut tables = self.running.locked();
+        let map = tables.of::<C>();
         if map.get(what).is_some_and(|x| Arc::ptr_eq(x, r)) {
             map.remove(what);
         }
@@ -416,7 +325,8 @@ impl Calls {
 
     /// The slots of `sandbox`.
     fn semaphore(&self, sandbox: &str) -> Arc<Semaphore> {
-        lock(&self.sandboxes)
+        self.sandboxes
+            .locked()
             .entry(sandbox.to_string())
             .or_insert_with(|| Arc::new(Semaphore::new(self.per_sandbox)))
             .clone()
@@ -424,7 +334,7 @@ impl Calls {
 
     /// Forgets the slots of `sandbox` when none is taken or waited for.
     fn prune(&self, sandbox: &str) {
-        let mut m = lock(&self.sandboxes);
+        let mut m = self.sandboxes.locked();
         let idle = m.get(sandbox).is_some_and(|s| {
             Arc::strong_count(s) == 1 && s.available_permits() == self.per_sandbox
         });
@@ -432,10 +342,6 @@ impl Calls {
             m.remove(sandbox);
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// How long a test waits for something that should happen at once.
@@ -454,11 +360,77 @@ mod tests {
         (t, Arc::new(Calls::with_bounds(c, per_sandbox, 8)))
     }
 
-    fn stats(sandbox: &str) -> What {
-        What::Stats {
+    /// A call of the tests' own: RuntimeGetVolumeStats of a volume.
+    #[derive(Clone, PartialEq, Eq, Hash)]
+    struct Stats {
+        sandbox: String,
+        volume: String,
+    }
+
+    impl Call for Stats {
+        const METHOD: &'static str = "RuntimeGetVolumeStats";
+        type Answer = crate::volumes::Stats;
+
+        fn sandbox(&self) -> &str {
+            &self.sandbox
+        }
+
+        fn subject(&self) -> (&str, &str) {
+            (&self.sandbox, &self.volume)
+        }
+
+        fn run(&self, c: &Arc<Crustd>, deadline: &Deadline) -> Result<Self::Answer> {
+            c.stats(&self.sandbox, &self.volume, deadline)
+        }
+    }
+
+    fn stats(sandbox: &str) -> Stats {
+        Stats {
             sandbox: sandbox.into(),
             volume: "/dev/x".into(),
         }
+    }
+
+    /// Another type of call with the same fields.
+    #[derive(Clone, PartialEq, Eq, Hash)]
+    struct Other(Stats);
+
+    impl Call for Other {
+        const METHOD: &'static str = "RuntimeGetVolumeHealth";
+        type Answer = ();
+
+        fn sandbox(&self) -> &str {
+            self.0.sandbox()
+        }
+
+        fn subject(&self) -> (&str, &str) {
+            self.0.subject()
+        }
+
+        fn run(&self, _: &Arc<Crustd>, _: &Deadline) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Calls join only calls of their own type: equal fields of another
+    /// type are another call, whose answer is of another shape.
+    #[test]
+    fn a_call_finds_only_calls_of_its_own_type() {
+        let mut tables = Tables::default();
+        let (tx, rx) = watch::channel(None);
+        let running = Arc::new(Running {
+            deadline: Deadline::new(None),
+            done: rx,
+            answered: AtomicBool::new(false),
+            claim: AtomicU8::new(PENDING),
+        });
+        tables.of::<Stats>().insert(stats("pod-a"), running);
+        assert!(tables.of::<Stats>().contains_key(&stats("pod-a")));
+        assert!(!tables.of::<Other>().contains_key(&Other(stats("pod-a"))));
+        assert_eq!(tables.len(), 1);
+        tables.of::<Stats>().remove(&stats("pod-a"));
+        assert_eq!(tables.len(), 0);
+        drop(tx);
     }
 
     #[tokio::test]

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use crustd_ctl::{code_name, pb, Kubelet};
+use crust_kubelet::{code_name, pb, Kubelet};
 
 use crate::devices::Key;
 use crate::direct::{Records, SandboxOf};

@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crust_protocols::sync::LockExt;
+
 /// A call's deadline, shared by the work and whoever waits for it.
 #[derive(Debug, Clone)]
 pub struct Deadline {
@@ -55,7 +57,7 @@ impl Deadline {
 
     /// When the caller gives up, if it said.
     pub fn at(&self) -> Option<Instant> {
-        *self.at.lock().unwrap_or_else(|e| e.into_inner())
+        *self.at.locked()
     }
 
     /// When waits end: the caller's deadline, or `fallback` from now.
@@ -71,7 +73,7 @@ impl Deadline {
     /// A retry joined the call: the later of the two deadlines holds (none
     /// at all, crustd's own bounds, when the retry set none).
     pub fn extend(&self, to: Option<Instant>) {
-        let mut at = self.at.lock().unwrap_or_else(|e| e.into_inner());
+        let mut at = self.at.locked();
         *at = match (*at, to) {
             (Some(a), Some(b)) => Some(a.max(b)),
             _ => None,

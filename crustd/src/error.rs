@@ -96,10 +96,6 @@ pub enum Error {
     #[code(Internal)]
     #[error("{method} panicked; crustd goes on")]
     Panicked { method: &'static str },
-    /// An answer of another shape than the call's: a defect of crustd's.
-    #[code(Internal)]
-    #[error("crustd answered {0} to another call")]
-    Mismatch(String),
 }
 }
 

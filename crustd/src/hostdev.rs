@@ -345,8 +345,8 @@ fn fnv1a64(data: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::disks;
     use crust_protocols::code::Code;
+    use crust_testkit::{disks, needs};
 
     #[test]
     fn names_are_stable_and_fit() {
@@ -415,10 +415,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn two_loop_devices_over_one_file_are_one_disk() {
-        if !disks::root_or_skip("two_loop_devices_over_one_file_are_one_disk") {
-            return;
-        }
+        needs::loop_devices();
         let d = disks::LoopDisk::new(64, None);
         let first = resolve(&d.path()).unwrap().extent().unwrap();
         assert!(matches!(first.backing, Backing::File { .. }), "{first}");
@@ -459,10 +458,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn a_mounted_loop_device_is_in_use_and_cannot_be_held() {
-        if !disks::root_or_skip("a_mounted_loop_device_is_in_use_and_cannot_be_held") {
-            return;
-        }
+        needs::loop_devices();
         let d = disks::LoopDisk::new(32, Some("ext4"));
         let dev = resolve(&d.path()).unwrap();
         dev.check_unused().unwrap();

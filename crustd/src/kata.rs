@@ -415,8 +415,8 @@ mod tests {
 
     /// Each way an attacker who writes in Kata's runtime directory could
     /// point sandbox B at sandbox A's monitor: refused before anything is
-    /// sent to A's (found as files, or proved by the peer: its pid, its
-    /// command line, its being alive).
+    /// sent to A's, as files are found (the next test: as the peer proves
+    /// itself, by its pid, its command line, its being alive).
     #[test]
     fn no_link_leads_one_sandbox_to_another_vms_monitor() {
         let t = tempfile::tempdir().unwrap();
@@ -461,6 +461,39 @@ mod tests {
         let e = vm(&run, "b4", 2857).unwrap_err();
         assert!(e.to_string().contains("it has 2 names"), "{e}");
         std::fs::remove_file(run.join(monitor_rel("b4"))).unwrap();
+        // `vm` and `sbs` themselves links beneath the runtime directory.
+        let run2 = t.path().join("vc2");
+        std::fs::create_dir_all(run2.join("sbs")).unwrap();
+        std::fs::copy(run.join(persist_rel("a")), run2.join("a.json")).unwrap();
+        std::fs::create_dir_all(run2.join("sbs/a")).unwrap();
+        std::fs::rename(run2.join("a.json"), run2.join(persist_rel("a"))).unwrap();
+        symlink(run.join("vm"), run2.join("vm")).unwrap();
+        let e = vm(&run2, "a", 2857).unwrap_err();
+        assert!(
+            e.to_string().contains("symbolic link lies on its path"),
+            "{e}"
+        );
+        let run3 = t.path().join("vc3");
+        std::fs::create_dir_all(&run3).unwrap();
+        symlink(run.join("sbs"), run3.join("sbs")).unwrap();
+        symlink(run.join("vm"), run3.join("vm")).unwrap();
+        assert!(!has(&run3, "a"));
+        let e = vm(&run3, "a", 2857).unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+        // The runtime directory itself, the operator's, may be reached by a link.
+        let op = t.path().join("op-link");
+        symlink(&run, &op).unwrap();
+        assert!(vm(&op, "a", 2857).unwrap().0.connect(timeout).is_ok());
+    }
+
+    /// The same, as the peer proves itself: a monitor served by another
+    /// process than the one recorded, by another sandbox's QEMU, by a
+    /// process that has exited, or with no process recorded.
+    #[test]
+    fn no_monitor_is_trusted_that_the_wrong_process_serves() {
+        let t = tempfile::tempdir().unwrap();
+        let run = t.path().join("vc");
+        let timeout = Duration::from_secs(5);
         // B's own monitor, and a persist.json naming someone else's pid.
         let _b5 = lay_out(&run, "b5", Some(1));
         let (qmp, _) = vm(&run, "b5", 2857).unwrap();
@@ -512,28 +545,5 @@ mod tests {
             e.to_string().contains("recorded no hypervisor process"),
             "{e}"
         );
-        // `vm` and `sbs` themselves links beneath the runtime directory.
-        let run2 = t.path().join("vc2");
-        std::fs::create_dir_all(run2.join("sbs")).unwrap();
-        std::fs::copy(run.join(persist_rel("a")), run2.join("a.json")).unwrap();
-        std::fs::create_dir_all(run2.join("sbs/a")).unwrap();
-        std::fs::rename(run2.join("a.json"), run2.join(persist_rel("a"))).unwrap();
-        symlink(run.join("vm"), run2.join("vm")).unwrap();
-        let e = vm(&run2, "a", 2857).unwrap_err();
-        assert!(
-            e.to_string().contains("symbolic link lies on its path"),
-            "{e}"
-        );
-        let run3 = t.path().join("vc3");
-        std::fs::create_dir_all(&run3).unwrap();
-        symlink(run.join("sbs"), run3.join("sbs")).unwrap();
-        symlink(run.join("vm"), run3.join("vm")).unwrap();
-        assert!(!has(&run3, "a"));
-        let e = vm(&run3, "a", 2857).unwrap_err();
-        assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
-        // The runtime directory itself, the operator's, may be reached by a link.
-        let op = t.path().join("op-link");
-        symlink(&run, &op).unwrap();
-        assert!(vm(&op, "a", 2857).unwrap().0.connect(timeout).is_ok());
     }
 }

@@ -3,11 +3,13 @@
 //! for every sandbox, and turns each call into QMP (hot-plug, resize, unplug)
 //! plus crust.v1 calls to the crust-agent inside that sandbox's VM.
 //!
-//! The flow of a call: `service` (gRPC ↔ plain types, error → status, one
-//! log line) → `calls` (each call's work on a thread of its own, bounded per
-//! sandbox, joined by the same call made again, ended by the caller's
-//! `deadline`) → `volumes` (each call's steps, locks and undo, a file for
-//! each group of calls: publish, takeout, freeze, thaw, usage, snapshot) →
+//! The flow of a call: `methods` (the one list of CRUST methods, held to
+//! the .proto: each request made a call, each call's answer its response)
+//! → `service` (error → status, one log line) → `calls` (each call's work
+//! on a thread of its own, bounded per sandbox, joined by the same call
+//! made again, ended by the caller's `deadline`) → `volumes` (each call's
+//! steps, locks and undo, a file for each group of calls: publish,
+//! takeout, freeze, thaw, usage, snapshot) →
 //! `registry` (where the sandbox's QMP socket and agent are), `monitor` (the
 //! QMP socket found anew and its process proved the sandbox's hypervisor on
 //! every connection), `state` (what
@@ -24,7 +26,7 @@
 //!
 //! `ctl` is the `crustd-ctl` command (kubelet's calls from a shell, and
 //! Kata's `direct-volume` verbs on the records `direct` reads), here beside
-//! the record code it shares; its CRUST client is the crustd-ctl crate's,
+//! the record code it shares; its CRUST client is the crust-kubelet crate's,
 //! generated apart from crustd's server half, so crustd depends on it and
 //! nothing depends back on crustd.
 
@@ -42,6 +44,7 @@ pub mod hotplug;
 pub mod hypervisor;
 pub mod kata;
 pub mod locks;
+pub mod methods;
 pub mod mkfs;
 pub mod monitor;
 pub mod registry;
@@ -49,13 +52,8 @@ pub mod service;
 pub mod state;
 pub mod volumes;
 
-/// Loop devices and mounts for the unit tests (the fixtures the agent's tests share).
-#[cfg(test)]
-#[path = "../../tests/fixtures/disks.rs"]
-pub(crate) mod disks;
-
 /// The generated crust.runtime.v1alpha1 messages and server stubs.
-#[allow(clippy::all, missing_docs)]
+#[allow(clippy::all, clippy::pedantic, clippy::restriction, missing_docs)]
 pub mod pb {
     tonic::include_proto!("crust.runtime.v1alpha1");
 }

@@ -6,8 +6,10 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
+
+use crust_protocols::sync::{CondvarExt, LockExt};
 
 /// One key's lock.
 #[derive(Default)]
@@ -41,18 +43,11 @@ pub struct Guard<'a, K: Eq + Hash + Clone> {
     held: bool,
 }
 
-fn unpoisoned<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl<K: Eq + Hash + Clone> KeyedLocks<K> {
     /// Takes `key`'s lock, waiting until `until` at the latest: `None` when
     /// someone else still holds it then.
     pub fn lock_until(&self, key: &K, until: Instant) -> Option<Guard<'_, K>> {
-        let slot = unpoisoned(&self.map)
-            .entry(key.clone())
-            .or_default()
-            .clone();
+        let slot = self.map.locked().entry(key.clone()).or_default().clone();
         // The guard owns the only reference besides the map's, so that
         // dropping it (held or not) can tell whether anyone else is waiting.
         let mut guard = Guard {
@@ -68,7 +63,7 @@ impl<K: Eq + Hash + Clone> KeyedLocks<K> {
 
     /// How many keys are held or waited for (for tests and bounds).
     pub fn len(&self) -> usize {
-        unpoisoned(&self.map).len()
+        self.map.locked().len()
     }
 
     /// Whether no key is held or waited for.
@@ -78,7 +73,7 @@ impl<K: Eq + Hash + Clone> KeyedLocks<K> {
 
     /// Drops `key`'s entry if nobody else holds a reference to `slot`.
     fn prune(&self, key: &K, slot: &Arc<Slot>) {
-        let mut map = unpoisoned(&self.map);
+        let mut map = self.map.locked();
         // The map's reference and the caller's: nobody holds or waits.
         if Arc::strong_count(slot) <= 2 && map.get(key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
             map.remove(key);
@@ -89,7 +84,7 @@ impl<K: Eq + Hash + Clone> KeyedLocks<K> {
 impl<K: Eq + Hash + Clone> Drop for Guard<'_, K> {
     fn drop(&mut self) {
         if self.held {
-            *unpoisoned(&self.slot.taken) = false;
+            *self.slot.taken.locked() = false;
             self.slot.freed.notify_one();
         }
         self.locks.prune(&self.key, &self.slot);
@@ -98,17 +93,13 @@ impl<K: Eq + Hash + Clone> Drop for Guard<'_, K> {
 
 /// Takes `slot`, waiting until `until`; whether it was taken.
 fn take(slot: &Slot, until: Instant) -> bool {
-    let mut taken = unpoisoned(&slot.taken);
+    let mut taken = slot.taken.locked();
     while *taken {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return false;
         }
-        taken = slot
-            .freed
-            .wait_timeout(taken, left)
-            .unwrap_or_else(|e| e.into_inner())
-            .0;
+        taken = slot.freed.waited_for(taken, left);
     }
     *taken = true;
     true

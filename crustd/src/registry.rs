@@ -196,7 +196,6 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
-    /// The sandbox id.
     pub fn id(&self) -> &str {
         &self.home.id
     }

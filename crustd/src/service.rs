@@ -1,5 +1,6 @@
-//! The gRPC layer: protobuf ↔ plain types, crustd's error → gRPC status, and
-//! one structured log line per call. Each call's work (blocking QMP and agent
+//! The gRPC layer: crustd's error → gRPC status, and one structured log
+//! line per call (the methods themselves, protobuf ↔ plain types, are
+//! `methods`' list). Each call's work (blocking QMP and agent
 //! I/O) runs through `calls` (a thread of its own, bounded per sandbox,
 //! joined by the same call made again), so calls for different volumes and
 //! sandboxes proceed at once; `volumes` serializes what must be.
@@ -8,15 +9,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Status};
 
-use crate::calls::{Calls, Reply, What};
-use crate::devices::Key;
+use crate::calls::{Call, Calls};
 use crate::error::{Error, Result};
-use crate::pb;
-use crate::pb::runtime_assisted_storage_management_server::RuntimeAssistedStorageManagement;
 use crate::pb::runtime_capability::rpc::Type as Cap;
-use crate::volumes::{self, Crustd, DirectRequest, Origin, PublishRequest};
+use crate::volumes::{self, Crustd};
 
 /// What crustd advertises: what works end to end through it with the guest
 /// this project builds, and nothing a call would refuse (no SUBPATH or
@@ -57,34 +55,23 @@ impl Service {
     }
 
     /// Makes the call `what` for a caller whose deadline is `at`, and logs it.
-    async fn run(
+    pub(crate) async fn run<C: Call>(
         &self,
-        what: What,
+        what: C,
         at: Option<Instant>,
-        sandbox: &str,
-        host_volume: &str,
-    ) -> std::result::Result<Reply, Status> {
+    ) -> std::result::Result<C::Answer, Status> {
         let t0 = Instant::now();
-        let method = what.method();
-        let asked = what.freeze_id().to_string();
-        let out = self.calls.call(what, at).await;
-        let group = match &out {
-            Ok(Reply::Frozen(f)) => f.id.as_str(),
-            _ => asked.as_str(),
-        };
-        log(method, sandbox, host_volume, group, &out, t0);
+        let out = self.calls.call(what.clone(), at).await;
+        let (sandbox, host_volume) = what.subject();
+        let group = what.group(out.as_ref().ok());
+        log(C::METHOD, sandbox, host_volume, group, &out, t0);
         out.map_err(to_status)
     }
 }
 
-/// An answer of another shape than the call's: a defect of crustd's.
-fn mismatch(r: Reply) -> Status {
-    to_status(Error::Mismatch(format!("{r:?}")))
-}
-
 /// One line: the call, what it named (`group`: a freeze's id, "" for
 /// none), its code, how long it took, and its error.
-fn log<T>(
+pub(crate) fn log<T>(
     method: &str,
     sandbox: &str,
     host_volume: &str,
@@ -146,282 +133,6 @@ pub fn grpc_timeout(value: &str) -> Option<Duration> {
 /// crustd's error as a gRPC status (the codes share gRPC's numbers).
 pub fn to_status(e: Error) -> Status {
     Status::new(tonic::Code::from_i32(e.code().number()), e.to_string())
-}
-
-#[tonic::async_trait]
-impl RuntimeAssistedStorageManagement for Service {
-    async fn runtime_get_capabilities(
-        &self,
-        _: Request<pb::RuntimeGetCapabilitiesRequest>,
-    ) -> std::result::Result<Response<pb::RuntimeGetCapabilitiesResponse>, Status> {
-        let capabilities = capabilities()
-            .into_iter()
-            .map(|t| pb::RuntimeCapability {
-                r#type: Some(pb::runtime_capability::Type::Rpc(
-                    pb::runtime_capability::Rpc { r#type: t.into() },
-                )),
-            })
-            .collect();
-        log::<()>(
-            "RuntimeGetCapabilities",
-            "",
-            "",
-            "",
-            &Ok(()),
-            Instant::now(),
-        );
-        Ok(Response::new(pb::RuntimeGetCapabilitiesResponse {
-            capabilities,
-        }))
-    }
-
-    async fn runtime_get_supported_file_systems(
-        &self,
-        _: Request<pb::RuntimeGetSupportedFileSystemsRequest>,
-    ) -> std::result::Result<Response<pb::RuntimeGetSupportedFileSystemsResponse>, Status> {
-        log::<()>(
-            "RuntimeGetSupportedFileSystems",
-            "",
-            "",
-            "",
-            &Ok(()),
-            Instant::now(),
-        );
-        Ok(Response::new(pb::RuntimeGetSupportedFileSystemsResponse {
-            file_systems: volumes::FILE_SYSTEMS
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-        }))
-    }
-
-    async fn runtime_publish_volume(
-        &self,
-        req: Request<pb::RuntimePublishVolumeRequest>,
-    ) -> std::result::Result<Response<pb::RuntimePublishVolumeResponse>, Status> {
-        let at = caller_deadline(&req);
-        let r = req.into_inner();
-        let p = PublishRequest {
-            sandbox_id: r.sandbox_id,
-            host_volume_id: r.host_volume_id,
-            host_target_path: r.host_target_path,
-            file_system: r.file_system,
-            mount_options: r.mount_options,
-            fsgroup_gid: r.fsgroup_gid,
-            fsgroup_policy: r.fsgroup_policy,
-            read_only: r.read_only,
-            block: r.block,
-            create_file_system: r.create_file_system,
-            origin: Origin::Kubelet,
-        };
-        let (s, v) = (p.sandbox_id.clone(), p.host_volume_id.clone());
-        match self.run(What::Publish(p), at, &s, &v).await? {
-            Reply::Path(guest_path) => Ok(Response::new(pb::RuntimePublishVolumeResponse {
-                guest_path,
-            })),
-            other => Err(mismatch(other)),
-        }
-    }
-
-    async fn runtime_publish_direct_volume(
-        &self,
-        req: Request<pb::RuntimePublishDirectVolumeRequest>,
-    ) -> std::result::Result<Response<pb::RuntimePublishDirectVolumeResponse>, Status> {
-        let at = caller_deadline(&req);
-        let r = req.into_inner();
-        let d = DirectRequest {
-            sandbox_id: r.sandbox_id,
-            volume_path: r.volume_path,
-            read_only: r.read_only,
-        };
-        // The log names the volume path: the device is known only once the record is read.
-        let (s, v) = (d.sandbox_id.clone(), d.volume_path.clone());
-        match self.run(What::Direct(d), at, &s, &v).await? {
-            Reply::Direct(guest_path, host_volume_id) => {
-                Ok(Response::new(pb::RuntimePublishDirectVolumeResponse {
-                    guest_path,
-                    host_volume_id,
-                }))
-            }
-            other => Err(mismatch(other)),
-        }
-    }
-
-    async fn runtime_unpublish_volume(
-        &self,
-        req: Request<pb::RuntimeUnpublishVolumeRequest>,
-    ) -> std::result::Result<Response<pb::RuntimeUnpublishVolumeResponse>, Status> {
-        let at = caller_deadline(&req);
-        let r = req.into_inner();
-        let (s, v) = (r.sandbox_id, r.host_volume_id);
-        let what = What::Unpublish {
-            sandbox: s.clone(),
-            volume: v.clone(),
-        };
-        match self.run(what, at, &s, &v).await? {
-            Reply::Done => Ok(Response::new(pb::RuntimeUnpublishVolumeResponse {})),
-            other => Err(mismatch(other)),
-        }
-    }
-
-    async fn runtime_get_volume_stats(
-        &self,
-        req: Request<pb::RuntimeGetVolumeStatsRequest>,
-    ) -> std::result::Result<Response<pb::RuntimeGetVolumeStatsResponse>, Status> {
-        let at = caller_deadline(&req);
-        let r = req.into_inner();
-        let (s, v) = (r.sandbox_id, r.host_volume_id);
-        let what = What::Stats {
-            sandbox: s.clone(),
-            volume: v.clone(),
-        };
-        let st = match self.run(what, at, &s, &v).await? {
-            Reply::Stats(st) => st,
-            other => return Err(mismatch(other)),
-        };
-        use pb::volume_usage::Unit;
-        Ok(Response::new(pb::RuntimeGetVolumeStatsResponse {
-            usage: st
-                .usage
-                .iter()
-                .map(|u| pb::VolumeUsage {
-                    available: u.available,
-                    total: u.total,
-                    used: u.used,
-                    unit: if u.inodes { Unit::Inodes } else { Unit::Bytes }.into(),
-                })
-                .collect(),
-            volume_condition: Some(pb::VolumeCondition {
-                abnormal: st.abnormal,
-                message: st.message,
-            }),
-        }))
-    }
-
-    async fn runtime_expand_volume(
-        &self,
-        req: Request<pb::RuntimeExpandVolumeRequest>,
-    ) -> std::result::Result<Response<pb::RuntimeExpandVolumeResponse>, Status> {
-        let at = caller_deadline(&req);
-        let r = req.into_inner();
-        let (s, v) = (r.sandbox_id, r.host_volume_id);
-        let what = What::Expand {
-            sandbox: s.clone(),
-            volume: v.clone(),
-            bytes: r.required_bytes,
-        };
-        match self.run(what, at, &s, &v).await? {
-            Reply::Capacity(capacity_bytes) => Ok(Response::new(pb::RuntimeExpandVolumeResponse {
-                capacity_bytes,
-            })),
-            other => Err(mismatch(other)),
-        }
-    }
-
-    async fn runtime_freeze_volumes(
-        &self,
-        req: Request<pb::RuntimeFreezeVolumesRequest>,
-    ) -> std::result::Result<Response<pb::RuntimeFreezeVolumesResponse>, Status> {
-        let at = caller_deadline(&req);
-        let r = req.into_inner();
-        let volumes = refs(&r.volumes);
-        let first = first_ref(&volumes);
-        let what = What::Freeze {
-            volumes,
-            timeout_ms: r.timeout_ms,
-            freeze_id: r.freeze_id,
-        };
-        match self
-            .run(what, at, &first.sandbox, &first.host_volume)
-            .await?
-        {
-            Reply::Frozen(f) => Ok(Response::new(pb::RuntimeFreezeVolumesResponse {
-                freeze_id: f.id,
-                thaw_at_unix_ms: f.thaw_at_unix_ms,
-            })),
-            other => Err(mismatch(other)),
-        }
-    }
-
-    async fn runtime_thaw_volumes(
-        &self,
-        req: Request<pb::RuntimeThawVolumesRequest>,
-    ) -> std::result::Result<Response<pb::RuntimeThawVolumesResponse>, Status> {
-        let at = caller_deadline(&req);
-        let r = req.into_inner();
-        let volumes = refs(&r.volumes);
-        let first = first_ref(&volumes);
-        let what = What::Thaw {
-            volumes,
-            freeze_id: r.freeze_id,
-            force: r.force,
-        };
-        match self
-            .run(what, at, &first.sandbox, &first.host_volume)
-            .await?
-        {
-            Reply::Done => Ok(Response::new(pb::RuntimeThawVolumesResponse {})),
-            other => Err(mismatch(other)),
-        }
-    }
-
-    async fn runtime_trim_volume(
-        &self,
-        req: Request<pb::RuntimeTrimVolumeRequest>,
-    ) -> std::result::Result<Response<pb::RuntimeTrimVolumeResponse>, Status> {
-        let at = caller_deadline(&req);
-        let r = req.into_inner();
-        let (s, v) = (r.sandbox_id, r.host_volume_id);
-        let what = What::Trim {
-            sandbox: s.clone(),
-            volume: v.clone(),
-            min_extent: r.min_extent_bytes,
-        };
-        match self.run(what, at, &s, &v).await? {
-            Reply::Trimmed(trimmed_bytes) => Ok(Response::new(pb::RuntimeTrimVolumeResponse {
-                trimmed_bytes,
-            })),
-            other => Err(mismatch(other)),
-        }
-    }
-
-    async fn runtime_get_volume_health(
-        &self,
-        req: Request<pb::RuntimeGetVolumeHealthRequest>,
-    ) -> std::result::Result<Response<pb::RuntimeGetVolumeHealthResponse>, Status> {
-        let at = caller_deadline(&req);
-        let r = req.into_inner();
-        let (s, v) = (r.sandbox_id, r.host_volume_id);
-        let what = What::Health {
-            sandbox: s.clone(),
-            volume: v.clone(),
-        };
-        match self.run(what, at, &s, &v).await? {
-            Reply::Health(list) => Ok(Response::new(pb::RuntimeGetVolumeHealthResponse {
-                health: list
-                    .into_iter()
-                    .map(|h| pb::VolumeHealth {
-                        status: h.status,
-                        reason: h.reason,
-                        message: h.message,
-                    })
-                    .collect(),
-            })),
-            other => Err(mismatch(other)),
-        }
-    }
-}
-
-/// A request's volume references.
-fn refs(v: &[pb::VolumeRef]) -> Vec<Key> {
-    v.iter()
-        .map(|r| Key::new(&r.sandbox_id, &r.host_volume_id))
-        .collect()
-}
-
-/// The first of them, for the log line (empty names when there is none).
-fn first_ref(v: &[Key]) -> Key {
-    v.first().cloned().unwrap_or_else(|| Key::new("", ""))
 }
 
 #[cfg(test)]

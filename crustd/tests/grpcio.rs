@@ -9,18 +9,14 @@
 //! the pinned version there); the messages are encoded here from the .proto.
 
 mod fakes;
-mod support;
-
-#[path = "../../tests/fixtures/disks.rs"]
-mod disks;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crustd_ctl::pb;
-use disks::{cannot_run, root_or_skip, LoopDisk};
+use crust_kubelet::pb;
+use crust_testkit::crustd::Crustd;
+use crust_testkit::{needs, LoopDisk};
 use prost::Message;
-use support::Crustd;
 
 const SERVICE: &str = "/crust.runtime.v1alpha1.RuntimeAssistedStorageManagement/";
 
@@ -98,16 +94,11 @@ fn ok<M: Message + Default>(a: &Answer) -> M {
 }
 
 #[test]
+#[ignore = "needs root and python grpcio in build/py: make test runs it"]
 fn pythons_grpcio_on_a_default_channel_drives_crustd() {
-    if !root_or_skip("pythons_grpcio_on_a_default_channel_drives_crustd") {
-        return;
-    }
+    needs::loop_devices();
     if !have_grpcio() {
-        cannot_run(
-            "pythons_grpcio_on_a_default_channel_drives_crustd",
-            "needs python3 with grpcio in build/py (scripts/deps.sh installs it)",
-        );
-        return;
+        needs::missing("it needs python3 with grpcio in build/py (scripts/deps.sh installs it)");
     }
     let t = tempfile::tempdir().unwrap();
     let reg = t.path().join("sandboxes");
@@ -165,7 +156,7 @@ fn pythons_grpcio_on_a_default_channel_drives_crustd() {
         assert_eq!(p.host_volume_id, dev, "{authority}");
         assert!(p.guest_path.starts_with("/run/crust/volumes/"), "{p:?}");
         let s: pb::RuntimeGetVolumeStatsResponse = ok(&a[3]);
-        assert_eq!(crustd_ctl::bytes(&s), Some((700, 1000, 300)));
+        assert_eq!(crust_kubelet::bytes(&s), Some((700, 1000, 300)));
         let _: pb::RuntimeUnpublishVolumeResponse = ok(&a[4]);
         // crustd's own codes and messages come through as well.
         let (code, details) = a[5].clone().unwrap_err();

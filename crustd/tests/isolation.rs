@@ -5,38 +5,16 @@
 //! volumes. Needs root.
 
 mod fakes;
-mod support;
-
-#[path = "../../tests/fixtures/disks.rs"]
-mod disks;
 
 use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crustd_ctl::{code_name, pb};
-use disks::{root_or_skip, LoopDisk};
+use crust_kubelet::code_name;
+use crust_testkit::crustd::{code, req, state, Crustd};
+use crust_testkit::{needs, LoopDisk};
 use fakes::OnPublish;
-use support::{code, Crustd};
-
-fn req(sandbox: &str, dev: &str) -> pb::RuntimePublishVolumeRequest {
-    pb::RuntimePublishVolumeRequest {
-        sandbox_id: sandbox.into(),
-        host_volume_id: dev.into(),
-        host_target_path: "/var/lib/kubelet/pods/p/volumes/x".into(),
-        file_system: "ext4".into(),
-        fsgroup_gid: Some(2000),
-        ..Default::default()
-    }
-}
-
-fn state(dir: &Path) -> serde_json::Value {
-    match std::fs::read_to_string(dir.join("crustd.json")) {
-        Ok(t) => serde_json::from_str(&t).unwrap(),
-        Err(_) => serde_json::json!({"volumes": {}}),
-    }
-}
 
 /// A call naming a sandbox whose sandbox.json is missing, or another
 /// sandbox's publish of the same device, releases none of that sandbox's
@@ -44,10 +22,9 @@ fn state(dir: &Path) -> serde_json::Value {
 /// read-write: were they released, the host could mount it and a second
 /// sandbox publish it. Nothing frees a device a process still has open.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_missing_sandbox_json_frees_nothing_a_vm_still_writes() {
-    if !root_or_skip("a_missing_sandbox_json_frees_nothing_a_vm_still_writes") {
-        return;
-    }
+    needs::loop_devices();
     let t = tempfile::tempdir().unwrap();
     let reg = t.path().join("sandboxes");
     let a = fakes::sandbox(&reg, "pod-a");
@@ -56,7 +33,7 @@ fn a_missing_sandbox_json_frees_nothing_a_vm_still_writes() {
     let dev = disk.path();
     let mut d = Crustd::start(&reg, &["--qmp-timeout", "2"]);
     let k = d.client();
-    k.publish(req("pod-a", &dev)).unwrap();
+    k.publish(req("pod-a", &dev, "ext4")).unwrap();
     assert!(!disk.host_can_mount(&dev));
 
     // The runtime rewrites pod-a's entry (removed, not yet written again);
@@ -64,17 +41,17 @@ fn a_missing_sandbox_json_frees_nothing_a_vm_still_writes() {
     let entry = a.dir.join("sandbox.json");
     let saved = std::fs::read(&entry).unwrap();
     std::fs::remove_file(&entry).unwrap();
-    let held = |k: &crustd_ctl::Kubelet| {
+    let held = |k: &crust_kubelet::Kubelet| {
         // Calls naming pod-a answer NOT_FOUND and free nothing.
         assert_eq!(code(k.stats("pod-a", &dev)).0, "NOT_FOUND");
-        assert_eq!(code(k.publish(req("pod-a", &dev))).0, "NOT_FOUND");
+        assert_eq!(code(k.publish(req("pod-a", &dev, "ext4"))).0, "NOT_FOUND");
         assert_eq!(code(k.expand("pod-a", &dev, 0)).0, "NOT_FOUND");
         assert!(
             !disk.host_can_mount(&dev),
             "the host mounted a disk a VM writes"
         );
         // Another sandbox's publish: refused, naming the process that has it open.
-        let (c, m) = code(k.publish(req("pod-b", &dev)));
+        let (c, m) = code(k.publish(req("pod-b", &dev, "ext4")));
         assert_eq!(c, "FAILED_PRECONDITION", "{m}");
         assert!(m.contains("pod-a"), "{m}");
         assert!(
@@ -98,13 +75,13 @@ fn a_missing_sandbox_json_frees_nothing_a_vm_still_writes() {
     std::fs::write(&entry, &saved).unwrap();
     k.unpublish("pod-a", &dev).unwrap();
     assert!(a.qemu.lock().unwrap().open.is_empty());
-    k.publish(req("pod-b", &dev)).unwrap();
+    k.publish(req("pod-b", &dev, "ext4")).unwrap();
 
     // A VM that is really gone (its process ended, its entry removed) holds
     // nothing: another sandbox's publish frees its volume and takes the disk.
     fakes::die(&b.qemu);
     std::fs::remove_file(b.dir.join("sandbox.json")).unwrap();
-    k.publish(req("pod-a", &dev)).unwrap();
+    k.publish(req("pod-a", &dev, "ext4")).unwrap();
     assert!(
         state(&b.dir)["volumes"].get(&dev).is_none(),
         "{}",
@@ -129,6 +106,52 @@ fn silent_backend(path: &Path) -> Arc<Mutex<Vec<std::os::unix::net::UnixStream>>
     held
 }
 
+/// pod-hung: a live QEMU, an agent behind a vsock that never answers, and
+/// a published volume recorded (its stats go to the agent).
+struct HungSandbox {
+    _qemu: fakes::Qemu,
+    /// The CONNECTs the silent vsock backend was sent.
+    sent: Arc<Mutex<Vec<std::os::unix::net::UnixStream>>>,
+    /// The published volume's disk.
+    disk: LoopDisk,
+}
+
+impl HungSandbox {
+    fn lay_out(reg: &Path) -> HungSandbox {
+        let hung_dir = reg.join("pod-hung");
+        std::fs::create_dir_all(&hung_dir).unwrap();
+        let qemu = fakes::qemu(&hung_dir.join("qmp.sock"));
+        let sent = silent_backend(&hung_dir.join("vsock.sock"));
+        std::fs::write(
+            hung_dir.join("sandbox.json"),
+            serde_json::json!({"qmp": "qmp.sock", "agent": format!("hvsock://{}:1024", hung_dir.join("vsock.sock").display())}).to_string(),
+        )
+        .unwrap();
+        let disk = LoopDisk::new(16, None);
+        let hv = disk.path();
+        let rdev = {
+            use std::os::unix::fs::MetadataExt;
+            let r = std::fs::metadata(&hv).unwrap().rdev();
+            format!("{}:{}", rustix::fs::major(r), rustix::fs::minor(r))
+        };
+        std::fs::write(
+            hung_dir.join("crustd.json"),
+            serde_json::json!({"volumes": {hv.clone(): {
+                "volume_id": "crustd-0000000000000001", "serial": "cr-0000000000000001",
+                "node": "crustd-0000000000000001", "device": "crustd-dev-0000000000000001",
+                "rdev": rdev, "host_target_path": "/t", "guest_path": "/run/crust/volumes/crustd-0000000000000001",
+                "file_system": "ext4", "read_only": false, "block": false, "phase": "published"}}})
+            .to_string(),
+        )
+        .unwrap();
+        HungSandbox {
+            _qemu: qemu,
+            sent,
+            disk,
+        }
+    }
+}
+
 /// Node scale: were every agent call to a guest that never answers CONNECT
 /// to park a stream without time limit, and crustd to keep systemd's soft
 /// limit on open files, a few hundred failed calls would make every
@@ -136,41 +159,14 @@ fn silent_backend(path: &Path) -> Arc<Mutex<Vec<std::os::unix::net::UnixStream>>
 /// calls hold a bounded few descriptors and threads,
 /// and another sandbox's publishes, stats and unpublishes go on meanwhile.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn one_hung_sandbox_costs_only_itself() {
-    if !root_or_skip("one_hung_sandbox_costs_only_itself") {
-        return;
-    }
+    needs::loop_devices();
     let t = tempfile::tempdir().unwrap();
     let reg = t.path().join("sandboxes");
     let ok = fakes::sandbox(&reg, "pod-ok");
-    // pod-hung: a live QEMU, an agent behind a vsock that never answers, and
-    // a published volume recorded (its stats go to the agent).
-    let hung_dir = reg.join("pod-hung");
-    std::fs::create_dir_all(&hung_dir).unwrap();
-    let _qemu = fakes::qemu(&hung_dir.join("qmp.sock"));
-    let sent = silent_backend(&hung_dir.join("vsock.sock"));
-    std::fs::write(
-        hung_dir.join("sandbox.json"),
-        serde_json::json!({"qmp": "qmp.sock", "agent": format!("hvsock://{}:1024", hung_dir.join("vsock.sock").display())}).to_string(),
-    )
-    .unwrap();
-    let hung_disk = LoopDisk::new(16, None);
-    let hv = hung_disk.path();
-    let rdev = {
-        use std::os::unix::fs::MetadataExt;
-        let r = std::fs::metadata(&hv).unwrap().rdev();
-        format!("{}:{}", rustix::fs::major(r), rustix::fs::minor(r))
-    };
-    std::fs::write(
-        hung_dir.join("crustd.json"),
-        serde_json::json!({"volumes": {hv.clone(): {
-            "volume_id": "crustd-0000000000000001", "serial": "cr-0000000000000001",
-            "node": "crustd-0000000000000001", "device": "crustd-dev-0000000000000001",
-            "rdev": rdev, "host_target_path": "/t", "guest_path": "/run/crust/volumes/crustd-0000000000000001",
-            "file_system": "ext4", "read_only": false, "block": false, "phase": "published"}}})
-        .to_string(),
-    )
-    .unwrap();
+    let hung = HungSandbox::lay_out(&reg);
+    let (sent, hv) = (&hung.sent, hung.disk.path());
     let disks: Vec<LoopDisk> = (0..3).map(|_| LoopDisk::new(16, None)).collect();
     // systemd's default soft limit is 1,024; this one is lower still.
     let d = Crustd::start(&reg, &["--agent-timeout", "1", "--soft-nofile=256"]);
@@ -188,7 +184,7 @@ fn one_hung_sandbox_costs_only_itself() {
             std::thread::spawn(move || {
                 while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                     let r = if i % 3 == 0 {
-                        k.publish_within(req("pod-hung", &hv), Duration::from_secs(2))
+                        k.publish_within(req("pod-hung", &hv, "ext4"), Duration::from_secs(2))
                             .map(|_| ())
                     } else {
                         k.stats_within("pod-hung", &hv, Duration::from_secs(2))
@@ -212,7 +208,7 @@ fn one_hung_sandbox_costs_only_itself() {
     for round in 0..3 {
         for disk in &disks {
             let t0 = Instant::now();
-            k.publish_within(req("pod-ok", &disk.path()), Duration::from_secs(10))
+            k.publish_within(req("pod-ok", &disk.path(), "ext4"), Duration::from_secs(10))
                 .unwrap_or_else(|e| panic!("round {round}: {e:?}"));
             k.stats_within("pod-ok", &disk.path(), Duration::from_secs(10))
                 .unwrap();
@@ -256,10 +252,9 @@ fn one_hung_sandbox_costs_only_itself() {
 /// included, would be FAILED_PRECONDITION for the VM's life. The guest's
 /// answers are checked and refused when wrong.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_hostile_guest_path_is_refused_and_the_sandbox_stays_usable() {
-    if !root_or_skip("a_hostile_guest_path_is_refused_and_the_sandbox_stays_usable") {
-        return;
-    }
+    needs::loop_devices();
     let t = tempfile::tempdir().unwrap();
     let reg = t.path().join("sandboxes");
     let sb = fakes::sandbox(&reg, "pod-a");
@@ -268,14 +263,14 @@ fn a_hostile_guest_path_is_refused_and_the_sandbox_stays_usable() {
     let (dev, dev2) = (disk.path(), other.path());
     let mut d = Crustd::start(&reg, &[]);
     let k = d.client();
-    k.publish(req("pod-a", &dev2)).unwrap();
+    k.publish(req("pod-a", &dev2, "ext4")).unwrap();
     for hostile in [
         "\u{1}".repeat(700_000),
         "/etc/passwd".to_string(),
         "/run/crust/volumes/../../../etc".to_string(),
     ] {
         sb.agent.lock().unwrap().on_publish = OnPublish::Path(hostile);
-        let (c, m) = code(k.publish(req("pod-a", &dev)));
+        let (c, m) = code(k.publish(req("pod-a", &dev, "ext4")));
         assert_eq!(c, "FAILED_PRECONDITION", "{m}");
         assert!(m.contains("refuses") && m.len() < 1000, "{m}");
         // Undone, recorded nothing, and the state is small and readable.
@@ -289,7 +284,7 @@ fn a_hostile_guest_path_is_refused_and_the_sandbox_stays_usable() {
     d.kill_and_restart();
     let k = d.client();
     k.stats("pod-a", &dev2).unwrap();
-    k.publish(req("pod-a", &dev)).unwrap();
+    k.publish(req("pod-a", &dev, "ext4")).unwrap();
     k.unpublish("pod-a", &dev).unwrap();
     k.unpublish("pod-a", &dev2).unwrap();
     assert!(sb.qemu.lock().unwrap().open.is_empty());
@@ -299,10 +294,9 @@ fn a_hostile_guest_path_is_refused_and_the_sandbox_stays_usable() {
 /// the retry: a retry of a publish that outlived its caller publishes
 /// in the guest once, joining the first.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_retry_joins_a_publish_that_outlived_its_caller() {
-    if !root_or_skip("a_retry_joins_a_publish_that_outlived_its_caller") {
-        return;
-    }
+    needs::loop_devices();
     let t = tempfile::tempdir().unwrap();
     let reg = t.path().join("sandboxes");
     let sb = fakes::sandbox(&reg, "pod-a");
@@ -316,13 +310,13 @@ fn a_retry_joins_a_publish_that_outlived_its_caller() {
         .unwrap()
         .delay
         .insert("blockdev-add".into(), Duration::from_secs(2));
-    let (c, m) = code(k.publish_within(req("pod-a", &dev), Duration::from_secs(1)));
+    let (c, m) = code(k.publish_within(req("pod-a", &dev, "ext4"), Duration::from_secs(1)));
     assert!(
         matches!(c.as_str(), "DEADLINE_EXCEEDED" | "CANCELLED"),
         "{c}: {m}"
     );
     let r = k
-        .publish_within(req("pod-a", &dev), Duration::from_secs(10))
+        .publish_within(req("pod-a", &dev, "ext4"), Duration::from_secs(10))
         .unwrap();
     assert!(r.guest_path.ends_with(&format!(
         "volumes/{}",
@@ -342,10 +336,9 @@ fn a_retry_joins_a_publish_that_outlived_its_caller() {
 /// deadline, and does no work once its caller is gone: here another publish (other
 /// parameters) that gave up while the first ran leaves no trace.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_call_whose_caller_gave_up_while_it_waited_does_nothing() {
-    if !root_or_skip("a_call_whose_caller_gave_up_while_it_waited_does_nothing") {
-        return;
-    }
+    needs::loop_devices();
     let t = tempfile::tempdir().unwrap();
     let reg = t.path().join("sandboxes");
     let sb = fakes::sandbox(&reg, "pod-a");
@@ -356,10 +349,10 @@ fn a_call_whose_caller_gave_up_while_it_waited_does_nothing() {
     let k = d.client();
     let first = {
         let (k, dev) = (d.client(), dev.clone());
-        std::thread::spawn(move || k.publish(req("pod-a", &dev)).unwrap())
+        std::thread::spawn(move || k.publish(req("pod-a", &dev, "ext4")).unwrap())
     };
     std::thread::sleep(Duration::from_millis(300));
-    let mut ro = req("pod-a", &dev);
+    let mut ro = req("pod-a", &dev, "ext4");
     ro.read_only = true;
     let t0 = Instant::now();
     let (c, _) = code(k.publish_within(ro, Duration::from_millis(500)));
@@ -379,17 +372,16 @@ fn a_call_whose_caller_gave_up_while_it_waited_does_nothing() {
 /// no lock of the sandbox is held, so that no other volume of the sandbox
 /// waits.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_guest_slow_to_release_one_disk_stalls_no_other_volume() {
-    if !root_or_skip("a_guest_slow_to_release_one_disk_stalls_no_other_volume") {
-        return;
-    }
+    needs::loop_devices();
     let t = tempfile::tempdir().unwrap();
     let reg = t.path().join("sandboxes");
     let sb = fakes::sandbox(&reg, "pod-a");
     let (one, two) = (LoopDisk::new(16, None), LoopDisk::new(16, None));
     let d = Crustd::start(&reg, &["--unplug-timeout", "6"]);
     let k = d.client();
-    k.publish(req("pod-a", &one.path())).unwrap();
+    k.publish(req("pod-a", &one.path(), "ext4")).unwrap();
     sb.qemu.lock().unwrap().never_release = true;
     let leaving = {
         let (k, dev) = (d.client(), one.path());
@@ -397,7 +389,7 @@ fn a_guest_slow_to_release_one_disk_stalls_no_other_volume() {
     };
     std::thread::sleep(Duration::from_millis(500));
     let t0 = Instant::now();
-    k.publish(req("pod-a", &two.path())).unwrap();
+    k.publish(req("pod-a", &two.path(), "ext4")).unwrap();
     k.stats("pod-a", &two.path()).unwrap();
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
     let (c, m) = leaving.join().unwrap();

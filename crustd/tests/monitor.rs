@@ -16,27 +16,12 @@
 //! and Linux 6.5 or later (`SO_PEERPIDFD`) for the pid taken again.
 
 mod fakes;
-mod support;
-
-#[path = "../../tests/fixtures/disks.rs"]
-mod disks;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
-use crustd_ctl::pb;
-use disks::{root_or_skip, LoopDisk};
-use support::{code, Crustd};
-
-fn req(sandbox: &str, dev: &str) -> pb::RuntimePublishVolumeRequest {
-    pb::RuntimePublishVolumeRequest {
-        sandbox_id: sandbox.into(),
-        host_volume_id: dev.into(),
-        host_target_path: "/var/lib/kubelet/pods/p/volumes/x".into(),
-        file_system: "ext4".into(),
-        ..Default::default()
-    }
-}
+use crust_testkit::crustd::{code, req, Crustd};
+use crust_testkit::{needs, LoopDisk};
 
 /// Another VM's hypervisor: a process of its own, killed when dropped.
 struct Hypervisor(Child);
@@ -118,10 +103,9 @@ fn plugged(q: &fakes::Qemu) -> Vec<String> {
 /// unpublish refused while A's record names another process, each call
 /// proving anew.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn no_link_in_katas_files_sends_a_disk_into_another_vm() {
-    if !root_or_skip("no_link_in_katas_files_sends_a_disk_into_another_vm") {
-        return;
-    }
+    needs::loop_devices();
     let t = tempfile::tempdir().unwrap();
     let reg = t.path().join("sandboxes");
     std::fs::create_dir_all(&reg).unwrap();
@@ -187,7 +171,7 @@ fn no_link_in_katas_files_sends_a_disk_into_another_vm() {
         // A's own monitor, while it has other names than A's.
         ("a", "FAILED_PRECONDITION", "it has 3 names"),
     ] {
-        let (c, m) = code(k.publish(req(id, &dev)));
+        let (c, m) = code(k.publish(req(id, &dev, "ext4")));
         assert_eq!(c, want, "{id}: {m}");
         assert!(m.contains(says), "{id}: {m}");
         for q in [&qemu_a, &qemu_wrong, &qemu_none] {
@@ -197,7 +181,7 @@ fn no_link_in_katas_files_sends_a_disk_into_another_vm() {
         let st = std::fs::read_to_string(reg.join(id).join("crustd.json")).unwrap_or_default();
         assert!(!st.contains(&dev), "{id}: {st}");
     }
-    assert!(code(k.publish(req("b-wrong-pid", &dev)))
+    assert!(code(k.publish(req("b-wrong-pid", &dev, "ext4")))
         .1
         .contains("HypervisorState.Pid"));
 
@@ -205,7 +189,7 @@ fn no_link_in_katas_files_sends_a_disk_into_another_vm() {
     for id in ["b-sbs-link", "b-hard-link"] {
         std::fs::remove_file(kata.monitor(id)).unwrap();
     }
-    k.publish(req("a", &dev)).unwrap();
+    k.publish(req("a", &dev, "ext4")).unwrap();
     assert_eq!(plugged(&qemu_a).len(), 2, "{:?}", plugged(&qemu_a));
     assert_eq!(agent.lock().unwrap().log.len(), 1);
 
@@ -240,10 +224,9 @@ fn no_link_in_katas_files_sends_a_disk_into_another_vm() {
 /// `sbs`) are not followed; the runtime directory itself, the operator's,
 /// may be reached through one.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_link_among_katas_directories_is_not_followed() {
-    if !root_or_skip("a_link_among_katas_directories_is_not_followed") {
-        return;
-    }
+    needs::loop_devices();
     let t = tempfile::tempdir().unwrap();
     let reg = t.path().join("sandboxes");
     std::fs::create_dir_all(&reg).unwrap();
@@ -274,7 +257,7 @@ fn a_link_among_katas_directories_is_not_followed() {
         (all_linked, "NOT_FOUND"),
     ] {
         let d = Crustd::start(&reg, &["--kata-runtime-dir", run.to_str().unwrap()]);
-        let (c, m) = code(d.client().publish(req("a", &dev)));
+        let (c, m) = code(d.client().publish(req("a", &dev, "ext4")));
         assert_eq!(c, want, "{}: {m}", run.display());
         assert!(plugged(&qemu).is_empty(), "{:?}", plugged(&qemu));
         assert!(agent.lock().unwrap().log.is_empty());
@@ -285,7 +268,7 @@ fn a_link_among_katas_directories_is_not_followed() {
     std::os::unix::fs::symlink(&kata.run, &op).unwrap();
     let d = Crustd::start(&reg, &["--kata-runtime-dir", op.to_str().unwrap()]);
     let k = d.client();
-    k.publish(req("a", &dev)).unwrap();
+    k.publish(req("a", &dev, "ext4")).unwrap();
     assert_eq!(plugged(&qemu).len(), 2);
     k.unpublish("a", &dev).unwrap();
 }
@@ -293,10 +276,9 @@ fn a_link_among_katas_directories_is_not_followed() {
 /// A `sandbox.json` that records `qemu_pid`: the monitor's process must be
 /// it, on every call; one that records none is taken as before.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_sandbox_json_that_records_qemu_pid_is_held_to_it() {
-    if !root_or_skip("a_sandbox_json_that_records_qemu_pid_is_held_to_it") {
-        return;
-    }
+    needs::loop_devices();
     let t = tempfile::tempdir().unwrap();
     let reg = t.path().join("sandboxes");
     let sb = fakes::sandbox(&reg, "pod-a");
@@ -319,7 +301,7 @@ fn a_sandbox_json_that_records_qemu_pid_is_held_to_it() {
     let k = d.client();
 
     entry(Some(other));
-    let (c, m) = code(k.publish(req("pod-a", &dev)));
+    let (c, m) = code(k.publish(req("pod-a", &dev, "ext4")));
     assert_eq!(c, "FAILED_PRECONDITION", "{m}");
     assert!(
         m.contains(&format!("served by process {me}, not by process {other}"))
@@ -331,7 +313,7 @@ fn a_sandbox_json_that_records_qemu_pid_is_held_to_it() {
     assert!(sb.agent.lock().unwrap().log.is_empty());
 
     entry(Some(me));
-    k.publish(req("pod-a", &dev)).unwrap();
+    k.publish(req("pod-a", &dev, "ext4")).unwrap();
     assert_eq!(plugged(&sb.qemu).len(), 2);
 
     entry(Some(other));
@@ -360,10 +342,9 @@ fn a_sandbox_json_that_records_qemu_pid_is_held_to_it() {
 /// link at all: A's own QEMU, alive, serves it, and its command line names
 /// sandbox a). Nothing is plugged into A's VM, nothing recorded for B.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn hard_links_of_both_katas_files_never_send_a_disk_into_another_vm() {
-    if !root_or_skip("hard_links_of_both_katas_files_never_send_a_disk_into_another_vm") {
-        return;
-    }
+    needs::loop_devices();
     let t = tempfile::tempdir().unwrap();
     let reg = t.path().join("sandboxes");
     std::fs::create_dir_all(&reg).unwrap();
@@ -390,7 +371,7 @@ fn hard_links_of_both_katas_files_never_send_a_disk_into_another_vm() {
     let d = Crustd::start(&reg, &["--kata-runtime-dir", &run]);
     let k = d.client();
     let refused = |id: &str, says: &str| {
-        let (c, m) = code(k.publish(req(id, &dev)));
+        let (c, m) = code(k.publish(req(id, &dev, "ext4")));
         assert_eq!(c, "FAILED_PRECONDITION", "{id}: {m}");
         assert!(m.contains(says), "{id}: {m}");
         let into_a = plugged(&qemu_a);
@@ -424,7 +405,7 @@ fn hard_links_of_both_katas_files_never_send_a_disk_into_another_vm() {
 
     // Moved back, A's own disk goes into A's VM.
     std::fs::rename(kata.monitor("b"), kata.monitor("a")).unwrap();
-    k.publish(req("a", &dev)).unwrap();
+    k.publish(req("a", &dev, "ext4")).unwrap();
     assert_eq!(plugged(&qemu_a).len(), 2);
     k.unpublish("a", &dev).unwrap();
 }
@@ -461,12 +442,9 @@ fn a_qemu_whose_pid_is_taken_again(path: &Path, name: &str) -> (fakes::Qemu, fak
 /// listener itself, `SO_PEERPIDFD`; docs/crustd.md §7 says what an older
 /// kernel leaves open.)
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_pid_taken_again_by_another_sandboxs_qemu_never_sends_a_disk_into_another_vm() {
-    if !root_or_skip(
-        "a_pid_taken_again_by_another_sandboxs_qemu_never_sends_a_disk_into_another_vm",
-    ) {
-        return;
-    }
+    needs::loop_devices();
     let t = tempfile::tempdir().unwrap();
     let reg = t.path().join("sandboxes");
     std::fs::create_dir_all(&reg).unwrap();
@@ -486,7 +464,7 @@ fn a_pid_taken_again_by_another_sandboxs_qemu_never_sends_a_disk_into_another_vm
     let dev = disk.path();
     let run = kata.run.display().to_string();
     let d = Crustd::start(&reg, &["--kata-runtime-dir", &run]);
-    let (c, m) = code(d.client().publish(req("b", &dev)));
+    let (c, m) = code(d.client().publish(req("b", &dev, "ext4")));
     let into_a = plugged(&qemu_a);
     assert!(
         c == "FAILED_PRECONDITION" && into_a.is_empty(),

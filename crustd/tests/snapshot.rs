@@ -5,13 +5,9 @@
 //! the guests and on the host), an unpublish, a forced thaw or its caller
 //! going away, and every path that ends it names its id. Also
 //! RuntimeTrimVolume and RuntimeGetVolumeHealth. Needs root (loop
-//! devices); the same calls against real guests are in tests/vm.rs.
+//! devices); the same calls against real guests are in vm/tests/crustd.rs.
 
 mod fakes;
-mod support;
-
-#[path = "../../tests/fixtures/disks.rs"]
-mod disks;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -19,21 +15,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crust_kubelet::{pb, Kubelet};
 use crust_protocols::crust::volume_health::Status as AgentStatus;
 use crust_protocols::ttrpc;
-use crustd_ctl::{pb, Kubelet};
-use disks::{root_or_skip, LoopDisk};
+use crust_testkit::crustd::{code, req, Crustd};
+use crust_testkit::{needs, LoopDisk};
 use fakes::OnFreeze;
-use support::{code, Crustd};
-
-fn req(sandbox: &str, dev: &str) -> pb::RuntimePublishVolumeRequest {
-    pb::RuntimePublishVolumeRequest {
-        sandbox_id: sandbox.into(),
-        host_volume_id: dev.into(),
-        file_system: "ext4".into(),
-        ..Default::default()
-    }
-}
 
 /// The agent calls of a sandbox's fake agent since the last look, without
 /// publishes and lists.
@@ -93,7 +80,7 @@ fn bed(pods: &[&str], extra: &[&str]) -> Bed {
     for p in pods {
         let disk = LoopDisk::new(64, None);
         let hv = disk.path();
-        k.publish(req(p, &hv)).unwrap();
+        k.publish(req(p, &hv, "ext4")).unwrap();
         let line = sbs[*p].agent.lock().unwrap().log.last().cloned().unwrap();
         let vid = line.split_whitespace().nth(1).unwrap().to_string();
         vols.push((p.to_string(), hv, vid));
@@ -145,10 +132,9 @@ impl Bed {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_group_is_all_or_none_and_thawed_by_its_id() {
-    if !root_or_skip("a_group_is_all_or_none_and_thawed_by_its_id") {
-        return;
-    }
+    needs::loop_devices();
     let b = bed(&["pod-a", "pod-b"], &[]);
     let (a, bb) = (b.sb("pod-a"), b.sb("pod-b"));
     let both = b.refs(&[0, 1]);
@@ -215,7 +201,13 @@ fn a_group_is_all_or_none_and_thawed_by_its_id() {
     let (c, m) = code(b.k.thaw("a/b"));
     assert_eq!(c, "INVALID_ARGUMENT", "{m}");
 
-    // Bad requests change nothing and ask no guest.
+    bad_freezes_and_thaws_ask_no_guest(&b, &f.freeze_id);
+}
+
+/// Bad requests change nothing and ask no guest; a thaw names a group, or
+/// with force volumes: nothing else (`freeze_id` is one that was issued).
+fn bad_freezes_and_thaws_ask_no_guest(b: &Bed, freeze_id: &str) {
+    let a = b.sb("pod-a");
     let v1 = || b.r(0);
     let long = "x".repeat(129);
     for (refs, timeout, id, want) in [
@@ -266,7 +258,7 @@ fn a_group_is_all_or_none_and_thawed_by_its_id() {
         ),
         (
             pb::RuntimeThawVolumesRequest {
-                freeze_id: f.freeze_id.clone(),
+                freeze_id: freeze_id.to_string(),
                 force: true,
                 ..Default::default()
             },
@@ -285,10 +277,9 @@ fn a_group_is_all_or_none_and_thawed_by_its_id() {
 /// volume" would end B and answer both OK; by id, A's thaw is ABORTED and
 /// B still holds.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_late_thaw_of_a_group_that_ended_in_its_guest_leaves_a_newer_group_frozen() {
-    if !root_or_skip("a_late_thaw_of_a_group_that_ended_in_its_guest_leaves_a_newer_group_frozen") {
-        return;
-    }
+    needs::loop_devices();
     let b = bed(&["pod-a"], &[]);
     let v = b.refs(&[0]);
     let first = b.k.freeze(&v, 60_000, None).unwrap().freeze_id;
@@ -327,10 +318,9 @@ fn a_late_thaw_of_a_group_that_ended_in_its_guest_leaves_a_newer_group_frozen() 
 /// unknown, so the undo thaws the group's id there too, and the error says
 /// what is known.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_sandbox_whose_freeze_gets_no_answer_is_thawed_by_the_groups_id() {
-    if !root_or_skip("a_sandbox_whose_freeze_gets_no_answer_is_thawed_by_the_groups_id") {
-        return;
-    }
+    needs::loop_devices();
     let b = bed(&["pod-a", "pod-b"], &["--agent-timeout", "2"]);
     let both = b.refs(&[0, 1]);
     b.set("pod-b", OnFreeze::Late(Duration::from_secs(6)));
@@ -396,10 +386,9 @@ fn a_sandbox_whose_freeze_gets_no_answer_is_thawed_by_the_groups_id() {
 /// timeout. pod-b's freeze lasts until the test opens its gate, so each
 /// caller is gone before the freeze is done, however loaded the machine.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_freeze_whose_caller_went_away_is_ended_at_once() {
-    if !root_or_skip("a_freeze_whose_caller_went_away_is_ended_at_once") {
-        return;
-    }
+    needs::loop_devices();
     let b = bed(&["pod-a", "pod-b"], &[]);
     let both = b.refs(&[0, 1]);
     let gate = Arc::new(AtomicBool::new(false));
@@ -481,10 +470,9 @@ fn a_freeze_whose_caller_went_away_is_ended_at_once() {
 /// (ABORTED); a thaw that looked every volume up first would answer
 /// NOT_FOUND and thaw nothing.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_group_thaw_thaws_the_rest_when_a_volume_or_a_sandbox_is_gone() {
-    if !root_or_skip("a_group_thaw_thaws_the_rest_when_a_volume_or_a_sandbox_is_gone") {
-        return;
-    }
+    needs::loop_devices();
     let b = bed(&["pod-a", "pod-b", "pod-c"], &[]);
     let g =
         b.k.freeze(&b.refs(&[0, 1]), 120_000, None)
@@ -517,10 +505,9 @@ fn a_group_thaw_thaws_the_rest_when_a_volume_or_a_sandbox_is_gone() {
 /// A. And a guest that lost its own timer is thawed by crustd's, by the
 /// group's id.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn an_old_groups_timer_never_ends_a_newer_group() {
-    if !root_or_skip("an_old_groups_timer_never_ends_a_newer_group") {
-        return;
-    }
+    needs::loop_devices();
     let b = bed(&["pod-a", "pod-b"], &[]);
     let v = b.refs(&[0]);
     let old = b.k.freeze(&v, 2_000, None).unwrap().freeze_id;
@@ -577,10 +564,9 @@ fn an_old_groups_timer_never_ends_a_newer_group() {
 /// being made under it is UNAVAILABLE; a freeze that froze nothing leaves
 /// the id free.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_callers_freeze_id_answers_a_retry_and_names_one_group_only() {
-    if !root_or_skip("a_callers_freeze_id_answers_a_retry_and_names_one_group_only") {
-        return;
-    }
+    needs::loop_devices();
     let b = bed(&["pod-a", "pod-b"], &[]);
     let (va, vb) = (b.refs(&[0]), b.refs(&[1]));
     let f = b.k.freeze(&va, 30_000, Some("backup-1")).unwrap();
@@ -646,10 +632,9 @@ fn a_callers_freeze_id_answers_a_retry_and_names_one_group_only() {
 /// the group hears of it at its own thaw; a volume not published is
 /// NOT_FOUND after the others are thawed.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_forced_thaw_ends_whatever_holds_the_volumes_and_the_group_hears_of_it() {
-    if !root_or_skip("a_forced_thaw_ends_whatever_holds_the_volumes_and_the_group_hears_of_it") {
-        return;
-    }
+    needs::loop_devices();
     let b = bed(&["pod-a", "pod-a", "pod-b"], &[]);
     let g =
         b.k.freeze(&b.refs(&[0, 1, 2]), 120_000, None)
@@ -684,10 +669,9 @@ fn a_forced_thaw_ends_whatever_holds_the_volumes_and_the_group_hears_of_it() {
 /// its recorded deadline; one whose freeze was being made when crustd
 /// died (nobody was told its id) is ended at once.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_restarted_crustd_keeps_its_groups_ended_and_live() {
-    if !root_or_skip("a_restarted_crustd_keeps_its_groups_ended_and_live") {
-        return;
-    }
+    needs::loop_devices();
     let mut b = bed(&["pod-a", "pod-b", "pod-a", "pod-c"], &[]);
     for pod in ["pod-a", "pod-b"] {
         b.sb(pod).agent.lock().unwrap().leases.own_timer = false;
@@ -746,10 +730,9 @@ fn a_restarted_crustd_keeps_its_groups_ended_and_live() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn trim_and_health_go_to_the_guest_and_a_hostile_health_is_refused() {
-    if !root_or_skip("trim_and_health_go_to_the_guest_and_a_hostile_health_is_refused") {
-        return;
-    }
+    needs::loop_devices();
     let b = bed(&["pod-a"], &[]);
     let (a, v) = (b.sb("pod-a"), b.vols[0].1.clone());
     let k = &b.k;
@@ -793,12 +776,9 @@ fn trim_and_health_go_to_the_guest_and_a_hostile_health_is_refused() {
 /// as thawed by the group's id: the ABORTED answer names every volume that
 /// did not hold, disk 1 with the guest's own account.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_guests_abort_is_recorded_for_each_volume_whatever_crustd_knew_of_another_end() {
-    if !root_or_skip(
-        "a_guests_abort_is_recorded_for_each_volume_whatever_crustd_knew_of_another_end",
-    ) {
-        return;
-    }
+    needs::loop_devices();
     let b = bed(&["pod-a", "pod-a"], &[]);
     let g =
         b.k.freeze(&b.refs(&[0, 1]), 120_000, None)
@@ -855,10 +835,9 @@ fn a_guests_abort_is_recorded_for_each_volume_whatever_crustd_knew_of_another_en
 /// the request's way there. And a guest whose turn comes with too little
 /// left is not asked: the group fails, is undone, and says so.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_guest_called_late_is_given_only_what_is_left_of_the_groups_timeout() {
-    if !root_or_skip("a_guest_called_late_is_given_only_what_is_left_of_the_groups_timeout") {
-        return;
-    }
+    needs::loop_devices();
     let b = bed(&["pod-a", "pod-b"], &[]);
     let gate = Arc::new(AtomicBool::new(false));
     b.set("pod-a", OnFreeze::Until(gate.clone()));

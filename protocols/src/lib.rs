@@ -3,13 +3,14 @@
 //! [`rpc`], the service's methods as types (its one list of methods, made
 //! from the .proto too); [`names`], the rules for the names the contracts
 //! carry (a disk's serial, a sandbox's id), [`code`], the gRPC status codes,
-//! and [`options`], the mount option table, each written once for the agent
-//! and the host crates.
+//! [`options`], the mount option table, and [`sync`], locks that outlive a
+//! panic, each written once for the agent and the host crates.
 
 pub mod code;
 pub mod names;
 pub mod options;
 pub mod rpc;
+pub mod sync;
 
 /// The vsock port the agent listens on by default, and the port the host
 /// programs (crust-vm, crustctl, crustd) assume when an address names none.
@@ -103,6 +104,8 @@ pub mod freeze {
 /// The generated code, with the lints it was not written for turned off once.
 #[allow(
     clippy::all,
+    clippy::pedantic,
+    clippy::restriction,
     unused_imports,
     unused_qualifications,
     missing_docs,

@@ -1,7 +1,8 @@
 //! The header reader and the unlock against images `cryptsetup luksFormat`
 //! made on plain files (no device-mapper needed), each volume key compared
-//! with `cryptsetup luksDump --dump-volume-key`. They are ignored in a plain `cargo test` (make test-host runs them) and
-//! fail, saying so, where cryptsetup is missing.
+//! with `cryptsetup luksDump --dump-volume-key`. They are ignored in a
+//! plain `cargo test` (make test runs them) and fail, saying so, where
+//! cryptsetup is missing.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,7 +17,14 @@ use crate::code::Code;
 
 // ------------------------------------------------------------ cryptsetup --
 
-/// Runs cryptsetup, failing the test with a sentence if it is not installed.
+/// The first line of each test here: cryptsetup on PATH, or the test fails
+/// saying so.
+#[track_caller]
+fn needs_cryptsetup() {
+    crust_testkit::needs::tools(&["cryptsetup"], "apt-get install cryptsetup-bin");
+}
+
+/// Runs cryptsetup, failing the test with a sentence if it cannot be run.
 fn cryptsetup(args: &[&str]) -> std::process::Output {
     let out = Command::new("cryptsetup")
         .args(args)
@@ -134,6 +142,7 @@ const FAST_ARGON2ID: &[&str] = &[
 #[test]
 #[ignore = "needs cryptsetup: make test runs it"]
 fn pbkdf2_keyslots_open_with_cryptsetups_volume_key() {
+    needs_cryptsetup();
     for (extra, key_bits) in [
         (&["--key-size", "512"][..], 512),
         (&["--key-size", "256"], 256),
@@ -178,6 +187,7 @@ fn pbkdf2_keyslots_open_with_cryptsetups_volume_key() {
 #[test]
 #[ignore = "needs cryptsetup: make test runs it"]
 fn argon2_keyslots_open_with_cryptsetups_volume_key() {
+    needs_cryptsetup();
     for kdf in ["argon2id", "argon2i"] {
         for parallel in ["1", "4"] {
             let mut args = FAST_ARGON2ID.to_vec();
@@ -192,6 +202,7 @@ fn argon2_keyslots_open_with_cryptsetups_volume_key() {
 #[test]
 #[ignore = "needs cryptsetup: make test runs it"]
 fn each_of_several_keyslots_opens_and_a_wrong_passphrase_does_not() {
+    needs_cryptsetup();
     let img = Image::format(b"first", FAST_PBKDF2);
     img.add_key(
         b"first",
@@ -244,6 +255,7 @@ fn each_of_several_keyslots_opens_and_a_wrong_passphrase_does_not() {
 #[test]
 #[ignore = "needs cryptsetup: make test runs it"]
 fn argon2_memory_over_the_limit_is_refused_before_any_work() {
+    needs_cryptsetup();
     let img = Image::format(
         b"pw",
         &[
@@ -278,6 +290,7 @@ fn argon2_memory_over_the_limit_is_refused_before_any_work() {
 #[test]
 #[ignore = "needs cryptsetup: make test runs it"]
 fn a_damaged_primary_gives_way_to_the_secondary_as_in_cryptsetup() {
+    needs_cryptsetup();
     let img = Image::format(b"pw", FAST_PBKDF2);
     let key = img.volume_key(b"pw");
     assert_eq!(img.header().unwrap().copy, Copy::Primary);
@@ -315,6 +328,7 @@ fn a_damaged_primary_gives_way_to_the_secondary_as_in_cryptsetup() {
 #[test]
 #[ignore = "needs cryptsetup: make test runs it"]
 fn luks1_is_recognised_and_refused() {
+    needs_cryptsetup();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("v1.img");
     std::fs::File::create(&path)
@@ -342,6 +356,7 @@ fn luks1_is_recognised_and_refused() {
 #[test]
 #[ignore = "needs cryptsetup: make test runs it"]
 fn the_header_reads_as_luksdump_says() {
+    needs_cryptsetup();
     let img = Image::format(
         b"pw",
         &[

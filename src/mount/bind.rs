@@ -66,7 +66,7 @@ pub(crate) fn bind_with(spec: &BindSpec, have_setattr: bool) -> Result<Bound, Er
     validate::recursive_read_only(spec.read_only, spec.recursive_read_only)?;
     if spec.recursive_read_only == RecursiveReadOnly::Enabled && !have_setattr {
         return Err(Error::RecursiveUnsupported {
-            target: spec.target_path.display().to_string(),
+            target: spec.target_path.to_path_buf(),
         });
     }
     let source = open_source(spec)?;
@@ -112,13 +112,13 @@ fn open_source(spec: &BindSpec) -> Result<OwnedFd, Error> {
     }
     let how = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
     beneath::open_with(spec.source_root, spec.subpath, OFlags::PATH, how).map_err(|e| {
-        let subpath = spec.subpath.display().to_string();
-        let root = spec.source_path.display().to_string();
+        let subpath = spec.subpath.to_path_buf();
+        let root = spec.source_path.to_path_buf();
         match e {
             Errno::XDEV | Errno::LOOP => Error::SubpathEscapes { subpath, root },
             Errno::NOENT | Errno::NOTDIR => Error::SubpathNotFound { subpath, root },
             Errno::NOSYS => Error::NoOpenat2 {
-                path: spec.source_path.join(spec.subpath).display().to_string(),
+                path: spec.source_path.join(spec.subpath),
             },
             _ => SysError::new("openat2", spec.source_path.join(spec.subpath).display(), e).into(),
         }
@@ -133,9 +133,9 @@ fn open_target(
     source_kind: FileType,
     created: &mut Vec<Created>,
 ) -> Result<OwnedFd, Error> {
-    let target = spec.target_path.display().to_string();
+    let target = spec.target_path;
     let bad = |why: String| Error::BadTarget {
-        target: target.clone(),
+        target: target.to_path_buf(),
         why,
     };
     let source_is_dir = source_kind == FileType::Directory;
@@ -159,10 +159,10 @@ fn open_target(
         ),
         Errno::ISDIR => bad("it exists and is a directory, but the source is a file".into()),
         Errno::NOSYS => Error::NoOpenat2 {
-            path: target.clone(),
+            path: target.to_path_buf(),
         },
         Errno::INVAL => bad("it is not a plain path beneath the agent's root".into()),
-        e => SysError::new("mkdir/openat2", &target, e).into(),
+        e => SysError::new("mkdir/openat2", target.display(), e).into(),
     })
 }
 
@@ -175,66 +175,89 @@ fn attach(
     target: &OwnedFd,
     have_setattr: bool,
 ) -> Result<(bool, MountId), Error> {
-    let tname = spec.target_path.display();
     if have_setattr {
-        let tree = rustix::mount::open_tree(
-            source,
-            "",
-            OpenTreeFlags::OPEN_TREE_CLONE
-                | OpenTreeFlags::AT_RECURSIVE
-                | OpenTreeFlags::AT_EMPTY_PATH
-                | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+        attach_detached(spec, source, target)
+    } else {
+        attach_classic(spec, source, target).map(|id| (false, id))
+    }
+}
+
+/// The new mount API: a detached clone of the source, made read-only
+/// (recursively where asked) before anyone can see it, then moved onto the
+/// target. Whether recursive read-only was applied, and the mount's id.
+fn attach_detached(
+    spec: &BindSpec,
+    source: &OwnedFd,
+    target: &OwnedFd,
+) -> Result<(bool, MountId), Error> {
+    let tname = spec.target_path.display();
+    let tree = rustix::mount::open_tree(
+        source,
+        "",
+        OpenTreeFlags::OPEN_TREE_CLONE
+            | OpenTreeFlags::AT_RECURSIVE
+            | OpenTreeFlags::AT_EMPTY_PATH
+            | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+    )
+    .map_err(|e| {
+        SysError::new(
+            "open_tree",
+            spec.source_path.join(spec.subpath).display(),
+            e,
         )
-        .map_err(|e| {
+    })?;
+    let recursive = spec.recursive_read_only != RecursiveReadOnly::Disabled;
+    if spec.read_only {
+        set_read_only(&tree, recursive).map_err(|e| {
             SysError::new(
-                "open_tree",
-                spec.source_path.join(spec.subpath).display(),
+                "mount_setattr",
+                format!("the detached clone for {tname}"),
                 e,
             )
         })?;
-        let recursive = spec.recursive_read_only != RecursiveReadOnly::Disabled;
-        if spec.read_only {
-            let (flags, propagation) = if recursive {
-                (
-                    libc::AT_EMPTY_PATH as u32 | libc::AT_RECURSIVE as u32,
-                    MS_PRIVATE,
-                )
-            } else {
-                (libc::AT_EMPTY_PATH as u32, 0)
-            };
-            let attr = MountAttr {
-                attr_set: MOUNT_ATTR_RDONLY,
-                attr_clr: 0,
-                propagation,
-                userns_fd: 0,
-            };
-            mount_setattr(tree.as_raw_fd(), c"", flags, &attr).map_err(|e| {
-                SysError::new(
-                    "mount_setattr",
-                    format!("the detached clone for {tname}"),
-                    e,
-                )
-            })?;
-        }
-        rustix::mount::move_mount(
-            &tree,
-            "",
-            target,
-            "",
-            MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
-        )
-        .map_err(|e| SysError::new("move_mount", &tname, e))?;
-        // The tree fd now names the attached mount's root.
-        let id = beneath::mount_point(tree.as_fd())
-            .map_err(|e| SysError::new("statx", &tname, e))?
-            .mount_id;
-        return Ok((spec.read_only && recursive, id));
     }
+    rustix::mount::move_mount(
+        &tree,
+        "",
+        target,
+        "",
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
+    )
+    .map_err(|e| SysError::new("move_mount", &tname, e))?;
+    // The tree fd now names the attached mount's root.
+    let id = beneath::mount_point(tree.as_fd())
+        .map_err(|e| SysError::new("statx", &tname, e))?
+        .mount_id;
+    Ok((spec.read_only && recursive, id))
+}
 
-    // Classic path: bind through the fds' magic links, so nothing is
-    // re-resolved by name; then remount the new mount read-only through an
-    // fd of its root. There is a short window in which the target is
-    // writable here; only kernels older than 5.12 take this path.
+/// Makes the detached `tree` read-only: its top mount, or, `recursive`,
+/// every mount in it (and private, so that no propagation adds a writable one).
+fn set_read_only(tree: &OwnedFd, recursive: bool) -> io::Result<()> {
+    let (flags, propagation) = if recursive {
+        (
+            libc::AT_EMPTY_PATH as u32 | libc::AT_RECURSIVE as u32,
+            MS_PRIVATE,
+        )
+    } else {
+        (libc::AT_EMPTY_PATH as u32, 0)
+    };
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY,
+        attr_clr: 0,
+        propagation,
+        userns_fd: 0,
+    };
+    mount_setattr(tree.as_raw_fd(), c"", flags, &attr)
+}
+
+/// Classic path: bind through the fds' magic links, so nothing is
+/// re-resolved by name; then remount the new mount read-only through an
+/// fd of its root. There is a short window in which the target is
+/// writable here; only kernels older than 5.12 take this path. The
+/// mount's id.
+fn attach_classic(spec: &BindSpec, source: &OwnedFd, target: &OwnedFd) -> Result<MountId, Error> {
+    let tname = spec.target_path.display();
     let src = beneath::proc_path(source.as_fd());
     let dst = beneath::proc_path(target.as_fd());
     rustix::mount::mount_bind_recursive(&src, &dst)
@@ -272,7 +295,7 @@ fn attach(
             return Err(SysError::new("mount(MS_REMOUNT|MS_BIND|MS_RDONLY)", &tname, e).into());
         }
     }
-    Ok((false, mp.mount_id))
+    Ok(mp.mount_id)
 }
 
 #[allow(clippy::unnecessary_cast)]
@@ -326,8 +349,8 @@ mod tests {
     use crate::mount::testkit::{dir_fd, entry, is_erofs, loop_disk, mounted_under, write};
     use crate::mount::unmount::tests::mount_at;
     use crate::mount::unmount::{remove_node, unmount_tree, Expect};
-    use crate::testutil::root_or_skip;
-    use crate::testutil::LoopDisk;
+    use crust_testkit::needs;
+    use crust_testkit::LoopDisk;
 
     /// A mounted ext4 volume with files, a tmpfs submount at `sub`, and an agent root.
     struct Fixture {
@@ -391,10 +414,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn binds_root_and_subpath_writable_and_read_only() {
-        if !root_or_skip("binds_root_and_subpath_writable_and_read_only") {
-            return;
-        }
+        needs::loop_devices();
         let f = fixture();
         let t1 = f.root.join("binds/one");
         let out = f
@@ -436,10 +458,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn recursive_read_only_makes_the_difference() {
-        if !root_or_skip("recursive_read_only_makes_the_difference") {
-            return;
-        }
+        needs::loop_devices();
         let f = fixture();
         let t = f.root.join("rro");
 
@@ -482,10 +503,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn classic_path_without_mount_setattr() {
-        if !root_or_skip("classic_path_without_mount_setattr") {
-            return;
-        }
+        needs::loop_devices();
         let f = fixture();
         let t = f.root.join("classic");
         // Enabled needs mount_setattr: refused, nothing mounted, nothing created.
@@ -513,10 +533,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn subpath_escapes_are_refused() {
-        if !root_or_skip("subpath_escapes_are_refused") {
-            return;
-        }
+        needs::loop_devices();
         let f = fixture();
         std::os::unix::fs::symlink("../../etc", f.vol.join("data/up")).unwrap();
         std::os::unix::fs::symlink("/etc", f.vol.join("abs")).unwrap();
@@ -553,10 +572,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn target_escapes_are_refused() {
-        if !root_or_skip("target_escapes_are_refused") {
-            return;
-        }
+        needs::loop_devices();
         let f = fixture();
         let outside = f.disk.scratch("outside");
         std::os::unix::fs::symlink(&outside, f.root.join("abs")).unwrap();
@@ -586,10 +604,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn binds_a_file_onto_a_new_file() {
-        if !root_or_skip("binds_a_file_onto_a_new_file") {
-            return;
-        }
+        needs::loop_devices();
         let f = fixture();
         let t = f.root.join("files/f");
         let out = f

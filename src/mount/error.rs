@@ -3,8 +3,10 @@
 //! the system's state (FAILED_PRECONDITION), or an unexpected failure.
 
 use std::io;
+use std::path::PathBuf;
 
 use crate::sys::error::SysError;
+use crate::sys::mountinfo::shown;
 
 crate::code::coded_errors! {
 /// What can go wrong while mounting, binding or unmounting.
@@ -14,41 +16,38 @@ pub enum Error {
     #[error(transparent)]
     BadOption(#[from] super::options::BadOption),
     #[code(InvalidArgument)]
-    #[error("the kernel refused the mount options {data:?} for {fs_type} on {device} (mounting at {target}): {source}; check them against the {fs_type} documentation")]
+    #[error("the kernel refused the mount options {data:?} for {fs_type} on {} (mounting at {}): {source}; check them against the {fs_type} documentation", shown(device), shown(target))]
     KernelRefusedOptions {
         /// The data string passed to mount(2).
         data: String,
         /// ext4 or xfs.
         fs_type: String,
-        /// The device.
-        device: String,
+        device: PathBuf,
         /// The mount point.
-        target: String,
+        target: PathBuf,
         /// The errno.
         #[source]
         source: io::Error,
     },
     #[code(InvalidArgument)]
-    #[error("the kernel refused the mount option {option:?} for {fs_type} on {device}: {why}; check it against the {fs_type} documentation")]
+    #[error("the kernel refused the mount option {option:?} for {fs_type} on {}: {why}; check it against the {fs_type} documentation", shown(device))]
     KernelRefusedOption {
         /// The option, as it went to the kernel.
         option: String,
         /// ext4 or xfs.
         fs_type: String,
-        /// The device.
-        device: String,
+        device: PathBuf,
         /// The kernel's own words when it gave any, else the errno.
         why: String,
     },
     #[code(FailedPrecondition)]
-    #[error("the kernel refused to mount the {fs_type} on {device} at {target} ({source}){with}: the filesystem is inconsistent, larger than its device, unreadable, or uses a feature this kernel lacks, and the guest kernel's log says which; check the disk on the host (e2fsck -fn, xfs_repair -n)")]
+    #[error("the kernel refused to mount the {fs_type} on {} at {} ({source}){with}: the filesystem is inconsistent, larger than its device, unreadable, or uses a feature this kernel lacks, and the guest kernel's log says which; check the disk on the host (e2fsck -fn, xfs_repair -n)", shown(device), shown(target))]
     FilesystemRefused {
         /// ext4 or xfs.
         fs_type: String,
-        /// The device.
-        device: String,
+        device: PathBuf,
         /// The mount point.
-        target: String,
+        target: PathBuf,
         /// ", with the options …" when the request gave any.
         with: String,
         /// The errno.
@@ -56,18 +55,17 @@ pub enum Error {
         source: io::Error,
     },
     #[code(FailedPrecondition)]
-    #[error("{device} is busy and cannot be mounted at {target}: it is probably mounted elsewhere already; unmount it there first")]
+    #[error("{} is busy and cannot be mounted at {}: it is probably mounted elsewhere already; unmount it there first", shown(device), shown(target))]
     DeviceBusy {
-        /// The device.
-        device: String,
+        device: PathBuf,
         /// The mount point asked for.
-        target: String,
+        target: PathBuf,
     },
     #[code(FailedPrecondition)]
-    #[error("{path} is still busy after {attempts} attempts to unmount it: a process has files open there; stop it and retry (the agent does not detach a volume with data in flight)")]
+    #[error("{} is still busy after {attempts} attempts to unmount it: a process has files open there; stop it and retry (the agent does not detach a volume with data in flight)", shown(path))]
     Busy {
         /// The busy mount point.
-        path: String,
+        path: PathBuf,
         /// How many plain unmounts were tried.
         attempts: u32,
     },
@@ -75,66 +73,60 @@ pub enum Error {
     #[error(transparent)]
     Invalid(#[from] crate::validate::Invalid),
     #[code(InvalidArgument)]
-    #[error("subpath {subpath:?} leaves the volume at {root} (through a symlink or a magic link); use a path that stays inside the volume")]
+    #[error("subpath {subpath:?} leaves the volume at {} (through a symlink or a magic link); use a path that stays inside the volume", shown(root))]
     SubpathEscapes {
         /// The subpath as given.
-        subpath: String,
-        /// The volume root.
-        root: String,
+        subpath: PathBuf,
+        root: PathBuf,
     },
     #[code(NotFound)]
-    #[error("subpath {subpath:?} does not exist in the volume at {root}; create it first")]
+    #[error("subpath {subpath:?} does not exist in the volume at {}; create it first", shown(root))]
     SubpathNotFound {
         /// The subpath as given.
-        subpath: String,
-        /// The volume root.
-        root: String,
+        subpath: PathBuf,
+        root: PathBuf,
     },
     #[code(InvalidArgument)]
-    #[error("bind target {target} is not usable: {why}")]
+    #[error("bind target {} is not usable: {why}", shown(target))]
     BadTarget {
         /// The target as given.
-        target: String,
+        target: PathBuf,
         /// What is wrong with it.
         why: String,
     },
     #[code(FailedPrecondition)]
-    #[error("recursive read-only was required (ENABLED) for {target}, but this kernel lacks mount_setattr (Linux 5.12+); use IF_POSSIBLE or a newer guest kernel")]
+    #[error("recursive read-only was required (ENABLED) for {}, but this kernel lacks mount_setattr (Linux 5.12+); use IF_POSSIBLE or a newer guest kernel", shown(target))]
     RecursiveUnsupported {
         /// The target asked for.
-        target: String,
+        target: PathBuf,
     },
     #[code(FailedPrecondition)]
-    #[error("this kernel lacks openat2 (Linux 5.6+), which the agent needs to resolve {path} safely; use a newer guest kernel")]
+    #[error("this kernel lacks openat2 (Linux 5.6+), which the agent needs to resolve {} safely; use a newer guest kernel", shown(path))]
     NoOpenat2 {
         /// The path that was being resolved.
-        path: String,
+        path: PathBuf,
     },
     #[code(FailedPrecondition)]
-    #[error("{path} now runs through a symlink or leaves the agent's root; the agent leaves it alone (something changed it behind the agent's back: inspect and remove it by hand)")]
+    #[error("{} now runs through a symlink or leaves the agent's root; the agent leaves it alone (something changed it behind the agent's back: inspect and remove it by hand)", shown(path))]
     Unsafe {
-        /// The path.
-        path: String,
+        path: PathBuf,
     },
     #[code(FailedPrecondition)]
-    #[error("the mount the agent made at {path} is no longer there but still exists elsewhere (moved behind the agent's back); the agent does not guess where: unmount it by hand")]
+    #[error("the mount the agent made at {} is no longer there but still exists elsewhere (moved behind the agent's back); the agent does not guess where: unmount it by hand", shown(path))]
     Moved {
-        /// The path.
-        path: String,
+        path: PathBuf,
     },
     #[code(FailedPrecondition)]
-    #[error("{path} has {what} mounted over the agent's mount; unmount that first")]
+    #[error("{} has {what} mounted over the agent's mount; unmount that first", shown(path))]
     Covered {
-        /// The path.
-        path: String,
+        path: PathBuf,
         /// What is on top.
         what: String,
     },
     #[code(FailedPrecondition)]
-    #[error("{path} is a mount of {what}, which the agent did not make; the agent unmounts only its own mounts")]
+    #[error("{} is a mount of {what}, which the agent did not make; the agent unmounts only its own mounts", shown(path))]
     NotOurs {
-        /// The path.
-        path: String,
+        path: PathBuf,
         /// What is mounted there.
         what: String,
     },

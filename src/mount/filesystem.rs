@@ -56,23 +56,23 @@ pub fn mount_filesystem(
     )
     .map_err(|e| match e {
         Errno::BUSY => Error::DeviceBusy {
-            device: device.display().to_string(),
-            target: target_path.display().to_string(),
+            device: device.to_path_buf(),
+            target: target_path.to_path_buf(),
         },
         // The options were not checked (no fsopen) and some were given:
         // they may be at fault as much as the disk.
         Errno::INVAL if !parsed && !opts.data.is_empty() => Error::KernelRefusedOptions {
             data: opts.data.clone(),
             fs_type: fs_type.to_string(),
-            device: device.display().to_string(),
-            target: target_path.display().to_string(),
+            device: device.to_path_buf(),
+            target: target_path.to_path_buf(),
             source: e.into(),
         },
         Errno::INVAL | Errno::FBIG | Errno::UCLEAN | Errno::BADMSG | Errno::IO => {
             Error::FilesystemRefused {
                 fs_type: fs_type.to_string(),
-                device: device.display().to_string(),
-                target: target_path.display().to_string(),
+                device: device.to_path_buf(),
+                target: target_path.to_path_buf(),
                 with: if opts.data.is_empty() {
                     String::new()
                 } else {
@@ -130,7 +130,7 @@ fn parser_accepts(fs_type: &str, data: &str, device: &Path) -> Result<bool, Erro
             return Err(Error::KernelRefusedOption {
                 option: opt.to_string(),
                 fs_type: fs_type.to_string(),
-                device: device.display().to_string(),
+                device: device.to_path_buf(),
                 why,
             });
         }
@@ -178,7 +178,7 @@ mod tests {
     use crate::code::Code;
     use crate::mount::options::parse_options;
     use crate::mount::testkit::{dir_fd, entry, is_erofs, loop_disk, opts, write};
-    use crate::testutil::{root_or_skip, run, LoopDisk};
+    use crust_testkit::{needs, run, LoopDisk};
 
     /// Takes the test's mount at `path` off (unmounting by identity is
     /// `unmount`'s, tested there).
@@ -226,17 +226,17 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn mounts_ext4_with_options() {
-        if root_or_skip("mounts_ext4_with_options") {
-            check_mount_options("ext4", "errors=remount-ro");
-        }
+        needs::loop_devices();
+        check_mount_options("ext4", "errors=remount-ro");
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn mounts_xfs_with_options() {
-        if root_or_skip("mounts_xfs_with_options") {
-            check_mount_options("xfs", "nouuid");
-        }
+        needs::loop_devices();
+        check_mount_options("xfs", "nouuid");
     }
 
     /// The ext4 driver's full list of the options in force on `disk`
@@ -250,10 +250,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn ext4_errors_are_the_agents_whatever_the_superblock_says() {
-        if !root_or_skip("ext4_errors_are_the_agents_whatever_the_superblock_says") {
-            return;
-        }
+        needs::loop_devices();
         // No corruption anywhere: the host kernel never meets an error here.
         // (mkfs, how the superblock is set, the request's options, what must be in force)
         let cases: &[(&str, &[&str], &[&str], &str)] = &[
@@ -326,10 +325,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn a_filesystem_the_kernel_refuses_is_the_disks_fault() {
-        if !root_or_skip("a_filesystem_the_kernel_refuses_is_the_disks_fault") {
-            return;
-        }
+        needs::loop_devices();
         // Larger than its device (what the probe catches first, when it is called).
         for (fs, mb) in [("ext4", 64u64), ("xfs", 320)] {
             let disk = loop_disk(fs);
@@ -351,10 +349,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn mount_lands_on_the_directory_the_fd_names_even_if_renamed() {
-        if !root_or_skip("mount_lands_on_the_directory_the_fd_names_even_if_renamed") {
-            return;
-        }
+        needs::loop_devices();
         let disk = loop_disk("ext4");
         let a = disk.scratch("a");
         let fd = dir_fd(&a);
@@ -379,10 +376,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn mount_maps_busy_and_wrong_type() {
-        if !root_or_skip("mount_maps_busy_and_wrong_type") {
-            return;
-        }
+        needs::loop_devices();
         let disk = loop_disk("ext4");
         let a = disk.scratch("a");
         mount_filesystem(

@@ -9,7 +9,7 @@ use std::path::Path;
 use rustix::fs::{Mode, OFlags};
 
 use crate::sys::mountinfo::{self, MountEntry};
-use crate::testutil::LoopDisk;
+use crust_testkit::LoopDisk;
 
 pub(crate) fn opts(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()

@@ -91,7 +91,7 @@ pub fn unmount_tree(
     // for it by its id; otherwise it is gone.
     let absent = || match expect {
         Expect::Mount(..) if listed(&read_table()?, expect).is_some() => Err(Error::Moved {
-            path: mountinfo::shown(&shown),
+            path: shown.to_path_buf(),
         }),
         _ => Ok(false),
     };
@@ -100,7 +100,7 @@ pub fn unmount_tree(
         Err(Errno::NOENT | Errno::NOTDIR) => return absent(),
         Err(Errno::LOOP | Errno::XDEV) => {
             return Err(Error::Unsafe {
-                path: mountinfo::shown(&shown),
+                path: shown.to_path_buf(),
             })
         }
         Err(e) => return Err(SysError::new("openat2", mountinfo::shown(&shown), e).into()),
@@ -123,11 +123,11 @@ pub fn unmount_tree(
             // Ours is gone and something else is there now: not ours to touch.
             Expect::Mount(..) if listed(&table, expect).is_none() => Ok(false),
             Expect::Mount(..) => Err(Error::Covered {
-                path: mountinfo::shown(&shown),
+                path: shown.to_path_buf(),
                 what,
             }),
             Expect::Device(..) => Err(Error::NotOurs {
-                path: mountinfo::shown(&shown),
+                path: shown.to_path_buf(),
                 what,
             }),
         };
@@ -201,7 +201,7 @@ fn unmount_children(
     let table = read_table()?;
     match mountinfo::by_id(&table, top.mount_id) {
         Some(t) if !mountinfo::descendants(&table, t.mount_id).is_empty() => Err(Error::Busy {
-            path: mountinfo::shown(shown),
+            path: shown.to_path_buf(),
             attempts: PASSES,
         }),
         _ => Ok(()),
@@ -223,7 +223,7 @@ fn unmount_one(parent: BorrowedFd<'_>, name: &CStr, shown: &Path) -> Result<(), 
             }
             Err(Errno::BUSY) => {
                 return Err(Error::Busy {
-                    path: mountinfo::shown(shown),
+                    path: shown.to_path_buf(),
                     attempts: attempt,
                 });
             }
@@ -273,7 +273,7 @@ pub(crate) mod tests {
     use crate::mount::filesystem::mount_filesystem;
     use crate::mount::options::parse_options;
     use crate::mount::testkit::{dir_fd, entry, loop_disk, mounted_under};
-    use crate::testutil::{root_or_skip, LoopDisk};
+    use crust_testkit::{needs, LoopDisk};
 
     /// Mounts the disk's filesystem on a fresh scratch directory `name`.
     pub(crate) fn mount_at(disk: &LoopDisk, name: &str, fs: &str) -> PathBuf {
@@ -303,10 +303,9 @@ pub(crate) mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn unmount_tree_takes_submounts_and_is_idempotent() {
-        if !root_or_skip("unmount_tree_takes_submounts_and_is_idempotent") {
-            return;
-        }
+        needs::loop_devices();
         let disk = loop_disk("ext4");
         let vol = mount_at(&disk, "vol", "ext4");
         std::fs::create_dir_all(vol.join("a/b")).unwrap();
@@ -331,10 +330,9 @@ pub(crate) mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn unmount_refuses_what_is_not_the_expected_mount() {
-        if !root_or_skip("unmount_refuses_what_is_not_the_expected_mount") {
-            return;
-        }
+        needs::loop_devices();
         let disk = loop_disk("ext4");
         let t = disk.scratch("t");
         rustix::mount::mount("tmpfs", &t, "tmpfs", MountFlags::empty(), None).unwrap();
@@ -380,10 +378,9 @@ pub(crate) mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn unmount_never_follows_a_symlink_swapped_in_on_the_way() {
-        if !root_or_skip("unmount_never_follows_a_symlink_swapped_in_on_the_way") {
-            return;
-        }
+        needs::loop_devices();
         let disk = loop_disk("ext4");
         // base/dir/vol is ours; then base/dir is swapped for a symlink to a
         // directory holding a mount of the same device elsewhere.
@@ -420,10 +417,9 @@ pub(crate) mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn unmount_of_a_busy_mount_fails_precondition() {
-        if !root_or_skip("unmount_of_a_busy_mount_fails_precondition") {
-            return;
-        }
+        needs::loop_devices();
         let disk = loop_disk("ext4");
         let vol = mount_at(&disk, "vol", "ext4");
         let open = std::fs::File::open(&vol).unwrap();
@@ -451,10 +447,9 @@ pub(crate) mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn a_recycled_id_on_devtmpfs_is_another_disks_bind_not_ours() {
-        if !root_or_skip("a_recycled_id_on_devtmpfs_is_another_disks_bind_not_ours") {
-            return;
-        }
+        needs::loop_devices();
         let ours = LoopDisk::new(8, None);
         let theirs = LoopDisk::new(8, None);
         let dev = |d: &LoopDisk| {

@@ -4,15 +4,17 @@
 //! progress reports and cancellation between items. What is done to each
 //! entry is `entries`'; which mode it should end with is `rules`'.
 
-use std::ffi::CStr;
+use std::ffi::{CStr, OsStr, OsString};
 use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::path::Path;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crust_protocols::sync::{CondvarExt, LockExt};
 use rustix::fs::{FileType, Mode, OFlags, RawDir, ResolveFlags};
 use rustix::io::Errno;
 
@@ -23,6 +25,7 @@ use super::rules::root_is_right;
 use crate::cancel::Cancel;
 use crate::model::Policy;
 use crate::sys::error::SysError;
+use crate::sys::mountinfo::shown;
 
 /// What a run did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -122,11 +125,11 @@ fn walk(w: &Walk, limits: Limits) -> Result<(Report, usize), Error> {
     )
     .map_err(|e| match e {
         Errno::NOTDIR => Error::RootNotDirectory {
-            root: root.display().to_string(),
+            root: root.to_path_buf(),
         },
         e @ (Errno::MFILE | Errno::NFILE) => Error::OutOfFds {
             gid,
-            dir: root.display().to_string(),
+            dir: root.to_path_buf(),
             source: e.into(),
         },
         e => SysError::new("open", root.display(), e).into(),
@@ -181,7 +184,7 @@ fn walk(w: &Walk, limits: Limits) -> Result<(Report, usize), Error> {
         walk.work();
     });
     drop(helpers);
-    let failed = walk.lock().failed.take();
+    let failed = walk.queue.locked().failed.take();
     if let Some(e) = failed {
         return Err(e);
     }
@@ -314,12 +317,6 @@ impl Shared<'_> {
         (self.progress)(&self.report(elapsed));
     }
 
-    fn lock(&self) -> MutexGuard<'_, Queue> {
-        // A worker cannot panic while holding the lock (no code there panics);
-        // take the data anyway rather than panic on a poisoned lock.
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn check_cancel(&self) -> Result<(), Error> {
         Ok(self
             .cancel
@@ -337,7 +334,7 @@ impl Shared<'_> {
         let mut buf = vec![MaybeUninit::<u8>::uninit(); READDIR_BUF];
         loop {
             let item = {
-                let mut q = self.lock();
+                let mut q = self.queue.locked();
                 loop {
                     if q.failed.is_some() {
                         return;
@@ -354,7 +351,7 @@ impl Shared<'_> {
                         self.wake.notify_all();
                         return;
                     }
-                    q = self.wake.wait(q).unwrap_or_else(|e| e.into_inner());
+                    q = self.wake.waited(q);
                 }
             };
             let result = match item {
@@ -364,7 +361,7 @@ impl Shared<'_> {
                 Item::More(dir) => self.more(dir, &mut buf),
             };
             self.maybe_progress();
-            let mut q = self.lock();
+            let mut q = self.queue.locked();
             q.busy -= 1;
             if let Err(e) = result {
                 self.fail(&mut q, e);
@@ -379,7 +376,7 @@ impl Shared<'_> {
             return;
         }
         let n = items.len();
-        self.lock().items.extend(items);
+        self.queue.locked().items.extend(items);
         if n == 1 {
             self.wake.notify_one();
         } else {
@@ -389,15 +386,15 @@ impl Shared<'_> {
 
     /// A directory for a message: where `dir` is now (lossily, from
     /// /proc/self/fd), then `name` in it if given.
-    fn shown(&self, dir: BorrowedFd<'_>, depth: u64, name: Option<&CStr>) -> String {
+    fn path_of(&self, dir: BorrowedFd<'_>, depth: u64, name: Option<&CStr>) -> PathBuf {
         let link = format!("/proc/self/fd/{}", dir.as_raw_fd());
         let base = match rustix::fs::readlink(link, Vec::new()) {
-            Ok(p) => p.to_string_lossy().into_owned(),
+            Ok(p) => PathBuf::from(OsString::from_vec(p.into_bytes())),
             // Longer than PATH_MAX, or no /proc.
-            Err(_) => format!("{}/…({depth} levels down)…", self.root.display()),
+            Err(_) => PathBuf::from(format!("{}/…({depth} levels down)…", shown(self.root))),
         };
         match name {
-            Some(n) => format!("{base}/{}", n.to_string_lossy()),
+            Some(n) => base.join(OsStr::from_bytes(n.to_bytes())),
             None => base,
         }
     }
@@ -409,7 +406,7 @@ impl Shared<'_> {
         name: Option<&CStr>,
         e: Errno,
     ) -> Error {
-        let dir = self.shown(dir, depth, name);
+        let dir = self.path_of(dir, depth, name);
         if e == Errno::MFILE || e == Errno::NFILE {
             return Error::OutOfFds {
                 gid: self.gid,
@@ -770,7 +767,7 @@ impl Shared<'_> {
         self.add(&counts);
         done.map_err(|e| Error::OutOfFds {
             gid: self.gid,
-            dir: self.shown(dir, depth, Some(e.name)),
+            dir: self.path_of(dir, depth, Some(e.name)),
             source: e.source,
         })
     }
@@ -794,7 +791,7 @@ mod tests {
     use crate::ownership::rules::{PERM_BITS, RW, S_ISGID, X};
     use std::os::unix::fs::{lchown, symlink, MetadataExt, PermissionsExt};
 
-    use crate::testutil::{root_only_or_skip, root_or_skip, LoopDisk, Mounted};
+    use crust_testkit::{needs, LoopDisk, Mounted};
 
     const GID: u32 = 4321;
 
@@ -822,11 +819,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn a_directory_larger_than_a_chunk_is_read_in_chunks_and_walked_whole() {
-        if !root_only_or_skip("a_directory_larger_than_a_chunk_is_read_in_chunks_and_walked_whole")
-        {
-            return;
-        }
+        needs::root();
         let t = Tmpfs::new();
         let files = 2 * CHUNK + 777;
         for (name, limits) in [
@@ -1035,10 +1030,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn walks_a_tmpdir() {
-        if !root_only_or_skip("walks_a_tmpdir") {
-            return;
-        }
+        needs::root();
         let d = tempfile::tempdir().unwrap();
         let root = d.path().join("vol");
         fs::create_dir(&root).unwrap();
@@ -1046,10 +1040,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn walks_a_loop_ext4() {
-        if !root_or_skip("walks_a_loop_ext4") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(64, Some("ext4"));
         let mnt = Mounted::new(&disk.device, "ext4", "");
         let root = mnt.path.join("vol");
@@ -1074,10 +1067,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn splits_a_big_directory_into_batches() {
-        if !root_only_or_skip("splits_a_big_directory_into_batches") {
-            return;
-        }
+        needs::root();
         let d = tempfile::tempdir().unwrap();
         let n = BATCH * 4 + 17;
         for i in 0..n {
@@ -1096,10 +1088,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn reports_progress_without_changing_the_result() {
-        if !root_only_or_skip("reports_progress_without_changing_the_result") {
-            return;
-        }
+        needs::root();
         let d = tempfile::tempdir().unwrap();
         let (a, b) = twins(d.path(), |t| bench_tree(t, 5000));
         let every = Duration::from_millis(1);
@@ -1254,10 +1245,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn parallel_walk_matches_the_serial_reference() {
-        if !root_only_or_skip("parallel_walk_matches_the_serial_reference") {
-            return;
-        }
+        needs::root();
         let d = tempfile::tempdir().unwrap();
         let (a, b) = twins(d.path(), |t| random_tree(t, 7, 600));
         assert_eq!(snapshot(&a), snapshot(&b));
@@ -1277,10 +1267,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn the_walk_before_fchmodat2_matches_the_serial_reference() {
-        if !root_only_or_skip("the_walk_before_fchmodat2_matches_the_serial_reference") {
-            return;
-        }
+        needs::root();
         // What the walk does on the 6.1 guest. (Once set, other tests' walks
         // in this process take that way too, which is just as right.)
         NO_FCHMODAT2.store(true, Ordering::Relaxed);
@@ -1313,13 +1302,11 @@ mod tests {
     }
 
     /// Parallel walk against the serial kubelet-style walk on a loop ext4.
-    /// `CRUST_BENCH_ENTRIES=100000 cargo test --release --lib ownership::tests::bench -- --ignored --nocapture`
+    /// `CRUST_BENCH_ENTRIES=100000 cargo test --release --lib ownership::walk::tests::bench -- --ignored --nocapture`
     #[test]
-    #[ignore]
+    #[ignore = "needs root: make test runs it"]
     fn bench_against_serial_kubelet_walk() {
-        if !root_or_skip("bench_against_serial_kubelet_walk") {
-            return;
-        }
+        needs::loop_devices();
         let entries: usize = std::env::var("CRUST_BENCH_ENTRIES")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -1584,10 +1571,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn depth_and_path_length_do_not_matter() {
-        if !root_only_or_skip("depth_and_path_length_do_not_matter") {
-            return;
-        }
+        needs::root();
         let t = Tmpfs::new();
         let root = t.path().join("vol");
         fs::create_dir(&root).unwrap();
@@ -1617,10 +1603,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn a_deep_comb_stays_within_the_fd_budget() {
-        if !root_only_or_skip("a_deep_comb_stays_within_the_fd_budget") {
-            return;
-        }
+        needs::root();
         let t = Tmpfs::new();
         let root = t.path().join("vol");
         fs::create_dir(&root).unwrap();
@@ -1664,10 +1649,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn a_directory_moved_during_a_lone_walk_is_found_again() {
-        if !root_only_or_skip("a_directory_moved_during_a_lone_walk_is_found_again") {
-            return;
-        }
+        needs::root();
         let t = Tmpfs::new();
         let root = t.path().join("vol");
         fs::create_dir(&root).unwrap();
@@ -1702,10 +1686,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn a_directory_swapped_for_a_symlink_is_not_followed() {
-        if !root_only_or_skip("a_directory_swapped_for_a_symlink_is_not_followed") {
-            return;
-        }
+        needs::root();
         let t = Tmpfs::new();
         let root = t.path().join("vol");
         let outside = t.path().join("outside");
@@ -1742,10 +1725,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn stops_within_a_second_of_a_token_firing() {
-        if !root_only_or_skip("stops_within_a_second_of_a_token_firing") {
-            return;
-        }
+        needs::root();
         let t = Tmpfs::new();
         let wide = t.path().join("wide");
         let comb = t.path().join("comb");
@@ -1799,10 +1781,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn helper_threads_are_capped_across_walks() {
-        if !root_only_or_skip("helper_threads_are_capped_across_walks") {
-            return;
-        }
+        needs::root();
         let d = Tmpfs::new();
         let (a, b) = twins(d.path(), |t| bench_tree(t, 3000));
         let limits = Limits {
@@ -1855,15 +1836,9 @@ mod tests {
         assert_eq!(read_back(&c, GID), (1011, vec![]));
     }
 
-    /// Run in a child process by `fails_clearly_when_out_of_fds`, with a
-    /// small RLIMIT_NOFILE that must not hit the tests running alongside.
-    #[test]
-    #[ignore]
-    fn out_of_fds_child() {
-        let Ok(root) = std::env::var("CRUST_OUT_OF_FDS_ROOT") else {
-            return;
-        };
-        let root = PathBuf::from(root);
+    /// The part of `fails_clearly_when_out_of_fds` run in its child process,
+    /// with a small RLIMIT_NOFILE that must not hit the tests running alongside.
+    fn out_of_fds_in_child(root: PathBuf) {
         let open_now = fs::read_dir("/proc/self/fd").unwrap().count() as u64;
         let lim = rustix::process::Rlimit {
             current: Some(open_now + 20),
@@ -1883,14 +1858,16 @@ mod tests {
 
     #[test]
     fn fails_clearly_when_out_of_fds() {
+        if crust_testkit::child::is_child() {
+            let root = std::env::var_os("CRUST_OUT_OF_FDS_ROOT").unwrap();
+            out_of_fds_in_child(PathBuf::from(root));
+            return;
+        }
         let d = tempfile::tempdir().unwrap();
         let root = d.path().join("vol");
         fs::create_dir(&root).unwrap();
         comb_holding_fds(&root, 200);
-        let (passed, stdout) = crate::testutil::run_test_alone(
-            "ownership::walk::tests::out_of_fds_child",
-            &[("CRUST_OUT_OF_FDS_ROOT", &root)],
-        );
+        let (passed, stdout) = crust_testkit::child::rerun(&[("CRUST_OUT_OF_FDS_ROOT", &root)]);
         assert!(passed, "{stdout}");
         let line = stdout
             .lines()

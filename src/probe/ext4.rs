@@ -4,6 +4,8 @@
 //! sleeps inside mount(2) where nothing can cancel it.
 
 use super::error::{fits, Error};
+use std::path::Path;
+
 use crate::model::FsType;
 use crate::superblock::{
     Ext4Super, Mmp, EXT4_COMPAT_HAS_JOURNAL, EXT4_INCOMPAT_JOURNAL_DEV, EXT4_INCOMPAT_MMP,
@@ -153,20 +155,24 @@ pub struct MmpAt {
 /// Judges an ext4 superblock against a device of `device_bytes`, from the
 /// superblock alone; Ok(Some) when its MMP block must be read and judged
 /// too (`judge_mmp`). Pure.
-pub fn judge_ext4(sb: &Ext4Super, device_bytes: u64, device: &str) -> Result<Option<MmpAt>, Error> {
+pub fn judge_ext4(
+    sb: &Ext4Super,
+    device_bytes: u64,
+    device: &Path,
+) -> Result<Option<MmpAt>, Error> {
     let corrupt = |what: String| Error::Corrupt {
-        device: device.to_string(),
+        device: device.to_path_buf(),
         fs: FsType::Ext4,
         what,
     };
     let another = |what| Error::NeedsAnotherDevice {
-        device: device.to_string(),
+        device: device.to_path_buf(),
         fs: FsType::Ext4,
         what,
     };
     if sb.incompat & EXT4_INCOMPAT_JOURNAL_DEV != 0 {
         return Err(Error::Mismatch {
-            device: device.to_string(),
+            device: device.to_path_buf(),
             found: "an ext4 external journal",
             expected: FsType::Ext4,
         });
@@ -189,7 +195,7 @@ pub fn judge_ext4(sb: &Ext4Super, device_bytes: u64, device: &str) -> Result<Opt
     }
     if let Some((option, why)) = planted_option(&sb.mount_opts) {
         return Err(Error::PlantedOption {
-            device: device.to_string(),
+            device: device.to_path_buf(),
             option,
             why,
         });
@@ -198,7 +204,7 @@ pub fn judge_ext4(sb: &Ext4Super, device_bytes: u64, device: &str) -> Result<Opt
         return Ok(None);
     }
     let mmp = |what: String| Error::Mmp {
-        device: device.to_string(),
+        device: device.to_path_buf(),
         what,
     };
     if sb.mmp_update_interval == 0 {
@@ -237,9 +243,9 @@ pub fn judge_ext4(sb: &Ext4Super, device_bytes: u64, device: &str) -> Result<Opt
 /// (bad magic, e2fsck running), go ahead at once (clean), or sleep
 /// `mmp_wait_secs` (in use, or left so by a crash), which the agent allows
 /// up to MAX_MMP_WAIT_SECS. Pure.
-pub fn judge_mmp(at: MmpAt, mmp: &Mmp, device: &str) -> Result<(), Error> {
+pub fn judge_mmp(at: MmpAt, mmp: &Mmp, device: &Path) -> Result<(), Error> {
     let refuse = |what: String| Error::Mmp {
-        device: device.to_string(),
+        device: device.to_path_buf(),
         what,
     };
     if mmp.magic != EXT4_MMP_MAGIC {
@@ -355,17 +361,21 @@ mod tests {
         sb.first_data_block = 1;
         cases.push(("mmp block before the data", sb, dev, "corrupt"));
         for (what, sb, dev, want) in cases {
-            assert_eq!(verdict(judge_ext4(&sb, dev, "/dev/vdb")), want, "{what}");
+            assert_eq!(
+                verdict(judge_ext4(&sb, dev, Path::new("/dev/vdb"))),
+                want,
+                "{what}"
+            );
         }
         assert_eq!(
-            judge_ext4(&mmp(5, 500), dev, "/dev/vdb").unwrap(),
+            judge_ext4(&mmp(5, 500), dev, Path::new("/dev/vdb")).unwrap(),
             Some(MmpAt {
                 offset: 500 * 4096,
                 update_interval: 5
             })
         );
         // The message names both sizes.
-        let e = judge_ext4(&ext4_sb(262145), dev, "/dev/vdb").unwrap_err();
+        let e = judge_ext4(&ext4_sb(262145), dev, Path::new("/dev/vdb")).unwrap_err();
         let m = e.to_string();
         assert!(
             m.contains("1073745920 bytes") && m.contains("1073741824 bytes"),
@@ -495,9 +505,13 @@ mod tests {
             ("no magic", block(0, EXT4_MMP_SEQ_CLEAN, 10), "mmp"),
         ];
         for (what, mmp, want) in table {
-            assert_eq!(verdict(judge_mmp(at, &mmp, "/dev/vdb")), want, "{what}");
+            assert_eq!(
+                verdict(judge_mmp(at, &mmp, Path::new("/dev/vdb"))),
+                want,
+                "{what}"
+            );
         }
-        let e = judge_mmp(at, &block(EXT4_MMP_MAGIC, 42, 100), "/dev/vdb").unwrap_err();
+        let e = judge_mmp(at, &block(EXT4_MMP_MAGIC, 42, 100), Path::new("/dev/vdb")).unwrap_err();
         assert!(e.to_string().contains("320 s"), "{e}");
         assert!(e.to_string().contains("node-a"), "{e}");
         // The superblock's interval counts when it is the longer one.
@@ -506,7 +520,11 @@ mod tests {
             update_interval: 14,
         };
         assert_eq!(
-            verdict(judge_mmp(long, &block(EXT4_MMP_MAGIC, 42, 5), "/dev/vdb")),
+            verdict(judge_mmp(
+                long,
+                &block(EXT4_MMP_MAGIC, 42, 5),
+                Path::new("/dev/vdb")
+            )),
             "ok"
         );
         let mut b = vec![0u8; 1024];

@@ -102,7 +102,7 @@ pub fn check(device: &Path, expected: FsType) -> Result<(), Error> {
     judge(
         &head,
         expected,
-        &device.display().to_string(),
+        device,
         // A block device's size is where a seek to its end lands (as for a file).
         || {
             (&file)
@@ -120,12 +120,12 @@ pub fn check(device: &Path, expected: FsType) -> Result<(), Error> {
 pub fn judge(
     head: &[u8],
     expected: FsType,
-    dev: &str,
+    dev: &Path,
     device_bytes: impl FnOnce() -> Result<u64, Error>,
     read: impl FnOnce(u64, usize) -> Result<Vec<u8>, Error>,
 ) -> Result<(), Error> {
     let found = signatures(head);
-    let dev = dev.to_string();
+    let dev = dev.to_path_buf();
     match found.as_slice() {
         [] => {
             return Err(Error::Unformatted {
@@ -192,7 +192,7 @@ mod tests {
     use crate::code::Code;
     use crate::probe::ext4::{planted_option, EXT4_MMP_SEQ_CLEAN, EXT4_MMP_SEQ_FSCK};
     use crate::superblock::with;
-    use crate::testutil::{root_or_skip, run, LoopDisk};
+    use crust_testkit::{needs, run, LoopDisk};
 
     #[test]
     fn recognises_each_layout() {
@@ -238,10 +238,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn identifies_real_disks_without_writing() {
-        if !root_or_skip("identifies_real_disks_without_writing") {
-            return;
-        }
+        needs::loop_devices();
         let cases: [(Option<&str>, Option<&str>); 4] = [
             (Some("ext4"), Some("ext4")),
             (Some("xfs"), Some("xfs")),
@@ -279,10 +278,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn refuses_a_disk_with_two_signatures() {
-        if !root_or_skip("refuses_a_disk_with_two_signatures") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(64, Some("ext4"));
         // A stale xfs magic in the boot block an ext4 does not use.
         run(
@@ -310,10 +308,10 @@ mod tests {
             let h = &head[..len];
             let _ = signatures(h);
             if let Some(sb) = Ext4Super::parse(h) {
-                let _ = judge_ext4(&sb, u64::MAX, "/dev/x");
+                let _ = judge_ext4(&sb, u64::MAX, Path::new("/dev/x"));
             }
             if let Some(sb) = XfsSuper::parse(h) {
-                let _ = judge_xfs(&sb, 0, "/dev/x");
+                let _ = judge_xfs(&sb, 0, Path::new("/dev/x"));
             }
             let _ = Mmp::parse(h);
         }
@@ -326,10 +324,10 @@ mod tests {
             buf[..4].copy_from_slice(b"XFSB");
             let dev = rng.u64(..);
             let sb = Ext4Super::parse(&buf).unwrap();
-            if let Ok(Some(at)) = judge_ext4(&sb, dev, "/dev/x") {
-                let _ = judge_mmp(at, &Mmp::parse(&buf).unwrap(), "/dev/x");
+            if let Ok(Some(at)) = judge_ext4(&sb, dev, Path::new("/dev/x")) {
+                let _ = judge_mmp(at, &Mmp::parse(&buf).unwrap(), Path::new("/dev/x"));
             }
-            let _ = judge_xfs(&XfsSuper::parse(&buf).unwrap(), dev, "/dev/x");
+            let _ = judge_xfs(&XfsSuper::parse(&buf).unwrap(), dev, Path::new("/dev/x"));
             let mut field = [0u8; 64];
             field.copy_from_slice(&buf[..64]);
             let _ = planted_option(&field);
@@ -337,10 +335,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn refuses_real_disks_larger_than_their_device() {
-        if !root_or_skip("refuses_real_disks_larger_than_their_device") {
-            return;
-        }
+        needs::loop_devices();
         for (fs, mb) in [(FsType::Ext4, 64u64), (FsType::Xfs, 320)] {
             let disk = LoopDisk::new(mb, Some(fs.name()));
             check(&disk.device, fs).unwrap();
@@ -366,10 +363,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn refuses_a_real_xfs_whose_log_is_another_device() {
-        if !root_or_skip("refuses_a_real_xfs_whose_log_is_another_device") {
-            return;
-        }
+        needs::loop_devices();
         // An xfs whose log is another device.
         let log = LoopDisk::new(64, None);
         let disk = LoopDisk::new(320, None);
@@ -389,10 +385,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn refuses_real_disks_that_need_another_device_or_plant_options() {
-        if !root_or_skip("refuses_real_disks_that_need_another_device_or_plant_options") {
-            return;
-        }
+        needs::loop_devices();
         // An ext4 whose journal is another device, and that device itself.
         let journal = LoopDisk::new(16, None);
         run(
@@ -462,10 +457,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn judges_real_mmp_disks() {
-        if !root_or_skip("judges_real_mmp_disks") {
-            return;
-        }
+        needs::loop_devices();
         // (e2fsprogs run MMP's own wait when they open an MMP disk read-write,
         // so everything is set at mkfs time or written with dd.)
         // The longest interval mke2fs allows: after a crash the kernel would

@@ -2,15 +2,17 @@
 //! against the device, and a log or realtime section on another device.
 
 use super::error::{fits, Error};
+use std::path::Path;
+
 use crate::model::FsType;
 use crate::superblock::XfsSuper;
 
 /// Judges an xfs superblock against a device of `device_bytes`. Pure.
-pub fn judge_xfs(sb: &XfsSuper, device_bytes: u64, device: &str) -> Result<(), Error> {
+pub fn judge_xfs(sb: &XfsSuper, device_bytes: u64, device: &Path) -> Result<(), Error> {
     // xfs_validate_sb_common: a power of two from 512 bytes to 64 KiB.
     if !(512..=65536).contains(&sb.blocksize) || !sb.blocksize.is_power_of_two() {
         return Err(Error::Corrupt {
-            device: device.to_string(),
+            device: device.to_path_buf(),
             fs: FsType::Xfs,
             what: format!(
                 "its block size {} is not one any kernel mounts",
@@ -26,7 +28,7 @@ pub fn judge_xfs(sb: &XfsSuper, device_bytes: u64, device: &str) -> Result<(), E
         device,
     )?;
     let another = |what| Error::NeedsAnotherDevice {
-        device: device.to_string(),
+        device: device.to_path_buf(),
         fs: FsType::Xfs,
         what,
     };
@@ -68,7 +70,11 @@ mod tests {
             ),
         ];
         for (what, sb, want) in table {
-            assert_eq!(verdict(judge_xfs(&sb, dev, "/dev/vdc")), want, "{what}");
+            assert_eq!(
+                verdict(judge_xfs(&sb, dev, Path::new("/dev/vdc"))),
+                want,
+                "{what}"
+            );
         }
     }
 }

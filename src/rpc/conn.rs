@@ -1,5 +1,5 @@
 //! One client connection: its bytes in (cut into frames), its answers out
-//! (the [`Wire`], which the workers share to answer without a detour
+//! (the `Wire`, which the workers share to answer without a detour
 //! through the event loop), the ttrpc rules a request frame must follow
 //! before it runs, and the channel whose disconnection tells its requests
 //! that the caller is gone.
@@ -29,9 +29,7 @@ pub(crate) enum Admit {
     /// Answer at once with this frame (a refusal); the code and reason are
     /// for the log.
     Refuse(Vec<u8>, Code, String),
-    /// Run this request.
     Run {
-        /// Its stream id.
         stream: u32,
         /// Its method, by its index in the [`Table`].
         method: usize,

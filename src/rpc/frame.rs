@@ -1,6 +1,6 @@
 //! ttrpc's framing: a 10-byte header (payload length and stream id, both
 //! u32 big-endian, then the frame type and flags) followed by the payload.
-//! [`Reader`] cuts frames out of the bytes a connection delivers, holding at
+//! `Reader` cuts frames out of the bytes a connection delivers, holding at
 //! most one frame's worth; a frame announcing more than the limit is
 //! reported at once and its payload discarded as it arrives, never stored.
 
@@ -8,10 +8,8 @@
 pub(crate) const HEADER_LEN: usize = 10;
 /// A request frame (the only kind a client sends on unary calls).
 pub(crate) const TYPE_REQUEST: u8 = 1;
-/// A response frame.
 pub(crate) const TYPE_RESPONSE: u8 = 2;
 
-/// A frame header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Header {
     /// Payload bytes after the header.
@@ -71,7 +69,6 @@ pub(crate) fn response(stream: u32, payload: &[u8]) -> Option<Vec<u8>> {
 /// What the reader cut out of the stream.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Frame {
-    /// A whole frame.
     Whole(Header, Vec<u8>),
     /// A frame whose payload exceeds the limit: reported when its header
     /// arrives; its payload is skipped without being stored.
@@ -114,7 +111,6 @@ impl Reader {
         self.skip > 0 || !self.buf.is_empty()
     }
 
-    /// Bytes held.
     pub(crate) fn held(&self) -> usize {
         self.buf.len()
     }

@@ -31,7 +31,6 @@ pub enum Address {
     Vsock {
         /// The context id, or `u32::MAX` (written `-1`) for any.
         cid: u32,
-        /// The port.
         port: u32,
     },
 }
@@ -183,7 +182,6 @@ pub(crate) fn peer_of(fd: BorrowedFd<'_>) -> io::Result<Peer> {
 pub struct VsockAddr {
     /// The context id.
     pub cid: u32,
-    /// The port.
     pub port: u32,
 }
 

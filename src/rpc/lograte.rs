@@ -1,6 +1,6 @@
 //! A rate limit for the transport's own log lines (refusals, evictions,
 //! malformed frames): a flood of bad frames must not become a flood of
-//! console lines. Up to [`PER_SECOND`] lines a second; the rest are counted
+//! console lines. Up to `PER_SECOND` lines a second; the rest are counted
 //! and the count is reported on the next line that gets through.
 
 use std::sync::atomic::{AtomicU64, Ordering};

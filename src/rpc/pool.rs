@@ -8,8 +8,10 @@
 //! [`LaneRule`]: super::table::LaneRule
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::thread::Thread;
+
+use crust_protocols::sync::LockExt;
 
 use super::dispatch::Job;
 use super::table::Lane;
@@ -87,17 +89,13 @@ impl Queue {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Lanes> {
-        self.lanes.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Queues `job`, or gives it back with the number waiting in its lane
     /// when that lane is full (or the queue closed). A connection's `first`
     /// request (none of its others in flight) is always taken: so many
     /// clients flooding cannot lock out one that sends a request at a time,
     /// and the excess is bounded by the number of connections.
     pub(crate) fn push(&self, job: Job, lane: Lane, first: bool) -> Result<(), (Box<Job>, usize)> {
-        let mut l = self.lock();
+        let mut l = self.lanes.locked();
         if l.closed {
             return Err((Box::new(job), 0));
         }
@@ -127,7 +125,7 @@ impl Queue {
     pub(crate) fn pop(&self, lane: Lane) -> Option<Job> {
         let me = std::thread::current();
         loop {
-            let mut l = self.lock();
+            let mut l = self.lanes.locked();
             // Woken by a push (which took us off the idle list) or spuriously.
             l.idle_regular.retain(|t| t.id() != me.id());
             l.idle_quick.retain(|t| t.id() != me.id());
@@ -153,7 +151,7 @@ impl Queue {
 
     /// Drops what waits and wakes every worker to exit.
     pub(crate) fn close(&self) {
-        let mut l = self.lock();
+        let mut l = self.lanes.locked();
         l.closed = true;
         l.regular.clear();
         l.quick.clear();

@@ -142,7 +142,6 @@ struct Entry {
     path: String,
     /// Where its requests run.
     lane: Lane,
-    /// The generated handler.
     handler: Box<dyn MethodHandler + Send + Sync>,
     /// Its direct answer, if the service gave one.
     direct: Option<Direct>,

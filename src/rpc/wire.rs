@@ -4,8 +4,9 @@
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
+use crust_protocols::sync::LockExt;
 use rustix::io::Errno;
 use rustix::net::SendFlags;
 
@@ -36,10 +37,6 @@ struct Out {
 }
 
 impl Wire {
-    fn out(&self) -> MutexGuard<'_, Out> {
-        self.out.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Bytes waiting to be sent.
     pub(crate) fn pending(&self) -> usize {
         self.pending.load(Ordering::Acquire)
@@ -47,7 +44,7 @@ impl Wire {
 
     /// Queues a frame behind what is pending, without writing.
     pub(crate) fn queue(&self, frame: &[u8]) {
-        let mut o = self.out();
+        let mut o = self.out.locked();
         o.push(&[frame]);
         self.note(&o);
     }
@@ -59,7 +56,7 @@ impl Wire {
         let Some(h) = frame::response_header(stream, answer.len()) else {
             return;
         };
-        let mut o = self.out();
+        let mut o = self.out.locked();
         o.push(&[&h, answer]);
         self.note(&o);
     }
@@ -74,7 +71,7 @@ impl Wire {
         let Some(h) = frame::response_header(stream, answer.len()) else {
             return Ok(0);
         };
-        let mut o = self.out();
+        let mut o = self.out.locked();
         let idle = o.sent == o.buf.len();
         o.push(&[&h, answer]);
         let r = if idle {
@@ -89,7 +86,7 @@ impl Wire {
     /// Writes what is pending as far as the socket takes it. Returns
     /// (bytes written, bytes still pending).
     pub(crate) fn flush(&self) -> Result<(usize, usize), Errno> {
-        let mut o = self.out();
+        let mut o = self.out.locked();
         let r = o.send(&self.fd);
         self.note(&o);
         r

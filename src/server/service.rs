@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crust_protocols::crust as pb;
+use crust_protocols::sync::LockExt;
 use slog::{debug, info, warn, Logger};
 
 use super::translate::{
@@ -152,7 +153,7 @@ impl<T: VolumeTable> Service<T> {
         &self,
         _: &pb::GetAgentInfoRequest,
     ) -> Result<pb::GetAgentInfoResponse> {
-        let t = *self.timeline.lock().unwrap_or_else(|p| p.into_inner());
+        let t = *self.timeline.locked();
         let i = system::agent_info(self.started, t)?;
         Ok(agent_info(i, t, self.volumes.state_problem()))
     }
@@ -285,12 +286,7 @@ impl<T: VolumeTable> Service<T> {
     /// Every volume unpublished, then the shutdown sender told.
     pub(crate) fn shutdown_in(&self, _: &pb::ShutdownRequest) -> Result<pb::ShutdownResponse> {
         let volumes_unmounted = self.volumes.shutdown();
-        if let Some(tx) = self
-            .shutdown
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
+        if let Some(tx) = self.shutdown.locked().take() {
             debug!(self.log, "shutdown requested");
             let _ = tx.send(());
         }

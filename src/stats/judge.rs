@@ -4,7 +4,7 @@
 //! here without root, loop devices or a kernel that misbehaves on cue; the
 //! gathering itself is proven against real disks in `mod.rs`'s tests.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rustix::io::Errno;
 
@@ -22,7 +22,6 @@ pub struct Volume<'a> {
     pub mount_id: Option<MountId>,
     /// Its disk.
     pub device: &'a Device,
-    /// Published read-only.
     pub read_only: bool,
     /// Its filesystem.
     pub fs: FsType,
@@ -56,18 +55,14 @@ pub struct DiskFacts {
     /// Present (with its size), gone or empty.
     pub state: DiskState,
     /// Where disks are listed, for messages.
-    pub dev_block: String,
+    pub dev_block: PathBuf,
     /// The filesystem's own size, when the mount is the volume's and it was read.
     pub fs_bytes: Option<u64>,
 }
 
-fn shown(p: &Path) -> String {
-    p.display().to_string()
-}
-
 /// The guest path could not be opened beneath the root: why.
 pub fn open_failed(v: &Volume, err: Errno) -> Problem {
-    let path = shown(v.path);
+    let path = v.path.to_path_buf();
     match err {
         Errno::NOENT => Problem::PathGone { path },
         Errno::LOOP | Errno::XDEV => Problem::PathEscapes { path },
@@ -83,7 +78,7 @@ pub fn open_failed(v: &Volume, err: Errno) -> Problem {
 /// what is wrong if not quite. A shut-down filesystem that fails statx is
 /// told apart by the mount its fd is on.
 pub fn ours(v: &Volume, f: &MountFacts) -> (bool, Option<Problem>) {
-    let (path, dev) = (shown(v.path), v.device);
+    let (path, dev) = (v.path.to_path_buf(), v.device);
     match &f.mount_point {
         Err(errno) => {
             let own = f.fd_mount.as_ref().is_some_and(|m| {
@@ -120,12 +115,11 @@ pub fn ours(v: &Volume, f: &MountFacts) -> (bool, Option<Problem>) {
     }
 }
 
-/// statfs fails.
 pub fn statfs_fails(v: &Volume, f: &MountFacts) -> Option<Problem> {
     let errno = *f.statfs.as_ref().err()?;
     Some(Problem::CallFails {
         call: "statfs",
-        path: shown(v.path),
+        path: v.path.to_path_buf(),
         errno,
     })
 }
@@ -136,7 +130,7 @@ pub fn lookups_fail(v: &Volume, f: &MountFacts) -> Option<Problem> {
     let errno = f.stat.filter(|e| failing(*e))?;
     Some(Problem::CallFails {
         call: "stat",
-        path: shown(v.path),
+        path: v.path.to_path_buf(),
         errno,
     })
 }
@@ -145,7 +139,7 @@ pub fn lookups_fail(v: &Volume, f: &MountFacts) -> Option<Problem> {
 pub fn table_unreadable(v: &Volume, t: &TableFacts) -> Option<Problem> {
     let why = t.as_ref().err()?;
     Some(Problem::TableUnreadable {
-        path: shown(v.path),
+        path: v.path.to_path_buf(),
         why: why.clone(),
     })
 }
@@ -154,8 +148,8 @@ pub fn table_unreadable(v: &Volume, t: &TableFacts) -> Option<Problem> {
 pub fn other_root(v: &Volume, t: &TableFacts) -> Option<Problem> {
     let m = t.as_ref().ok()?.as_ref()?;
     (m.root != Path::new("/")).then(|| Problem::OtherRoot {
-        path: shown(v.path),
-        root: shown(&m.root),
+        path: v.path.to_path_buf(),
+        root: m.root.clone(),
     })
 }
 
@@ -163,7 +157,7 @@ pub fn other_root(v: &Volume, t: &TableFacts) -> Option<Problem> {
 pub fn other_type(v: &Volume, t: &TableFacts) -> Option<Problem> {
     let m = t.as_ref().ok()?.as_ref()?;
     (m.fs_type != v.fs.name()).then(|| Problem::OtherType {
-        path: shown(v.path),
+        path: v.path.to_path_buf(),
         found: m.fs_type.clone(),
         fs: v.fs,
     })
@@ -178,7 +172,7 @@ pub fn now_read_only(v: &Volume, f: &MountFacts, t: &TableFacts) -> Option<Probl
         .is_some_and(|m| m.read_only() || m.super_read_only());
     let ro = f.statfs.as_ref().is_ok_and(|ro| *ro) || listed;
     (!v.read_only && ro).then(|| Problem::NowReadOnly {
-        path: shown(v.path),
+        path: v.path.to_path_buf(),
         fs: v.fs,
     })
 }
@@ -201,7 +195,7 @@ pub fn shrank(v: &Volume, d: &DiskFacts) -> Option<Problem> {
     let fs_bytes = d.fs_bytes.filter(|n| *n > size_bytes)?;
     Some(Problem::LargerThanDevice {
         fs: v.fs,
-        path: shown(v.path),
+        path: v.path.to_path_buf(),
         fs_bytes,
         disk_name: v.device.name.clone(),
         size_bytes,
@@ -262,7 +256,6 @@ pub struct BlockVolume<'a> {
     pub mount_id: Option<MountId>,
     /// Its disk.
     pub device: &'a Device,
-    /// Published read-only.
     pub read_only: bool,
 }
 
@@ -278,7 +271,7 @@ pub struct DeviceFacts {
 
 /// The guest path is no longer the bind of the device's node the agent made.
 pub fn bind(v: &BlockVolume, here: &Result<MountPoint, Errno>) -> Option<Problem> {
-    let (path, dev) = (shown(v.path), v.device);
+    let (path, dev) = (v.path.to_path_buf(), v.device);
     let key = (dev.major, dev.minor);
     match here {
         Err(Errno::NOENT) => Some(Problem::BindGone { path }),

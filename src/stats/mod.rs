@@ -178,7 +178,7 @@ fn look_at_disk(sysfs: &Sysfs, dev: &Device, ext4: bool, fs_bytes: Option<u64>) 
             String::new()
         },
         state: sysfs.disk_state(dev),
-        dev_block: sysfs.dev_block.display().to_string(),
+        dev_block: sysfs.dev_block.clone(),
         fs_bytes,
     }
 }
@@ -248,7 +248,7 @@ fn condition_of(problems: &[Problem]) -> Condition {
 mod tests {
     use super::*;
     use crate::model::testdisk::AgentDevice;
-    use crate::testutil::{root_or_skip, run, LoopDisk, Mounted};
+    use crust_testkit::{needs, run, LoopDisk, Mounted};
     use std::os::fd::AsFd;
     use std::time::{Duration, Instant};
 
@@ -346,10 +346,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn healthy_volumes_are_ok_and_usage_follows_writes() {
-        if !root_or_skip("healthy_volumes_are_ok_and_usage_follows_writes") {
-            return;
-        }
+        needs::loop_devices();
         for fs in [FsType::Ext4, FsType::Xfs] {
             let disk = LoopDisk::new(320, Some(fs.name()));
             let m = Mounted::new(&disk.device, fs.name(), "");
@@ -381,10 +380,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn notices_an_unmount_behind_the_agents_back() {
-        if !root_or_skip("notices_an_unmount_behind_the_agents_back") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(64, Some("ext4"));
         let m = Mounted::new(&disk.device, "ext4", "");
         let dev = disk.agent_device();
@@ -411,10 +409,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn notices_a_read_only_remount() {
-        if !root_or_skip("notices_a_read_only_remount") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(320, Some("xfs"));
         let m = Mounted::new(&disk.device, "xfs", "");
         let dev = disk.agent_device();
@@ -428,10 +425,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn notices_ext4_errors() {
-        if !root_or_skip("notices_ext4_errors") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(64, Some("ext4"));
         let m = Mounted::new(&disk.device, "ext4", "errors=remount-ro");
         let dev = disk.agent_device();
@@ -460,10 +456,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn notices_a_disk_that_shrank_under_its_filesystem() {
-        if !root_or_skip("notices_a_disk_that_shrank_under_its_filesystem") {
-            return;
-        }
+        needs::loop_devices();
         for (fs, mb) in [(FsType::Ext4, 64u64), (FsType::Xfs, 320)] {
             let disk = LoopDisk::new(mb, Some(fs.name()));
             let m = Mounted::as_the_agent(&disk.device, fs.name());
@@ -483,10 +478,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn notices_a_shut_down_xfs() {
-        if !root_or_skip("notices_a_shut_down_xfs") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(320, Some("xfs"));
         let m = Mounted::new(&disk.device, "xfs", "");
         let dev = disk.agent_device();
@@ -501,10 +495,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn notices_a_detached_disk() {
-        if !root_or_skip("notices_a_detached_disk") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(64, Some("ext4"));
         let m = Mounted::new(&disk.device, "ext4", "");
         let dev = disk.agent_device();

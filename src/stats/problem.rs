@@ -2,15 +2,16 @@
 //! the condition's message is these, joined.
 
 use std::fmt;
+use std::path::PathBuf;
 
 use rustix::io::Errno;
 
 use crate::model::{Device, FsType, MountId};
+use crate::sys::mountinfo::shown;
 
 /// A disk as the messages name it: `vdb (254:16)`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Disk {
-    /// Its kernel name.
     pub name: String,
     /// Its device number.
     pub major: u32,
@@ -84,52 +85,62 @@ fn read_only_hint(fs: FsType) -> &'static str {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Problem {
     /// The guest path is gone.
-    #[error("{path} is gone: the volume was unmounted and removed behind the agent's back")]
-    PathGone { path: String },
+    #[error(
+        "{} is gone: the volume was unmounted and removed behind the agent's back",
+        shown(path)
+    )]
+    PathGone { path: PathBuf },
     /// The guest path now leads through a symlink or out of the root.
-    #[error("{path} is now a symlink or leads outside the agent's root: the volume was unmounted behind the agent's back")]
-    PathEscapes { path: String },
+    #[error("{} is now a symlink or leads outside the agent's root: the volume was unmounted behind the agent's back", shown(path))]
+    PathEscapes { path: PathBuf },
     /// A call on the volume fails.
-    #[error("{call} on {path} fails with {}{}", errno_name(*errno), failing_text(*errno))]
+    #[error("{call} on {} fails with {}{}", shown(path), errno_name(*errno), failing_text(*errno))]
     CallFails {
         call: &'static str,
-        path: String,
+        path: PathBuf,
         errno: Errno,
     },
     /// Nothing is mounted at the guest path.
-    #[error("{path} is no longer a mount point: the volume was unmounted behind the agent's back")]
-    NotMountPoint { path: String },
+    #[error(
+        "{} is no longer a mount point: the volume was unmounted behind the agent's back",
+        shown(path)
+    )]
+    NotMountPoint { path: PathBuf },
     /// Another disk is mounted at the guest path.
-    #[error("{path} is now a mount of device {}:{}, not of the volume's disk {disk}", found.0, found.1)]
+    #[error("{} is now a mount of device {}:{}, not of the volume's disk {disk}", shown(path), found.0, found.1)]
     OtherDevice {
-        path: String,
+        path: PathBuf,
         found: (u32, u32),
         disk: Disk,
     },
     /// Another mount of the volume's disk is at the guest path.
-    #[error("{path} is now another mount of the volume's disk {disk_name} than the agent made (mount {found} instead of {made})")]
+    #[error("{} is now another mount of the volume's disk {disk_name} than the agent made (mount {found} instead of {made})", shown(path))]
     OtherMount {
-        path: String,
+        path: PathBuf,
         disk_name: String,
         found: MountId,
         made: MountId,
     },
     /// The mount table could not be read.
-    #[error("cannot tell how {path} is mounted: {why}")]
-    TableUnreadable { path: String, why: String },
+    #[error("cannot tell how {} is mounted: {why}", shown(path))]
+    TableUnreadable { path: PathBuf, why: String },
     /// The mount shows a directory of the filesystem, not its root.
-    #[error("{path} now shows {root} inside the disk's filesystem, not its root")]
-    OtherRoot { path: String, root: String },
+    #[error(
+        "{} now shows {} inside the disk's filesystem, not its root",
+        shown(path),
+        shown(root)
+    )]
+    OtherRoot { path: PathBuf, root: PathBuf },
     /// The mount is of another filesystem type.
-    #[error("{path} is now a {found} mount, not {fs}")]
+    #[error("{} is now a {found} mount, not {fs}", shown(path))]
     OtherType {
-        path: String,
+        path: PathBuf,
         found: String,
         fs: FsType,
     },
     /// A volume published read-write is read-only now.
-    #[error("{path} was published read-write but is now read-only{}", read_only_hint(*fs))]
-    NowReadOnly { path: String, fs: FsType },
+    #[error("{} was published read-write but is now read-only{}", shown(path), read_only_hint(*fs))]
+    NowReadOnly { path: PathBuf, fs: FsType },
     /// ext4 recorded errors.
     #[error("ext4 on {disk_name} has recorded {count} error(s) ({file}); check the filesystem with e2fsck on the host")]
     Ext4Errors {
@@ -138,41 +149,45 @@ pub enum Problem {
         file: String,
     },
     /// The disk shrank under its filesystem.
-    #[error("the filesystem is larger than its device: the {fs} at {path} is {fs_bytes} bytes but disk {disk_name} now holds only {size_bytes} bytes (it shrank under the mount; reads past its end fail)")]
+    #[error("the filesystem is larger than its device: the {fs} at {} is {fs_bytes} bytes but disk {disk_name} now holds only {size_bytes} bytes (it shrank under the mount; reads past its end fail)", shown(path))]
     LargerThanDevice {
         fs: FsType,
-        path: String,
+        path: PathBuf,
         fs_bytes: u64,
         disk_name: String,
         size_bytes: u64,
     },
     /// The disk was detached.
-    #[error("disk {disk} is gone from {dir}: the host detached it")]
-    DiskGone { disk: Disk, dir: String },
+    #[error("disk {disk} is gone from {}: the host detached it", shown(dir))]
+    DiskGone { disk: Disk, dir: PathBuf },
     /// The disk's backing storage is gone.
     #[error("disk {disk} reports size 0: its backing storage is gone")]
     DiskEmpty { disk: Disk },
     /// A block volume's guest path is gone.
-    #[error("{path} is gone: the block volume's bind was removed behind the agent's back")]
-    BindGone { path: String },
+    #[error(
+        "{} is gone: the block volume's bind was removed behind the agent's back",
+        shown(path)
+    )]
+    BindGone { path: PathBuf },
     /// A block volume's guest path leads through a symlink or out of the root.
-    #[error("{path} now leads through a symlink or outside the agent's root: the block volume's bind was removed behind the agent's back")]
-    BindEscapes { path: String },
+    #[error("{} now leads through a symlink or outside the agent's root: the block volume's bind was removed behind the agent's back", shown(path))]
+    BindEscapes { path: PathBuf },
     /// statx of a block volume's guest path fails.
-    #[error("statx on {path} fails with {}", errno_name(*errno))]
-    BindStatx { path: String, errno: Errno },
+    #[error("statx on {} fails with {}", shown(path), errno_name(*errno))]
+    BindStatx { path: PathBuf, errno: Errno },
     /// A block volume's node is no longer bound there.
     #[error(
-        "{path} is no longer bound to disk {disk}: the bind was removed behind the agent's back"
+        "{} is no longer bound to disk {disk}: the bind was removed behind the agent's back",
+        shown(path)
     )]
-    NotBound { path: String, disk: Disk },
+    NotBound { path: PathBuf, disk: Disk },
     /// Something else is mounted at a block volume's guest path.
-    #[error("{path} is now a mount of something else than disk {disk}")]
-    BoundOther { path: String, disk: Disk },
+    #[error("{} is now a mount of something else than disk {disk}", shown(path))]
+    BoundOther { path: PathBuf, disk: Disk },
     /// Another bind of the disk is at a block volume's guest path.
-    #[error("{path} is now another bind of disk {disk_name} than the agent made (mount {found} instead of {made})")]
+    #[error("{} is now another bind of disk {disk_name} than the agent made (mount {found} instead of {made})", shown(path))]
     OtherBind {
-        path: String,
+        path: PathBuf,
         disk_name: String,
         found: MountId,
         made: MountId,

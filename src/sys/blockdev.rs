@@ -26,19 +26,15 @@ pub enum Error {
         "the node {node} of disk {name} ({major}:{minor}) is gone; the host detached the disk"
     )]
     Gone {
-        /// The node.
         node: String,
         /// The disk's kernel name.
         name: String,
-        /// Its major number.
         major: u32,
-        /// Its minor number.
         minor: u32,
     },
     #[code(FailedPrecondition)]
     #[error("{node} is no longer block device {major}:{minor} ({found}); the disk was replaced behind the agent's back")]
     Replaced {
-        /// The node.
         node: String,
         /// The major number published.
         major: u32,
@@ -167,17 +163,16 @@ pub fn flush(f: &File, dev: &Device) -> Result<(), Error> {
 mod tests {
     use super::*;
     use crate::model::testdisk::AgentDevice;
-    use crate::testutil::{root_or_skip, LoopDisk};
+    use crust_testkit::{needs, LoopDisk};
 
     fn device(d: &LoopDisk) -> Device {
         d.agent_device()
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn read_only_is_set_read_and_cleared_and_writes_fail_meanwhile() {
-        if !root_or_skip("read_only_is_set_read_and_cleared_and_writes_fail_meanwhile") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(8, None);
         let dev = device(&disk);
         let f = open(&dev).unwrap();
@@ -201,10 +196,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn a_node_that_is_another_device_is_refused() {
-        if !root_or_skip("a_node_that_is_another_device_is_refused") {
-            return;
-        }
+        needs::loop_devices();
         let (a, b) = (LoopDisk::new(8, None), LoopDisk::new(8, None));
         let mut dev = device(&a);
         dev.path = b.device.clone();

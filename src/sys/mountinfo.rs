@@ -17,9 +17,7 @@ use crate::sys::error::SysError;
 /// One line of mountinfo (proc(5)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MountEntry {
-    /// Unique id of the mount.
     pub mount_id: MountId,
-    /// Id of the parent mount.
     pub parent_id: MountId,
     /// Device major number of the filesystem.
     pub major: u32,

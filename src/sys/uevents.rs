@@ -132,7 +132,7 @@ impl Uevents {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::{root_or_skip, LoopDisk};
+    use crust_testkit::{needs, LoopDisk};
 
     #[test]
     fn parses_uevents() {
@@ -160,10 +160,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn hears_the_kernel_announce_a_resize() {
-        if !root_or_skip("hears_the_kernel_announce_a_resize") {
-            return;
-        }
+        needs::loop_devices();
         let disk = LoopDisk::new(16, None);
         let name = disk.name();
         let events = Uevents::open();

@@ -66,7 +66,7 @@ impl<K: Kernel> Binder<'_, K> {
                 || b.rro != req.recursive_read_only
             {
                 return Err(Error::TargetTaken {
-                    target: target.display().to_string(),
+                    target: target.to_path_buf(),
                     what: format!("a bind of volume {} with other parameters", vol.id()),
                 }
                 .into());
@@ -111,7 +111,7 @@ impl<K: Kernel> Binder<'_, K> {
                     if p == rel && mp.is_root {
                         let what = self.takedown.mounts.describe(mp.mount_id)?;
                         return Err(Error::TargetTaken {
-                            target: target.display().to_string(),
+                            target: target.to_path_buf(),
                             what: what.map_or_else(
                                 || "a mount point".to_string(),
                                 |m| format!("a mount of {m}"),
@@ -121,7 +121,7 @@ impl<K: Kernel> Binder<'_, K> {
                     }
                     if let Some(volume) = self.claims.holder_of(mp.dev) {
                         return Err(Error::TargetInVolume {
-                            target: target.display().to_string(),
+                            target: target.to_path_buf(),
                             volume,
                         }
                         .into());
@@ -241,7 +241,7 @@ impl<K: Kernel> Binder<'_, K> {
                     .describe(mp.mount_id)?
                     .unwrap_or_else(|| format!("mount {}", mp.mount_id));
                 Err(mount::error::Error::NotOurs {
-                    path: target.display().to_string(),
+                    path: target.to_path_buf(),
                     what,
                 }
                 .into())

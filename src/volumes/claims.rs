@@ -7,13 +7,15 @@
 //! device's sectors are read from sysfs before its claim).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Mutex;
 
+use crust_protocols::sync::LockExt;
+
 use super::error::Error;
-use super::held::{lock, Held};
+use super::held::Held;
 use super::volume::Volume;
 use crate::model::{Device, Extent};
-use crate::sys::mountinfo::shown;
 
 /// A device number (major, minor).
 pub(crate) type DevNum = (u32, u32);
@@ -23,7 +25,7 @@ pub(crate) type DevNum = (u32, u32);
 pub(crate) struct Claim {
     pub(crate) id: String,
     /// Its device node, for messages.
-    pub(crate) device: String,
+    pub(crate) device: PathBuf,
     /// The sectors it covers on its whole disk.
     pub(crate) extent: Extent,
 }
@@ -48,17 +50,17 @@ impl Claims {
         extent: Extent,
     ) -> Result<DeviceClaim<'_>, Error> {
         let key = (device.major, device.minor);
-        let mut claims = lock(&self.map);
+        let mut claims = self.map.locked();
         for (held, c) in claims.iter().filter(|(_, c)| c.id != id) {
             if *held == key {
                 return Err(Error::DeviceInUse {
-                    device: shown(&device.path),
+                    device: device.path.clone(),
                     other: c.id.clone(),
                 });
             }
             if c.extent.overlaps(&extent) {
                 return Err(Error::DeviceOverlaps {
-                    device: shown(&device.path),
+                    device: device.path.clone(),
                     held: c.device.clone(),
                     how: extent.describe(&c.extent),
                     other: c.id.clone(),
@@ -69,7 +71,7 @@ impl Claims {
             key,
             Claim {
                 id: id.to_string(),
-                device: shown(&device.path),
+                device: device.path.clone(),
                 extent,
             },
         );
@@ -80,7 +82,7 @@ impl Claims {
     /// (recovery's call: both stay as they are mounted), and returns the
     /// claims it overlaps.
     pub(crate) fn adopt(&self, vol: &Volume, extent: Extent) -> Vec<Claim> {
-        let mut claims = lock(&self.map);
+        let mut claims = self.map.locked();
         let overlaps = claims
             .values()
             .filter(|c| c.extent.overlaps(&extent))
@@ -90,7 +92,7 @@ impl Claims {
             (vol.device.major, vol.device.minor),
             Claim {
                 id: vol.id().to_string(),
-                device: shown(&vol.device.path),
+                device: vol.device.path.clone(),
                 extent,
             },
         );
@@ -99,11 +101,13 @@ impl Claims {
 
     /// The volume that holds device `dev`, if one does.
     pub(crate) fn holder_of(&self, dev: DevNum) -> Option<String> {
-        lock(&self.map).get(&dev).map(|c| c.id.clone())
+        self.map.locked().get(&dev).map(|c| c.id.clone())
     }
 
     /// `vol` is unpublished: its device is free again.
     pub(crate) fn release(&self, vol: &Volume) {
-        lock(&self.map).remove(&(vol.device.major, vol.device.minor));
+        self.map
+            .locked()
+            .remove(&(vol.device.major, vol.device.minor));
     }
 }

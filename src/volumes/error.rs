@@ -3,8 +3,11 @@
 //! published, a disk or target held by another volume, the state directory
 //! full or read-only, a mount moved or stacked behind the agent's back.
 
+use std::path::PathBuf;
+
 use crate::cancel::Why;
 use crate::code::Code;
+use crate::sys::mountinfo::shown;
 
 crate::code::coded_errors! {
 /// What the volume table refuses.
@@ -16,107 +19,97 @@ pub enum Error {
     #[code(AlreadyExists)]
     #[error("volume {id} is already published with different parameters ({differs}); unpublish it first, or repeat the original request")]
     Conflict {
-        /// The volume id.
         id: String,
         /// Which parameter differs.
         differs: String,
     },
     #[code(FailedPrecondition)]
-    #[error("device {device} is already published as volume {other}; a disk is published once, under one volume id (as a filesystem or as a block volume, not both)")]
+    #[error("device {} is already published as volume {other}; a disk is published once, under one volume id (as a filesystem or as a block volume, not both)", shown(device))]
     DeviceInUse {
-        /// The device node.
-        device: String,
+        device: PathBuf,
         /// The volume that holds it.
         other: String,
     },
     #[code(FailedPrecondition)]
-    #[error("device {device} shares sectors with {held} ({how}), which is published as volume {other}; a disk is published once: a whole disk and its partitions, or partitions that overlap, are never published side by side")]
+    #[error("device {} shares sectors with {} ({how}), which is published as volume {other}; a disk is published once: a whole disk and its partitions, or partitions that overlap, are never published side by side", shown(device), shown(held))]
     DeviceOverlaps {
         /// The device node asked for.
-        device: String,
+        device: PathBuf,
         /// The device the other volume holds.
-        held: String,
+        held: PathBuf,
         /// How they overlap, in sectors of the whole disk.
         how: String,
         /// The volume that holds it.
         other: String,
     },
     #[code(FailedPrecondition)]
-    #[error("device {device} shares sectors with {other_device} ({how}), which is mounted at {at}; the agent never mounts or publishes a disk whose sectors are in use")]
+    #[error("device {} shares sectors with {other_device} ({how}), which is mounted at {}; the agent never mounts or publishes a disk whose sectors are in use", shown(device), shown(at))]
     DeviceOverlapsMount {
         /// The device node asked for.
-        device: String,
-        /// The mounted device.
+        device: PathBuf,
         other_device: String,
         /// How they overlap.
         how: String,
         /// Where it is mounted.
-        at: String,
+        at: PathBuf,
     },
     #[code(ResourceExhausted)]
-    #[error("no space left to write the agent's state record {path}; nothing was changed: free space on the filesystem that holds the agent's state directory, then retry (unpublish needs no space)")]
+    #[error("no space left to write the agent's state record {}; nothing was changed: free space on the filesystem that holds the agent's state directory, then retry (unpublish needs no space)", shown(path))]
     StateFull {
         /// The record.
-        path: String,
+        path: PathBuf,
     },
     #[code(FailedPrecondition)]
-    #[error("the agent's state record {path} cannot be written: its filesystem is read-only; nothing was changed: make it writable, then retry")]
+    #[error("the agent's state record {} cannot be written: its filesystem is read-only; nothing was changed: make it writable, then retry", shown(path))]
     StateReadOnly {
         /// The record.
-        path: String,
+        path: PathBuf,
     },
     #[code(FailedPrecondition)]
-    #[error("volume {id} is still mounted at {at} ({why}); the disk must not be detached yet: unmount it there, then unpublish again")]
+    #[error("volume {id} is still mounted at {} ({why}); the disk must not be detached yet: unmount it there, then unpublish again", shown(at))]
     StillMounted {
-        /// The volume id.
         id: String,
         /// Where its disk is still mounted.
-        at: String,
+        at: PathBuf,
         /// Why the agent left it.
         why: String,
     },
     #[code(FailedPrecondition)]
-    #[error("the mount the agent made at {was} was moved behind its back to {now}, outside the agent's root, where the agent acts on nothing; unmount it there, then retry")]
+    #[error("the mount the agent made at {} was moved behind its back to {}, outside the agent's root, where the agent acts on nothing; unmount it there, then retry", shown(was), shown(now))]
     MovedOutside {
         /// Where the agent made it.
-        was: String,
+        was: PathBuf,
         /// Where it is now.
-        now: String,
+        now: PathBuf,
     },
     #[code(FailedPrecondition)]
-    #[error("device {device} is already mounted at {at}; the agent never mounts one disk twice")]
+    #[error("device {} is already mounted at {}; the agent never mounts one disk twice", shown(device), shown(at))]
     DeviceMounted {
-        /// The device node.
-        device: String,
+        device: PathBuf,
         /// Where it is mounted.
-        at: String,
+        at: PathBuf,
     },
     #[code(FailedPrecondition)]
-    #[error(
-        "{path} is already a mount point, though no volume is published there; unmount it first"
-    )]
+    #[error("{} is already a mount point, though no volume is published there; unmount it first", shown(path))]
     GuestPathBusy {
         /// The volume's guest path.
-        path: String,
+        path: PathBuf,
     },
     #[code(FailedPrecondition)]
     #[error("volume {0} is published read-only; a read-only filesystem cannot grow online")]
     ReadOnly(String),
     #[code(AlreadyExists)]
-    #[error("bind target {target} is already {what}; unmount it first or choose another target")]
+    #[error("bind target {} is already {what}; unmount it first or choose another target", shown(target))]
     TargetTaken {
-        /// The target path.
-        target: String,
+        target: PathBuf,
         /// What holds it.
         what: String,
     },
     #[code(FailedPrecondition)]
-    #[error("volume {id} is published, but its mount at {path} is gone (unmounted behind the agent's back); unpublish it, then publish it again")]
+    #[error("volume {id} is published, but its mount at {} is gone (unmounted behind the agent's back); unpublish it, then publish it again", shown(path))]
     MountGone {
-        /// The volume id.
         id: String,
-        /// The guest path.
-        path: String,
+        path: PathBuf,
     },
     #[code(why => match why {
         Why::CallerGone => Code::Cancelled,
@@ -124,7 +117,6 @@ pub enum Error {
     })]
     #[error("{} while volume {id} was applying fsGroup; the walk continues ({visited} entries so far, {seconds} s): repeat the same publish to wait for it, or unpublish to stop it", why_text(*why))]
     WalkContinues {
-        /// The volume id.
         id: String,
         /// The caller's deadline passed, or the caller went away.
         why: Why,
@@ -136,7 +128,6 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("volume {id} is still applying fsGroup ({visited} entries so far); repeat its publish until it answers OK, then retry")]
     StillPublishing {
-        /// The volume id.
         id: String,
         /// Entries visited so far.
         visited: u64,
@@ -153,17 +144,16 @@ pub enum Error {
     #[error("the agent is shutting down and accepts no new volumes or binds")]
     ShuttingDown,
     #[code(FailedPrecondition)]
-    #[error("{path} is not {what} of the agent's (a symlink or something else was put there); remove it, then publish again")]
+    #[error("{} is not {what} of the agent's (a symlink or something else was put there); remove it, then publish again", shown(path))]
     GuestPathUnsafe {
         /// The volume's guest path.
-        path: String,
+        path: PathBuf,
         /// What the agent expected there.
         what: &'static str,
     },
     #[code(InvalidArgument)]
     #[error("volume {id} is a block volume: {why}")]
     BlockBindInvalid {
-        /// The volume id.
         id: String,
         /// What the request asked that a device cannot do.
         why: &'static str,
@@ -171,33 +161,31 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("volume {id} is a read-write block volume: a read-only bind of it is impossible, since a device node's mount flags do not stop writes and the device's own read-only flag is shared by every bind of it; publish the volume read-only instead")]
     BlockBindReadOnly {
-        /// The volume id.
         id: String,
     },
     #[code(InvalidArgument)]
-    #[error("bind target {target} lies inside {inner_of}, the bind of volume {volume}; a bind there would be created inside that volume: choose a target outside every bind")]
+    #[error("bind target {} lies inside {}, the bind of volume {volume}; a bind there would be created inside that volume: choose a target outside every bind", shown(target), shown(inner_of))]
     TargetNested {
         /// The target asked for.
-        target: String,
+        target: PathBuf,
         /// The bind it lies in.
-        inner_of: String,
+        inner_of: PathBuf,
         /// That bind's volume.
         volume: String,
     },
     #[code(FailedPrecondition)]
-    #[error("bind target {target} holds {inner}, the bind of volume {volume}, beneath it; a bind over it would hide that bind: unmount it first or choose another target")]
+    #[error("bind target {} holds {}, the bind of volume {volume}, beneath it; a bind over it would hide that bind: unmount it first or choose another target", shown(target), shown(inner))]
     TargetCovers {
         /// The target asked for.
-        target: String,
+        target: PathBuf,
         /// The bind beneath it.
-        inner: String,
+        inner: PathBuf,
         /// That bind's volume.
         volume: String,
     },
     #[code(ResourceExhausted)]
     #[error("volume {id} already has {max} binds, as many as the agent keeps for one volume; unmount some first")]
     TooManyBinds {
-        /// The volume id.
         id: String,
         /// The bound.
         max: usize,
@@ -205,7 +193,6 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("volume {id} is a block volume: it has no filesystem the agent could have {what}")]
     NoFilesystem {
-        /// The volume id.
         id: String,
         /// What was asked ("frozen", "trimmed").
         what: &'static str,
@@ -216,7 +203,6 @@ pub enum Error {
     })]
     #[error("{} while trimming volume {id}: stopped after {done} of {total} bytes ({trimmed} bytes given back); trim again to go on", why_text(*why))]
     TrimStopped {
-        /// The volume id.
         id: String,
         /// Why it stopped.
         why: Why,
@@ -228,10 +214,10 @@ pub enum Error {
         trimmed: u64,
     },
     #[code(InvalidArgument)]
-    #[error("bind target {target} would be created on the filesystem of volume {volume}; binds go outside the volumes")]
+    #[error("bind target {} would be created on the filesystem of volume {volume}; binds go outside the volumes", shown(target))]
     TargetInVolume {
         /// The target asked for.
-        target: String,
+        target: PathBuf,
         /// The volume whose filesystem holds the target's directory.
         volume: String,
     },

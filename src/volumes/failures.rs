@@ -7,7 +7,8 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use super::held::lock;
+use crust_protocols::sync::LockExt;
+
 use crate::code::Code;
 
 /// Failures kept: ids a caller can make the agent remember.
@@ -16,7 +17,6 @@ pub const MAX_FAILURES: usize = 256;
 /// One publish's failure.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Failure {
-    /// Its code.
     pub code: Code,
     /// Its sentence.
     pub message: String,
@@ -31,7 +31,7 @@ pub(crate) struct Failures {
 impl Failures {
     /// Notes that the publish of `id` failed with `f`.
     pub(crate) fn note(&self, id: &str, f: Failure) {
-        let mut l = lock(&self.list);
+        let mut l = self.list.locked();
         l.retain(|(i, _)| i != id);
         if l.len() >= MAX_FAILURES {
             l.pop_front();
@@ -41,12 +41,13 @@ impl Failures {
 
     /// Forgets `id`'s failure.
     pub(crate) fn forget(&self, id: &str) {
-        lock(&self.list).retain(|(i, _)| i != id);
+        self.list.locked().retain(|(i, _)| i != id);
     }
 
     /// The last failure of `id`'s publish, if it is kept.
     pub(crate) fn of(&self, id: &str) -> Option<Failure> {
-        lock(&self.list)
+        self.list
+            .locked()
             .iter()
             .find(|(i, _)| i == id)
             .map(|(_, f)| f.clone())
@@ -67,7 +68,7 @@ mod tests {
         for n in 0..MAX_FAILURES + 10 {
             f.note(&format!("v{n}"), fail(n));
         }
-        assert_eq!(lock(&f.list).len(), MAX_FAILURES);
+        assert_eq!(f.list.locked().len(), MAX_FAILURES);
         assert_eq!(f.of("v0"), None);
         assert_eq!(f.of("v265"), Some(fail(265)));
         f.note("v265", fail(1));

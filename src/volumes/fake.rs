@@ -14,9 +14,10 @@ use std::collections::HashSet;
 use std::ffi::CStr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crust_protocols::sync::LockExt;
 use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
@@ -162,14 +163,10 @@ fn path_of(fd: BorrowedFd<'_>) -> PathBuf {
 }
 
 impl Fake {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Makes up a disk `name` (also its serial) holding `fs` (None: blank),
     /// its node a file in `dir`.
     pub(crate) fn disk(&self, dir: &Path, name: &str, fs: Option<FsType>) -> Device {
-        let mut st = self.lock();
+        let mut st = self.state.locked();
         let minor = u32::try_from(st.disks.len()).unwrap();
         let node = dir.join(format!("node-{name}"));
         std::fs::write(&node, "").unwrap();
@@ -192,12 +189,16 @@ impl Fake {
 
     /// The `nth` call of `call` from now on (1: the next) fails with `errno`.
     pub(crate) fn fail(&self, call: Call, nth: u32, errno: Errno) {
-        self.lock().plants.push((call, nth, Plant::Errno(errno)));
+        self.state
+            .locked()
+            .plants
+            .push((call, nth, Plant::Errno(errno)));
     }
 
     /// Runs `f` right before the `nth` call of `call` from now on.
     pub(crate) fn before(&self, call: Call, nth: u32, f: impl FnOnce() + Send + 'static) {
-        self.lock()
+        self.state
+            .locked()
             .plants
             .push((call, nth, Plant::Before(Box::new(f))));
     }
@@ -205,13 +206,13 @@ impl Fake {
     /// The next mount the table makes is covered at once by another one,
     /// nobody's volume (something mounted over it meanwhile).
     pub(crate) fn cover_next_mount(&self) {
-        self.lock().cover_next = true;
+        self.state.locked().cover_next = true;
     }
 
     /// Mounts `disk`'s filesystem at `at` (an existing directory) behind
     /// the table's back.
     pub(crate) fn mount_behind(&self, disk: &Device, at: &Path) -> MountId {
-        let mut st = self.lock();
+        let mut st = self.state.locked();
         let id = st.new_id();
         st.mounts.push(Mount {
             id,
@@ -228,43 +229,51 @@ impl Fake {
 
     /// Unmounts what is on top at `at` behind the table's back.
     pub(crate) fn unmount_behind(&self, at: &Path) {
-        let mut st = self.lock();
+        let mut st = self.state.locked();
         let i = st.mounts.iter().rposition(|m| m.at == at).expect("mounted");
         st.mounts.remove(i);
     }
 
     /// The mount points, bottom first.
     pub(crate) fn mounts(&self) -> Vec<PathBuf> {
-        self.lock().mounts.iter().map(|m| m.at.clone()).collect()
+        self.state
+            .locked()
+            .mounts
+            .iter()
+            .map(|m| m.at.clone())
+            .collect()
     }
 
     /// Whether the filesystem mounted at `at` is frozen.
     pub(crate) fn frozen(&self, at: &Path) -> bool {
-        let st = self.lock();
+        let st = self.state.locked();
         st.top_at(at).is_some_and(|m| st.frozen.contains(&m.id))
     }
 
     /// The read-only flag of `disk`.
     pub(crate) fn read_only(&self, disk: &Device) -> bool {
-        self.lock().disk(&disk.path).is_some_and(|d| d.read_only)
+        self.state
+            .locked()
+            .disk(&disk.path)
+            .is_some_and(|d| d.read_only)
     }
 
     /// The effects so far, paths beneath `root` relative to it; emptied.
     pub(crate) fn journal(&self, root: &Path) -> Vec<String> {
         let prefix = format!("{}/", root.display());
-        std::mem::take(&mut self.lock().journal)
+        std::mem::take(&mut self.state.locked().journal)
             .into_iter()
             .map(|l| l.replace(&prefix, ""))
             .collect()
     }
 
     fn note(&self, what: String) {
-        self.lock().journal.push(what);
+        self.state.locked().journal.push(what);
     }
 
     /// Lets the call through, or fails it as planted (journaled).
     fn call(&self, call: Call, what: impl std::fmt::Display) -> std::result::Result<(), Errno> {
-        let mut st = self.lock();
+        let mut st = self.state.locked();
         let mut planted = None;
         for (i, (c, n, _)) in st.plants.iter_mut().enumerate() {
             if *c == call {
@@ -292,7 +301,7 @@ impl Fake {
 
     /// statx `real` of path `p`, with the mounts laid over it.
     fn overlay(&self, p: &Path, real: MountPoint) -> MountPoint {
-        let st = self.lock();
+        let st = self.state.locked();
         if let Some(m) = st.top_at(p) {
             return MountPoint {
                 mount_id: m.id,
@@ -318,7 +327,7 @@ impl Fake {
     }
 
     fn mount(&self, mut m: Mount) -> MountId {
-        let mut st = self.lock();
+        let mut st = self.state.locked();
         m.id = st.new_id();
         let id = m.id;
         let cover = std::mem::take(&mut st.cover_next).then(|| Mount {
@@ -348,7 +357,7 @@ impl Thaw for FakeHold {
         self.fake
             .call(Call::Thaw, &what)
             .map_err(|e| SysError::new("FITHAW", self.at.display(), e))?;
-        let was = self.fake.lock().frozen.remove(&self.mount);
+        let was = self.fake.state.locked().frozen.remove(&self.mount);
         if was {
             self.fake.note(what);
         }
@@ -371,7 +380,7 @@ impl Kernel for Fake {
         timeout: Duration,
         _cancel: &Cancel,
     ) -> Result<Device> {
-        let st = self.lock();
+        let st = self.state.locked();
         let found = st.disks.iter().find(|d| match source {
             Source::Serial(s) => d.device.serial.as_deref() == Some(s.as_str()),
             Source::Path(p) => d.device.path == *p,
@@ -384,7 +393,7 @@ impl Kernel for Fake {
             }
             .into()),
             (None, Source::Path(p)) => Err(device::Error::BadPath {
-                path: p.display().to_string(),
+                path: p.to_path_buf(),
                 reason: "is not a block device".into(),
             }
             .into()),
@@ -392,19 +401,18 @@ impl Kernel for Fake {
     }
 
     fn check_filesystem(&self, device: &Device, fs: FsType) -> Result<()> {
-        let st = self.lock();
+        let st = self.state.locked();
         let holds = st.disk(&device.path).and_then(|d| d.fs);
-        let shown = device.path.display().to_string();
         match holds {
             Some(found) if found == fs => Ok(()),
             Some(found) => Err(probe::error::Error::Mismatch {
-                device: shown,
+                device: device.path.clone(),
                 found: found.name(),
                 expected: fs,
             }
             .into()),
             None => Err(probe::error::Error::Unformatted {
-                device: shown,
+                device: device.path.clone(),
                 expected: fs,
             }
             .into()),
@@ -424,7 +432,7 @@ impl Kernel for Fake {
         self.call(Call::Mount, &what)
             .map_err(|e| SysError::new("mount", target_path.display(), e))?;
         let dev = {
-            let st = self.lock();
+            let st = self.state.locked();
             let d = st.disk(device).expect("a disk the test made");
             (d.device.major, d.device.minor)
         };
@@ -451,8 +459,8 @@ impl Kernel for Fake {
             let how = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
             beneath::open_with(spec.source_root, spec.subpath, OFlags::PATH, how).map_err(|_| {
                 MountError::SubpathNotFound {
-                    subpath: spec.subpath.display().to_string(),
-                    root: spec.source_path.display().to_string(),
+                    subpath: spec.subpath.to_path_buf(),
+                    root: spec.source_path.to_path_buf(),
                 }
             })?
         };
@@ -471,11 +479,11 @@ impl Kernel for Fake {
         let target =
             beneath::make_path(spec.target_base, spec.target_rel, 0o750, leaf, &mut created)
                 .map_err(|e| MountError::BadTarget {
-                    target: spec.target_path.display().to_string(),
+                    target: spec.target_path.to_path_buf(),
                     why: e.to_string(),
                 })?;
         let on = {
-            let st = self.lock();
+            let st = self.state.locked();
             st.top_at(&root).or_else(|| st.below(&root)).cloned()
         }
         .expect("a bind's source is on a mount");
@@ -505,7 +513,7 @@ impl Kernel for Fake {
         self.call(Call::BindNode, &what)
             .map_err(|e| SysError::new("move_mount", spec.target_path.display(), e))?;
         let dev = {
-            let st = self.lock();
+            let st = self.state.locked();
             let d = st.disk(spec.source_path).expect("a disk the test made");
             d.device.clone()
         };
@@ -530,14 +538,14 @@ impl Kernel for Fake {
         rel: &Path,
         expect: Expect,
     ) -> std::result::Result<bool, MountError> {
-        let shown = base_path.join(rel).display().to_string();
+        let shown = base_path.join(rel);
         let at = match beneath::open_parent(base, rel) {
             Ok((parent, name)) => Some(path_of(parent.as_fd()).join(name.to_str().unwrap())),
             Err(Errno::NOENT | Errno::NOTDIR) => None,
             Err(Errno::LOOP | Errno::XDEV) => return Err(MountError::Unsafe { path: shown }),
-            Err(e) => return Err(SysError::new("openat2", &shown, e).into()),
+            Err(e) => return Err(SysError::new("openat2", shown.display(), e).into()),
         };
-        let st = self.lock();
+        let st = self.state.locked();
         let listed = st
             .mounts
             .iter()
@@ -559,8 +567,8 @@ impl Kernel for Fake {
         drop(st);
         let what = format!("umount {}", top.at.display());
         self.call(Call::Unmount, &what)
-            .map_err(|e| SysError::new("umount", &shown, e))?;
-        let mut st = self.lock();
+            .map_err(|e| SysError::new("umount", shown.display(), e))?;
+        let mut st = self.state.locked();
         // What is mounted below it comes off with it.
         st.mounts
             .retain(|m| m.id != top.id && !(m.at != top.at && m.at.starts_with(&top.at)));
@@ -572,7 +580,7 @@ impl Kernel for Fake {
     fn remove_node(&self, base: BorrowedFd<'_>, rel: &Path) {
         if let Ok((parent, name)) = beneath::open_parent(base, rel) {
             let at = path_of(parent.as_fd()).join(name.to_str().unwrap());
-            if self.lock().top_at(&at).is_some() {
+            if self.state.locked().top_at(&at).is_some() {
                 return;
             }
         }
@@ -594,7 +602,7 @@ impl Kernel for Fake {
     fn mountinfo(&self) -> std::result::Result<Vec<MountEntry>, SysError> {
         self.call(Call::MountInfo, "mountinfo")
             .map_err(|e| SysError::new("read", "/proc/self/mountinfo", e))?;
-        let st = self.lock();
+        let st = self.state.locked();
         Ok(st
             .mounts
             .iter()
@@ -635,11 +643,11 @@ impl Kernel for Fake {
         let what = format!("freeze {}", p.display());
         self.call(Call::Freeze, &what)
             .map_err(|e| quiesce::Error::from(SysError::new("FIFREEZE", path.display(), e)))?;
-        let mut st = self.lock();
+        let mut st = self.state.locked();
         let mount = st.top_at(&p).expect("frozen on its mount root").id;
         if !st.frozen.insert(mount) {
             return Err(quiesce::Error::FrozenElsewhere {
-                path: path.display().to_string(),
+                path: path.to_path_buf(),
             }
             .into());
         }
@@ -653,7 +661,7 @@ impl Kernel for Fake {
 
     fn thaw(&self, at: BorrowedFd<'_>, _path: &Path) -> Result<bool> {
         let p = path_of(at);
-        let mount = self.lock().top_at(&p).map(|m| m.id);
+        let mount = self.state.locked().top_at(&p).map(|m| m.id);
         let Some(mount) = mount else {
             return Ok(false);
         };
@@ -689,7 +697,7 @@ impl Kernel for Fake {
     }
 
     fn open_node(&self, dev: &Device) -> std::result::Result<OwnedFd, blockdev::Error> {
-        let node = self.lock().disk(&dev.path).map(|d| d.node.clone());
+        let node = self.state.locked().disk(&dev.path).map(|d| d.node.clone());
         let node = node.ok_or_else(|| gone(dev))?;
         Ok(
             rustix::fs::open(&node, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
@@ -700,7 +708,7 @@ impl Kernel for Fake {
     fn open_disk(&self, dev: &Device) -> std::result::Result<FakeDisk, blockdev::Error> {
         self.call(Call::OpenDisk, format!("open {}", dev.name))
             .map_err(|e| SysError::new("open", dev.path.display(), e))?;
-        match self.lock().disk(&dev.path) {
+        match self.state.locked().disk(&dev.path) {
             Some(_) => Ok(FakeDisk),
             None => Err(gone(dev)),
         }
@@ -723,7 +731,7 @@ impl Kernel for Fake {
         let what = format!("ro {} {}", dev.name, if ro { "on" } else { "off" });
         self.call(Call::SetReadOnly, &what)
             .map_err(|e| SysError::new("BLKROSET", dev.path.display(), e))?;
-        let mut st = self.lock();
+        let mut st = self.state.locked();
         if let Some(d) = st.disks.iter_mut().find(|d| d.device.path == dev.path) {
             d.read_only = ro;
         }
@@ -740,7 +748,7 @@ impl Kernel for Fake {
     }
 
     fn size(&self, _disk: &FakeDisk, dev: &Device) -> std::result::Result<u64, blockdev::Error> {
-        Ok(self.lock().disk(&dev.path).map_or(0, |d| d.bytes))
+        Ok(self.state.locked().disk(&dev.path).map_or(0, |d| d.bytes))
     }
 }
 

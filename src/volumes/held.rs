@@ -1,16 +1,11 @@
 //! What the table's maps share: a key an operation in flight holds in one
 //! of them (a device claimed, a bind target reserved), released when the
-//! operation fails and kept by the volume when it goes through; and how a
-//! map's lock is taken.
+//! operation fails and kept by the volume when it goes through.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
-/// A poisoned lock still guards consistent data here (every update is a
-/// single insert or remove), so it is taken over rather than propagated.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crust_protocols::sync::LockExt;
 
 /// A key an operation in flight holds in a map: released when dropped,
 /// unless kept.
@@ -38,7 +33,7 @@ impl<'a, K: Ord, V> Held<'a, K, V> {
 impl<K: Ord, V> Drop for Held<'_, K, V> {
     fn drop(&mut self) {
         if let Some(key) = self.key.take() {
-            lock(self.map).remove(&key);
+            self.map.locked().remove(&key);
         }
     }
 }

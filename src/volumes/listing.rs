@@ -8,7 +8,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use super::held::lock;
+use crust_protocols::sync::LockExt;
+
 use super::request::{VolumeInfo, VolumeState};
 use super::volume::Volume;
 use super::walking::job::WalkJob;
@@ -33,7 +34,7 @@ impl Listing {
     /// Shows volume `id` as its slot holds it now: `vol`, or nothing.
     pub(crate) fn show(&self, id: &str, vol: Option<&Volume>) {
         let Some(vol) = vol else {
-            lock(&self.map).remove(id);
+            self.map.locked().remove(id);
             return;
         };
         let listed = Listed {
@@ -41,13 +42,13 @@ impl Listing {
             device: vol.device.clone(),
             walk: vol.phase.job().cloned(),
         };
-        lock(&self.map).insert(id.to_string(), listed);
+        self.map.locked().insert(id.to_string(), listed);
     }
 
     /// Every volume listed, with its device; one still publishing shows
     /// how far its walk is now.
     pub(crate) fn all(&self) -> Vec<(VolumeInfo, Device)> {
-        let listed: Vec<Listed> = lock(&self.map).values().cloned().collect();
+        let listed: Vec<Listed> = self.map.locked().values().cloned().collect();
         listed
             .into_iter()
             .map(|mut l| {

@@ -23,7 +23,7 @@ use crate::sys::mountinfo;
 pub(crate) fn unsafe_or_sys(e: Errno, call: &'static str, path: &Path) -> crate::error::Error {
     match e {
         Errno::LOOP | Errno::XDEV | Errno::NOTDIR => mount::error::Error::Unsafe {
-            path: path.display().to_string(),
+            path: path.to_path_buf(),
         }
         .into(),
         _ => SysError::new(call, path.display(), e).into(),
@@ -77,7 +77,7 @@ impl<K: Kernel> Mounts<'_, K> {
             Ok(fd) => fd,
             Err(Errno::LOOP | Errno::XDEV | Errno::NOTDIR | Errno::ISDIR) => {
                 return Err(Error::GuestPathUnsafe {
-                    path: guest_path.display().to_string(),
+                    path: guest_path.to_path_buf(),
                     what,
                 }
                 .into())
@@ -97,7 +97,7 @@ impl<K: Kernel> Mounts<'_, K> {
             .map_err(|e| SysError::new("statx", guest_path.display(), e))?;
         if here.is_root {
             return Err(Error::GuestPathBusy {
-                path: guest_path.display().to_string(),
+                path: guest_path.to_path_buf(),
             }
             .into());
         }
@@ -105,7 +105,7 @@ impl<K: Kernel> Mounts<'_, K> {
             let empty = rustix::fs::fstat(&node).is_ok_and(|st| st.st_size == 0);
             if here.kind != FileType::RegularFile || !empty {
                 return Err(Error::GuestPathUnsafe {
-                    path: guest_path.display().to_string(),
+                    path: guest_path.to_path_buf(),
                     what,
                 }
                 .into());
@@ -144,7 +144,7 @@ impl<K: Kernel> Mounts<'_, K> {
             Some((fd, _)) => Ok(fd),
             None => Err(Error::MountGone {
                 id: vol.id().to_string(),
-                path: vol.guest_path.display().to_string(),
+                path: vol.guest_path.clone(),
             }
             .into()),
         }

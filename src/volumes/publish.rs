@@ -44,7 +44,6 @@ use crate::cancel::Cancel;
 use crate::error::Result;
 use crate::model::{Device, Extent, FsType, VolumeMode};
 use crate::ownership::walk::Report;
-use crate::sys::mountinfo::shown;
 use crate::sys::sysfs::Sysfs;
 
 /// What a publish answers once the volume's lock is let go, and the
@@ -218,7 +217,7 @@ impl<K: Kernel> Publisher<'_, K> {
                 undo.leave_to_recovery();
                 return Err(other.err().unwrap_or_else(|| {
                     crate::mount::error::Error::Moved {
-                        path: vol.guest_path.display().to_string(),
+                        path: vol.guest_path.to_path_buf(),
                     }
                     .into()
                 }));
@@ -253,8 +252,8 @@ impl<K: Kernel> Publisher<'_, K> {
             let dev = (m.major, m.minor);
             if dev == key {
                 return Err(Error::DeviceMounted {
-                    device: shown(&device.path),
-                    at: shown(&m.mount_point),
+                    device: device.path.clone(),
+                    at: m.mount_point.clone(),
                 }
                 .into());
             }
@@ -265,10 +264,10 @@ impl<K: Kernel> Publisher<'_, K> {
             let other = *extents.entry(dev).or_insert_with(|| self.sysfs.extent(dev));
             if other.overlaps(extent) {
                 return Err(Error::DeviceOverlapsMount {
-                    device: shown(&device.path),
+                    device: device.path.clone(),
                     other_device: format!("{} ({}:{})", m.source, dev.0, dev.1),
                     how: extent.describe(&other),
-                    at: shown(&m.mount_point),
+                    at: m.mount_point.clone(),
                 }
                 .into());
             }

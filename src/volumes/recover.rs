@@ -74,7 +74,7 @@ impl<K: Kernel> Recovery<'_, K> {
                 Record::Bad(name, why) => {
                     let aside = self.store.set_aside(&name);
                     warn!(self.log, "state record does not decode; set aside, and its mounts are taken down";
-                          "record" => shown(Path::new(OsStr::from_bytes(&name))), "why" => why,
+                          "record" => shown(Path::new(OsStr::from_bytes(&name))), "why" => %why,
                           "kept_at" => shown(&aside));
                     continue;
                 }
@@ -121,7 +121,7 @@ impl<K: Kernel> Recovery<'_, K> {
         for c in self.claims.adopt(vol, extent) {
             warn!(self.log, "volumes taken back from a previous run share sectors of one disk; unpublish one of them";
                   "volume" => vol.id(), "device" => shown(&vol.device.path),
-                  "other" => &c.id, "other_device" => &c.device, "how" => extent.describe(&c.extent));
+                  "other" => &c.id, "other_device" => shown(&c.device), "how" => extent.describe(&c.extent));
         }
     }
 
@@ -349,6 +349,7 @@ pub(crate) fn thaw_at<K: Kernel>(root: &Root, kernel: &K, id: &str) -> Result<bo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::validate::STATE_DIR;
     use crate::volumes::kernel::Linux;
     use crate::volumes::state::encode;
     use crate::volumes::volume::tests::sample;
@@ -356,7 +357,7 @@ mod tests {
     #[test]
     fn recovery_forgets_what_is_no_longer_there() {
         let dir = tempfile::tempdir().unwrap();
-        let state = dir.path().join("state");
+        let state = dir.path().join(STATE_DIR);
         std::fs::create_dir_all(&state).unwrap();
         // A record whose mount is gone, a malformed one, and a half-written temp file.
         let gone = state.join("vol-1.vol");
@@ -395,7 +396,7 @@ mod tests {
     #[test]
     fn marks_older_agents_left_are_read_and_removed() {
         let dir = tempfile::tempdir().unwrap();
-        let state = dir.path().join("state");
+        let state = dir.path().join(STATE_DIR);
         std::fs::create_dir_all(dir.path().join("volumes/v")).unwrap();
         std::fs::create_dir_all(&state).unwrap();
         std::fs::write(state.join("v.frozen"), "freeze-1-1\n/x\n").unwrap();

@@ -109,7 +109,6 @@ pub struct PublishRequest {
 pub struct Published {
     /// `<root>/volumes/<id>`.
     pub guest_path: PathBuf,
-    /// The device node.
     pub device: PathBuf,
     /// The same request had already been served.
     pub already_published: bool,
@@ -127,7 +126,6 @@ pub struct BindRequest {
     /// Beneath the table's root: as given to `Volumes::bind`, which
     /// validates it; as `Volumes::target` answered for `bind_checked`.
     pub target: PathBuf,
-    /// Read-only bind.
     pub read_only: bool,
     /// KEP-3857 mode.
     pub recursive_read_only: RecursiveReadOnly,
@@ -145,9 +143,7 @@ pub struct BindOutcome {
 /// What ListVolumes reports of one volume.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VolumeInfo {
-    /// The volume id.
     pub volume_id: String,
-    /// The device node.
     pub device: String,
     /// The serial, when published by serial.
     pub serial: String,

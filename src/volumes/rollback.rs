@@ -148,6 +148,7 @@ mod tests {
     use super::*;
     use crate::model::FsType;
     use crate::sys::beneath::{self, Leaf, Root};
+    use crate::validate::STATE_DIR;
     use crate::volumes::fake::{Call, Fake};
     use crate::volumes::volume::tests::sample;
 
@@ -189,7 +190,7 @@ mod tests {
             }
             let left = (
                 fake.mounts().len(),
-                root.path().join("state/vol-1.vol").exists(),
+                root.path().join(STATE_DIR).join("vol-1.vol").exists(),
                 root.join(&rel).exists(),
             );
             match busy {
@@ -220,6 +221,6 @@ mod tests {
         let mut undo = Rollback::new(mounts, &store, &log, "publish", vol.id(), &disk);
         undo.push(Undo::Record);
         undo.leave_to_recovery();
-        assert!(root.path().join("state/vol-1.vol").exists());
+        assert!(root.path().join(STATE_DIR).join("vol-1.vol").exists());
     }
 }

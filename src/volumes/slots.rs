@@ -11,16 +11,14 @@ use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crust_protocols::sync::{CondvarExt, LockExt};
+
 use super::volume::Volume;
 use crate::cancel::Cancel;
 use crate::error::Result;
 
 /// How long a waiter sleeps before it looks at its cancellation again.
 const LOOK: Duration = Duration::from_millis(20);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Whose turn it is.
 #[derive(Default)]
@@ -69,7 +67,7 @@ impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
         // The volume first, then the turn: the next holder finds it free.
         drop(self.volume.take());
-        lock(&self.slot.turns).held = false;
+        self.slot.turns.locked().held = false;
         self.slot.turned.notify_all();
     }
 }
@@ -84,7 +82,7 @@ impl Slot {
 
     /// Takes the slot of volume `id` in turn, giving up when `cancel` fires.
     pub(crate) fn lock(&self, id: &str, cancel: &Cancel) -> Result<SlotGuard<'_>> {
-        let mut t = lock(&self.turns);
+        let mut t = self.turns.locked();
         let me = t.next;
         t.next = t.next.wrapping_add(1);
         t.queue.push_back(me);
@@ -95,7 +93,7 @@ impl Slot {
                 drop(t);
                 return Ok(SlotGuard {
                     slot: self,
-                    volume: Some(lock(&self.volume)),
+                    volume: Some(self.volume.locked()),
                 });
             }
             if let Err(stopped) =
@@ -107,17 +105,13 @@ impl Slot {
                 self.turned.notify_all();
                 return Err(stopped.into());
             }
-            t = self
-                .turned
-                .wait_timeout(t, cancel.slice(LOOK))
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            t = self.turned.waited_for(t, cancel.slice(LOOK));
         }
     }
 
     /// Whether nobody holds or waits for the slot and it holds no volume.
     fn idle(&self) -> bool {
-        let t = lock(&self.turns);
+        let t = self.turns.locked();
         !t.held && t.queue.is_empty() && matches!(self.volume.try_lock().as_deref(), Ok(None))
     }
 }
@@ -142,22 +136,22 @@ impl Slots {
 
     /// The ids of every slot (Shutdown's list to unpublish).
     pub(crate) fn ids(&self) -> Vec<String> {
-        lock(&self.map).keys().cloned().collect()
+        self.map.locked().keys().cloned().collect()
     }
 
     /// The slot of volume `id`, made if missing (a first publish).
     pub(crate) fn get_or_make(&self, id: &str) -> Arc<Slot> {
-        lock(&self.map).entry(id.to_string()).or_default().clone()
+        self.map.locked().entry(id.to_string()).or_default().clone()
     }
 
     /// The slot of volume `id`, if it has one.
     pub(crate) fn get(&self, id: &str) -> Option<Arc<Slot>> {
-        lock(&self.map).get(id).cloned()
+        self.map.locked().get(id).cloned()
     }
 
     /// Drops the slot of `id` if it is empty and nobody else has it.
     pub(crate) fn forget(&self, id: &str) {
-        let mut map = lock(&self.map);
+        let mut map = self.map.locked();
         if map
             .get(id)
             .is_some_and(|s| Arc::strong_count(s) == 1 && s.idle())
@@ -169,7 +163,7 @@ impl Slots {
     /// How many slots there are (a bound tests check).
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        lock(&self.map).len()
+        self.map.locked().len()
     }
 }
 

@@ -18,23 +18,21 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use crust_protocols::sync::LockExt;
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::error::Error;
-use super::held::lock;
 use super::phase::Phase;
 use super::request::{FsGroup, Options, Source, Spec};
 use super::volume::{Bind, Volume};
 use crate::model::{Device, FsType, MountId, Policy, RecursiveReadOnly, VolumeMode};
+use crate::mount::options::BadOption;
 use crate::sys::beneath;
 use crate::sys::error::SysError;
 use crate::sys::mountinfo::shown;
 use crate::sys::sysfs::parse_devnum;
-use crate::validate::{self, STATE_DIR};
-
-/// Where the freezes' records are, beneath the root.
-pub(crate) const FREEZES_DIR: &str = "state/freezes";
+use crate::validate::{self, STATE_DIR, VOLUMES_DIR};
 
 /// A state directory, opened once beneath the root.
 #[derive(Debug)]
@@ -53,7 +51,72 @@ pub(crate) enum Record {
     /// A record that decoded.
     Good(Box<Volume>),
     /// A record that does not decode: its file name (bytes, as listed) and why.
-    Bad(Vec<u8>, String),
+    Bad(Vec<u8>, BadRecord),
+}
+
+/// Why a volume's record is refused whole (recovery sets it aside).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BadRecord {
+    #[error("its name is not UTF-8")]
+    NameNotUtf8,
+    #[error("unreadable: {0}")]
+    Unreadable(std::io::Error),
+    #[error("it names volume {named}, not {file}")]
+    OtherVolume {
+        /// The volume the record names.
+        named: String,
+        /// The volume its file name says.
+        file: String,
+    },
+    #[error("line {0:?} is not key=value")]
+    NotKeyValue(String),
+    #[error("version {0} is not one this agent knows")]
+    Version(String),
+    #[error("no {0}")]
+    Missing(&'static str),
+    #[error("{0} is not UTF-8")]
+    NotUtf8(&'static str),
+    /// A value of the wrong shape, after the key that holds it.
+    #[error("{key} {value:?}")]
+    Value {
+        /// The key (or part of it).
+        key: &'static str,
+        /// What the record holds.
+        value: String,
+    },
+    #[error("{0:?} is not true or false")]
+    NotBoolean(String),
+    #[error("device name {0:?} is not a block device's name")]
+    DeviceName(String),
+    #[error("bind {0:?} has the wrong number of fields")]
+    BindFields(String),
+    #[error("bind target {} is too long", shown(.0))]
+    TargetTooLong(PathBuf),
+    #[error("bind target {} is outside the root", shown(.0))]
+    TargetOutside(PathBuf),
+    #[error("bind target {} is not UTF-8 beneath the root; no request names such a target", shown(.0))]
+    TargetNotUtf8(PathBuf),
+    #[error("a block volume with a filesystem, mount options or an fsGroup")]
+    BlockWithFilesystem,
+    #[error("a block volume in a version {0} record")]
+    BlockInVersion(u32),
+    #[error("ro_set on a volume that is not a read-only block volume")]
+    RoSetNotBlock,
+    #[error("a block volume's bind with a subpath or recursive read-only")]
+    BlockBindNotPlain,
+    /// A field a request would have had refused.
+    #[error(transparent)]
+    Invalid(#[from] validate::Invalid),
+    #[error(transparent)]
+    Options(#[from] BadOption),
+}
+
+/// A value of the wrong shape.
+fn value(key: &'static str, value: &str) -> BadRecord {
+    BadRecord::Value {
+        key,
+        value: value.to_string(),
+    }
 }
 
 /// A state write that failed: ENOSPC and EDQUOT say the state's filesystem
@@ -64,9 +127,15 @@ fn write_error(call: &'static str, path: &Path, e: std::io::Error) -> crate::err
             .is_some_and(|n| n == libc::ENOSPC || n == libc::EDQUOT)
     };
     if full(&e) {
-        Error::StateFull { path: shown(path) }.into()
+        Error::StateFull {
+            path: path.to_path_buf(),
+        }
+        .into()
     } else if e.raw_os_error() == Some(libc::EROFS) {
-        Error::StateReadOnly { path: shown(path) }.into()
+        Error::StateReadOnly {
+            path: path.to_path_buf(),
+        }
+        .into()
     } else {
         SysError::new(call, shown(path), e).into()
     }
@@ -80,7 +149,7 @@ impl Store {
 
     /// Opens the state directory `rel` beneath the root (creating it 0700),
     /// refusing a symlink anywhere on the way: the volumes' records are in
-    /// [`STATE_DIR`], the freezes' in [`FREEZES_DIR`].
+    /// [`STATE_DIR`], the freezes' in [`validate::FREEZES_DIR`].
     pub(crate) fn open_dir(root: &beneath::Root, rel: &str) -> Result<Store, SysError> {
         root.own_dir(rel, 0o700)?;
         let path = root.join(Path::new(rel));
@@ -104,7 +173,7 @@ impl Store {
 
     /// Why the last write to the state directory failed, if it did.
     pub(crate) fn problem(&self) -> Option<String> {
-        lock(&self.problem).clone()
+        self.problem.locked().clone()
     }
 
     /// Notes how a write ended: a failure is kept for GetAgentInfo; a
@@ -112,8 +181,8 @@ impl Store {
     /// filesystem too) shows the state is writable again.
     fn note<T>(&self, r: crate::error::Result<T>, cleared: bool) -> crate::error::Result<T> {
         match &r {
-            Err(e) => *lock(&self.problem) = Some(e.to_string()),
-            Ok(_) if cleared => *lock(&self.problem) = None,
+            Err(e) => *self.problem.locked() = Some(e.to_string()),
+            Ok(_) if cleared => *self.problem.locked() = None,
             Ok(_) => {}
         }
         r
@@ -244,16 +313,20 @@ impl Store {
                 continue;
             };
             let Ok(id) = std::str::from_utf8(id) else {
-                out.push(Record::Bad(raw.clone(), "its name is not UTF-8".into()));
+                out.push(Record::Bad(raw.clone(), BadRecord::NameNotUtf8));
                 continue;
             };
             let record = match read_at(self.dir.as_fd(), name, 1 << 20) {
-                Err(e) => Record::Bad(raw.clone(), format!("unreadable: {e}")),
+                Err(e) => Record::Bad(raw.clone(), BadRecord::Unreadable(e)),
                 Ok(text) => match decode(&text, root) {
                     Ok(v) if v.id() == id => Record::Good(Box::new(v)),
-                    Ok(v) => {
-                        Record::Bad(raw.clone(), format!("it names volume {}, not {id}", v.id()))
-                    }
+                    Ok(v) => Record::Bad(
+                        raw.clone(),
+                        BadRecord::OtherVolume {
+                            named: v.id().to_string(),
+                            file: id.to_string(),
+                        },
+                    ),
                     Err(why) => Record::Bad(raw.clone(), why),
                 },
             };
@@ -337,8 +410,8 @@ fn unesc_bytes(v: &[u8]) -> Vec<u8> {
 }
 
 /// A value that must be text (ids, serials, options, names).
-fn unesc(v: &[u8], what: &str) -> Result<String, String> {
-    String::from_utf8(unesc_bytes(v)).map_err(|_| format!("{what} is not UTF-8"))
+fn unesc(v: &[u8], what: &'static str) -> Result<String, BadRecord> {
+    String::from_utf8(unesc_bytes(v)).map_err(|_| BadRecord::NotUtf8(what))
 }
 
 /// A value that is a path: bytes.
@@ -418,8 +491,8 @@ fn recorded(id: Option<MountId>) -> u64 {
 }
 
 /// A mount id from a record: 0 is none.
-fn mount_id(v: &str, what: &str) -> Result<Option<MountId>, String> {
-    let n: u64 = v.parse().map_err(|_| format!("{what} {v:?}"))?;
+fn mount_id(v: &str, what: &'static str) -> Result<Option<MountId>, BadRecord> {
+    let n: u64 = v.parse().map_err(|_| value(what, v))?;
     Ok((n != 0).then_some(MountId(n)))
 }
 
@@ -427,7 +500,7 @@ fn mount_id(v: &str, what: &str) -> Result<Option<MountId>, String> {
 /// device, since recovery joins it into sysfs paths (and into the devtmpfs
 /// node it looks for): not empty, not `.` or `..`, no `/`, no control
 /// character (NUL among them), at most NAME_MAX bytes.
-fn device_name(name: String) -> Result<String, String> {
+fn device_name(name: String) -> Result<String, BadRecord> {
     let bad = name.is_empty()
         || name == "."
         || name == ".."
@@ -435,16 +508,16 @@ fn device_name(name: String) -> Result<String, String> {
         || name.contains('/')
         || name.chars().any(char::is_control);
     if bad {
-        return Err(format!("device name {name:?} is not a block device's name"));
+        return Err(BadRecord::DeviceName(name));
     }
     Ok(name)
 }
 
-fn boolean(v: &str) -> Result<bool, String> {
+fn boolean(v: &str) -> Result<bool, BadRecord> {
     match v {
         "true" => Ok(true),
         "false" => Ok(false),
-        _ => Err(format!("{v:?} is not true or false")),
+        _ => Err(BadRecord::NotBoolean(v.to_string())),
     }
 }
 
@@ -474,30 +547,27 @@ fn esc_invalid(b: &[u8]) -> String {
 /// canonical path is not UTF-8 (reached through such a symlink) makes a
 /// target that is not either: the part beneath the root is what a request
 /// named, so that part is checked.
-fn bind_target(root: &Path, target: &Path) -> Result<(PathBuf, PathBuf), String> {
+fn bind_target(root: &Path, target: &Path) -> Result<(PathBuf, PathBuf), BadRecord> {
     let target = match target.to_str() {
-        Some(t) if root.to_str().is_some() => validate::target(root, t).map_err(|e| e.0)?,
+        Some(t) if root.to_str().is_some() => validate::target(root, t)?,
         _ => {
             if target.as_os_str().len() >= validate::PATH_MAX {
-                return Err(format!("bind target {} is too long", shown(target)));
+                return Err(BadRecord::TargetTooLong(target.to_path_buf()));
             }
             let rel = target
                 .strip_prefix(root)
-                .map_err(|_| format!("bind target {} is outside the root", shown(target)))?;
-            let rel = rel.to_str().ok_or_else(|| {
-                format!(
-                    "bind target {} is not UTF-8 beneath the root; no request names such a target",
-                    shown(target)
-                )
-            })?;
-            let t = validate::target(Path::new("/"), &format!("/{rel}")).map_err(|e| e.0)?;
+                .map_err(|_| BadRecord::TargetOutside(target.to_path_buf()))?;
+            let rel = rel
+                .to_str()
+                .ok_or_else(|| BadRecord::TargetNotUtf8(target.to_path_buf()))?;
+            let t = validate::target(Path::new("/"), &format!("/{rel}"))?;
             root.join(t.strip_prefix("/").unwrap_or(&t))
         }
     };
-    let rel = target
-        .strip_prefix(root)
-        .map_err(|_| format!("bind target {} is outside the root", shown(&target)))?
-        .to_path_buf();
+    let rel = match target.strip_prefix(root) {
+        Ok(rel) => rel.to_path_buf(),
+        Err(_) => return Err(BadRecord::TargetOutside(target)),
+    };
     Ok((target, rel))
 }
 
@@ -525,34 +595,34 @@ struct Fields {
 
 impl Fields {
     /// Takes one `key=value` line; unknown keys are left for newer agents.
-    fn take(&mut self, k: &str, v: &str, root: &Path) -> Result<(), String> {
+    fn take(&mut self, k: &str, v: &str, root: &Path) -> Result<(), BadRecord> {
         match k {
             "version" => {
                 self.version = match v {
                     "1" => 1,
                     "2" => 2,
                     "3" => 3,
-                    _ => return Err(format!("version {v} is not one this agent knows")),
+                    _ => return Err(BadRecord::Version(v.to_string())),
                 }
             }
             "id" => self.id = Some(unesc(v.as_bytes(), "id")?),
             "serial" => {
                 let s = unesc(v.as_bytes(), "serial")?;
-                validate::serial(&s).map_err(|e| e.0)?;
+                validate::serial(&s)?;
                 self.source = Some(Source::Serial(s));
             }
             "device_path" => {
                 let p = unesc(v.as_bytes(), "device_path")?;
-                self.source = Some(Source::Path(validate::device_path(&p).map_err(|e| e.0)?))
+                self.source = Some(Source::Path(validate::device_path(&p)?))
             }
             "device" => {
                 let p = unesc(v.as_bytes(), "device")?;
-                self.device = Some(validate::device_path(&p).map_err(|e| e.0)?)
+                self.device = Some(validate::device_path(&p)?)
             }
             "name" => self.name = Some(unesc(v.as_bytes(), "name")?),
-            "devnum" => self.devnum = Some(parse_devnum(v).ok_or_else(|| format!("devnum {v:?}"))?),
+            "devnum" => self.devnum = Some(parse_devnum(v).ok_or_else(|| value("devnum", v))?),
             "device_serial" => self.device_serial = Some(unesc(v.as_bytes(), "device_serial")?),
-            "fs" => self.fs = Some(FsType::parse(v).ok_or_else(|| format!("fs {v:?}"))?),
+            "fs" => self.fs = Some(FsType::parse(v).ok_or_else(|| value("fs", v))?),
             "option" => self.options.push(unesc(v.as_bytes(), "option")?),
             "read_only" => self.read_only = boolean(v)?,
             "fs_group" => self.fs_group = Some(fs_group(v)?),
@@ -560,7 +630,7 @@ impl Fields {
                 self.block = match v {
                     "block" => true,
                     "filesystem" => false,
-                    _ => return Err(format!("mode {v:?}")),
+                    _ => return Err(value("mode", v)),
                 }
             }
             "ro_set" => self.ro_set = boolean(v)?,
@@ -573,53 +643,49 @@ impl Fields {
     }
 
     /// The volume the fields describe, checked as a request would be.
-    fn volume(self, root: &Path) -> Result<Volume, String> {
+    fn volume(self, root: &Path) -> Result<Volume, BadRecord> {
+        use BadRecord::Missing;
         if self.version == 0 {
-            return Err("no version line".into());
+            return Err(Missing("version line"));
         }
-        let id: String = self.id.ok_or("no id")?;
-        validate::volume_id(&id).map_err(|e| e.0)?;
-        let (major, minor) = self.devnum.ok_or("no devnum")?;
-        let name = device_name(self.name.ok_or("no device name")?)?;
+        let id: String = self.id.ok_or(Missing("id"))?;
+        validate::volume_id(&id)?;
+        let (major, minor) = self.devnum.ok_or(Missing("devnum"))?;
+        let name = device_name(self.name.ok_or(Missing("device name"))?)?;
         let block = self.block;
         // A block record has none of a filesystem's parameters, as a request would not.
         let mode = match (block, self.fs) {
             (false, Some(fs)) => VolumeMode::Filesystem(fs),
-            (false, None) => return Err("no fs".into()),
+            (false, None) => return Err(Missing("fs")),
             (true, None) if self.options.is_empty() && self.fs_group.is_none() => VolumeMode::Block,
-            (true, _) => {
-                return Err("a block volume with a filesystem, mount options or an fsGroup".into())
-            }
+            (true, _) => return Err(BadRecord::BlockWithFilesystem),
         };
         if block && self.version < 3 {
-            return Err(format!(
-                "a block volume in a version {} record",
-                self.version
-            ));
+            return Err(BadRecord::BlockInVersion(self.version));
         }
         if self.ro_set && !(block && self.read_only) {
-            return Err("ro_set on a volume that is not a read-only block volume".into());
+            return Err(BadRecord::RoSetNotBlock);
         }
         let plain =
             |b: &Bind| b.subpath.as_os_str().is_empty() && b.rro == RecursiveReadOnly::Disabled;
         if block && !self.binds.iter().all(plain) {
-            return Err("a block volume's bind with a subpath or recursive read-only".into());
+            return Err(BadRecord::BlockBindNotPlain);
         }
         let spec = Spec {
             volume_id: id,
-            source: self.source.ok_or("no source")?,
+            source: self.source.ok_or(Missing("source"))?,
             mode,
-            options: Options::parse(self.options, self.read_only).map_err(|e| e.to_string())?,
+            options: Options::parse(self.options, self.read_only)?,
             fs_group: self.fs_group,
         };
         let device = Device {
             name,
-            path: self.device.ok_or("no device")?,
+            path: self.device.ok_or(Missing("device"))?,
             major,
             minor,
             serial: self.device_serial,
         };
-        let guest_path = root.join("volumes").join(&spec.volume_id);
+        let guest_path = root.join(VOLUMES_DIR).join(&spec.volume_id);
         Ok(Volume::recorded(
             spec,
             device,
@@ -632,37 +698,37 @@ impl Fields {
 }
 
 /// A record's `fs_group=GID:POLICY`.
-fn fs_group(v: &str) -> Result<FsGroup, String> {
-    let (g, p) = v.split_once(':').ok_or_else(|| format!("fs_group {v:?}"))?;
+fn fs_group(v: &str) -> Result<FsGroup, BadRecord> {
+    let (g, p) = v.split_once(':').ok_or_else(|| value("fs_group", v))?;
     let policy = match p {
         "always" => Policy::Always,
         "on-root-mismatch" => Policy::OnRootMismatch,
-        _ => return Err(format!("fs_group policy {p:?}")),
+        _ => return Err(value("fs_group policy", p)),
     };
-    let gid = g.parse().map_err(|_| format!("fs_group gid {g:?}"))?;
+    let gid = g.parse().map_err(|_| value("fs_group gid", g))?;
     Ok(FsGroup {
-        gid: validate::gid(gid).map_err(|e| e.0)?,
+        gid: validate::gid(gid)?,
         policy,
     })
 }
 
 /// A record's `bind=…` line (tab-separated; version 1 had no mount id).
-fn bind(version: u32, v: &str, root: &Path) -> Result<Bind, String> {
+fn bind(version: u32, v: &str, root: &Path) -> Result<Bind, BadRecord> {
     let f: Vec<&str> = v.split('\t').collect();
     let (ro, rro, applied, sub, target, id) = match (version, f.as_slice()) {
         (1, [a, b, c, d, e]) => (*a, *b, *c, *d, *e, "0"),
         (2 | 3, [a, b, c, d, e, g]) => (*a, *b, *c, *d, *e, *g),
-        _ => return Err(format!("bind {v:?} has the wrong number of fields")),
+        _ => return Err(BadRecord::BindFields(v.to_string())),
     };
     let (target, rel) = bind_target(root, &unesc_path(target.as_bytes()))?;
-    let rro = rro_parse(rro).ok_or_else(|| format!("recursive_read_only {rro:?}"))?;
+    let rro = rro_parse(rro).ok_or_else(|| value("recursive_read_only", rro))?;
     let read_only = boolean(ro)?;
-    validate::recursive_read_only(read_only, rro).map_err(|e| e.0)?;
+    validate::recursive_read_only(read_only, rro)?;
     Ok(Bind {
         read_only,
         rro,
         rro_applied: boolean(applied)?,
-        subpath: validate::subpath(&unesc(sub.as_bytes(), "subpath")?).map_err(|e| e.0)?,
+        subpath: validate::subpath(&unesc(sub.as_bytes(), "subpath")?)?,
         target,
         rel,
         mount_id: mount_id(id, "bind mount id")?,
@@ -672,12 +738,12 @@ fn bind(version: u32, v: &str, root: &Path) -> Result<Bind, String> {
 /// Decodes a record (bytes, as read), checking every field as a request's
 /// would be checked against `root` (the canonical root). The error says
 /// what is wrong.
-pub(crate) fn decode(text: &(impl AsRef<[u8]> + ?Sized), root: &Path) -> Result<Volume, String> {
+pub(crate) fn decode(text: &(impl AsRef<[u8]> + ?Sized), root: &Path) -> Result<Volume, BadRecord> {
     let mut f = Fields::default();
     for line in lines(text.as_ref()) {
-        let (k, v) = line
-            .split_once('=')
-            .ok_or_else(|| format!("line {line:?} is not key=value"))?;
+        let Some((k, v)) = line.split_once('=') else {
+            return Err(BadRecord::NotKeyValue(line));
+        };
         f.take(k, v, root)?;
     }
     f.volume(root)
@@ -856,9 +922,10 @@ mod tests {
         }
         // Text fields must be text.
         let t = encode(&sample()).replace("id=vol-1", "id=vol-%FF");
-        assert!(decode(&t, Path::new("/r"))
-            .unwrap_err()
-            .contains("not UTF-8"));
+        assert!(matches!(
+            decode(&t, Path::new("/r")),
+            Err(BadRecord::NotUtf8("id"))
+        ));
     }
 
     #[test]
@@ -906,7 +973,7 @@ mod tests {
         ] {
             let text = good.replacen("name=vdb\n", &format!("name={}\n", esc(bad)), 1);
             let e = decode(&text, root).expect_err(bad);
-            assert!(e.contains("device name"), "{bad:?}: {e}");
+            assert!(matches!(e, BadRecord::DeviceName(_)), "{bad:?}: {e}");
         }
         for fine in ["vdb", "loop3p1", "nvme0n1", "cciss!c0d0", "dm-0"] {
             let text = good.replacen("name=vdb\n", &format!("name={fine}\n"), 1);

@@ -103,7 +103,7 @@ impl<K: Kernel> Takedown<'_, K> {
                 Err(e) => {
                     return Err(Error::StillMounted {
                         id: vol.id().to_string(),
-                        at: shown(&root.join(rel)),
+                        at: root.join(rel),
                         why: e.to_string(),
                     }
                     .into())
@@ -117,7 +117,7 @@ impl<K: Kernel> Takedown<'_, K> {
         {
             return Err(Error::StillMounted {
                 id: vol.id().to_string(),
-                at: shown(&m.mount_point),
+                at: m.mount_point.clone(),
                 why: "it came back or could not be reached beneath the root".into(),
             }
             .into());
@@ -157,8 +157,8 @@ impl<K: Kernel> Takedown<'_, K> {
                     }
                     Ok(_) => Err(e.into()),
                     Err(_) => Err(Error::MovedOutside {
-                        was: shown(&root.join(rel)),
-                        now: shown(&now.mount_point),
+                        was: root.join(rel),
+                        now: now.mount_point.clone(),
                     }
                     .into()),
                 }

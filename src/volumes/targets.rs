@@ -11,8 +11,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+use crust_protocols::sync::LockExt;
+
 use super::error::Error;
-use super::held::{lock, Held};
+use super::held::Held;
 use super::volume::{Bind, Volume};
 
 /// Binds one volume may have: a pod's containers need a handful; the bound
@@ -51,25 +53,25 @@ impl Targets {
         id: &str,
         root: &Path,
     ) -> Result<Reservation<'_>, Error> {
-        let mut targets = lock(&self.map);
+        let mut targets = self.map.locked();
         for (t, owner) in targets.iter() {
-            let there = || root.join(t).display().to_string();
+            let there = || root.join(t);
             if t == rel {
                 return Err(Error::TargetTaken {
-                    target: target.display().to_string(),
+                    target: target.to_path_buf(),
                     what: format!("a bind of volume {owner}"),
                 });
             }
             if rel.starts_with(t) {
                 return Err(Error::TargetNested {
-                    target: target.display().to_string(),
+                    target: target.to_path_buf(),
                     inner_of: there(),
                     volume: owner.clone(),
                 });
             }
             if t.starts_with(rel) {
                 return Err(Error::TargetCovers {
-                    target: target.display().to_string(),
+                    target: target.to_path_buf(),
                     inner: there(),
                     volume: owner.clone(),
                 });
@@ -81,7 +83,7 @@ impl Targets {
 
     /// The volume whose bind target (reserved or bound) `rel` is.
     pub(crate) fn owner_of(&self, rel: &Path) -> Option<String> {
-        lock(&self.map).get(rel).cloned()
+        self.map.locked().get(rel).cloned()
     }
 
     /// Refuses one more bind of `vol` when it has as many as it may.
@@ -100,7 +102,7 @@ impl Targets {
     /// volume and its target is free again.
     pub(crate) fn drop_bind(&self, vol: &mut Volume, i: usize) -> Bind {
         let b = vol.binds.remove(i);
-        lock(&self.map).remove(&b.rel);
+        self.map.locked().remove(&b.rel);
         b
     }
 

@@ -57,7 +57,7 @@ pub(crate) fn trim<K: Kernel>(
     not_frozen(leases, id)?;
     if vol.mounted_read_only() {
         return Err(quiesce::Error::ReadOnly {
-            path: vol.guest_path.display().to_string(),
+            path: vol.guest_path.clone(),
         }
         .into());
     }

@@ -22,7 +22,6 @@ pub(crate) struct Bind {
     pub(crate) rel: PathBuf,
     /// Relative to the volume's root; empty for the root.
     pub(crate) subpath: PathBuf,
-    /// A read-only bind.
     pub(crate) read_only: bool,
     /// The recursive read-only mode asked for.
     pub(crate) rro: RecursiveReadOnly,

@@ -1,15 +1,22 @@
-//! Shared pieces of the host tests: loop disks with real filesystems, a
-//! running agent on a unix socket, and a raw ttrpc client to talk to it.
+//! The agent under test in the host tests: a running agent on a unix
+//! socket, a rig that checks what it left behind, and a raw ttrpc client to
+//! talk to it. Loop disks, what a test needs and the request builders come
+//! from crust-testkit.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[path = "../fixtures/disks.rs"]
-mod disks;
 #[allow(unused_imports)]
-pub use disks::{cannot_run, mounts_of, run, LoopDisk};
+pub use crust_testkit::agent::{
+    bind_req, code, ctx, fs_group, message, publish_req, said, stats_req, unmount_req,
+    unpublish_req,
+};
+#[allow(unused_imports)]
+pub use crust_testkit::child::own_mount_namespace;
+#[allow(unused_imports)]
+pub use crust_testkit::{allocated, mode, mounts_of, needs, run, LoopDisk};
 
 pub mod rig;
 
@@ -18,28 +25,6 @@ pub mod raw;
 pub use crust_protocols::crust as pb;
 use crust_protocols::crust_ttrpc::AgentClient;
 use crust_protocols::ttrpc;
-
-/// True when the tests can make loop devices and mount (root with mkfs
-/// tools); otherwise says why the test skips, or fails it when
-/// `CRUST_REQUIRE_PRIVILEGED=1` (the Makefile's test targets, CI).
-pub fn privileged() -> bool {
-    let root = rustix::process::geteuid().is_root();
-    let tools = ["mkfs.ext4", "mkfs.xfs", "losetup"].iter().all(|t| {
-        Command::new("sh")
-            .args(["-c", &format!("command -v {t}")])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    let test = std::thread::current()
-        .name()
-        .unwrap_or("this test")
-        .to_string();
-    root && tools
-        || cannot_run(
-            &test,
-            &format!("needs root, losetup, mkfs.ext4 and mkfs.xfs (root={root}, tools={tools})"),
-        )
-}
 
 /// A ttrpc client of the agent at `addr` (`unix:///path`), on a socket
 /// whose fd number no other client of this process had recently.
@@ -237,156 +222,8 @@ impl Drop for Agent {
     }
 }
 
-/// A call context with a generous timeout.
-pub fn ctx() -> ttrpc::context::Context {
-    ttrpc::context::with_timeout(60_000_000_000)
-}
-
-/// A call's result in one line: `OK {fields}` or `CODE: message`.
-pub fn said<M: crust_protocols::protobuf::MessageFull>(r: &ttrpc::Result<M>) -> String {
-    match r {
-        Ok(m) => format!(
-            "OK {{{}}}",
-            crust_protocols::protobuf::text_format::print_to_string(m).trim()
-        ),
-        Err(ttrpc::Error::RpcStatus(s)) => format!("{:?}: {}", s.code(), s.message()),
-        Err(e) => format!("transport error: {e}"),
-    }
-}
-
-/// The gRPC code name of a failed call.
-pub fn code<T: std::fmt::Debug>(r: ttrpc::Result<T>) -> String {
-    match r {
-        Err(ttrpc::Error::RpcStatus(s)) => format!("{:?}", s.code()),
-        other => panic!("expected an error status, got {other:?}"),
-    }
-}
-
-/// The message of a failed call.
-pub fn message<T: std::fmt::Debug>(r: ttrpc::Result<T>) -> String {
-    match r {
-        Err(ttrpc::Error::RpcStatus(s)) => s.message().to_string(),
-        other => panic!("expected an error status, got {other:?}"),
-    }
-}
-
-/// A publish by device path; `fs` "block" asks for a block volume.
-pub fn publish_req(id: &str, device: &str, fs: &str) -> pb::PublishVolumeRequest {
-    let mut r = pb::PublishVolumeRequest::new();
-    r.volume_id = id.into();
-    r.set_device_path(device.into());
-    if fs == "block" {
-        r.volume_mode = pb::VolumeMode::BLOCK.into();
-    } else {
-        r.fs_type = fs.into();
-    }
-    r
-}
-
-pub fn unpublish_req(id: impl Into<String>) -> pb::UnpublishVolumeRequest {
-    let mut r = pb::UnpublishVolumeRequest::new();
-    r.volume_id = id.into();
-    r
-}
-
-pub fn stats_req(id: impl Into<String>) -> pb::GetVolumeStatsRequest {
-    let mut r = pb::GetVolumeStatsRequest::new();
-    r.volume_id = id.into();
-    r
-}
-
-pub fn unmount_req(target: impl Into<String>) -> pb::UnmountRequest {
-    let mut r = pb::UnmountRequest::new();
-    r.target = target.into();
-    r
-}
-
-pub fn fs_group(
-    gid: u32,
-    policy: pb::FsGroupChangePolicy,
-) -> crust_protocols::protobuf::MessageField<pb::FsGroup> {
-    let mut g = pb::FsGroup::new();
-    g.gid = gid;
-    g.change_policy = policy.into();
-    crust_protocols::protobuf::MessageField::some(g)
-}
-
-pub fn bind_req(
-    id: &str,
-    target: &Path,
-    subpath: &str,
-    ro: bool,
-    rro: pb::RecursiveReadOnly,
-) -> pb::BindMountRequest {
-    let mut r = pb::BindMountRequest::new();
-    r.volume_id = id.into();
-    r.target = target.display().to_string();
-    r.subpath = subpath.into();
-    r.read_only = ro;
-    r.recursive_read_only = rro.into();
-    r
-}
-
 /// Whether `path` is a mount point.
 pub fn is_mount(path: &Path) -> bool {
     let table = crust_agent::sys::mountinfo::read().unwrap();
     crust_agent::sys::mountinfo::mount_at(&table, path).is_some()
-}
-
-/// Set in the child that `own_mount_namespace` starts: the name of the test
-/// it runs.
-const OWN_NS: &str = "CRUST_TEST_OWN_MOUNT_NAMESPACE";
-
-/// For a test that makes mounts no other test may see (a mount point whose
-/// name is not UTF-8 breaks every reader of the shared mount table that
-/// expects text, other engineers' tests and tools included): runs the
-/// calling test again, alone, in a child process with a mount namespace of
-/// its own (`unshare --mount`, propagation private), and answers false once
-/// it passed there (panicking with its output if it failed). In that child
-/// it answers true: run the test's body.
-///
-/// The child first detaches its copies of loop-device mounts it inherited,
-/// so they do not keep other tests' disks busy while it runs.
-pub fn own_mount_namespace() -> bool {
-    let test = std::thread::current()
-        .name()
-        .unwrap_or_default()
-        .to_string();
-    if std::env::var(OWN_NS).is_ok_and(|t| t == test) {
-        for m in crust_agent::sys::mountinfo::read().unwrap_or_default() {
-            if m.source.starts_with("/dev/loop") {
-                let _ = rustix::mount::unmount(&m.mount_point, rustix::mount::UnmountFlags::DETACH);
-            }
-        }
-        return true;
-    }
-    let have = Command::new("unshare")
-        .arg("--help")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !have {
-        cannot_run(
-            &test,
-            "needs unshare (util-linux) for a mount namespace of its own",
-        );
-        return false;
-    }
-    let out = Command::new("unshare")
-        .args(["--mount", "--propagation", "private"])
-        .arg(std::env::current_exe().unwrap())
-        .args(["--exact", &test, "--nocapture", "--test-threads=1"])
-        .env(OWN_NS, &test)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && text.contains("1 passed"),
-        "{test} failed in its own mount namespace:\n{text}"
-    );
-    eprintln!("{test} passed in its own mount namespace");
-    false
 }

@@ -11,6 +11,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use super::{agent_bin, ctx, pb, publish_req, run, unpublish_req, LoopDisk};
+use crust_agent::validate::{FREEZES_DIR, STATE_DIR};
 use crust_protocols::crust_ttrpc::AgentClient;
 
 /// One line of the mount table, as the procfs crate reads it.
@@ -416,7 +417,7 @@ impl Rig {
             }
         }
         let mut out = Vec::new();
-        walk(&self.root.join("state"), &mut out);
+        walk(&self.root.join(STATE_DIR), &mut out);
         out.sort();
         out
     }
@@ -446,7 +447,6 @@ impl Rig {
         ids: &[&str],
         bind_roots: Option<&[&str]>,
     ) -> Vec<String> {
-        let mut bad = Vec::new();
         let list = match c.list_volumes(ctx(), &pb::ListVolumesRequest::new()) {
             Ok(l) => l.volumes,
             Err(e) => return vec![format!("ListVolumes failed: {e:?}")],
@@ -458,18 +458,22 @@ impl Rig {
                 m
             })
             .collect();
+        let s = Seen { list, table, disks };
+        let mut bad = self.mounts_accounted_for(&s, bind_roots);
+        bad.extend(self.listed_are_mounted(&s));
+        bad.extend(self.no_stacked_mounts(&s));
+        bad.extend(self.one_disk_one_path_one_id(&s));
+        bad.extend(self.state_names_the_listed(&s, ids));
+        // (c) the sentinel.
+        bad.extend(self.sentinel_problems());
+        bad
+    }
+
+    /// (a) and (c): every mount of a test disk is accounted for.
+    fn mounts_accounted_for(&self, s: &Seen<'_>, bind_roots: Option<&[&str]>) -> Vec<String> {
+        let Seen { list, table, disks } = s;
         let by_majmin: BTreeMap<&str, &Disk> =
             disks.iter().map(|d| (d.majmin.as_str(), d)).collect();
-        let describe = |m: &Mount| {
-            format!(
-                "mount {} of {} ({}, root {}) at {}",
-                m.mnt_id,
-                m.majmin,
-                m.mount_source.as_deref().unwrap_or("?"),
-                m.root,
-                m.mount_point.display()
-            )
-        };
         let listed_summary: Vec<String> = list
             .iter()
             .map(|v| {
@@ -479,10 +483,8 @@ impl Rig {
                 )
             })
             .collect();
-        let volumes_dir = self.root.join("volumes");
-
-        // (a) and (c): every mount of a test disk is accounted for.
-        for m in &table {
+        let mut bad = Vec::new();
+        for m in table {
             let Some(d) = by_majmin.get(m.majmin.as_str()) else {
                 continue;
             };
@@ -551,15 +553,16 @@ impl Rig {
                 )),
             }
         }
+        bad
+    }
 
-        // (a) and (c): everything listed is mounted as listed, beneath the root.
+    /// (a) and (c): everything listed is mounted as listed, beneath the root.
+    fn listed_are_mounted(&self, s: &Seen<'_>) -> Vec<String> {
+        let Seen { list, table, .. } = s;
+        let volumes_dir = self.root.join("volumes");
+        let mut bad = Vec::new();
         let top = |p: &str| table.iter().rev().find(|m| m.mount_point == Path::new(p));
-        let mut listed_devices: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-        for v in &list {
-            listed_devices
-                .entry(v.device.as_str())
-                .or_default()
-                .push(v.volume_id.as_str());
+        for v in list {
             let want_gp = volumes_dir.join(&v.volume_id);
             if Path::new(&v.guest_path) != want_gp {
                 bad.push(format!(
@@ -621,8 +624,13 @@ impl Rig {
                 }
             }
         }
+        bad
+    }
 
-        // (b) no stacked mounts beneath the root.
+    /// (b) no stacked mounts beneath the root.
+    fn no_stacked_mounts(&self, s: &Seen<'_>) -> Vec<String> {
+        let table = &s.table;
+        let mut bad = Vec::new();
         let mut at: BTreeMap<&Path, Vec<&Mount>> = BTreeMap::new();
         for m in table
             .iter()
@@ -640,9 +648,15 @@ impl Rig {
                 ));
             }
         }
+        bad
+    }
 
-        // (e) one disk, one guest path, one id.
-        for d in disks {
+    /// (e) one disk, one guest path, one id.
+    fn one_disk_one_path_one_id(&self, s: &Seen<'_>) -> Vec<String> {
+        let Seen { list, table, disks } = s;
+        let volumes_dir = self.root.join("volumes");
+        let mut bad = Vec::new();
+        for d in disks.iter() {
             let guests: Vec<&Mount> = table
                 .iter()
                 .filter(|m| m.majmin == d.majmin && m.mount_point.parent() == Some(&volumes_dir))
@@ -656,24 +670,36 @@ impl Rig {
                 ));
             }
         }
-        for (dev, ids) in &listed_devices {
+        let mut listed_devices: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for v in list {
+            listed_devices
+                .entry(v.device.as_str())
+                .or_default()
+                .push(v.volume_id.as_str());
+        }
+        for (dev, ids) in listed_devices {
             if ids.len() > 1 {
                 bad.push(format!(
                     "(e) device {dev} is listed under several volume ids: {ids:?}"
                 ));
             }
         }
+        bad
+    }
 
-        // (a) the state directory names exactly the listed volumes (by id,
-        // in file names or contents: the format is the agent's business),
-        // the freezes' records apart: they are history, and name volumes
-        // long gone.
-        let freezes = self.root.join("state/freezes");
+    /// (a) the state directory names exactly the listed volumes among `ids`
+    /// (by id, in file names or contents: the format is the agent's
+    /// business), the freezes' records apart: they are history, and name
+    /// volumes long gone.
+    fn state_names_the_listed(&self, s: &Seen<'_>, ids: &[&str]) -> Vec<String> {
+        let list = &s.list;
+        let mut bad = Vec::new();
+        let freezes = self.root.join(FREEZES_DIR);
         let (records, state): (Vec<_>, Vec<_>) = self
             .state_files()
             .into_iter()
             .partition(|(p, _)| p.starts_with(&freezes));
-        bad.extend(freeze_problems(&list, &records));
+        bad.extend(freeze_problems(list, &records));
         let listed: BTreeSet<&str> = list.iter().map(|v| v.volume_id.as_str()).collect();
         for id in ids {
             let holders: Vec<String> = state
@@ -694,9 +720,6 @@ impl Rig {
                 _ => {}
             }
         }
-
-        // (c) the sentinel.
-        bad.extend(self.sentinel_problems());
         bad
     }
 
@@ -897,6 +920,26 @@ impl Rig {
 
 /// Whether a listed volume is a block volume (its mounts are binds of a
 /// device node, whose mountinfo root is the node's name, not "/").
+/// What `problems` compares: the agent's list, the kernel's mount table
+/// (each mount with its disk's major:minor) and the test's disks.
+struct Seen<'a> {
+    list: Vec<pb::VolumeInfo>,
+    table: Vec<Mount>,
+    disks: &'a [Disk],
+}
+
+/// A mount, for messages.
+fn describe(m: &Mount) -> String {
+    format!(
+        "mount {} of {} ({}, root {}) at {}",
+        m.mnt_id,
+        m.majmin,
+        m.mount_source.as_deref().unwrap_or("?"),
+        m.root,
+        m.mount_point.display()
+    )
+}
+
 fn is_block(v: &pb::VolumeInfo) -> bool {
     v.volume_mode == pb::VolumeMode::BLOCK.into()
 }

@@ -188,8 +188,6 @@ pub struct InitrdSpec {
 
 /// Builds the image bytes from `spec`.
 pub fn build(spec: &InitrdSpec) -> Result<Vec<u8>, Error> {
-    let read =
-        |p: &Path| fs::read(p).map_err(|e| Error::Io(format!("cannot read {}", p.display()), e));
     let rel_dir = format!("lib/modules/{}", spec.version);
     let mod_dir = spec.kernel_root.join(&rel_dir);
     let dep_text = String::from_utf8_lossy(&read(&mod_dir.join("modules.dep"))?).into_owned();
@@ -207,62 +205,8 @@ pub fn build(spec: &InitrdSpec) -> Result<Vec<u8>, Error> {
         ))
     })?;
 
-    let mut entries = BTreeMap::new();
-    let add_dirs = |entries: &mut BTreeMap<String, Entry>, path: &str| {
-        let mut acc = String::new();
-        for part in path.split('/').filter(|p| !p.is_empty()) {
-            if !acc.is_empty() {
-                acc.push('/');
-            }
-            acc.push_str(part);
-            entries
-                .entry(acc.clone())
-                .or_insert(Entry::Dir { mode: 0o755 });
-        }
-    };
-    for d in ["dev", "proc", "sys", "run", "tmp"] {
-        add_dirs(&mut entries, d);
-    }
-    entries.insert(
-        "dev/console".into(),
-        Entry::CharDev {
-            mode: 0o600,
-            major: 5,
-            minor: 1,
-        },
-    );
-    entries.insert(
-        "init".into(),
-        Entry::File {
-            mode: 0o755,
-            data: read(&spec.agent)?,
-        },
-    );
-
-    // Keep the lines of modules.dep for the chosen modules, in depmod's order.
-    let mut trimmed = String::new();
-    for line in dep_text.lines() {
-        let Some((p, _)) = line.split_once(':') else {
-            continue;
-        };
-        if closure.contains(&module_name(p.trim())) {
-            let p = p.trim();
-            let parent = Path::new(p)
-                .parent()
-                .map(|x| x.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            add_dirs(&mut entries, &format!("{rel_dir}/{parent}"));
-            entries.insert(
-                format!("{rel_dir}/{p}"),
-                Entry::File {
-                    mode: 0o644,
-                    data: read(&mod_dir.join(p))?,
-                },
-            );
-            trimmed.push_str(line);
-            trimmed.push('\n');
-        }
-    }
+    let mut entries = skeleton(&read(&spec.agent)?);
+    let trimmed = add_modules(&mut entries, &dep_text, &closure, &mod_dir, &rel_dir)?;
     entries.insert(
         format!("{rel_dir}/modules.dep"),
         Entry::File {
@@ -281,6 +225,84 @@ pub fn build(spec: &InitrdSpec) -> Result<Vec<u8>, Error> {
 
     let cpio = write_newc(&entries);
     Ok(if spec.compress { gzip(&cpio) } else { cpio })
+}
+
+fn read(p: &Path) -> Result<Vec<u8>, Error> {
+    fs::read(p).map_err(|e| Error::Io(format!("cannot read {}", p.display()), e))
+}
+
+/// Adds `path` and each directory above it, as 0755 directories.
+fn add_dirs(entries: &mut BTreeMap<String, Entry>, path: &str) {
+    let mut acc = String::new();
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        if !acc.is_empty() {
+            acc.push('/');
+        }
+        acc.push_str(part);
+        entries
+            .entry(acc.clone())
+            .or_insert(Entry::Dir { mode: 0o755 });
+    }
+}
+
+/// What every image holds: the mount points, the console, and the agent
+/// (`agent`, its bytes) as `/init`.
+fn skeleton(agent: &[u8]) -> BTreeMap<String, Entry> {
+    let mut entries = BTreeMap::new();
+    for d in ["dev", "proc", "sys", "run", "tmp"] {
+        add_dirs(&mut entries, d);
+    }
+    entries.insert(
+        "dev/console".into(),
+        Entry::CharDev {
+            mode: 0o600,
+            major: 5,
+            minor: 1,
+        },
+    );
+    entries.insert(
+        "init".into(),
+        Entry::File {
+            mode: 0o755,
+            data: agent.to_vec(),
+        },
+    );
+    entries
+}
+
+/// Adds the modules of `closure` from `mod_dir` under `rel_dir`, and
+/// answers the lines of modules.dep (`dep_text`) for them, in depmod's order.
+fn add_modules(
+    entries: &mut BTreeMap<String, Entry>,
+    dep_text: &str,
+    closure: &BTreeSet<String>,
+    mod_dir: &Path,
+    rel_dir: &str,
+) -> Result<String, Error> {
+    let mut trimmed = String::new();
+    for line in dep_text.lines() {
+        let Some((p, _)) = line.split_once(':') else {
+            continue;
+        };
+        if closure.contains(&module_name(p.trim())) {
+            let p = p.trim();
+            let parent = Path::new(p)
+                .parent()
+                .map(|x| x.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            add_dirs(entries, &format!("{rel_dir}/{parent}"));
+            entries.insert(
+                format!("{rel_dir}/{p}"),
+                Entry::File {
+                    mode: 0o644,
+                    data: read(&mod_dir.join(p))?,
+                },
+            );
+            trimmed.push_str(line);
+            trimmed.push('\n');
+        }
+    }
+    Ok(trimmed)
 }
 
 #[cfg(test)]
@@ -381,7 +403,10 @@ mod tests {
         }
     }
     #[test]
+    #[ignore = "needs root: make test runs it"]
     fn build_ships_the_closure_and_lists_the_boot_set() {
+        // cpio makes the archive's dev/console with mknod.
+        crust_testkit::needs::root();
         let root = tempfile::tempdir().unwrap();
         let md = root.path().join("lib/modules/9.9-test");
         fs::create_dir_all(md.join("k")).unwrap();

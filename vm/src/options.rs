@@ -31,7 +31,6 @@ pub struct VmOptions {
     /// A runtime's own name for it stands in for that runtime's QEMU (Kata
     /// names sandbox `<id>`'s `sandbox-<id>`, which crustd requires).
     pub name: String,
-    /// The guest kernel.
     pub kernel: PathBuf,
     /// The guest image (agent as /init + modules).
     pub initrd: PathBuf,

@@ -36,7 +36,6 @@ pub struct Disk {
     pub node: String,
     /// QEMU's device id.
     pub device: String,
-    /// Attached read-only.
     pub read_only: bool,
 }
 
@@ -59,7 +58,6 @@ pub enum Readiness {
     Polled,
 }
 
-/// A running VM.
 pub struct Vm {
     /// The VM's directory (absolute).
     pub(crate) dir: PathBuf,
@@ -150,7 +148,6 @@ impl Vm {
         }
     }
 
-    /// The console log of the guest.
     pub fn console_log(&self) -> PathBuf {
         self.dir.join("console.log")
     }

@@ -8,18 +8,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use crust_protocols::crust::{GetAgentInfoRequest, GetCapabilitiesRequest};
-use crust_vm::{alive, ctx, Error, Readiness, Vm, VmOptions};
+use crust_testkit::vm::options as opts;
+use crust_vm::{alive, ctx, Error, Readiness, Vm};
 use serde_json::{json, Value};
-
-fn opts(dir: &Path) -> VmOptions {
-    let o = VmOptions::new(dir);
-    assert!(
-        o.kernel.is_file() && o.initrd.is_file(),
-        "run `make initrd` first ({} missing)",
-        o.initrd.display()
-    );
-    o
-}
 
 /// The block node QEMU knows by `name`, if any.
 fn node(vm: &Vm, name: &str) -> Option<Value> {
@@ -46,7 +37,7 @@ fn gone(pid: u32, dir: &Path) -> bool {
 }
 
 #[test]
-#[ignore = "boots a VM: run make test-vm"]
+#[ignore = "needs a VM: make test-vm runs it"]
 fn boot_info_hotplug_resize_unplug_down() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("vm");
@@ -160,7 +151,7 @@ fn boot_info_hotplug_resize_unplug_down() {
 }
 
 #[test]
-#[ignore = "boots a VM: run make test-vm"]
+#[ignore = "needs a VM: make test-vm runs it"]
 fn cli_up_in_background_and_down_from_another_process() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("vm");
@@ -243,7 +234,7 @@ fn cli_up_in_background_and_down_from_another_process() {
 }
 
 #[test]
-#[ignore = "boots a VM: run make test-vm"]
+#[ignore = "needs a VM: make test-vm runs it"]
 fn dropping_a_vm_that_was_not_brought_down_kills_it() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("vm");
@@ -255,7 +246,7 @@ fn dropping_a_vm_that_was_not_brought_down_kills_it() {
 }
 
 #[test]
-#[ignore = "boots a VM: run make test-vm"]
+#[ignore = "needs a VM: make test-vm runs it"]
 fn ctrl_alt_del_reaches_pid1_as_an_orderly_shutdown() {
     let tmp = tempfile::tempdir().unwrap();
     let mut vm = Vm::up(opts(&tmp.path().join("vm"))).unwrap();
@@ -279,7 +270,7 @@ fn ctrl_alt_del_reaches_pid1_as_an_orderly_shutdown() {
 }
 
 #[test]
-#[ignore = "boots a VM: run make test-vm"]
+#[ignore = "needs a VM: make test-vm runs it"]
 fn a_hotplugged_disk_is_found_by_serial_grown_online_and_released() {
     use crust_protocols::crust::{
         ExpandVolumeRequest, GetVolumeStatsRequest, PublishVolumeRequest, UnpublishVolumeRequest,
@@ -362,7 +353,7 @@ fn a_hotplugged_disk_is_found_by_serial_grown_online_and_released() {
 }
 
 #[test]
-#[ignore = "boots a VM: run make test-vm"]
+#[ignore = "needs a VM: make test-vm runs it"]
 fn planted_symlinks_in_the_vm_directory_change_nothing() {
     // Someone who can write in the VM's directory plants symlinks at every
     // name crust-vm writes (its temporaries included, under the names it
@@ -417,7 +408,7 @@ fn planted_symlinks_in_the_vm_directory_change_nothing() {
 }
 
 #[test]
-#[ignore = "boots a VM: run make test-vm"]
+#[ignore = "needs a VM: make test-vm runs it"]
 fn boots_under_cpu_io_and_memory_load() {
     use std::io::Write;
     use std::sync::atomic::{AtomicBool, Ordering};

@@ -13,37 +13,11 @@ use std::time::{Duration, Instant};
 
 use crust_protocols::crust as pb;
 use crust_protocols::crust_ttrpc::AgentClient;
-use crust_protocols::protobuf::MessageField;
 use crust_protocols::ttrpc;
-use crust_vm::{Vm, VmOptions};
-
-#[path = "../../tests/fixtures/disks.rs"]
-mod disks;
-use disks::run;
-
-fn ctx() -> ttrpc::context::Context {
-    crust_vm::ctx(Duration::from_secs(120))
-}
-
-fn boot(dir: &Path) -> Vm {
-    let o = VmOptions::new(dir.join("vm"));
-    assert!(
-        o.kernel.is_file() && o.initrd.is_file(),
-        "run `make initrd` first ({} missing)",
-        o.initrd.display()
-    );
-    Vm::up(o).expect("the VM boots and the agent answers")
-}
-
-/// An empty image file of `mib` MiB.
-fn blank(dir: &Path, name: &str, mib: u64) -> PathBuf {
-    let img = dir.join(name);
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(mib << 20)
-        .unwrap();
-    img
-}
+use crust_testkit::agent::said;
+use crust_testkit::run;
+use crust_testkit::vm::{blank, boot, ctx, stats, tail};
+use crust_vm::Vm;
 
 /// Overwrites `bytes` at `offset` of the image file.
 fn poke(img: &Path, offset: u64, bytes: &[u8]) {
@@ -92,52 +66,23 @@ fn corrupt_ext4(dir: &Path, name: &str, tune: &[&str]) -> PathBuf {
     img
 }
 
+/// An ext4 publish of the disk with `serial`, with `gid` as the fsGroup.
 fn publish(
     c: &AgentClient,
     id: &str,
     serial: &str,
     gid: Option<u32>,
 ) -> ttrpc::Result<pb::PublishVolumeResponse> {
-    let mut r = pb::PublishVolumeRequest::new();
-    r.volume_id = id.into();
-    r.set_serial(serial.into());
-    r.fs_type = "ext4".into();
-    r.timeout_ms = 60_000;
-    if let Some(g) = gid {
-        let mut f = pb::FsGroup::new();
-        f.gid = g;
-        r.fs_group = MessageField::some(f);
-    }
-    c.publish_volume(ctx(), &r)
-}
-
-fn stats(c: &AgentClient, id: &str) -> ttrpc::Result<pb::GetVolumeStatsResponse> {
-    let mut r = pb::GetVolumeStatsRequest::new();
-    r.volume_id = id.into();
-    c.get_volume_stats(ctx(), &r)
-}
-
-fn said<T: std::fmt::Debug>(r: &ttrpc::Result<T>) -> String {
-    match r {
-        Ok(v) => format!("OK {v:?}"),
-        Err(ttrpc::Error::RpcStatus(s)) => format!("{:?}: {}", s.code(), s.message()),
-        Err(e) => format!("no answer: {e}"),
-    }
+    crust_testkit::vm::publish(c, id, serial, "ext4", gid)
 }
 
 /// The end of the guest's console, for failure messages.
 fn console(vm: &Vm) -> String {
-    let text = std::fs::read(vm.console_log()).unwrap_or_default();
-    let text = String::from_utf8_lossy(&text);
-    let start = text.len().saturating_sub(3000);
-    let start = (start..text.len())
-        .find(|&i| text.is_char_boundary(i))
-        .unwrap_or(text.len());
-    text[start..].to_string()
+    tail(&crust_testkit::vm::console(vm), 3000).to_string()
 }
 
 #[test]
-#[ignore = "boots a VM: run make test"]
+#[ignore = "needs a VM: make test-vm runs it"]
 fn a_hostile_ext4_neither_panics_nor_hangs_the_guest() {
     let tmp = tempfile::tempdir().unwrap();
     let by_s_errors = corrupt_ext4(tmp.path(), "s-errors.img", &["-e", "panic"]);

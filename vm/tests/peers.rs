@@ -12,7 +12,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crust_protocols::crust::GetAgentInfoRequest;
-use crust_vm::{ctx, Vm, VmOptions};
+use crust_testkit::vm::options;
+use crust_vm::{ctx, Vm};
 
 /// A vhost-device-vsock serving guests 3 (`a/`) and 4 (`b/`) in one group.
 struct Backend {
@@ -64,11 +65,7 @@ impl Drop for Backend {
 }
 
 fn guest(dir: &Path, cid: u32, append: &str, notify: bool) -> Vm {
-    let mut o = VmOptions::new(dir);
-    assert!(
-        o.kernel.is_file() && o.initrd.is_file(),
-        "run `make initrd` first"
-    );
+    let mut o = options(dir);
     o.vhost_socket = Some(dir.join("vhost.sock"));
     o.cid = cid;
     o.notify = notify;
@@ -78,13 +75,9 @@ fn guest(dir: &Path, cid: u32, append: &str, notify: bool) -> Vm {
 
 /// Waits up to 60 s for `pred` on guest `vm`'s console; returns the console.
 fn console_until(vm: &Vm, pred: impl Fn(&str) -> bool) -> (bool, String) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let text = std::fs::read_to_string(vm.console_log()).unwrap_or_default();
-        if pred(&text) || Instant::now() > deadline {
-            return (pred(&text), text);
-        }
-        std::thread::sleep(Duration::from_millis(200));
+    match crust_testkit::vm::console_until(vm, Duration::from_secs(60), pred) {
+        Ok(text) => (true, text),
+        Err(text) => (false, text),
     }
 }
 
@@ -109,7 +102,7 @@ fn sibling_connects(append: &str, shows: impl Fn(&str) -> bool) -> (bool, String
 }
 
 #[test]
-#[ignore = "boots two VMs: run make test-vm"]
+#[ignore = "needs a VM: make test-vm runs it"]
 fn another_guest_is_refused_by_default_and_taken_when_listed() {
     let refused = |t: &str| {
         t.lines().any(|l| {

@@ -11,84 +11,37 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use crust_protocols::crust as pb;
 use crust_protocols::crust_ttrpc::AgentClient;
-use crust_protocols::protobuf::MessageField;
-use crust_protocols::ttrpc;
-use crust_vm::{Vm, VmOptions};
-
-#[path = "../../tests/fixtures/disks.rs"]
-mod disks;
-use disks::run;
-
-fn ctx() -> ttrpc::context::Context {
-    crust_vm::ctx(Duration::from_secs(120))
-}
-
-fn boot(dir: &Path) -> Vm {
-    let o = VmOptions::new(dir.join("vm"));
-    assert!(
-        o.kernel.is_file() && o.initrd.is_file(),
-        "run `make initrd` first ({} missing)",
-        o.initrd.display()
-    );
-    Vm::up(o).expect("the VM boots and the agent answers")
-}
+use crust_testkit::vm::{boot, ctx};
+use crust_testkit::{allocated, run};
 
 /// A formatted image holding `data/` with many files owned by 1234, and a
 /// 64 MiB file written and deleted on the host (its blocks stay allocated
 /// in the image file: the host's loop mount does not discard).
 fn image(dir: &Path, name: &str, fs: &str, mib: u64) -> PathBuf {
-    let img = dir.join(name);
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(mib << 20)
-        .unwrap();
-    match fs {
-        "ext4" => run("mkfs.ext4", &["-q", "-F", img.to_str().unwrap()]),
-        _ => run("mkfs.xfs", &["-q", "-f", img.to_str().unwrap()]),
-    };
-    let m = dir.join(format!("{name}.mnt"));
-    std::fs::create_dir_all(&m).unwrap();
-    run(
-        "mount",
-        &["-o", "loop", img.to_str().unwrap(), m.to_str().unwrap()],
-    );
-    for d in 0..20 {
-        std::fs::create_dir_all(m.join(format!("data/d{d}"))).unwrap();
-        for f in 0..50 {
-            std::fs::write(m.join(format!("data/d{d}/f{f}")), b"x").unwrap();
+    crust_testkit::vm::image(dir, name, fs, mib, |m| {
+        for d in 0..20 {
+            std::fs::create_dir_all(m.join(format!("data/d{d}"))).unwrap();
+            for f in 0..50 {
+                std::fs::write(m.join(format!("data/d{d}/f{f}")), b"x").unwrap();
+            }
         }
-    }
-    std::fs::write(m.join("data/hello"), b"hello").unwrap();
-    std::fs::write(m.join("big"), vec![0x5a; 64 << 20]).unwrap();
-    run("sync", &[]);
-    std::fs::remove_file(m.join("big")).unwrap();
-    run(
-        "chown",
-        &["-R", "1234:1234", m.join("data").to_str().unwrap()],
-    );
-    run("umount", &[m.to_str().unwrap()]);
-    img
+        std::fs::write(m.join("data/hello"), b"hello").unwrap();
+        std::fs::write(m.join("big"), vec![0x5a; 64 << 20]).unwrap();
+        run("sync", &[]);
+        std::fs::remove_file(m.join("big")).unwrap();
+        run(
+            "chown",
+            &["-R", "1234:1234", m.join("data").to_str().unwrap()],
+        );
+    })
 }
 
+/// A publish of the disk with `serial` with fsGroup 4321.
 fn publish(c: &AgentClient, id: &str, serial: &str, fs: &str) -> pb::PublishVolumeResponse {
-    let mut r = pb::PublishVolumeRequest::new();
-    r.volume_id = id.into();
-    r.set_serial(serial.into());
-    r.fs_type = fs.into();
-    r.timeout_ms = 60_000;
-    let mut g = pb::FsGroup::new();
-    g.gid = 4321;
-    r.fs_group = MessageField::some(g);
-    c.publish_volume(ctx(), &r).unwrap()
-}
-
-/// Bytes the image file holds on the host's filesystem.
-fn allocated(img: &Path) -> u64 {
-    std::fs::metadata(img).unwrap().blocks() * 512
+    crust_testkit::vm::publish(c, id, serial, fs, Some(4321)).unwrap()
 }
 
 /// The group of `rel` in the image, mounted read-only without log replay
@@ -127,7 +80,7 @@ fn replay_xfs_log(img: &Path) {
 }
 
 #[test]
-#[ignore = "boots a VM: run make test"]
+#[ignore = "needs a VM: make test-vm runs it"]
 fn a_snapshot_taken_while_frozen_needs_no_replay_and_trim_gives_blocks_back() {
     let tmp = tempfile::tempdir().unwrap();
     let ext4 = image(tmp.path(), "ext4.img", "ext4", 256);

@@ -10,57 +10,26 @@ use std::time::{Duration, Instant};
 
 use crust_protocols::crust as pb;
 use crust_protocols::crust_ttrpc::AgentClient;
-use crust_protocols::protobuf::MessageField;
 use crust_protocols::ttrpc;
-use crust_vm::{Vm, VmOptions};
-
-#[path = "../../tests/fixtures/disks.rs"]
-mod disks;
-use disks::run;
-
-fn ctx() -> ttrpc::context::Context {
-    crust_vm::ctx(Duration::from_secs(120))
-}
-
-fn boot(dir: &Path) -> Vm {
-    let o = VmOptions::new(dir.join("vm"));
-    assert!(
-        o.kernel.is_file() && o.initrd.is_file(),
-        "run `make initrd` first ({} missing)",
-        o.initrd.display()
-    );
-    Vm::up(o).expect("the VM boots and the agent answers")
-}
+use crust_testkit::agent::code;
+use crust_testkit::run;
+use crust_testkit::vm::{boot, ctx, publish};
+use crust_vm::Vm;
 
 /// A formatted image with some foreign-owned content, made on the host.
 fn image(dir: &Path, name: &str, fs: &str, mib: u64) -> PathBuf {
-    let img = dir.join(name);
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(mib << 20)
-        .unwrap();
-    match fs {
-        "ext4" => run("mkfs.ext4", &["-q", "-F", img.to_str().unwrap()]),
-        _ => run("mkfs.xfs", &["-q", "-f", img.to_str().unwrap()]),
-    };
-    let m = dir.join(format!("{name}.mnt"));
-    std::fs::create_dir_all(&m).unwrap();
-    run(
-        "mount",
-        &["-o", "loop", img.to_str().unwrap(), m.to_str().unwrap()],
-    );
-    std::fs::create_dir_all(m.join("data/deep/er")).unwrap();
-    for i in 0..20 {
-        std::fs::write(m.join(format!("data/deep/f{i}")), format!("file {i}")).unwrap();
-    }
-    std::fs::write(m.join("data/hello"), b"hello from the host").unwrap();
-    run(
-        "chown",
-        &["-R", "1234:1234", m.join("data").to_str().unwrap()],
-    );
-    run("chmod", &["-R", "go-rwx", m.join("data").to_str().unwrap()]);
-    run("umount", &[m.to_str().unwrap()]);
-    img
+    crust_testkit::vm::image(dir, name, fs, mib, |m| {
+        std::fs::create_dir_all(m.join("data/deep/er")).unwrap();
+        for i in 0..20 {
+            std::fs::write(m.join(format!("data/deep/f{i}")), format!("file {i}")).unwrap();
+        }
+        std::fs::write(m.join("data/hello"), b"hello from the host").unwrap();
+        run(
+            "chown",
+            &["-R", "1234:1234", m.join("data").to_str().unwrap()],
+        );
+        run("chmod", &["-R", "go-rwx", m.join("data").to_str().unwrap()]);
+    })
 }
 
 /// Mounts the image read-only on the host and returns (gid, mode) of `rel`.
@@ -84,30 +53,8 @@ fn fsck_clean(img: &Path, fs: &str) {
     };
 }
 
-fn publish(
-    c: &AgentClient,
-    id: &str,
-    serial: &str,
-    fs: &str,
-    gid: Option<u32>,
-) -> ttrpc::Result<pb::PublishVolumeResponse> {
-    let mut r = pb::PublishVolumeRequest::new();
-    r.volume_id = id.into();
-    r.set_serial(serial.into());
-    r.fs_type = fs.into();
-    r.timeout_ms = 60_000;
-    if let Some(g) = gid {
-        let mut f = pb::FsGroup::new();
-        f.gid = g;
-        r.fs_group = MessageField::some(f);
-    }
-    c.publish_volume(ctx(), &r)
-}
-
 fn stats(c: &AgentClient, id: &str) -> pb::GetVolumeStatsResponse {
-    let mut r = pb::GetVolumeStatsRequest::new();
-    r.volume_id = id.into();
-    c.get_volume_stats(ctx(), &r).unwrap()
+    crust_testkit::vm::stats(c, id).unwrap()
 }
 
 fn bytes_total(s: &pb::GetVolumeStatsResponse) -> i64 {
@@ -126,18 +73,11 @@ fn expand(c: &AgentClient, id: &str, bytes: i64) -> ttrpc::Result<pb::ExpandVolu
     c.expand_volume(ctx(), &r)
 }
 
-fn code<T: std::fmt::Debug>(r: ttrpc::Result<T>) -> String {
-    match r {
-        Err(ttrpc::Error::RpcStatus(s)) => format!("{:?}", s.code()),
-        other => panic!("expected an error status, got {other:?}"),
-    }
-}
-
 /// ext4 and xfs side by side: publish before and after the hot-plug, fsGroup,
 /// stats, online growth with ExpandVolume sent right after block_resize,
 /// binds with recursive read-only, Shutdown, then the images checked on the host.
 #[test]
-#[ignore = "boots a VM: run make test"]
+#[ignore = "needs a VM: make test-vm runs it"]
 fn volumes_in_a_real_guest() {
     let tmp = tempfile::tempdir().unwrap();
     let ext4 = image(tmp.path(), "ext4.img", "ext4", 128);
@@ -297,18 +237,9 @@ fn sha256_prefix(img: &Path, bytes: u64) -> String {
     out.split_whitespace().next().unwrap().to_string()
 }
 
-/// Block volumes (KEP-565) in the guest, then a filesystem's disk pulled
-/// out, on one VM: publish BLOCK by serial before and after the hot-plug,
-/// list, stats, a bind onto a file, growth after block_resize, a read-only
-/// publish whose flag the host sees (BLKROGET), unpublish, and a block
-/// volume's disk unplugged while published. The image is checked on the
-/// host: the agent never wrote a byte of it. Pulling a mounted filesystem's
-/// disk turns its condition abnormal too, and the agent keeps serving.
-#[test]
-#[ignore = "boots a VM: run make test"]
-fn block_volumes_and_hot_unplug_in_a_real_guest() {
-    let tmp = tempfile::tempdir().unwrap();
-    let raw = tmp.path().join("raw.img");
+/// A 64 MiB image whose first 8 MiB are random, in `dir`.
+fn random_image(dir: &Path) -> PathBuf {
+    let raw = dir.join("raw.img");
     std::fs::File::create(&raw)
         .unwrap()
         .set_len(64 << 20)
@@ -324,19 +255,19 @@ fn block_volumes_and_hot_unplug_in_a_real_guest() {
             "status=none",
         ],
     );
-    let original = sha256_prefix(&raw, 64 << 20);
-    let img = image(tmp.path(), "gone.img", "ext4", 64);
-    let mut vm = boot(tmp.path());
-    let c = vm.agent().unwrap();
+    raw
+}
 
-    // Published by serial while the disk is not there yet.
+/// A BLOCK publish by serial, sent before the disk `raw` is plugged,
+/// completes once it arrives; listed and its stats are the device's.
+fn published_by_serial_before_it_is_plugged(vm: &mut Vm, c: &AgentClient, raw: &Path) {
     let waiting = {
         let c = vm.agent().unwrap();
         std::thread::spawn(move || block_publish(&c, "raw", "ser-raw", false))
     };
     std::thread::sleep(Duration::from_millis(500));
     let plugged = Instant::now();
-    vm.hotplug(&raw, "ser-raw", false).unwrap();
+    vm.hotplug(raw, "ser-raw", false).unwrap();
     let r = waiting
         .join()
         .unwrap()
@@ -350,16 +281,36 @@ fn block_volumes_and_hot_unplug_in_a_real_guest() {
         r.device.starts_with("/dev/vd") && r.ownership.is_none(),
         "{r:?}"
     );
-    let v = listed(&c, "raw");
+    let v = listed(c, "raw");
     assert_eq!(v.volume_mode, pb::VolumeMode::BLOCK.into());
     assert_eq!(
         (v.fs_type.as_str(), v.read_only, v.device_bytes),
         ("", false, 64 << 20)
     );
-    let s = stats(&c, "raw");
+    let s = stats(c, "raw");
     assert_eq!(s.usage.len(), 1);
     assert_eq!((s.usage[0].total, s.usage[0].used), (64 << 20, 0));
     assert!(!s.condition.abnormal, "{:?}", s.condition);
+}
+
+/// Block volumes (KEP-565) in the guest, then a filesystem's disk pulled
+/// out, on one VM: publish BLOCK by serial before and after the hot-plug,
+/// list, stats, a bind onto a file, growth after block_resize, a read-only
+/// publish whose flag the host sees (BLKROGET), unpublish, and a block
+/// volume's disk unplugged while published. The image is checked on the
+/// host: the agent never wrote a byte of it. Pulling a mounted filesystem's
+/// disk turns its condition abnormal too, and the agent keeps serving.
+#[test]
+#[ignore = "needs a VM: make test-vm runs it"]
+fn block_volumes_and_hot_unplug_in_a_real_guest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let raw = random_image(tmp.path());
+    let original = sha256_prefix(&raw, 64 << 20);
+    let img = image(tmp.path(), "gone.img", "ext4", 64);
+    let mut vm = boot(tmp.path());
+    let c = vm.agent().unwrap();
+
+    published_by_serial_before_it_is_plugged(&mut vm, &c, &raw);
 
     let mut b = pb::BindMountRequest::new();
     b.volume_id = "raw".into();

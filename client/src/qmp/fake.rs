@@ -15,6 +15,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crust_protocols::sync::LockExt;
 use serde_json::{json, Value};
 
 /// What the fake QEMU holds and was asked; a test reads and sets it.
@@ -114,7 +115,6 @@ impl Hypervisor {
         cmd
     }
 
-    /// Its pid.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -147,11 +147,11 @@ fn serve(l: UnixListener) -> Qemu {
                 let m: Value = serde_json::from_str(&line).unwrap();
                 let delay = m["execute"]
                     .as_str()
-                    .and_then(|c| lock(&st2).delay.get(c).copied());
+                    .and_then(|c| st2.locked().delay.get(c).copied());
                 if let Some(d) = delay {
                     std::thread::sleep(d);
                 }
-                let (reply, events) = answer(&mut lock(&st2), &m);
+                let (reply, events) = answer(&mut st2.locked(), &m);
                 let _ = writeln!(w, "{reply}");
                 for e in events {
                     let _ = writeln!(w, "{e}");
@@ -165,12 +165,8 @@ fn serve(l: UnixListener) -> Qemu {
 /// The VM's process ends: every file it had open is closed (its monitor is
 /// whatever the test leaves at its socket path).
 pub fn die(q: &Qemu) {
-    let files = std::mem::take(&mut lock(q).open);
+    let files = std::mem::take(&mut q.locked().open);
     drop(files);
-}
-
-fn lock(q: &Qemu) -> std::sync::MutexGuard<'_, QemuState> {
-    q.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// QEMU's error reply.

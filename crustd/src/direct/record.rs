@@ -418,20 +418,23 @@ mod tests {
         assert_eq!(r.fs_group, Some(0));
     }
 
-    #[test]
-    fn hostile_records_are_refused_with_their_reason() {
-        let ok = |meta: &str, opts: &str| {
-            format!(
-                r#"{{"volume-type":"directvol","device":"/dev/sdx","fstype":"ext4","metadata":{{{meta}}},"options":[{opts}]}}"#
-            )
-        };
-        let table: Vec<(String, RecordError)> = vec![
+    /// A directvol record with `meta` inside its metadata and `opts` inside its options.
+    fn directvol(meta: &str, opts: &str) -> String {
+        format!(
+            r#"{{"volume-type":"directvol","device":"/dev/sdx","fstype":"ext4","metadata":{{{meta}}},"options":[{opts}]}}"#
+        )
+    }
+
+    /// Records not in the shape of one: not JSON, not an object, a key
+    /// twice or misspelled, a value of the wrong type.
+    fn misshapen() -> Vec<(String, RecordError)> {
+        vec![
             ("".into(), RecordError::NotJson(String::new())),
             ("{".into(), RecordError::NotJson(String::new())),
             ("[]".into(), RecordError::NotObject),
             ("null".into(), RecordError::NotObject),
             (
-                format!("{} x", ok("", "")),
+                format!("{} x", directvol("", "")),
                 RecordError::NotJson(String::new()),
             ),
             (
@@ -463,23 +466,29 @@ mod tests {
                 },
             ),
             (
-                ok(r#""fsGroup":5"#, ""),
+                directvol(r#""fsGroup":5"#, ""),
                 RecordError::Type {
                     field: "metadata",
                     want: "an object of strings",
                 },
             ),
             (
-                ok(r#""fsGroup":"1","fsGroup":"2""#, ""),
+                directvol(r#""fsGroup":"1","fsGroup":"2""#, ""),
                 RecordError::Duplicate("metadata.fsGroup".into()),
             ),
             (
-                ok("", "1"),
+                directvol("", "1"),
                 RecordError::Type {
                     field: "options",
                     want: "an array of strings",
                 },
             ),
+        ]
+    }
+
+    /// Records in the right shape whose values are refused.
+    fn refused_values() -> Vec<(String, RecordError)> {
+        vec![
             (
                 r#"{"volume-type":"nfs","device":"/dev/a","fstype":"ext4"}"#.into(),
                 RecordError::VolumeType("nfs".into()),
@@ -501,38 +510,48 @@ mod tests {
                 RecordError::FsType("btrfs".into()),
             ),
             (
-                ok(r#""fsGroup":"-1""#, ""),
+                directvol(r#""fsGroup":"-1""#, ""),
                 RecordError::FsGroup("-1".into()),
             ),
             (
-                ok(r#""fsGroup":"+5""#, ""),
+                directvol(r#""fsGroup":"+5""#, ""),
                 RecordError::FsGroup("+5".into()),
             ),
-            (ok(r#""fsGroup":"""#, ""), RecordError::FsGroup("".into())),
             (
-                ok(r#""fsGroup":"2147483648""#, ""),
+                directvol(r#""fsGroup":"""#, ""),
+                RecordError::FsGroup("".into()),
+            ),
+            (
+                directvol(r#""fsGroup":"2147483648""#, ""),
                 RecordError::FsGroup("2147483648".into()),
             ),
             (
-                ok(r#""fsGroup":"99999999999999999999""#, ""),
+                directvol(r#""fsGroup":"99999999999999999999""#, ""),
                 RecordError::FsGroup("99999999999999999999".into()),
             ),
             (
-                ok(r#""fsGroupChangePolicy":"always""#, ""),
+                directvol(r#""fsGroupChangePolicy":"always""#, ""),
                 RecordError::Policy("always".into()),
             ),
             (
-                ok(r#""createFilesystem":"yes""#, ""),
+                directvol(r#""createFilesystem":"yes""#, ""),
                 RecordError::CreateFilesystem("yes".into()),
             ),
-            (ok(r#""encryptionKey":"""#, ""), RecordError::Encrypted),
+            (
+                directvol(r#""encryptionKey":"""#, ""),
+                RecordError::Encrypted,
+            ),
             (
                 // Said even when something else is wrong too.
                 r#"{"volume-type":"x","metadata":{"encryptionKey":"k"}}"#.into(),
                 RecordError::Encrypted,
             ),
-        ];
-        for (bytes, want) in table {
+        ]
+    }
+
+    #[test]
+    fn hostile_records_are_refused_with_their_reason() {
+        for (bytes, want) in misshapen().into_iter().chain(refused_values()) {
             let got = parse_record(bytes.as_bytes()).unwrap_err();
             match (&got, &want) {
                 (RecordError::NotJson(_), RecordError::NotJson(_)) => {}
@@ -545,12 +564,18 @@ mod tests {
             };
             assert_eq!(got.code(), code, "{bytes}");
         }
-        // The agent's option table: refused before anything is plugged.
+    }
+
+    #[test]
+    fn options_the_agent_refuses_are_refused_before_anything_is_plugged() {
         for opt in [r#""errors=panic""#, r#""bind""#, r#""""#] {
-            let e = parse_record(ok("", opt).as_bytes()).unwrap_err();
+            let e = parse_record(directvol("", opt).as_bytes()).unwrap_err();
             assert!(matches!(e, RecordError::Option(_)), "{opt}: {e:?}");
         }
-        // Deep nesting ends at serde_json's recursion limit, not the stack.
+    }
+
+    #[test]
+    fn deep_nesting_ends_at_the_recursion_limit_not_the_stack() {
         let deep = format!(r#"{{"x":{}1{}}}"#, "[".repeat(100_000), "]".repeat(100_000));
         assert!(matches!(
             parse_record(deep.as_bytes()),

@@ -27,10 +27,11 @@ mod tests;
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crust_protocols::freeze::{check_id, new_id, ENDED_KEPT};
+use crust_protocols::sync::{CondvarExt, LockExt};
 
 pub use error::{FreezeError, Leftover, Placement, Unwritten};
 pub use group::{
@@ -124,10 +125,6 @@ pub struct Freezes {
     writing: KeyedLocks<String>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// The instant at unix time `ms`, as seen now.
 fn instant_at(ms: u64) -> Instant {
     locks::after(Duration::from_millis(ms.saturating_sub(unix_ms())))
@@ -179,7 +176,7 @@ impl Freezes {
             check_id(a).map_err(FreezeError::BadId)?;
         }
         let (id, thaw_at_unix_ms, until) = {
-            let mut g = lock(&self.inner);
+            let mut g = self.inner.locked();
             if let Some(e) = asked.and_then(|a| g.groups.get(a)) {
                 return again(&e.group, plan, timeout_ms);
             }
@@ -209,11 +206,11 @@ impl Freezes {
             (id, thaw_at, until)
         };
         if let Err(e) = self.persist(&id) {
-            lock(&self.inner).groups.remove(&id);
+            self.inner.locked().groups.remove(&id);
             return Err(e);
         }
         // Only once it is recorded: a group that never was needs no timer.
-        let start_timer = !std::mem::replace(&mut lock(&self.inner).timer, true);
+        let start_timer = !std::mem::replace(&mut self.inner.locked().timer, true);
         self.wake.notify_all();
         Ok(Begun::New {
             id,
@@ -226,7 +223,7 @@ impl Freezes {
     /// Before the freeze of part `i` of group `id` is sent: marks it called,
     /// unless something ended the group meanwhile (then what did).
     pub fn calling(&self, id: &str, i: usize) -> Result<(), String> {
-        let mut g = lock(&self.inner);
+        let mut g = self.inner.locked();
         let e = g
             .groups
             .get_mut(id)
@@ -244,7 +241,7 @@ impl Freezes {
     /// unless something ended it meanwhile (then what did).
     pub fn made(&self, id: &str) -> Result<(), String> {
         {
-            let mut g = lock(&self.inner);
+            let mut g = self.inner.locked();
             let e = g
                 .groups
                 .get_mut(id)
@@ -294,7 +291,7 @@ impl Freezes {
     /// forced thaw) in every group where it may be frozen; answers them.
     pub fn end_volume(&self, sandbox: &str, host_volume: &str, how: How) -> Vec<String> {
         let ids: Vec<String> = {
-            let g = lock(&self.inner);
+            let g = self.inner.locked();
             g.groups
                 .iter()
                 .filter(|(_, e)| {
@@ -329,7 +326,7 @@ impl Freezes {
     /// guest, so its id may be used again.
     pub fn forget(&self, id: &str) {
         let _w = self.write_lock(id);
-        lock(&self.inner).groups.remove(id);
+        self.inner.locked().groups.remove(id);
         if let Some(s) = &self.store {
             if let Err(e) = s.remove(id) {
                 log_failure(id, &e);
@@ -340,14 +337,14 @@ impl Freezes {
 
     /// Group `id` as it is now.
     pub fn get(&self, id: &str) -> Option<Group> {
-        lock(&self.inner).groups.get(id).map(|e| e.group.clone())
+        self.inner.locked().groups.get(id).map(|e| e.group.clone())
     }
 
     /// Changes group `id` by `f` under the lock, notes it over if it now
     /// is, writes its record; answers it then.
     fn update(&self, id: &str, f: impl FnOnce(&mut Group)) -> Option<Group> {
         let (group, changed, gone) = {
-            let mut g = lock(&self.inner);
+            let mut g = self.inner.locked();
             let e = g.groups.get_mut(id)?;
             let before = e.group.clone();
             f(&mut e.group);
@@ -370,7 +367,7 @@ impl Freezes {
     /// `retry` later and answers it with how many times the timer has now
     /// tried it; None once no group is live (the timer thread then ends).
     pub fn next_expired(&self, retry: Duration) -> Option<(String, u32)> {
-        let mut g = lock(&self.inner);
+        let mut g = self.inner.locked();
         loop {
             let next = g
                 .groups
@@ -389,11 +386,7 @@ impl Freezes {
                 e.tries += 1;
                 return Some((id, e.tries));
             }
-            g = self
-                .wake
-                .wait_timeout(g, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            g = self.wake.waited_for(g, deadline - now);
         }
     }
 
@@ -410,7 +403,7 @@ impl Freezes {
         let mut orphans = Vec::new();
         let mut gone = Vec::new();
         let start = {
-            let mut g = lock(&self.inner);
+            let mut g = self.inner.locked();
             for mut group in groups {
                 if group.making {
                     for p in &mut group.parts {
@@ -445,13 +438,13 @@ impl Freezes {
 
     /// How many groups are live and how many ended are kept (bounds tests check).
     pub fn len(&self) -> (usize, usize) {
-        let g = lock(&self.inner);
+        let g = self.inner.locked();
         (g.live(), g.over.len())
     }
 
     /// Whether no group is kept.
     pub fn is_empty(&self) -> bool {
-        lock(&self.inner).groups.is_empty()
+        self.inner.locked().groups.is_empty()
     }
 
     fn write_lock(&self, id: &str) -> Option<locks::Guard<'_, String>> {

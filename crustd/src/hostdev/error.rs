@@ -80,7 +80,6 @@ const FREE_IT: &str =
 pub enum NotBlock {
     /// Nothing there, or nothing crustd can look at.
     Missing(Arc<io::Error>),
-    /// A directory.
     Directory,
     /// A regular file (an image not attached to a loop device).
     RegularFile,

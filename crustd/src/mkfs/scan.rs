@@ -13,7 +13,6 @@ struct Label {
     name: &'static str,
     /// Where the magic lies within its 512-byte sector.
     at: usize,
-    /// The magic.
     magic: &'static [u8],
     /// How far before that sector the thing it labels starts.
     starts_before: u64,

@@ -4,9 +4,10 @@ use std::io::{Seek, SeekFrom, Write};
 use std::time::Duration;
 
 use super::*;
-use crate::disks::{self, LoopDisk};
 use crate::hostdev;
 use crust_protocols::code::Code;
+use crust_testkit::disks::{self, LoopDisk};
+use crust_testkit::needs;
 
 const T: Duration = Duration::from_secs(120);
 
@@ -78,10 +79,9 @@ fn refused(d: &LoopDisk, fs: &str) -> Error {
 /// `blkid -p` finds nothing at offset 0, so a check of offset 0 and both
 /// ends alone would format it.
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_file_system_at_one_mib_behind_zeros_is_refused_and_left_as_it_is() {
-    if !disks::root_or_skip("a_file_system_at_one_mib_behind_zeros_is_refused_and_left_as_it_is") {
-        return;
-    }
+    needs::loop_devices();
     for fs in ["ext4", "xfs"] {
         let d = LoopDisk::new(400, None);
         fs_at(&d, fs, 1 << 20, 320);
@@ -107,10 +107,9 @@ fn a_file_system_at_one_mib_behind_zeros_is_refused_and_left_as_it_is() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn file_systems_at_odd_offsets_and_labels_at_either_end_are_refused() {
-    if !disks::root_or_skip("file_systems_at_odd_offsets_and_labels_at_either_end_are_refused") {
-        return;
-    }
+    needs::loop_devices();
     let mib: u64 = 1 << 20;
     // ext4 at 63 sectors (DOS era) and at 3 MiB + 512 (no alignment at all).
     for (offset, says) in [
@@ -174,12 +173,9 @@ fn file_systems_at_odd_offsets_and_labels_at_either_end_are_refused() {
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn a_blank_device_is_formatted_while_held_and_verified_and_no_loop_device_is_left() {
-    if !disks::root_or_skip(
-        "a_blank_device_is_formatted_while_held_and_verified_and_no_loop_device_is_left",
-    ) {
-        return;
-    }
+    needs::loop_devices();
     // The loop devices whose backing is `dev` (`losetup -j`, by device and
     // inode): the format's own. Counting every loop device on the machine
     // failed under load, when other tests or programs made their own.
@@ -216,10 +212,9 @@ fn a_blank_device_is_formatted_while_held_and_verified_and_no_loop_device_is_lef
 }
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn an_xfs_below_mkfs_xfs_minimum_is_refused_in_one_sentence() {
-    if !disks::root_or_skip("an_xfs_below_mkfs_xfs_minimum_is_refused_in_one_sentence") {
-        return;
-    }
+    needs::loop_devices();
     let d = LoopDisk::new(299, None);
     let dev = hostdev::resolve(&d.path()).unwrap();
     let e = inspect(&dev, "xfs", T).unwrap_err();

@@ -6,7 +6,7 @@ use crate::deadline::Deadline;
 use crate::error::Result;
 use crate::registry;
 
-use super::{Crustd, DirectRequest, Origin, PublishRequest};
+use super::{Crustd, DirectRequest, FsGroupPolicy, Origin, PublishRequest};
 
 impl Crustd {
     /// Answers (guest path, device).
@@ -28,9 +28,9 @@ impl Crustd {
             mount_options: rec.options,
             fsgroup_gid: rec.fs_group.map(i64::from),
             fsgroup_policy: if rec.on_root_mismatch {
-                "OnRootMismatch".into()
+                FsGroupPolicy::OnRootMismatch
             } else {
-                String::new()
+                FsGroupPolicy::Always
             },
             read_only: r.read_only,
             block: false,

@@ -46,7 +46,9 @@ mod thaw;
 mod usage;
 
 pub use crate::agent::{Stats, Usage};
-pub use request::{validate, DirectRequest, Origin, PublishRequest, BLOCK_VOLUMES, FILE_SYSTEMS};
+pub use request::{
+    validate, DirectRequest, FsGroupPolicy, Origin, PublishRequest, BLOCK_VOLUMES, FILE_SYSTEMS,
+};
 
 /// Deadlines and places.
 #[derive(Debug, Clone)]

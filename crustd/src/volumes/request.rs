@@ -62,13 +62,34 @@ pub struct PublishRequest {
     pub file_system: String,
     pub mount_options: Vec<String>,
     pub fsgroup_gid: Option<i64>,
-    pub fsgroup_policy: String,
+    pub fsgroup_policy: FsGroupPolicy,
     pub read_only: bool,
     pub block: bool,
     /// Format the device first if it is provably blank (never anything else).
     pub create_file_system: bool,
     /// Who named the device.
     pub origin: Origin,
+}
+
+/// fsGroupChangePolicy: how the agent applies a publish's fsGroup.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum FsGroupPolicy {
+    /// Every file's group is set ("Always", or no policy named).
+    #[default]
+    Always,
+    /// The files are left alone when the volume's root is already right.
+    OnRootMismatch,
+}
+
+impl FsGroupPolicy {
+    /// A request's `fsgroup_policy`, in Kubernetes' spelling.
+    pub fn parse(s: &str) -> Result<FsGroupPolicy> {
+        match s {
+            "" | "Always" => Ok(FsGroupPolicy::Always),
+            "OnRootMismatch" => Ok(FsGroupPolicy::OnRootMismatch),
+            other => Err(Refused::Policy(other.to_string()).into()),
+        }
+    }
 }
 
 /// RuntimePublishDirectVolume, in plain types.
@@ -113,11 +134,7 @@ pub fn validate(r: &PublishRequest) -> Result<()> {
 
 /// fsGroup as the agent takes it: (gid, OnRootMismatch).
 pub fn fs_group(r: &PublishRequest) -> Result<Option<(u32, bool)>> {
-    let on_root_mismatch = match r.fsgroup_policy.as_str() {
-        "" | "Always" => false,
-        "OnRootMismatch" => true,
-        other => return Err(Refused::Policy(other.to_string()).into()),
-    };
+    let on_root_mismatch = r.fsgroup_policy == FsGroupPolicy::OnRootMismatch;
     match r.fsgroup_gid {
         None => Ok(None),
         Some(g) => match u32::try_from(g) {

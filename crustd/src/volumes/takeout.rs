@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use crust_client::qmp::{self, Patience, UnplugError};
+use crust_protocols::sync::LockExt;
 
 use crate::hotplug::Added;
 
@@ -200,10 +201,7 @@ impl Crustd {
         self.forget(home, key, &why, v.direct.as_deref(), deadline)?;
         self.freezes
             .end_volume(&key.sandbox, &key.host_volume, How::Unpublished);
-        self.connections
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&home.id);
+        self.connections.locked().remove(&home.id);
         Ok(())
     }
 

@@ -31,7 +31,6 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("volume {id} is frozen by {freeze} ({seconds_left} s left before it thaws by itself); thaw that freeze first (ThawVolumes with its freeze_id), then retry")]
     Frozen {
-        /// The volume id.
         id: String,
         freeze: String,
         /// Until it ends by itself.

@@ -7,10 +7,11 @@
 
 use slog::{warn, Logger};
 
-use super::record::{self, Record};
+use super::record::{self, BadRecord, Record};
 use crate::sys::beneath::Root;
 use crate::sys::error::SysError;
-use crate::volumes::state::{Store, FREEZES_DIR};
+use crate::validate::FREEZES_DIR;
+use crate::volumes::state::Store;
 
 const SUFFIX: &str = ".freeze";
 
@@ -63,9 +64,9 @@ impl Ledger {
                 continue;
             };
             let decoded = match std::str::from_utf8(id) {
-                Err(_) => Err("its name is not UTF-8".to_string()),
+                Err(_) => Err(BadRecord::NameNotUtf8),
                 Ok(id) => match self.dir.read(&raw, record::MAX_BYTES) {
-                    Err(e) => Err(format!("unreadable: {e}")),
+                    Err(e) => Err(BadRecord::Unreadable(e)),
                     Ok(text) => record::decode(&text, id),
                 },
             };
@@ -74,7 +75,7 @@ impl Ledger {
                 Err(why) => {
                     let bad = self.dir.set_aside(&raw);
                     warn!(log, "set aside a freeze record that does not decode; the volumes it names are not thawed by it";
-                          "record" => %bad.display(), "why" => why);
+                          "record" => %bad.display(), "why" => %why);
                 }
             }
         }

@@ -26,11 +26,12 @@ mod tests;
 mod timer;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crust_protocols::freeze::{new_id, ENDED_KEPT};
+use crust_protocols::sync::LockExt;
 use slog::{warn, Logger};
 
 pub(crate) use end::{End, How};
@@ -317,10 +318,6 @@ pub(crate) struct Freezer<H: Thaw> {
     me: std::sync::Weak<Freezer<H>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// 64 bits from the kernel's random source (a clock's bits if it fails, so
 /// ids still differ from any earlier run's).
 fn entropy() -> u64 {
@@ -447,7 +444,7 @@ impl<H: Thaw> Freezer<H> {
         timeout: Duration,
     ) -> crate::error::Result<Begun> {
         let id = {
-            let mut g = lock(&self.inner);
+            let mut g = self.inner.locked();
             if g.timer == TimerState::Closed {
                 return Err(crate::volumes::error::Error::ShuttingDown.into());
             }
@@ -469,7 +466,7 @@ impl<H: Thaw> Freezer<H> {
             id
         };
         if let Err(e) = self.record(&id) {
-            lock(&self.inner).leases.remove(&id);
+            self.inner.locked().leases.remove(&id);
             let _ = self.record(&id);
             return Err(e);
         }
@@ -490,7 +487,7 @@ impl<H: Thaw> Freezer<H> {
         // On disk before FIFREEZE: a restart thaws what this record says
         // may be frozen, and only that.
         if let Err(e) = self.record(id) {
-            let mut g = lock(&self.inner);
+            let mut g = self.inner.locked();
             if let Some(part) = g.leases.get_mut(id).and_then(|l| l.part(vol)) {
                 *part = Part::Skipped;
             }
@@ -498,7 +495,7 @@ impl<H: Thaw> Freezer<H> {
             return Err(e);
         }
         let frozen = freeze();
-        let mut g = lock(&self.inner);
+        let mut g = self.inner.locked();
         let Inner {
             leases, holders, ..
         } = &mut *g;
@@ -535,7 +532,7 @@ impl<H: Thaw> Freezer<H> {
 
     /// Marks `vol` as being frozen by lease `id`.
     fn claim(&self, id: &str, vol: &str) -> Result<(), Error> {
-        let mut g = lock(&self.inner);
+        let mut g = self.inner.locked();
         if let Some(other) = g.holders.get(vol) {
             let left = g.leases.get(other).map_or(Duration::ZERO, |l| {
                 l.deadline.saturating_duration_since(Instant::now())
@@ -560,7 +557,7 @@ impl<H: Thaw> Freezer<H> {
     /// the freeze; anything that ended meanwhile undoes the rest (ABORTED).
     fn complete(&self, id: &str) -> crate::error::Result<Frozen> {
         {
-            let mut g = lock(&self.inner);
+            let mut g = self.inner.locked();
             let lease = g.leases.get_mut(id).ok_or_else(|| self.unknown(id))?;
             let holds = lease
                 .parts
@@ -581,7 +578,7 @@ impl<H: Thaw> Freezer<H> {
     /// ended, is forgotten with its record: its id may be used again.
     fn abandon(&self, id: &str) {
         let taken = {
-            let mut g = lock(&self.inner);
+            let mut g = self.inner.locked();
             let Some(lease) = g.leases.get_mut(id) else {
                 return;
             };
@@ -622,7 +619,7 @@ impl<H: Thaw> Freezer<H> {
     /// call thawed; ABORTED when a part of it ended some other way first.
     pub(crate) fn thaw(&self, id: &str) -> crate::error::Result<Vec<String>> {
         let taken = {
-            let mut g = lock(&self.inner);
+            let mut g = self.inner.locked();
             let lease = g.leases.get_mut(id).ok_or_else(|| self.unknown(id))?;
             if lease.making {
                 lease.stopped.get_or_insert(How::Thawed);
@@ -642,7 +639,7 @@ impl<H: Thaw> Freezer<H> {
         if let Some(e) = failed {
             return Err(e.into());
         }
-        let g = lock(&self.inner);
+        let g = self.inner.locked();
         if let Some(lease) = g.leases.get(id) {
             if !lease.broken(unix_ms()).is_empty() {
                 return Err(self.broken_locked(id, lease).into());
@@ -657,7 +654,7 @@ impl<H: Thaw> Freezer<H> {
         let mut by_lease: HashMap<String, Vec<Taken<H>>> = HashMap::new();
         let mut thawed = Vec::new();
         {
-            let mut g = lock(&self.inner);
+            let mut g = self.inner.locked();
             let Inner {
                 leases, holders, ..
             } = &mut *g;
@@ -684,13 +681,13 @@ impl<H: Thaw> Freezer<H> {
 
     /// Ends every lease (the agent stops); answers how many volumes were thawed.
     pub(crate) fn end_all(&self, how: How) -> usize {
-        let vols: Vec<String> = lock(&self.inner).holders.keys().cloned().collect();
+        let vols: Vec<String> = self.inner.locked().holders.keys().cloned().collect();
         self.end_volumes(&vols, how).len()
     }
 
     /// What holds volume `vol` frozen, if anything.
     pub(crate) fn holding(&self, vol: &str) -> Option<Holding> {
-        let g = lock(&self.inner);
+        let g = self.inner.locked();
         let id = g.holders.get(vol)?;
         let left = g.leases.get(id).map_or(Duration::ZERO, |l| {
             l.deadline.saturating_duration_since(Instant::now())
@@ -712,7 +709,7 @@ impl<H: Thaw> Freezer<H> {
         }
         let mut retry = false;
         {
-            let mut g = lock(&self.inner);
+            let mut g = self.inner.locked();
             let at_unix_ms = unix_ms();
             let Inner {
                 leases, holders, ..
@@ -778,7 +775,7 @@ impl<H: Thaw> Freezer<H> {
     /// that says "pending", whatever freeze holds its volumes by then.
     fn save(&self, id: &str) {
         let saved = self.record(id);
-        let mut g = lock(&self.inner);
+        let mut g = self.inner.locked();
         let over = g.leases.get_mut(id).is_some_and(|l| {
             l.unsaved = saved.is_err();
             l.parts.iter().all(|(_, p)| p.is_over())
@@ -787,7 +784,7 @@ impl<H: Thaw> Freezer<H> {
         if let Err(e) = saved {
             warn!(self.log, "could not record how a freeze ended; trying again every second"; "freeze" => id, "error" => %e);
             if over {
-                let _w = lock(&self.write);
+                let _w = self.write.locked();
                 if let Err(e) = self.ledger.remove(id) {
                     warn!(self.log, "could not remove the record of an ended freeze either; a restart would thaw its volumes"; "freeze" => id, "error" => %e);
                 }
@@ -799,7 +796,9 @@ impl<H: Thaw> Freezer<H> {
 
     /// Writes every record an end could not write (the timer's call).
     pub(super) fn save_unsaved(&self) {
-        let ids: Vec<String> = lock(&self.inner)
+        let ids: Vec<String> = self
+            .inner
+            .locked()
             .leases
             .iter()
             .filter(|(_, l)| l.unsaved)
@@ -807,7 +806,7 @@ impl<H: Thaw> Freezer<H> {
             .collect();
         for id in ids {
             if self.record(&id).is_ok() {
-                if let Some(l) = lock(&self.inner).leases.get_mut(&id) {
+                if let Some(l) = self.inner.locked().leases.get_mut(&id) {
                     l.unsaved = false;
                 }
             }
@@ -816,8 +815,8 @@ impl<H: Thaw> Freezer<H> {
 
     /// Writes lease `id`'s record as it is now (removes it once forgotten).
     fn record(&self, id: &str) -> crate::error::Result<()> {
-        let _w = lock(&self.write);
-        let r = lock(&self.inner).leases.get(id).map(|l| l.record(id));
+        let _w = self.write.locked();
+        let r = self.inner.locked().leases.get(id).map(|l| l.record(id));
         match r {
             Some(r) => self.ledger.write(&r),
             None => self.ledger.remove(id),
@@ -833,7 +832,7 @@ impl<H: Thaw> Freezer<H> {
 
     /// The ABORTED answer for lease `id`.
     fn broken(&self, id: &str) -> Error {
-        let g = lock(&self.inner);
+        let g = self.inner.locked();
         match g.leases.get(id) {
             Some(l) => self.broken_locked(id, l),
             None => self.unknown(id),
@@ -932,6 +931,6 @@ pub(crate) fn fuzz_record(data: &[u8]) {
             assert!(crate::validate::volume_id(vol).is_ok(), "{vol:?}");
         }
         let text = record::encode(&r);
-        assert_eq!(record::decode(text.as_bytes(), name), Ok(r));
+        assert_eq!(record::decode(text.as_bytes(), name).ok(), Some(r));
     }
 }

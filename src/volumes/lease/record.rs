@@ -23,6 +23,57 @@ use crate::validate;
 /// The largest record read: 64 volumes of 128 bytes each need far less.
 pub(crate) const MAX_BYTES: u64 = 64 << 10;
 
+/// Why a freeze's record is refused whole (the ledger sets it aside).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BadRecord {
+    #[error("its name is not UTF-8")]
+    NameNotUtf8,
+    #[error("unreadable: {0}")]
+    Unreadable(std::io::Error),
+    #[error("it is not UTF-8")]
+    NotUtf8,
+    #[error("line {0:?} has no '='")]
+    NoEquals(String),
+    #[error("version {0:?} is not one this agent reads")]
+    Version(String),
+    #[error("key {0:?} is not one a record holds")]
+    Key(String),
+    #[error("{what} {value:?} is not a number")]
+    NotNumber {
+        /// Which number.
+        what: &'static str,
+        /// What the record holds.
+        value: String,
+    },
+    #[error("{0:?} is no way a freeze ends")]
+    How(String),
+    #[error("volume line {0:?} is not one a record holds")]
+    VolumeLine(String),
+    #[error("it names volume {0} twice")]
+    Twice(String),
+    #[error("it names more than {MAX_VOLUMES} volumes")]
+    TooManyVolumes,
+    #[error("it has no version")]
+    NoVersion,
+    /// The freeze id breaks the rule for one.
+    #[error("{0}")]
+    FreezeId(String),
+    #[error("it names freeze {named}, not {file}")]
+    OtherFreeze {
+        /// The freeze the record names.
+        named: String,
+        /// The freeze its file name says.
+        file: String,
+    },
+    #[error("timeout_ms {0} is not a freeze's")]
+    Timeout(u64),
+    #[error("it names no volume")]
+    NoVolume,
+    /// A volume id a request would have had refused.
+    #[error(transparent)]
+    Invalid(#[from] validate::Invalid),
+}
+
 /// A part of a lease as its record says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Said {
@@ -34,7 +85,6 @@ pub(crate) enum Said {
     Pending,
     /// Its freeze call stopped before it: never frozen.
     Skipped,
-    /// It ended.
     Ended(End),
 }
 
@@ -82,33 +132,35 @@ pub(crate) fn encode(r: &Record) -> String {
     o
 }
 
-fn number(v: &str, what: &str) -> Result<u64, String> {
-    v.parse()
-        .map_err(|_| format!("{what} {v:?} is not a number"))
+fn number(v: &str, what: &'static str) -> Result<u64, BadRecord> {
+    v.parse().map_err(|_| BadRecord::NotNumber {
+        what,
+        value: v.to_string(),
+    })
 }
 
 /// One `volume=` line's value.
-fn part(v: &str) -> Result<(String, Said), String> {
+fn part(v: &str) -> Result<(String, Said), BadRecord> {
     let fields: Vec<&str> = v.split('\t').collect();
     let vol = fields[0];
-    validate::volume_id(vol).map_err(|e| e.0)?;
+    validate::volume_id(vol)?;
     let said = match fields[1..] {
         ["waiting"] => Said::Waiting,
         ["pending"] => Said::Pending,
         ["skipped"] => Said::Skipped,
         ["ended", how, at] => Said::Ended(End {
-            how: How::parse(how).ok_or_else(|| format!("{how:?} is no way a freeze ends"))?,
+            how: How::parse(how).ok_or_else(|| BadRecord::How(how.to_string()))?,
             at_unix_ms: number(at, "the end's time")?,
         }),
-        _ => return Err(format!("volume line {v:?} is not one a record holds")),
+        _ => return Err(BadRecord::VolumeLine(v.to_string())),
     };
     Ok((vol.to_string(), said))
 }
 
 /// Decodes the record in file `name`: every line known, the freeze id its
 /// file's name, each volume once, 1 to 64 of them.
-pub(crate) fn decode(text: &[u8], name: &str) -> Result<Record, String> {
-    let text = std::str::from_utf8(text).map_err(|_| "it is not UTF-8".to_string())?;
+pub(crate) fn decode(text: &[u8], name: &str) -> Result<Record, BadRecord> {
+    let text = std::str::from_utf8(text).map_err(|_| BadRecord::NotUtf8)?;
     let mut r = Record {
         freeze: String::new(),
         timeout_ms: 0,
@@ -119,38 +171,41 @@ pub(crate) fn decode(text: &[u8], name: &str) -> Result<Record, String> {
     for line in text.lines() {
         let (k, v) = line
             .split_once('=')
-            .ok_or_else(|| format!("line {line:?} has no '='"))?;
+            .ok_or_else(|| BadRecord::NoEquals(line.to_string()))?;
         match k {
             "version" if v == "1" => version = true,
-            "version" => return Err(format!("version {v:?} is not one this agent reads")),
+            "version" => return Err(BadRecord::Version(v.to_string())),
             "freeze" => r.freeze = v.to_string(),
             "timeout_ms" => r.timeout_ms = number(v, "timeout_ms")?,
             "thaw_at_unix_ms" => r.thaw_at_unix_ms = number(v, "thaw_at_unix_ms")?,
             "volume" => {
                 let p = part(v)?;
                 if r.parts.iter().any(|(vol, _)| *vol == p.0) {
-                    return Err(format!("it names volume {} twice", p.0));
+                    return Err(BadRecord::Twice(p.0));
                 }
                 if r.parts.len() == MAX_VOLUMES {
-                    return Err(format!("it names more than {MAX_VOLUMES} volumes"));
+                    return Err(BadRecord::TooManyVolumes);
                 }
                 r.parts.push(p);
             }
-            _ => return Err(format!("key {k:?} is not one a record holds")),
+            _ => return Err(BadRecord::Key(k.to_string())),
         }
     }
     if !version {
-        return Err("it has no version".into());
+        return Err(BadRecord::NoVersion);
     }
-    check_id(&r.freeze)?;
+    check_id(&r.freeze).map_err(BadRecord::FreezeId)?;
     if r.freeze != name {
-        return Err(format!("it names freeze {}, not {name}", r.freeze));
+        return Err(BadRecord::OtherFreeze {
+            named: r.freeze,
+            file: name.to_string(),
+        });
     }
     if r.timeout_ms == 0 || r.timeout_ms > u64::from(MAX_TIMEOUT_MS) {
-        return Err(format!("timeout_ms {} is not a freeze's", r.timeout_ms));
+        return Err(BadRecord::Timeout(r.timeout_ms));
     }
     if r.parts.is_empty() {
-        return Err("it names no volume".into());
+        return Err(BadRecord::NoVolume);
     }
     Ok(r)
 }
@@ -183,7 +238,7 @@ mod tests {
     fn a_record_reads_back_as_written() {
         let r = sample();
         let text = encode(&r);
-        assert_eq!(decode(text.as_bytes(), &r.freeze), Ok(r.clone()));
+        assert_eq!(decode(text.as_bytes(), &r.freeze).ok(), Some(r.clone()));
         assert_eq!(r.ended_at(), 0, "a pending part keeps it open");
         let mut over = r;
         over.parts[0].1 = Said::Ended(End {
@@ -241,20 +296,22 @@ mod tests {
             (good.clone() + "no equals\n", name, "has no '='"),
         ];
         for (text, n, why) in cases {
-            let e = decode(text.as_bytes(), n).unwrap_err();
+            let e = decode(text.as_bytes(), n).unwrap_err().to_string();
             assert!(e.contains(why), "{e} (wanted {why:?})");
         }
         let many: String = (0..=MAX_VOLUMES)
             .map(|i| format!("volume=v{i}\tpending\n"))
             .collect();
         let text = format!("version=1\nfreeze={name}\ntimeout_ms=1\nthaw_at_unix_ms=1\n{many}");
-        assert!(decode(text.as_bytes(), name)
-            .unwrap_err()
-            .contains("more than"));
-        assert!(decode(b"\xff", name).unwrap_err().contains("UTF-8"));
+        assert!(matches!(
+            decode(text.as_bytes(), name),
+            Err(BadRecord::TooManyVolumes)
+        ));
+        assert!(matches!(decode(b"\xff", name), Err(BadRecord::NotUtf8)));
         let none = format!("version=1\nfreeze={name}\ntimeout_ms=1\nthaw_at_unix_ms=1\n");
-        assert!(decode(none.as_bytes(), name)
-            .unwrap_err()
-            .contains("no volume"));
+        assert!(matches!(
+            decode(none.as_bytes(), name),
+            Err(BadRecord::NoVolume)
+        ));
     }
 }

@@ -8,13 +8,14 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crust_protocols::sync::LockExt;
 use rustix::io::Errno;
 
 use super::*;
 use crate::code::Code;
 use crate::sys::beneath::Root;
 use crate::sys::error::SysError;
-use crate::volumes::state::FREEZES_DIR;
+use crate::validate::FREEZES_DIR;
 
 /// Filesystems by volume id: frozen or not; volumes whose FIFREEZE or
 /// FITHAW fails (EIO) while named here.
@@ -39,14 +40,14 @@ struct FakeHold {
 
 impl Thaw for FakeHold {
     fn thaw(&self) -> Result<bool, quiesce::Error> {
-        if lock(&self.k.fail_thaw).contains(&self.vol) {
+        if self.k.fail_thaw.locked().contains(&self.vol) {
             return Err(SysError::new("FITHAW", &self.vol, Errno::IO).into());
         }
         let was = std::mem::replace(
-            lock(&self.k.frozen).entry(self.vol.clone()).or_default(),
+            self.k.frozen.locked().entry(self.vol.clone()).or_default(),
             false,
         );
-        if let Some((said, go)) = lock(&self.k.stall_thaw).remove(&self.vol) {
+        if let Some((said, go)) = self.k.stall_thaw.locked().remove(&self.vol) {
             let _ = said.send(());
             let _ = go.recv();
         }
@@ -56,10 +57,10 @@ impl Thaw for FakeHold {
 
 impl Kernel {
     fn freeze(&self, vol: &str) -> crate::error::Result<FakeHold> {
-        if lock(&self.fail_freeze).contains(vol) {
+        if self.fail_freeze.locked().contains(vol) {
             return Err(SysError::new("FIFREEZE", vol, Errno::IO).into());
         }
-        let mut g = lock(&self.frozen);
+        let mut g = self.frozen.locked();
         let f = g.entry(vol.to_string()).or_default();
         if *f {
             return Err(quiesce::Error::FrozenElsewhere { path: vol.into() }.into());
@@ -72,7 +73,7 @@ impl Kernel {
     }
 
     fn is_frozen(&self, vol: &str) -> bool {
-        lock(&self.frozen).get(vol).copied().unwrap_or(false)
+        self.frozen.locked().get(vol).copied().unwrap_or(false)
     }
 }
 
@@ -84,7 +85,7 @@ fn open(root: &Path, k: &Kernel) -> Leases {
     let k = k.clone();
     Freezer::open(ledger, crate::logging::discard(), move |vol| {
         Ok(std::mem::replace(
-            lock(&k.frozen).entry(vol.to_string()).or_default(),
+            k.frozen.locked().entry(vol.to_string()).or_default(),
             false,
         ))
     })
@@ -165,7 +166,7 @@ fn the_second_freeze_fails_and_the_first_is_thawed() {
     let d = tempfile::tempdir().unwrap();
     let k = Kernel::default();
     let f = open(d.path(), &k);
-    lock(&k.fail_freeze).insert("v2".into());
+    k.fail_freeze.locked().insert("v2".into());
     let (c, msg) = code(freeze(&f, &k, Some("snap-1"), &["v1", "v2", "v3"], LONG));
     assert_eq!(c, Code::Internal, "{msg}");
     assert!(!k.is_frozen("v1") && !k.is_frozen("v3"));
@@ -177,10 +178,10 @@ fn the_second_freeze_fails_and_the_first_is_thawed() {
     let (c, msg) = code(freeze(&f, &k, Some("snap-1"), &["v1"], LONG));
     assert_eq!(c, Code::AlreadyExists, "{msg}");
     // A call that froze nothing leaves no trace: its id can be used again.
-    lock(&k.fail_freeze).insert("v1".into());
+    k.fail_freeze.locked().insert("v1".into());
     assert!(freeze(&f, &k, Some("snap-2"), &["v1"], LONG).is_err());
     assert_eq!(code(f.thaw("snap-2")).0, Code::NotFound);
-    lock(&k.fail_freeze).clear();
+    k.fail_freeze.locked().clear();
     freeze(&f, &k, Some("snap-2"), &["v1"], LONG).unwrap();
 }
 
@@ -191,12 +192,12 @@ fn an_undo_that_cannot_thaw_is_retried_until_it_can() {
     let d = tempfile::tempdir().unwrap();
     let k = Kernel::default();
     let f = open(d.path(), &k);
-    lock(&k.fail_freeze).insert("v2".into());
-    lock(&k.fail_thaw).insert("v1".into());
+    k.fail_freeze.locked().insert("v2".into());
+    k.fail_thaw.locked().insert("v1".into());
     assert!(freeze(&f, &k, None, &["v1", "v2"], LONG).is_err());
     assert!(k.is_frozen("v1"), "FITHAW failed");
     assert!(f.holding("v1").is_some(), "still held, for the timer");
-    lock(&k.fail_thaw).clear();
+    k.fail_thaw.locked().clear();
     until("the timer's retry thaws v1", || !k.is_frozen("v1"));
     until("v1 is free", || f.holding("v1").is_none());
 }
@@ -448,15 +449,15 @@ fn a_held_volume_is_refused_by_name_and_a_timeout_during_the_call_aborts_it() {
     assert!(f.holding("v4").is_none());
 }
 
-// Attacks: the cases below fail on the leases as they are. Each names the
-// promise of semantics.md §10 it breaks.
+// Attacks on the leases: each case names the promise of semantics.md §10 it
+// holds the leases to.
 
 /// Stalls volume `vol`'s next FITHAW once the kernel has thawed it:
 /// answers (the filesystem is thawed now, let the FITHAW return).
 fn stall(k: &Kernel, vol: &str) -> (mpsc::Receiver<()>, mpsc::Sender<()>) {
     let (said, thawed) = mpsc::channel();
     let (go, wait) = mpsc::channel();
-    lock(&k.stall_thaw).insert(vol.into(), (said, wait));
+    k.stall_thaw.locked().insert(vol.into(), (said, wait));
     (thawed, go)
 }
 
@@ -512,7 +513,7 @@ fn a_thaw_that_finds_its_filesystem_thawed_by_another_answers_aborted() {
     let f = open(d.path(), &k);
     let a = freeze(&f, &k, None, &["v1", "v2"], LONG).unwrap();
     // Someone else's FITHAW on v1.
-    lock(&k.frozen).insert("v1".into(), false);
+    k.frozen.locked().insert("v1".into(), false);
     match f.thaw(&a.freeze_id) {
         Ok(t) => panic!("told OK (thawed {t:?}) though v1 was found thawed by someone else"),
         Err(e) => {
@@ -560,7 +561,9 @@ fn a_failed_call_never_removes_the_record_of_the_next_call_with_its_id() {
         let (f2, k2, id2) = (f.clone(), k.clone(), id.clone());
         let second = std::thread::spawn(move || loop {
             match freeze(&f2, &k2, Some(&id2), &["v2"], LONG) {
-                Err(e) if e.code() == Code::Unavailable => std::hint::spin_loop(),
+                // Yield, not spin: on two cores a spinning second call would
+                // take the CPU the first needs to fail and let go.
+                Err(e) if e.code() == Code::Unavailable => std::thread::yield_now(),
                 other => return other,
             }
         });
@@ -591,8 +594,8 @@ fn a_restart_thaws_only_what_the_dead_call_had_reached() {
         "version=1\nfreeze=cut\ntimeout_ms=60000\nthaw_at_unix_ms=1\nvolume=v1\tpending\nvolume=v2\twaiting\n",
     )
     .unwrap();
-    lock(&k.frozen).insert("v1".into(), true);
-    lock(&k.frozen).insert("v2".into(), true);
+    k.frozen.locked().insert("v1".into(), true);
+    k.frozen.locked().insert("v2".into(), true);
     let f = open(d.path(), &k);
     assert!(!k.is_frozen("v1"), "what the dead call froze is thawed");
     assert!(

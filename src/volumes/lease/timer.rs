@@ -8,16 +8,17 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crust_protocols::sync::{CondvarExt, LockExt};
 use slog::{info, warn};
 
-use super::{lock, Freezer, How, Inner, Part, Taken, Thaw, TimerState};
+use super::{Freezer, How, Inner, Part, Taken, Thaw, TimerState};
 
 impl<H: Thaw> Freezer<H> {
     /// Starts the timer thread unless it runs, or the table closed. A
     /// spawn that fails leaves the freezes to their callers, and says so.
     pub(super) fn start_timer(&self) {
         {
-            let mut g = lock(&self.inner);
+            let mut g = self.inner.locked();
             if g.timer != TimerState::Idle {
                 return;
             }
@@ -31,13 +32,13 @@ impl<H: Thaw> Freezer<H> {
             .spawn(move || me.run_timer());
         match spawned {
             Ok(h) => {
-                if let Some(old) = lock(&self.thread).replace(h) {
+                if let Some(old) = self.thread.locked().replace(h) {
                     // It had ended (the state was Idle): joined at once.
                     let _ = old.join();
                 }
             }
             Err(e) => {
-                lock(&self.inner).timer = TimerState::Idle;
+                self.inner.locked().timer = TimerState::Idle;
                 warn!(self.log, "could not start the freeze timer; freezes end only when thawed"; "error" => %e);
             }
         }
@@ -61,7 +62,7 @@ impl<H: Thaw> Freezer<H> {
     /// Waits for the next part to come due and takes out every part that
     /// is; None once nothing is held or the table closed.
     fn next_due(&self) -> Option<Vec<(String, Taken<H>)>> {
-        let mut g = lock(&self.inner);
+        let mut g = self.inner.locked();
         loop {
             if g.timer == TimerState::Closed {
                 return None;
@@ -84,11 +85,7 @@ impl<H: Thaw> Freezer<H> {
                 g.timer = TimerState::Idle;
                 return None;
             };
-            g = self
-                .wake
-                .wait_timeout(g, next - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            g = self.wake.waited_for(g, next - now);
         }
     }
 
@@ -96,9 +93,9 @@ impl<H: Thaw> Freezer<H> {
     /// frozen after this call returns but what `end_all` could not thaw,
     /// and no timer thread is left to act later on another table's freeze.
     pub(crate) fn close(&self) {
-        lock(&self.inner).timer = TimerState::Closed;
+        self.inner.locked().timer = TimerState::Closed;
         self.wake.notify_all();
-        let handle = lock(&self.thread).take();
+        let handle = self.thread.locked().take();
         if let Some(h) = handle {
             if h.thread().id() != std::thread::current().id() {
                 let _ = h.join();

@@ -6,6 +6,7 @@ use rustix::io::Errno;
 use super::testkit::{bind_request, fake_table, request};
 use crate::cancel::Cancel;
 use crate::code::Code;
+use crate::validate::STATE_DIR;
 use crate::volumes::fake::Call;
 
 /// A read-only block volume: the flag is set before its node is bound,
@@ -62,7 +63,7 @@ fn a_failed_block_publish_clears_only_the_flag_it_set() {
             "ro fkb off"
         ]
     );
-    assert!(!root.join("volumes/blk").exists() && !root.join("state/blk.vol").exists());
+    assert!(!root.join("volumes/blk").exists() && !root.join(STATE_DIR).join("blk.vol").exists());
     // Read-only already (as the host attached it): the agent sets nothing,
     // and so clears nothing.
     v.publish(&request("blk", &d, true, false), &Cancel::never())

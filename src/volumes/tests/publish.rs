@@ -9,6 +9,7 @@ use super::testkit::{fake_partitions, fake_table, publish_loop, reopen, request,
 use crate::cancel::Cancel;
 use crate::code::Code;
 use crate::model::{FsType, RecursiveReadOnly, VolumeMode};
+use crate::validate::STATE_DIR;
 use crate::volumes::error::Error;
 use crate::volumes::fake::Call;
 use crate::volumes::request::{BindRequest, PublishRequest, Source, Spec};
@@ -16,14 +17,13 @@ use crate::volumes::table::Volumes;
 use crate::volumes::volume::tests::sample;
 
 #[test]
+#[ignore = "needs root: make test runs it"]
 fn partitions_that_overlap_are_one_volume() {
-    if !crate::testutil::root_or_skip("partitions_that_overlap_are_one_volume") {
-        return;
-    }
+    crust_testkit::needs::loop_devices();
     let (a, b, c) = (
-        crate::testutil::LoopDisk::new(32, Some("ext4")),
-        crate::testutil::LoopDisk::new(32, None),
-        crate::testutil::LoopDisk::new(32, None),
+        crust_testkit::LoopDisk::new(32, Some("ext4")),
+        crust_testkit::LoopDisk::new(32, None),
+        crust_testkit::LoopDisk::new(32, None),
     );
     let dir = tempfile::tempdir().unwrap();
     // a: sectors 2048..67584; b overlaps its end; c lies after both.
@@ -32,7 +32,7 @@ fn partitions_that_overlap_are_one_volume() {
         &[(&a, 2048, 65536), (&b, 60000, 8192), (&c, 68216, 100)],
     );
     let v = Volumes::open(&dir.path().join("root"), sysfs, crate::logging::discard()).unwrap();
-    let block = |id: &str, d: &crate::testutil::LoopDisk| PublishRequest {
+    let block = |id: &str, d: &crust_testkit::LoopDisk| PublishRequest {
         spec: Spec {
             volume_id: id.into(),
             source: Source::Path(d.device.clone()),
@@ -112,7 +112,7 @@ fn a_publish_is_recorded_mounted_and_listed_and_an_unpublish_undoes_it() {
     assert_eq!(out.guest_path, root.join("volumes/a"));
     assert!(!out.already_published);
     assert_eq!(fake.journal(&root), ["mount /dev/fka volumes/a"]);
-    let record = std::fs::read_to_string(root.join("state/a.vol")).unwrap();
+    let record = std::fs::read_to_string(root.join(STATE_DIR).join("a.vol")).unwrap();
     assert!(record.contains("\ncomplete=true\n"), "{record}");
     assert!(!record.contains("\nmount_id=0\n"), "{record}");
     assert_eq!(v.list()[0].volume_id, "a");
@@ -127,7 +127,7 @@ fn a_publish_is_recorded_mounted_and_listed_and_an_unpublish_undoes_it() {
         fake.journal(&root),
         ["syncfs volumes/a", "umount volumes/a"]
     );
-    assert!(!root.join("state/a.vol").exists() && !root.join("volumes/a").exists());
+    assert!(!root.join(STATE_DIR).join("a.vol").exists() && !root.join("volumes/a").exists());
     assert!(v.list().is_empty() && fake.mounts().is_empty());
     assert!(!v.unpublish("a", &Cancel::never()).unwrap());
 }
@@ -168,7 +168,7 @@ fn a_refused_publish_leaves_nothing() {
     for id in ["x", "b", "e"] {
         assert!(!root.join("volumes").join(id).exists(), "{id}");
         assert!(
-            !root.join("state").join(format!("{id}.vol")).exists(),
+            !root.join(STATE_DIR).join(format!("{id}.vol")).exists(),
             "{id}"
         );
     }
@@ -197,7 +197,7 @@ fn a_publish_whose_mount_check_fails_leaves_its_steps_to_recovery() {
         ["mount /dev/fka volumes/a", "statx failed"]
     );
     assert_eq!(fake.mounts(), [root.join("volumes/a")]);
-    let record = std::fs::read_to_string(root.join("state/a.vol")).unwrap();
+    let record = std::fs::read_to_string(root.join(STATE_DIR).join("a.vol")).unwrap();
     assert!(
         record.contains("\nmount_id=0\ncomplete=false\n"),
         "{record}"
@@ -207,7 +207,7 @@ fn a_publish_whose_mount_check_fails_leaves_its_steps_to_recovery() {
     assert_eq!(v.list()[0].volume_id, "a", "recovery took it back");
     let out = v.publish(&req, &Cancel::never()).unwrap();
     assert!(!out.already_published, "its publish had not finished");
-    let record = std::fs::read_to_string(root.join("state/a.vol")).unwrap();
+    let record = std::fs::read_to_string(root.join(STATE_DIR).join("a.vol")).unwrap();
     assert!(record.contains("\ncomplete=true\n"), "{record}");
     assert!(v.publish(&req, &Cancel::never()).unwrap().already_published);
 }
@@ -228,7 +228,7 @@ fn a_publish_whose_mount_is_covered_touches_nothing() {
     assert!(e.to_string().contains("no longer there"), "{e}");
     assert_eq!(fake.journal(&root), ["mount /dev/fka volumes/a"]);
     assert_eq!(fake.mounts().len(), 2);
-    assert!(root.join("state/a.vol").exists());
+    assert!(root.join(STATE_DIR).join("a.vol").exists());
 }
 
 /// The undo list stops at the first undo that fails: the record of the
@@ -245,7 +245,7 @@ fn an_undo_that_fails_stops_the_rollback() {
         let d = fake.disk(dir.path(), disk, Some(FsType::Ext4));
         // Once mounted, a directory where the record's temp file goes
         // fails the record's second write.
-        let tmp = root.join(format!("state/{id}.vol.tmp"));
+        let tmp = root.join(STATE_DIR).join(format!("{id}.vol.tmp"));
         fake.before(Call::Mount, 1, move || std::fs::create_dir(&tmp).unwrap());
         if busy {
             fake.fail(Call::Unmount, 1, Errno::BUSY);
@@ -256,7 +256,7 @@ fn an_undo_that_fails_stops_the_rollback() {
         assert_eq!(e.code(), Code::Internal, "{id}: {e}");
         let journal = fake.journal(&root);
         assert_eq!(journal[0], format!("mount /dev/{disk} volumes/{id}"));
-        let kept = root.join(format!("state/{id}.vol")).exists();
+        let kept = root.join(STATE_DIR).join(format!("{id}.vol")).exists();
         let guest = root.join("volumes").join(id).exists();
         if busy {
             assert_eq!(journal[1..], ["umount volumes/a failed"]);
@@ -266,7 +266,7 @@ fn an_undo_that_fails_stops_the_rollback() {
             assert_eq!(journal[1..], ["umount volumes/b"]);
             assert!(!kept && !guest, "every step is undone");
         }
-        std::fs::remove_dir(root.join(format!("state/{id}.vol.tmp"))).unwrap();
+        std::fs::remove_dir(root.join(STATE_DIR).join(format!("{id}.vol.tmp"))).unwrap();
     }
     assert!(v.list().is_empty());
     // The next start finds the mount by its record, and takes it back.

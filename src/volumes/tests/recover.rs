@@ -4,6 +4,7 @@
 use super::testkit::{bind_request, fake_table, reopen, request};
 use crate::cancel::Cancel;
 use crate::model::FsType;
+use crate::validate::STATE_DIR;
 
 /// A mount directly in `volumes/` with no record (a publish killed between
 /// its mount and its record would leave its record; this is a mount the
@@ -85,8 +86,8 @@ fn recovery_keeps_what_is_mounted_and_forgets_what_is_gone() {
         listed[0].bind_targets,
         [root.join("pods/a/data").display().to_string()]
     );
-    assert!(!root.join("state/b.vol").exists());
-    let record = std::fs::read_to_string(root.join("state/a.vol")).unwrap();
+    assert!(!root.join(STATE_DIR).join("b.vol").exists());
+    let record = std::fs::read_to_string(root.join(STATE_DIR).join("a.vol")).unwrap();
     assert!(!record.contains("pods/a/gone"), "{record}");
     // What was taken back is the table's as before: it comes down whole.
     assert!(v.unpublish("a", &Cancel::never()).unwrap());

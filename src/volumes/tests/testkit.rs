@@ -18,7 +18,7 @@ pub(crate) fn table(root: &Path) -> std::sync::Arc<Volumes> {
     Volumes::open(root, Sysfs::system(), crate::logging::discard()).unwrap()
 }
 
-pub(crate) fn publish_loop(v: &Volumes, id: &str, disk: &crate::testutil::LoopDisk) {
+pub(crate) fn publish_loop(v: &Volumes, id: &str, disk: &crust_testkit::LoopDisk) {
     let req = PublishRequest {
         spec: Spec {
             volume_id: id.into(),
@@ -35,10 +35,7 @@ pub(crate) fn publish_loop(v: &Volumes, id: &str, disk: &crate::testutil::LoopDi
 /// A sysfs in which the real devices `parts` are partitions of one fake
 /// disk at the given (start, sectors): what a hostile partition table
 /// makes of a guest's disk.
-pub(crate) fn fake_partitions(
-    dir: &Path,
-    parts: &[(&crate::testutil::LoopDisk, u64, u64)],
-) -> Sysfs {
+pub(crate) fn fake_partitions(dir: &Path, parts: &[(&crust_testkit::LoopDisk, u64, u64)]) -> Sysfs {
     let sysfs = Sysfs {
         sys_block: dir.join("sys/block"),
         dev_dir: PathBuf::from("/dev"),

@@ -7,6 +7,7 @@ use super::testkit::{bind_request, fake_table, request};
 use crate::cancel::Cancel;
 use crate::code::Code;
 use crate::model::FsType;
+use crate::validate::STATE_DIR;
 use crate::volumes::fake::Call;
 
 /// Binds come down last made first, then the volume's own mount, flushed
@@ -68,7 +69,7 @@ fn an_unpublish_stopped_half_way_keeps_what_is_still_up() {
         listed[0].bind_targets,
         [root.join("pods/p/one").display().to_string()]
     );
-    assert!(root.join("state/a.vol").exists());
+    assert!(root.join(STATE_DIR).join("a.vol").exists());
     // Its target stays the volume's: a bind inside it is refused.
     let e = v
         .bind(&bind_request(&v, "a", "pods/p/one/inner"), &Cancel::never())

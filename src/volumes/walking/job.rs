@@ -2,8 +2,10 @@
 //! in `mod.rs`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
+
+use crust_protocols::sync::{CondvarExt, LockExt};
 
 use crate::cancel::{Cancel, Token, Why};
 use crate::code::Code;
@@ -48,7 +50,7 @@ impl std::fmt::Debug for WalkJob {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WalkJob")
             .field("visited", &self.visited())
-            .field("phase", &*self.lock())
+            .field("phase", &*self.phase.locked())
             .finish()
     }
 }
@@ -65,13 +67,8 @@ impl WalkJob {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Phase> {
-        // Nothing panics while holding it; take the data rather than panic.
-        self.phase.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn set(&self, phase: Phase) {
-        *self.lock() = phase;
+        *self.phase.locked() = phase;
         self.changed.notify_all();
     }
 
@@ -92,13 +89,13 @@ impl WalkJob {
 
     /// Whether the outcome is known.
     pub(crate) fn finished(&self) -> bool {
-        matches!(*self.lock(), Phase::Finished(_))
+        matches!(*self.phase.locked(), Phase::Finished(_))
     }
 
     /// Whether the walk is still running (not yet Ended).
     #[cfg(test)]
     pub(crate) fn walking(&self) -> bool {
-        matches!(*self.lock(), Phase::Walking)
+        matches!(*self.phase.locked(), Phase::Walking)
     }
 
     /// The walk returned and let go of the mount.
@@ -121,14 +118,11 @@ impl WalkJob {
         cancel: &Cancel,
     ) -> Result<(), crate::cancel::Stopped> {
         self.stop.fire();
-        let mut phase = self.lock();
+        let mut phase = self.phase.locked();
         while matches!(*phase, Phase::Walking) {
             cancel.check(|| format!("waiting for the fsGroup walk of volume {id} to stop"))?;
             let slice = cancel.slice(Duration::from_millis(50));
-            phase = match self.changed.wait_timeout(phase, slice) {
-                Ok((g, _)) => g,
-                Err(e) => e.into_inner().0,
-            };
+            phase = self.changed.waited_for(phase, slice);
         }
         Ok(())
     }
@@ -138,7 +132,7 @@ impl WalkJob {
     /// on and how far it is. A shutdown is not the caller's: it stops the
     /// walk itself, and the caller is told the outcome.
     pub(crate) fn wait(&self, id: &str, cancel: &Cancel) -> Result<Outcome, Error> {
-        let mut phase = self.lock();
+        let mut phase = self.phase.locked();
         loop {
             if let Phase::Finished(outcome) = &*phase {
                 return Ok(outcome.clone());
@@ -158,10 +152,7 @@ impl WalkJob {
             let slice = cancel
                 .slice(Duration::from_millis(50))
                 .max(Duration::from_millis(1));
-            phase = match self.changed.wait_timeout(phase, slice) {
-                Ok((g, _)) => g,
-                Err(e) => e.into_inner().0,
-            };
+            phase = self.changed.waited_for(phase, slice);
         }
     }
 }

@@ -330,95 +330,106 @@ fn render<M: MessageDyn>(as_json: bool, resp: &M, human: impl FnOnce(&M) -> Stri
 fn run(cli: &Cli, addr: &Address) -> Result<String, Failure> {
     let agent = CrustClient::connect(addr, cli.timeout).map_err(Failure::Connect)?;
     let j = cli.json;
-    let out = match &cli.command {
-        Command::Capabilities => render(
-            j,
-            &agent.get_capabilities().map_err(Failure::Call)?,
-            human::capabilities,
-        ),
-        Command::Filesystems => render(
-            j,
-            &agent.get_supported_file_systems().map_err(Failure::Call)?,
-            human::filesystems,
-        ),
-        Command::Info => render(
-            j,
-            &agent.get_agent_info().map_err(Failure::Call)?,
-            human::info,
-        ),
-        Command::List => render(
-            j,
-            &agent.list_volumes().map_err(Failure::Call)?,
-            human::list,
-        ),
-        Command::Publish(a) => {
-            let req = publish_request(a);
-            let resp = agent.publish_volume(&req).map_err(Failure::Call)?;
-            render(j, &resp, |r| {
-                human::publish(&a.volume_id, mounted_read_only(&req), r)
-            })
-        }
-        Command::Unpublish { volume_id } => {
-            let req = proto::UnpublishVolumeRequest {
-                volume_id: volume_id.clone(),
-                ..Default::default()
-            };
-            let resp = agent.unpublish_volume(&req).map_err(Failure::Call)?;
-            render(j, &resp, |r| human::unpublish(volume_id, r))
-        }
-        Command::Stats { volume_id } => {
-            let req = proto::GetVolumeStatsRequest {
-                volume_id: volume_id.clone(),
-                ..Default::default()
-            };
-            let resp = agent.get_volume_stats(&req).map_err(Failure::Call)?;
-            render(j, &resp, |r| human::stats(volume_id, r))
-        }
+    match &cli.command {
+        Command::Capabilities => ask(j, agent.get_capabilities(), human::capabilities),
+        Command::Filesystems => ask(j, agent.get_supported_file_systems(), human::filesystems),
+        Command::Info => ask(j, agent.get_agent_info(), human::info),
+        Command::List => ask(j, agent.list_volumes(), human::list),
+        Command::Shutdown => ask(j, agent.shutdown(), human::shutdown),
+        Command::Publish(a) => publish(&agent, j, a),
+        Command::Unpublish { volume_id } => unpublish(&agent, j, volume_id),
+        Command::Stats { volume_id } => stats(&agent, j, volume_id),
         Command::Expand {
             volume_id,
             bytes,
             wait,
-        } => {
-            let req = proto::ExpandVolumeRequest {
-                volume_id: volume_id.clone(),
-                required_bytes: bytes.unwrap_or(0),
-                timeout_ms: wait.unwrap_or(0),
-                ..Default::default()
-            };
-            let resp = agent.expand_volume(&req).map_err(Failure::Call)?;
-            render(j, &resp, |r| human::expand(volume_id, r))
-        }
-        Command::Bind(a) => {
-            let req = bind_request(a);
-            let resp = agent.bind_mount(&req).map_err(Failure::Call)?;
-            render(j, &resp, |r| human::bind(&req, r))
-        }
-        Command::Unmount { target } => {
-            let req = proto::UnmountRequest {
-                target: target.clone(),
-                ..Default::default()
-            };
-            let resp = agent.unmount(&req).map_err(Failure::Call)?;
-            render(j, &resp, |r| human::unmount(target, r))
-        }
-        Command::Shutdown => render(
-            j,
-            &agent.shutdown().map_err(Failure::Call)?,
-            human::shutdown,
-        ),
+        } => expand(&agent, j, volume_id, *bytes, *wait),
+        Command::Bind(a) => bind(&agent, j, a),
+        Command::Unmount { target } => unmount(&agent, j, target),
         Command::Freeze {
             volume_ids,
             thaw_after,
             freeze_id,
-        } => freeze(&agent, j, volume_ids, *thaw_after, freeze_id.as_deref())?,
-        Command::Thaw { ids, force } => thaw(&agent, j, ids, *force)?,
+        } => freeze(&agent, j, volume_ids, *thaw_after, freeze_id.as_deref()),
+        Command::Thaw { ids, force } => thaw(&agent, j, ids, *force),
         Command::Trim {
             volume_id,
             min_extent,
-        } => trim(&agent, j, volume_id, *min_extent)?,
-        Command::Health { volume_id } => health(&agent, j, volume_id)?,
+        } => trim(&agent, j, volume_id, *min_extent),
+        Command::Health { volume_id } => health(&agent, j, volume_id),
+    }
+}
+
+/// A call that names no volume: its answer, rendered.
+fn ask<M: MessageDyn>(
+    j: bool,
+    answer: Result<M, CallError>,
+    human: impl FnOnce(&M) -> String,
+) -> Result<String, Failure> {
+    Ok(render(j, &answer.map_err(Failure::Call)?, human))
+}
+
+/// `publish VOLUME_ID --serial|--device ...`.
+fn publish(agent: &CrustClient, j: bool, a: &PublishArgs) -> Result<String, Failure> {
+    let req = publish_request(a);
+    let resp = agent.publish_volume(&req).map_err(Failure::Call)?;
+    Ok(render(j, &resp, |r| {
+        human::publish(&a.volume_id, mounted_read_only(&req), r)
+    }))
+}
+
+/// `unpublish VOLUME_ID`.
+fn unpublish(agent: &CrustClient, j: bool, volume_id: &str) -> Result<String, Failure> {
+    let req = proto::UnpublishVolumeRequest {
+        volume_id: volume_id.to_string(),
+        ..Default::default()
     };
-    Ok(out)
+    let resp = agent.unpublish_volume(&req).map_err(Failure::Call)?;
+    Ok(render(j, &resp, |r| human::unpublish(volume_id, r)))
+}
+
+/// `stats VOLUME_ID`.
+fn stats(agent: &CrustClient, j: bool, volume_id: &str) -> Result<String, Failure> {
+    let req = proto::GetVolumeStatsRequest {
+        volume_id: volume_id.to_string(),
+        ..Default::default()
+    };
+    let resp = agent.get_volume_stats(&req).map_err(Failure::Call)?;
+    Ok(render(j, &resp, |r| human::stats(volume_id, r)))
+}
+
+/// `expand VOLUME_ID [--bytes N] [--wait MS]`.
+fn expand(
+    agent: &CrustClient,
+    j: bool,
+    volume_id: &str,
+    bytes: Option<i64>,
+    wait: Option<u32>,
+) -> Result<String, Failure> {
+    let req = proto::ExpandVolumeRequest {
+        volume_id: volume_id.to_string(),
+        required_bytes: bytes.unwrap_or(0),
+        timeout_ms: wait.unwrap_or(0),
+        ..Default::default()
+    };
+    let resp = agent.expand_volume(&req).map_err(Failure::Call)?;
+    Ok(render(j, &resp, |r| human::expand(volume_id, r)))
+}
+
+/// `bind VOLUME_ID TARGET ...`.
+fn bind(agent: &CrustClient, j: bool, a: &BindArgs) -> Result<String, Failure> {
+    let req = bind_request(a);
+    let resp = agent.bind_mount(&req).map_err(Failure::Call)?;
+    Ok(render(j, &resp, |r| human::bind(&req, r)))
+}
+
+fn unmount(agent: &CrustClient, j: bool, target: &str) -> Result<String, Failure> {
+    let req = proto::UnmountRequest {
+        target: target.to_string(),
+        ..Default::default()
+    };
+    let resp = agent.unmount(&req).map_err(Failure::Call)?;
+    Ok(render(j, &resp, |r| human::unmount(target, r)))
 }
 
 /// `freeze ID... [--thaw-after SECS] [--freeze-id ID]`: the id on stdout,
@@ -478,7 +489,6 @@ fn trim(
     Ok(render(j, &resp, |r| human::trimmed(volume_id, r)))
 }
 
-/// `health ID`.
 fn health(agent: &CrustClient, j: bool, volume_id: &str) -> Result<String, Failure> {
     let req = proto::GetVolumeHealthRequest {
         volume_id: volume_id.to_string(),

@@ -20,7 +20,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 use tonic::Status;
 
 /// The generated messages and client.
-#[allow(clippy::all, missing_docs)]
+#[allow(clippy::all, clippy::pedantic, clippy::restriction, missing_docs)]
 pub mod pb {
     tonic::include_proto!("crust.runtime.v1alpha1");
 }

@@ -1,12 +1,12 @@
 //! The crustd process under test: started from the binary cargo built,
-//! killed with SIGKILL and started again on the same socket and registry.
-#![allow(dead_code)]
+//! killed with SIGKILL and started again on the same socket and registry;
+//! the requests kubelet sends, and what crustd answers and records.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crustd_ctl::Kubelet;
+use crust_kubelet::{pb, Kubelet};
 
 /// A crustd process serving `socket` for the registry `reg`.
 pub struct Crustd {
@@ -116,14 +116,14 @@ fn command(socket: &Path, reg: &Path, extra: &[String]) -> Command {
         }
     }
     let mut c = if shell.is_empty() {
-        Command::new(env!("CARGO_BIN_EXE_crustd"))
+        Command::new(crustd_bin())
     } else {
         let mut c = Command::new("sh");
         c.args([
             "-c",
             &format!("{} && exec \"$0\" \"$@\"", shell.join(" && ")),
         ])
-        .arg(env!("CARGO_BIN_EXE_crustd"));
+        .arg(crustd_bin());
         c
     };
     c.arg("--socket")
@@ -152,9 +152,19 @@ fn spawn(socket: &Path, reg: &Path, extra: &[String], log: Option<&Path>) -> Chi
     c.spawn().unwrap()
 }
 
-/// The Go writer of direct-volume records (tests/kata_writer), built once
-/// per test process; None when Go is missing (scripts/deps.sh installs it).
-pub fn kata_writer() -> Option<PathBuf> {
+/// The Go writer of direct-volume records (crustd/tests/kata_writer), built
+/// once per test process; fails the test when Go is missing (scripts/deps.sh
+/// installs it).
+#[track_caller]
+pub fn kata_writer() -> PathBuf {
+    built_kata_writer().unwrap_or_else(|| {
+        crate::needs::missing(
+            "it needs go to build crustd/tests/kata_writer (apt-get install golang-go; scripts/deps.sh does)",
+        )
+    })
+}
+
+fn built_kata_writer() -> Option<PathBuf> {
     static BUILT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
     BUILT
         .get_or_init(|| {
@@ -163,7 +173,7 @@ pub fn kata_writer() -> Option<PathBuf> {
             let pkg = work.join("src/katawriter");
             std::fs::create_dir_all(&pkg).ok()?;
             std::fs::copy(
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kata_writer/main.go"),
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../crustd/tests/kata_writer/main.go"),
                 pkg.join("main.go"),
             )
             .ok()?;
@@ -197,17 +207,6 @@ pub fn kata(writer: &Path, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-/// Runs crustd-ctl's command line (the binary's own code, in process) with
-/// `args`; answers (exit code, stdout, stderr), trimmed.
-pub fn ctl(args: &[&str]) -> (u8, String, String) {
-    let out = crustd::ctl::run_cli(std::iter::once("crustd-ctl").chain(args.iter().copied()));
-    (
-        out.code,
-        out.stdout.trim().to_string(),
-        out.stderr.trim().to_string(),
-    )
 }
 
 /// Runs a crustd that must refuse to start: its exit status and stderr.
@@ -265,10 +264,100 @@ impl Drop for Crustd {
 /// panics, showing the first 200 characters of what came back.
 pub fn code<T: std::fmt::Debug>(r: Result<T, tonic::Status>) -> (String, String) {
     match r {
-        Err(s) => (crustd_ctl::code_name(s.code()), s.message().to_string()),
+        Err(s) => (crust_kubelet::code_name(s.code()), s.message().to_string()),
         Ok(v) => {
             let v: String = format!("{v:?}").chars().take(200).collect();
             panic!("expected an error, got {v}")
         }
     }
+}
+
+/// A publish of `dev` as `fs` for `sandbox`, with a pod's fsGroup (2000).
+pub fn req(sandbox: &str, dev: &str, fs: &str) -> pb::RuntimePublishVolumeRequest {
+    pb::RuntimePublishVolumeRequest {
+        sandbox_id: sandbox.into(),
+        host_volume_id: dev.into(),
+        host_target_path: "/var/lib/kubelet/pods/p/volumes/x".into(),
+        file_system: fs.into(),
+        fsgroup_gid: Some(2000),
+        ..Default::default()
+    }
+}
+
+/// What crustd records for the sandbox whose directory is `dir`
+/// (`crustd.json`): no volumes when there is no record.
+pub fn state(dir: &Path) -> serde_json::Value {
+    match std::fs::read_to_string(dir.join("crustd.json")) {
+        Ok(t) => serde_json::from_str(&t).unwrap(),
+        Err(_) => serde_json::json!({"volumes": {}}),
+    }
+}
+
+/// crustd's binary. See [`bin`].
+pub fn crustd_bin() -> PathBuf {
+    bin("crustd")
+}
+
+/// Runs crustd-ctl's command line with `args`; answers (exit code, stdout,
+/// stderr), trimmed.
+pub fn ctl(args: &[&str]) -> (u8, String, String) {
+    let out = Command::new(bin("crustd-ctl")).args(args).output().unwrap();
+    (
+        out.status
+            .code()
+            .and_then(|c| u8::try_from(c).ok())
+            .unwrap_or(u8::MAX),
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        String::from_utf8_lossy(&out.stderr).trim().to_string(),
+    )
+}
+
+/// One of the crustd package's binaries (`crustd`, `crustd-ctl`) of this
+/// build. Cargo builds them for crustd's own tests; for another package's
+/// (the VM tests) they are built here, once per test process, with the same
+/// profile, so they are never an older build. The nested cargo finds the
+/// target directory as the outer one did (CARGO_TARGET_DIR, the
+/// workspace's config). A test binary run by hand, outside cargo, uses those
+/// it finds beside it as they are. `CRUST_TEST_CRUSTD_DIR` names another
+/// directory holding them.
+pub fn bin(name: &str) -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        if let Some(d) = std::env::var_os("CRUST_TEST_CRUSTD_DIR") {
+            return PathBuf::from(d);
+        }
+        // <target>[/<triple>]/<profile>/deps/<test> → …/<profile>
+        let exe = std::env::current_exe().unwrap();
+        let mut dir = exe.parent().unwrap().to_path_buf();
+        if dir.ends_with("deps") {
+            dir.pop();
+        }
+        // Cargo tells the tests it runs which package they belong to.
+        let package = std::env::var("CARGO_PKG_NAME").ok();
+        let by_hand = package.is_none() && dir.join("crustd").is_file();
+        if package.as_deref() != Some("crustd") && !by_hand {
+            let profile = match dir.file_name().and_then(|n| n.to_str()) {
+                Some("debug") | None => "dev".to_string(),
+                Some(other) => other.to_string(),
+            };
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let out = Command::new(cargo)
+                .args(["build", "-p", "crustd", "--bins", "--profile", &profile])
+                .output()
+                .unwrap_or_else(|e| panic!("cargo build -p crustd: {e}"));
+            assert!(
+                out.status.success(),
+                "cargo build -p crustd: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        dir
+    });
+    let bin = dir.join(name);
+    assert!(
+        bin.is_file(),
+        "no {name} at {} (cargo build -p crustd, or set CRUST_TEST_CRUSTD_DIR)",
+        bin.display()
+    );
+    bin
 }

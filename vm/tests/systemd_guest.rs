@@ -9,20 +9,16 @@
 //! volume and both binds are still listed, and unpublish works.
 //! Run with `make test-vm` (root, `make initrd` and `make guest-image`).
 
-mod support;
-
-#[path = "../../tests/fixtures/disks.rs"]
-mod disks;
-
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crust_kubelet::pb;
 use crust_protocols::crust as agent_pb;
+use crust_testkit::crustd::Crustd;
+use crust_testkit::vm::{console, tail};
+use crust_testkit::{run, LoopDisk, Mounted};
 use crust_vm::{default_build_dir, Vm, VmOptions};
-use crustd_ctl::pb;
-use disks::{run, LoopDisk, Mounted};
-use support::Crustd;
 
 const SANDBOX: &str = "pod-guest-1";
 
@@ -161,26 +157,14 @@ fn guest_image(dir: &Path) -> PathBuf {
     img
 }
 
-/// The console so far.
-fn console(vm: &Vm) -> String {
-    String::from_utf8_lossy(&std::fs::read(vm.console_log()).unwrap_or_default()).into_owned()
-}
-
 /// Waits until the console shows `what`.
 fn console_until(vm: &Vm, what: &str, limit: Duration) -> String {
-    let t = Instant::now();
-    loop {
-        let text = console(vm);
-        if text.contains(what) {
-            return text;
-        }
-        assert!(
-            t.elapsed() < limit,
+    crust_testkit::vm::console_until(vm, limit, |text| text.contains(what)).unwrap_or_else(|text| {
+        panic!(
             "the console never showed {what:?}; its end:\n{}",
-            &text[text.len().saturating_sub(4000)..]
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+            tail(&text, 4000)
+        )
+    })
 }
 
 fn bind(c: &crust_protocols::crust_ttrpc::AgentClient, volume: &str, target: &str, ro: bool) {
@@ -198,7 +182,7 @@ fn bind(c: &crust_protocols::crust_ttrpc::AgentClient, volume: &str, target: &st
 }
 
 #[test]
-#[ignore = "boots a systemd guest: run make test-vm"]
+#[ignore = "needs a VM: make test-vm runs it"]
 fn the_agent_as_a_service_beside_crun_survives_sigkill() {
     let t = tempfile::tempdir().unwrap();
     let reg = t.path().join("sandboxes");
@@ -288,7 +272,7 @@ fn the_agent_as_a_service_beside_crun_survives_sigkill() {
         assert!(
             t1.elapsed() < Duration::from_secs(120),
             "the agent did not come back after SIGKILL; console:\n{}",
-            &console(&vm)[console(&vm).len().saturating_sub(3000)..]
+            tail(&console(&vm), 3000)
         );
         std::thread::sleep(Duration::from_millis(500));
     };

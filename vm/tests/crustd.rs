@@ -8,18 +8,14 @@
 //! One VM for the whole walk (TCG is slow); a second for Kata's
 //! direct-volume records. Run with `make test-vm`.
 
-mod support;
-
-#[path = "../../tests/fixtures/disks.rs"]
-mod disks;
-
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
-use crust_vm::{Vm, VmOptions};
-use crustd_ctl::{bytes, code_name, pb};
-use disks::{run, LoopDisk, Mounted};
-use support::Crustd;
+use crust_kubelet::{bytes, code_name, pb};
+use crust_testkit::crustd::{ctl, kata, kata_writer, Crustd};
+use crust_testkit::vm::options;
+use crust_testkit::{allocated, run, LoopDisk, Mounted};
+use crust_vm::Vm;
 
 const SANDBOX: &str = "pod-vm-1";
 
@@ -76,8 +72,68 @@ fn guest_sees(vm: &Vm, serial: &str) -> bool {
     }
 }
 
+/// Block mode (volumeMode: Block): the raw device, hot-plugged and
+/// published by the agent as a device, never mounted; unpublished, it
+/// leaves the guest.
+fn a_block_volume_is_published_as_its_device(k: &crust_kubelet::Kubelet, vm: &Vm) {
+    let raw = LoopDisk::new(64, None);
+    let mut b = req(&raw.path(), "", Some(4321));
+    b.block = true;
+    b.mount_options.clear();
+    let pb_ = k.publish(b.clone()).unwrap();
+    assert!(
+        pb_.guest_path.starts_with("/run/crust/volumes/crustd-"),
+        "{pb_:?}"
+    );
+    assert_eq!(k.publish(b).unwrap(), pb_, "idempotent");
+    let (_, raw_total, _) = bytes(&k.stats(SANDBOX, &raw.path()).unwrap()).unwrap();
+    assert_eq!(
+        raw_total,
+        64 << 20,
+        "a block volume's total is its device's size"
+    );
+    let guest = vm
+        .agent()
+        .unwrap()
+        .list_volumes(crust_vm::ctx(Duration::from_secs(30)), &Default::default())
+        .unwrap();
+    let raw_serial = guest
+        .volumes
+        .iter()
+        .find(|v| v.volume_mode == crust_protocols::crust::VolumeMode::BLOCK.into())
+        .expect("the guest lists a BLOCK volume")
+        .serial
+        .clone();
+    k.unpublish(SANDBOX, &raw.path()).unwrap();
+    assert!(
+        !guest_sees(vm, &raw_serial),
+        "the block disk is still in the guest"
+    );
+}
+
+/// Growth end to end: the host grows the loop device, crustd resizes
+/// QEMU's disk and has the agent grow ext4 online (its statfs total was
+/// `total_before`).
+fn grown_online(k: &crust_kubelet::Kubelet, ext4: &LoopDisk, total_before: i64) {
+    let e = ext4.path();
+    ext4.resize(512);
+    let t0 = Instant::now();
+    let cap = k.expand(SANDBOX, &e, 512 << 20).unwrap();
+    eprintln!(
+        "RuntimeExpandVolume ext4 128 -> 512 MiB: {:?}",
+        t0.elapsed()
+    );
+    assert!(cap >= 500 << 20, "{cap}");
+    let (_, e_total1, _) = bytes(&k.stats(SANDBOX, &e).unwrap()).unwrap();
+    assert!(e_total1 > total_before * 3, "{total_before} -> {e_total1}");
+    assert_eq!(
+        code_name(k.expand(SANDBOX, &e, 1 << 30).unwrap_err().code()),
+        "OUT_OF_RANGE"
+    );
+}
+
 #[test]
-#[ignore = "boots a VM: run make test-vm"]
+#[ignore = "needs a VM: make test-vm runs it"]
 fn kubelet_through_crustd_into_a_real_guest() {
     let t = tempfile::tempdir().unwrap();
     let reg = t.path().join("sandboxes");
@@ -85,8 +141,7 @@ fn kubelet_through_crustd_into_a_real_guest() {
     let xfs = volume(320, "xfs");
     let (e, x) = (ext4.path(), xfs.path());
 
-    let opts = VmOptions::new(reg.join(SANDBOX));
-    assert!(opts.initrd.is_file(), "run `make initrd` first");
+    let opts = options(&reg.join(SANDBOX));
     let mut vm = Vm::up(opts).expect("the VM boots and the agent answers");
     let entry: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(reg.join(SANDBOX).join("sandbox.json")).unwrap(),
@@ -136,41 +191,7 @@ fn kubelet_through_crustd_into_a_real_guest() {
         .serial
         .clone();
 
-    // Block mode (volumeMode: Block): the raw device, hot-plugged and
-    // published by the agent as a device, never mounted.
-    let raw = LoopDisk::new(64, None);
-    let mut b = req(&raw.path(), "", Some(4321));
-    b.block = true;
-    b.mount_options.clear();
-    let pb_ = k.publish(b.clone()).unwrap();
-    assert!(
-        pb_.guest_path.starts_with("/run/crust/volumes/crustd-"),
-        "{pb_:?}"
-    );
-    assert_eq!(k.publish(b).unwrap(), pb_, "idempotent");
-    let (_, raw_total, _) = bytes(&k.stats(SANDBOX, &raw.path()).unwrap()).unwrap();
-    assert_eq!(
-        raw_total,
-        64 << 20,
-        "a block volume's total is its device's size"
-    );
-    let guest = vm
-        .agent()
-        .unwrap()
-        .list_volumes(crust_vm::ctx(Duration::from_secs(30)), &Default::default())
-        .unwrap();
-    let raw_serial = guest
-        .volumes
-        .iter()
-        .find(|v| v.volume_mode == crust_protocols::crust::VolumeMode::BLOCK.into())
-        .expect("the guest lists a BLOCK volume")
-        .serial
-        .clone();
-    k.unpublish(SANDBOX, &raw.path()).unwrap();
-    assert!(
-        !guest_sees(&vm, &raw_serial),
-        "the block disk is still in the guest"
-    );
+    a_block_volume_is_published_as_its_device(&k, &vm);
 
     let (_, e_total0, _) = bytes(&k.stats(SANDBOX, &e).unwrap()).unwrap();
     let sx = k.stats(SANDBOX, &x).unwrap();
@@ -185,22 +206,7 @@ fn kubelet_through_crustd_into_a_real_guest() {
     let k = d.client();
     assert_eq!(k.publish(req(&e, "ext4", Some(4321))).unwrap(), pe);
 
-    // Growth end to end: the host grows the loop device, crustd resizes
-    // QEMU's disk and has the agent grow ext4 online.
-    ext4.resize(512);
-    let t0 = Instant::now();
-    let cap = k.expand(SANDBOX, &e, 512 << 20).unwrap();
-    eprintln!(
-        "RuntimeExpandVolume ext4 128 -> 512 MiB: {:?}",
-        t0.elapsed()
-    );
-    assert!(cap >= 500 << 20, "{cap}");
-    let (_, e_total1, _) = bytes(&k.stats(SANDBOX, &e).unwrap()).unwrap();
-    assert!(e_total1 > e_total0 * 3, "{e_total0} -> {e_total1}");
-    assert_eq!(
-        code_name(k.expand(SANDBOX, &e, 1 << 30).unwrap_err().code()),
-        "OUT_OF_RANGE"
-    );
+    grown_online(&k, &ext4, e_total0);
 
     // Unpublish xfs: the disk leaves the guest.
     assert!(guest_sees(&vm, &xfs_serial));
@@ -240,11 +246,6 @@ fn kubelet_through_crustd_into_a_real_guest() {
     assert!(sv > 400 << 20, "{sv}");
 }
 
-/// Bytes the image file holds on the host's filesystem.
-fn allocated(img: &std::path::Path) -> u64 {
-    std::fs::metadata(img).unwrap().blocks() * 512
-}
-
 /// The way a backup tool takes a consistent snapshot through crustd:
 /// freeze both volumes (their journals hold the fsGroup walk's changes),
 /// copy the images on the host, thaw; the copies need no journal replay
@@ -252,7 +253,7 @@ fn allocated(img: &std::path::Path) -> u64 {
 /// §10) and hold the walk's changes. Then a trim through crustd punches the
 /// blocks deleted on the host out of the image (discard=unmap).
 fn consistent_snapshot_and_trim(
-    k: &crustd_ctl::Kubelet,
+    k: &crust_kubelet::Kubelet,
     ext4: &LoopDisk,
     xfs: &LoopDisk,
     dir: &std::path::Path,
@@ -335,28 +336,25 @@ fn df_bytes(p: &std::path::Path) -> u64 {
 /// for left out), `crustd-ctl direct-volume stats` and `resize`, a blank
 /// scratch disk formatted on the host by createFilesystem, unpublish, and
 /// the filesystems clean on the host after.
-#[test]
-#[ignore = "boots a VM: run make test-vm"]
-fn a_kata_direct_volume_in_a_real_guest() {
-    const SB: &str = "pod-vm-direct";
-    let writer = support::kata_writer().expect("go is needed (scripts/deps.sh installs it)");
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    let root = t.path().join("direct-volumes");
-    let r = root.to_str().unwrap();
-    let ext4 = volume(128, "ext4");
-    let blank = LoopDisk::new(64, None);
-    let (e, b) = (ext4.path(), blank.path());
-    let vol = "/var/lib/kubelet/pods/0f3c-uid/volumes/kubernetes.io~csi/pvc-direct/mount";
-    let scratch = "/var/lib/kubelet/pods/0f3c-uid/volumes/kubernetes.io~csi/scratch/mount";
+/// `kata-runtime direct-volume add`, as Kata's own code files them: `vol`
+/// on the ext4 disk `e` (an fsGroup, an option, an SELinux label the guest
+/// leaves out), `scratch` on the blank disk `b`, to be formatted.
+fn filed_as_kata_files_them(
+    writer: &std::path::Path,
+    r: &str,
+    vol: &str,
+    e: &str,
+    scratch: &str,
+    b: &str,
+) {
     let label = r#"context="system_u:object_r:container_file_t:s0:c1,c2""#;
-    support::kata(
-        &writer,
+    kata(
+        writer,
         &[
             "add",
             r,
             vol,
-            &e,
+            e,
             "ext4",
             "fsGroup=4321",
             "-o",
@@ -365,52 +363,19 @@ fn a_kata_direct_volume_in_a_real_guest() {
             label,
         ],
     );
-    support::kata(
-        &writer,
-        &["add", r, scratch, &b, "ext4", "createFilesystem=true"],
+    kata(
+        writer,
+        &["add", r, scratch, b, "ext4", "createFilesystem=true"],
     );
+}
 
-    let opts = VmOptions::new(reg.join(SB));
-    assert!(opts.initrd.is_file(), "run `make initrd` first");
-    let mut vm = Vm::up(opts).expect("the VM boots and the agent answers");
-    let d = Crustd::start(&reg, &["--direct-volumes", r]);
-    let k = d.client();
-    let sock = d.socket.to_str().unwrap().to_string();
-    let ctl = |args: &[&str]| {
-        let mut all = vec!["--socket", &sock, "--direct-volumes", r];
-        all.extend_from_slice(args);
-        let (c, out, err) = support::ctl(&all);
-        assert_eq!(c, 0, "crustd-ctl {args:?}: {err}");
-        serde_json::from_str::<serde_json::Value>(&out).unwrap()
-    };
-
-    // Record to publish complete: read, checked, hot-plugged, mounted, fsGroup.
-    let t0 = Instant::now();
-    let p = k.publish_direct(SB, vol, false).unwrap();
-    eprintln!(
-        "RuntimePublishDirectVolume ext4 (record to publish complete: hot-plug + mount + fsGroup): {:?}",
-        t0.elapsed()
-    );
-    assert_eq!(p.host_volume_id, e);
-    assert_eq!(
-        support::kata(&writer, &["sandbox", r, vol]),
-        SB,
-        "the sandbox-id file, as Kata's lookup finds it"
-    );
-    // The guest mounted it with the record's option and without the label.
-    let list = vm
-        .agent()
-        .unwrap()
-        .list_volumes(crust_vm::ctx(Duration::from_secs(30)), &Default::default())
-        .unwrap();
-    assert_eq!(list.volumes.len(), 1);
-    let console = std::fs::read_to_string(vm.console_log()).unwrap_or_default();
-    assert!(
-        console.contains("SELinux options left out"),
-        "the guest's log does not say the context option was left out"
-    );
-
-    // crustd-ctl direct-volume stats and resize, through the sandbox-id file.
+/// crustd-ctl direct-volume stats and resize, through the sandbox-id file
+/// (`ctl` runs crustd-ctl and reads its JSON).
+fn resized_through_its_record(
+    ctl: &impl Fn(&[&str]) -> serde_json::Value,
+    ext4: &LoopDisk,
+    vol: &str,
+) {
     let s = ctl(&["direct-volume", "stats", "--volume-path", vol]);
     let total0 = s["usage"][0]["total"].as_i64().unwrap();
     assert!(total0 > 100 << 20, "{s}");
@@ -431,6 +396,64 @@ fn a_kata_direct_volume_in_a_real_guest() {
     );
     let s = ctl(&["direct-volume", "stats", "--volume-path", vol]);
     assert!(s["usage"][0]["total"].as_i64().unwrap() > total0 * 3, "{s}");
+}
+
+#[test]
+#[ignore = "needs a VM: make test-vm runs it"]
+fn a_kata_direct_volume_in_a_real_guest() {
+    const SB: &str = "pod-vm-direct";
+    let writer = kata_writer();
+    let t = tempfile::tempdir().unwrap();
+    let reg = t.path().join("sandboxes");
+    let root = t.path().join("direct-volumes");
+    let r = root.to_str().unwrap();
+    let ext4 = volume(128, "ext4");
+    let blank = LoopDisk::new(64, None);
+    let (e, b) = (ext4.path(), blank.path());
+    let vol = "/var/lib/kubelet/pods/0f3c-uid/volumes/kubernetes.io~csi/pvc-direct/mount";
+    let scratch = "/var/lib/kubelet/pods/0f3c-uid/volumes/kubernetes.io~csi/scratch/mount";
+    filed_as_kata_files_them(&writer, r, vol, &e, scratch, &b);
+
+    let opts = options(&reg.join(SB));
+    let mut vm = Vm::up(opts).expect("the VM boots and the agent answers");
+    let d = Crustd::start(&reg, &["--direct-volumes", r]);
+    let k = d.client();
+    let sock = d.socket.to_str().unwrap().to_string();
+    let ctl = |args: &[&str]| {
+        let mut all = vec!["--socket", &sock, "--direct-volumes", r];
+        all.extend_from_slice(args);
+        let (c, out, err) = ctl(&all);
+        assert_eq!(c, 0, "crustd-ctl {args:?}: {err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+
+    // Record to publish complete: read, checked, hot-plugged, mounted, fsGroup.
+    let t0 = Instant::now();
+    let p = k.publish_direct(SB, vol, false).unwrap();
+    eprintln!(
+        "RuntimePublishDirectVolume ext4 (record to publish complete: hot-plug + mount + fsGroup): {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(p.host_volume_id, e);
+    assert_eq!(
+        kata(&writer, &["sandbox", r, vol]),
+        SB,
+        "the sandbox-id file, as Kata's lookup finds it"
+    );
+    // The guest mounted it with the record's option and without the label.
+    let list = vm
+        .agent()
+        .unwrap()
+        .list_volumes(crust_vm::ctx(Duration::from_secs(30)), &Default::default())
+        .unwrap();
+    assert_eq!(list.volumes.len(), 1);
+    let console = std::fs::read_to_string(vm.console_log()).unwrap_or_default();
+    assert!(
+        console.contains("SELinux options left out"),
+        "the guest's log does not say the context option was left out"
+    );
+
+    resized_through_its_record(&ctl, &ext4, vol);
 
     // A blank scratch disk: formatted on the host, then mounted in the guest.
     let t0 = Instant::now();
@@ -486,7 +509,7 @@ fn a_kata_direct_volume_in_a_real_guest() {
 /// whose command line names another sandbox. crustd takes the guest from
 /// the URL and its own agent port.
 #[test]
-#[ignore = "boots a VM: run make test-vm"]
+#[ignore = "needs a VM: make test-vm runs it"]
 fn a_kata_sandbox_is_found_from_katas_files() {
     use std::os::unix::fs::PermissionsExt;
     let t = tempfile::tempdir().unwrap();
@@ -495,9 +518,8 @@ fn a_kata_sandbox_is_found_from_katas_files() {
     let reg = t.path().join("sandboxes");
     std::fs::create_dir_all(&reg).unwrap();
     let run_vc = t.path().join("run/vc");
-    let mut opts = VmOptions::new(&vm_dir);
+    let mut opts = options(&vm_dir);
     opts.name = format!("sandbox-{id}");
-    assert!(opts.initrd.is_file(), "run `make initrd` first");
     let mut vm = Vm::up(opts).expect("the VM boots and the agent answers");
     let sbs = run_vc.join("sbs").join(id);
     std::fs::create_dir_all(&sbs).unwrap();
