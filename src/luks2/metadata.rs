@@ -632,114 +632,118 @@ mod tests {
         assert_eq!(m.keyslots[0].1.key_size, 96);
     }
 
+    /// Edits of cryptsetup's JSON (the first match of .0.0 becomes .0.1),
+    /// each with what its refusal must say.
+    const ABSURD: &[((&str, &str), &str)] = &[
+        (
+            ("\"key_size\":64,\"af\"", "\"key_size\":100000,\"af\""),
+            "outside [1, 256]",
+        ),
+        (
+            ("\"stripes\":4000", "\"stripes\":4001"),
+            "outside [1, 4000]",
+        ),
+        (("\"stripes\":4000", "\"stripes\":-1"), "outside [1, 4000]"),
+        (
+            ("\"size\":\"258048\"", "\"size\":\"1000\""),
+            "cannot hold 4000 stripes",
+        ),
+        (
+            ("\"offset\":\"32768\"", "\"offset\":\"16384\""),
+            "not inside the keyslots area",
+        ),
+        (
+            (
+                "\"offset\":\"32768\"",
+                "\"offset\":\"18446744073709551615\"",
+            ),
+            "not inside",
+        ),
+        (
+            (
+                "\"offset\":\"32768\"",
+                "\"offset\":\"18446744073709551616\"",
+            ),
+            "not a decimal number of 64 bits",
+        ),
+        (
+            ("\"offset\":\"32768\"", "\"offset\":\"+32768\""),
+            "not a decimal number",
+        ),
+        (
+            ("\"offset\":\"16777216\"", "\"offset\":\"4096\""),
+            "inside the metadata",
+        ),
+        (
+            ("\"offset\":\"16777216\"", "\"offset\":\"16777217\""),
+            "not on a 512-byte sector",
+        ),
+        (
+            ("\"size\":\"dynamic\"", "\"size\":\"1073741824\""),
+            "does not fit the device",
+        ),
+        (
+            ("\"sector_size\":4096", "\"sector_size\":3000"),
+            "not 512, 1024, 2048 or 4096",
+        ),
+        (
+            (
+                "\"keyslots_size\":\"16744448\"",
+                "\"keyslots_size\":\"16744449\"",
+            ),
+            "not a multiple of 4096",
+        ),
+        (
+            (
+                "\"keyslots_size\":\"16744448\"",
+                "\"keyslots_size\":\"1073741824\"",
+            ),
+            "up to 134217728",
+        ),
+        (
+            ("\"json_size\":\"12288\"", "\"json_size\":\"61440\""),
+            "the binary header makes it 12288",
+        ),
+        (
+            ("\"iterations\":1000,\"salt\"", "\"iterations\":0,\"salt\""),
+            "outside [1, 4294967295]",
+        ),
+        (
+            (
+                "\"iterations\":1000,\"salt\"",
+                "\"iterations\":1e9,\"salt\"",
+            ),
+            "not an integer",
+        ),
+        (
+            ("\"keyslots\":[\"0\"]", "\"keyslots\":[\"5\"]"),
+            "names keyslot 5, which does not exist",
+        ),
+        (
+            ("\"segments\":[\"0\"]", "\"segments\":[\"01\"]"),
+            "not a number below 32",
+        ),
+        (
+            ("\"keyslots\":{\"0\"", "\"keyslots\":{\"32\""),
+            "not a number below 32",
+        ),
+        (("\"tokens\":{}", "\"tokens\":[]"), "not an object"),
+        (
+            ("\"af\":{\"type\":\"luks1\"", "\"af\":{\"type\":\"luks3\""),
+            "not \"luks1\"",
+        ),
+        (
+            (
+                "\"type\":\"pbkdf2\",\"hash\"",
+                "\"type\":\"scrypt\",\"hash\"",
+            ),
+            "\"scrypt\"",
+        ),
+    ];
+
     #[test]
     fn absurd_sizes_and_counts_are_refused() {
-        for (edit, says) in [
-            (
-                ("\"key_size\":64,\"af\"", "\"key_size\":100000,\"af\""),
-                "outside [1, 256]",
-            ),
-            (
-                ("\"stripes\":4000", "\"stripes\":4001"),
-                "outside [1, 4000]",
-            ),
-            (("\"stripes\":4000", "\"stripes\":-1"), "outside [1, 4000]"),
-            (
-                ("\"size\":\"258048\"", "\"size\":\"1000\""),
-                "cannot hold 4000 stripes",
-            ),
-            (
-                ("\"offset\":\"32768\"", "\"offset\":\"16384\""),
-                "not inside the keyslots area",
-            ),
-            (
-                (
-                    "\"offset\":\"32768\"",
-                    "\"offset\":\"18446744073709551615\"",
-                ),
-                "not inside",
-            ),
-            (
-                (
-                    "\"offset\":\"32768\"",
-                    "\"offset\":\"18446744073709551616\"",
-                ),
-                "not a decimal number of 64 bits",
-            ),
-            (
-                ("\"offset\":\"32768\"", "\"offset\":\"+32768\""),
-                "not a decimal number",
-            ),
-            (
-                ("\"offset\":\"16777216\"", "\"offset\":\"4096\""),
-                "inside the metadata",
-            ),
-            (
-                ("\"offset\":\"16777216\"", "\"offset\":\"16777217\""),
-                "not on a 512-byte sector",
-            ),
-            (
-                ("\"size\":\"dynamic\"", "\"size\":\"1073741824\""),
-                "does not fit the device",
-            ),
-            (
-                ("\"sector_size\":4096", "\"sector_size\":3000"),
-                "not 512, 1024, 2048 or 4096",
-            ),
-            (
-                (
-                    "\"keyslots_size\":\"16744448\"",
-                    "\"keyslots_size\":\"16744449\"",
-                ),
-                "not a multiple of 4096",
-            ),
-            (
-                (
-                    "\"keyslots_size\":\"16744448\"",
-                    "\"keyslots_size\":\"1073741824\"",
-                ),
-                "up to 134217728",
-            ),
-            (
-                ("\"json_size\":\"12288\"", "\"json_size\":\"61440\""),
-                "the binary header makes it 12288",
-            ),
-            (
-                ("\"iterations\":1000,\"salt\"", "\"iterations\":0,\"salt\""),
-                "outside [1, 4294967295]",
-            ),
-            (
-                (
-                    "\"iterations\":1000,\"salt\"",
-                    "\"iterations\":1e9,\"salt\"",
-                ),
-                "not an integer",
-            ),
-            (
-                ("\"keyslots\":[\"0\"]", "\"keyslots\":[\"5\"]"),
-                "names keyslot 5, which does not exist",
-            ),
-            (
-                ("\"segments\":[\"0\"]", "\"segments\":[\"01\"]"),
-                "not a number below 32",
-            ),
-            (
-                ("\"keyslots\":{\"0\"", "\"keyslots\":{\"32\""),
-                "not a number below 32",
-            ),
-            (("\"tokens\":{}", "\"tokens\":[]"), "not an object"),
-            (
-                ("\"af\":{\"type\":\"luks1\"", "\"af\":{\"type\":\"luks3\""),
-                "not \"luks1\"",
-            ),
-            (
-                (
-                    "\"type\":\"pbkdf2\",\"hash\"",
-                    "\"type\":\"scrypt\",\"hash\"",
-                ),
-                "\"scrypt\"",
-            ),
-        ] {
+        for &(edit, says) in ABSURD {
             let what = refused(|s| {
                 assert!(s.contains(edit.0), "{}", edit.0);
                 s.replacen(edit.0, edit.1, 1)
