@@ -137,6 +137,8 @@ fn agent(img: &Path) -> R<f64> {
     let h = header::read(&f, len).map_err(|e| e.to_string())?;
     let limits = unlock::Limits {
         argon2_memory_kib: 1 << 20,
+        argon2_passes: 64,
+        pbkdf2_iterations: 100_000_000,
     };
     let pass = Zeroizing::new(PASSPHRASE.to_vec());
     let u = unlock::unlock(&f, &h, &pass, limits, None).map_err(|e| e.to_string())?;

@@ -38,6 +38,18 @@ pub enum Error {
         limit_kib: u64,
     },
     #[code(FailedPrecondition)]
+    #[error("{whose} of the LUKS2 header asks for {cost} {what} but the agent allows {limit}; add a keyslot with a lower cost on the host (cryptsetup luksAddKey --pbkdf-force-iterations)")]
+    CostOverLimit {
+        /// "keyslot 3", "the digest".
+        whose: String,
+        /// "PBKDF2 iterations", "Argon2 passes".
+        what: &'static str,
+        /// What the header asks.
+        cost: u64,
+        /// What the caller allows.
+        limit: u64,
+    },
+    #[code(FailedPrecondition)]
     #[error("no keyslot of the LUKS2 header {what}")]
     NoKeyslot {
         /// "opens its data segment", "is numbered 5", ….

@@ -111,6 +111,8 @@ impl Image {
         let f = std::fs::File::open(&self.path).unwrap();
         let limits = Limits {
             argon2_memory_kib: 1 << 20,
+            argon2_passes: 16,
+            pbkdf2_iterations: 1 << 20,
         };
         unlock(&f, &h, &Zeroizing::new(passphrase.to_vec()), limits, only)
     }
@@ -272,6 +274,8 @@ fn argon2_memory_over_the_limit_is_refused_before_any_work() {
     let start = Instant::now();
     let limits = Limits {
         argon2_memory_kib: 65536,
+        argon2_passes: 4,
+        pbkdf2_iterations: 1000,
     };
     let e = unlock(&f, &h, &Zeroizing::new(b"pw".to_vec()), limits, None).unwrap_err();
     assert!(

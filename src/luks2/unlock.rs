@@ -18,11 +18,36 @@ use super::header::{read_bytes, Header, ReadAt};
 use super::kdf::{self, Argon2Cost, Hash};
 use super::metadata::{Digest, Kdf, Keyslot, Segment, Stored};
 
-/// What the caller lets an unlock use.
+/// What the caller lets an unlock use, so that a hostile header's costs are
+/// refused before any work rather than run for hours.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     /// The most memory one Argon2 derivation may take, in KiB.
     pub argon2_memory_kib: u64,
+    /// The most passes one Argon2 derivation may make.
+    pub argon2_passes: u32,
+    /// The most iterations a PBKDF2 (a keyslot's, or the digest's) may run.
+    pub pbkdf2_iterations: u32,
+}
+
+impl Limits {
+    /// A refusal if `cost` of `what` exceeds `limit`.
+    fn check(
+        whose: impl Fn() -> String,
+        what: &'static str,
+        cost: u32,
+        limit: u32,
+    ) -> Result<(), Error> {
+        if cost > limit {
+            return Err(Error::CostOverLimit {
+                whose: whose(),
+                what,
+                cost: cost.into(),
+                limit: limit.into(),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// The volume key: zeroed when dropped; its Debug shows only its size.
@@ -97,6 +122,12 @@ pub fn unlock(
         });
     };
     let digest_hash = Hash::named(&digest.hash)?;
+    Limits::check(
+        || "the digest".into(),
+        "PBKDF2 iterations",
+        digest.iterations,
+        limits.pbkdf2_iterations,
+    )?;
     let (candidates, refused) = plan(header, digest, limits, only)?;
     for c in &candidates {
         if let Some(volume_key) = try_one(disk, c, passphrase, digest, digest_hash)? {
@@ -174,11 +205,23 @@ fn candidate(id: u32, slot: &Keyslot, limits: Limits) -> Result<Candidate<'_>, E
         )));
     }
     let af_hash = Hash::named(&stored.af_hash)?;
+    let whose = || format!("keyslot {id}");
     match &stored.kdf {
-        Kdf::Pbkdf2 { hash, .. } => {
+        Kdf::Pbkdf2 {
+            hash, iterations, ..
+        } => {
             Hash::named(hash)?;
+            Limits::check(
+                whose,
+                "PBKDF2 iterations",
+                *iterations,
+                limits.pbkdf2_iterations,
+            )?;
         }
-        Kdf::Argon2 { memory_kib, .. } => {
+        Kdf::Argon2 {
+            memory_kib, time, ..
+        } => {
+            Limits::check(whose, "Argon2 passes", *time, limits.argon2_passes)?;
             if u64::from(*memory_kib) > limits.argon2_memory_kib {
                 return Err(Error::MemoryOverLimit {
                     keyslot: id,
@@ -282,6 +325,8 @@ mod tests {
         let h = read(&Head(&img), DEVICE).unwrap();
         let limits = Limits {
             argon2_memory_kib: limit_kib,
+            argon2_passes: 4,
+            pbkdf2_iterations: 1000,
         };
         unlock(
             &Head(&img),
@@ -326,6 +371,49 @@ mod tests {
                 .contains("4194304 KiB of memory but the agent may use 65536 KiB"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn kdf_costs_over_the_limits_are_refused_at_once_naming_both() {
+        let slow = "\"iterations\":4000000000,\"salt\"";
+        let e = try_unlock(
+            |s| s.replacen("\"iterations\":1000,\"salt\"", slow, 1),
+            1 << 20,
+        );
+        assert!(matches!(e, Error::CostOverLimit { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(msg.starts_with("keyslot 0 of the LUKS2 header asks for 4000000000 PBKDF2 iterations but the agent allows 1000"), "{msg}");
+        // The digest's: the last of the two in the text.
+        let e = try_unlock(
+            |s| {
+                let at = s.rfind("\"iterations\":1000").unwrap();
+                format!("{}\"iterations\":4000000000{}", &s[..at], &s[at + 17..])
+            },
+            1 << 20,
+        );
+        assert!(
+            e.to_string()
+                .starts_with("the digest of the LUKS2 header asks for 4000000000"),
+            "{e}"
+        );
+        let passes = ARGON2
+            .replace("\"time\":4", "\"time\":400000")
+            .replace("4194304", "65536");
+        let e = try_unlock(
+            |s| {
+                s.replace(
+                    "\"kdf\":{\"type\":\"pbkdf2\",\"hash\":\"sha256\",\"iterations\":1000,\"salt\"",
+                    &passes,
+                )
+            },
+            1 << 20,
+        );
+        assert!(
+            e.to_string()
+                .contains("asks for 400000 Argon2 passes but the agent allows 4"),
+            "{e}"
+        );
+        assert_eq!(e.code(), Code::FailedPrecondition);
     }
 
     #[test]
