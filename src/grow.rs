@@ -583,9 +583,9 @@ pub fn grow(
 mod tests {
     use super::*;
     use crate::code::Code;
-    use crate::model::testdisk::AgentDevice;
+    use crate::model::testdisk::MountedDisk;
     use crate::sys::blockdev;
-    use crust_testkit::{needs, run, LoopDisk, Mounted};
+    use crust_testkit::{needs, run};
     use std::os::fd::{AsFd, OwnedFd};
     use std::time::Duration;
 
@@ -662,38 +662,25 @@ mod tests {
         assert_eq!(parse_ext4_super(&sb), None);
     }
 
-    /// A loop disk with a filesystem mounted (dropped in this order: the
-    /// mount first), and the agent's view of the disk.
-    struct Scene {
-        m: Mounted,
-        disk: LoopDisk,
-        dev: Device,
+    /// The grow and size calls on a mounted disk.
+    trait Sizes {
+        /// The filesystem's size, read as `fs`.
+        fn size(&self, fs: FsType) -> Result<u64, Error>;
+        /// Grows the filesystem, as `fs`, to a device of `bytes`.
+        fn grow(&self, fs: FsType, bytes: u64) -> Result<u64, Error>;
+        /// [`Sizes::grow`] told the filesystem is on `dev`.
+        fn grow_on(&self, dev: &Device, fs: FsType, bytes: u64) -> Result<u64, Error>;
     }
 
-    impl Scene {
-        /// A disk of `mb` MiB with a new `fs`, mounted with `options`.
-        fn mounted(mb: u64, fs: &str, options: &str) -> Scene {
-            let disk = LoopDisk::new(mb, Some(fs));
-            let m = Mounted::new(&disk.device, fs, options);
-            Scene::of(disk, m)
-        }
-
-        fn of(disk: LoopDisk, m: Mounted) -> Scene {
-            let dev = disk.agent_device();
-            Scene { m, disk, dev }
-        }
-
-        /// The filesystem's size, read as `fs`.
+    impl Sizes for MountedDisk {
         fn size(&self, fs: FsType) -> Result<u64, Error> {
             fs_size_bytes(fd(&self.m.path).as_fd(), &self.m.path, &self.dev, fs)
         }
 
-        /// Grows the filesystem, as `fs`, to a device of `bytes`.
         fn grow(&self, fs: FsType, bytes: u64) -> Result<u64, Error> {
             self.grow_on(&self.dev, fs, bytes)
         }
 
-        /// [`Scene::grow`] told the filesystem is on `dev`.
         fn grow_on(&self, dev: &Device, fs: FsType, bytes: u64) -> Result<u64, Error> {
             grow(
                 fd(&self.m.path).as_fd(),
@@ -710,7 +697,7 @@ mod tests {
     #[ignore = "needs root: make test runs it"]
     fn grows_xfs_online() {
         needs::loop_devices();
-        let s = Scene::mounted(300, "xfs", "");
+        let s = MountedDisk::new(300, "xfs", "");
         let before = s.size(FsType::Xfs).unwrap();
         let total_before = rustix::fs::statvfs(&s.m.path).unwrap();
         assert!(before <= 300 << 20 && before > 290 << 20, "{before}");
@@ -751,9 +738,7 @@ mod tests {
     fn a_disk_that_shrank_under_its_filesystem_is_out_of_range() {
         needs::loop_devices();
         for (fs, mb) in [(FsType::Ext4, 64u64), (FsType::Xfs, 320)] {
-            let disk = LoopDisk::new(mb, Some(fs.name()));
-            let m = Mounted::as_the_agent(&disk.device, fs.name());
-            let s = Scene::of(disk, m);
+            let s = MountedDisk::as_the_agent(mb, fs.name());
             let before = s.size(fs).unwrap();
             s.disk.resize(mb - 16);
             let now = size_bytes(&s.disk.device).unwrap();
@@ -777,7 +762,7 @@ mod tests {
     #[ignore = "needs root: make test runs it"]
     fn refuses_read_only_and_wrong_filesystems() {
         needs::loop_devices();
-        let s = Scene::mounted(300, "xfs", "ro");
+        let s = MountedDisk::new(300, "xfs", "ro");
         s.disk.resize(600);
         let e = s.grow(FsType::Xfs, 600 << 20).unwrap_err();
         assert!(matches!(e, Error::ReadOnly { .. }), "{e}");
@@ -800,7 +785,7 @@ mod tests {
     #[ignore = "needs root: make test runs it"]
     fn grows_ext4_or_says_which_capability_is_missing() {
         needs::loop_devices();
-        let s = Scene::mounted(64, "ext4", "");
+        let s = MountedDisk::new(64, "ext4", "");
         let before = s.size(FsType::Ext4).unwrap();
         assert_eq!(before, 64 << 20);
         // Nothing to do needs no capability.
@@ -843,7 +828,7 @@ mod tests {
         needs::loop_devices();
         // 1 KiB blocks below 512 MiB, 4 KiB above; the 64bit feature on both.
         for mb in [100, 700] {
-            let s = Scene::mounted(mb, "ext4", "");
+            let s = MountedDisk::new(mb, "ext4", "");
             let got = s.size(FsType::Ext4).unwrap();
             assert_eq!(got, dumpe2fs_bytes(&s.disk.device), "{mb} MiB");
             assert_eq!(got, mb << 20);
@@ -856,7 +841,7 @@ mod tests {
     #[ignore = "needs root: make test runs it"]
     fn refuses_an_ext4_with_errors() {
         needs::loop_devices();
-        let s = Scene::mounted(64, "ext4", "errors=continue");
+        let s = MountedDisk::new(64, "ext4", "errors=continue");
         std::fs::write(
             format!("/sys/fs/ext4/{}/trigger_fs_error", s.disk.name()),
             "1",

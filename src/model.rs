@@ -189,4 +189,33 @@ pub(crate) mod testdisk {
             }
         }
     }
+
+    /// A loop disk with a new filesystem, mounted, and the agent's view of
+    /// the disk. Its fields drop in this order: the mount before the disk.
+    pub(crate) struct MountedDisk {
+        pub(crate) m: crust_testkit::Mounted,
+        pub(crate) disk: crust_testkit::LoopDisk,
+        pub(crate) dev: super::Device,
+    }
+
+    impl MountedDisk {
+        /// A disk of `mb` MiB with a new `fs`, mounted with `options`.
+        pub(crate) fn new(mb: u64, fs: &str, options: &str) -> MountedDisk {
+            let disk = crust_testkit::LoopDisk::new(mb, Some(fs));
+            let m = crust_testkit::Mounted::new(&disk.device, fs, options);
+            MountedDisk::of(disk, m)
+        }
+
+        /// A disk of `mb` MiB with a new `fs`, mounted as the agent mounts it.
+        pub(crate) fn as_the_agent(mb: u64, fs: &str) -> MountedDisk {
+            let disk = crust_testkit::LoopDisk::new(mb, Some(fs));
+            let m = crust_testkit::Mounted::as_the_agent(&disk.device, fs);
+            MountedDisk::of(disk, m)
+        }
+
+        fn of(disk: crust_testkit::LoopDisk, m: crust_testkit::Mounted) -> MountedDisk {
+            let dev = disk.agent_device();
+            MountedDisk { m, disk, dev }
+        }
+    }
 }

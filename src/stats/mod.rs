@@ -247,8 +247,8 @@ fn condition_of(problems: &[Problem]) -> Condition {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::testdisk::AgentDevice;
-    use crust_testkit::{needs, run, LoopDisk, Mounted};
+    use crate::model::testdisk::{AgentDevice, MountedDisk};
+    use crust_testkit::{needs, run, LoopDisk};
     use std::os::fd::AsFd;
     use std::time::{Duration, Instant};
 
@@ -257,12 +257,12 @@ mod tests {
     /// the test says; growth reads the real size, tests/hostile.rs the whole).
     fn check_sized(
         sysfs: &Sysfs,
-        m: &Mounted,
-        dev: &Device,
+        s: &MountedDisk,
         fs: FsType,
         read_only: bool,
         fs_bytes: Option<u64>,
     ) -> (Option<Usage>, Condition) {
+        let m = &s.m;
         let parent = m.path.parent().unwrap();
         let fd = rustix::fs::open(
             parent,
@@ -276,7 +276,7 @@ mod tests {
                 volume: judge::Volume {
                     path: &m.path,
                     mount_id: None,
-                    device: dev,
+                    device: &s.dev,
                     read_only,
                     fs,
                 },
@@ -290,12 +290,11 @@ mod tests {
     /// `check_sized` with no filesystem size to hold against the disk's.
     fn check_m(
         sysfs: &Sysfs,
-        m: &Mounted,
-        dev: &Device,
+        s: &MountedDisk,
         fs: FsType,
         read_only: bool,
     ) -> (Option<Usage>, Condition) {
-        check_sized(sysfs, m, dev, fs, read_only, None)
+        check_sized(sysfs, s, fs, read_only, None)
     }
 
     fn assert_ok(cond: &Condition) {
@@ -350,22 +349,20 @@ mod tests {
     fn healthy_volumes_are_ok_and_usage_follows_writes() {
         needs::loop_devices();
         for fs in [FsType::Ext4, FsType::Xfs] {
-            let disk = LoopDisk::new(320, Some(fs.name()));
-            let m = Mounted::new(&disk.device, fs.name(), "");
-            let dev = disk.agent_device();
-            let (before, cond) = check_m(&Sysfs::system(), &m, &dev, fs, false);
+            let s = MountedDisk::new(320, fs.name(), "");
+            let (before, cond) = check_m(&Sysfs::system(), &s, fs, false);
             assert_ok(&cond);
             let before = before.unwrap();
-            let raw = rustix::fs::statvfs(&m.path).unwrap();
+            let raw = rustix::fs::statvfs(&s.m.path).unwrap();
             assert_eq!(before.bytes_total, raw.f_blocks * raw.f_frsize);
             assert_eq!(before.bytes_available, raw.f_bavail * raw.f_frsize);
             assert!(
                 before.bytes_available < before.bytes_total - before.bytes_used
                     || fs == FsType::Xfs
             );
-            std::fs::write(m.path.join("data"), vec![7u8; 16 << 20]).unwrap();
-            run("sync", &["-f", m.path.join("data").to_str().unwrap()]);
-            let after = usage(&m.path).unwrap();
+            std::fs::write(s.m.path.join("data"), vec![7u8; 16 << 20]).unwrap();
+            run("sync", &["-f", s.m.path.join("data").to_str().unwrap()]);
+            let after = usage(&s.m.path).unwrap();
             assert_eq!(after.bytes_total, before.bytes_total, "{fs}");
             assert!(
                 after.bytes_used >= before.bytes_used + (16 << 20),
@@ -383,11 +380,9 @@ mod tests {
     #[ignore = "needs root: make test runs it"]
     fn notices_an_unmount_behind_the_agents_back() {
         needs::loop_devices();
-        let disk = LoopDisk::new(64, Some("ext4"));
-        let m = Mounted::new(&disk.device, "ext4", "");
-        let dev = disk.agent_device();
-        run("umount", &[m.path.to_str().unwrap()]);
-        let (usage, cond) = check_m(&Sysfs::system(), &m, &dev, FsType::Ext4, false);
+        let s = MountedDisk::new(64, "ext4", "");
+        run("umount", &[s.m.path.to_str().unwrap()]);
+        let (usage, cond) = check_m(&Sysfs::system(), &s, FsType::Ext4, false);
         assert_abnormal(&cond, "no longer a mount point");
         assert_eq!(
             usage, None,
@@ -397,30 +392,28 @@ mod tests {
         let other = LoopDisk::new(64, Some("ext4"));
         run(
             "mount",
-            &[other.device.to_str().unwrap(), m.path.to_str().unwrap()],
+            &[other.device.to_str().unwrap(), s.m.path.to_str().unwrap()],
         );
-        let (usage, cond) = check_m(&Sysfs::system(), &m, &dev, FsType::Ext4, false);
+        let (usage, cond) = check_m(&Sysfs::system(), &s, FsType::Ext4, false);
         assert_eq!(usage, None);
         assert_abnormal(
             &cond,
             &format!("is now a mount of device 7:{}", other.agent_device().minor),
         );
-        run("umount", &[m.path.to_str().unwrap()]);
+        run("umount", &[s.m.path.to_str().unwrap()]);
     }
 
     #[test]
     #[ignore = "needs root: make test runs it"]
     fn notices_a_read_only_remount() {
         needs::loop_devices();
-        let disk = LoopDisk::new(320, Some("xfs"));
-        let m = Mounted::new(&disk.device, "xfs", "");
-        let dev = disk.agent_device();
-        run("mount", &["-o", "remount,ro", m.path.to_str().unwrap()]);
-        let (usage, cond) = check_m(&Sysfs::system(), &m, &dev, FsType::Xfs, false);
+        let s = MountedDisk::new(320, "xfs", "");
+        run("mount", &["-o", "remount,ro", s.m.path.to_str().unwrap()]);
+        let (usage, cond) = check_m(&Sysfs::system(), &s, FsType::Xfs, false);
         assert_abnormal(&cond, "published read-write but is now read-only");
         assert!(usage.is_some());
         // Published read-only, read-only is what it should be.
-        let (_, cond) = check_m(&Sysfs::system(), &m, &dev, FsType::Xfs, true);
+        let (_, cond) = check_m(&Sysfs::system(), &s, FsType::Xfs, true);
         assert_ok(&cond);
     }
 
@@ -428,15 +421,13 @@ mod tests {
     #[ignore = "needs root: make test runs it"]
     fn notices_ext4_errors() {
         needs::loop_devices();
-        let disk = LoopDisk::new(64, Some("ext4"));
-        let m = Mounted::new(&disk.device, "ext4", "errors=remount-ro");
-        let dev = disk.agent_device();
-        assert_ok(&check_m(&Sysfs::system(), &m, &dev, FsType::Ext4, false).1);
-        std::fs::write(format!("/sys/fs/ext4/{}/trigger_fs_error", dev.name), "1").unwrap();
+        let s = MountedDisk::new(64, "ext4", "errors=remount-ro");
+        assert_ok(&check_m(&Sysfs::system(), &s, FsType::Ext4, false).1);
+        std::fs::write(format!("/sys/fs/ext4/{}/trigger_fs_error", s.dev.name), "1").unwrap();
         // The error count is bumped by a work item: give it a moment.
         let started = Instant::now();
         let cond = loop {
-            let (_, cond) = check_m(&Sysfs::system(), &m, &dev, FsType::Ext4, false);
+            let (_, cond) = check_m(&Sysfs::system(), &s, FsType::Ext4, false);
             if cond.abnormal || started.elapsed() > Duration::from_secs(5) {
                 break cond;
             }
@@ -444,11 +435,11 @@ mod tests {
         };
         assert_abnormal(
             &cond,
-            &format!("ext4 on {} has recorded 1 error(s)", dev.name),
+            &format!("ext4 on {} has recorded 1 error(s)", s.dev.name),
         );
         // Kernels since 6.12 make the fs refuse writes without flagging the mount
         // read-only (EXT4_FLAGS_EMERGENCY_RO): the errors_count check is what sees it.
-        let write = std::fs::write(m.path.join("after-error"), b"x");
+        let write = std::fs::write(s.m.path.join("after-error"), b"x");
         assert!(
             write.is_err(),
             "ext4 accepted a write after an error under errors=remount-ro"
@@ -460,19 +451,17 @@ mod tests {
     fn notices_a_disk_that_shrank_under_its_filesystem() {
         needs::loop_devices();
         for (fs, mb) in [(FsType::Ext4, 64u64), (FsType::Xfs, 320)] {
-            let disk = LoopDisk::new(mb, Some(fs.name()));
-            let m = Mounted::as_the_agent(&disk.device, fs.name());
-            let dev = disk.agent_device();
+            let s = MountedDisk::as_the_agent(mb, fs.name());
             let size = Some(mb << 20);
-            let check = || check_sized(&Sysfs::system(), &m, &dev, fs, false, size);
+            let check = || check_sized(&Sysfs::system(), &s, fs, false, size);
             assert_ok(&check().1);
-            disk.resize(mb - 16);
+            s.disk.resize(mb - 16);
             let (usage, cond) = check();
             assert_abnormal(&cond, "the filesystem is larger than its device");
             assert_abnormal(&cond, &format!("only {} bytes", (mb - 16) << 20));
             assert!(usage.is_some(), "{fs}: usage still flows");
             // Given back its size, it is fine again.
-            disk.resize(mb);
+            s.disk.resize(mb);
             assert_ok(&check().1);
         }
     }
@@ -481,14 +470,12 @@ mod tests {
     #[ignore = "needs root: make test runs it"]
     fn notices_a_shut_down_xfs() {
         needs::loop_devices();
-        let disk = LoopDisk::new(320, Some("xfs"));
-        let m = Mounted::new(&disk.device, "xfs", "");
-        let dev = disk.agent_device();
+        let s = MountedDisk::new(320, "xfs", "");
         run(
             "xfs_io",
-            &["-x", "-c", "shutdown", m.path.to_str().unwrap()],
+            &["-x", "-c", "shutdown", s.m.path.to_str().unwrap()],
         );
-        let (usage, cond) = check_m(&Sysfs::system(), &m, &dev, FsType::Xfs, false);
+        let (usage, cond) = check_m(&Sysfs::system(), &s, FsType::Xfs, false);
         assert_abnormal(&cond, "stat on");
         assert_abnormal(&cond, "fails with EIO");
         assert!(usage.is_some(), "xfs still answers statfs after a shutdown");
@@ -498,16 +485,14 @@ mod tests {
     #[ignore = "needs root: make test runs it"]
     fn notices_a_detached_disk() {
         needs::loop_devices();
-        let disk = LoopDisk::new(64, Some("ext4"));
-        let m = Mounted::new(&disk.device, "ext4", "");
-        let dev = disk.agent_device();
+        let s = MountedDisk::new(64, "ext4", "");
         // Detach while mounted (the loop driver defers it), then lose the backing storage.
-        run("losetup", &["-d", disk.device.to_str().unwrap()]);
-        disk.resize(0);
-        let (_, cond) = check_m(&Sysfs::system(), &m, &dev, FsType::Ext4, false);
+        run("losetup", &["-d", s.disk.device.to_str().unwrap()]);
+        s.disk.resize(0);
+        let (_, cond) = check_m(&Sysfs::system(), &s, FsType::Ext4, false);
         assert_abnormal(
             &cond,
-            &format!("disk {} (7:{}) reports size 0", dev.name, dev.minor),
+            &format!("disk {} (7:{}) reports size 0", s.dev.name, s.dev.minor),
         );
         // Unplugged altogether: /sys/block no longer lists it.
         let empty = tempfile::tempdir().unwrap();
@@ -516,7 +501,7 @@ mod tests {
             dev_dir: "/dev".into(),
             dev_block: empty.path().join("dev/block"),
         };
-        let (_, cond) = check_m(&gone, &m, &dev, FsType::Ext4, false);
+        let (_, cond) = check_m(&gone, &s, FsType::Ext4, false);
         assert_abnormal(&cond, "is gone from");
     }
 }
