@@ -25,35 +25,31 @@ impl Crustd {
 
     /// As `start`, the process under `umask` (e.g. "0000") when given.
     pub fn start_with_umask(reg: &Path, extra: &[&str], umask: Option<&str>) -> Crustd {
-        let socket = reg.parent().unwrap().join("crustd.sock");
         let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         if let Some(u) = umask {
             extra.push(format!("--umask={u}"));
         }
-        let child = spawn(&socket, reg, &extra, None);
-        wait_for(&socket);
-        Crustd {
-            child,
-            socket,
-            reg: reg.to_path_buf(),
-            extra,
-            log: None,
-        }
+        Crustd::launch(reg, extra, None)
     }
 
     /// As `start`, its stderr appended to `reg/../crustd.log` (see [`Crustd::log`]).
     pub fn start_logged(reg: &Path, extra: &[&str]) -> Crustd {
-        let socket = reg.parent().unwrap().join("crustd.sock");
         let log = reg.parent().unwrap().join("crustd.log");
-        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let child = spawn(&socket, reg, &extra, Some(&log));
+        let extra = extra.iter().map(|s| s.to_string()).collect();
+        Crustd::launch(reg, extra, Some(log))
+    }
+
+    /// Starts crustd on `reg/../crustd.sock` and waits until it answers.
+    fn launch(reg: &Path, extra: Vec<String>, log: Option<PathBuf>) -> Crustd {
+        let socket = reg.parent().unwrap().join("crustd.sock");
+        let child = spawn(&socket, reg, &extra, log.as_deref());
         wait_for(&socket);
         Crustd {
             child,
             socket,
             reg: reg.to_path_buf(),
             extra,
-            log: Some(log),
+            log,
         }
     }
 

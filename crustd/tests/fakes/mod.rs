@@ -359,6 +359,39 @@ pub fn agent(path: &Path) -> (Arc<Mutex<AgentState>>, ttrpc::Server) {
     (state, server)
 }
 
+/// Loop devices (the test fails where there are none) and a fresh
+/// temporary directory whose `sandboxes` is the registry, holding a
+/// [`sandbox`] for each of `ids`: (the directory, the registry, the
+/// sandboxes). The registry is made only for a sandbox.
+pub fn sandboxes<const N: usize>(ids: [&str; N]) -> (tempfile::TempDir, PathBuf, [Sandbox; N]) {
+    crust_testkit::needs::loop_devices();
+    let t = tempfile::tempdir().unwrap();
+    let reg = t.path().join("sandboxes");
+    let sbs = ids.map(|id| sandbox(&reg, id));
+    (t, reg, sbs)
+}
+
+/// What most tests start from: [`sandboxes`] with pod-a, a
+/// disk of `mib` MiB with no filesystem, and crustd serving the registry,
+/// run with `extra`: (the directory, the registry, the sandbox, the disk,
+/// crustd). Bound as locals in that order, crustd goes first and the
+/// directory last.
+pub fn pod_a(
+    mib: u64,
+    extra: &[&str],
+) -> (
+    tempfile::TempDir,
+    PathBuf,
+    Sandbox,
+    crust_testkit::LoopDisk,
+    crust_testkit::crustd::Crustd,
+) {
+    let (t, reg, [sb]) = sandboxes(["pod-a"]);
+    let disk = crust_testkit::LoopDisk::new(mib, None);
+    let d = crust_testkit::crustd::Crustd::start(&reg, extra);
+    (t, reg, sb, disk, d)
+}
+
 /// A registry entry for sandbox `id` in `reg` with a fake QEMU and agent.
 pub struct Sandbox {
     pub id: String,
@@ -385,6 +418,19 @@ pub fn sandbox(reg: &Path, id: &str) -> Sandbox {
         qemu,
         agent,
         _server: server,
+    }
+}
+
+impl Sandbox {
+    /// Whether the fake agent was asked a call whose log line starts with
+    /// `call` (see [`AgentState::log`]).
+    pub fn agent_was_asked(&self, call: &str) -> bool {
+        self.agent
+            .lock()
+            .unwrap()
+            .log
+            .iter()
+            .any(|l| l.starts_with(call))
     }
 }
 
