@@ -151,10 +151,7 @@ fn unpublished(k: &Kubelet, sb: &fakes::Sandbox, dev: &str) {
     k.unpublish("pod-a", dev).unwrap();
     assert_eq!(verbs(&log_of(&sb.qemu)), ["device_del", "blockdev-del"]);
     assert!(sb
-        .agent
-        .lock()
-        .unwrap()
-        .log
+        .agent_log()
         .last()
         .unwrap()
         .starts_with("unpublish crustd-"));
@@ -540,12 +537,7 @@ fn a_volume_still_publishing_is_unpublished_or_fails_as_before(
     log_of(&sb.qemu);
     k.unpublish("pod-a", dev2).unwrap();
     assert_eq!(verbs(&log_of(&sb.qemu)), ["device_del", "blockdev-del"]);
-    assert!(sb
-        .agent
-        .lock()
-        .unwrap()
-        .log
-        .contains(&format!("unpublish {id2}")));
+    assert!(sb.agent_log().contains(&format!("unpublish {id2}")));
     assert!(state(&sb.dir)["volumes"].get(dev2).is_none());
 
     // No disk appeared in time.

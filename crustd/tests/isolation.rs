@@ -341,7 +341,7 @@ fn a_call_whose_caller_gave_up_while_it_waited_does_nothing() {
     assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
     first.join().unwrap();
     std::thread::sleep(Duration::from_secs(2));
-    let log = sb.agent.lock().unwrap().log.clone();
+    let log = sb.agent_log();
     assert_eq!(log.len(), 1, "{log:?}");
     assert!(!log[0].ends_with(" ro"), "{log:?}");
 }

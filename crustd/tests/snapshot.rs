@@ -405,7 +405,7 @@ fn a_freeze_whose_caller_went_away_is_ended_at_once() {
     let asked = |b: &Bed| {
         let mut id = None;
         wait_until("pod-b asked to freeze", Duration::from_secs(30), || {
-            let log = b.sb("pod-b").agent.lock().unwrap().log.clone();
+            let log = b.sb("pod-b").agent_log();
             id = log
                 .iter()
                 .rev()
@@ -523,7 +523,7 @@ fn an_old_groups_timer_never_ends_a_newer_group() {
     let new = b.k.freeze(&v, 120_000, None).unwrap().freeze_id;
     let new_in_guest = b.held(0).unwrap();
     let thaws = || -> Vec<String> {
-        let log = b.sb("pod-a").agent.lock().unwrap().log.clone();
+        let log = b.sb("pod-a").agent_log();
         log.into_iter().filter(|l| l.starts_with("thaw")).collect()
     };
     wait_until(

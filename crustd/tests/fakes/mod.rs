@@ -422,6 +422,11 @@ pub fn sandbox(reg: &Path, id: &str) -> Sandbox {
 }
 
 impl Sandbox {
+    /// What the fake agent was asked so far (see [`AgentState::log`]).
+    pub fn agent_log(&self) -> Vec<String> {
+        self.agent.lock().unwrap().log.clone()
+    }
+
     /// Whether the fake agent was asked a call whose log line starts with
     /// `call` (see [`AgentState::log`]).
     pub fn agent_was_asked(&self, call: &str) -> bool {
