@@ -189,30 +189,35 @@ fn a_call_killed_midway_is_finished(
         q.devices
             .insert(device.into(), (node.into(), serial.clone()));
     }
-    std::fs::write(
-        sb.dir.join("crustd.json"),
-        serde_json::json!({"volumes": {dev: rec}}).to_string(),
-    )
-    .unwrap();
-    d.kill_and_restart();
-    let k = d.client();
+    let k = restarted_with(d, sb, dev, rec);
     assert_eq!(k.publish(req("pod-a", dev, "ext4")).unwrap(), *r);
     assert!(log_of(&sb.qemu).is_empty(), "nothing plugged twice");
     assert_eq!(state(&sb.dir)["volumes"][&dev]["phase"], "published");
     // And one killed during an unpublish, after device_del: unpublish finishes it.
     let mut rec = state(&sb.dir)["volumes"][&dev].clone();
     rec["phase"] = "unplugging".into();
+    let k = restarted_with(d, sb, dev, rec);
+    assert_eq!(code(k.stats("pod-a", dev)).0, "NOT_FOUND");
+    k.unpublish("pod-a", dev).unwrap();
+    assert_eq!(verbs(&log_of(&sb.qemu)), ["device_del", "blockdev-del"]);
+    assert_eq!(state(&sb.dir)["volumes"], serde_json::json!({}));
+}
+
+/// `d` killed with `rec` as `dev`'s record in `sb`'s crustd.json, and
+/// started again: a client of the new crustd.
+fn restarted_with(
+    d: &mut Crustd,
+    sb: &fakes::Sandbox,
+    dev: &str,
+    rec: serde_json::Value,
+) -> Kubelet {
     std::fs::write(
         sb.dir.join("crustd.json"),
         serde_json::json!({"volumes": {dev: rec}}).to_string(),
     )
     .unwrap();
     d.kill_and_restart();
-    let k = d.client();
-    assert_eq!(code(k.stats("pod-a", dev)).0, "NOT_FOUND");
-    k.unpublish("pod-a", dev).unwrap();
-    assert_eq!(verbs(&log_of(&sb.qemu)), ["device_del", "blockdev-del"]);
-    assert_eq!(state(&sb.dir)["volumes"], serde_json::json!({}));
+    d.client()
 }
 
 /// Publish requests crustd refuses: (the request, its code, words of the
