@@ -452,6 +452,28 @@ pub fn share_text(speedup: f64, bound: f64) -> String {
     )
 }
 
+/// A figure of crust's walk beside the serial walk: `ours` and `serial`
+/// their median wall times, `ceiling` the speed-up the CPUs allow
+/// ([`bound`]), judged against it, with `data`.
+pub(crate) fn beside_serial(
+    (key, title, target): (&str, &str, &str),
+    ours: f64,
+    serial: f64,
+    ceiling: f64,
+    data: serde_json::Value,
+) -> Figure {
+    Figure {
+        key: key.into(),
+        title: title.into(),
+        ours: fmt_secs(ours),
+        baseline: format!("serial walk {}", fmt_secs(serial)),
+        ratio: share_text(serial / ours, ceiling),
+        target: target.into(),
+        verdict: against_bound(serial / ours, ceiling),
+        data,
+    }
+}
+
 /// Figures 1–3.
 pub fn figures(work: &Path, runs: usize) -> Vec<Figure> {
     let t1 = BOUND_TARGET;
@@ -506,22 +528,19 @@ pub fn figures(work: &Path, runs: usize) -> Vec<Figure> {
         Ok(s) => {
             let (ours, base) = (median(&s[0].wall), median(&s[1].wall));
             let ceiling = bound(median(&s[0].cpu), median(&s[1].cpu));
-            Figure {
-                key: key.into(),
-                title: title.into(),
-                ours: fmt_secs(ours),
-                baseline: format!("serial walk {}", fmt_secs(base)),
-                ratio: share_text(base / ours, ceiling),
-                target: target.into(),
-                verdict: against_bound(base / ours, ceiling),
-                data: json!({
+            beside_serial(
+                (key, title, target),
+                ours,
+                base,
+                ceiling,
+                json!({
                     "entries": tree.entries, "runs": runs, "cache": "warm",
                     "crust_s": s[0].wall, "serial_s": s[1].wall,
                     "median_crust_s": ours, "median_serial_s": base,
                     "crust_cpu_s": s[0].cpu, "serial_cpu_s": s[1].cpu,
                     "cpu_bound_ceiling": ceiling,
                 }),
-            }
+            )
         }
         Err(e) => Figure::not_measured(key, title, target, e),
     });

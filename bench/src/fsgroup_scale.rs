@@ -31,8 +31,8 @@ use crust_protocols::sync::{CondvarExt, LockExt};
 use serde_json::json;
 
 use crate::fsgroup::{
-    against_bound, bound, cpu_time, ext4, files_and_a_link, fresh, kubelet_walk, machine_cpu,
-    right_for_fsgroup, share_text, BOUND_TARGET, GID,
+    beside_serial, bound, cpu_time, ext4, files_and_a_link, fresh, kubelet_walk, machine_cpu,
+    right_for_fsgroup, BOUND_TARGET, GID,
 };
 use crate::report::{fmt_secs, Figure, Verdict};
 use crate::sys::{self, median, secs, Loop, Mount, R};
@@ -361,15 +361,12 @@ fn figure(key: &str, title: &str, target: &str, s: &[Samples; 2], entries: u64) 
     let per_entry_us = |cpu: f64| cpu * 1e6 / entries as f64;
     let cpus = threads();
     let ceiling = bound(cpu_ours, cpu_serial);
-    Figure {
-        key: key.into(),
-        title: title.into(),
-        ours: fmt_secs(ours),
-        baseline: format!("serial walk {}", fmt_secs(serial)),
-        ratio: share_text(serial / ours, ceiling),
-        target: target.into(),
-        verdict: against_bound(serial / ours, ceiling),
-        data: json!({
+    beside_serial(
+        (key, title, target),
+        ours,
+        serial,
+        ceiling,
+        json!({
             "entries": entries, "runs": s[0].wall.len(), "cache": "warm: the reset (or the previous run) just touched every entry",
             "crust_s": s[0].wall, "serial_s": s[1].wall,
             "median_crust_s": ours, "median_serial_s": serial,
@@ -385,7 +382,7 @@ fn figure(key: &str, title: &str, target: &str, s: &[Samples; 2], entries: u64) 
                 100.0 * (serial / ours) / ceiling
             ),
         }),
-    }
+    )
 }
 
 /// The section's figures; writes `<out>/fsgroup.svg`. `runs` rounds at
