@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use crust_kubelet::{pb, Kubelet};
 
+use crate::disks::succeeded;
+
 /// A crustd process serving `socket` for the registry `reg`.
 pub struct Crustd {
     child: Child,
@@ -184,11 +186,7 @@ fn built_kata_writer() -> Option<PathBuf> {
                 .env("GOCACHE", work.join("cache"))
                 .output()
                 .ok()?;
-            assert!(
-                out.status.success(),
-                "go build tests/kata_writer: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            succeeded(&out, format_args!("go build tests/kata_writer"));
             Some(bin)
         })
         .clone()
@@ -197,11 +195,7 @@ fn built_kata_writer() -> Option<PathBuf> {
 /// Runs the Go writer; panics with its stderr if it fails. Answers its stdout.
 pub fn kata(writer: &Path, args: &[&str]) -> String {
     let out = Command::new(writer).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "kata_writer {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out, format_args!("kata_writer {args:?}"));
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
@@ -341,11 +335,7 @@ pub fn bin(name: &str) -> PathBuf {
                 .args(["build", "-p", "crustd", "--bins", "--profile", &profile])
                 .output()
                 .unwrap_or_else(|e| panic!("cargo build -p crustd: {e}"));
-            assert!(
-                out.status.success(),
-                "cargo build -p crustd: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            succeeded(&out, format_args!("cargo build -p crustd"));
         }
         dir
     });
