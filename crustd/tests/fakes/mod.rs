@@ -81,6 +81,13 @@ pub struct FakeAgent {
     state: Arc<Mutex<AgentState>>,
 }
 
+impl FakeAgent {
+    /// Logs a call (see [`AgentState::log`]).
+    fn note(&self, line: String) {
+        self.state.lock().unwrap().log.push(line);
+    }
+}
+
 impl crust_ttrpc::Agent for FakeAgent {
     fn publish_volume(
         &self,
@@ -113,9 +120,7 @@ impl crust_ttrpc::Agent for FakeAgent {
             s.on_publish.clone()
         };
         match on {
-            OnPublish::Fail(code, msg) => {
-                return Err(ttrpc::Error::RpcStatus(ttrpc::get_status(code, msg)))
-            }
+            OnPublish::Fail(code, msg) => return Err(leases::status(code, msg)),
             OnPublish::Slow(d) => std::thread::sleep(d),
             OnPublish::Outlive(msg) => {
                 self.state
@@ -124,10 +129,7 @@ impl crust_ttrpc::Agent for FakeAgent {
                     .listed
                     .insert(r.volume_id.clone(), true);
                 std::thread::sleep(told);
-                return Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
-                    ttrpc::Code::DEADLINE_EXCEEDED,
-                    msg,
-                )));
+                return Err(leases::status(ttrpc::Code::DEADLINE_EXCEEDED, msg));
             }
             OnPublish::Path(p) => {
                 let mut resp = pb::PublishVolumeResponse::new();
@@ -184,11 +186,7 @@ impl crust_ttrpc::Agent for FakeAgent {
         _: &ttrpc::TtrpcContext,
         r: pb::GetVolumeStatsRequest,
     ) -> ttrpc::Result<pb::GetVolumeStatsResponse> {
-        self.state
-            .lock()
-            .unwrap()
-            .log
-            .push(format!("stats {}", r.volume_id));
+        self.note(format!("stats {}", r.volume_id));
         let mut resp = pb::GetVolumeStatsResponse::new();
         for (unit, (a, t, u)) in [
             (pb::volume_usage::Unit::BYTES, (700, 1000, 300)),
@@ -213,11 +211,7 @@ impl crust_ttrpc::Agent for FakeAgent {
         _: &ttrpc::TtrpcContext,
         r: pb::ExpandVolumeRequest,
     ) -> ttrpc::Result<pb::ExpandVolumeResponse> {
-        self.state
-            .lock()
-            .unwrap()
-            .log
-            .push(format!("expand {} {}", r.volume_id, r.required_bytes));
+        self.note(format!("expand {} {}", r.volume_id, r.required_bytes));
         let mut resp = pb::ExpandVolumeResponse::new();
         resp.capacity_bytes = r.required_bytes;
         Ok(resp)
@@ -239,7 +233,7 @@ impl crust_ttrpc::Agent for FakeAgent {
             ));
             let on = s.on_freeze.clone();
             if let OnFreeze::Fail(code, msg) = on {
-                return Err(ttrpc::Error::RpcStatus(ttrpc::get_status(code, msg)));
+                return Err(leases::status(code, msg));
             }
             let AgentState { leases, listed, .. } = &mut *s;
             let begun = leases.begin(&r.freeze_id, &r.volume_ids, r.timeout_ms, |v| {
@@ -278,12 +272,7 @@ impl crust_ttrpc::Agent for FakeAgent {
         r: pb::ThawVolumesRequest,
     ) -> ttrpc::Result<pb::ThawVolumesResponse> {
         let mut s = self.state.lock().unwrap();
-        let invalid = |m: &str| {
-            Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
-                ttrpc::Code::INVALID_ARGUMENT,
-                m,
-            )))
-        };
+        let invalid = |m: &str| Err(leases::status(ttrpc::Code::INVALID_ARGUMENT, m));
         let thawed = match (r.force, r.freeze_id.is_empty(), r.volume_ids.is_empty()) {
             (false, false, true) => {
                 s.log.push(format!("thaw {}", r.freeze_id));
