@@ -44,9 +44,9 @@ test-host: deps
 
 # Fuzzing (fuzz/, README "Fuzzing"): every parser a hostile host or disk
 # feeds (ttrpc frames and requests, mountinfo, state records, uevents,
-# superblocks, mount options, crustd's JSON files, Kata direct-volume
-# records), coverage-guided by libFuzzer on stable rustc, at nice 19.
-# test-fuzz runs each target for FUZZ_TEST_SECS (11 targets: about 2 minutes
+# superblocks, LUKS2 headers, mount options, crustd's JSON files, Kata
+# direct-volume records), coverage-guided by libFuzzer on stable rustc, at nice 19.
+# test-fuzz runs each target for FUZZ_TEST_SECS (12 targets: about 2 minutes
 # in all, plus the first build of the instrumented binaries: about 8
 # CPU-minutes, once); make fuzz for FUZZ_SECS each, keeping what it learns in
 # target/fuzz/corpus/. A finding fails the run and is kept in

@@ -22,16 +22,22 @@
   mount_options/ the option strings of this host's mounts, and the ones the
                  agent refuses
   sandbox_json/, crustd_json/  the files as crust-vm and crustd write them
+  luks2_header/  the first 32 KiB (both copies of a 16 KiB header) of images
+                 cryptsetup luksFormat made: PBKDF2 and Argon2 keyslots, 256-
+                 and 512-bit keys, sha512, several keyslots with priorities,
+                 a token, a label; and a LUKS1 header
   direct_volume/ Kata direct-volume records (mountInfo.json) as Kata's Go
                  package writes them (crustd/tests/kata_writer), and a few
                  that crustd refuses
 
 Run from the repository root (`fuzz/seeds.py [PART...]`, every part by
-default: superblock mountinfo agent mount_options crustd direct_volume) after `cargo build -p crust-agent -p
+default: superblock mountinfo agent mount_options crustd direct_volume
+luks2_header) after `cargo build -p crust-agent -p
 crust-client` (CRUST_BIN=DIR for other binaries). It makes and detaches its own loop devices only; every mount
 is made in a private mount namespace and dies with it. Existing seeds of the
 same name are overwritten; inputs added by hand or from findings are kept.
-Needs e2fsprogs, xfsprogs, util-linux (losetup, unshare, mkswap), go.
+Needs e2fsprogs, xfsprogs, util-linux (losetup, unshare, mkswap), go,
+cryptsetup.
 """
 
 import base64
@@ -494,6 +500,50 @@ def direct_volumes(tmp):
         seed("direct_volume", name, raw)
 
 
+# ---- LUKS2 headers ----
+
+# The passphrase of every seed (crust_agent::luks2::fuzz::PASSPHRASE).
+LUKS_PASSPHRASE = b"crust"
+
+
+def luks2_headers(tmp):
+    key = os.path.join(tmp, "luks-key")
+    with open(key, "wb") as f:
+        f.write(LUKS_PASSPHRASE)
+    fast = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]
+    argon = ["--pbkdf", "argon2id", "--pbkdf-memory", "32768", "--pbkdf-force-iterations", "4"]
+
+    def image(name, args, after=(), keep=32768, kind="luks2"):
+        img = os.path.join(tmp, name + ".img")
+        with open(img, "wb") as f:
+            f.truncate(32 << 20)
+        small = ["--luks2-metadata-size", "16k"] if kind == "luks2" else []
+        run("cryptsetup", "luksFormat", "--type", kind, "--batch-mode", "--key-file", key,
+            *small, *args, img)
+        for cmd in after:
+            run("cryptsetup", *[a.replace("IMG", img).replace("KEY", key) for a in cmd])
+        with open(img, "rb") as f:
+            seed("luks2_header", name, f.read(keep))
+
+    image("pbkdf2-sha256", fast)
+    image("pbkdf2-sha512-256bit", fast + ["--hash", "sha512", "--key-size", "256"])
+    image("argon2id", argon)
+    image("argon2i-sector-512", ["--pbkdf", "argon2i", "--pbkdf-memory", "32768",
+                                 "--pbkdf-force-iterations", "4", "--sector-size", "512"])
+    image("label-subsystem", fast + ["--label", "pvc-1", "--subsystem", "crust"])
+    token = os.path.join(tmp, "token.json")
+    with open(token, "w") as f:
+        f.write('{"type":"crust-test","keyslots":["0"],"x":[1,2.5,{"y":null}],"s":"\\u00e9\\/"}')
+    image("keyslots-priorities-token", fast, after=[
+        ["luksAddKey", "--batch-mode", "--key-file", "KEY", *fast, "--key-slot", "3", "IMG", "KEY"],
+        ["luksAddKey", "--batch-mode", "--key-file", "KEY", *argon, "--key-slot", "5", "IMG", "KEY"],
+        ["config", "--priority", "prefer", "--key-slot", "3", "IMG"],
+        ["config", "--priority", "ignore", "--key-slot", "0", "IMG"],
+        ["token", "import", "--json-file", token, "IMG"],
+    ])
+    image("luks1", ["--pbkdf-force-iterations", "1000"], keep=4096, kind="luks1")
+
+
 def main():
     if os.geteuid() != 0:
         sys.exit("seeds.py makes loop devices and mounts: run it as root")
@@ -504,6 +554,7 @@ def main():
         "mount_options": lambda tmp: mount_options(),
         "crustd": lambda tmp: crustd_files(),  # sandbox_json, crustd_json
         "direct_volume": direct_volumes,
+        "luks2_header": luks2_headers,
     }
     wanted = sys.argv[1:] or list(parts)
     unknown = [w for w in wanted if w not in parts]

@@ -1,12 +1,14 @@
 #!/bin/bash
 # Installs what building, testing and the demo need, idempotently: Debian
-# packages (mkfs tools, QEMU, cpio, kmod, Go and its ttrpc, g++ for libFuzzer) and vhost-device-vsock from
+# packages (mkfs tools, QEMU, cpio, kmod, Go and its ttrpc, g++ for libFuzzer,
+# cryptsetup to check the agent's LUKS2 against) and vhost-device-vsock from
 # crates.io. Quick when everything is already there.
 set -euo pipefail
 
 need_apt=()
 for pair in mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs xfs_repair:xfsprogs qemu-system-x86_64:qemu-system-x86 \
-            cpio:cpio depmod:kmod losetup:mount dpkg-deb:dpkg go:golang-go c++:g++; do
+            cpio:cpio depmod:kmod losetup:mount dpkg-deb:dpkg go:golang-go c++:g++ \
+            cryptsetup:cryptsetup-bin; do
     cmd=${pair%%:*} pkg=${pair#*:}
     command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done

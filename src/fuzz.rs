@@ -243,6 +243,12 @@ pub fn superblock(data: &[u8]) {
     }
 }
 
+/// A LUKS2 header on an untrusted disk: the disk's first bytes, zeros
+/// after them (`crate::luks2::fuzz` says what must hold).
+pub fn luks2_header(data: &[u8]) {
+    crate::luks2::fuzz::fuzz_header(data);
+}
+
 /// A request's `mount_options`: the first byte's low bit is `read_only`,
 /// the next bit whether the guest has SELinux, the rest is the list, one
 /// option string per line, taken as the server takes it (SELinux context

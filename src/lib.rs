@@ -20,7 +20,7 @@
 //!                 list, the walk a volume owns, binds, block volumes, state,
 //!                 recovery; the Kernel trait under it all)
 //!                 error.rs (joins the capabilities' errors)
-//! 1 capabilities  device · probe/ · mount/ · ownership/ · stats · grow
+//! 1 capabilities  device · probe/ · mount/ · ownership/ · stats · grow · luks2/
 //!                 each owns its syscalls and its error, and says its code
 //! 0 leaves        code (Code) · model (the shared domain types, MountId)
 //!                 sys/ (SysError, beneath, mountinfo, sysfs, uevents, blockdev,
@@ -60,6 +60,8 @@ pub mod init;
 pub mod instance;
 #[doc(hidden)]
 pub mod logging;
+#[doc(hidden)]
+pub mod luks2;
 #[doc(hidden)]
 pub mod model;
 #[doc(hidden)]

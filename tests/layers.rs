@@ -194,6 +194,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "stats/",
             "grow.rs",
             "quiesce.rs",
+            "luks2/",
         ],
     ),
     ("table", &["volumes/", "error.rs"]),

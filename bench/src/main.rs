@@ -9,6 +9,7 @@ mod fsgroup;
 mod fsgroup_scale;
 mod grow_xfs;
 mod host_agent;
+mod luks2;
 mod publish_retry;
 mod report;
 mod snapshot;
@@ -25,7 +26,7 @@ use report::{Figure, Verdict};
 
 const USAGE: &str =
     "usage: crust-bench [--runs N] [--vm-disks N] [--vm-boots N] [--only SECTION,...] [--out DIR] [--strict]
-  SECTION: fsgroup, xfs, host, snapshot, size, vm, crustd, crustd-scale (default: all)
+  SECTION: fsgroup, xfs, host, snapshot, luks2, size, vm, crustd, crustd-scale (default: all)
   --runs N      runs per contender for the heavy figures (default 5)
   --vm-disks N  disks hot-plugged (and grown) in the VM (default 5)
   --vm-boots N  VM boots for the boot timeline (default 3)
@@ -73,6 +74,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                         "crustd",
                         "crustd-scale",
                         "snapshot",
+                        "luks2",
                     ]
                     .contains(&s)
                     {
@@ -362,6 +364,11 @@ fn measure(args: &Args, work: &Path) -> Vec<Figure> {
     if want("snapshot") {
         figures.extend(section("snapshots and space", &snapshot::keys(), || {
             snapshot::figures(&work, args.runs)
+        }));
+    }
+    if want("luks2") {
+        figures.extend(section("LUKS2 unlock", &luks2::keys(), || {
+            luks2::figures(&work.join("luks2"), args.runs)
         }));
     }
     if want("size") {

@@ -14,7 +14,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::Path;
 
 pub use crust_agent::fuzz::{
-    frames, freeze_record, mount_options, mountinfo, request, state_record, superblock, uevent,
+    frames, freeze_record, luks2_header, mount_options, mountinfo, request, state_record,
+    superblock, uevent,
 };
 
 /// A target: arbitrary bytes in, a panic on a defect.
@@ -32,6 +33,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("freeze_record", freeze_record),
     ("uevent", uevent),
     ("superblock", superblock),
+    ("luks2_header", luks2_header),
     ("mount_options", mount_options),
     ("sandbox_json", sandbox_json),
     ("crustd_json", crustd_json),
@@ -103,8 +105,9 @@ pub fn direct_volume(data: &[u8]) {
 }
 
 /// The largest single allocation a target may make. The inputs are a few
-/// kilobytes (a superblock region: 68 KiB); a parser that asks for more than
-/// this is trusting a length it read.
+/// kilobytes (a superblock region: 68 KiB), and a LUKS2 header reads at
+/// most 4 MiB; a parser that asks for more than this is trusting a length
+/// it read.
 pub const MAX_ALLOCATION: usize = 32 << 20;
 
 /// The system allocator, aborting on any allocation over [`MAX_ALLOCATION`]:

@@ -81,6 +81,11 @@ fn superblock() {
 }
 
 #[test]
+fn luks2_header() {
+    replay("luks2_header");
+}
+
+#[test]
 fn mount_options() {
     replay("mount_options");
 }

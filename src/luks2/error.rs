@@ -1,0 +1,85 @@
+//! What reading a LUKS2 header and unlocking a keyslot refuse, each with its
+//! code: the disk's refusals are FAILED_PRECONDITION, a passphrase that
+//! opens no keyslot PERMISSION_DENIED, a failed read INTERNAL. No message
+//! carries key material or the passphrase: none of these errors holds any.
+
+use crate::sys::error::SysError;
+
+crate::code::coded_errors! {
+/// What can go wrong reading a LUKS2 header or unlocking one of its keyslots.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[code(FailedPrecondition)]
+    #[error("the disk holds no LUKS header: no LUKS magic at its start, nor a LUKS2 secondary header at any offset cryptsetup puts one")]
+    NotLuks,
+    #[code(FailedPrecondition)]
+    #[error("the disk holds a LUKS1 header, which the agent does not open: convert it to LUKS2 on the host (cryptsetup convert --type luks2)")]
+    Luks1,
+    #[code(FailedPrecondition)]
+    #[error("the disk's LUKS2 header is refused: {what}; check it on the host (cryptsetup luksDump, cryptsetup repair)")]
+    Corrupt {
+        /// What is wrong, with each copy of the header where both are.
+        what: String,
+    },
+    #[code(FailedPrecondition)]
+    #[error("the LUKS2 volume needs {what}, which the agent does not support; it opens crypt segments whose keyslots use aes-xts-plain64, PBKDF2 (sha1, sha256, sha384, sha512), Argon2i or Argon2id")]
+    Unsupported {
+        /// The cipher, KDF, hash or requirement, named as the header names it.
+        what: String,
+    },
+    #[code(FailedPrecondition)]
+    #[error("keyslot {keyslot} asks Argon2 for {cost_kib} KiB of memory but the agent may use {limit_kib} KiB; add a keyslot with a lower cost on the host (cryptsetup luksAddKey --pbkdf-memory) or give the guest more memory")]
+    MemoryOverLimit {
+        /// The keyslot's number.
+        keyslot: u32,
+        /// Its Argon2 memory cost.
+        cost_kib: u64,
+        /// What the caller allows.
+        limit_kib: u64,
+    },
+    #[code(FailedPrecondition)]
+    #[error("{whose} of the LUKS2 header asks for {cost} {what} but the agent allows {limit}; add a keyslot with a lower cost on the host (cryptsetup luksAddKey --pbkdf-force-iterations)")]
+    CostOverLimit {
+        /// "keyslot 3", "the digest".
+        whose: String,
+        /// "PBKDF2 iterations", "Argon2 passes".
+        what: &'static str,
+        /// What the header asks.
+        cost: u64,
+        /// What the caller allows.
+        limit: u64,
+    },
+    #[code(FailedPrecondition)]
+    #[error("no keyslot of the LUKS2 header {what}")]
+    NoKeyslot {
+        /// "opens its data segment", "is numbered 5", ….
+        what: String,
+    },
+    #[code(PermissionDenied)]
+    #[error("the passphrase opens no keyslot of the LUKS2 header")]
+    WrongPassphrase,
+    #[code(ResourceExhausted)]
+    #[error("the agent could not allocate {bytes} bytes to unlock keyslot {keyslot}")]
+    OutOfMemory {
+        /// The keyslot's number.
+        keyslot: u32,
+        /// What was asked for.
+        bytes: u64,
+    },
+    #[code(Internal)]
+    #[error(transparent)]
+    Sys(#[from] SysError),
+}
+}
+
+impl Error {
+    /// A refusal of the header saying `what`.
+    pub(crate) fn corrupt(what: impl Into<String>) -> Self {
+        Error::Corrupt { what: what.into() }
+    }
+
+    /// A refusal of something the header needs, named as the header names it.
+    pub(crate) fn unsupported(what: impl Into<String>) -> Self {
+        Error::Unsupported { what: what.into() }
+    }
+}

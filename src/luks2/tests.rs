@@ -1,0 +1,396 @@
+//! The header reader and the unlock against images `cryptsetup luksFormat`
+//! made on plain files (no device-mapper needed), each volume key compared
+//! with `cryptsetup luksDump --dump-volume-key`. They are ignored in a
+//! plain `cargo test` (make test runs them) and fail, saying so, where
+//! cryptsetup is missing.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use zeroize::Zeroizing;
+
+use super::error::Error;
+use super::header::{self, Copy, Header};
+use super::unlock::{unlock, Limits, Unlocked};
+use crate::code::Code;
+
+// ------------------------------------------------------------ cryptsetup --
+
+/// The first line of each test here: cryptsetup on PATH, or the test fails
+/// saying so.
+#[track_caller]
+fn needs_cryptsetup() {
+    crust_testkit::needs::tools(&["cryptsetup"], "apt-get install cryptsetup-bin");
+}
+
+/// Runs cryptsetup, failing the test with a sentence if it cannot be run.
+fn cryptsetup(args: &[&str]) -> std::process::Output {
+    let out = Command::new("cryptsetup")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cryptsetup could not be run ({e}): these tests compare the agent with it; \
+                 install cryptsetup-bin (scripts/deps.sh does)"
+            )
+        });
+    assert!(
+        out.status.success(),
+        "cryptsetup {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// An image file made by `cryptsetup luksFormat --type luks2` with `args`,
+/// its first passphrase written to a key file beside it.
+struct Image {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl Image {
+    fn format(passphrase: &[u8], args: &[&str]) -> Image {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("disk.img");
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(32 << 20)
+            .unwrap();
+        let key = write_key(dir.path(), "key0", passphrase);
+        let mut all = vec!["luksFormat", "--batch-mode", "--key-file", &key];
+        all.extend_from_slice(args);
+        all.push(path.to_str().unwrap());
+        cryptsetup(&all);
+        Image { _dir: dir, path }
+    }
+
+    fn dir(&self) -> &Path {
+        self._dir.path()
+    }
+
+    /// Adds `new` as a passphrase (opened with `old`), with `args`.
+    fn add_key(&self, old: &[u8], new: &[u8], args: &[&str]) {
+        let old = write_key(self.dir(), "old", old);
+        let new = write_key(self.dir(), "new", new);
+        let mut all = vec!["luksAddKey", "--batch-mode", "--key-file", &old];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&[self.path.to_str().unwrap(), &new]);
+        cryptsetup(&all);
+    }
+
+    /// The volume key as cryptsetup dumps it with `passphrase`.
+    fn volume_key(&self, passphrase: &[u8]) -> Vec<u8> {
+        let key = write_key(self.dir(), "dump", passphrase);
+        let out = cryptsetup(&[
+            "luksDump",
+            "--dump-volume-key",
+            "--batch-mode",
+            "--key-file",
+            &key,
+            self.path.to_str().unwrap(),
+        ]);
+        let text = String::from_utf8(out.stdout).unwrap();
+        let dump = text
+            .split_once("MK dump:")
+            .unwrap_or_else(|| panic!("no MK dump in {text}"))
+            .1;
+        dump.split_whitespace()
+            .map(|h| u8::from_str_radix(h, 16).unwrap())
+            .collect()
+    }
+
+    fn header(&self) -> Result<Header, Error> {
+        let f = std::fs::File::open(&self.path).unwrap();
+        header::read(&f, f.metadata().unwrap().len())
+    }
+
+    fn unlock(&self, passphrase: &[u8], only: Option<u32>) -> Result<Unlocked, Error> {
+        let h = self.header()?;
+        let f = std::fs::File::open(&self.path).unwrap();
+        let limits = Limits {
+            argon2_memory_kib: 1 << 20,
+            argon2_passes: 16,
+            pbkdf2_iterations: 1 << 20,
+        };
+        unlock(&f, &h, &Zeroizing::new(passphrase.to_vec()), limits, only)
+    }
+
+    /// Unlocks with the agent and checks the key against cryptsetup's.
+    fn same_key(&self, passphrase: &[u8]) -> Unlocked {
+        let u = self.unlock(passphrase, None).unwrap();
+        assert_eq!(u.volume_key.bytes(), &self.volume_key(passphrase)[..]);
+        u
+    }
+}
+
+fn write_key(dir: &Path, name: &str, passphrase: &[u8]) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, passphrase).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+const FAST_PBKDF2: &[&str] = &["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+const FAST_ARGON2ID: &[&str] = &[
+    "--pbkdf",
+    "argon2id",
+    "--pbkdf-memory",
+    "32768",
+    "--pbkdf-force-iterations",
+    "4",
+];
+
+#[test]
+#[ignore = "needs cryptsetup: make test runs it"]
+fn pbkdf2_keyslots_open_with_cryptsetups_volume_key() {
+    needs_cryptsetup();
+    for (extra, key_bits) in [
+        (&["--key-size", "512"][..], 512),
+        (&["--key-size", "256"], 256),
+        (&["--key-size", "512", "--hash", "sha512"], 512),
+        (&["--key-size", "256", "--hash", "sha1"], 256),
+        (&["--key-size", "512", "--sector-size", "512"], 512),
+    ] {
+        let args = [FAST_PBKDF2, extra].concat();
+        let img = Image::format(b"correct horse", &args);
+        let u = img.same_key(b"correct horse");
+        assert_eq!(u.volume_key.bytes().len() * 8, key_bits, "{args:?}");
+        assert_eq!(u.keyslot, 0);
+        let s = &u.segment;
+        assert_eq!(
+            (s.kind.as_str(), s.encryption.as_str()),
+            ("crypt", "aes-xts-plain64")
+        );
+        assert_eq!(
+            (s.offset, s.size, s.iv_tweak, s.integrity.as_ref()),
+            (16 << 20, None, 0, None)
+        );
+        let sector = if extra.contains(&"--sector-size") {
+            512
+        } else {
+            4096
+        };
+        assert_eq!(s.sector_size, sector, "{args:?}");
+        // Debug shows the key's size only.
+        let shown = format!("{u:?}");
+        assert!(
+            shown.contains("VolumeKey(") && shown.contains("redacted"),
+            "{shown}"
+        );
+        let hex: String = u.volume_key.bytes()[..4]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert!(!shown.contains(&hex), "{shown}");
+    }
+}
+
+#[test]
+#[ignore = "needs cryptsetup: make test runs it"]
+fn argon2_keyslots_open_with_cryptsetups_volume_key() {
+    needs_cryptsetup();
+    for kdf in ["argon2id", "argon2i"] {
+        for parallel in ["1", "4"] {
+            let mut args = FAST_ARGON2ID.to_vec();
+            args[1] = kdf;
+            args.extend_from_slice(&["--pbkdf-parallel", parallel]);
+            let img = Image::format(b"p\xffss\0word", &args);
+            img.same_key(b"p\xffss\0word");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs cryptsetup: make test runs it"]
+fn each_of_several_keyslots_opens_and_a_wrong_passphrase_does_not() {
+    needs_cryptsetup();
+    let img = Image::format(b"first", FAST_PBKDF2);
+    img.add_key(
+        b"first",
+        b"second",
+        &[FAST_ARGON2ID, &["--key-slot", "3"]].concat(),
+    );
+    img.add_key(
+        b"first",
+        b"third",
+        &[FAST_PBKDF2, &["--hash", "sha512", "--key-slot", "7"]].concat(),
+    );
+    let key = img.volume_key(b"first");
+    for (pass, slot) in [(&b"first"[..], 0), (b"second", 3), (b"third", 7)] {
+        let u = img.unlock(pass, None).unwrap();
+        assert_eq!((u.keyslot, u.volume_key.bytes()), (slot, &key[..]));
+    }
+    let e = img.unlock(b"fourth", None).unwrap_err();
+    assert!(matches!(e, Error::WrongPassphrase), "{e}");
+    assert_eq!(e.code(), Code::PermissionDenied);
+    // Named: only that slot is tried.
+    assert!(matches!(
+        img.unlock(b"third", Some(3)),
+        Err(Error::WrongPassphrase)
+    ));
+    assert_eq!(img.unlock(b"third", Some(7)).unwrap().keyslot, 7);
+    assert!(matches!(
+        img.unlock(b"third", Some(9)),
+        Err(Error::NoKeyslot { .. })
+    ));
+    // Priority: an ignored slot opens only when named; a preferred one is tried first.
+    let path = img.path.to_str().unwrap();
+    cryptsetup(&["config", "--priority", "ignore", "--key-slot", "7", path]);
+    assert!(matches!(
+        img.unlock(b"third", None),
+        Err(Error::WrongPassphrase)
+    ));
+    assert_eq!(img.unlock(b"third", Some(7)).unwrap().keyslot, 7);
+    cryptsetup(&["config", "--priority", "prefer", "--key-slot", "3", path]);
+    let h = img.header().unwrap();
+    let prio: Vec<(u32, u8)> = h
+        .metadata
+        .keyslots
+        .iter()
+        .map(|(n, k)| (*n, k.priority))
+        .collect();
+    assert_eq!(prio, [(0, 1), (3, 2), (7, 0)]);
+    assert_eq!(img.unlock(b"second", None).unwrap().keyslot, 3);
+}
+
+#[test]
+#[ignore = "needs cryptsetup: make test runs it"]
+fn argon2_memory_over_the_limit_is_refused_before_any_work() {
+    needs_cryptsetup();
+    let img = Image::format(
+        b"pw",
+        &[
+            "--pbkdf",
+            "argon2id",
+            "--pbkdf-memory",
+            "262144",
+            "--pbkdf-force-iterations",
+            "4",
+        ],
+    );
+    let h = img.header().unwrap();
+    let f = std::fs::File::open(&img.path).unwrap();
+    let start = Instant::now();
+    let limits = Limits {
+        argon2_memory_kib: 65536,
+        argon2_passes: 4,
+        pbkdf2_iterations: 1000,
+    };
+    let e = unlock(&f, &h, &Zeroizing::new(b"pw".to_vec()), limits, None).unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_millis(50),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    let msg = e.to_string();
+    assert!(
+        msg.contains("262144 KiB") && msg.contains("65536 KiB"),
+        "{msg}"
+    );
+}
+
+#[test]
+#[ignore = "needs cryptsetup: make test runs it"]
+fn a_damaged_primary_gives_way_to_the_secondary_as_in_cryptsetup() {
+    needs_cryptsetup();
+    let img = Image::format(b"pw", FAST_PBKDF2);
+    let key = img.volume_key(b"pw");
+    assert_eq!(img.header().unwrap().copy, Copy::Primary);
+    // A flipped byte in the primary's JSON area: its checksum no longer holds.
+    let mut bytes = std::fs::read(&img.path).unwrap();
+    bytes[4096 + 10] ^= 0x20;
+    std::fs::write(&img.path, &bytes).unwrap();
+    let h = img.header().unwrap();
+    assert_eq!(h.copy, Copy::Secondary);
+    assert_eq!(
+        img.unlock(b"pw", None).unwrap().volume_key.bytes(),
+        &key[..]
+    );
+    // cryptsetup reads the same volume key from what is left.
+    assert_eq!(img.volume_key(b"pw"), key);
+    // Both damaged: refused, naming both.
+    let mut bytes = std::fs::read(&img.path).unwrap();
+    bytes[4096 + 10] ^= 0x20;
+    bytes[16384 + 4096 + 10] ^= 0x20;
+    bytes[4096 + 11] ^= 0x20;
+    std::fs::write(&img.path, &bytes).unwrap();
+    let e = img.header().unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("the primary: a checksum that does not match"),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .contains("the secondary: at byte 16384: a checksum"),
+        "{e}"
+    );
+}
+
+#[test]
+#[ignore = "needs cryptsetup: make test runs it"]
+fn luks1_is_recognised_and_refused() {
+    needs_cryptsetup();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v1.img");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    let key = write_key(dir.path(), "k", b"pw");
+    cryptsetup(&[
+        "luksFormat",
+        "--type",
+        "luks1",
+        "--batch-mode",
+        "--pbkdf-force-iterations",
+        "1000",
+        "--key-file",
+        &key,
+        path.to_str().unwrap(),
+    ]);
+    let f = std::fs::File::open(&path).unwrap();
+    let e = header::read(&f, 8 << 20).unwrap_err();
+    assert!(matches!(e, Error::Luks1), "{e}");
+    assert!(e.to_string().contains("LUKS1"), "{e}");
+}
+
+#[test]
+#[ignore = "needs cryptsetup: make test runs it"]
+fn the_header_reads_as_luksdump_says() {
+    needs_cryptsetup();
+    let img = Image::format(
+        b"pw",
+        &[
+            FAST_PBKDF2,
+            &[
+                "--label",
+                "pvc-1",
+                "--subsystem",
+                "crust",
+                "--luks2-metadata-size",
+                "64k",
+            ],
+        ]
+        .concat(),
+    );
+    let h = img.header().unwrap();
+    let dump =
+        String::from_utf8(cryptsetup(&["luksDump", img.path.to_str().unwrap()]).stdout).unwrap();
+    assert!(
+        dump.contains(&format!("UUID:          \t{}", h.uuid)),
+        "{dump}"
+    );
+    assert_eq!(
+        (h.label.as_str(), h.subsystem.as_str(), h.hdr_size),
+        ("pvc-1", "crust", 65536)
+    );
+    assert!(
+        dump.contains(&format!("Epoch:         \t{}", h.seqid)),
+        "{dump}"
+    );
+    assert_eq!(h.metadata.config.json_size, 65536 - 4096);
+    img.same_key(b"pw");
+}
