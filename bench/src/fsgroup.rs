@@ -41,31 +41,10 @@ impl Tree {
 /// timed run), holding 1,000 dirs × 100 empty files and one symlink per dir.
 pub fn build(work: &Path) -> R<Tree> {
     let img = work.join("fsgroup.img");
-    sys::sparse_file(&img, 1 << 30)?;
-    sys::run(
-        "mkfs.ext4",
-        &[
-            "-q",
-            "-F",
-            "-N",
-            "131072",
-            "-E",
-            "lazy_itable_init=0,lazy_journal_init=0",
-            &img.to_string_lossy(),
-        ],
-    )?;
-    let lo = Loop::attach(&img)?;
-    let mount = Mount::new(&lo.dev, &work.join("fsgroup"), "ext4", "")?;
+    let (lo, mount) = ext4(&img, 1 << 30, "131072", &[], &work.join("fsgroup"))?;
     let root = mount.path.clone();
     for d in 0..DIRS {
-        let dir = root.join(format!("d{d:04}"));
-        fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
-        for f in 0..FILES_PER_DIR {
-            let p = dir.join(format!("f{f:03}"));
-            fs::File::create(&p).map_err(|e| format!("create {}: {e}", p.display()))?;
-        }
-        symlink("f000", dir.join("link"))
-            .map_err(|e| format!("symlink in {}: {e}", dir.display()))?;
+        files_and_a_link(&root.join(format!("d{d:04}")), FILES_PER_DIR)?;
     }
     let entries = count(&root)?;
     Ok(Tree {
@@ -73,6 +52,39 @@ pub fn build(work: &Path) -> R<Tree> {
         _loop: lo,
         entries,
     })
+}
+
+/// A sparse `bytes` image at `img` made an ext4 with `inodes` inodes and
+/// mkfs.ext4's options `more`, fully initialised up front (no lazy
+/// inode-table init writing in the background during a timed run),
+/// attached and mounted at `at`.
+pub(crate) fn ext4(
+    img: &Path,
+    bytes: u64,
+    inodes: &str,
+    more: &[&str],
+    at: &Path,
+) -> R<(Loop, Mount)> {
+    sys::sparse_file(img, bytes)?;
+    let img_arg = img.to_string_lossy();
+    let mut args = vec!["-q", "-F", "-N", inodes];
+    args.extend_from_slice(more);
+    args.extend(["-E", "lazy_itable_init=0,lazy_journal_init=0", &img_arg]);
+    sys::run("mkfs.ext4", &args)?;
+    let lo = Loop::attach(img)?;
+    let mount = Mount::new(&lo.dev, at, "ext4", "")?;
+    Ok((lo, mount))
+}
+
+/// Makes the directory `dir` holding `files` empty files (f000, f001, …)
+/// and one symlink, `link`, to f000.
+pub(crate) fn files_and_a_link(dir: &Path, files: usize) -> R<()> {
+    fs::create_dir(dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+    for f in 0..files {
+        let p = dir.join(format!("f{f:03}"));
+        fs::File::create(&p).map_err(|e| format!("create {}: {e}", p.display()))?;
+    }
+    symlink("f000", dir.join("link")).map_err(|e| format!("symlink in {}: {e}", dir.display()))
 }
 
 fn count(root: &Path) -> R<u64> {
@@ -101,16 +113,35 @@ fn visit(path: &Path, f: &mut dyn FnMut(&Path, &fs::Metadata) -> R<()>) -> R<()>
 /// setgid — every entry wrong for fsGroup. Then flushes it to disk so no
 /// write-back of the reset lands in a timed run.
 fn reset(tree: &Tree) -> R<()> {
-    visit(tree.root(), &mut |p, md| {
-        lchown(p, Some(0), Some(0)).map_err(|e| format!("lchown {}: {e}", p.display()))?;
-        if !md.file_type().is_symlink() {
-            let mode = if md.is_dir() { 0o755 } else { 0o644 };
-            fs::set_permissions(p, fs::Permissions::from_mode(mode))
-                .map_err(|e| format!("chmod {}: {e}", p.display()))?;
-        }
-        Ok(())
-    })?;
+    visit(tree.root(), &mut fresh)?;
     sys::syncfs(tree.root())
+}
+
+/// Makes one entry (`md` its lstat) wrong for fsGroup: group root, mode
+/// 0755 for a directory and 0644 for a file, no setgid.
+pub(crate) fn fresh(p: &Path, md: &fs::Metadata) -> R<()> {
+    lchown(p, Some(0), Some(0)).map_err(|e| format!("lchown {}: {e}", p.display()))?;
+    if !md.file_type().is_symlink() {
+        let mode = if md.is_dir() { 0o755 } else { 0o644 };
+        fs::set_permissions(p, fs::Permissions::from_mode(mode))
+            .map_err(|e| format!("chmod {}: {e}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// Whether an entry (`md` its lstat) is right for fsGroup: group GID, g+rw
+/// unless a symlink, and a directory g+x (and setgid when `want_setgid`).
+pub(crate) fn right_for_fsgroup(md: &fs::Metadata, want_setgid: bool) -> bool {
+    let mode = md.mode();
+    let mut ok = md.gid() == GID;
+    if !md.file_type().is_symlink() {
+        ok &= mode & 0o660 == 0o660;
+        if md.is_dir() {
+            ok &= mode & 0o110 == 0o110;
+            ok &= !want_setgid || mode & 0o2000 != 0;
+        }
+    }
+    ok
 }
 
 /// The cache state every contender starts from.
@@ -138,21 +169,12 @@ fn verify(tree: &Tree, want_setgid: bool) -> R<u64> {
     let mut bad = Vec::new();
     visit(tree.root(), &mut |p, md| {
         n += 1;
-        let mode = md.mode();
-        let mut ok = md.gid() == GID;
-        if !md.file_type().is_symlink() {
-            ok &= mode & 0o660 == 0o660;
-            if md.is_dir() {
-                ok &= mode & 0o110 == 0o110;
-                ok &= !want_setgid || mode & 0o2000 != 0;
-            }
-        }
-        if !ok && bad.len() < 3 {
+        if !right_for_fsgroup(md, want_setgid) && bad.len() < 3 {
             bad.push(format!(
                 "{} (gid {}, mode {:o})",
                 p.display(),
                 md.gid(),
-                mode
+                md.mode()
             ));
         }
         Ok(())
@@ -430,6 +452,28 @@ pub fn share_text(speedup: f64, bound: f64) -> String {
     )
 }
 
+/// A figure of crust's walk beside the serial walk: `ours` and `serial`
+/// their median wall times, `ceiling` the speed-up the CPUs allow
+/// ([`bound`]), judged against it, with `data`.
+pub(crate) fn beside_serial(
+    (key, title, target): (&str, &str, &str),
+    ours: f64,
+    serial: f64,
+    ceiling: f64,
+    data: serde_json::Value,
+) -> Figure {
+    Figure {
+        key: key.into(),
+        title: title.into(),
+        ours: fmt_secs(ours),
+        baseline: format!("serial walk {}", fmt_secs(serial)),
+        ratio: share_text(serial / ours, ceiling),
+        target: target.into(),
+        verdict: against_bound(serial / ours, ceiling),
+        data,
+    }
+}
+
 /// Figures 1–3.
 pub fn figures(work: &Path, runs: usize) -> Vec<Figure> {
     let t1 = BOUND_TARGET;
@@ -484,22 +528,19 @@ pub fn figures(work: &Path, runs: usize) -> Vec<Figure> {
         Ok(s) => {
             let (ours, base) = (median(&s[0].wall), median(&s[1].wall));
             let ceiling = bound(median(&s[0].cpu), median(&s[1].cpu));
-            Figure {
-                key: key.into(),
-                title: title.into(),
-                ours: fmt_secs(ours),
-                baseline: format!("serial walk {}", fmt_secs(base)),
-                ratio: share_text(base / ours, ceiling),
-                target: target.into(),
-                verdict: against_bound(base / ours, ceiling),
-                data: json!({
+            beside_serial(
+                (key, title, target),
+                ours,
+                base,
+                ceiling,
+                json!({
                     "entries": tree.entries, "runs": runs, "cache": "warm",
                     "crust_s": s[0].wall, "serial_s": s[1].wall,
                     "median_crust_s": ours, "median_serial_s": base,
                     "crust_cpu_s": s[0].cpu, "serial_cpu_s": s[1].cpu,
                     "cpu_bound_ceiling": ceiling,
                 }),
-            }
+            )
         }
         Err(e) => Figure::not_measured(key, title, target, e),
     });

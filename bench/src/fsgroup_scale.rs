@@ -20,7 +20,7 @@
 //! checks walk the tree on every CPU, as they are not what is measured.
 
 use std::fs;
-use std::os::unix::fs::{lchown, symlink, MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -31,7 +31,8 @@ use crust_protocols::sync::{CondvarExt, LockExt};
 use serde_json::json;
 
 use crate::fsgroup::{
-    against_bound, bound, cpu_time, kubelet_walk, machine_cpu, share_text, BOUND_TARGET, GID,
+    beside_serial, bound, cpu_time, ext4, files_and_a_link, fresh, kubelet_walk, machine_cpu,
+    right_for_fsgroup, BOUND_TARGET, GID,
 };
 use crate::report::{fmt_secs, Figure, Verdict};
 use crate::sys::{self, median, secs, Loop, Mount, R};
@@ -104,23 +105,8 @@ fn threads() -> usize {
 /// is the filesystem's figure, not the walk's (bench/README.md).
 fn build(work: &Path) -> R<Tree> {
     let img = work.join("fsgroup-1m.img");
-    sys::sparse_file(&img, 3 << 30)?;
-    sys::run(
-        "mkfs.ext4",
-        &[
-            "-q",
-            "-J",
-            "size=1024",
-            "-F",
-            "-N",
-            "1100000",
-            "-E",
-            "lazy_itable_init=0,lazy_journal_init=0",
-            &img.to_string_lossy(),
-        ],
-    )?;
-    let lo = Loop::attach(&img)?;
-    let mount = Mount::new(&lo.dev, &work.join("fsgroup-1m"), "ext4", "")?;
+    let at = work.join("fsgroup-1m");
+    let (lo, mount) = ext4(&img, 3 << 30, "1100000", &["-J", "size=1024"], &at)?;
     let root = mount.path.clone();
     let mut units = vec![root.join("p100k")];
     for (parent, range) in [("p300k", 1..4), ("rest", 4..UNITS)] {
@@ -153,14 +139,7 @@ fn build(work: &Path) -> R<Tree> {
 fn build_unit(unit: &Path) -> R<()> {
     fs::create_dir(unit).map_err(|e| format!("mkdir {}: {e}", unit.display()))?;
     for d in 0..UNIT_DIRS {
-        let dir = unit.join(format!("d{d:03}"));
-        fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
-        for f in 0..UNIT_FILES {
-            let p = dir.join(format!("f{f:03}"));
-            fs::File::create(&p).map_err(|e| format!("create {}: {e}", p.display()))?;
-        }
-        symlink("f000", dir.join("link"))
-            .map_err(|e| format!("symlink in {}: {e}", dir.display()))?;
+        files_and_a_link(&unit.join(format!("d{d:03}")), UNIT_FILES)?;
     }
     Ok(())
 }
@@ -240,36 +219,21 @@ fn par_visit(root: &Path, f: &(dyn Fn(&Path, &fs::Metadata) -> R<()> + Sync)) ->
 
 /// Makes `path`'s subtree fresh: group 0, modes 0755/0644, no setgid; synced.
 fn reset(path: &Path) -> R<()> {
-    par_visit(path, &|p, md| {
-        lchown(p, Some(0), Some(0)).map_err(|e| format!("lchown {}: {e}", p.display()))?;
-        if !md.file_type().is_symlink() {
-            let mode = if md.is_dir() { 0o755 } else { 0o644 };
-            fs::set_permissions(p, fs::Permissions::from_mode(mode))
-                .map_err(|e| format!("chmod {}: {e}", p.display()))?;
-        }
-        Ok(())
-    })?;
+    par_visit(path, &fresh)?;
     sys::syncfs(path)
 }
 
 /// Checks `path`'s subtree is right for fsGroup (as fsgroup.rs does) and has `entries`.
 fn verify(path: &Path, entries: u64) -> R<()> {
     let n = par_visit(path, &|p, md| {
-        let mode = md.mode();
-        let mut ok = md.gid() == GID;
-        if !md.file_type().is_symlink() {
-            ok &= mode & 0o660 == 0o660;
-            if md.is_dir() {
-                ok &= mode & 0o2110 == 0o2110;
-            }
-        }
-        if ok {
+        if right_for_fsgroup(md, true) {
             Ok(())
         } else {
             Err(format!(
-                "{} is not right after the run (gid {}, mode {mode:o})",
+                "{} is not right after the run (gid {}, mode {:o})",
                 p.display(),
-                md.gid()
+                md.gid(),
+                md.mode()
             ))
         }
     })?;
@@ -397,15 +361,12 @@ fn figure(key: &str, title: &str, target: &str, s: &[Samples; 2], entries: u64) 
     let per_entry_us = |cpu: f64| cpu * 1e6 / entries as f64;
     let cpus = threads();
     let ceiling = bound(cpu_ours, cpu_serial);
-    Figure {
-        key: key.into(),
-        title: title.into(),
-        ours: fmt_secs(ours),
-        baseline: format!("serial walk {}", fmt_secs(serial)),
-        ratio: share_text(serial / ours, ceiling),
-        target: target.into(),
-        verdict: against_bound(serial / ours, ceiling),
-        data: json!({
+    beside_serial(
+        (key, title, target),
+        ours,
+        serial,
+        ceiling,
+        json!({
             "entries": entries, "runs": s[0].wall.len(), "cache": "warm: the reset (or the previous run) just touched every entry",
             "crust_s": s[0].wall, "serial_s": s[1].wall,
             "median_crust_s": ours, "median_serial_s": serial,
@@ -421,7 +382,7 @@ fn figure(key: &str, title: &str, target: &str, s: &[Samples; 2], entries: u64) 
                 100.0 * (serial / ours) / ceiling
             ),
         }),
-    }
+    )
 }
 
 /// The section's figures; writes `<out>/fsgroup.svg`. `runs` rounds at

@@ -639,6 +639,19 @@ fn baseline_text(base: Baseline<'_>, none: &str, shown: impl Fn(&Measured) -> St
     }
 }
 
+/// What follows a figure of ours for the baseline: `; rev: MEDIAN` of the
+/// samples `samples` picks ([`baseline_text`]), or nothing when no
+/// baseline was asked for.
+fn baseline_median(base: Baseline<'_>, samples: impl Fn(&Measured) -> &Vec<f64>) -> String {
+    base.map(|_| {
+        format!(
+            "; {}",
+            baseline_text(base, "", |b| fmt_secs(median(samples(b))))
+        )
+    })
+    .unwrap_or_default()
+}
+
 fn rtt_and_rss(m: Measured, base: Baseline<'_>) -> R<[Figure; 3]> {
     Ok([rtt(&m, base), rtt_raw(&m, base), rss(&m, base)])
 }
@@ -653,14 +666,7 @@ fn rtt(m: &Measured, base: Baseline<'_>) -> Figure {
         ..
     } = m;
     // Today's figures beside ours: the baseline agent measured the same way in this run.
-    let base_rtt = base
-        .map(|_| {
-            format!(
-                "; {}",
-                baseline_text(base, "", |b| fmt_secs(median(&b.ours_s)))
-            )
-        })
-        .unwrap_or_default();
+    let base_rtt = baseline_median(base, |b| &b.ours_s);
     let base_json = match base {
         Some((rev, Some(b))) => json!({
             "rev": rev, "median_s": median(&b.ours_s), "raw_median_s": median(&b.raw_s),
@@ -698,14 +704,7 @@ fn rtt_raw(m: &Measured, base: Baseline<'_>) -> Figure {
         free_echo_s,
         ..
     } = m;
-    let base_raw = base
-        .map(|_| {
-            format!(
-                "; {}",
-                baseline_text(base, "", |b| fmt_secs(median(&b.raw_s)))
-            )
-        })
-        .unwrap_or_default();
+    let base_raw = baseline_median(base, |b| &b.raw_s);
     let (rawm, echo) = (median(raw_s), median(echo_s));
     Figure {
         key: "rtt_unix_raw_client".into(),

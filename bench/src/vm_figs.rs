@@ -261,22 +261,7 @@ fn disks_figures(work: &Path, vm: &mut Vm, addr: &Address, n: usize) -> R<(Figur
         req.set_serial(serial.clone());
         req.fs_type = "ext4".into();
         req.timeout_ms = 30_000;
-        let pending = std::thread::spawn(move || {
-            let r = c.publish_volume(&req);
-            (r, Instant::now())
-        });
-        std::thread::sleep(Duration::from_millis(500));
-        let t0 = Instant::now();
-        vm.hotplug(&img, &serial, false)
-            .map_err(|e| format!("hotplug {serial}: {e}"))?;
-        let (r, t1) = pending
-            .join()
-            .map_err(|_| "the publish thread panicked".to_string())?;
-        let resp = r.map_err(|e| format!("PublishVolume by serial {serial}: {e}"))?;
-        if resp.guest_path.is_empty() || resp.device.is_empty() || resp.already_published {
-            return Err(format!("PublishVolume answered {resp:?}"));
-        }
-        let d = t1.saturating_duration_since(t0);
+        let d = publish_then_hotplug(vm, c, req, &img, "PublishVolume")?;
         eprintln!("bench: hot-plug → publish {serial}: {}", fmt_secs(secs(d)));
         plug_s.push(secs(d));
         vols.push((id, serial));
@@ -318,31 +303,65 @@ fn disks_figures(work: &Path, vm: &mut Vm, addr: &Address, n: usize) -> R<(Figur
         eprintln!("bench: ext4 growth in the VM {id}: {}", fmt_secs(d));
         grow_s.push(d);
     }
-    let (k, t, g) = KEYS.hotplug;
-    let plug = Figure {
-        key: k.into(),
-        title: t.into(),
-        ours: fmt_secs(median(&plug_s)),
-        baseline: "—".into(),
-        ratio: "—".into(),
-        target: g.into(),
-        verdict: Verdict::Report,
-        data: json!({ "samples_s": plug_s, "median_s": median(&plug_s),
-            "note": "from the start of crust-vm's hotplug (blockdev-add + device_add over QMP) to the PublishVolume response; the publish was already waiting; ext4, no fsGroup" }),
-    };
-    let (k, t, g) = KEYS.ext4;
-    let grow = Figure {
-        key: k.into(),
-        title: t.into(),
-        ours: fmt_secs(median(&grow_s)),
-        baseline: "—".into(),
-        ratio: "—".into(),
-        target: g.into(),
-        verdict: Verdict::Report,
-        data: json!({ "samples_s": grow_s, "median_s": median(&grow_s),
-            "note": "the ExpandVolume call alone, sent right after block_resize returned: it includes the guest noticing the new size; checked by GetVolumeStats before and after" }),
-    };
+    let plug = reported_median(
+        KEYS.hotplug,
+        &plug_s,
+        "from the start of crust-vm's hotplug (blockdev-add + device_add over QMP) to the PublishVolume response; the publish was already waiting; ext4, no fsGroup",
+    );
+    let grow = reported_median(
+        KEYS.ext4,
+        &grow_s,
+        "the ExpandVolume call alone, sent right after block_resize returned: it includes the guest noticing the new size; checked by GetVolumeStats before and after",
+    );
     Ok((plug, grow))
+}
+
+/// Sends `req` on `c` (named `what` in errors) and, half a second later
+/// while it waits, hot-plugs `img` with the request's serial: the time from
+/// the start of the hot-plug to the answer, which must be a new publish.
+fn publish_then_hotplug(
+    vm: &mut Vm,
+    c: CrustClient,
+    req: PublishVolumeRequest,
+    img: &Path,
+    what: &str,
+) -> R<Duration> {
+    let serial = req.serial().to_string();
+    let pending = std::thread::spawn(move || {
+        let r = c.publish_volume(&req);
+        (r, Instant::now())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let t0 = Instant::now();
+    vm.hotplug(img, &serial, false)
+        .map_err(|e| format!("hotplug {serial}: {e}"))?;
+    let (r, t1) = pending
+        .join()
+        .map_err(|_| "the publish thread panicked".to_string())?;
+    let resp = r.map_err(|e| format!("{what} by serial {serial}: {e}"))?;
+    if resp.guest_path.is_empty() || resp.device.is_empty() || resp.already_published {
+        return Err(format!("PublishVolume answered {resp:?}"));
+    }
+    Ok(t1.saturating_duration_since(t0))
+}
+
+/// A figure reported, not judged: the median of `samples_s`, the samples
+/// and `note` in its data.
+fn reported_median(
+    (key, title, target): (&str, &str, &str),
+    samples_s: &[f64],
+    note: &str,
+) -> Figure {
+    Figure {
+        key: key.into(),
+        title: title.into(),
+        ours: fmt_secs(median(samples_s)),
+        baseline: "—".into(),
+        ratio: "—".into(),
+        target: target.into(),
+        verdict: Verdict::Report,
+        data: json!({ "samples_s": samples_s, "median_s": median(samples_s), "note": note }),
+    }
 }
 
 /// Hot-plug to BLOCK publish complete: a raw disk (no filesystem: nothing
@@ -359,38 +378,16 @@ fn block_figure(work: &Path, vm: &mut Vm, addr: &Address, n: usize) -> R<Figure>
         req.set_serial(serial.clone());
         req.volume_mode = crust_client::proto::VolumeMode::BLOCK.into();
         req.timeout_ms = 30_000;
-        let pending = std::thread::spawn(move || {
-            let r = c.publish_volume(&req);
-            (r, Instant::now())
-        });
-        std::thread::sleep(Duration::from_millis(500));
-        let t0 = Instant::now();
-        vm.hotplug(&img, &serial, false)
-            .map_err(|e| format!("hotplug {serial}: {e}"))?;
-        let (r, t1) = pending
-            .join()
-            .map_err(|_| "the publish thread panicked".to_string())?;
-        let resp = r.map_err(|e| format!("BLOCK PublishVolume by serial {serial}: {e}"))?;
-        if resp.guest_path.is_empty() || resp.device.is_empty() || resp.already_published {
-            return Err(format!("PublishVolume answered {resp:?}"));
-        }
-        let d = t1.saturating_duration_since(t0);
+        let d = publish_then_hotplug(vm, c, req, &img, "BLOCK PublishVolume")?;
         eprintln!(
             "bench: hot-plug → BLOCK publish {serial}: {}",
             fmt_secs(secs(d))
         );
         plug_s.push(secs(d));
     }
-    let (k, t, g) = KEYS.block;
-    Ok(Figure {
-        key: k.into(),
-        title: t.into(),
-        ours: fmt_secs(median(&plug_s)),
-        baseline: "—".into(),
-        ratio: "—".into(),
-        target: g.into(),
-        verdict: Verdict::Report,
-        data: json!({ "samples_s": plug_s, "median_s": median(&plug_s),
-            "note": "from the start of crust-vm's hotplug (blockdev-add + device_add over QMP) to the PublishVolume response; the publish was already waiting; 64 MiB raw disk, read-write (no BLKROSET)" }),
-    })
+    Ok(reported_median(
+        KEYS.block,
+        &plug_s,
+        "from the start of crust-vm's hotplug (blockdev-add + device_add over QMP) to the PublishVolume response; the publish was already waiting; 64 MiB raw disk, read-write (no BLKROSET)",
+    ))
 }

@@ -281,6 +281,16 @@ mod tests {
         handshake(s, path, *port, deadline, timeout, keep_waiting)
     }
 
+    /// Accepts one connection on `l`, as a backend does, and reads its
+    /// CONNECT line: (the stream, a reader of what follows, the line).
+    fn accept_connect(l: &UnixListener) -> (UnixStream, BufReader<UnixStream>, String) {
+        let (s, _) = l.accept().unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        (s, r, line)
+    }
+
     /// A one-shot fake hybrid vsock backend: reads the CONNECT line, answers
     /// `reply` and then writes `after` (bytes of the "ttrpc stream").
     fn backend(
@@ -291,11 +301,7 @@ mod tests {
         let path = dir.join("v.sock");
         let listener = UnixListener::bind(&path).unwrap();
         let handle = thread::spawn(move || {
-            let (stream, _) = listener.accept().unwrap();
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut line = String::new();
-            reader.read_line(&mut line).unwrap();
-            let mut w = stream;
+            let (mut w, _, line) = accept_connect(&listener);
             w.write_all(reply).unwrap();
             w.write_all(after).unwrap();
             line
@@ -372,10 +378,7 @@ mod tests {
         let path = dir.join("v.sock");
         let l = UnixListener::bind(&path).unwrap();
         let handle = thread::spawn(move || {
-            let (s, _) = l.accept().unwrap();
-            let mut r = BufReader::new(s.try_clone().unwrap());
-            let mut line = String::new();
-            r.read_line(&mut line).unwrap();
+            let (s, mut r, line) = accept_connect(&l);
             assert_eq!(line, "CONNECT 1024\n");
             match answer {
                 Answer::After(d) => thread::sleep(d),
@@ -517,10 +520,7 @@ mod tests {
         let path = dir.path().join("v.sock");
         let l = UnixListener::bind(&path).unwrap();
         let t = thread::spawn(move || {
-            let (s, _) = l.accept().unwrap();
-            let mut r = BufReader::new(s);
-            let mut line = String::new();
-            r.read_line(&mut line).unwrap();
+            let _connection = accept_connect(&l);
             // Dropped: the backend's "nobody listens on that port".
         });
         let t0 = Instant::now();

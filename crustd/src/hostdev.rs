@@ -384,36 +384,6 @@ mod tests {
         }
     }
 
-    /// A loop device over `image` from `offset` for `limit` bytes (0: to the end), detached on drop.
-    struct Loop(String);
-    impl Loop {
-        fn new(image: &Path, offset: u64, limit: u64) -> Loop {
-            let mut args = vec!["--find".to_string(), "--show".into()];
-            args.extend(["-o".into(), offset.to_string()]);
-            if limit > 0 {
-                args.extend(["--sizelimit".into(), limit.to_string()]);
-            }
-            args.push(image.display().to_string());
-            let out = std::process::Command::new("losetup")
-                .args(&args)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            Loop(String::from_utf8_lossy(&out.stdout).trim().to_string())
-        }
-    }
-    impl Drop for Loop {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("losetup")
-                .args(["-d", &self.0])
-                .output();
-        }
-    }
-
     #[test]
     #[ignore = "needs root: make test runs it"]
     fn two_loop_devices_over_one_file_are_one_disk() {
@@ -423,13 +393,13 @@ mod tests {
         assert!(matches!(first.backing, Backing::File { .. }), "{first}");
         assert_eq!((first.start, first.end), (0, None));
         // The same file again, whole: the same bytes.
-        let again = Loop::new(&d.image, 0, 0);
+        let again = d.alias(0, 0);
         let e = resolve(&again.0).unwrap().extent().unwrap();
         assert_eq!(e, first);
         // The second half only, and the first quarter only: both inside the
         // first device, not inside each other.
-        let half = Loop::new(&d.image, 32 << 20, 0);
-        let quarter = Loop::new(&d.image, 0, 16 << 20);
+        let half = d.alias(32 << 20, 0);
+        let quarter = d.alias(0, 16 << 20);
         let h = resolve(&half.0).unwrap().extent().unwrap();
         let q = resolve(&quarter.0).unwrap().extent().unwrap();
         assert_eq!((h.start, h.end), (32 << 20, None));
@@ -499,7 +469,7 @@ mod tests {
         assert!(part.hold().is_err());
         drop(m);
         // A second loop device over the same file, mounted: the first is in use.
-        let alias = Loop::new(&d.image, 0, 0);
+        let alias = d.alias(0, 0);
         let m = disks::Mounted::new(Path::new(&alias.0), "ext4", "");
         let e = dev.check_unused().unwrap_err();
         assert!(

@@ -16,6 +16,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crust_protocols::rpc::same_method;
 use tonic::{Request, Response, Status};
 
 use crate::agent::Health as GuestHealth;
@@ -56,7 +57,7 @@ macro_rules! methods {
             $(named!($how, $name, $req);)*
             let mut i = 0;
             while i < METHODS.len() {
-                assert!(same(METHODS[i], CONTRACT[i]), "the list is not crust_runtime.proto's");
+                assert!(same_method(METHODS[i], CONTRACT[i]), "the list is not crust_runtime.proto's");
                 i += 1;
             }
         };
@@ -67,7 +68,7 @@ macro_rules! methods {
 macro_rules! named {
     (served, $name:ident, $req:ident) => {
         assert!(
-            same(
+            same_method(
                 stringify!($name),
                 <<pb::$req as Served>::Call as Call>::METHOD
             ),
@@ -89,22 +90,6 @@ methods! {
     RuntimeThawVolumes: runtime_thaw_volumes(RuntimeThawVolumesRequest) -> RuntimeThawVolumesResponse, served;
     RuntimeTrimVolume: runtime_trim_volume(RuntimeTrimVolumeRequest) -> RuntimeTrimVolumeResponse, served;
     RuntimeGetVolumeHealth: runtime_get_volume_health(RuntimeGetVolumeHealthRequest) -> RuntimeGetVolumeHealthResponse, served;
-}
-
-/// Whether two strings are the same (`==` in a const).
-const fn same(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut i = 0;
-    while i < a.len() {
-        if a[i] != b[i] {
-            return false;
-        }
-        i += 1;
-    }
-    true
 }
 
 /// The request of a method answered by a call through `calls`.

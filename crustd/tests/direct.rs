@@ -139,7 +139,7 @@ fn a_record_as_kata_writes_it_is_published_and_found_again() {
     );
     assert_eq!(p.host_volume_id, dev);
     assert_eq!(verbs(&r.a.qemu), ["blockdev-add", "device_add"]);
-    let agent = r.a.agent.lock().unwrap().log.clone();
+    let agent = r.a.agent_log();
     assert_eq!(agent.len(), 1);
     assert!(
         agent[0].ends_with(" ext4 2000 OnRootMismatch -o noatime"),

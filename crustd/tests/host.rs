@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use crust_kubelet::{code_name, pb, Kubelet};
 use crust_protocols::ttrpc;
 use crust_testkit::crustd::{code, req, state, Crustd};
-use crust_testkit::{needs, run, LoopDisk, Mounted};
+use crust_testkit::{run, LoopDisk, Mounted};
 use fakes::OnPublish;
 
 fn log_of(q: &fakes::Qemu) -> Vec<String> {
@@ -28,13 +28,8 @@ fn verbs(log: &[String]) -> Vec<&str> {
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn publish_stats_expand_unpublish_and_restart() {
-    needs::loop_devices();
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    let sb = fakes::sandbox(&reg, "pod-a");
-    let disk = LoopDisk::new(64, None);
+    let (_t, _reg, sb, disk, mut d) = fakes::pod_a(64, &[]);
     let dev = disk.path();
-    let mut d = Crustd::start(&reg, &[]);
     let k = d.client();
 
     capabilities_are_the_agents(&k);
@@ -156,10 +151,7 @@ fn unpublished(k: &Kubelet, sb: &fakes::Sandbox, dev: &str) {
     k.unpublish("pod-a", dev).unwrap();
     assert_eq!(verbs(&log_of(&sb.qemu)), ["device_del", "blockdev-del"]);
     assert!(sb
-        .agent
-        .lock()
-        .unwrap()
-        .log
+        .agent_log()
         .last()
         .unwrap()
         .starts_with("unpublish crustd-"));
@@ -197,30 +189,35 @@ fn a_call_killed_midway_is_finished(
         q.devices
             .insert(device.into(), (node.into(), serial.clone()));
     }
-    std::fs::write(
-        sb.dir.join("crustd.json"),
-        serde_json::json!({"volumes": {dev: rec}}).to_string(),
-    )
-    .unwrap();
-    d.kill_and_restart();
-    let k = d.client();
+    let k = restarted_with(d, sb, dev, rec);
     assert_eq!(k.publish(req("pod-a", dev, "ext4")).unwrap(), *r);
     assert!(log_of(&sb.qemu).is_empty(), "nothing plugged twice");
     assert_eq!(state(&sb.dir)["volumes"][&dev]["phase"], "published");
     // And one killed during an unpublish, after device_del: unpublish finishes it.
     let mut rec = state(&sb.dir)["volumes"][&dev].clone();
     rec["phase"] = "unplugging".into();
+    let k = restarted_with(d, sb, dev, rec);
+    assert_eq!(code(k.stats("pod-a", dev)).0, "NOT_FOUND");
+    k.unpublish("pod-a", dev).unwrap();
+    assert_eq!(verbs(&log_of(&sb.qemu)), ["device_del", "blockdev-del"]);
+    assert_eq!(state(&sb.dir)["volumes"], serde_json::json!({}));
+}
+
+/// `d` killed with `rec` as `dev`'s record in `sb`'s crustd.json, and
+/// started again: a client of the new crustd.
+fn restarted_with(
+    d: &mut Crustd,
+    sb: &fakes::Sandbox,
+    dev: &str,
+    rec: serde_json::Value,
+) -> Kubelet {
     std::fs::write(
         sb.dir.join("crustd.json"),
         serde_json::json!({"volumes": {dev: rec}}).to_string(),
     )
     .unwrap();
     d.kill_and_restart();
-    let k = d.client();
-    assert_eq!(code(k.stats("pod-a", dev)).0, "NOT_FOUND");
-    k.unpublish("pod-a", dev).unwrap();
-    assert_eq!(verbs(&log_of(&sb.qemu)), ["device_del", "blockdev-del"]);
-    assert_eq!(state(&sb.dir)["volumes"], serde_json::json!({}));
+    d.client()
 }
 
 /// Publish requests crustd refuses: (the request, its code, words of the
@@ -283,11 +280,7 @@ fn bad_requests(
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn bad_input_is_refused_and_leaves_nothing() {
-    needs::loop_devices();
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    let sb = fakes::sandbox(&reg, "pod-a");
-    let other = fakes::sandbox(&reg, "pod-b");
+    let (t, reg, [sb, other]) = fakes::sandboxes(["pod-a", "pod-b"]);
     let disk = LoopDisk::new(32, None);
     let dev = disk.path();
     let file = t.path().join("plain.img");
@@ -346,13 +339,8 @@ fn bad_input_is_refused_and_leaves_nothing() {
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn a_failed_publish_unplugs_what_it_plugged() {
-    needs::loop_devices();
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    let sb = fakes::sandbox(&reg, "pod-a");
-    let disk = LoopDisk::new(32, None);
+    let (t, reg, sb, disk, d) = fakes::pod_a(32, &["--agent-timeout", "2", "--device-wait", "1"]);
     let dev = disk.path();
-    let d = Crustd::start(&reg, &["--agent-timeout", "2", "--device-wait", "1"]);
     // A caller without a deadline: crustd's own bounds (--agent-timeout)
     // hold, so a silent agent is given up on in seconds.
     let k = d.client().no_deadline();
@@ -436,16 +424,12 @@ fn a_failed_publish_unplugs_what_it_plugged() {
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn a_publish_outliving_the_callers_deadline_stays_plugged_and_a_retry_joins() {
-    needs::loop_devices();
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    let sb = fakes::sandbox(&reg, "pod-a");
-    let disk = LoopDisk::new(32, None);
+    // crustd's own bound is far from the caller's, so whichever the agent is told shows.
+    let (_t, _reg, sb, disk, mut d) =
+        fakes::pod_a(32, &["--agent-timeout", "60", "--device-wait", "1"]);
     let dev = disk.path();
     let other = LoopDisk::new(32, None);
     let dev2 = other.path();
-    // crustd's own bound is far from the caller's, so whichever the agent is told shows.
-    let mut d = Crustd::start(&reg, &["--agent-timeout", "60", "--device-wait", "1"]);
     let k = d.client();
     let told = |sb: &fakes::Sandbox| *sb.agent.lock().unwrap().told.last().unwrap();
     let plugged = |sb: &fakes::Sandbox| {
@@ -487,13 +471,7 @@ fn a_publish_outliving_the_callers_deadline_stays_plugged_and_a_retry_joins() {
     // The walk goes on: nothing unplugged, the agent not asked to unpublish, recorded as publishing.
     assert_eq!(verbs(&log_of(&sb.qemu)), ["blockdev-add", "device_add"]);
     assert_eq!(plugged(&sb), (1, 1));
-    assert!(!sb
-        .agent
-        .lock()
-        .unwrap()
-        .log
-        .iter()
-        .any(|l| l.starts_with("unpublish")));
+    assert!(!sb.agent_was_asked("unpublish"));
     assert_eq!(state(&sb.dir)["volumes"][&dev]["phase"], "publishing");
 
     // Stats while the walk runs go to the agent; Expand waits for the publish.
@@ -564,12 +542,7 @@ fn a_volume_still_publishing_is_unpublished_or_fails_as_before(
     log_of(&sb.qemu);
     k.unpublish("pod-a", dev2).unwrap();
     assert_eq!(verbs(&log_of(&sb.qemu)), ["device_del", "blockdev-del"]);
-    assert!(sb
-        .agent
-        .lock()
-        .unwrap()
-        .log
-        .contains(&format!("unpublish {id2}")));
+    assert!(sb.agent_log().contains(&format!("unpublish {id2}")));
     assert!(state(&sb.dir)["volumes"].get(dev2).is_none());
 
     // No disk appeared in time.
@@ -595,11 +568,7 @@ fn a_volume_still_publishing_is_unpublished_or_fails_as_before(
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn calls_for_different_volumes_run_at_once_one_volume_waits() {
-    needs::loop_devices();
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    let a = fakes::sandbox(&reg, "pod-a");
-    let b = fakes::sandbox(&reg, "pod-b");
+    let (_t, reg, [a, b]) = fakes::sandboxes(["pod-a", "pod-b"]);
     let disks: Vec<LoopDisk> = (0..3).map(|_| LoopDisk::new(16, None)).collect();
     let d = Crustd::start(&reg, &[]);
     let slow = Duration::from_millis(1500);
@@ -677,35 +646,12 @@ fn partitions(disk: &LoopDisk, parts: &[(u32, u32)]) -> Vec<String> {
         .collect()
 }
 
-/// A loop device over `image` (a second one over the same file), detached on drop.
-struct Alias(String);
-impl Alias {
-    fn new(image: &std::path::Path) -> Alias {
-        Alias(
-            run("losetup", &["--find", "--show", image.to_str().unwrap()])
-                .trim()
-                .to_string(),
-        )
-    }
-}
-impl Drop for Alias {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("losetup")
-            .args(["-d", &self.0])
-            .output();
-    }
-}
-
 /// A disk and its own partitions are one disk: compared by exact
 /// major:minor they could go into one sandbox twice, or into two.
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn a_disk_and_its_partitions_are_one_disk_in_every_sandbox() {
-    needs::loop_devices();
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    let a = fakes::sandbox(&reg, "pod-a");
-    let b = fakes::sandbox(&reg, "pod-b");
+    let (t, reg, [a, b]) = fakes::sandboxes(["pod-a", "pod-b"]);
     let disk = LoopDisk::new(64, None);
     let whole = disk.path();
     let parts = partitions(&disk, &[(2048, 40000), (60000, 20000)]);
@@ -738,7 +684,7 @@ fn a_disk_and_its_partitions_are_one_disk_in_every_sandbox() {
     refused("pod-a", &whole, &p1, "pod-a");
     k.publish(req("pod-b", &p2, "ext4")).unwrap();
     // The same file through a second loop device: its bytes are p1's and p2's.
-    let alias = Alias::new(&disk.image);
+    let alias = disk.alias(0, 0);
     let (c, m) = code(k.publish(req("pod-b", &alias.0, "ext4")));
     assert_eq!(c, "FAILED_PRECONDITION", "{m}");
     assert!(m.contains("shares sectors with"), "{m}");
@@ -775,10 +721,7 @@ impl Drop for Swap {
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn a_device_the_host_uses_is_refused_and_one_published_is_held() {
-    needs::loop_devices();
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    let sb = fakes::sandbox(&reg, "pod-a");
+    let (_t, reg, [sb]) = fakes::sandboxes(["pod-a"]);
     let mounted = LoopDisk::new(32, Some("ext4"));
     let free = LoopDisk::new(32, Some("ext4"));
     let swap = LoopDisk::new(32, Some("swap"));
@@ -878,11 +821,7 @@ fn a_device_the_host_uses_is_refused_and_one_published_is_held() {
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn one_sandboxs_fifo_or_endless_file_stops_nothing_else() {
-    needs::loop_devices();
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    let a = fakes::sandbox(&reg, "pod-a");
-    let b = fakes::sandbox(&reg, "pod-b");
+    let (_t, reg, [a, b]) = fakes::sandboxes(["pod-a", "pod-b"]);
     let disks: Vec<LoopDisk> = (0..2).map(|_| LoopDisk::new(16, None)).collect();
     let fifo = b.dir.join("crustd.json");
     run("mkfifo", &[fifo.to_str().unwrap()]);
@@ -963,12 +902,7 @@ fn one_sandboxs_fifo_or_endless_file_stops_nothing_else() {
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn a_planted_symlink_redirects_no_write() {
-    needs::loop_devices();
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    let sb = fakes::sandbox(&reg, "pod-a");
-    let disk = LoopDisk::new(16, None);
-    let d = Crustd::start(&reg, &[]);
+    let (t, reg, sb, disk, d) = fakes::pod_a(16, &[]);
     let k = d.client();
     let victim = t.path().join("etc-shadow");
     std::fs::write(&victim, b"root:x:0:0\n").unwrap();
@@ -1052,13 +986,8 @@ fn the_socket_is_0600_and_only_a_stale_one_is_replaced() {
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn unpublish_waits_for_a_node_qemu_still_holds_after_its_device_went() {
-    needs::loop_devices();
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    let sb = fakes::sandbox(&reg, "pod-a");
-    let disk = LoopDisk::new(64, None);
+    let (_t, _reg, sb, disk, d) = fakes::pod_a(64, &[]);
     let dev = disk.path();
-    let d = Crustd::start(&reg, &[]);
     let k = d.client();
     k.publish(req("pod-a", &dev, "ext4")).unwrap();
     log_of(&sb.qemu);

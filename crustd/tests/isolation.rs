@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crust_kubelet::code_name;
 use crust_testkit::crustd::{code, req, state, Crustd};
-use crust_testkit::{needs, LoopDisk};
+use crust_testkit::LoopDisk;
 use fakes::OnPublish;
 
 /// A call naming a sandbox whose sandbox.json is missing, or another
@@ -24,11 +24,7 @@ use fakes::OnPublish;
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn a_missing_sandbox_json_frees_nothing_a_vm_still_writes() {
-    needs::loop_devices();
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    let a = fakes::sandbox(&reg, "pod-a");
-    let b = fakes::sandbox(&reg, "pod-b");
+    let (_t, reg, [a, b]) = fakes::sandboxes(["pod-a", "pod-b"]);
     let disk = LoopDisk::new(32, Some("ext4"));
     let dev = disk.path();
     let mut d = Crustd::start(&reg, &["--qmp-timeout", "2"]);
@@ -161,10 +157,7 @@ impl HungSandbox {
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn one_hung_sandbox_costs_only_itself() {
-    needs::loop_devices();
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    let ok = fakes::sandbox(&reg, "pod-ok");
+    let (_t, reg, [ok]) = fakes::sandboxes(["pod-ok"]);
     let hung = HungSandbox::lay_out(&reg);
     let (sent, hv) = (&hung.sent, hung.disk.path());
     let disks: Vec<LoopDisk> = (0..3).map(|_| LoopDisk::new(16, None)).collect();
@@ -254,14 +247,9 @@ fn one_hung_sandbox_costs_only_itself() {
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn a_hostile_guest_path_is_refused_and_the_sandbox_stays_usable() {
-    needs::loop_devices();
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    let sb = fakes::sandbox(&reg, "pod-a");
-    let disk = LoopDisk::new(32, None);
+    let (_t, _reg, sb, disk, mut d) = fakes::pod_a(32, &[]);
     let other = LoopDisk::new(32, None);
     let (dev, dev2) = (disk.path(), other.path());
-    let mut d = Crustd::start(&reg, &[]);
     let k = d.client();
     k.publish(req("pod-a", &dev2, "ext4")).unwrap();
     for hostile in [
@@ -296,13 +284,8 @@ fn a_hostile_guest_path_is_refused_and_the_sandbox_stays_usable() {
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn a_retry_joins_a_publish_that_outlived_its_caller() {
-    needs::loop_devices();
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    let sb = fakes::sandbox(&reg, "pod-a");
-    let disk = LoopDisk::new(32, None);
+    let (_t, _reg, sb, disk, d) = fakes::pod_a(32, &[]);
     let dev = disk.path();
-    let d = Crustd::start(&reg, &[]);
     let k = d.client();
     // QEMU is slow to open the disk: the caller gives up meanwhile.
     sb.qemu
@@ -338,13 +321,8 @@ fn a_retry_joins_a_publish_that_outlived_its_caller() {
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn a_call_whose_caller_gave_up_while_it_waited_does_nothing() {
-    needs::loop_devices();
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    let sb = fakes::sandbox(&reg, "pod-a");
-    let disk = LoopDisk::new(32, None);
+    let (_t, _reg, sb, disk, d) = fakes::pod_a(32, &[]);
     let dev = disk.path();
-    let d = Crustd::start(&reg, &[]);
     sb.agent.lock().unwrap().on_publish = OnPublish::Slow(Duration::from_secs(2));
     let k = d.client();
     let first = {
@@ -363,7 +341,7 @@ fn a_call_whose_caller_gave_up_while_it_waited_does_nothing() {
     assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
     first.join().unwrap();
     std::thread::sleep(Duration::from_secs(2));
-    let log = sb.agent.lock().unwrap().log.clone();
+    let log = sb.agent_log();
     assert_eq!(log.len(), 1, "{log:?}");
     assert!(!log[0].ends_with(" ro"), "{log:?}");
 }
@@ -374,10 +352,7 @@ fn a_call_whose_caller_gave_up_while_it_waited_does_nothing() {
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn a_guest_slow_to_release_one_disk_stalls_no_other_volume() {
-    needs::loop_devices();
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    let sb = fakes::sandbox(&reg, "pod-a");
+    let (_t, reg, [sb]) = fakes::sandboxes(["pod-a"]);
     let (one, two) = (LoopDisk::new(16, None), LoopDisk::new(16, None));
     let d = Crustd::start(&reg, &["--unplug-timeout", "6"]);
     let k = d.client();

@@ -19,9 +19,11 @@ mod fakes;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::{Arc, Mutex};
 
+use crust_protocols::ttrpc;
 use crust_testkit::crustd::{code, req, Crustd};
-use crust_testkit::{needs, LoopDisk};
+use crust_testkit::LoopDisk;
 
 /// Another VM's hypervisor: a process of its own, killed when dropped.
 struct Hypervisor(Child);
@@ -86,6 +88,54 @@ impl Kata {
     }
 }
 
+/// A node as the Kata tests lay it out: loop devices (needed), a
+/// registry, Kata's runtime directory `run/vc` with `vm/a` made for A's
+/// monitor, and the one fake agent, behind a hybrid vsock, that every
+/// sandbox's `persist.json` names.
+struct Node {
+    agent_sock: PathBuf,
+    agent: Arc<Mutex<fakes::AgentState>>,
+    _server: ttrpc::Server,
+    kata: Kata,
+    reg: PathBuf,
+    t: tempfile::TempDir,
+}
+
+impl Node {
+    fn new() -> Node {
+        let (t, reg, []) = fakes::sandboxes([]);
+        std::fs::create_dir_all(&reg).unwrap();
+        let kata = Kata {
+            run: t.path().join("run/vc"),
+        };
+        let agent_sock = t.path().join("a-vsock.sock");
+        let (agent, _server) = fakes::hvsock_agent(&agent_sock);
+        kata.vm_dir("a");
+        Node {
+            agent_sock,
+            agent,
+            _server,
+            kata,
+            reg,
+            t,
+        }
+    }
+
+    /// Sandbox A: its QEMU served here at its monitor, its stand-in
+    /// hypervisor (`-name sandbox-a`) recorded in its `persist.json`.
+    fn sandbox_a(&self) -> (fakes::Qemu, fakes::Hypervisor) {
+        let (qemu, vmm) = fakes::qemu_of(&self.kata.monitor("a"), "sandbox-a");
+        self.kata.persist("a", vmm.pid(), &self.agent_sock);
+        (qemu, vmm)
+    }
+
+    /// crustd serving the registry, finding Kata's sandboxes in `run/vc`.
+    fn crustd(&self) -> Crustd {
+        let run = self.kata.run.display().to_string();
+        Crustd::start(&self.reg, &["--kata-runtime-dir", &run])
+    }
+}
+
 fn plugged(q: &fakes::Qemu) -> Vec<String> {
     q.lock()
         .unwrap()
@@ -105,55 +155,44 @@ fn plugged(q: &fakes::Qemu) -> Vec<String> {
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn no_link_in_katas_files_sends_a_disk_into_another_vm() {
-    needs::loop_devices();
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    std::fs::create_dir_all(&reg).unwrap();
-    let kata = Kata {
-        run: t.path().join("run/vc"),
-    };
+    let n = Node::new();
     let me = std::process::id();
     let b_vmm = Hypervisor::start();
     let other = b_vmm.pid();
-    let agent_sock = t.path().join("a-vsock.sock");
-    let (agent, _server) = fakes::hvsock_agent(&agent_sock);
-    kata.vm_dir("a");
-    let (qemu_a, a_vmm) = fakes::qemu_of(&kata.monitor("a"), "sandbox-a");
+    let (qemu_a, a_vmm) = n.sandbox_a();
     let a_pid = a_vmm.pid();
-    kata.persist("a", a_pid, &agent_sock);
 
     // vm/b-vm-link is a link to vm/a: the monitor is A's, by a path whose
     // last component is a socket (once not refused).
-    kata.persist("b-vm-link", other, &agent_sock);
-    std::os::unix::fs::symlink(kata.vm("a"), kata.vm("b-vm-link")).unwrap();
+    n.kata.persist("b-vm-link", other, &n.agent_sock);
+    std::os::unix::fs::symlink(n.kata.vm("a"), n.kata.vm("b-vm-link")).unwrap();
     // sbs/b-sbs-link is a link to sbs/a (whose state names A's pid), and
     // B's monitor a hard link of A's.
-    std::os::unix::fs::symlink(kata.sbs("a"), kata.sbs("b-sbs-link")).unwrap();
-    kata.vm_dir("b-sbs-link");
-    std::fs::hard_link(kata.monitor("a"), kata.monitor("b-sbs-link")).unwrap();
+    std::os::unix::fs::symlink(n.kata.sbs("a"), n.kata.sbs("b-sbs-link")).unwrap();
+    n.kata.vm_dir("b-sbs-link");
+    std::fs::hard_link(n.kata.monitor("a"), n.kata.monitor("b-sbs-link")).unwrap();
     // B's monitor a link to A's.
-    kata.persist("b-sock-link", other, &agent_sock);
-    kata.vm_dir("b-sock-link");
-    std::os::unix::fs::symlink(kata.monitor("a"), kata.monitor("b-sock-link")).unwrap();
+    n.kata.persist("b-sock-link", other, &n.agent_sock);
+    n.kata.vm_dir("b-sock-link");
+    std::os::unix::fs::symlink(n.kata.monitor("a"), n.kata.monitor("b-sock-link")).unwrap();
     // B's monitor a hard link of A's: the same socket, served by A's QEMU,
     // while Kata recorded B's own QEMU.
-    kata.persist("b-hard-link", other, &agent_sock);
-    kata.vm_dir("b-hard-link");
-    std::fs::hard_link(kata.monitor("a"), kata.monitor("b-hard-link")).unwrap();
+    n.kata.persist("b-hard-link", other, &n.agent_sock);
+    n.kata.vm_dir("b-hard-link");
+    std::fs::hard_link(n.kata.monitor("a"), n.kata.monitor("b-hard-link")).unwrap();
     // B's own monitor, and a persist.json naming another process.
-    kata.persist("b-wrong-pid", other, &agent_sock);
-    kata.vm_dir("b-wrong-pid");
-    let qemu_wrong = fakes::qemu(&kata.monitor("b-wrong-pid"));
+    n.kata.persist("b-wrong-pid", other, &n.agent_sock);
+    n.kata.vm_dir("b-wrong-pid");
+    let qemu_wrong = fakes::qemu(&n.kata.monitor("b-wrong-pid"));
     // B's own monitor, and no hypervisor recorded (Kata writes 0 while its
     // QEMU does not run).
-    kata.persist("b-no-pid", 0, &agent_sock);
-    kata.vm_dir("b-no-pid");
-    let qemu_none = fakes::qemu(&kata.monitor("b-no-pid"));
+    n.kata.persist("b-no-pid", 0, &n.agent_sock);
+    n.kata.vm_dir("b-no-pid");
+    let qemu_none = fakes::qemu(&n.kata.monitor("b-no-pid"));
 
     let disk = LoopDisk::new(32, None);
     let dev = disk.path();
-    let run = kata.run.display().to_string();
-    let d = Crustd::start(&reg, &["--kata-runtime-dir", &run]);
+    let d = n.crustd();
     let k = d.client();
     let not_followed = "a symbolic link lies on its path";
     let proved = format!("served by process {me}, not by process {other}");
@@ -177,8 +216,8 @@ fn no_link_in_katas_files_sends_a_disk_into_another_vm() {
         for q in [&qemu_a, &qemu_wrong, &qemu_none] {
             assert!(plugged(q).is_empty(), "{id}: {:?}", plugged(q));
         }
-        assert!(agent.lock().unwrap().log.is_empty(), "{id}");
-        let st = std::fs::read_to_string(reg.join(id).join("crustd.json")).unwrap_or_default();
+        assert!(n.agent.lock().unwrap().log.is_empty(), "{id}");
+        let st = std::fs::read_to_string(n.reg.join(id).join("crustd.json")).unwrap_or_default();
         assert!(!st.contains(&dev), "{id}: {st}");
     }
     assert!(code(k.publish(req("b-wrong-pid", &dev, "ext4")))
@@ -187,15 +226,15 @@ fn no_link_in_katas_files_sends_a_disk_into_another_vm() {
 
     // A's own, its other names gone: its recorded, named QEMU serves it.
     for id in ["b-sbs-link", "b-hard-link"] {
-        std::fs::remove_file(kata.monitor(id)).unwrap();
+        std::fs::remove_file(n.kata.monitor(id)).unwrap();
     }
     k.publish(req("a", &dev, "ext4")).unwrap();
     assert_eq!(plugged(&qemu_a).len(), 2, "{:?}", plugged(&qemu_a));
-    assert_eq!(agent.lock().unwrap().log.len(), 1);
+    assert_eq!(n.agent.lock().unwrap().log.len(), 1);
 
     // Each call proves its monitor again: A's record now naming another
     // process, Unpublish is refused before the guest is asked to let go.
-    kata.persist("a", other, &agent_sock);
+    n.kata.persist("a", other, &n.agent_sock);
     let (c, m) = code(k.unpublish("a", &dev));
     assert_eq!(c, "FAILED_PRECONDITION", "{m}");
     assert!(
@@ -205,7 +244,7 @@ fn no_link_in_katas_files_sends_a_disk_into_another_vm() {
         "{m}"
     );
     assert_eq!(
-        agent.lock().unwrap().log.len(),
+        n.agent.lock().unwrap().log.len(),
         1,
         "the agent was not asked"
     );
@@ -215,7 +254,7 @@ fn no_link_in_katas_files_sends_a_disk_into_another_vm() {
         .log
         .iter()
         .any(|l| l.starts_with("device_del")));
-    kata.persist("a", a_pid, &agent_sock);
+    n.kata.persist("a", a_pid, &n.agent_sock);
     k.unpublish("a", &dev).unwrap();
     assert!(qemu_a.lock().unwrap().devices.is_empty());
 }
@@ -226,29 +265,19 @@ fn no_link_in_katas_files_sends_a_disk_into_another_vm() {
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn a_link_among_katas_directories_is_not_followed() {
-    needs::loop_devices();
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    std::fs::create_dir_all(&reg).unwrap();
-    let kata = Kata {
-        run: t.path().join("run/vc"),
-    };
-    let agent_sock = t.path().join("a-vsock.sock");
-    let (agent, _server) = fakes::hvsock_agent(&agent_sock);
-    kata.vm_dir("a");
-    let (qemu, a_vmm) = fakes::qemu_of(&kata.monitor("a"), "sandbox-a");
-    kata.persist("a", a_vmm.pid(), &agent_sock);
+    let n = Node::new();
+    let (qemu, a_vmm) = n.sandbox_a();
     // `vm` a link to the real one; `sbs` its own.
     let vm_linked = Kata {
-        run: t.path().join("vm-linked"),
+        run: n.t.path().join("vm-linked"),
     };
-    vm_linked.persist("a", a_vmm.pid(), &agent_sock);
-    std::os::unix::fs::symlink(kata.run.join("vm"), vm_linked.run.join("vm")).unwrap();
+    vm_linked.persist("a", a_vmm.pid(), &n.agent_sock);
+    std::os::unix::fs::symlink(n.kata.run.join("vm"), vm_linked.run.join("vm")).unwrap();
     // Both `sbs` and `vm` links to the real ones.
-    let all_linked = t.path().join("all-linked");
+    let all_linked = n.t.path().join("all-linked");
     std::fs::create_dir_all(&all_linked).unwrap();
     for d in ["sbs", "vm"] {
-        std::os::unix::fs::symlink(kata.run.join(d), all_linked.join(d)).unwrap();
+        std::os::unix::fs::symlink(n.kata.run.join(d), all_linked.join(d)).unwrap();
     }
     let disk = LoopDisk::new(32, None);
     let dev = disk.path();
@@ -256,17 +285,17 @@ fn a_link_among_katas_directories_is_not_followed() {
         (vm_linked.run.clone(), "FAILED_PRECONDITION"),
         (all_linked, "NOT_FOUND"),
     ] {
-        let d = Crustd::start(&reg, &["--kata-runtime-dir", run.to_str().unwrap()]);
+        let d = Crustd::start(&n.reg, &["--kata-runtime-dir", run.to_str().unwrap()]);
         let (c, m) = code(d.client().publish(req("a", &dev, "ext4")));
         assert_eq!(c, want, "{}: {m}", run.display());
         assert!(plugged(&qemu).is_empty(), "{:?}", plugged(&qemu));
-        assert!(agent.lock().unwrap().log.is_empty());
+        assert!(n.agent.lock().unwrap().log.is_empty());
         drop(d);
-        let _ = std::fs::remove_dir_all(reg.join("a"));
+        let _ = std::fs::remove_dir_all(n.reg.join("a"));
     }
-    let op = t.path().join("operators-link");
-    std::os::unix::fs::symlink(&kata.run, &op).unwrap();
-    let d = Crustd::start(&reg, &["--kata-runtime-dir", op.to_str().unwrap()]);
+    let op = n.t.path().join("operators-link");
+    std::os::unix::fs::symlink(&n.kata.run, &op).unwrap();
+    let d = Crustd::start(&n.reg, &["--kata-runtime-dir", op.to_str().unwrap()]);
     let k = d.client();
     k.publish(req("a", &dev, "ext4")).unwrap();
     assert_eq!(plugged(&qemu).len(), 2);
@@ -278,10 +307,7 @@ fn a_link_among_katas_directories_is_not_followed() {
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn a_sandbox_json_that_records_qemu_pid_is_held_to_it() {
-    needs::loop_devices();
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    let sb = fakes::sandbox(&reg, "pod-a");
+    let (_t, _reg, sb, disk, d) = fakes::pod_a(32, &[]);
     let me = std::process::id();
     let other_vmm = Hypervisor::start();
     let other = other_vmm.pid();
@@ -295,9 +321,7 @@ fn a_sandbox_json_that_records_qemu_pid_is_held_to_it() {
         }
         std::fs::write(sb.dir.join("sandbox.json"), e.to_string()).unwrap();
     };
-    let disk = LoopDisk::new(32, None);
     let dev = disk.path();
-    let d = Crustd::start(&reg, &[]);
     let k = d.client();
 
     entry(Some(other));
@@ -319,13 +343,7 @@ fn a_sandbox_json_that_records_qemu_pid_is_held_to_it() {
     entry(Some(other));
     let (c, m) = code(k.unpublish("pod-a", &dev));
     assert_eq!(c, "FAILED_PRECONDITION", "{m}");
-    assert!(!sb
-        .agent
-        .lock()
-        .unwrap()
-        .log
-        .iter()
-        .any(|l| l.starts_with("unpublish")));
+    assert!(!sb.agent_was_asked("unpublish"));
     assert_eq!(sb.qemu.lock().unwrap().devices.len(), 1);
 
     // No qemu_pid: whoever listens is taken, as before the key existed.
@@ -344,31 +362,20 @@ fn a_sandbox_json_that_records_qemu_pid_is_held_to_it() {
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn hard_links_of_both_katas_files_never_send_a_disk_into_another_vm() {
-    needs::loop_devices();
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    std::fs::create_dir_all(&reg).unwrap();
-    let kata = Kata {
-        run: t.path().join("run/vc"),
-    };
-    let agent_sock = t.path().join("a-vsock.sock");
-    let (agent, _server) = fakes::hvsock_agent(&agent_sock);
-    kata.vm_dir("a");
-    let (qemu_a, a_vmm) = fakes::qemu_of(&kata.monitor("a"), "sandbox-a");
-    kata.persist("a", a_vmm.pid(), &agent_sock);
-    std::fs::create_dir_all(kata.sbs("b")).unwrap();
+    let n = Node::new();
+    let (qemu_a, a_vmm) = n.sandbox_a();
+    std::fs::create_dir_all(n.kata.sbs("b")).unwrap();
     std::fs::hard_link(
-        kata.sbs("a").join("persist.json"),
-        kata.sbs("b").join("persist.json"),
+        n.kata.sbs("a").join("persist.json"),
+        n.kata.sbs("b").join("persist.json"),
     )
     .unwrap();
-    kata.vm_dir("b");
-    std::fs::hard_link(kata.monitor("a"), kata.monitor("b")).unwrap();
+    n.kata.vm_dir("b");
+    std::fs::hard_link(n.kata.monitor("a"), n.kata.monitor("b")).unwrap();
 
     let disk = LoopDisk::new(32, None);
     let dev = disk.path();
-    let run = kata.run.display().to_string();
-    let d = Crustd::start(&reg, &["--kata-runtime-dir", &run]);
+    let d = n.crustd();
     let k = d.client();
     let refused = |id: &str, says: &str| {
         let (c, m) = code(k.publish(req(id, &dev, "ext4")));
@@ -379,32 +386,32 @@ fn hard_links_of_both_katas_files_never_send_a_disk_into_another_vm() {
             into_a.is_empty(),
             "{id}'s disk went into A's VM: {into_a:?}"
         );
-        assert!(agent.lock().unwrap().log.is_empty(), "{id}");
-        let st = std::fs::read_to_string(reg.join(id).join("crustd.json")).unwrap_or_default();
+        assert!(n.agent.lock().unwrap().log.is_empty(), "{id}");
+        let st = std::fs::read_to_string(n.reg.join(id).join("crustd.json")).unwrap_or_default();
         assert!(!st.contains(&dev), "{id}: {st}");
     };
     refused("b", "it has 2 names");
 
     // A copy instead of a link, and A's socket moved to B's path.
-    std::fs::remove_file(kata.sbs("b").join("persist.json")).unwrap();
+    std::fs::remove_file(n.kata.sbs("b").join("persist.json")).unwrap();
     std::fs::copy(
-        kata.sbs("a").join("persist.json"),
-        kata.sbs("b").join("persist.json"),
+        n.kata.sbs("a").join("persist.json"),
+        n.kata.sbs("b").join("persist.json"),
     )
     .unwrap();
-    std::fs::remove_file(kata.monitor("b")).unwrap();
-    std::fs::rename(kata.monitor("a"), kata.monitor("b")).unwrap();
+    std::fs::remove_file(n.kata.monitor("b")).unwrap();
+    std::fs::rename(n.kata.monitor("a"), n.kata.monitor("b")).unwrap();
     refused(
         "b",
         &format!(
             "process {}, which serves the QMP socket {}, is not sandbox b's QEMU: Kata starts that with -name sandbox-b, and its command line has -name sandbox-a",
             a_vmm.pid(),
-            kata.monitor("b").display()
+            n.kata.monitor("b").display()
         ),
     );
 
     // Moved back, A's own disk goes into A's VM.
-    std::fs::rename(kata.monitor("b"), kata.monitor("a")).unwrap();
+    std::fs::rename(n.kata.monitor("b"), n.kata.monitor("a")).unwrap();
     k.publish(req("a", &dev, "ext4")).unwrap();
     assert_eq!(plugged(&qemu_a).len(), 2);
     k.unpublish("a", &dev).unwrap();
@@ -444,26 +451,16 @@ fn a_qemu_whose_pid_is_taken_again(path: &Path, name: &str) -> (fakes::Qemu, fak
 #[test]
 #[ignore = "needs root: make test runs it"]
 fn a_pid_taken_again_by_another_sandboxs_qemu_never_sends_a_disk_into_another_vm() {
-    needs::loop_devices();
-    let t = tempfile::tempdir().unwrap();
-    let reg = t.path().join("sandboxes");
-    std::fs::create_dir_all(&reg).unwrap();
-    let kata = Kata {
-        run: t.path().join("run/vc"),
-    };
-    let agent_sock = t.path().join("a-vsock.sock");
-    let (agent, _server) = fakes::hvsock_agent(&agent_sock);
-    kata.vm_dir("a");
-    let (qemu_a, b_vmm) = a_qemu_whose_pid_is_taken_again(&kata.monitor("a"), "sandbox-b");
+    let n = Node::new();
+    let (qemu_a, b_vmm) = a_qemu_whose_pid_is_taken_again(&n.kata.monitor("a"), "sandbox-b");
     let pid = b_vmm.pid();
-    kata.persist("b", pid, &agent_sock);
-    kata.vm_dir("b");
-    std::fs::rename(kata.monitor("a"), kata.monitor("b")).unwrap();
+    n.kata.persist("b", pid, &n.agent_sock);
+    n.kata.vm_dir("b");
+    std::fs::rename(n.kata.monitor("a"), n.kata.monitor("b")).unwrap();
 
     let disk = LoopDisk::new(32, None);
     let dev = disk.path();
-    let run = kata.run.display().to_string();
-    let d = Crustd::start(&reg, &["--kata-runtime-dir", &run]);
+    let d = n.crustd();
     let (c, m) = code(d.client().publish(req("b", &dev, "ext4")));
     let into_a = plugged(&qemu_a);
     assert!(
@@ -476,5 +473,5 @@ fn a_pid_taken_again_by_another_sandboxs_qemu_never_sends_a_disk_into_another_vm
         )) && m.contains("has exited"),
         "{m}"
     );
-    assert!(agent.lock().unwrap().log.is_empty());
+    assert!(n.agent.lock().unwrap().log.is_empty());
 }

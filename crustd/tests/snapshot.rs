@@ -126,6 +126,20 @@ impl Bed {
         self.sb(pod).agent.lock().unwrap().leases.how(id, vid)
     }
 
+    /// Has the guest's own timer end the freeze that holds disk `i` there,
+    /// as a guest does once its timeout passes; answers that freeze.
+    fn time_out_in_guest(&self, i: usize) -> String {
+        let (pod, _, _) = &self.vols[i];
+        let in_guest = self.held(i).unwrap();
+        self.sb(pod)
+            .agent
+            .lock()
+            .unwrap()
+            .leases
+            .time_out(&in_guest);
+        in_guest
+    }
+
     fn set(&self, pod: &str, on: OnFreeze) {
         self.sb(pod).agent.lock().unwrap().on_freeze = on;
     }
@@ -283,13 +297,7 @@ fn a_late_thaw_of_a_group_that_ended_in_its_guest_leaves_a_newer_group_frozen() 
     let b = bed(&["pod-a"], &[]);
     let v = b.refs(&[0]);
     let first = b.k.freeze(&v, 60_000, None).unwrap().freeze_id;
-    let in_guest = b.held(0).unwrap();
-    b.sb("pod-a")
-        .agent
-        .lock()
-        .unwrap()
-        .leases
-        .time_out(&in_guest);
+    let in_guest = b.time_out_in_guest(0);
     assert_eq!(b.held(0), None);
     let second = b.k.freeze(&v, 60_000, None).unwrap().freeze_id;
     let second_in_guest = b.held(0).unwrap();
@@ -397,7 +405,7 @@ fn a_freeze_whose_caller_went_away_is_ended_at_once() {
     let asked = |b: &Bed| {
         let mut id = None;
         wait_until("pod-b asked to freeze", Duration::from_secs(30), || {
-            let log = b.sb("pod-b").agent.lock().unwrap().log.clone();
+            let log = b.sb("pod-b").agent_log();
             id = log
                 .iter()
                 .rev()
@@ -511,17 +519,11 @@ fn an_old_groups_timer_never_ends_a_newer_group() {
     let b = bed(&["pod-a", "pod-b"], &[]);
     let v = b.refs(&[0]);
     let old = b.k.freeze(&v, 2_000, None).unwrap().freeze_id;
-    let in_guest = b.held(0).unwrap();
-    b.sb("pod-a")
-        .agent
-        .lock()
-        .unwrap()
-        .leases
-        .time_out(&in_guest);
+    b.time_out_in_guest(0);
     let new = b.k.freeze(&v, 120_000, None).unwrap().freeze_id;
     let new_in_guest = b.held(0).unwrap();
     let thaws = || -> Vec<String> {
-        let log = b.sb("pod-a").agent.lock().unwrap().log.clone();
+        let log = b.sb("pod-a").agent_log();
         log.into_iter().filter(|l| l.starts_with("thaw")).collect()
     };
     wait_until(

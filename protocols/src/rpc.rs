@@ -26,6 +26,24 @@ pub trait Rpc: protobuf::Message {
 
 include!(concat!(env!("OUT_DIR"), "/gen/agent_rpc.rs"));
 
+/// Whether two method names are the same: `==` in a `const`, where a
+/// server holds its table of methods to its .proto's list when it
+/// compiles (the agent's to crust.proto's, crustd's to crust_runtime.proto's).
+pub const fn same_method(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use crust_protocols::crust as pb;
 use crust_protocols::crust_ttrpc;
-use crust_protocols::rpc::{Rpc, METHODS as CONTRACT};
+use crust_protocols::rpc::{same_method, Rpc, METHODS as CONTRACT};
 use crust_protocols::ttrpc::{self, TtrpcContext};
 
 use super::service::Service;
@@ -101,10 +101,10 @@ macro_rules! methods {
 
         // Each name is its request's method, and the list is crust.proto's, in its order.
         const _: () = {
-            $(assert!(same(stringify!($name), <pb::$req as Rpc>::METHOD));)*
+            $(assert!(same_method(stringify!($name), <pb::$req as Rpc>::METHOD));)*
             let mut i = 0;
             while i < METHODS.len() {
-                assert!(same(METHODS[i].0, CONTRACT[i]), "the list is not crust.proto's");
+                assert!(same_method(METHODS[i].0, CONTRACT[i]), "the list is not crust.proto's");
                 i += 1;
             }
         };
@@ -192,22 +192,6 @@ fn thawing(r: &pb::ThawVolumesRequest) -> Cow<'_, str> {
     } else {
         Cow::from(&r.freeze_id)
     }
-}
-
-/// Whether two names are the same (a `const` `==` for the checks above).
-const fn same(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut i = 0;
-    while i < a.len() {
-        if a[i] != b[i] {
-            return false;
-        }
-        i += 1;
-    }
-    true
 }
 
 /// Runs method `M` for `req` as every caller runs it: its handler under

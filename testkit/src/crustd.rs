@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use crust_kubelet::{pb, Kubelet};
 
+use crate::disks::succeeded;
+
 /// A crustd process serving `socket` for the registry `reg`.
 pub struct Crustd {
     child: Child,
@@ -25,35 +27,31 @@ impl Crustd {
 
     /// As `start`, the process under `umask` (e.g. "0000") when given.
     pub fn start_with_umask(reg: &Path, extra: &[&str], umask: Option<&str>) -> Crustd {
-        let socket = reg.parent().unwrap().join("crustd.sock");
         let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         if let Some(u) = umask {
             extra.push(format!("--umask={u}"));
         }
-        let child = spawn(&socket, reg, &extra, None);
-        wait_for(&socket);
-        Crustd {
-            child,
-            socket,
-            reg: reg.to_path_buf(),
-            extra,
-            log: None,
-        }
+        Crustd::launch(reg, extra, None)
     }
 
     /// As `start`, its stderr appended to `reg/../crustd.log` (see [`Crustd::log`]).
     pub fn start_logged(reg: &Path, extra: &[&str]) -> Crustd {
-        let socket = reg.parent().unwrap().join("crustd.sock");
         let log = reg.parent().unwrap().join("crustd.log");
-        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let child = spawn(&socket, reg, &extra, Some(&log));
+        let extra = extra.iter().map(|s| s.to_string()).collect();
+        Crustd::launch(reg, extra, Some(log))
+    }
+
+    /// Starts crustd on `reg/../crustd.sock` and waits until it answers.
+    fn launch(reg: &Path, extra: Vec<String>, log: Option<PathBuf>) -> Crustd {
+        let socket = reg.parent().unwrap().join("crustd.sock");
+        let child = spawn(&socket, reg, &extra, log.as_deref());
         wait_for(&socket);
         Crustd {
             child,
             socket,
             reg: reg.to_path_buf(),
             extra,
-            log: Some(log),
+            log,
         }
     }
 
@@ -188,11 +186,7 @@ fn built_kata_writer() -> Option<PathBuf> {
                 .env("GOCACHE", work.join("cache"))
                 .output()
                 .ok()?;
-            assert!(
-                out.status.success(),
-                "go build tests/kata_writer: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            succeeded(&out, format_args!("go build tests/kata_writer"));
             Some(bin)
         })
         .clone()
@@ -201,11 +195,7 @@ fn built_kata_writer() -> Option<PathBuf> {
 /// Runs the Go writer; panics with its stderr if it fails. Answers its stdout.
 pub fn kata(writer: &Path, args: &[&str]) -> String {
     let out = Command::new(writer).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "kata_writer {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out, format_args!("kata_writer {args:?}"));
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
@@ -345,11 +335,7 @@ pub fn bin(name: &str) -> PathBuf {
                 .args(["build", "-p", "crustd", "--bins", "--profile", &profile])
                 .output()
                 .unwrap_or_else(|e| panic!("cargo build -p crustd: {e}"));
-            assert!(
-                out.status.success(),
-                "cargo build -p crustd: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            succeeded(&out, format_args!("cargo build -p crustd"));
         }
         dir
     });

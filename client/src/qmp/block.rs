@@ -173,6 +173,7 @@ mod tests {
     use super::super::fake::{qemu, Qemu};
     use super::super::unplug::{unplug, Patience, UnplugError};
     use super::*;
+    use std::path::PathBuf;
     use std::time::{Duration, Instant};
 
     fn verbs(q: &Qemu) -> Vec<String> {
@@ -192,19 +193,29 @@ mod tests {
         deadline: None,
     };
 
-    #[test]
-    fn each_step_adds_or_takes_only_what_qemu_lacks_or_has() {
+    /// The disk every test plugs.
+    const D1: BlockDisk<'static> = BlockDisk {
+        node: "n1",
+        device: "d1",
+        serial: "s1",
+    };
+
+    /// A fake QEMU at `<dir>/qmp.sock` and a file `<dir>/<name>` holding
+    /// `bytes` to plug: (the directory, the socket, the file, QEMU's state).
+    fn bed(name: &str, bytes: &[u8]) -> (tempfile::TempDir, PathBuf, PathBuf, Qemu) {
         let t = tempfile::tempdir().unwrap();
         let p = t.path().join("qmp.sock");
-        let dev = t.path().join("disk");
-        std::fs::write(&dev, vec![0u8; 1 << 20]).unwrap();
+        let file = t.path().join(name);
+        std::fs::write(&file, bytes).unwrap();
         let st = qemu(&p);
+        (t, p, file, st)
+    }
+
+    #[test]
+    fn each_step_adds_or_takes_only_what_qemu_lacks_or_has() {
+        let (_t, p, dev, st) = bed("disk", &vec![0u8; 1 << 20]);
         let mut q = Qmp::connect(&p, Duration::from_secs(5)).unwrap();
-        let d = BlockDisk {
-            node: "n1",
-            device: "d1",
-            serial: "s1",
-        };
+        let d = D1;
         let src = Source::HostDevice(&dev);
         assert_eq!(
             q.plug(&d, src, false).unwrap(),
@@ -241,18 +252,10 @@ mod tests {
 
     #[test]
     fn a_refused_device_takes_back_only_the_node_this_call_added() {
-        let t = tempfile::tempdir().unwrap();
-        let p = t.path().join("qmp.sock");
-        let img = t.path().join("x.img");
-        std::fs::write(&img, b"x").unwrap();
-        let st = qemu(&p);
+        let (_t, p, img, st) = bed("x.img", b"x");
         let mut q = Qmp::connect(&p, Duration::from_secs(5)).unwrap();
         st.lock().unwrap().refuse_device_add = true;
-        let d = BlockDisk {
-            node: "n1",
-            device: "d1",
-            serial: "s1",
-        };
+        let d = D1;
         let img = Source::Image(&img);
         let e = q.plug(&d, img, true).unwrap_err();
         assert_eq!(e.refusal(), Some(Refusal::Other), "{e}");
@@ -269,16 +272,8 @@ mod tests {
     /// again, each time on a session of its own, none held in between.
     #[test]
     fn a_node_in_use_is_asked_for_again_until_the_deadline() {
-        let t = tempfile::tempdir().unwrap();
-        let p = t.path().join("qmp.sock");
-        let dev = t.path().join("disk");
-        std::fs::write(&dev, b"x").unwrap();
-        let st = qemu(&p);
-        let d = BlockDisk {
-            node: "n1",
-            device: "d1",
-            serial: "s1",
-        };
+        let (_t, p, dev, st) = bed("disk", b"x");
+        let d = D1;
         let plug = |st: &Qemu| {
             let mut q = Qmp::connect(&p, Duration::from_secs(5)).unwrap();
             q.plug(&d, Source::HostDevice(&dev), false).unwrap();
@@ -332,16 +327,8 @@ mod tests {
     /// factory's error.
     #[test]
     fn a_guest_that_never_lets_go_ends_the_wait() {
-        let t = tempfile::tempdir().unwrap();
-        let p = t.path().join("qmp.sock");
-        let dev = t.path().join("disk");
-        std::fs::write(&dev, b"x").unwrap();
-        let st = qemu(&p);
-        let d = BlockDisk {
-            node: "n1",
-            device: "d1",
-            serial: "s1",
-        };
+        let (_t, p, dev, st) = bed("disk", b"x");
+        let d = D1;
         let mut q = Qmp::connect(&p, Duration::from_secs(5)).unwrap();
         q.plug(&d, Source::HostDevice(&dev), false).unwrap();
         drop(q);

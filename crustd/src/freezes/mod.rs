@@ -223,6 +223,16 @@ impl Freezes {
     /// Before the freeze of part `i` of group `id` is sent: marks it called,
     /// unless something ended the group meanwhile (then what did).
     pub fn calling(&self, id: &str, i: usize) -> Result<(), String> {
+        self.unless_ended(id, |group| {
+            if let Some(p) = group.parts.get_mut(i) {
+                p.called = true;
+            }
+        })
+    }
+
+    /// Runs `f` on group `id` under the lock, unless its record is gone or
+    /// something ended it (then what did).
+    fn unless_ended<T>(&self, id: &str, f: impl FnOnce(&mut Group) -> T) -> Result<T, String> {
         let mut g = self.inner.locked();
         let e = g
             .groups
@@ -231,26 +241,13 @@ impl Freezes {
         if let Some(why) = stop_reason(&e.group) {
             return Err(why);
         }
-        if let Some(p) = e.group.parts.get_mut(i) {
-            p.called = true;
-        }
-        Ok(())
+        Ok(f(&mut e.group))
     }
 
     /// Every part of group `id` answered its freeze: the group holds,
     /// unless something ended it meanwhile (then what did).
     pub fn made(&self, id: &str) -> Result<(), String> {
-        {
-            let mut g = self.inner.locked();
-            let e = g
-                .groups
-                .get_mut(id)
-                .ok_or_else(|| "its record is gone".to_string())?;
-            if let Some(why) = stop_reason(&e.group) {
-                return Err(why);
-            }
-            e.group.making = false;
-        }
+        self.unless_ended(id, |group| group.making = false)?;
         self.persist_logged(id);
         Ok(())
     }

@@ -195,6 +195,22 @@ struct Ran {
     stderr: String,
 }
 
+impl Ran {
+    /// What the tool said: the first line of its stderr (of its stdout
+    /// when its stderr is empty), or its exit code when it said nothing.
+    fn said(&self) -> String {
+        let text = if self.stderr.is_empty() {
+            &self.stdout
+        } else {
+            &self.stderr
+        };
+        text.lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .map_or_else(|| format!("exit {:?}", self.code), str::to_string)
+    }
+}
+
 /// Runs `cmd` with no input, killing it after `timeout`.
 fn run(cmd: &'static str, args: &[&std::ffi::OsStr], timeout: Duration) -> Result<Ran> {
     let mut child = Command::new(cmd)
@@ -284,24 +300,9 @@ fn signatures(dev: &HostDevice, offset: u64, timeout: Duration) -> Result<Vec<(S
         _ => Err(Error::Unknowable {
             name: dev.name(),
             offset,
-            said: first_line(
-                if r.stderr.is_empty() {
-                    &r.stdout
-                } else {
-                    &r.stderr
-                },
-                r.code,
-            ),
+            said: r.said(),
         }),
     }
-}
-
-/// The first line of a tool's output, or its exit code when it said nothing.
-fn first_line(text: &str, code: Option<i32>) -> String {
-    text.lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .map_or_else(|| format!("exit {code:?}"), str::to_string)
 }
 
 /// FAILED_PRECONDITION: `dev` holds `what` at byte `at`, so it is not
@@ -449,14 +450,7 @@ pub fn format(dev: &HostDevice, fs: &str, timeout: Duration) -> Result<()> {
         return Err(Error::Refused {
             cmd,
             name: dev.name(),
-            said: first_line(
-                if r.stderr.is_empty() {
-                    &r.stdout
-                } else {
-                    &r.stderr
-                },
-                r.code,
-            ),
+            said: r.said(),
         });
     }
     detached.map_err(|e| Error::StillBound {

@@ -20,7 +20,8 @@ pub fn unix_ms() -> u64 {
     .unwrap()
 }
 
-fn status(code: ttrpc::Code, msg: String) -> ttrpc::Error {
+/// An error status with `code` and `msg`, as the agent answers one.
+pub fn status(code: ttrpc::Code, msg: impl ToString) -> ttrpc::Error {
     ttrpc::Error::RpcStatus(ttrpc::get_status(code, msg))
 }
 

@@ -81,6 +81,13 @@ pub struct FakeAgent {
     state: Arc<Mutex<AgentState>>,
 }
 
+impl FakeAgent {
+    /// Logs a call (see [`AgentState::log`]).
+    fn note(&self, line: String) {
+        self.state.lock().unwrap().log.push(line);
+    }
+}
+
 impl crust_ttrpc::Agent for FakeAgent {
     fn publish_volume(
         &self,
@@ -113,9 +120,7 @@ impl crust_ttrpc::Agent for FakeAgent {
             s.on_publish.clone()
         };
         match on {
-            OnPublish::Fail(code, msg) => {
-                return Err(ttrpc::Error::RpcStatus(ttrpc::get_status(code, msg)))
-            }
+            OnPublish::Fail(code, msg) => return Err(leases::status(code, msg)),
             OnPublish::Slow(d) => std::thread::sleep(d),
             OnPublish::Outlive(msg) => {
                 self.state
@@ -124,10 +129,7 @@ impl crust_ttrpc::Agent for FakeAgent {
                     .listed
                     .insert(r.volume_id.clone(), true);
                 std::thread::sleep(told);
-                return Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
-                    ttrpc::Code::DEADLINE_EXCEEDED,
-                    msg,
-                )));
+                return Err(leases::status(ttrpc::Code::DEADLINE_EXCEEDED, msg));
             }
             OnPublish::Path(p) => {
                 let mut resp = pb::PublishVolumeResponse::new();
@@ -184,11 +186,7 @@ impl crust_ttrpc::Agent for FakeAgent {
         _: &ttrpc::TtrpcContext,
         r: pb::GetVolumeStatsRequest,
     ) -> ttrpc::Result<pb::GetVolumeStatsResponse> {
-        self.state
-            .lock()
-            .unwrap()
-            .log
-            .push(format!("stats {}", r.volume_id));
+        self.note(format!("stats {}", r.volume_id));
         let mut resp = pb::GetVolumeStatsResponse::new();
         for (unit, (a, t, u)) in [
             (pb::volume_usage::Unit::BYTES, (700, 1000, 300)),
@@ -213,11 +211,7 @@ impl crust_ttrpc::Agent for FakeAgent {
         _: &ttrpc::TtrpcContext,
         r: pb::ExpandVolumeRequest,
     ) -> ttrpc::Result<pb::ExpandVolumeResponse> {
-        self.state
-            .lock()
-            .unwrap()
-            .log
-            .push(format!("expand {} {}", r.volume_id, r.required_bytes));
+        self.note(format!("expand {} {}", r.volume_id, r.required_bytes));
         let mut resp = pb::ExpandVolumeResponse::new();
         resp.capacity_bytes = r.required_bytes;
         Ok(resp)
@@ -239,7 +233,7 @@ impl crust_ttrpc::Agent for FakeAgent {
             ));
             let on = s.on_freeze.clone();
             if let OnFreeze::Fail(code, msg) = on {
-                return Err(ttrpc::Error::RpcStatus(ttrpc::get_status(code, msg)));
+                return Err(leases::status(code, msg));
             }
             let AgentState { leases, listed, .. } = &mut *s;
             let begun = leases.begin(&r.freeze_id, &r.volume_ids, r.timeout_ms, |v| {
@@ -278,12 +272,7 @@ impl crust_ttrpc::Agent for FakeAgent {
         r: pb::ThawVolumesRequest,
     ) -> ttrpc::Result<pb::ThawVolumesResponse> {
         let mut s = self.state.lock().unwrap();
-        let invalid = |m: &str| {
-            Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
-                ttrpc::Code::INVALID_ARGUMENT,
-                m,
-            )))
-        };
+        let invalid = |m: &str| Err(leases::status(ttrpc::Code::INVALID_ARGUMENT, m));
         let thawed = match (r.force, r.freeze_id.is_empty(), r.volume_ids.is_empty()) {
             (false, false, true) => {
                 s.log.push(format!("thaw {}", r.freeze_id));
@@ -359,6 +348,39 @@ pub fn agent(path: &Path) -> (Arc<Mutex<AgentState>>, ttrpc::Server) {
     (state, server)
 }
 
+/// Loop devices (the test fails where there are none) and a fresh
+/// temporary directory whose `sandboxes` is the registry, holding a
+/// [`sandbox`] for each of `ids`: (the directory, the registry, the
+/// sandboxes). The registry is made only for a sandbox.
+pub fn sandboxes<const N: usize>(ids: [&str; N]) -> (tempfile::TempDir, PathBuf, [Sandbox; N]) {
+    crust_testkit::needs::loop_devices();
+    let t = tempfile::tempdir().unwrap();
+    let reg = t.path().join("sandboxes");
+    let sbs = ids.map(|id| sandbox(&reg, id));
+    (t, reg, sbs)
+}
+
+/// What most tests start from: [`sandboxes`] with pod-a, a
+/// disk of `mib` MiB with no filesystem, and crustd serving the registry,
+/// run with `extra`: (the directory, the registry, the sandbox, the disk,
+/// crustd). Bound as locals in that order, crustd goes first and the
+/// directory last.
+pub fn pod_a(
+    mib: u64,
+    extra: &[&str],
+) -> (
+    tempfile::TempDir,
+    PathBuf,
+    Sandbox,
+    crust_testkit::LoopDisk,
+    crust_testkit::crustd::Crustd,
+) {
+    let (t, reg, [sb]) = sandboxes(["pod-a"]);
+    let disk = crust_testkit::LoopDisk::new(mib, None);
+    let d = crust_testkit::crustd::Crustd::start(&reg, extra);
+    (t, reg, sb, disk, d)
+}
+
 /// A registry entry for sandbox `id` in `reg` with a fake QEMU and agent.
 pub struct Sandbox {
     pub id: String,
@@ -385,6 +407,24 @@ pub fn sandbox(reg: &Path, id: &str) -> Sandbox {
         qemu,
         agent,
         _server: server,
+    }
+}
+
+impl Sandbox {
+    /// What the fake agent was asked so far (see [`AgentState::log`]).
+    pub fn agent_log(&self) -> Vec<String> {
+        self.agent.lock().unwrap().log.clone()
+    }
+
+    /// Whether the fake agent was asked a call whose log line starts with
+    /// `call` (see [`AgentState::log`]).
+    pub fn agent_was_asked(&self, call: &str) -> bool {
+        self.agent
+            .lock()
+            .unwrap()
+            .log
+            .iter()
+            .any(|l| l.starts_with(call))
     }
 }
 

@@ -360,7 +360,7 @@ fn run(cli: &Cli, addr: &Address) -> Result<String, Failure> {
     }
 }
 
-/// A call that names no volume: its answer, rendered.
+/// A call's answer, rendered.
 fn ask<M: MessageDyn>(
     j: bool,
     answer: Result<M, CallError>,
@@ -372,10 +372,9 @@ fn ask<M: MessageDyn>(
 /// `publish VOLUME_ID --serial|--device ...`.
 fn publish(agent: &CrustClient, j: bool, a: &PublishArgs) -> Result<String, Failure> {
     let req = publish_request(a);
-    let resp = agent.publish_volume(&req).map_err(Failure::Call)?;
-    Ok(render(j, &resp, |r| {
+    ask(j, agent.publish_volume(&req), |r| {
         human::publish(&a.volume_id, mounted_read_only(&req), r)
-    }))
+    })
 }
 
 /// `unpublish VOLUME_ID`.
@@ -384,8 +383,9 @@ fn unpublish(agent: &CrustClient, j: bool, volume_id: &str) -> Result<String, Fa
         volume_id: volume_id.to_string(),
         ..Default::default()
     };
-    let resp = agent.unpublish_volume(&req).map_err(Failure::Call)?;
-    Ok(render(j, &resp, |r| human::unpublish(volume_id, r)))
+    ask(j, agent.unpublish_volume(&req), |r| {
+        human::unpublish(volume_id, r)
+    })
 }
 
 /// `stats VOLUME_ID`.
@@ -394,8 +394,9 @@ fn stats(agent: &CrustClient, j: bool, volume_id: &str) -> Result<String, Failur
         volume_id: volume_id.to_string(),
         ..Default::default()
     };
-    let resp = agent.get_volume_stats(&req).map_err(Failure::Call)?;
-    Ok(render(j, &resp, |r| human::stats(volume_id, r)))
+    ask(j, agent.get_volume_stats(&req), |r| {
+        human::stats(volume_id, r)
+    })
 }
 
 /// `expand VOLUME_ID [--bytes N] [--wait MS]`.
@@ -412,15 +413,15 @@ fn expand(
         timeout_ms: wait.unwrap_or(0),
         ..Default::default()
     };
-    let resp = agent.expand_volume(&req).map_err(Failure::Call)?;
-    Ok(render(j, &resp, |r| human::expand(volume_id, r)))
+    ask(j, agent.expand_volume(&req), |r| {
+        human::expand(volume_id, r)
+    })
 }
 
 /// `bind VOLUME_ID TARGET ...`.
 fn bind(agent: &CrustClient, j: bool, a: &BindArgs) -> Result<String, Failure> {
     let req = bind_request(a);
-    let resp = agent.bind_mount(&req).map_err(Failure::Call)?;
-    Ok(render(j, &resp, |r| human::bind(&req, r)))
+    ask(j, agent.bind_mount(&req), |r| human::bind(&req, r))
 }
 
 fn unmount(agent: &CrustClient, j: bool, target: &str) -> Result<String, Failure> {
@@ -428,8 +429,7 @@ fn unmount(agent: &CrustClient, j: bool, target: &str) -> Result<String, Failure
         target: target.to_string(),
         ..Default::default()
     };
-    let resp = agent.unmount(&req).map_err(Failure::Call)?;
-    Ok(render(j, &resp, |r| human::unmount(target, r)))
+    ask(j, agent.unmount(&req), |r| human::unmount(target, r))
 }
 
 /// `freeze ID... [--thaw-after SECS] [--freeze-id ID]`: the id on stdout,
@@ -469,8 +469,9 @@ fn thaw(agent: &CrustClient, j: bool, ids: &[String], force: bool) -> Result<Str
             ..Default::default()
         }
     };
-    let resp = agent.thaw_volumes(&req).map_err(Failure::Call)?;
-    Ok(render(j, &resp, |r| human::thawed(force.then_some(ids), r)))
+    ask(j, agent.thaw_volumes(&req), |r| {
+        human::thawed(force.then_some(ids), r)
+    })
 }
 
 /// `trim ID [--min-extent N]`.
@@ -485,8 +486,7 @@ fn trim(
         min_extent_bytes: u64::try_from(min_extent.unwrap_or(0)).unwrap_or(0),
         ..Default::default()
     };
-    let resp = agent.trim_volume(&req).map_err(Failure::Call)?;
-    Ok(render(j, &resp, |r| human::trimmed(volume_id, r)))
+    ask(j, agent.trim_volume(&req), |r| human::trimmed(volume_id, r))
 }
 
 fn health(agent: &CrustClient, j: bool, volume_id: &str) -> Result<String, Failure> {
@@ -494,8 +494,9 @@ fn health(agent: &CrustClient, j: bool, volume_id: &str) -> Result<String, Failu
         volume_id: volume_id.to_string(),
         ..Default::default()
     };
-    let resp = agent.get_volume_health(&req).map_err(Failure::Call)?;
-    Ok(render(j, &resp, |r| human::health(volume_id, r)))
+    ask(j, agent.get_volume_health(&req), |r| {
+        human::health(volume_id, r)
+    })
 }
 
 fn publish_request(a: &PublishArgs) -> proto::PublishVolumeRequest {
@@ -630,9 +631,18 @@ mod tests {
         assert!(mounted_read_only(&req(&["ro", "rw"], true)));
     }
 
+    /// The publish request the command line `args` makes.
+    fn publish_request_of(args: &[&str]) -> proto::PublishVolumeRequest {
+        let cli = parse(args).unwrap();
+        let Command::Publish(a) = &cli.command else {
+            panic!("{cli:?}")
+        };
+        publish_request(a)
+    }
+
     #[test]
     fn publish_flags_become_the_request() {
-        let cli = parse(&[
+        let req = publish_request_of(&[
             "--addr",
             "unix:///x",
             "publish",
@@ -652,12 +662,7 @@ mod tests {
             "on-root-mismatch",
             "--wait",
             "30",
-        ])
-        .unwrap();
-        let Command::Publish(a) = &cli.command else {
-            panic!("{cli:?}")
-        };
-        let req = publish_request(a);
+        ]);
         assert_eq!(req.volume_id, "vol-1");
         assert_eq!(req.serial(), "s1");
         assert!(!req.has_device_path());
@@ -671,7 +676,7 @@ mod tests {
         );
         assert_eq!(req.timeout_ms, 30_000);
 
-        let cli = parse(&[
+        let req = publish_request_of(&[
             "--addr",
             "unix:///x",
             "publish",
@@ -680,12 +685,7 @@ mod tests {
             "/dev/vdb",
             "--fs-type",
             "ext4",
-        ])
-        .unwrap();
-        let Command::Publish(a) = &cli.command else {
-            panic!()
-        };
-        let req = publish_request(a);
+        ]);
         assert_eq!(req.device_path(), "/dev/vdb");
         assert!(
             req.fs_group.is_none(),
@@ -697,16 +697,13 @@ mod tests {
 
     #[test]
     fn block_publishes_name_no_filesystem() {
-        let cli = parse(&["publish", "raw", "--serial", "s1", "--block", "--read-only"]).unwrap();
-        let Command::Publish(a) = &cli.command else {
-            panic!()
-        };
-        let req = publish_request(a);
+        let req =
+            publish_request_of(&["publish", "raw", "--serial", "s1", "--block", "--read-only"]);
         assert_eq!(req.volume_mode, proto::VolumeMode::BLOCK.into());
         assert_eq!(req.fs_type, "");
         assert!(req.mount_options.is_empty() && req.fs_group.is_none() && req.read_only);
         // What a block volume cannot take is the agent's to refuse, with its code.
-        let cli = parse(&[
+        let req = publish_request_of(&[
             "publish",
             "raw",
             "--serial",
@@ -716,12 +713,7 @@ mod tests {
             "ext4",
             "-o",
             "noatime",
-        ])
-        .unwrap();
-        let Command::Publish(a) = &cli.command else {
-            panic!()
-        };
-        let req = publish_request(a);
+        ]);
         assert_eq!((req.fs_type.as_str(), req.mount_options.len()), ("ext4", 1));
         assert_eq!(req.volume_mode, proto::VolumeMode::BLOCK.into());
     }
