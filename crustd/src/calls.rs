@@ -447,9 +447,9 @@ mod tests {
     }
 
     /// A call that has answered cannot be joined: the same call made again
-    /// at once runs afresh (found by CI under load: an Unpublish made right
-    /// after another was handed the first one's answer, from before the
-    /// sandbox's entry was written back).
+    /// at once runs afresh: were it joined, an Unpublish made right after
+    /// another would be handed the first one's answer, from before the
+    /// sandbox's entry was written back.
     #[tokio::test]
     async fn an_answered_call_is_never_joined() {
         let (_t, calls) = calls(2);

@@ -5,7 +5,6 @@
 //! cryptsetup is missing.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use zeroize::Zeroizing;
@@ -24,23 +23,10 @@ fn needs_cryptsetup() {
     crust_testkit::needs::tools(&["cryptsetup"], "apt-get install cryptsetup-bin");
 }
 
-/// Runs cryptsetup, failing the test with a sentence if it cannot be run.
-fn cryptsetup(args: &[&str]) -> std::process::Output {
-    let out = Command::new("cryptsetup")
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cryptsetup could not be run ({e}): these tests compare the agent with it; \
-                 install cryptsetup-bin (scripts/deps.sh does)"
-            )
-        });
-    assert!(
-        out.status.success(),
-        "cryptsetup {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+/// Runs cryptsetup through the test kit (the agent's own code spawns
+/// nothing); its stdout, or the test fails with its stderr.
+fn cryptsetup(args: &[&str]) -> String {
+    crust_testkit::run("cryptsetup", args)
 }
 
 /// An image file made by `cryptsetup luksFormat --type luks2` with `args`,
@@ -91,10 +77,9 @@ impl Image {
             &key,
             self.path.to_str().unwrap(),
         ]);
-        let text = String::from_utf8(out.stdout).unwrap();
-        let dump = text
+        let dump = out
             .split_once("MK dump:")
-            .unwrap_or_else(|| panic!("no MK dump in {text}"))
+            .unwrap_or_else(|| panic!("no MK dump in {out}"))
             .1;
         dump.split_whitespace()
             .map(|h| u8::from_str_radix(h, 16).unwrap())
@@ -377,8 +362,7 @@ fn the_header_reads_as_luksdump_says() {
         .concat(),
     );
     let h = img.header().unwrap();
-    let dump =
-        String::from_utf8(cryptsetup(&["luksDump", img.path.to_str().unwrap()]).stdout).unwrap();
+    let dump = cryptsetup(&["luksDump", img.path.to_str().unwrap()]);
     assert!(
         dump.contains(&format!("UUID:          \t{}", h.uuid)),
         "{dump}"
