@@ -12,13 +12,16 @@
 //! - `blockdev`: a block device's node, size, read-only flag and flush;
 //! - `features`: what this kernel and process can do, probed once;
 //! - `dm`: device-mapper's ioctls on /dev/mapper/control, typed, and the
-//!   `crypt` target line.
+//!   `crypt` target line;
+//! - `keyring`: logon keys in the kernel keyring, which dm-crypt reads and
+//!   user space cannot.
 
 pub mod beneath;
 pub mod blockdev;
 pub mod dm;
 pub mod error;
 pub mod features;
+pub mod keyring;
 pub mod mountinfo;
 pub mod sysfs;
 pub mod uevents;
