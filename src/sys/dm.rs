@@ -63,6 +63,8 @@ pub mod flag {
     pub const INACTIVE_PRESENT: u32 = 1 << 6;
     /// Reply: the answer did not fit; ask again with a larger buffer.
     pub const BUFFER_FULL: u32 = 1 << 8;
+    /// DM_LIST_DEVICES: each entry carries its uuid too (since 4.46).
+    pub const UUID: u32 = 1 << 14;
     /// Request: the kernel wipes its copy of the buffer (it holds a key).
     pub const SECURE_DATA: u32 = 1 << 15;
 }
@@ -103,6 +105,9 @@ pub enum Error {
     #[code(NotFound)]
     #[error("no device-mapper device named {0:?}")]
     NotFound(String),
+    #[code(FailedPrecondition)]
+    #[error("device-mapper device {0:?} is in use (open, mounted, or under another mapping)")]
+    Busy(String),
     #[code(Internal)]
     #[error("device-mapper answered {call} with {why}")]
     Answer { call: &'static str, why: String },
@@ -579,9 +584,10 @@ pub struct Listed {
     pub uuid: Option<String>,
 }
 
-/// DM_LIST_DEVICES's data: `struct dm_name_list` entries, each `next` bytes
-/// from the one before (0 ends the list), the name then, 8-aligned, the
-/// event number, flags and the uuid (kernels since 5.14). Every offset is
+/// DM_LIST_DEVICES's data: none when there are no devices, else `struct
+/// dm_name_list` entries, each `next` bytes from the one before (0 ends the
+/// list), the name then, 8-aligned, the event number, flags and (asked with
+/// [`flag::UUID`], kernels since 5.14) the uuid. Every offset is
 /// checked to stay inside `data` and to move forward.
 pub fn decode_list(data: &[u8]) -> Result<Vec<Listed>, Error> {
     let bad = |why: String| Error::Answer {
@@ -590,6 +596,9 @@ pub fn decode_list(data: &[u8]) -> Result<Vec<Listed>, Error> {
     };
     let mut out = Vec::new();
     let mut at = 0usize;
+    if data.is_empty() {
+        return Ok(out); // No devices: data_size says 0 bytes.
+    }
     loop {
         let dev = get_u64(data, at).ok_or_else(|| bad(format!("an entry cut at {at}")))?;
         if dev == 0 && at == 0 {
@@ -889,14 +898,16 @@ impl Control {
         decode_header(Cmd::DevSuspend, &buf)
     }
 
-    /// DM_DEV_REMOVE: the device and its tables (EBUSY while it is open).
+    /// DM_DEV_REMOVE: the device and its tables; [`Error::Busy`] while
+    /// anything holds it open.
     pub fn remove(&self, name: &str) -> Result<(), Error> {
-        self.on(
-            Cmd::DevRemove,
-            name,
-            request(Some(name), None, 0, 0, &[], 0)?,
-        )?;
-        Ok(())
+        let req = request(Some(name), None, 0, 0, &[], 0)?;
+        match self.on(Cmd::DevRemove, name, req) {
+            Err(Error::Sys(s)) if s.errno() == Some(libc::EBUSY) => {
+                Err(Error::Busy(name.to_string()))
+            }
+            r => r.map(drop),
+        }
     }
 
     /// DM_DEV_STATUS: the device's numbers, openers and flags.
@@ -927,7 +938,7 @@ impl Control {
     pub fn list(&self) -> Result<Vec<Listed>, Error> {
         let buf = self.call(
             Cmd::ListDevices,
-            request(None, None, 0, 0, &[], FIRST_DATA)?,
+            request(None, None, flag::UUID, 0, &[], FIRST_DATA)?,
         )?;
         decode_list(reply_data(Cmd::ListDevices, &buf)?)
     }
