@@ -78,6 +78,27 @@ fn crypt(
 /// without it, and sector 1 decrypted by dm-crypt as AES-XTS decrypts it here.
 fn with_logon_key(c: &Control, under: (u32, u32)) -> Result<(), String> {
     let desc = "crust:dm-guest-d0";
+    // Before the key is in the keyring: refused, and said so.
+    match crypt(
+        c,
+        "crypt0",
+        under,
+        CryptKey::Logon {
+            size: 64,
+            description: desc,
+        },
+        512,
+    ) {
+        Err(e) if e.contains("refused the table") && e.contains("os error 126") => {
+            say(&format!("without the key: {e}"))
+        }
+        other => {
+            return Err(format!(
+                "a table whose key is not in the keyring: {other:?}"
+            ))
+        }
+    }
+    c.remove("crypt0").map_err(s)?;
     let serial = keyring::add_logon(desc, &KEY, Keyring::Thread).map_err(s)?;
     crypt(
         c,

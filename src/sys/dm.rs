@@ -108,6 +108,13 @@ pub enum Error {
     #[code(FailedPrecondition)]
     #[error("device-mapper device {0:?} is in use (open, mounted, or under another mapping)")]
     Busy(String),
+    #[code(FailedPrecondition)]
+    #[error("the kernel refused the table of {name:?} ({source}); its log says why: ENOENT is a cipher it cannot load (is the xts module loaded?), ENOKEY a key not in the keyring, EINVAL a target or a line it does not take")]
+    TableRefused {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[code(Internal)]
     #[error("device-mapper answered {call} with {why}")]
     Answer { call: &'static str, why: String },
@@ -875,7 +882,18 @@ impl Control {
         let flags = flag::SECURE_DATA | if read_only { flag::READONLY } else { 0 };
         let req = request(Some(name), None, flags, count, &data, 0)?;
         drop(data);
-        let buf = self.on(Cmd::TableLoad, name, req)?;
+        let buf = self.on(Cmd::TableLoad, name, req).map_err(|e| match e {
+            Error::Sys(s)
+                if s.errno()
+                    .is_some_and(|n| n != libc::EACCES && n != libc::ENOMEM) =>
+            {
+                Error::TableRefused {
+                    name: name.to_string(),
+                    source: s.source,
+                }
+            }
+            e => e,
+        })?;
         decode_header(Cmd::TableLoad, &buf)
     }
 
