@@ -32,6 +32,9 @@ pub const UUID_LEN: usize = 129;
 pub const SPEC_LEN: usize = 40;
 /// `DM_MAX_TYPE_NAME`: a target type's bytes, its NUL included.
 const TYPE_LEN: usize = 16;
+/// The header's size as the header's own fields hold it.
+#[allow(clippy::cast_possible_truncation)] // 312 fits.
+const HEADER_U32: u32 = HEADER_LEN as u32;
 /// The interface major version the agent speaks (`DM_VERSION_MAJOR`).
 const MAJOR: u32 = 4;
 
@@ -145,10 +148,8 @@ pub enum Cmd {
 impl Cmd {
     /// `_IOWR(DM_IOCTL, nr, struct dm_ioctl)`.
     pub const fn opcode(self) -> u32 {
-        // The size is a const 312, which fits the 14 bits of the size field.
-        #[allow(clippy::cast_possible_truncation)]
-        let size = HEADER_LEN as u32;
-        (3 << 30) | (size << 16) | (0xfd << 8) | self as u32
+        // 312 fits the 14 bits of the size field.
+        (3 << 30) | (HEADER_U32 << 16) | (0xfd << 8) | self as u32
     }
 
     /// The name messages use.
@@ -415,7 +416,7 @@ pub fn request(
         max: MAX_DATA,
     })?;
     put_u32(&mut buf, at::DATA_SIZE, size);
-    put_u32(&mut buf, at::DATA_START, 312);
+    put_u32(&mut buf, at::DATA_START, HEADER_U32);
     put_u32(&mut buf, at::TARGET_COUNT, target_count);
     put_u32(&mut buf, at::FLAGS, flags);
     if let Some(n) = name {
@@ -759,9 +760,7 @@ impl Control {
             },
         };
         let buf = match c.call(Cmd::Version, request(None, None, 0, 0, &[], 0)?) {
-            Err(Error::Sys(e))
-                if e.errno() == Some(libc::ENOTTY) || e.errno() == Some(libc::EINVAL) =>
-            {
+            Err(Error::Sys(e)) if e.errno() == Some(libc::ENOTTY) => {
                 return Err(Error::Unavailable {
                     why: format!(
                         "{} is not device-mapper's control node ({})",
@@ -794,12 +793,12 @@ impl Control {
 
     /// One ioctl with `buf`, which comes back with the kernel's answer.
     fn ioctl(&self, cmd: Cmd, buf: &mut [u8]) -> Result<(), Errno> {
-        debug_assert!(
-            buf.len() >= HEADER_LEN && get_u32(buf, at::DATA_SIZE) == u32::try_from(buf.len()).ok()
-        );
-        // SAFETY: `buf` is a live, writable buffer of `data_size` bytes (its
-        // header says so, written by `request`), at least a whole struct
-        // dm_ioctl; the kernel reads at most data_size bytes from it and
+        // What the SAFETY note below stands on, checked rather than assumed.
+        if buf.len() < HEADER_LEN || get_u32(buf, at::DATA_SIZE) != u32::try_from(buf.len()).ok() {
+            return Err(Errno::INVAL);
+        }
+        // SAFETY: `buf` is a live, writable buffer of exactly `data_size`
+        // bytes (checked above), at least a whole struct dm_ioctl; the kernel reads at most data_size bytes from it and
         // writes back at most data_size bytes (ctl_ioctl copies
         // param->data_size, which it never raises past the size given).
         let r = unsafe {
