@@ -173,6 +173,85 @@ fn with_hex_key(c: &Control, under: (u32, u32)) -> Result<(), String> {
     Ok(())
 }
 
+/// If the guest has a disk (/dev/vda): a LUKS2 image cryptsetup made,
+/// unlocked with `luks2`, mapped from the segment it answers, and its first
+/// two data sectors read back as the plaintext written into them.
+fn cryptsetup_disk(c: &Control) -> Result<(), String> {
+    use crust_agent::luks2::{header, unlock};
+    use std::os::unix::fs::MetadataExt;
+    let Ok(disk) = std::fs::File::open("/dev/vda") else {
+        say("no /dev/vda: the cryptsetup image is skipped");
+        return Ok(());
+    };
+    let rdev = disk.metadata().map_err(s)?.rdev();
+    let under = (rustix::fs::major(rdev), rustix::fs::minor(rdev));
+    let bytes = crust_agent::sys::blockdev::size_of(&disk, Path::new("/dev/vda")).map_err(s)?;
+    let hdr = header::read(&disk, bytes).map_err(s)?;
+    let limits = unlock::Limits {
+        argon2_memory_kib: 64 << 10,
+        argon2_passes: 10,
+        pbkdf2_iterations: 10_000_000,
+    };
+    let pass = Zeroizing::new(b"crust-test-pass".to_vec());
+    let open = unlock::unlock(&disk, &hdr, &pass, limits, None).map_err(s)?;
+    let seg = &open.segment;
+    let desc = format!("cryptsetup:{}-d0", hdr.uuid);
+    let serial = keyring::add_logon(&desc, open.volume_key.bytes(), Keyring::Thread).map_err(s)?;
+    let size = open.volume_key.bytes().len();
+    let sector = u64::from(seg.sector_size);
+    let length = (seg.size.unwrap_or(bytes - seg.offset) / sector * sector) / 512;
+    let params = Crypt {
+        cipher: &seg.encryption,
+        key: CryptKey::Logon {
+            size,
+            description: &desc,
+        },
+        iv_offset: seg.iv_tweak,
+        device: under,
+        offset: seg.offset / 512,
+        sector_size: seg.sector_size,
+        allow_discards: false,
+    }
+    .params()
+    .map_err(s)?;
+    let name = "luks0";
+    c.create(name, &dm::crypt_uuid(&hdr.uuid, name).map_err(s)?)
+        .map_err(s)?;
+    c.load(name, &[target(length, "crypt", params)], true)
+        .map_err(s)?;
+    keyring::revoke(serial).map_err(s)?;
+    let info = c.resume(name).map_err(s)?;
+    let (_, lines) = c.targets(name, true).map_err(s)?;
+    say(&format!(
+        "{name}: {:?}",
+        lines.first().map(|l| l.text.to_string())
+    ));
+    let mut got = vec![0u8; 8192];
+    let node = format!("/dev/dm-{}", info.dev.1);
+    std::fs::File::open(&node)
+        .and_then(|mut f| f.read_exact(&mut got))
+        .map_err(|e| format!("{node}: {e}"))?;
+    let want: Vec<u8> = [
+        &b"CRUST-PLAINTEXT-SECTOR-0 "[..],
+        &b"crust-plaintext-sector-1 "[..],
+    ]
+    .iter()
+    .flat_map(|p| p.iter().copied().cycle().take(4096))
+    .collect();
+    c.remove(name).map_err(s)?;
+    if got != want {
+        return Err(format!(
+            "{name} reads {:?}…, not the plaintext",
+            String::from_utf8_lossy(&got[..32])
+        ));
+    }
+    say(&format!(
+        "{name}: cryptsetup's image, keyslot {}, reads back its plaintext",
+        open.keyslot
+    ));
+    Ok(())
+}
+
 /// Listing by uuid, suspend and resume, the typed refusals, and removal.
 fn lifecycle(c: &Control) -> Result<(), String> {
     let found = c.find_by_uuid_prefix("CRYPT-LUKS2-").map_err(s)?;
@@ -230,6 +309,7 @@ fn run() -> Result<(), String> {
     let zero = c.resume("zero0").map_err(s)?;
     with_logon_key(&c, zero.dev)?;
     with_hex_key(&c, zero.dev)?;
+    cryptsetup_disk(&c)?;
     lifecycle(&c)
 }
 
