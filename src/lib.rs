@@ -24,7 +24,7 @@
 //!                 each owns its syscalls and its error, and says its code
 //! 0 leaves        code (Code) · model (the shared domain types, MountId)
 //!                 sys/ (SysError, beneath, mountinfo, sysfs, uevents, blockdev,
-//!                 features) · superblock (on-disk layouts) · cancel · validate
+//!                 features, dm, keyring) · superblock (on-disk layouts) · cancel · validate
 //!                 · logging · system (what the agent reports about itself)
 //! ```
 //!

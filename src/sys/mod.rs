@@ -10,12 +10,18 @@
 //! - `sysfs`: every read of /sys, through one seam tests can point elsewhere;
 //! - `uevents`: the kernel's hot-plug events;
 //! - `blockdev`: a block device's node, size, read-only flag and flush;
-//! - `features`: what this kernel and process can do, probed once.
+//! - `features`: what this kernel and process can do, probed once;
+//! - `dm`: device-mapper's ioctls on /dev/mapper/control, typed, and the
+//!   `crypt` target line;
+//! - `keyring`: logon keys in the kernel keyring, which dm-crypt reads and
+//!   user space cannot.
 
 pub mod beneath;
 pub mod blockdev;
+pub mod dm;
 pub mod error;
 pub mod features;
+pub mod keyring;
 pub mod mountinfo;
 pub mod sysfs;
 pub mod uevents;
