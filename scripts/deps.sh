@@ -12,6 +12,9 @@ for pair in mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs xfs_repair:xfsprogs qemu-syste
     cmd=${pair%%:*} pkg=${pair#*:}
     command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
+# Python's cryptography: the LUKS2 VM tests decrypt images on the host with
+# cryptsetup's volume key and an AES-XTS that shares nothing with the agent.
+python3 -c 'import cryptography' 2>/dev/null || need_apt+=(python3-cryptography)
 # Go's containerd/ttrpc, for the interoperability test (tests/interop.rs).
 [ -d /usr/share/gocode/src/github.com/containerd/ttrpc ] || need_apt+=(golang-github-containerd-ttrpc-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -34,6 +34,9 @@ pub enum Error {
     Grow(#[from] crate::grow::Error),
     #[code(inner)]
     #[error(transparent)]
+    Luks2(#[from] crate::luks2::error::Error),
+    #[code(inner)]
+    #[error(transparent)]
     Quiesce(#[from] crate::quiesce::Error),
     #[code(inner)]
     #[error(transparent)]

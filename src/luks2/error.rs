@@ -66,6 +66,9 @@ pub enum Error {
         /// What was asked for.
         bytes: u64,
     },
+    #[code(inner)]
+    #[error(transparent)]
+    Dm(#[from] crate::sys::dm::Error),
     #[code(Internal)]
     #[error(transparent)]
     Sys(#[from] SysError),

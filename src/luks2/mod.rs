@@ -30,6 +30,7 @@ pub mod fuzz;
 pub mod header;
 pub mod json;
 pub mod kdf;
+pub mod mapping;
 pub mod metadata;
 #[cfg(test)]
 mod tests;

@@ -24,10 +24,11 @@ use crate::volumes::freeze::{Frozen, Thaw};
 use crate::volumes::health::Said;
 use crate::volumes::lease;
 use crate::volumes::request::{
-    BindOutcome, BindRequest, Expanded, FsGroup, Options, PublishRequest, Published, Source, Spec,
-    VolumeInfo, VolumeState,
+    BindOutcome, BindRequest, Encryption, EncryptionInfo, Expanded, FsGroup, KeySource, Options,
+    PublishRequest, Published, Source, Spec, VolumeInfo, VolumeState,
 };
 use crate::volumes::trim::Trimmed;
+use zeroize::Zeroizing;
 
 /// Who asked, for the request's cancellation: made only by the handlers
 /// that wait for something, so a method answered from memory pays nothing.
@@ -146,6 +147,7 @@ fn publish_request_with(
             },
         }),
     };
+    let (encryption, key) = encryption(req)?;
     Ok(PublishRequest {
         spec: Spec {
             volume_id: req.volume_id.clone(),
@@ -153,9 +155,69 @@ fn publish_request_with(
             mode,
             options,
             fs_group,
+            encryption,
         },
         timeout: validate::timeout(req.timeout_ms),
+        key,
     })
+}
+
+/// A publish's encryption part → how the volume is opened, and its key.
+fn encryption(
+    req: &pb::PublishVolumeRequest,
+) -> Result<(Option<Encryption>, Option<KeySource>), Error> {
+    use pb::encryption::{Key, Kind};
+    let Some(e) = req.encryption.as_ref() else {
+        return Ok((None, None));
+    };
+    let id = &req.volume_id;
+    match known("encryption.kind", e.kind)? {
+        Kind::NONE if e.key.is_none() && !e.format_if_blank && !e.allow_discards => {
+            Ok((None, None))
+        }
+        Kind::NONE => Err(Invalid(format!(
+            "volume {id}: encryption.kind is NONE, yet the encryption part sets a key or an option; set kind LUKS2, or leave the part unset"
+        ))
+        .into()),
+        Kind::LUKS2 => {
+            let key = match &e.key {
+                Some(Key::Passphrase(p)) if !p.is_empty() => {
+                    KeySource::Passphrase(Zeroizing::new(p.clone()))
+                }
+                Some(Key::KeyUri(u)) => {
+                    return Err(Invalid(format!(
+                        "volume {id}: key_uri {u:?} names no key source this agent resolves"
+                    ))
+                    .into())
+                }
+                _ => {
+                    return Err(Invalid(format!(
+                        "volume {id}: an encrypted volume needs its key: a passphrase (not empty) or a key_uri"
+                    ))
+                    .into())
+                }
+            };
+            let asked = Encryption {
+                allow_discards: e.allow_discards,
+                format_if_blank: e.format_if_blank,
+            };
+            Ok((Some(asked), Some(key)))
+        }
+    }
+}
+
+/// What ListVolumes says of an encrypted volume.
+fn encryption_info(e: EncryptionInfo) -> pb::EncryptionInfo {
+    pb::EncryptionInfo {
+        kind: e.kind.into(),
+        cipher: e.cipher,
+        key_bits: e.key_bits,
+        integrity: e.integrity,
+        allow_discards: e.allow_discards,
+        mapping: e.mapping,
+        luks_uuid: e.luks_uuid,
+        ..Default::default()
+    }
 }
 
 /// [`publish_request`] in a guest with or without SELinux: without it,
@@ -378,6 +440,7 @@ pub fn volume_info(v: VolumeInfo) -> pb::VolumeInfo {
         frozen_ms_left: v
             .frozen
             .map_or(0, |f| u64::try_from(f.1.as_millis()).unwrap_or(u64::MAX)),
+        encryption: MessageField::from_option(v.encryption.map(encryption_info)),
         ..Default::default()
     }
 }

@@ -201,6 +201,14 @@ pub enum Problem {
     /// A block volume published read-only accepts writes again.
     #[error("disk {disk_name} was published read-only but the kernel accepts writes to it again (its read-only flag was cleared behind the agent's back)")]
     AcceptsWrites { disk_name: String },
+    /// An encrypted volume's mapping is suspended: I/O to it waits.
+    #[error("the volume's dm-crypt mapping {mapping} is suspended: reads and writes wait until it is resumed")]
+    MappingSuspended { mapping: String },
+    /// An encrypted volume's mapping is gone, or has no live table.
+    #[error(
+        "the volume's dm-crypt mapping {mapping} is {how}: the filesystem cannot reach its disk"
+    )]
+    MappingGone { mapping: String, how: &'static str },
 }
 
 /// How bad a problem is, in CSI 1.13's words (NodeGetVolumeHealth).
@@ -242,6 +250,8 @@ impl Problem {
             Problem::Device(_) => (Inaccessible, "DeviceFails"),
             Problem::RefusesWrites { .. } => (Degraded, "RefusesWrites"),
             Problem::AcceptsWrites { .. } => (Degraded, "AcceptsWrites"),
+            Problem::MappingSuspended { .. } => (Inaccessible, "MappingSuspended"),
+            Problem::MappingGone { .. } => (Inaccessible, "MappingGone"),
         }
     }
 }

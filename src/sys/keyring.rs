@@ -23,6 +23,7 @@ pub enum Keyring {
 const KEYCTL_REVOKE: libc::c_long = 3;
 const KEYCTL_LINK: libc::c_long = 8;
 const KEYCTL_UNLINK: libc::c_long = 9;
+const KEYCTL_SEARCH: libc::c_long = 10;
 #[cfg(test)]
 const KEYCTL_READ: libc::c_long = 11;
 
@@ -70,6 +71,38 @@ pub fn add_logon(description: &str, key: &[u8], into: Keyring) -> Result<KeySeri
     }
     i32::try_from(r)
         .map(KeySerial)
+        .map_err(|_| fail(std::io::Error::from(std::io::ErrorKind::InvalidData)))
+}
+
+/// KEYCTL_SEARCH for a logon key described `description` in `keyring`
+/// (and the keyrings linked from it): its serial, or None when there is none.
+pub fn search_logon(keyring: Keyring, description: &str) -> Result<Option<KeySerial>, SysError> {
+    let fail =
+        |e: std::io::Error| SysError::new("KEYCTL_SEARCH", format!("logon key {description}"), e);
+    let desc = std::ffi::CString::new(description)
+        .map_err(|_| fail(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
+    // SAFETY: KEYCTL_SEARCH reads the NUL-terminated type and description,
+    // both live for the call, and writes nothing into our memory (the
+    // destination keyring, 0, is none).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_keyctl,
+            KEYCTL_SEARCH,
+            keyring as libc::c_int,
+            c"logon".as_ptr(),
+            desc.as_ptr(),
+            0 as libc::c_int,
+        )
+    };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOKEY | libc::EKEYREVOKED | libc::EKEYEXPIRED) => Ok(None),
+            _ => Err(fail(e)),
+        };
+    }
+    i32::try_from(r)
+        .map(|s| Some(KeySerial(s)))
         .map_err(|_| fail(std::io::Error::from(std::io::ErrorKind::InvalidData)))
 }
 

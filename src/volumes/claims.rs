@@ -89,10 +89,10 @@ impl Claims {
             .cloned()
             .collect();
         claims.insert(
-            (vol.device.major, vol.device.minor),
+            (vol.disk().major, vol.disk().minor),
             Claim {
                 id: vol.id().to_string(),
-                device: vol.device.path.clone(),
+                device: vol.disk().path.clone(),
                 extent,
             },
         );
@@ -108,6 +108,6 @@ impl Claims {
     pub(crate) fn release(&self, vol: &Volume) {
         self.map
             .locked()
-            .remove(&(vol.device.major, vol.device.minor));
+            .remove(&(vol.disk().major, vol.disk().minor));
     }
 }

@@ -65,6 +65,27 @@ pub enum Error {
         /// The record.
         path: PathBuf,
     },
+    #[code(InvalidArgument)]
+    #[error("volume {0} is encrypted, and the request says no key: give the passphrase or a key_uri")]
+    NoKey(String),
+    #[code(FailedPrecondition)]
+    #[error("volume {id}'s mapping {mapping} could not be removed ({why}); the disk must not be detached yet: close what holds the mapping, then unpublish again")]
+    MappingHeld {
+        id: String,
+        mapping: String,
+        why: String,
+    },
+    #[code(FailedPrecondition)]
+    #[error("volume {0} is encrypted and was published without allow_discards: a trim would tell the host which blocks are free; publish it with allow_discards to trim it")]
+    DiscardsNotAllowed(String),
+    #[code(FailedPrecondition)]
+    #[error("volume {id}'s mapping {mapping} is not serving ({how}); its filesystem cannot be reached")]
+    MappingDown {
+        id: String,
+        mapping: String,
+        /// "suspended", "gone", ….
+        how: &'static str,
+    },
     #[code(FailedPrecondition)]
     #[error("volume {id} is still mounted at {} ({why}); the disk must not be detached yet: unmount it there, then unpublish again", shown(at))]
     StillMounted {

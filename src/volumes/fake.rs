@@ -1,7 +1,9 @@
 //! A kernel in memory for the table's tests (`kernel::Kernel`): disks the
 //! test makes up, a mount table kept as the table's calls change it,
-//! frozen filesystems, read-only flags, and an errno (or an action) the
-//! test plants for the n-th call of a kind. So the table's logic runs in
+//! frozen filesystems, read-only flags, LUKS2 disks and the mappings made
+//! over them (each a made-up disk `dm-<minor>`, as devtmpfs names a
+//! mapping's node), and an errno (or an action) the test plants for the
+//! n-th call of a kind. So the table's logic runs in
 //! milliseconds, without root.
 //!
 //! Directories and files are real, in the test's temporary directory
@@ -20,6 +22,7 @@ use std::time::Duration;
 use crust_protocols::sync::LockExt;
 use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
+use zeroize::Zeroizing;
 
 use super::kernel::Kernel;
 use super::lease::Thaw;
@@ -27,6 +30,8 @@ use super::request::Source;
 use crate::cancel::Cancel;
 use crate::device;
 use crate::error::Result;
+use crate::luks2;
+use crate::luks2::mapping::{Live, Mapping};
 use crate::model::{Device, FsType, MountId, RecursiveReadOnly};
 use crate::mount::bind::{BindSpec, Bound};
 use crate::mount::error::Error as MountError;
@@ -36,6 +41,7 @@ use crate::probe;
 use crate::quiesce;
 use crate::sys::beneath::{self, Leaf, MountPoint};
 use crate::sys::blockdev;
+use crate::sys::dm;
 use crate::sys::error::SysError;
 use crate::sys::mountinfo::MountEntry;
 use crate::sys::sysfs::Sysfs;
@@ -123,6 +129,9 @@ struct State {
     /// The next mount gets another one stacked over it.
     cover_next: bool,
     journal: Vec<String>,
+    /// LUKS2 disks made up, and mappings made over them.
+    luks: Vec<Luks>,
+    mapped: Vec<Mapped>,
 }
 
 impl State {
@@ -750,6 +759,38 @@ impl Kernel for Fake {
     fn size(&self, _disk: &FakeDisk, dev: &Device) -> std::result::Result<u64, blockdev::Error> {
         Ok(self.state.locked().disk(&dev.path).map_or(0, |d| d.bytes))
     }
+
+    fn open_mapping(
+        &self,
+        disk: &Device,
+        name: &str,
+        allow_discards: bool,
+        passphrase: &Zeroizing<Vec<u8>>,
+    ) -> std::result::Result<Mapping, luks2::error::Error> {
+        self.open_mapping_fake(disk, name, allow_discards, passphrase)
+    }
+
+    fn close_mapping(&self, name: &str) -> std::result::Result<bool, luks2::error::Error> {
+        self.close_mapping_fake(name)
+    }
+
+    fn mapping_live(&self, m: &Mapping) -> std::result::Result<Live, luks2::error::Error> {
+        Ok(self.mapping_live_fake(m))
+    }
+
+    fn grow_mapping(
+        &self,
+        name: &str,
+        _disk_bytes: u64,
+    ) -> std::result::Result<u64, luks2::error::Error> {
+        Err(luks2::error::Error::corrupt(format!(
+            "the fake kernel grows no mapping ({name})"
+        )))
+    }
+
+    fn own_mappings(&self) -> std::result::Result<Vec<String>, luks2::error::Error> {
+        Ok(self.own_mappings_fake())
+    }
 }
 
 fn gone(dev: &Device) -> blockdev::Error {
@@ -758,5 +799,126 @@ fn gone(dev: &Device) -> blockdev::Error {
         name: dev.name.clone(),
         major: dev.major,
         minor: dev.minor,
+    }
+}
+
+/// A made-up LUKS2 disk.
+struct Luks {
+    /// Its disk's name.
+    disk: String,
+    passphrase: Vec<u8>,
+    /// What the mapping holds.
+    inner: Option<FsType>,
+    /// Where the mapping's node file goes.
+    dir: PathBuf,
+}
+
+/// A mapping made.
+struct Mapped {
+    name: String,
+    /// The mapping's device.
+    dev: Device,
+}
+
+impl Fake {
+    /// Makes up a disk `name` holding a LUKS2 volume that `passphrase`
+    /// opens, with `inner` (None: blank) inside.
+    pub(crate) fn luks_disk(
+        &self,
+        dir: &Path,
+        name: &str,
+        passphrase: &[u8],
+        inner: Option<FsType>,
+    ) -> Device {
+        let d = self.disk(dir, name, None);
+        self.state.locked().luks.push(Luks {
+            disk: name.into(),
+            passphrase: passphrase.to_vec(),
+            inner,
+            dir: dir.to_path_buf(),
+        });
+        d
+    }
+
+    /// The names of the mappings now made.
+    pub(crate) fn mappings(&self) -> Vec<String> {
+        let st = self.state.locked();
+        st.mapped.iter().map(|m| m.name.clone()).collect()
+    }
+
+    fn open_mapping_fake(
+        &self,
+        disk: &Device,
+        name: &str,
+        allow_discards: bool,
+        passphrase: &Zeroizing<Vec<u8>>,
+    ) -> std::result::Result<Mapping, luks2::error::Error> {
+        let (inner, dir) = {
+            let st = self.state.locked();
+            let Some(l) = st.luks.iter().find(|l| l.disk == disk.name) else {
+                return Err(luks2::error::Error::NotLuks);
+            };
+            if l.passphrase != **passphrase {
+                return Err(luks2::error::Error::WrongPassphrase);
+            }
+            if st.mapped.iter().any(|m| m.name == name) {
+                return Err(dm::Error::Exists {
+                    name: name.into(),
+                    uuid: String::new(),
+                }
+                .into());
+            }
+            (l.inner, l.dir.clone())
+        };
+        let minor = self.state.locked().disks.len();
+        let dev = self.disk(&dir, &format!("dm-{minor}"), inner);
+        self.note(format!("map {} as {name}", disk.name));
+        let m = Mapping {
+            name: name.into(),
+            dm_uuid: format!("CRYPT-LUKS2-0123-{name}"),
+            dev: (dev.major, dev.minor),
+            luks_uuid: "0123".into(),
+            cipher: "aes-xts-plain64".into(),
+            key_bits: 512,
+            integrity: None,
+            allow_discards,
+        };
+        self.state.locked().mapped.push(Mapped {
+            name: name.into(),
+            dev,
+        });
+        Ok(m)
+    }
+
+    fn close_mapping_fake(&self, name: &str) -> std::result::Result<bool, luks2::error::Error> {
+        let mut st = self.state.locked();
+        let Some(i) = st.mapped.iter().position(|m| m.name == name) else {
+            return Ok(false);
+        };
+        let dev = (st.mapped[i].dev.major, st.mapped[i].dev.minor);
+        if st
+            .mounts
+            .iter()
+            .any(|m| m.dev == dev || m.rdev == Some(dev))
+        {
+            return Err(dm::Error::Busy(name.into()).into());
+        }
+        st.mapped.remove(i);
+        drop(st);
+        self.note(format!("unmap {name}"));
+        Ok(true)
+    }
+
+    fn mapping_live_fake(&self, m: &Mapping) -> Live {
+        let st = self.state.locked();
+        match st.mapped.iter().find(|x| x.name == m.name) {
+            Some(x) => Live::Serving((x.dev.major, x.dev.minor)),
+            None => Live::Missing,
+        }
+    }
+
+    fn own_mappings_fake(&self) -> Vec<String> {
+        let st = self.state.locked();
+        st.mapped.iter().map(|m| m.name.clone()).collect()
     }
 }

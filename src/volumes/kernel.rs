@@ -23,12 +23,15 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rustix::io::Errno;
+use zeroize::Zeroizing;
 
 use super::lease::Thaw;
 use super::request::Source;
 use crate::cancel::Cancel;
 use crate::device;
 use crate::error::Result;
+use crate::luks2;
+use crate::luks2::mapping::{self, Live, Mapping};
 use crate::model::{Device, FsType, MountId};
 use crate::mount::bind::{BindSpec, Bound};
 use crate::mount::error::Error as MountError;
@@ -152,6 +155,28 @@ pub trait Kernel: Send + Sync + 'static {
     fn flush(&self, disk: &Self::Disk, dev: &Device) -> std::result::Result<(), blockdev::Error>;
     /// BLKGETSIZE64.
     fn size(&self, disk: &Self::Disk, dev: &Device) -> std::result::Result<u64, blockdev::Error>;
+
+    /// Opens the LUKS2 volume on `disk` with `passphrase` as the dm-crypt
+    /// mapping `name` (luks2::mapping); nothing is left when it fails.
+    fn open_mapping(
+        &self,
+        disk: &Device,
+        name: &str,
+        allow_discards: bool,
+        passphrase: &Zeroizing<Vec<u8>>,
+    ) -> std::result::Result<Mapping, luks2::error::Error>;
+    /// Removes mapping `name` and forgets its key; false when it was not there.
+    fn close_mapping(&self, name: &str) -> std::result::Result<bool, luks2::error::Error>;
+    /// Whether `m` is still there, live, as made.
+    fn mapping_live(&self, m: &Mapping) -> std::result::Result<Live, luks2::error::Error>;
+    /// Grows mapping `name` to its disk's end (`disk_bytes`); its size after.
+    fn grow_mapping(
+        &self,
+        name: &str,
+        disk_bytes: u64,
+    ) -> std::result::Result<u64, luks2::error::Error>;
+    /// The names of the agent's own mappings in the guest.
+    fn own_mappings(&self) -> std::result::Result<Vec<String>, luks2::error::Error>;
 }
 
 /// The running kernel: each method calls the capability that owns the
@@ -316,5 +341,48 @@ impl Kernel for Linux {
 
     fn size(&self, disk: &File, dev: &Device) -> std::result::Result<u64, blockdev::Error> {
         blockdev::size(disk, dev)
+    }
+
+    fn open_mapping(
+        &self,
+        disk: &Device,
+        name: &str,
+        allow_discards: bool,
+        passphrase: &Zeroizing<Vec<u8>>,
+    ) -> std::result::Result<Mapping, luks2::error::Error> {
+        let free = rustix::system::sysinfo();
+        let free = free
+            .freeram
+            .saturating_add(free.bufferram)
+            .saturating_mul(u64::from(free.mem_unit.max(1)));
+        let open = mapping::Open {
+            disk: &disk.path,
+            disk_dev: (disk.major, disk.minor),
+            name,
+            read_only: false,
+            allow_discards,
+            limits: mapping::guest_limits(free),
+        };
+        mapping::open(&open, passphrase)
+    }
+
+    fn close_mapping(&self, name: &str) -> std::result::Result<bool, luks2::error::Error> {
+        mapping::close(name)
+    }
+
+    fn mapping_live(&self, m: &Mapping) -> std::result::Result<Live, luks2::error::Error> {
+        mapping::live(&m.name, &m.dm_uuid)
+    }
+
+    fn grow_mapping(
+        &self,
+        name: &str,
+        disk_bytes: u64,
+    ) -> std::result::Result<u64, luks2::error::Error> {
+        mapping::grow(name, disk_bytes)
+    }
+
+    fn own_mappings(&self) -> std::result::Result<Vec<String>, luks2::error::Error> {
+        Ok(mapping::ours()?.into_iter().map(|l| l.name).collect())
     }
 }

@@ -54,6 +54,7 @@
 pub mod bind;
 pub mod block;
 pub(crate) mod claims;
+pub(crate) mod encrypted;
 pub mod error;
 pub(crate) mod failures;
 #[cfg(test)]

@@ -28,20 +28,21 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
-use slog::{info, Logger};
+use slog::{info, warn, Logger};
 
 use super::block;
 use super::claims::Claims;
 use super::error::Error;
 use super::kernel::Kernel;
 use super::mounts::Mounts;
-use super::request::{PublishRequest, Published, Spec};
+use super::request::{KeySource, PublishRequest, Published, Spec};
 use super::rollback::{Rollback, Undo};
 use super::state::Store;
-use super::volume::{guest_rel, Volume};
+use super::volume::{guest_rel, Encrypted, Volume};
 use super::walking::WalkJob;
 use crate::cancel::Cancel;
 use crate::error::Result;
+use crate::luks2::mapping::{self, Mapping};
 use crate::model::{Device, Extent, FsType, VolumeMode};
 use crate::ownership::walk::Report;
 use crate::sys::sysfs::Sysfs;
@@ -91,7 +92,20 @@ impl<K: Kernel> Publisher<'_, K> {
         let extent = self.sysfs.extent((device.major, device.minor));
         let claim = self.claims.claim(&device, &req.spec.volume_id, extent)?;
         self.check_not_mounted(&device, &extent)?;
-        let (vol, fd) = self.new_volume(&req.spec, device)?;
+        let encrypted = self.map(req, &device)?;
+        let made = match &encrypted {
+            Some(e) => self.new_volume(&req.spec, mapped_device(&e.mapping), encrypted.clone()),
+            None => self.new_volume(&req.spec, device, None),
+        };
+        let (vol, fd) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                if let Some(enc) = &encrypted {
+                    self.unmap(&req.spec.volume_id, &enc.mapping.name);
+                }
+                return Err(e);
+            }
+        };
         claim.keep();
         let out = Published {
             guest_path: vol.guest_path.clone(),
@@ -145,12 +159,51 @@ impl<K: Kernel> Publisher<'_, K> {
         Ok((Some(walk(vol, fd)?), out))
     }
 
+    /// An encrypted volume's mapping, opened over `disk` with its key
+    /// (resolved here, in the guest, and zeroed once the mapping holds it);
+    /// None for a volume in the clear.
+    fn map(&self, req: &PublishRequest, disk: &Device) -> Result<Option<Encrypted>> {
+        let Some(enc) = req.spec.encryption else {
+            return Ok(None);
+        };
+        let key = match &req.key {
+            Some(KeySource::Passphrase(p)) => p.clone(),
+            None => return Err(Error::NoKey(req.spec.volume_id.clone()).into()),
+        };
+        let name = mapping::name_for(&req.spec.volume_id);
+        let mapping = self
+            .mounts
+            .kernel
+            .open_mapping(disk, &name, enc.allow_discards, &key)?;
+        drop(key);
+        info!(self.log, "encrypted volume opened"; "volume" => &req.spec.volume_id,
+              "disk" => %disk.path.display(), "mapping" => &mapping.name, "cipher" => &mapping.cipher);
+        Ok(Some(Encrypted {
+            disk: disk.clone(),
+            mapping,
+        }))
+    }
+
+    /// Removes the mapping of a publish that failed after opening it; one
+    /// still held (a mount left to recovery) stays, for recovery.
+    fn unmap(&self, id: &str, name: &str) {
+        if let Err(e) = self.mounts.kernel.close_mapping(name) {
+            warn!(self.log, "could not remove the mapping of a failed publish; recovery at the next start removes it";
+                  "volume" => id, "mapping" => name, "error" => %e);
+        }
+    }
+
     /// A new volume on `device` (claimed by the caller): the steps of the
     /// module doc, each followed by its undo. A filesystem and a block
     /// volume differ only in their guest node, their prepare step and
     /// their attach step. With the volume comes its mount's fd when its
     /// walk is still to run.
-    fn new_volume(&self, spec: &Spec, device: Device) -> Result<(Volume, Option<OwnedFd>)> {
+    fn new_volume(
+        &self,
+        spec: &Spec,
+        device: Device,
+        encrypted: Option<Encrypted>,
+    ) -> Result<(Volume, Option<OwnedFd>)> {
         let rel = guest_rel(&spec.volume_id);
         let kernel = self.mounts.kernel;
         let mut undo = Rollback::new(
@@ -189,6 +242,7 @@ impl<K: Kernel> Publisher<'_, K> {
             device.clone(),
             self.mounts.root.join(&rel),
             ro_set,
+            encrypted,
         );
         self.store.save(&vol)?;
         undo.push(Undo::Record);
@@ -273,6 +327,18 @@ impl<K: Kernel> Publisher<'_, K> {
             }
         }
         Ok(())
+    }
+}
+
+/// The device a mapping is: /dev/dm-<minor>, as devtmpfs names it.
+pub(crate) fn mapped_device(m: &Mapping) -> Device {
+    let name = format!("dm-{}", m.dev.1);
+    Device {
+        path: std::path::Path::new("/dev").join(&name),
+        name,
+        major: m.dev.0,
+        minor: m.dev.1,
+        serial: None,
     }
 }
 

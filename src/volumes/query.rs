@@ -20,7 +20,9 @@ use crate::cancel::Cancel;
 use crate::device;
 use crate::error::Result;
 use crate::grow;
+use crate::luks2::mapping::Live;
 use crate::model::VolumeMode;
+use crate::stats::problem::Problem;
 use crate::stats::{self, Condition, Measured};
 use crate::sys::sysfs::Sysfs;
 
@@ -36,6 +38,46 @@ pub(crate) struct Query<'a, K: Kernel> {
 impl<K: Kernel> Query<'_, K> {
     /// Usage and condition of `vol` (semantics.md §5).
     pub(crate) fn stats(&self, vol: &Volume) -> Result<(Option<Measured>, Condition)> {
+        let (measured, mut condition) = self.stats_of_device(vol)?;
+        if let Some(problem) = self.mapping_problem(vol) {
+            condition.abnormal = true;
+            condition.message = match condition.problems.is_empty() {
+                true => problem.to_string(),
+                false => format!("{}; {problem}", condition.message),
+            };
+            condition.problems.push(problem);
+        }
+        Ok((measured, condition))
+    }
+
+    /// What is wrong with an encrypted volume's mapping, if anything: a
+    /// suspended or missing mapping is not serving its filesystem.
+    fn mapping_problem(&self, vol: &Volume) -> Option<Problem> {
+        let enc = vol.encrypted.as_ref()?;
+        let mapping = enc.mapping.name.clone();
+        match self.mounts.kernel.mapping_live(&enc.mapping) {
+            Ok(Live::Serving(dev)) if dev == enc.mapping.dev => None,
+            Ok(Live::Serving(_)) => Some(Problem::MappingGone {
+                mapping,
+                how: "another device now",
+            }),
+            Ok(Live::Suspended) => Some(Problem::MappingSuspended { mapping }),
+            Ok(Live::NoTable) => Some(Problem::MappingGone {
+                mapping,
+                how: "without a live table",
+            }),
+            Ok(Live::Missing) => Some(Problem::MappingGone {
+                mapping,
+                how: "gone",
+            }),
+            Err(e) => Some(Problem::Device(format!(
+                "the state of the volume's dm-crypt mapping {mapping} cannot be read: {e}"
+            ))),
+        }
+    }
+
+    /// Usage and condition of `vol`'s filesystem or block device.
+    fn stats_of_device(&self, vol: &Volume) -> Result<(Option<Measured>, Condition)> {
         vol.not_publishing()?;
         let rel = vol.rel();
         let fs = match vol.mode() {
@@ -60,6 +102,31 @@ impl<K: Kernel> Query<'_, K> {
         Ok((usage.map(Measured::Filesystem), condition))
     }
 
+    /// An encrypted volume's mapping, grown once its disk is
+    /// `required_bytes` (waited for as a block volume's device is) to the
+    /// disk's end; what the mapping must then be (0: as it is now). For a
+    /// volume in the clear, `required_bytes` as it is.
+    fn grow_mapping(
+        &self,
+        vol: &Volume,
+        required_bytes: u64,
+        timeout: Duration,
+        cancel: &Cancel,
+    ) -> Result<u64> {
+        let Some(enc) = &vol.encrypted else {
+            return Ok(required_bytes);
+        };
+        let disk_bytes =
+            device::wait_for_size(self.sysfs, &enc.disk, required_bytes, timeout, cancel)?;
+        let mapped = self
+            .mounts
+            .kernel
+            .grow_mapping(&enc.mapping.name, disk_bytes)?;
+        info!(self.log, "mapping grown with its disk"; "volume" => vol.id(),
+              "mapping" => &enc.mapping.name, "disk_bytes" => disk_bytes, "mapping_bytes" => mapped);
+        Ok(0)
+    }
+
     /// Grows `vol`'s filesystem to its device (semantics.md §4); a block
     /// volume waits for its device to be `required_bytes`.
     pub(crate) fn expand(
@@ -72,6 +139,10 @@ impl<K: Kernel> Query<'_, K> {
         let id = vol.id();
         vol.not_publishing()?;
         not_frozen(self.leases, id)?;
+        if vol.mounted_read_only() && vol.mode() != VolumeMode::Block {
+            return Err(Error::ReadOnly(id.to_string()).into());
+        }
+        let required_bytes = self.grow_mapping(vol, required_bytes, timeout, cancel)?;
         let fs = match vol.mode() {
             VolumeMode::Filesystem(fs) => fs,
             VolumeMode::Block => {
@@ -88,9 +159,6 @@ impl<K: Kernel> Query<'_, K> {
                 );
             }
         };
-        if vol.mounted_read_only() {
-            return Err(Error::ReadOnly(id.to_string()).into());
-        }
         let fd = self.mounts.open_mount(vol)?;
         let current = grow::fs_size_bytes(fd.as_fd(), &vol.guest_path, &vol.device, fs)?;
         if required_bytes > 0 && required_bytes <= current {

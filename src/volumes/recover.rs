@@ -104,6 +104,7 @@ impl<K: Kernel> Recovery<'_, K> {
         }
         self.sweep(&mut own_devices, &kept)?;
         self.clear_strays(&adopted);
+        self.unmap_strays(&adopted);
         if let Some(why) = self.store.problem() {
             warn!(self.log, "the state directory could not be written at start: serving the volumes taken back and Unpublish; publishes and binds are refused until it can be written";
                   "why" => why);
@@ -117,10 +118,11 @@ impl<K: Kernel> Recovery<'_, K> {
     /// are both kept as they are mounted, and said loudly: taking either
     /// down under a pod is not recovery's call.
     fn claim_adopted(&self, vol: &Volume) {
-        let extent = self.sysfs.extent((vol.device.major, vol.device.minor));
+        let disk = vol.disk();
+        let extent = self.sysfs.extent((disk.major, disk.minor));
         for c in self.claims.adopt(vol, extent) {
             warn!(self.log, "volumes taken back from a previous run share sectors of one disk; unpublish one of them";
-                  "volume" => vol.id(), "device" => shown(&vol.device.path),
+                  "volume" => vol.id(), "device" => shown(&vol.disk().path),
                   "other" => &c.id, "other_device" => shown(&c.device), "how" => extent.describe(&c.extent));
         }
     }
@@ -275,6 +277,35 @@ impl<K: Kernel> Recovery<'_, K> {
             if !ours.contains(name.as_os_str()) {
                 self.kernel
                     .remove_node(self.root.fd(), &Path::new("volumes").join(&name));
+            }
+        }
+    }
+
+    /// Removes the agent's own mappings that no adopted volume explains:
+    /// made by a publish killed before it recorded the volume, or left by
+    /// a volume forgotten above (its mounts are down by now). One still
+    /// held open stays, said.
+    fn unmap_strays(&self, adopted: &[Volume]) {
+        let ours: HashSet<&str> = adopted
+            .iter()
+            .filter_map(|v| v.encrypted.as_ref())
+            .map(|e| e.mapping.name.as_str())
+            .collect();
+        let found = match self.kernel.own_mappings() {
+            Ok(found) => found,
+            Err(e) => {
+                warn!(self.log, "could not list device-mapper devices to remove the mappings no record explains"; "error" => %e);
+                return;
+            }
+        };
+        for name in found.iter().filter(|n| !ours.contains(n.as_str())) {
+            match self.kernel.close_mapping(name) {
+                Ok(_) => {
+                    warn!(self.log, "mapping left by a previous run that no record explains; removed"; "mapping" => name)
+                }
+                Err(e) => {
+                    warn!(self.log, "could not remove a mapping left by a previous run"; "mapping" => name, "error" => %e)
+                }
             }
         }
     }

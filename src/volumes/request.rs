@@ -93,6 +93,42 @@ pub struct Spec {
     pub options: Options,
     /// fsGroup, if any.
     pub fs_group: Option<FsGroup>,
+    /// A LUKS2 volume: how it is mapped (the key is not part of the spec:
+    /// it is neither kept nor recorded).
+    pub encryption: Option<Encryption>,
+}
+
+/// How an encrypted volume is opened, as the volume keeps it and its
+/// record stores it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Encryption {
+    /// Discards pass through the mapping (they reveal which blocks are free).
+    pub allow_discards: bool,
+    /// A blank disk is made a LUKS2 volume with the filesystem inside.
+    pub format_if_blank: bool,
+}
+
+/// Where an encrypted volume's passphrase comes from. Its Debug shows no
+/// key material.
+pub enum KeySource {
+    /// The passphrase itself, from the request.
+    Passphrase(zeroize::Zeroizing<Vec<u8>>),
+}
+
+impl std::fmt::Debug for KeySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeySource::Passphrase(p) => write!(f, "Passphrase({} bytes, redacted)", p.len()),
+        }
+    }
+}
+
+impl Clone for KeySource {
+    fn clone(&self) -> Self {
+        match self {
+            KeySource::Passphrase(p) => KeySource::Passphrase(p.clone()),
+        }
+    }
 }
 
 /// A validated PublishVolume request.
@@ -102,6 +138,8 @@ pub struct PublishRequest {
     pub spec: Spec,
     /// How long to wait for the device to appear.
     pub timeout: Duration,
+    /// An encrypted volume's passphrase, or where it comes from.
+    pub key: Option<KeySource>,
 }
 
 /// The answer to a publish.
@@ -166,6 +204,23 @@ pub struct VolumeInfo {
     pub ownership_done: u64,
     /// The freeze that holds it frozen, and until it ends by itself.
     pub frozen: Option<(String, std::time::Duration)>,
+    /// An encrypted volume's mapping, with no key material.
+    pub encryption: Option<EncryptionInfo>,
+}
+
+/// What ListVolumes says of an encrypted volume.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EncryptionInfo {
+    /// "luks2".
+    pub kind: &'static str,
+    pub cipher: String,
+    pub key_bits: u32,
+    /// "" when the volume has none.
+    pub integrity: String,
+    pub allow_discards: bool,
+    /// The device-mapper name.
+    pub mapping: String,
+    pub luks_uuid: String,
 }
 
 /// Whether a volume's publish has finished.

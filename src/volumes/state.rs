@@ -22,6 +22,7 @@ use crust_protocols::sync::LockExt;
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
+use super::encrypted;
 use super::error::Error;
 use super::phase::Phase;
 use super::request::{FsGroup, Options, Source, Spec};
@@ -109,6 +110,8 @@ pub(crate) enum BadRecord {
     Invalid(#[from] validate::Invalid),
     #[error(transparent)]
     Options(#[from] BadOption),
+    #[error(transparent)]
+    Encrypted(#[from] encrypted::Bad),
 }
 
 /// A value of the wrong shape.
@@ -438,9 +441,11 @@ fn rro_parse(s: &str) -> Option<RecursiveReadOnly> {
 
 /// The record of `v`.
 pub(crate) fn encode(v: &Volume) -> String {
-    let mut o = match v.mode() {
-        VolumeMode::Filesystem(_) => String::from("version=2\n"),
-        VolumeMode::Block => String::from("version=3\nmode=block\n"),
+    let mut o = match (v.mode(), v.encrypted.is_some()) {
+        (VolumeMode::Filesystem(_), false) => String::from("version=2\n"),
+        (VolumeMode::Block, false) => String::from("version=3\nmode=block\n"),
+        (VolumeMode::Filesystem(_), true) => String::from("version=4\n"),
+        (VolumeMode::Block, true) => String::from("version=4\nmode=block\n"),
     };
     o += &format!("id={}\n", esc(v.id()));
     match &v.spec.source {
@@ -467,6 +472,9 @@ pub(crate) fn encode(v: &Volume) -> String {
             Policy::OnRootMismatch => "on-root-mismatch",
         };
         o += &format!("fs_group={}:{p}\n", g.gid);
+    }
+    if let (Some(asked), Some(enc)) = (&v.spec.encryption, &v.encrypted) {
+        o += &encrypted::encode(asked, enc, esc);
     }
     o += &format!("mount_id={}\n", recorded(v.phase.mount_id()));
     o += &format!("complete={}\n", v.phase.complete());
@@ -591,17 +599,23 @@ struct Fields {
     /// A record says `complete=false` while its fsGroup walk was unfinished.
     incomplete: bool,
     binds: Vec<Bind>,
+    /// An encrypted volume's lines.
+    enc: encrypted::Fields,
 }
 
 impl Fields {
     /// Takes one `key=value` line; unknown keys are left for newer agents.
     fn take(&mut self, k: &str, v: &str, root: &Path) -> Result<(), BadRecord> {
+        if self.enc.take(k, v, |s| unesc(s.as_bytes(), "value").ok())? {
+            return Ok(());
+        }
         match k {
             "version" => {
                 self.version = match v {
                     "1" => 1,
                     "2" => 2,
                     "3" => 3,
+                    "4" => 4,
                     _ => return Err(BadRecord::Version(v.to_string())),
                 }
             }
@@ -671,13 +685,6 @@ impl Fields {
         if block && !self.binds.iter().all(plain) {
             return Err(BadRecord::BlockBindNotPlain);
         }
-        let spec = Spec {
-            volume_id: id,
-            source: self.source.ok_or(Missing("source"))?,
-            mode,
-            options: Options::parse(self.options, self.read_only)?,
-            fs_group: self.fs_group,
-        };
         let device = Device {
             name,
             path: self.device.ok_or(Missing("device"))?,
@@ -685,15 +692,37 @@ impl Fields {
             minor,
             serial: self.device_serial,
         };
+        let enc = self.enc.finish(&id, &device)?;
+        if let Some((_, e)) = &enc {
+            if self.version < 4 {
+                return Err(BadRecord::Version(format!(
+                    "{} with encryption",
+                    self.version
+                )));
+            }
+            validate::device_path(&e.disk.path.to_string_lossy())?;
+            device_name(e.disk.name.clone())?;
+        }
+        let (encryption, encrypted) = enc.map_or((None, None), |(a, e)| (Some(a), Some(e)));
+        let spec = Spec {
+            volume_id: id,
+            source: self.source.ok_or(Missing("source"))?,
+            mode,
+            options: Options::parse(self.options, self.read_only)?,
+            fs_group: self.fs_group,
+            encryption,
+        };
         let guest_path = root.join(VOLUMES_DIR).join(&spec.volume_id);
-        Ok(Volume::recorded(
+        let mut vol = Volume::recorded(
             spec,
             device,
             guest_path,
             self.ro_set,
             Phase::from_record(self.mount_id, !self.incomplete),
             self.binds,
-        ))
+        );
+        vol.encrypted = encrypted;
+        Ok(vol)
     }
 }
 

@@ -62,6 +62,23 @@ impl<K: Kernel> Takedown<'_, K> {
         Ok(())
     }
 
+    /// Removes an encrypted volume's mapping once nothing of it is
+    /// mounted: the disk is then ciphertext only, and its key forgotten.
+    pub(crate) fn unmap(&self, vol: &Volume) -> Result<()> {
+        let Some(enc) = &vol.encrypted else {
+            return Ok(());
+        };
+        match self.mounts.kernel.close_mapping(&enc.mapping.name) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(Error::MappingHeld {
+                id: vol.id().to_string(),
+                mapping: enc.mapping.name.clone(),
+                why: e.to_string(),
+            }
+            .into()),
+        }
+    }
+
     /// Takes down every mount of `vol`'s disk still beneath the root once
     /// the agent's own are down: its filesystem, or a bind of its node (a
     /// devtmpfs mount of the node's name, checked by its device number

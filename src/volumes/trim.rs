@@ -54,6 +54,13 @@ pub(crate) fn trim<K: Kernel>(
         .into());
     };
     vol.not_publishing()?;
+    if vol
+        .encrypted
+        .as_ref()
+        .is_some_and(|e| !e.mapping.allow_discards)
+    {
+        return Err(Error::DiscardsNotAllowed(id.to_string()).into());
+    }
     not_frozen(leases, id)?;
     if vol.mounted_read_only() {
         return Err(quiesce::Error::ReadOnly {

@@ -60,6 +60,7 @@ impl<K: Kernel> Unpublisher<'_, K> {
         self.takedown.volume(vol)?;
         // Never OK while the disk is still mounted beneath the root.
         self.takedown.leftovers(vol)?;
+        self.takedown.unmap(vol)?;
         // Unlinking needs no space; where even that fails (a read-only or
         // failing state filesystem), every mount is down all the same, and
         // the record names a volume whose mount is gone, which recovery drops.

@@ -8,7 +8,8 @@ use rustix::fs::OFlags;
 
 use super::error::Error;
 use super::phase::Phase;
-use super::request::{Source, Spec, VolumeInfo, VolumeState};
+use super::request::{EncryptionInfo, Source, Spec, VolumeInfo, VolumeState};
+use crate::luks2::mapping::Mapping;
 use crate::model::{Device, MountId, RecursiveReadOnly, VolumeMode};
 use crate::mount::unmount::Expect;
 use crate::sys::beneath::MountPoint;
@@ -60,21 +61,40 @@ pub(crate) struct Volume {
     ro_set: bool,
     /// Its binds, in the order they were made.
     pub(crate) binds: Vec<Bind>,
+    /// An encrypted volume's disk and mapping; `device` is then the
+    /// mapping, what is mounted or bound.
+    pub(crate) encrypted: Option<Encrypted>,
+}
+
+/// An encrypted volume's disk (what the host plugged, and what is claimed)
+/// and the mapping over it, as recorded. No key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Encrypted {
+    pub(crate) disk: Device,
+    pub(crate) mapping: Mapping,
 }
 
 impl Volume {
     /// A volume about to be published: `spec` on `device` at `guest_path`,
     /// nothing mounted yet (`ro_set`: the agent sets a block device's
     /// read-only flag). The one place a new volume is made.
-    pub(crate) fn new(spec: Spec, device: Device, guest_path: PathBuf, ro_set: bool) -> Volume {
-        Volume::recorded(
+    pub(crate) fn new(
+        spec: Spec,
+        device: Device,
+        guest_path: PathBuf,
+        ro_set: bool,
+        encrypted: Option<Encrypted>,
+    ) -> Volume {
+        let mut v = Volume::recorded(
             spec,
             device,
             guest_path,
             ro_set,
             Phase::Recorded,
             Vec::new(),
-        )
+        );
+        v.encrypted = encrypted;
+        v
     }
 
     /// A volume as its record has it (state.rs).
@@ -93,7 +113,13 @@ impl Volume {
             phase,
             ro_set,
             binds,
+            encrypted: None,
         }
+    }
+
+    /// The disk the host plugged: what is claimed, and what a serial names.
+    pub(crate) fn disk(&self) -> &Device {
+        self.encrypted.as_ref().map_or(&self.device, |e| &e.disk)
     }
 
     /// Whether the agent set (or is to set) the device read-only, and so
@@ -125,7 +151,7 @@ impl Volume {
             device: self.device.path.display().to_string(),
             serial: match &self.spec.source {
                 Source::Serial(s) => s.clone(),
-                Source::Path(_) => self.device.serial.clone().unwrap_or_default(),
+                Source::Path(_) => self.disk().serial.clone().unwrap_or_default(),
             },
             fs_type: match self.spec.mode {
                 VolumeMode::Filesystem(fs) => fs.name().to_string(),
@@ -143,6 +169,15 @@ impl Volume {
             state: VolumeState::Ready,
             ownership_done: 0,
             frozen: None,
+            encryption: self.encrypted.as_ref().map(|e| EncryptionInfo {
+                kind: "luks2",
+                cipher: e.mapping.cipher.clone(),
+                key_bits: e.mapping.key_bits,
+                integrity: e.mapping.integrity.clone().unwrap_or_default(),
+                allow_discards: e.mapping.allow_discards,
+                mapping: e.mapping.name.clone(),
+                luks_uuid: e.mapping.luks_uuid.clone(),
+            }),
         }
     }
 
@@ -235,6 +270,12 @@ impl Volume {
                 o.read_only_flag()
             ));
         }
+        if mine.encryption != asked.encryption {
+            return Some(format!(
+                "encryption {:?} vs {:?}",
+                mine.encryption, asked.encryption
+            ));
+        }
         if mine.fs_group != asked.fs_group {
             return Some(format!(
                 "fs_group {:?} vs {:?}",
@@ -271,6 +312,7 @@ pub(crate) mod tests {
                     gid: 2000,
                     policy: Policy::OnRootMismatch,
                 }),
+                encryption: None,
             },
             device: Device {
                 name: "vdb".into(),
@@ -291,6 +333,7 @@ pub(crate) mod tests {
                 rro_applied: true,
                 mount_id: Some(MountId(78)),
             }],
+            encrypted: None,
         }
     }
 
@@ -325,6 +368,7 @@ pub(crate) mod tests {
         let mut req = PublishRequest {
             spec: v.spec.clone(),
             timeout: Duration::from_secs(1),
+            key: None,
         };
         assert_eq!(v.differs_from(&req.spec), None);
         req.timeout = Duration::from_secs(9);

@@ -12,6 +12,7 @@
 //! - [`agent`]: the crust.v1 request builders and answer readers.
 //! - [`vm`]: the guest under QEMU (crust-vm), its images and console.
 //! - [`crustd`]: the crustd process under test and its answers.
+//! - [`luks`]: LUKS2 images made and decrypted on the host with cryptsetup.
 //!
 //! Test code only: it runs host tools (mkfs, losetup, mount), which the agent
 //! itself never does. It depends on neither the agent nor crustd, so both use
@@ -21,6 +22,7 @@ pub mod agent;
 pub mod child;
 pub mod crustd;
 pub mod disks;
+pub mod luks;
 pub mod needs;
 pub mod vm;
 

@@ -10,12 +10,17 @@ use std::path::{Path, PathBuf};
 use crate::Error;
 
 /// The modules the agent needs from a Debian cloud kernel (virtio PCI, disks,
-/// vsock, xfs); their dependencies are added from `modules.dep`.
+/// vsock, xfs, and dm-crypt with the AES-XTS it asks for, which the kernel
+/// cannot load itself in a guest with no modprobe); their dependencies are
+/// added from `modules.dep`.
 pub const DEFAULT_MODULES: &[&str] = &[
     "virtio_pci",
     "virtio_blk",
     "vmw_vsock_virtio_transport",
     "xfs",
+    "dm_crypt",
+    "xts",
+    "aesni_intel",
 ];
 
 /// The file, beside `modules.dep`, that tells the agent which modules to load.

@@ -5,6 +5,7 @@
 
 mod bind;
 mod block;
+mod encrypted;
 mod freeze;
 mod publish;
 mod recover;

@@ -41,8 +41,10 @@ fn partitions_that_overlap_are_one_volume() {
             mode: VolumeMode::Block,
             options: crate::volumes::request::Options::parse(Vec::new(), false).unwrap(),
             fs_group: None,
+            encryption: None,
         },
         timeout: Duration::from_secs(1),
+        key: None,
     };
     publish_loop(&v, "pa", &a);
     let e = v.publish(&block("pb", &b), &Cancel::never()).unwrap_err();
@@ -79,6 +81,7 @@ fn after_shutdown_nothing_new_is_accepted() {
     let req = PublishRequest {
         spec,
         timeout: Duration::from_millis(1),
+        key: None,
     };
     let e = v.publish(&req, &Cancel::never()).unwrap_err();
     assert!(

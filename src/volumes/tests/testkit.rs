@@ -27,8 +27,10 @@ pub(crate) fn publish_loop(v: &Volumes, id: &str, disk: &crust_testkit::LoopDisk
             mode: VolumeMode::Filesystem(FsType::Ext4),
             options: Options::parse(Vec::new(), false).unwrap(),
             fs_group: None,
+            encryption: None,
         },
         timeout: Duration::from_secs(1),
+        key: None,
     };
     v.publish(&req, &Cancel::never()).unwrap();
 }
@@ -132,8 +134,10 @@ pub(crate) fn request(id: &str, disk: &Device, block: bool, read_only: bool) -> 
             },
             options: Options::parse(Vec::new(), read_only).unwrap(),
             fs_group: None,
+            encryption: None,
         },
         timeout: Duration::from_millis(10),
+        key: None,
     }
 }
 

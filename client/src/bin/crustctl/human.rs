@@ -142,10 +142,10 @@ pub fn list(r: &proto::ListVolumesResponse) -> String {
             v.device.clone(),
             serial,
             match v.volume_mode.enum_value() {
-                Ok(proto::VolumeMode::BLOCK) => "block".into(),
-                Ok(proto::VolumeMode::FILESYSTEM) => "filesystem".into(),
+                Ok(proto::VolumeMode::BLOCK) => "block".to_string(),
+                Ok(proto::VolumeMode::FILESYSTEM) => "filesystem".to_string(),
                 Err(_) => enum_name(v.volume_mode).to_lowercase(),
-            },
+            } + &encryption(v),
             if v.fs_type.is_empty() {
                 "-".into()
             } else {
@@ -163,6 +163,22 @@ pub fn list(r: &proto::ListVolumesResponse) -> String {
         ]);
     }
     table(&rows)
+}
+
+/// `+luks2(aes-xts-plain64/512)` after the mode of an encrypted volume,
+/// `+integrity` and `+discards` where they apply; nothing for one in the clear.
+fn encryption(v: &proto::VolumeInfo) -> String {
+    let Some(e) = v.encryption.as_ref() else {
+        return String::new();
+    };
+    let mut s = format!("+{}({}/{})", e.kind, e.cipher, e.key_bits);
+    if !e.integrity.is_empty() {
+        s += &format!("+integrity({})", e.integrity);
+    }
+    if e.allow_discards {
+        s += "+discards";
+    }
+    s
 }
 
 /// `ready`, or `publishing (123,456 entries)` while the fsGroup walk runs.

@@ -151,6 +151,57 @@ struct PublishArgs {
     /// Seconds the agent waits for the disk to appear (default 10).
     #[arg(long, value_name = "SECS", value_parser = parse_wait)]
     wait: Option<u32>,
+    /// The disk is encrypted (luks2): the agent unlocks it in the guest and
+    /// publishes its dm-crypt mapping.
+    #[arg(long, value_name = "KIND")]
+    encryption: Option<EncryptionKind>,
+    /// The passphrase: the bytes of this host file, as they are (cryptsetup's
+    /// --key-file), sent in the request. For a host trusted with the key.
+    #[arg(
+        long,
+        value_name = "HOSTPATH",
+        requires = "encryption",
+        conflicts_with = "key_uri"
+    )]
+    key_file: Option<std::path::PathBuf>,
+    /// Where the guest finds the passphrase itself (file:///PATH, or
+    /// kbs:///REPO/TYPE/TAG through the Confidential Data Hub): the host never sees it.
+    #[arg(long, value_name = "URI", requires = "encryption")]
+    key_uri: Option<String>,
+    /// A disk blank at every offset the agent checks is made a LUKS2 volume
+    /// (and the filesystem inside); any other disk is left as it is.
+    #[arg(long, requires = "encryption")]
+    format_if_blank: bool,
+    /// Let discards (trim) through the encryption: they tell the host which
+    /// blocks are free.
+    #[arg(long, requires = "encryption")]
+    allow_discards: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum EncryptionKind {
+    Luks2,
+}
+
+/// The most bytes a key file may hold (cryptsetup's own bound for --key-file).
+const KEY_FILE_MAX: u64 = 8 << 20;
+
+/// The bytes of `path`, as they are, for a passphrase.
+fn read_key_file(path: &std::path::Path) -> Result<Vec<u8>, Failure> {
+    use std::io::Read;
+    let bad = |why: String| Failure::Usage(format!("--key-file {}: {why}", path.display()));
+    let f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let mut key = Vec::new();
+    f.take(KEY_FILE_MAX + 1)
+        .read_to_end(&mut key)
+        .map_err(|e| bad(e.to_string()))?;
+    if key.len() as u64 > KEY_FILE_MAX {
+        return Err(bad(format!("it holds more than {KEY_FILE_MAX} bytes")));
+    }
+    if key.is_empty() {
+        return Err(bad("it is empty".into()));
+    }
+    Ok(key)
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -250,6 +301,8 @@ fn parse_size(s: &str) -> Result<i64, String> {
 enum Failure {
     Connect(ConnectError),
     Call(CallError),
+    /// An argument that parsed but cannot be used (a key file unreadable).
+    Usage(String),
 }
 
 impl Failure {
@@ -257,6 +310,7 @@ impl Failure {
     fn exit_code(&self) -> u8 {
         match self {
             Failure::Call(CallError::Status { .. }) => 1,
+            Failure::Usage(_) => 2,
             Failure::Call(_) | Failure::Connect(_) => 3,
         }
     }
@@ -297,6 +351,7 @@ fn main() -> ExitCode {
                 }
                 Failure::Call(e) => eprintln!("error: {e}"),
                 Failure::Connect(e) => eprintln!("error: {e}"),
+                Failure::Usage(e) => eprintln!("error: {e}"),
             }
             if crust_client::unanswered() > 0 {
                 eprintln!(
@@ -371,7 +426,10 @@ fn ask<M: MessageDyn>(
 
 /// `publish VOLUME_ID --serial|--device ...`.
 fn publish(agent: &CrustClient, j: bool, a: &PublishArgs) -> Result<String, Failure> {
-    let req = publish_request(a);
+    let mut req = publish_request(a);
+    if let (Some(e), Some(path)) = (req.encryption.as_mut(), &a.key_file) {
+        e.set_passphrase(read_key_file(path)?);
+    }
     ask(j, agent.publish_volume(&req), |r| {
         human::publish(&a.volume_id, mounted_read_only(&req), r)
     })
@@ -535,6 +593,21 @@ fn publish_request(a: &PublishArgs) -> proto::PublishVolumeRequest {
         read_only: a.read_only,
         fs_group: fs_group.into(),
         timeout_ms: a.wait.unwrap_or(0),
+        encryption: a
+            .encryption
+            .map(|EncryptionKind::Luks2| {
+                let mut e = proto::Encryption {
+                    kind: proto::encryption::Kind::LUKS2.into(),
+                    format_if_blank: a.format_if_blank,
+                    allow_discards: a.allow_discards,
+                    ..Default::default()
+                };
+                if let Some(u) = &a.key_uri {
+                    e.set_key_uri(u.clone());
+                }
+                e
+            })
+            .into(),
         ..Default::default()
     }
 }

@@ -1,0 +1,453 @@
+//! A LUKS2 volume mapped: the disk's header read, a keyslot unlocked, and
+//! a dm-crypt device made over the disk's data segment, named as cryptsetup
+//! names its mappings (`CRYPT-LUKS2-<uuid>-<name>`), so that `cryptsetup
+//! status`, `lsblk` and `dmsetup` in the guest know it. Then closing it,
+//! telling whether it is still live, growing it with its disk, and finding
+//! the agent's own among the guest's mappings.
+//!
+//! The volume key reaches dm-crypt as a `logon` key (`sys::keyring`),
+//! never as hex in a table line. The key stays in the user keyring while
+//! the mapping lives, under `crust:<name>`, so that a grow (a new table,
+//! which dm-crypt must load with the key) and a restarted agent need no
+//! passphrase again: user space cannot read a logon key back, and dm-crypt
+//! holds the same key in kernel memory for as long anyway. Closing the
+//! mapping unlinks and revokes it. The agent links the user keyring into
+//! its process keyring before each load, so that dm-crypt finds the key
+//! whether the agent is PID 1 (no session keyring) or a systemd service
+//! (a private one).
+//!
+//! A failed open leaves nothing: neither a device nor a key.
+
+use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use zeroize::Zeroizing;
+
+use super::error::Error;
+use super::header;
+use super::unlock::{self, Limits};
+use crate::sys::dm::{self, Control, CryptKey, Target};
+use crate::sys::error::SysError;
+use crate::sys::keyring::{self, Keyring};
+
+/// The start of the name of every mapping the agent makes: how recovery
+/// tells its own from the guest's other mappings.
+pub const NAME_PREFIX: &str = "crust-";
+
+/// The longest volume id used as it is in a mapping's name: longer ones
+/// (or ones with bytes device-mapper refuses) are named by a hash, so that
+/// the dm uuid (`CRYPT-LUKS2-` + 32 hex + `-` + name) stays within its 128
+/// bytes.
+const PLAIN_ID_MAX: usize = 64;
+
+/// The mapping name of volume `id`: `crust-<id>` when the id is short and
+/// made of letters, digits, '.', '_' and '-'; else `crust-h<hash>`, a
+/// SHA-256 of the id cut to 128 bits.
+pub fn name_for(id: &str) -> String {
+    let plain = id.len() <= PLAIN_ID_MAX
+        && !id.is_empty()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if plain {
+        return format!("{NAME_PREFIX}{id}");
+    }
+    use sha2::Digest;
+    let hash = sha2::Sha256::digest(id.as_bytes());
+    let hex: String = hash[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{NAME_PREFIX}h{hex}")
+}
+
+/// The logon key's description for mapping `name`.
+fn key_description(name: &str) -> String {
+    format!("crust:{name}")
+}
+
+/// A mapping as opened: what the table and ListVolumes say of it. No key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    /// Its device-mapper name.
+    pub name: String,
+    /// Its device-mapper uuid, cryptsetup's form.
+    pub dm_uuid: String,
+    /// Its block device: /dev/dm-<minor>.
+    pub dev: (u32, u32),
+    /// The LUKS2 header's uuid.
+    pub luks_uuid: String,
+    /// e.g. "aes-xts-plain64".
+    pub cipher: String,
+    /// The volume key's size in bits.
+    pub key_bits: u32,
+    /// The data segment's integrity, if any (e.g. "hmac(sha256)").
+    pub integrity: Option<String>,
+    /// Whether discards pass through.
+    pub allow_discards: bool,
+}
+
+/// How a mapping is opened.
+#[derive(Clone, Copy, Debug)]
+pub struct Open<'a> {
+    /// The disk's node, and its device number.
+    pub disk: &'a Path,
+    pub disk_dev: (u32, u32),
+    /// The mapping's name (`name_for`).
+    pub name: &'a str,
+    /// A read-only mapping.
+    pub read_only: bool,
+    /// Pass discards down.
+    pub allow_discards: bool,
+    /// What the unlock may cost.
+    pub limits: Limits,
+}
+
+/// What unlocking costs at most in a guest with `free_bytes` of free
+/// memory: Argon2 may take half of it (and never more than 4 GiB, the most
+/// cryptsetup asks), and the time costs are bounded so that a hostile
+/// header cannot hold an unlock for hours.
+pub fn guest_limits(free_bytes: u64) -> Limits {
+    Limits {
+        argon2_memory_kib: (free_bytes / 2 / 1024).min(4 << 20),
+        argon2_passes: 64,
+        pbkdf2_iterations: 20_000_000,
+    }
+}
+
+/// Opens `o.disk`'s LUKS2 volume with `passphrase` as mapping `o.name`.
+/// Nothing is left behind when it fails.
+pub fn open(o: &Open<'_>, passphrase: &Zeroizing<Vec<u8>>) -> Result<Mapping, Error> {
+    let file = File::options()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(o.disk)
+        .map_err(|e| SysError::new("open", o.disk.display(), e))?;
+    let size = crate::sys::blockdev::size_of(&file, o.disk)?;
+    let hdr = header::read(&file, size)?;
+    let unlocked = unlock::unlock(&file, &hdr, passphrase, o.limits, None)?;
+    drop(file);
+    let seg = &unlocked.segment;
+    if let Some(i) = &seg.integrity {
+        return Err(Error::unsupported(format!(
+            "integrity {:?} (dm-integrity under dm-crypt), which the agent does not open yet",
+            i.kind
+        )));
+    }
+    let length = data_sectors(size, seg.offset, seg.size, seg.sector_size)?;
+    let cipher = seg.encryption.clone();
+    let key = unlocked.volume_key.bytes();
+    let key_bits = u32::try_from(key.len() * 8).unwrap_or(u32::MAX);
+    let description = key_description(o.name);
+    let dm_uuid = dm::crypt_uuid(&hdr.uuid, o.name)?;
+    let params = dm::Crypt {
+        cipher: &seg.encryption,
+        key: CryptKey::Logon {
+            size: key.len(),
+            description: &description,
+        },
+        iv_offset: seg.iv_tweak,
+        device: o.disk_dev,
+        offset: seg.offset / 512,
+        sector_size: seg.sector_size,
+        allow_discards: o.allow_discards,
+    }
+    .params()?;
+    let control = Control::open()?;
+    // The user keyring, reachable from every thread of the agent.
+    keyring::link(Keyring::User, Keyring::Process)?;
+    let serial = keyring::add_logon(&description, key, Keyring::User)?;
+    drop(unlocked);
+    let made = control.create(o.name, &dm_uuid).and_then(|_| {
+        let table = [Target {
+            start: 0,
+            length,
+            kind: "crypt",
+            params,
+        }];
+        control.load(o.name, &table, o.read_only)?;
+        control.resume(o.name)
+    });
+    let info = match made.and_then(|info| wait_for_node(o.name, info.dev).map(|()| info)) {
+        Ok(info) => info,
+        Err(e) => {
+            // Made by this call (create refuses a name or uuid in use).
+            if !matches!(e, dm::Error::Exists { .. }) {
+                let _ = control.remove(o.name);
+            }
+            let _ = keyring::unlink(serial, Keyring::User);
+            let _ = keyring::revoke(serial);
+            return Err(e.into());
+        }
+    };
+    Ok(Mapping {
+        name: o.name.to_string(),
+        dm_uuid,
+        dev: info.dev,
+        luks_uuid: hdr.uuid.clone(),
+        cipher,
+        key_bits,
+        integrity: None,
+        allow_discards: o.allow_discards,
+    })
+}
+
+/// How long a new mapping's node may take to appear in devtmpfs.
+const NODE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Waits until devtmpfs shows mapping `name`'s node, /dev/dm-<minor>, as
+/// that device: the kernel makes it right after the device, on a thread of
+/// its own.
+fn wait_for_node(name: &str, dev: (u32, u32)) -> Result<(), dm::Error> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let node = format!("/dev/dm-{}", dev.1);
+    let start = std::time::Instant::now();
+    loop {
+        if let Ok(m) = std::fs::symlink_metadata(&node) {
+            let rdev = m.rdev();
+            if m.file_type().is_block_device() && (libc::major(rdev), libc::minor(rdev)) == dev {
+                return Ok(());
+            }
+        }
+        if start.elapsed() > NODE_WAIT {
+            return Err(dm::Error::Answer {
+                call: "DM_DEV_SUSPEND",
+                why: format!(
+                    "a live mapping {name:?} whose node {node} did not appear in {} s (is devtmpfs mounted on /dev?)",
+                    NODE_WAIT.as_secs()
+                ),
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// The mapping's length in 512-byte sectors: the segment's size, or (when
+/// "dynamic") the disk from the segment's offset to its end, in whole
+/// encryption sectors. Refused when nothing is left.
+pub fn data_sectors(
+    disk_bytes: u64,
+    offset: u64,
+    size: Option<u64>,
+    sector_size: u32,
+) -> Result<u64, Error> {
+    let room = disk_bytes.saturating_sub(offset);
+    let bytes = size.unwrap_or(room);
+    if bytes > room {
+        return Err(Error::corrupt(format!(
+            "its data segment ends at byte {}, past the disk's end ({disk_bytes})",
+            offset.saturating_add(bytes)
+        )));
+    }
+    let unit = u64::from(sector_size.max(512));
+    let sectors = bytes / unit * (unit / 512);
+    if sectors == 0 {
+        return Err(Error::corrupt(format!(
+            "its data segment at byte {offset} holds no whole {unit}-byte sector of the {disk_bytes}-byte disk"
+        )));
+    }
+    Ok(sectors)
+}
+
+/// Removes mapping `name` and forgets its key; false when there was no
+/// such mapping. [`dm::Error::Busy`] while something holds it open (a
+/// mount): the caller takes its mounts down first.
+pub fn close(name: &str) -> Result<bool, Error> {
+    let control = Control::open()?;
+    let was = match control.remove(name) {
+        Ok(()) => true,
+        Err(dm::Error::NotFound(_)) => false,
+        Err(e) => return Err(e.into()),
+    };
+    forget_key(name);
+    Ok(was)
+}
+
+/// Unlinks and revokes mapping `name`'s logon key, if the user keyring
+/// holds it.
+fn forget_key(name: &str) {
+    if let Ok(Some(serial)) = keyring::search_logon(Keyring::User, &key_description(name)) {
+        let _ = keyring::unlink(serial, Keyring::User);
+        let _ = keyring::revoke(serial);
+    }
+}
+
+/// Whether a mapping is there and serving.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Live {
+    /// Live, with its device number.
+    Serving((u32, u32)),
+    /// Suspended: I/O to it waits.
+    Suspended,
+    /// There, with no live table.
+    NoTable,
+    /// No mapping of that name, or one with another uuid.
+    Missing,
+}
+
+/// How mapping `name` (whose uuid must be `dm_uuid`) is now.
+pub fn live(name: &str, dm_uuid: &str) -> Result<Live, Error> {
+    let control = Control::open()?;
+    let info = match control.status(name) {
+        Ok(i) => i,
+        Err(dm::Error::NotFound(_)) => return Ok(Live::Missing),
+        Err(e) => return Err(e.into()),
+    };
+    Ok(if info.uuid != dm_uuid {
+        Live::Missing
+    } else if info.suspended() {
+        Live::Suspended
+    } else if !info.has_live_table() {
+        Live::NoTable
+    } else {
+        Live::Serving(info.dev)
+    })
+}
+
+/// Grows mapping `name` to the end of its disk, now `disk_bytes` long:
+/// its live table is read back (it names the key, never holds it), given
+/// the new length, loaded and made live. The mapping's size in bytes after.
+pub fn grow(name: &str, disk_bytes: u64) -> Result<u64, Error> {
+    let control = Control::open()?;
+    let (info, lines) = control.targets(name, true)?;
+    let [line] = &lines[..] else {
+        return Err(Error::corrupt(format!(
+            "mapping {name:?} has {} targets where the agent made one",
+            lines.len()
+        )));
+    };
+    let crypt = CryptLine::parse(&line.text).ok_or_else(|| {
+        Error::corrupt(format!(
+            "mapping {name:?} is not a dm-crypt mapping with its key in the keyring"
+        ))
+    })?;
+    let length = data_sectors(
+        disk_bytes,
+        crypt.offset.saturating_mul(512),
+        None,
+        crypt.sector_size,
+    )?;
+    if length <= line.length {
+        return Ok(line.length.saturating_mul(512));
+    }
+    keyring::link(Keyring::User, Keyring::Process)?;
+    let table = [Target {
+        start: 0,
+        length,
+        kind: "crypt",
+        params: Zeroizing::new(line.text.to_string()),
+    }];
+    let read_only = info.flags & dm::flag::READONLY != 0;
+    control.load(name, &table, read_only)?;
+    control.resume(name)?;
+    Ok(length.saturating_mul(512))
+}
+
+/// What a grow needs of a live `crypt` line: its offset and sector size.
+struct CryptLine {
+    /// Where the ciphertext starts on the disk, in 512-byte sectors.
+    offset: u64,
+    sector_size: u32,
+}
+
+impl CryptLine {
+    /// `<cipher> :<size>:logon:<desc> <iv_offset> <dev> <offset> [<n> <opt>...]`;
+    /// None for any other form (a hex key among them: not the agent's).
+    fn parse(text: &str) -> Option<CryptLine> {
+        let mut words = text.split_ascii_whitespace();
+        let _cipher = words.next()?;
+        let key = words.next()?;
+        if !key.starts_with(':') || !key.contains(":logon:") {
+            return None;
+        }
+        let _iv = words.next()?;
+        let _dev = words.next()?;
+        let offset = words.next()?.parse().ok()?;
+        let mut sector_size = 512;
+        for opt in words.skip(1) {
+            if let Some(s) = opt.strip_prefix("sector_size:") {
+                sector_size = s.parse().ok()?;
+            }
+        }
+        Some(CryptLine {
+            offset,
+            sector_size,
+        })
+    }
+}
+
+/// The agent's own mappings among the guest's: a cryptsetup LUKS uuid
+/// whose name is the mapping's, starting with [`NAME_PREFIX`].
+pub fn ours() -> Result<Vec<dm::Listed>, Error> {
+    let control = match Control::open() {
+        Ok(c) => c,
+        // No device-mapper: no mapping of anyone's.
+        Err(dm::Error::Unavailable { .. }) => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    Ok(control
+        .find_by_uuid_prefix("CRYPT-LUKS2-")?
+        .into_iter()
+        .filter(|l| l.name.starts_with(NAME_PREFIX))
+        .filter(|l| {
+            l.uuid
+                .as_deref()
+                .and_then(dm::parse_crypt_uuid)
+                .is_some_and(|(_, _, n)| n == l.name)
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_plain_or_hashed_and_always_fit_a_dm_uuid() {
+        assert_eq!(name_for("pvc-1.a_b"), "crust-pvc-1.a_b");
+        for id in ["a b", "ü", &"x".repeat(65), "a/b", "a:b"] {
+            let n = name_for(id);
+            assert!(
+                n.starts_with("crust-h") && n.len() == 7 + 32,
+                "{id:?} → {n}"
+            );
+        }
+        assert_ne!(name_for("a b"), name_for("a c"));
+        let longest = name_for(&"y".repeat(PLAIN_ID_MAX));
+        let uuid = dm::crypt_uuid("0123456789abcdef0123456789abcdef", &longest).unwrap();
+        assert!(uuid.len() <= 128, "{}", uuid.len());
+    }
+
+    #[test]
+    fn a_segment_maps_to_whole_encryption_sectors() {
+        let mib = 1 << 20;
+        assert_eq!(data_sectors(32 * mib, 16 * mib, None, 512).unwrap(), 32768);
+        assert_eq!(
+            data_sectors(32 * mib + 3072, 16 * mib, None, 4096).unwrap(),
+            32768,
+            "a part of a 4096-byte sector is not mapped"
+        );
+        assert_eq!(
+            data_sectors(64 * mib, 16 * mib, Some(mib), 512).unwrap(),
+            2048
+        );
+        assert!(data_sectors(17 * mib, 16 * mib, Some(2 * mib), 512).is_err());
+        assert!(data_sectors(16 * mib, 16 * mib, None, 512).is_err());
+        assert!(data_sectors(mib, 16 * mib, None, 512).is_err());
+    }
+
+    #[test]
+    fn a_grow_reads_only_the_agents_own_lines() {
+        let l = CryptLine::parse("aes-xts-plain64 :64:logon:crust:crust-v 0 254:16 32768 2 allow_discards sector_size:4096").unwrap();
+        assert_eq!((l.offset, l.sector_size), (32768, 4096));
+        let l = CryptLine::parse("aes-xts-plain64 :64:logon:crust:crust-v 0 254:16 32768").unwrap();
+        assert_eq!((l.offset, l.sector_size), (32768, 512));
+        assert!(CryptLine::parse("aes-xts-plain64 00112233 0 254:16 32768").is_none());
+        assert!(CryptLine::parse("aes-xts-plain64 :64:logon:x 0 254:16").is_none());
+    }
+
+    #[test]
+    fn limits_follow_the_guests_memory() {
+        let l = guest_limits(1 << 30);
+        assert_eq!(l.argon2_memory_kib, 512 << 10);
+        assert_eq!(guest_limits(u64::MAX).argon2_memory_kib, 4 << 20);
+    }
+}

@@ -1,0 +1,141 @@
+//! Encrypted volumes through the table, on the fake kernel: the mapping is
+//! what is mounted and claimed behind the disk, a failed publish leaves no
+//! mapping, an unpublish removes it last, a restart adopts it without a
+//! key and removes one no record explains, trim waits for allow_discards,
+//! and the record and the list hold no key.
+
+use zeroize::Zeroizing;
+
+use super::testkit::{fake_table, reopen, request};
+use crate::cancel::Cancel;
+use crate::code::Code;
+use crate::model::FsType;
+use crate::validate::STATE_DIR;
+use crate::volumes::request::{Encryption, KeySource, PublishRequest};
+
+const PASS: &[u8] = b"correct horse battery staple";
+
+/// A publish of `disk` as encrypted ext4 volume `id` with `pass`.
+fn encrypted(id: &str, disk: &crate::model::Device, pass: &[u8], discards: bool) -> PublishRequest {
+    let mut r = request(id, disk, false, false);
+    r.spec.encryption = Some(Encryption {
+        allow_discards: discards,
+        format_if_blank: false,
+    });
+    r.key = Some(KeySource::Passphrase(Zeroizing::new(pass.to_vec())));
+    r
+}
+
+#[test]
+fn an_encrypted_volume_mounts_its_mapping_and_unpublish_removes_it_after_the_unmount() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake) = fake_table(dir.path());
+    let root = v.root().to_path_buf();
+    let d = fake.luks_disk(dir.path(), "fkc", PASS, Some(FsType::Ext4));
+    fake.journal(&root);
+    let out = v
+        .publish(&encrypted("e", &d, PASS, false), &Cancel::never())
+        .unwrap();
+    assert!(
+        out.device.to_string_lossy().starts_with("/dev/dm-"),
+        "{:?}",
+        out.device
+    );
+    assert_eq!(fake.mappings(), ["crust-e"]);
+    let listed = v.list();
+    let info = listed[0].encryption.as_ref().unwrap();
+    assert_eq!(
+        (info.kind, info.mapping.as_str(), info.key_bits),
+        ("luks2", "crust-e", 512)
+    );
+    assert_eq!(
+        listed[0].serial, "fkc",
+        "the serial is the disk's, not the mapping's"
+    );
+    let record = std::fs::read(root.join(STATE_DIR).join("e.vol")).unwrap();
+    assert!(
+        !record.windows(PASS.len()).any(|w| w == PASS),
+        "the record holds no key"
+    );
+    assert!(String::from_utf8_lossy(&record).contains("mapping=crust-e"));
+
+    // A second volume on the same disk is refused by the disk's claim.
+    let again = v.publish(&encrypted("f", &d, PASS, false), &Cancel::never());
+    assert_eq!(again.unwrap_err().code(), Code::FailedPrecondition);
+    assert_eq!(fake.mappings(), ["crust-e"]);
+
+    assert!(v.unpublish("e", &Cancel::never()).unwrap());
+    let journal = fake.journal(&root);
+    let umount = journal
+        .iter()
+        .position(|j| j == "umount volumes/a" || j.starts_with("umount volumes/e"));
+    let unmap = journal.iter().position(|j| j == "unmap crust-e");
+    assert!(umount.unwrap() < unmap.unwrap(), "{journal:?}");
+    assert!(fake.mappings().is_empty());
+}
+
+#[test]
+fn a_wrong_key_is_permission_denied_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake) = fake_table(dir.path());
+    let root = v.root().to_path_buf();
+    let d = fake.luks_disk(dir.path(), "fkc", PASS, Some(FsType::Ext4));
+    let e = v
+        .publish(&encrypted("e", &d, b"wrong", false), &Cancel::never())
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
+    assert!(!e.to_string().contains("wrong"), "{e}");
+    assert!(fake.mappings().is_empty() && fake.mounts().is_empty());
+    assert!(!root.join(STATE_DIR).join("e.vol").exists());
+    assert!(!root.join("volumes/e").exists());
+    // The disk is free again: the right key opens it.
+    v.publish(&encrypted("e", &d, PASS, false), &Cancel::never())
+        .unwrap();
+}
+
+#[test]
+fn a_publish_that_fails_after_the_mapping_removes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake) = fake_table(dir.path());
+    // xfs asked, ext4 inside: refused after the mapping was made.
+    let d = fake.luks_disk(dir.path(), "fkc", PASS, Some(FsType::Ext4));
+    let mut r = encrypted("e", &d, PASS, false);
+    r.spec.mode = crate::model::VolumeMode::Filesystem(FsType::Xfs);
+    assert!(v.publish(&r, &Cancel::never()).is_err());
+    assert!(fake.mappings().is_empty());
+}
+
+#[test]
+fn a_restart_adopts_a_mapping_without_a_key_and_removes_one_no_record_explains() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake) = fake_table(dir.path());
+    let d = fake.luks_disk(dir.path(), "fkc", PASS, Some(FsType::Ext4));
+    v.publish(&encrypted("e", &d, PASS, false), &Cancel::never())
+        .unwrap();
+    // A mapping of the agent's that no record names (a publish killed
+    // between the mapping and the record).
+    let stray = fake.luks_disk(dir.path(), "fkd", PASS, Some(FsType::Ext4));
+    use crate::volumes::kernel::Kernel;
+    fake.open_mapping(&stray, "crust-stray", false, &Zeroizing::new(PASS.to_vec()))
+        .unwrap();
+    drop(v);
+    let v = reopen(dir.path(), &fake);
+    assert_eq!(fake.mappings(), ["crust-e"]);
+    let listed = v.list();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].encryption.as_ref().unwrap().mapping, "crust-e");
+    assert!(v.unpublish("e", &Cancel::never()).unwrap());
+    assert!(fake.mappings().is_empty());
+}
+
+#[test]
+fn trim_of_an_encrypted_volume_needs_allow_discards() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake) = fake_table(dir.path());
+    let d = fake.luks_disk(dir.path(), "fkc", PASS, Some(FsType::Ext4));
+    v.publish(&encrypted("e", &d, PASS, false), &Cancel::never())
+        .unwrap();
+    let e = v.trim("e", 0, &Cancel::never()).unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert!(e.to_string().contains("allow_discards"), "{e}");
+}
