@@ -1,0 +1,11 @@
+//! The key of an encrypted volume, in the guest: where the request says it
+//! comes from (`source`: the passphrase itself, `file:///path`, or
+//! `kbs:///repository/type/tag`), checked before anything is touched.
+//! What the key unlocks is luks2's business, not this module's.
+//!
+//! A key lives only in `Zeroizing` buffers, and never reaches a log line,
+//! an error or a Debug output: errors (`error`) carry a file's path or a
+//! resource's name, which are not secret, and sizes.
+
+pub mod error;
+pub mod source;
