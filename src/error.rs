@@ -40,6 +40,9 @@ pub enum Error {
     Quiesce(#[from] crate::quiesce::Error),
     #[code(inner)]
     #[error(transparent)]
+    Keys(#[from] crate::keys::error::Error),
+    #[code(inner)]
+    #[error(transparent)]
     Volume(#[from] crate::volumes::error::Error),
     #[code(inner)]
     #[error(transparent)]

@@ -131,6 +131,8 @@ pub struct Settings {
     pub vsock_peers: Option<String>,
     /// `crust.notify=ADDR`: where to announce readiness (notify.rs).
     pub notify: Option<String>,
+    /// `crust.cdh_socket=PATH`: the Confidential Data Hub's socket (keys).
+    pub cdh_socket: Option<String>,
     /// `systemd.set_credential=vmm.notify_socket:ADDR`: systemd's spelling of
     /// the same, for VMMs that wait for systemd guests.
     pub vmm_notify_socket: Option<String>,
@@ -188,6 +190,7 @@ pub fn kernel_settings(cmdline: &str) -> Settings {
                 .extend(value.split(',').filter(|m| !m.is_empty()).map(module_name)),
             "crust.vsock_peers" => s.vsock_peers = Some(value.to_string()),
             "crust.notify" => s.notify = Some(value.to_string()),
+            "crust.cdh_socket" => s.cdh_socket = Some(value.to_string()),
             "systemd.set_credential" => {
                 if let Some(("vmm.notify_socket", addr)) = value.split_once(':') {
                     if !addr.is_empty() {
@@ -563,6 +566,10 @@ mod tests {
                     notify: Some("vsock-stream:2:1025".into()),
                     ..Default::default()
                 },
+            ),
+            (
+                "crust.cdh_socket=/run/cdh.sock",
+                Settings { cdh_socket: Some("/run/cdh.sock".into()), ..Default::default() },
             ),
             // systemd's credential for the VMM's notification socket; other credentials are not ours.
             (

@@ -21,6 +21,7 @@
 //!                 recovery; the Kernel trait under it all)
 //!                 error.rs (joins the capabilities' errors)
 //! 1 capabilities  device · probe/ · mount/ · ownership/ · stats · grow · luks2/
+//!                 · keys/ (a volume's key: from the request, a file, or the CDH)
 //!                 each owns its syscalls and its error, and says its code
 //! 0 leaves        code (Code) · model (the shared domain types, MountId)
 //!                 sys/ (SysError, beneath, mountinfo, sysfs, uevents, blockdev,
@@ -58,6 +59,8 @@ pub mod grow;
 pub mod init;
 #[doc(hidden)]
 pub mod instance;
+#[doc(hidden)]
+pub mod keys;
 #[doc(hidden)]
 pub mod logging;
 #[doc(hidden)]

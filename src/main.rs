@@ -18,7 +18,7 @@ use crust_agent::server::service::Service;
 use crust_agent::sys::sysfs::Sysfs;
 use crust_agent::system::{self, Gate, Timeline};
 use crust_agent::volumes::table::Volumes;
-use crust_agent::{init, instance, logging, notify};
+use crust_agent::{init, instance, keys, logging, notify};
 use crust_protocols::sync::LockExt;
 use slog::{error, info, warn};
 
@@ -37,6 +37,7 @@ const NOTIFY_ATTEMPTS: u32 = 8;
 const USAGE: &str = "\
 usage: crust-agent [--listen ADDR]... [--root DIR] [--log-level LEVEL] [--log-format text|json]
                    [--vsock-peers PEERS] [--notify NOTIFY] [--on-sigterm unpublish|exit]
+                   [--cdh-socket PATH]
   ADDR    vsock://-1:2857 (the default) | vsock://CID:PORT | unix:///path/to.sock (mode 0600)
   DIR     where volumes and binds live: DIR/volumes/<id>, DIR/state; default /run/crust
           (created 0700; one agent per DIR: a second one is refused)
@@ -48,9 +49,13 @@ usage: crust-agent [--listen ADDR]... [--root DIR] [--log-level LEVEL] [--log-fo
           frozen, flush, and exit leaving volumes and binds mounted for the next start to adopt
           (under a service manager: a restart keeps the pods' volumes; the guest's shutdown
           unmounts them)
+  --cdh-socket  the Confidential Data Hub's ttrpc socket, which resolves an encrypted
+          volume's key_uri kbs:///repository/type/tag (docs/encryption.md); default
+          /run/confidential-containers/cdh.sock
 As PID 1 the same settings come from the kernel command line: crust.listen=,
 crust.root=, crust.log=, crust.log_format=, crust.vsock_peers=, crust.notify=
-(or systemd.set_credential=vmm.notify_socket:ADDR), crust.modules=mod1,mod2.";
+(or systemd.set_credential=vmm.notify_socket:ADDR), crust.cdh_socket=,
+crust.modules=mod1,mod2.";
 
 /// The agent's settings, from flags or the kernel command line.
 #[derive(Debug, PartialEq, Eq)]
@@ -64,6 +69,8 @@ struct Config {
     notify: Option<Target>,
     /// On SIGTERM, unpublish everything (true) or leave it for the next start.
     unpublish_on_sigterm: bool,
+    /// Where encrypted volumes' keys are resolved from: the CDH's socket.
+    keys: keys::resolve::Config,
 }
 
 impl Default for Config {
@@ -77,6 +84,7 @@ impl Default for Config {
             vsock_peers: Peers::default(),
             notify: None,
             unpublish_on_sigterm: true,
+            keys: keys::resolve::Config::default(),
         }
     }
 }
@@ -111,6 +119,7 @@ fn apply(cfg: &mut Config, key: &str, value: &str) -> Result<(), String> {
                 _ => return Err(format!("on-sigterm {value:?} is not unpublish or exit")),
             }
         }
+        "cdh-socket" | "cdh_socket" => cfg.keys.cdh_socket = keys::resolve::cdh_socket(value)?,
         _ => return Err(format!("unknown setting {key:?}")),
     }
     Ok(())
@@ -131,7 +140,7 @@ fn parse_flags(args: &[String], cfg: &mut Config) -> Result<Option<()>, String> 
                 return Ok(None);
             }
             "--listen" | "--root" | "--log-level" | "--log-format" | "--vsock-peers"
-            | "--notify" | "--on-sigterm" => {
+            | "--notify" | "--on-sigterm" | "--cdh-socket" => {
                 let v = match inline {
                     Some(v) => v,
                     None => it.next().cloned().ok_or(format!("{key} needs a value"))?,
@@ -223,6 +232,7 @@ fn pid1_settings(cfg: &mut Config, timeline: &mut Timeline) -> Vec<String> {
         .chain(s.log.map(|v| ("log", v)))
         .chain(s.log_format.map(|v| ("log_format", v)))
         .chain(s.vsock_peers.map(|v| ("vsock_peers", v)))
+        .chain(s.cdh_socket.map(|v| ("cdh_socket", v)))
         // crust.notify= wins over systemd's credential spelling of the same.
         .chain(s.notify.or(s.vmm_notify_socket).map(|v| ("notify", v)));
     for (k, v) in pairs {
@@ -332,7 +342,7 @@ fn main() -> ExitCode {
     let log = logging::logger(cfg.format, cfg.level);
     info!(log, "crust-agent starting"; "version" => env!("CARGO_PKG_VERSION"), "pid1" => pid1,
           "root" => %cfg.root.display(), "listen" => cfg.listen.join(","),
-          "vsock_peers" => %cfg.vsock_peers,
+          "vsock_peers" => %cfg.vsock_peers, "cdh_socket" => %cfg.keys.cdh_socket.display(),
           "notify" => cfg.notify.as_ref().map(|t| t.to_string()).unwrap_or_default());
     for w in &early_warnings {
         warn!(log, "{}", w);
@@ -543,6 +553,8 @@ mod tests {
                 "--vsock-peers",
                 "host,7",
                 "--notify=vsock-stream:2:1025",
+                "--cdh-socket",
+                "/run/cdh.sock",
             ]),
             &mut c,
         )
@@ -564,6 +576,11 @@ mod tests {
         assert_eq!(c.root, PathBuf::from("/tmp/r"));
         assert_eq!(c.level, slog::Level::Debug);
         assert_eq!(c.format, logging::Format::Json);
+        assert_eq!(c.keys.cdh_socket, PathBuf::from("/run/cdh.sock"));
+        assert_eq!(
+            Config::default().keys.cdh_socket,
+            PathBuf::from("/run/confidential-containers/cdh.sock")
+        );
         for bad in [
             &["--listen"][..],
             &["--listen", "tcp://x:1"],
@@ -576,6 +593,8 @@ mod tests {
             &["--vsock-peers", "host,"],
             &["--notify", "vsock-dgram:2:1"],
             &["--on-sigterm", "stay"],
+            &["--cdh-socket", "cdh.sock"],
+            &["--cdh-socket"],
             &["--frob"],
         ] {
             assert!(

@@ -44,7 +44,7 @@ pub const NAME_MAX: usize = 255;
 
 /// Refuses a path the kernel could not take: PATH_MAX or longer, or with a
 /// component longer than NAME_MAX.
-fn fits_the_kernel(field: &str, s: &str) -> Result<(), Invalid> {
+pub(crate) fn fits_the_kernel(field: &str, s: &str) -> Result<(), Invalid> {
     if s.len() >= PATH_MAX {
         return Err(invalid(format!(
             "{field} is {} bytes long; paths must be shorter than {PATH_MAX} bytes",

@@ -195,6 +195,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "grow.rs",
             "quiesce.rs",
             "luks2/",
+            "keys/",
         ],
     ),
     ("table", &["volumes/", "error.rs"]),

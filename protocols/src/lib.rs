@@ -4,7 +4,8 @@
 //! from the .proto too); [`names`], the rules for the names the contracts
 //! carry (a disk's serial, a sandbox's id), [`code`], the gRPC status codes,
 //! [`options`], the mount option table, and [`sync`], locks that outlive a
-//! panic, each written once for the agent and the host crates.
+//! panic, each written once for the agent and the host crates; and [`cdh`],
+//! the one method of the Confidential Data Hub the agent calls (cdh.proto).
 
 pub mod code;
 pub mod names;
@@ -123,8 +124,18 @@ mod generated {
     pub mod crust_ttrpc {
         include!(concat!(env!("OUT_DIR"), "/gen/crust_ttrpc.rs"));
     }
+    /// The Confidential Data Hub's GetResource messages (cdh.proto), and the
+    /// names its ttrpc requests carry.
+    pub mod cdh {
+        include!(concat!(env!("OUT_DIR"), "/gen/cdh.rs"));
+        include!(concat!(env!("OUT_DIR"), "/gen/cdh_rpc.rs"));
+    }
+    /// Its ttrpc stubs: the stand-in CDH of the agent's tests serves them.
+    pub mod cdh_ttrpc {
+        include!(concat!(env!("OUT_DIR"), "/gen/cdh_ttrpc.rs"));
+    }
 }
 
-pub use generated::{crust, crust_ttrpc};
+pub use generated::{cdh, cdh_ttrpc, crust, crust_ttrpc};
 pub use protobuf;
 pub use ttrpc;
