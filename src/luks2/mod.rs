@@ -1,7 +1,9 @@
 //! LUKS2 in the guest, with no cryptsetup: a disk's header read and checked
-//! as cryptsetup reads it, and a keyslot unlocked with a passphrase into the
-//! volume key and the data segment that a dm-crypt mapping needs. Reads
-//! only; never writes the disk, never logs or prints a key or a passphrase.
+//! as cryptsetup reads it, a keyslot unlocked with a passphrase into the
+//! volume key and the data segment that a dm-crypt mapping needs, and a new
+//! volume's header made as cryptsetup makes it, for a disk proved blank.
+//! Reads only: a new header is bytes for the caller to write; never logs
+//! or prints a key or a passphrase.
 //! A hostile disk is refused before any work proportional to what its
 //! header claims: sizes from cryptsetup's set, JSON bounded in size, depth
 //! and count, areas inside the device, Argon2 memory within the caller's
@@ -10,7 +12,7 @@
 //! One idea a file: the refusals (`error`), the binary headers and the
 //! choice of copy (`header`), the JSON area as types (`metadata`) over a
 //! bounded JSON reader (`json`), the hashes and KDFs (`kdf`), the unlock
-//! (`unlock`); `fuzz` is the fuzz target's way in; `tests` holds the tests against images cryptsetup made,
+//! (`unlock`), a new volume (`format`); `fuzz` is the fuzz target's way in; `tests` holds the tests against images cryptsetup made,
 //! `fixture` the headers the other tests build by hand.
 //!
 //! The JSON reader is the agent's own, not serde_json: the area wants only
@@ -25,6 +27,7 @@
 pub mod error;
 #[cfg(test)]
 mod fixture;
+pub mod format;
 #[cfg(any(test, feature = "fuzz"))]
 pub mod fuzz;
 pub mod header;
