@@ -62,7 +62,7 @@ pub enum Error {
     #[error("the passphrase opens no keyslot of the LUKS2 header")]
     WrongPassphrase,
     #[code(ResourceExhausted)]
-    #[error("the agent could not allocate {bytes} bytes to unlock keyslot {keyslot}")]
+    #[error("the agent could not allocate the {bytes} bytes that keyslot {keyslot} needs")]
     OutOfMemory {
         /// The keyslot's number.
         keyslot: u32,

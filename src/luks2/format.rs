@@ -71,8 +71,11 @@ pub enum KdfCost {
         /// Lanes: 1 to 4. The agent runs them one after another.
         lanes: u32,
     },
-    /// PBKDF2-HMAC-SHA256: 1000 iterations or more.
-    Pbkdf2Sha256 { iterations: u32 },
+    /// PBKDF2-HMAC-SHA256.
+    Pbkdf2Sha256 {
+        /// 1000 or more.
+        iterations: u32,
+    },
 }
 
 impl KdfCost {
@@ -135,7 +138,9 @@ impl SectorSize {
 /// What the new volume is made with besides its passphrase.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Options {
+    /// Keyslot 0's KDF and its cost.
     pub kdf: KdfCost,
+    /// The data segment's sector size.
     pub sector_size: SectorSize,
 }
 
@@ -168,7 +173,9 @@ impl Random for OsRandom {
 /// Bytes to write at an offset of the device.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Write {
+    /// Bytes from the device's start.
     pub offset: u64,
+    /// What goes there (no key material: a header, or an encrypted area).
     pub bytes: Vec<u8>,
 }
 
