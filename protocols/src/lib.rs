@@ -3,11 +3,14 @@
 //! [`rpc`], the service's methods as types (its one list of methods, made
 //! from the .proto too); [`names`], the rules for the names the contracts
 //! carry (a disk's serial, a sandbox's id), [`code`], the gRPC status codes,
-//! [`options`], the mount option table, and [`sync`], locks that outlive a
-//! panic, each written once for the agent and the host crates; and [`cdh`],
-//! the one method of the Confidential Data Hub the agent calls (cdh.proto).
+//! [`options`], the mount option table, [`labels`], what a disk's bytes say
+//! it holds (for the rules that a disk is blank), and [`sync`], locks that
+//! outlive a panic, each written once for the agent and the host crates;
+//! and [`cdh`], the one method of the Confidential Data Hub the agent calls
+//! (cdh.proto).
 
 pub mod code;
+pub mod labels;
 pub mod names;
 pub mod options;
 pub mod rpc;

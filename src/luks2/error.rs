@@ -1,12 +1,15 @@
-//! What reading a LUKS2 header and unlocking a keyslot refuse, each with its
-//! code: the disk's refusals are FAILED_PRECONDITION, a passphrase that
-//! opens no keyslot PERMISSION_DENIED, a failed read INTERNAL. No message
+//! What reading a LUKS2 header, unlocking a keyslot and formatting a new
+//! volume refuse, each with its code: the disk's refusals are
+//! FAILED_PRECONDITION, a passphrase that opens no keyslot
+//! PERMISSION_DENIED, a format's cost outside cryptsetup's bounds
+//! INVALID_ARGUMENT, a failed read or random source INTERNAL. No message
 //! carries key material or the passphrase: none of these errors holds any.
 
 use crate::sys::error::SysError;
 
 crate::code::coded_errors! {
-/// What can go wrong reading a LUKS2 header or unlocking one of its keyslots.
+/// What can go wrong reading a LUKS2 header, unlocking one of its keyslots,
+/// or formatting a new one.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[code(FailedPrecondition)]
@@ -59,7 +62,7 @@ pub enum Error {
     #[error("the passphrase opens no keyslot of the LUKS2 header")]
     WrongPassphrase,
     #[code(ResourceExhausted)]
-    #[error("the agent could not allocate {bytes} bytes to unlock keyslot {keyslot}")]
+    #[error("the agent could not allocate the {bytes} bytes that keyslot {keyslot} needs")]
     OutOfMemory {
         /// The keyslot's number.
         keyslot: u32,
@@ -69,6 +72,32 @@ pub enum Error {
     #[code(inner)]
     #[error(transparent)]
     Dm(#[from] crate::sys::dm::Error),
+    #[code(FailedPrecondition)]
+    #[error("the disk has {device_bytes} bytes, too few for a LUKS2 volume: its header and keyslots take the first 16 MiB and its data at least one {sector_size}-byte sector after them, {needs} bytes in all; nothing was written")]
+    TooSmall {
+        /// The device's size.
+        device_bytes: u64,
+        /// The data segment's sector size.
+        sector_size: u32,
+        /// The least it needs.
+        needs: u64,
+    },
+    #[code(FailedPrecondition)]
+    #[error("the disk has {device_bytes} bytes, not a whole number of {sector_size}-byte sectors after its 16 MiB header, which dm-crypt cannot map; format it with 512-byte sectors, or give it a size that is a multiple of {sector_size}; nothing was written")]
+    Misaligned {
+        /// The device's size.
+        device_bytes: u64,
+        /// The data segment's sector size.
+        sector_size: u32,
+    },
+    #[code(InvalidArgument)]
+    #[error("a LUKS2 keyslot is not made with {what}: cryptsetup makes {bounds}")]
+    FormatCost {
+        /// The cost asked, in words ("Argon2 memory of 16 KiB").
+        what: String,
+        /// cryptsetup's bounds for it.
+        bounds: &'static str,
+    },
     #[code(Internal)]
     #[error(transparent)]
     Sys(#[from] SysError),

@@ -1,5 +1,5 @@
 //! A bounded JSON reader for the LUKS2 JSON area, and the base64 its salts
-//! and digests are written in. The area is the disk's, so untrusted: the
+//! and digests are written in (read, and written for a new header). The area is the disk's, so untrusted: the
 //! reader holds nesting to [`MAX_DEPTH`] and the values it builds to
 //! [`MAX_VALUES`] (what it keeps is then bounded too, whatever the area's
 //! size), refuses duplicate keys (cryptsetup never writes them, and two
@@ -326,6 +326,27 @@ pub fn base64(text: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// Encodes `bytes` as standard base64 with padding, as cryptsetup writes
+/// salts and digests: what [`base64`] reads back.
+pub fn base64_encode(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for group in bytes.chunks(3) {
+        let mut three = [0u8; 3];
+        three[..group.len()].copy_from_slice(group);
+        let v = u32::from_be_bytes([0, three[0], three[1], three[2]]);
+        for i in 0..4 {
+            if i <= group.len() {
+                let sextet = (v >> (18 - 6 * i)) & 63;
+                out.push(char::from(ALPHABET[sextet as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -404,6 +425,24 @@ mod tests {
             "Zm9\u{e9}",
         ] {
             assert!(base64(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn base64_encode_writes_what_base64_reads() {
+        for (bytes, text) in [
+            (&b""[..], ""),
+            (b"f", "Zg=="),
+            (b"fo", "Zm8="),
+            (b"foo", "Zm9v"),
+            (b"foobar", "Zm9vYmFy"),
+            (b"\xff\xfe\x00", "//4A"),
+        ] {
+            assert_eq!(base64_encode(bytes), text);
+        }
+        let all: Vec<u8> = (0..=255).collect();
+        for n in 0..all.len() {
+            assert_eq!(base64(&base64_encode(&all[..n])).unwrap(), &all[..n]);
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The hashes LUKS2 names and what is made with them: PBKDF2 (keyslot KDF
 //! and digest), Argon2i/Argon2id (keyslot KDF), and the AF splitter's
-//! diffusion. Every derived key is returned in memory that is zeroed when
-//! dropped.
+//! split and merge with their diffusion. Every derived key is returned in
+//! memory that is zeroed when dropped.
 
 use argon2::{Algorithm, Argon2, Block, Params, Version};
 use sha2::digest::{Digest, FixedOutputReset};
@@ -50,6 +50,37 @@ impl Hash {
             Hash::Sha384 => af_merge::<Sha384>(split, key),
             Hash::Sha512 => af_merge::<Sha512>(split, key),
         }
+    }
+
+    /// The AF splitter's split of `key` into `split` (stripes × key size),
+    /// whose stripes but the last the caller has filled with random bytes:
+    /// the last is made so that [`Hash::af_merge`] gives `key` back.
+    pub fn af_split(self, key: &[u8], split: &mut [u8]) {
+        match self {
+            Hash::Sha1 => af_split::<sha1::Sha1>(key, split),
+            Hash::Sha256 => af_split::<Sha256>(key, split),
+            Hash::Sha384 => af_split::<Sha384>(key, split),
+            Hash::Sha512 => af_split::<Sha512>(key, split),
+        }
+    }
+}
+
+/// LUKS's AF split (cryptsetup's `AF_split`), the random stripes given:
+/// the buffer runs over them as [`af_merge`] runs, and the last stripe is
+/// the buffer XOR the key. `split` holds at least one stripe of `key.len()`.
+fn af_split<D: Digest + FixedOutputReset>(key: &[u8], split: &mut [u8]) {
+    let n = key.len();
+    let mut buf = Zeroizing::new(vec![0u8; n]);
+    let mut stripes = split.chunks_exact_mut(n);
+    let last = stripes.next_back();
+    for stripe in stripes {
+        for (b, s) in buf.iter_mut().zip(stripe.iter()) {
+            *b ^= s;
+        }
+        diffuse::<D>(&mut buf);
+    }
+    for ((s, b), k) in last.into_iter().flatten().zip(buf.iter()).zip(key) {
+        *s = b ^ k;
     }
 }
 
@@ -188,7 +219,7 @@ mod tests {
     /// random stripes fixed) gives the key back, for a key that is not a
     /// whole number of digests.
     #[test]
-    fn af_merge_undoes_the_split() {
+    fn af_split_and_af_merge_undo_each_other() {
         let key: Vec<u8> = (0..40u8).collect();
         let stripes = 5;
         let mut split = Vec::new();
@@ -209,6 +240,17 @@ mod tests {
         assert_eq!(merged, key);
         Hash::Sha1.af_merge(&split, &mut merged);
         assert_ne!(merged, key);
+        // The split makes the same last stripe from the same random ones.
+        let mut again = split.clone();
+        let last = again.len() - key.len();
+        again[last..].fill(0);
+        Hash::Sha256.af_split(&key, &mut again);
+        assert_eq!(again, split);
+        for hash in [Hash::Sha1, Hash::Sha512] {
+            hash.af_split(&key, &mut again);
+            hash.af_merge(&again, &mut merged);
+            assert_eq!(merged, key, "{hash:?}");
+        }
     }
 
     #[test]

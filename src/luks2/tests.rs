@@ -1,8 +1,9 @@
 //! The header reader and the unlock against images `cryptsetup luksFormat`
-//! made on plain files (no device-mapper needed), each volume key compared
-//! with `cryptsetup luksDump --dump-volume-key`. They are ignored in a
-//! plain `cargo test` (make test runs them) and fail, saying so, where
-//! cryptsetup is missing.
+//! made on plain files (no device-mapper needed), and cryptsetup against
+//! images the agent's `format` made, each volume key compared with
+//! `cryptsetup luksDump --dump-volume-key`. They are ignored in a plain
+//! `cargo test` (make test runs them) and fail, saying so, where cryptsetup
+//! is missing.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 use zeroize::Zeroizing;
 
 use super::error::Error;
+use super::format::{self, Formatted, KdfCost, OsRandom, SectorSize};
 use super::header::{self, Copy, Header};
 use super::unlock::{unlock, Limits, Unlocked};
 use crate::code::Code;
@@ -37,19 +39,47 @@ struct Image {
 }
 
 impl Image {
-    fn format(passphrase: &[u8], args: &[&str]) -> Image {
+    /// A sparse image of `bytes`, all zeros.
+    fn blank(bytes: u64) -> Image {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("disk.img");
         std::fs::File::create(&path)
             .unwrap()
-            .set_len(32 << 20)
+            .set_len(bytes)
             .unwrap();
-        let key = write_key(dir.path(), "key0", passphrase);
+        Image { _dir: dir, path }
+    }
+
+    fn format(passphrase: &[u8], args: &[&str]) -> Image {
+        let img = Image::blank(32 << 20);
+        let key = write_key(img.dir(), "key0", passphrase);
         let mut all = vec!["luksFormat", "--batch-mode", "--key-file", &key];
         all.extend_from_slice(args);
-        all.push(path.to_str().unwrap());
+        all.push(img.path.to_str().unwrap());
         cryptsetup(&all);
-        Image { _dir: dir, path }
+        img
+    }
+
+    /// A blank 32 MiB image formatted by the agent with `kdf` and
+    /// `sector_size`, from the kernel's random bytes.
+    fn format_by_agent(
+        passphrase: &[u8],
+        kdf: KdfCost,
+        sector_size: SectorSize,
+    ) -> (Image, Formatted) {
+        use std::os::unix::fs::FileExt;
+        let img = Image::blank(32 << 20);
+        let options = format::Options { kdf, sector_size };
+        let pass = Zeroizing::new(passphrase.to_vec());
+        let f = format::format(32 << 20, &pass, &options, &mut OsRandom).unwrap();
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&img.path)
+            .unwrap();
+        for w in &f.writes {
+            file.write_all_at(&w.bytes, w.offset).unwrap();
+        }
+        (img, f)
     }
 
     fn dir(&self) -> &Path {
@@ -377,4 +407,150 @@ fn the_header_reads_as_luksdump_says() {
     );
     assert_eq!(h.metadata.config.json_size, 65536 - 4096);
     img.same_key(b"pw");
+}
+
+// ------------------------------------------------ what the agent formats --
+
+/// What the agent formatted, as cryptsetup reads it: luksDump names its
+/// parts, `open --test-passphrase` takes its passphrase and refuses
+/// another, and `luksDump --dump-volume-key` gives the agent's volume key,
+/// which the agent's own unlock gives too.
+fn cryptsetup_opens(kdf: KdfCost, sector_size: SectorSize, dump_says: &[&str]) {
+    needs_cryptsetup();
+    let (img, f) = Image::format_by_agent(b"p\xffss\0word", kdf, sector_size);
+    let path = img.path.to_str().unwrap();
+    cryptsetup(&["isLuks", "--type", "luks2", path]);
+    let dump = cryptsetup(&["luksDump", path]);
+    let sector = format!("sector: {} [bytes]", sector_size.bytes());
+    for says in [
+        "Version:       \t2",
+        "Metadata area: \t16384 [bytes]",
+        "Keyslots area: \t16744448 [bytes]",
+        &format!("UUID:          \t{}", f.uuid),
+        "0: crypt",
+        "offset: 16777216 [bytes]",
+        "length: (whole device)",
+        "cipher: aes-xts-plain64",
+        &sector,
+        "0: luks2",
+        "Key:        512 bits",
+        "Cipher:     aes-xts-plain64",
+        "Cipher key: 512 bits",
+        "AF stripes: 4000",
+        "AF hash:    sha256",
+        "Area offset:32768 [bytes]",
+        "Area length:258048 [bytes]",
+        "0: pbkdf2",
+        "Iterations: 1000",
+    ]
+    .iter()
+    .chain(dump_says)
+    {
+        assert!(dump.contains(says), "{says:?} not in\n{dump}");
+    }
+    let key = write_key(img.dir(), "open", b"p\xffss\0word");
+    cryptsetup(&["open", "--test-passphrase", "--key-file", &key, path]);
+    let wrong = write_key(img.dir(), "wrong", b"p\xffss\0wore");
+    let said = crust_testkit::fails(
+        "cryptsetup",
+        &["open", "--test-passphrase", "--key-file", &wrong, path],
+    );
+    assert!(
+        said.contains("No key available with this passphrase"),
+        "{said}"
+    );
+    assert_eq!(img.volume_key(b"p\xffss\0word"), f.volume_key.bytes());
+    let u = img.same_key(b"p\xffss\0word");
+    assert_eq!(u.segment, f.segment);
+}
+
+#[test]
+#[ignore = "needs cryptsetup: make test runs it"]
+fn cryptsetup_opens_what_the_agent_formats_with_argon2id() {
+    let kdf = KdfCost::Argon2id {
+        memory_kib: 32768,
+        passes: 4,
+        lanes: 2,
+    };
+    let says = [
+        "PBKDF:      argon2id",
+        "Time cost:  4",
+        "Memory:     32768",
+        "Threads:    2",
+    ];
+    cryptsetup_opens(kdf, SectorSize::Bytes512, &says);
+}
+
+#[test]
+#[ignore = "needs cryptsetup: make test runs it"]
+fn cryptsetup_opens_what_the_agent_formats_with_pbkdf2() {
+    let kdf = KdfCost::Pbkdf2Sha256 { iterations: 1000 };
+    let says = ["PBKDF:      pbkdf2", "Hash:       sha256"];
+    cryptsetup_opens(kdf, SectorSize::Bytes512, &says);
+}
+
+#[test]
+#[ignore = "needs cryptsetup: make test runs it"]
+fn cryptsetup_opens_what_the_agent_formats_with_4096_byte_sectors() {
+    let kdf = KdfCost::Argon2id {
+        memory_kib: 1024,
+        passes: 4,
+        lanes: 1,
+    };
+    cryptsetup_opens(kdf, SectorSize::Bytes4096, &["PBKDF:      argon2id"]);
+}
+
+/// cryptsetup's `repair` finds nothing to mend, and its JSON dump (printed
+/// with whitespace between the members) is the agent's JSON area.
+#[test]
+#[ignore = "needs cryptsetup: make test runs it"]
+fn cryptsetup_finds_nothing_to_repair_in_what_the_agent_formats() {
+    needs_cryptsetup();
+    let kdf = KdfCost::Pbkdf2Sha256 { iterations: 1000 };
+    let (img, f) = Image::format_by_agent(b"pw", kdf, SectorSize::Bytes512);
+    let path = img.path.to_str().unwrap();
+    let before = std::fs::read(&img.path).unwrap();
+    cryptsetup(&["repair", "--batch-mode", path]);
+    assert!(
+        before == std::fs::read(&img.path).unwrap(),
+        "cryptsetup repair changed the image"
+    );
+    let json = cryptsetup(&["luksDump", "--dump-json-metadata", path]);
+    let area = &f.writes[2].bytes[4096..];
+    let ours = std::str::from_utf8(&area[..area.iter().position(|b| *b == 0).unwrap()]).unwrap();
+    assert_eq!(json.split_whitespace().collect::<String>(), ours);
+}
+
+#[test]
+#[ignore = "needs cryptsetup: make test runs it"]
+fn a_device_too_small_is_refused_and_left_as_it_is() {
+    needs_cryptsetup();
+    let img = Image::blank(16 << 20);
+    let options = format::Options {
+        kdf: KdfCost::Pbkdf2Sha256 { iterations: 1000 },
+        sector_size: SectorSize::Bytes512,
+    };
+    let e = format::format(
+        16 << 20,
+        &Zeroizing::new(b"pw".to_vec()),
+        &options,
+        &mut OsRandom,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::TooSmall {
+                needs: 16_777_728,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(crust_testkit::allocated(&img.path) == 0);
+    let said = crust_testkit::fails("cryptsetup", &["isLuks", img.path.to_str().unwrap()]);
+    assert!(
+        said.is_empty() || said.contains("not a valid LUKS"),
+        "{said}"
+    );
 }

@@ -54,6 +54,11 @@ impl Limits {
 pub struct VolumeKey(Zeroizing<Vec<u8>>);
 
 impl VolumeKey {
+    /// A key made in this module's siblings (a new volume's, by `format`).
+    pub(super) fn new(key: Zeroizing<Vec<u8>>) -> Self {
+        VolumeKey(key)
+    }
+
     /// The key's bytes, for the device-mapper table and nothing else.
     pub fn bytes(&self) -> &[u8] {
         &self.0

@@ -27,5 +27,5 @@ pub mod needs;
 pub mod vm;
 
 pub use disks::{
-    allocated, mode, mount_paths_of, mount_points_of, mounts_of, run, LoopDisk, Mounted,
+    allocated, fails, mode, mount_paths_of, mount_points_of, mounts_of, run, LoopDisk, Mounted,
 };

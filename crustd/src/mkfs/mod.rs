@@ -14,8 +14,9 @@
 //!   and filesystems start: 63 sectors (the DOS era's first partition) and
 //!   every power of two from 1 MiB to 1 GiB (the alignments of fdisk,
 //!   parted, sgdisk and the clouds' images);
-//! - a label crustd finds itself (`scan`), wherever one could begin on a
-//!   512-byte boundary in the first [`SCAN`] bytes and in the last MiB:
+//! - a label crustd finds itself ([`labels`], shared with the agent's own
+//!   blank rule), wherever one could begin on a 512-byte boundary in the
+//!   first [`SCAN`] bytes and in the last MiB:
 //!   ext2/3/4 and XFS superblocks, GPT headers (primary and backup), LVM2,
 //!   MD RAID (0.90, 1.0, 1.1, 1.2), LUKS 1 and 2 (and LUKS2's secondary
 //!   header), bcache, swap, btrfs, DOS partition tables and boot sectors;
@@ -49,10 +50,11 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crust_protocols::labels::{self, PROBE_AT};
+
 use crate::hostdev::{self, HostDevice, Named};
 
 mod loopdev;
-mod scan;
 
 crust_protocols::coded_errors! {
 /// Why createFilesystem left a device as it was, or could not say what it holds.
@@ -154,22 +156,6 @@ impl fmt::Display for At {
 const EDGE: u64 = 1 << 20;
 /// How far from the start crustd looks for labels itself.
 pub const SCAN: u64 = 64 << 20;
-/// Where blkid probes besides the start: 63 sectors, then every power of
-/// two from 1 MiB to 1 GiB (those beyond the device are skipped).
-pub const PROBE_AT: [u64; 12] = [
-    63 * 512,
-    1 << 20,
-    2 << 20,
-    4 << 20,
-    8 << 20,
-    16 << 20,
-    32 << 20,
-    64 << 20,
-    128 << 20,
-    256 << 20,
-    512 << 20,
-    1 << 30,
-];
 /// mkfs.xfs's smallest filesystem: 300 MiB (xfsprogs 5.19 and later refuse
 /// less, "Filesystem must be larger than 300MB."; measured with xfsprogs
 /// 6.1: 314,572,800 bytes formats, one byte less does not).
@@ -363,7 +349,7 @@ fn regions(size: u64) -> ([Region; 2], [Region; 2]) {
     let head = size.min(EDGE);
     let tail = size.saturating_sub(EDGE).max(head);
     // The tail region starts on a sector boundary, so labels line up.
-    let tail = tail - tail % scan::SECTOR as u64;
+    let tail = tail - tail % labels::SECTOR as u64;
     let scan_head = size.min(SCAN);
     let scan_tail = tail.max(scan_head);
     (
@@ -391,14 +377,14 @@ pub fn inspect(dev: &HostDevice, fs: &str, timeout: Duration) -> Result<Content>
             return Err(holds(dev, Holding::Signatures(found), at, fs));
         }
     }
-    let (zeros, labels) = regions(size);
-    for (at, len) in labels {
-        if let Some(f) = read_looking(dev, at, len, scan::first_label)? {
+    let (zeros, label_regions) = regions(size);
+    for (at, len) in label_regions {
+        if let Some(f) = read_looking(dev, at, len, labels::first_label)? {
             return Err(holds(dev, Holding::Label(f.what), f.at, fs));
         }
     }
     for (at, len) in zeros {
-        if let Some(byte) = read_looking(dev, at, len, scan::first_nonzero)? {
+        if let Some(byte) = read_looking(dev, at, len, labels::first_nonzero)? {
             return Err(Error::NotZero {
                 name: dev.name(),
                 byte,

@@ -1,7 +1,10 @@
-//! crustd's own look for what a disk holds, with no tool: the labels
-//! filesystems, volume managers, RAID and encryption write, wherever one
-//! could start on a 512-byte boundary in the region read. Pure: a function
-//! from bytes (and where they lie on the device) to the first label found.
+//! A look at what a disk holds, with no tool: the labels filesystems,
+//! volume managers, RAID and encryption write, wherever one could start on
+//! a 512-byte boundary in the region read, and the offsets where
+//! partitions and filesystems start. Pure: a function from bytes (and where
+//! they lie on the device) to the first label found. Written once for the
+//! two rules that a disk is blank before it is formatted: crustd's on the
+//! host (with blkid beside it), the agent's in the guest (without).
 //!
 //! Each label is a magic number at a fixed place relative to the sector it
 //! sits in; a sector is where a filesystem or a partition could begin, or
@@ -102,6 +105,26 @@ const LABELS: &[Label] = &[
         magic: &[0x55, 0xaa],
         starts_before: 0,
     },
+];
+
+/// Where partitions and filesystems start besides the device's start, and
+/// so where blkid is asked to probe: 63 sectors (the DOS era's first
+/// partition), then every power of two from 1 MiB to 1 GiB (the alignments
+/// of fdisk, parted, sgdisk and the clouds' images). Those beyond a device
+/// are skipped.
+pub const PROBE_AT: [u64; 12] = [
+    63 * 512,
+    1 << 20,
+    2 << 20,
+    4 << 20,
+    8 << 20,
+    16 << 20,
+    32 << 20,
+    64 << 20,
+    128 << 20,
+    256 << 20,
+    512 << 20,
+    1 << 30,
 ];
 
 /// Sector size the labels are placed by.
