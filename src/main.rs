@@ -384,7 +384,12 @@ fn run(
             return ExitCode::FAILURE;
         }
     };
-    let volumes = match Volumes::open(&cfg.root, Sysfs::system(), log.clone()) {
+    let volumes = match Volumes::open_with_keys(
+        &cfg.root,
+        Sysfs::system(),
+        log.clone(),
+        cfg.keys.clone(),
+    ) {
         Ok(v) => v,
         Err(e) => {
             error!(log, "cannot open the volume table"; "root" => %cfg.root.display(), "error" => %e);

@@ -14,6 +14,7 @@ use crust_protocols::ttrpc::{self, TtrpcContext};
 use crate::cancel::{Cancel, Token, Why};
 use crate::code::Code;
 use crate::error::{Error, Result};
+use crate::keys::source::{KeySource, RequestKey};
 use crate::model::{Policy, RecursiveReadOnly, VolumeMode};
 use crate::mount::selinux::without_contexts;
 use crate::stats::problem::Health;
@@ -24,7 +25,7 @@ use crate::volumes::freeze::{Frozen, Thaw};
 use crate::volumes::health::Said;
 use crate::volumes::lease;
 use crate::volumes::request::{
-    BindOutcome, BindRequest, Encryption, EncryptionInfo, Expanded, FsGroup, KeySource, Options,
+    BindOutcome, BindRequest, Encryption, EncryptionInfo, Expanded, FsGroup, Options,
     PublishRequest, Published, Source, Spec, VolumeInfo, VolumeState,
 };
 use crate::volumes::trim::Trimmed;
@@ -180,23 +181,15 @@ fn encryption(
         ))
         .into()),
         Kind::LUKS2 => {
-            let key = match &e.key {
-                Some(Key::Passphrase(p)) if !p.is_empty() => {
-                    KeySource::Passphrase(Zeroizing::new(p.clone()))
-                }
-                Some(Key::KeyUri(u)) => {
-                    return Err(Invalid(format!(
-                        "volume {id}: key_uri {u:?} names no key source this agent resolves"
-                    ))
-                    .into())
-                }
-                _ => {
-                    return Err(Invalid(format!(
-                        "volume {id}: an encrypted volume needs its key: a passphrase (not empty) or a key_uri"
-                    ))
-                    .into())
-                }
-            };
+            // A copy the agent zeroes; the request's own bytes go with the
+            // request (docs/encryption.md says where they may linger).
+            let key = e.key.as_ref().and_then(|k| match k {
+                Key::Passphrase(p) => Some(RequestKey::Passphrase(Zeroizing::new(p.clone()))),
+                Key::KeyUri(u) => Some(RequestKey::Uri(u.clone())),
+                _ => None,
+            });
+            let key = KeySource::from_request(key)
+                .map_err(|Invalid(why)| Invalid(format!("volume {id}: {why}")))?;
             let asked = Encryption {
                 allow_discards: e.allow_discards,
                 format_if_blank: e.format_if_blank,

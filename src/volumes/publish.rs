@@ -35,13 +35,14 @@ use super::claims::Claims;
 use super::error::Error;
 use super::kernel::Kernel;
 use super::mounts::Mounts;
-use super::request::{KeySource, PublishRequest, Published, Spec};
+use super::request::{PublishRequest, Published, Spec};
 use super::rollback::{Rollback, Undo};
 use super::state::Store;
 use super::volume::{guest_rel, Encrypted, Volume};
 use super::walking::WalkJob;
 use crate::cancel::Cancel;
 use crate::error::Result;
+use crate::keys;
 use crate::luks2::mapping::{self, Mapping};
 use crate::model::{Device, Extent, FsType, VolumeMode};
 use crate::ownership::walk::Report;
@@ -67,6 +68,8 @@ pub(crate) struct Publisher<'a, K> {
     pub(crate) store: &'a Store,
     pub(crate) claims: &'a Claims,
     pub(crate) sysfs: &'a Sysfs,
+    /// Where encrypted volumes' keys are resolved from.
+    pub(crate) keys: &'a keys::resolve::Config,
     pub(crate) log: &'a Logger,
 }
 
@@ -92,7 +95,7 @@ impl<K: Kernel> Publisher<'_, K> {
         let extent = self.sysfs.extent((device.major, device.minor));
         let claim = self.claims.claim(&device, &req.spec.volume_id, extent)?;
         self.check_not_mounted(&device, &extent)?;
-        let encrypted = self.map(req, &device)?;
+        let encrypted = self.map(req, &device, cancel)?;
         let made = match &encrypted {
             Some(e) => self.new_volume(&req.spec, mapped_device(&e.mapping), encrypted.clone()),
             None => self.new_volume(&req.spec, device, None),
@@ -162,14 +165,19 @@ impl<K: Kernel> Publisher<'_, K> {
     /// An encrypted volume's mapping, opened over `disk` with its key
     /// (resolved here, in the guest, and zeroed once the mapping holds it);
     /// None for a volume in the clear.
-    fn map(&self, req: &PublishRequest, disk: &Device) -> Result<Option<Encrypted>> {
+    fn map(
+        &self,
+        req: &PublishRequest,
+        disk: &Device,
+        cancel: &Cancel,
+    ) -> Result<Option<Encrypted>> {
         let Some(enc) = req.spec.encryption else {
             return Ok(None);
         };
-        let key = match &req.key {
-            Some(KeySource::Passphrase(p)) => p.clone(),
-            None => return Err(Error::NoKey(req.spec.volume_id.clone()).into()),
+        let Some(source) = &req.key else {
+            return Err(Error::NoKey(req.spec.volume_id.clone()).into());
         };
+        let key = keys::resolve::resolve(source, self.keys, cancel)?;
         let name = mapping::name_for(&req.spec.volume_id);
         let mapping = self
             .mounts

@@ -108,38 +108,15 @@ pub struct Encryption {
     pub format_if_blank: bool,
 }
 
-/// Where an encrypted volume's passphrase comes from. Its Debug shows no
-/// key material.
-pub enum KeySource {
-    /// The passphrase itself, from the request.
-    Passphrase(zeroize::Zeroizing<Vec<u8>>),
-}
-
-impl std::fmt::Debug for KeySource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            KeySource::Passphrase(p) => write!(f, "Passphrase({} bytes, redacted)", p.len()),
-        }
-    }
-}
-
-impl Clone for KeySource {
-    fn clone(&self) -> Self {
-        match self {
-            KeySource::Passphrase(p) => KeySource::Passphrase(p.clone()),
-        }
-    }
-}
-
 /// A validated PublishVolume request.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct PublishRequest {
     /// What is asked.
     pub spec: Spec,
     /// How long to wait for the device to appear.
     pub timeout: Duration,
     /// An encrypted volume's passphrase, or where it comes from.
-    pub key: Option<KeySource>,
+    pub key: Option<crate::keys::source::KeySource>,
 }
 
 /// The answer to a publish.

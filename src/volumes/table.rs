@@ -75,6 +75,7 @@ use super::volume::Volume;
 use super::walking::{self, Outcome, WalkJob};
 use crate::cancel::Cancel;
 use crate::error::Result;
+use crate::keys;
 use crate::ownership::walk::Report;
 use crate::stats::{Condition, Measured};
 use crate::sys::beneath::Root;
@@ -90,6 +91,8 @@ pub struct Volumes<K: Kernel = Linux> {
     kernel: K,
     /// Where disks are found and their sectors read.
     sysfs: Sysfs,
+    /// Where encrypted volumes' keys are resolved from.
+    keys: keys::resolve::Config,
     log: Logger,
     /// One slot per volume id (locks 1 and 2 of the module doc).
     slots: Slots,
@@ -113,6 +116,17 @@ impl Volumes {
     pub fn open(root: &Path, sysfs: Sysfs, log: Logger) -> Result<Arc<Volumes>> {
         Volumes::open_on(Linux, root, sysfs, log)
     }
+
+    /// `open`, with encrypted volumes' keys resolved as `keys` says (the
+    /// Confidential Data Hub's socket).
+    pub fn open_with_keys(
+        root: &Path,
+        sysfs: Sysfs,
+        log: Logger,
+        keys: keys::resolve::Config,
+    ) -> Result<Arc<Volumes>> {
+        Volumes::open_keyed(Linux, root, sysfs, log, keys)
+    }
 }
 
 impl<K: Kernel> Volumes<K> {
@@ -122,6 +136,17 @@ impl<K: Kernel> Volumes<K> {
         root: &Path,
         sysfs: Sysfs,
         log: Logger,
+    ) -> Result<Arc<Volumes<K>>> {
+        Volumes::open_keyed(kernel, root, sysfs, log, keys::resolve::Config::default())
+    }
+
+    /// `open_on`, with encrypted volumes' keys resolved as `keys` says.
+    fn open_keyed(
+        kernel: K,
+        root: &Path,
+        sysfs: Sysfs,
+        log: Logger,
+        keys: keys::resolve::Config,
     ) -> Result<Arc<Volumes<K>>> {
         let root = Root::open(root)?;
         root.own_dir("volumes", 0o750)?;
@@ -151,6 +176,7 @@ impl<K: Kernel> Volumes<K> {
             root,
             kernel,
             sysfs,
+            keys,
             log,
             slots: Slots::adopted(adopted),
             store,
@@ -593,6 +619,7 @@ impl<K: Kernel> Volumes<K> {
             store: &self.store,
             claims: &self.claims,
             sysfs: &self.sysfs,
+            keys: &self.keys,
             log: &self.log,
         }
     }

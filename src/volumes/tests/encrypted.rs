@@ -9,9 +9,10 @@ use zeroize::Zeroizing;
 use super::testkit::{fake_table, reopen, request};
 use crate::cancel::Cancel;
 use crate::code::Code;
+use crate::keys::source::KeySource;
 use crate::model::FsType;
 use crate::validate::STATE_DIR;
-use crate::volumes::request::{Encryption, KeySource, PublishRequest};
+use crate::volumes::request::{Encryption, PublishRequest};
 
 const PASS: &[u8] = b"correct horse battery staple";
 
