@@ -13,12 +13,15 @@
 //! - `features`: what this kernel and process can do, probed once;
 //! - `dm`: device-mapper's ioctls on /dev/mapper/control, typed, and the
 //!   `crypt` target line;
+//! - `dm_integrity`: the dm-integrity superblock, line and status under a
+//!   dm-crypt mapping with integrity;
 //! - `keyring`: logon keys in the kernel keyring, which dm-crypt reads and
 //!   user space cannot.
 
 pub mod beneath;
 pub mod blockdev;
 pub mod dm;
+pub mod dm_integrity;
 pub mod error;
 pub mod features;
 pub mod keyring;
