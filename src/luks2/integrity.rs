@@ -12,8 +12,11 @@
 
 use super::error::Error;
 use super::header::ReadAt;
+use super::mapping::Mapping;
 use super::metadata::{Integrity, Segment};
-use crate::sys::dm_integrity::{Mode, Superblock, SUPERBLOCK_LEN};
+use crate::sys::dm::{self, Control};
+use crate::sys::dm_integrity::{self, Mode, Superblock, SUPERBLOCK_LEN};
+use crate::sys::kmsg::{self, Record};
 
 /// What dm-crypt is given for a segment with integrity.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -158,6 +161,55 @@ pub fn superblock(
     Ok(sb)
 }
 
+/// How many sectors of a mapping with integrity were refused as tampered
+/// since the kernel log's record `from`: dm-crypt's reports of a tag that
+/// does not match (which name the mapping or its dm-integrity device,
+/// `minors`; rate-limited, so at least that many), and the dm-integrity
+/// device's own count of mismatches (`status`, its target's status line).
+pub fn tampered(records: &[Record], from: u64, minors: &[u32], status: Option<&str>) -> u64 {
+    let said = records
+        .iter()
+        .filter(|r| r.seq >= from)
+        .filter(|r| {
+            minors.iter().any(|m| {
+                r.message
+                    .strip_prefix("device-mapper: crypt: dm-")
+                    .and_then(|rest| rest.strip_prefix(&m.to_string()))
+                    .is_some_and(|rest| rest.starts_with(": INTEGRITY AEAD ERROR"))
+            })
+        })
+        .count();
+    let counted = status.and_then(dm_integrity::mismatches).unwrap_or(0);
+    u64::try_from(said)
+        .unwrap_or(u64::MAX)
+        .saturating_add(counted)
+}
+
+/// [`tampered`] for the live mapping `m`: its dm-integrity device's status
+/// and the kernel's log, read now. 0 for a mapping without integrity.
+pub fn tampered_now(m: &Mapping) -> Result<u64, Error> {
+    if m.integrity.is_none() {
+        return Ok(0);
+    }
+    let control = Control::open()?;
+    let sub = dm_integrity::subdevice_name(&m.name);
+    let mut minors = vec![m.dev.1];
+    let mut status = None;
+    match control.targets(&sub, false) {
+        Ok((info, lines)) => {
+            minors.push(info.dev.1);
+            status = lines
+                .into_iter()
+                .find(|l| l.kind == "integrity")
+                .map(|l| l.text.to_string());
+        }
+        Err(dm::Error::NotFound(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let records = kmsg::records(&mut |r| r.message.contains("INTEGRITY AEAD ERROR"))?;
+    Ok(tampered(&records, m.log_from, &minors, status.as_deref()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,10 +257,20 @@ mod tests {
             ("aes-xts-plain64", "crc32c", 64, "\"crc32c\""),
             ("aes-xts-plain64", "cmac(aes)", 80, "\"cmac(aes)\""),
             ("aes-xts-plain64", "none", 64, "\"none\""),
-            ("serpent-xts-plain64", "hmac(sha256)", 96, "\"serpent-xts-plain64\""),
+            (
+                "serpent-xts-plain64",
+                "hmac(sha256)",
+                96,
+                "\"serpent-xts-plain64\"",
+            ),
             ("aes-cbc-essiv:sha256", "hmac(sha256)", 64, "aes-cbc"),
             ("aes-xts-plain64", "hmac(sha256)", 80, "384-bit cipher key"),
-            ("aes-xts-plain64", "aead", 64, "\"aead\" over \"aes-xts-plain64\""),
+            (
+                "aes-xts-plain64",
+                "aead",
+                64,
+                "\"aead\" over \"aes-xts-plain64\"",
+            ),
             ("aes-gcm-random", "aead", 64, "512-bit"),
         ] {
             let e = aead(&segment(enc, kind), key).unwrap_err();
@@ -228,6 +290,45 @@ mod tests {
             mode(&["allow-discards".into(), "no-journal".into()]),
             Mode::Direct
         );
+    }
+
+    #[test]
+    fn tampering_is_counted_for_this_mapping_since_it_was_opened() {
+        let r = |seq, message: &str| Record {
+            seq,
+            message: message.into(),
+        };
+        let log = [
+            r(
+                5,
+                "device-mapper: crypt: dm-3: INTEGRITY AEAD ERROR, sector 8",
+            ),
+            r(
+                9,
+                "device-mapper: crypt: dm-3: INTEGRITY AEAD ERROR, sector 16",
+            ),
+            r(
+                10,
+                "device-mapper: crypt: dm-2: INTEGRITY AEAD ERROR, sector 16",
+            ),
+            r(
+                11,
+                "device-mapper: crypt: dm-31: INTEGRITY AEAD ERROR, sector 16",
+            ),
+            r(
+                12,
+                "device-mapper: crypt: dm-4: INTEGRITY AEAD ERROR, sector 24",
+            ),
+            r(
+                13,
+                "Buffer I/O error on dev dm-3, logical block 2, async page read",
+            ),
+        ];
+        assert_eq!(tampered(&log, 0, &[3, 4], None), 3);
+        assert_eq!(tampered(&log, 6, &[3, 4], None), 2, "an earlier device's");
+        assert_eq!(tampered(&log, 6, &[3], Some("2 55632 -")), 3);
+        assert_eq!(tampered(&log, 6, &[7, 8], Some("0 55632 -")), 0);
+        assert_eq!(tampered(&[], 0, &[3], Some("garbage")), 0);
     }
 
     fn disk(tag: u16, log2: u8, provided: u64) -> Vec<u8> {

@@ -85,6 +85,10 @@ pub struct Mapping {
     pub integrity: Option<String>,
     /// Whether discards pass through.
     pub allow_discards: bool,
+    /// With integrity: the kernel log's next record when it was opened;
+    /// reports of tampering before it are of an earlier device with its
+    /// number. 0 when adopted after a restart: the whole log counts.
+    pub log_from: u64,
 }
 
 /// How a mapping is opened.
@@ -200,13 +204,21 @@ pub fn open(o: &Open<'_>, passphrase: &Zeroizing<Vec<u8>>) -> Result<Mapping, Er
         .and_then(|()| keyring::add_logon(&description, key, Keyring::User))
         .inspect_err(|_| unmake_sub())?;
     let key_bits = u32::try_from(key.len() * 8).unwrap_or(u32::MAX);
-    let (cipher, kind) = (seg.encryption.clone(), seg.integrity.as_ref().map(|i| i.kind.clone()));
+    let (cipher, kind) = (
+        seg.encryption.clone(),
+        seg.integrity.as_ref().map(|i| i.kind.clone()),
+    );
     drop(unlocked);
     let target = Target {
         start: 0,
         length,
         kind: "crypt",
         params,
+    };
+    // Read before the mapping exists, so no report of its own is missed.
+    let log_from = match layer {
+        Some(_) => crate::sys::kmsg::next_seq().unwrap_or(0),
+        None => 0,
     };
     let info = match make(&control, o.name, &dm_uuid, target, o.read_only) {
         Ok(info) => info,
@@ -226,6 +238,7 @@ pub fn open(o: &Open<'_>, passphrase: &Zeroizing<Vec<u8>>) -> Result<Mapping, Er
         key_bits,
         integrity: kind,
         allow_discards: o.allow_discards,
+        log_from,
     })
 }
 
@@ -343,7 +356,9 @@ fn is_subdevice_of(uuid: &str, name: &str) -> bool {
         .strip_prefix("CRYPT-SUBDEV-")
         .or_else(|| uuid.strip_prefix("CRYPT-LUKS2-"));
     rest.and_then(|r| r.split_once('-'))
-        .is_some_and(|(hex, n)| !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()) && n == sub)
+        .is_some_and(|(hex, n)| {
+            !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()) && n == sub
+        })
 }
 
 /// Unlinks and revokes mapping `name`'s logon key, if the user keyring
@@ -548,10 +563,22 @@ mod tests {
     #[test]
     fn a_subdevice_is_told_by_its_uuid() {
         let hex = "1b4e28ba2fa111d2883f0016d3cca427";
-        assert!(is_subdevice_of(&format!("CRYPT-SUBDEV-{hex}-crust-v_dif"), "crust-v"));
-        assert!(is_subdevice_of(&format!("CRYPT-LUKS2-{hex}-crust-v_dif"), "crust-v"));
-        assert!(!is_subdevice_of(&format!("CRYPT-SUBDEV-{hex}-crust-w_dif"), "crust-v"));
-        assert!(!is_subdevice_of(&format!("CRYPT-LUKS2-{hex}-crust-v"), "crust-v"));
+        assert!(is_subdevice_of(
+            &format!("CRYPT-SUBDEV-{hex}-crust-v_dif"),
+            "crust-v"
+        ));
+        assert!(is_subdevice_of(
+            &format!("CRYPT-LUKS2-{hex}-crust-v_dif"),
+            "crust-v"
+        ));
+        assert!(!is_subdevice_of(
+            &format!("CRYPT-SUBDEV-{hex}-crust-w_dif"),
+            "crust-v"
+        ));
+        assert!(!is_subdevice_of(
+            &format!("CRYPT-LUKS2-{hex}-crust-v"),
+            "crust-v"
+        ));
         assert!(!is_subdevice_of("CRYPT-SUBDEV--crust-v_dif", "crust-v"));
         assert!(!is_subdevice_of("CRYPT-PLAIN-crust-v_dif", "crust-v"));
     }

@@ -15,6 +15,7 @@
 //!   `crypt` target line;
 //! - `dm_integrity`: the dm-integrity superblock, line and status under a
 //!   dm-crypt mapping with integrity;
+//! - `kmsg`: the kernel's log records, read without waiting;
 //! - `keyring`: logon keys in the kernel keyring, which dm-crypt reads and
 //!   user space cannot.
 
@@ -25,6 +26,7 @@ pub mod dm_integrity;
 pub mod error;
 pub mod features;
 pub mod keyring;
+pub mod kmsg;
 pub mod mountinfo;
 pub mod sysfs;
 pub mod uevents;

@@ -791,6 +791,15 @@ impl Kernel for Fake {
     fn own_mappings(&self) -> std::result::Result<Vec<String>, luks2::error::Error> {
         Ok(self.own_mappings_fake())
     }
+
+    fn mapping_tampered(&self, m: &Mapping) -> std::result::Result<u64, luks2::error::Error> {
+        let st = self.state.locked();
+        Ok(st
+            .mapped
+            .iter()
+            .find(|x| x.name == m.name)
+            .map_or(0, |x| x.tampered))
+    }
 }
 
 fn gone(dev: &Device) -> blockdev::Error {
@@ -811,6 +820,8 @@ struct Luks {
     inner: Option<FsType>,
     /// Where the mapping's node file goes.
     dir: PathBuf,
+    /// Its segment's integrity, if any.
+    integrity: Option<String>,
 }
 
 /// A mapping made.
@@ -818,6 +829,8 @@ struct Mapped {
     name: String,
     /// The mapping's device.
     dev: Device,
+    /// Sectors the kernel refused as tampered.
+    tampered: u64,
 }
 
 impl Fake {
@@ -836,8 +849,31 @@ impl Fake {
             passphrase: passphrase.to_vec(),
             inner,
             dir: dir.to_path_buf(),
+            integrity: None,
         });
         d
+    }
+
+    /// Gives the LUKS2 disk `name` a segment with integrity `kind`.
+    pub(crate) fn with_integrity(&self, name: &str, kind: &str) {
+        let mut st = self.state.locked();
+        let l = st
+            .luks
+            .iter_mut()
+            .find(|l| l.disk == name)
+            .expect("a LUKS2 disk");
+        l.integrity = Some(kind.into());
+    }
+
+    /// The kernel refuses `sectors` more sectors of mapping `name` as tampered.
+    pub(crate) fn tamper(&self, name: &str, sectors: u64) {
+        let mut st = self.state.locked();
+        let m = st
+            .mapped
+            .iter_mut()
+            .find(|m| m.name == name)
+            .expect("a mapping");
+        m.tampered += sectors;
     }
 
     /// The names of the mappings now made.
@@ -853,7 +889,7 @@ impl Fake {
         allow_discards: bool,
         passphrase: &Zeroizing<Vec<u8>>,
     ) -> std::result::Result<Mapping, luks2::error::Error> {
-        let (inner, dir) = {
+        let (inner, dir, integrity) = {
             let st = self.state.locked();
             let Some(l) = st.luks.iter().find(|l| l.disk == disk.name) else {
                 return Err(luks2::error::Error::NotLuks);
@@ -868,7 +904,7 @@ impl Fake {
                 }
                 .into());
             }
-            (l.inner, l.dir.clone())
+            (l.inner, l.dir.clone(), l.integrity.clone())
         };
         let minor = self.state.locked().disks.len();
         let dev = self.disk(&dir, &format!("dm-{minor}"), inner);
@@ -879,13 +915,15 @@ impl Fake {
             dev: (dev.major, dev.minor),
             luks_uuid: "0123".into(),
             cipher: "aes-xts-plain64".into(),
-            key_bits: 512,
-            integrity: None,
+            key_bits: if integrity.is_some() { 768 } else { 512 },
+            integrity,
             allow_discards,
+            log_from: 0,
         };
         self.state.locked().mapped.push(Mapped {
             name: name.into(),
             dev,
+            tampered: 0,
         });
         Ok(m)
     }

@@ -140,3 +140,37 @@ fn trim_of_an_encrypted_volume_needs_allow_discards() {
     assert_eq!(e.code(), Code::FailedPrecondition);
     assert!(e.to_string().contains("allow_discards"), "{e}");
 }
+
+#[test]
+fn a_mapping_with_integrity_says_so_and_tampering_is_data_loss() {
+    use crate::stats::problem::Health;
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake) = fake_table(dir.path());
+    let d = fake.luks_disk(dir.path(), "fki", PASS, Some(FsType::Ext4));
+    fake.with_integrity("fki", "hmac(sha256)");
+    v.publish(&encrypted("i", &d, PASS, false), &Cancel::never())
+        .unwrap();
+    let listed = v.list();
+    let info = listed[0].encryption.as_ref().unwrap();
+    assert_eq!(
+        (info.integrity.as_str(), info.key_bits),
+        ("hmac(sha256)", 768)
+    );
+    // (The fake's mounts are not statfs-able: only the mapping's answer is looked at.)
+    let tamper_said = || {
+        let said = v.health("i", &Cancel::never()).unwrap();
+        said.into_iter()
+            .filter(|s| s.reason == "IntegrityMismatches")
+            .collect::<Vec<_>>()
+    };
+    assert!(tamper_said().is_empty());
+    fake.tamper("crust-i", 2);
+    let said = tamper_said();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert_eq!(said[0].status, Health::DataLoss);
+    assert!(
+        said[0].message.contains("refused 2 sector(s)") && said[0].message.contains("hmac(sha256)"),
+        "{}",
+        said[0].message
+    );
+}
