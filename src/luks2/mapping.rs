@@ -133,27 +133,7 @@ pub fn open(o: &Open<'_>, passphrase: &Zeroizing<Vec<u8>>) -> Result<Mapping, Er
     let unlocked = unlock::unlock(&file, &hdr, passphrase, o.limits, None)?;
     let seg = &unlocked.segment;
     let key = unlocked.volume_key.bytes();
-    // With integrity: what dm-crypt and dm-integrity are given, checked
-    // against the disk before anything is made.
-    let layer = match &seg.integrity {
-        None => None,
-        Some(_) => {
-            let aead = integrity::aead(seg, key.len())?;
-            if o.allow_discards {
-                return Err(Error::unsupported(
-                    "discards on a volume with integrity (dm-integrity takes them only with an internal hash, which LUKS2 does not use); publish it without allow_discards",
-                ));
-            }
-            let sb = integrity::superblock(&file, size, seg, &aead)?;
-            let line = dm_integrity::Integrity {
-                device: o.disk_dev,
-                offset: seg.offset / 512,
-                superblock: sb,
-                mode: integrity::mode(&hdr.metadata.config.flags),
-            };
-            Some((aead, line))
-        }
-    };
+    let layer = layer_of(o, &file, size, &hdr, seg, key.len())?;
     drop(file);
     let description = key_description(o.name);
     let dm_uuid = dm::crypt_uuid(&hdr.uuid, o.name)?;
@@ -166,17 +146,9 @@ pub fn open(o: &Open<'_>, passphrase: &Zeroizing<Vec<u8>>) -> Result<Mapping, Er
             data_sectors(size, seg.offset, seg.size, seg.sector_size)?,
         ),
         Some((_, line)) => {
-            let sub = dm_integrity::subdevice_name(o.name);
             let uuid = dm_integrity::subdevice_uuid(&hdr.uuid, o.name)?;
-            let length = line.superblock.provided_data_sectors;
-            let target = Target {
-                start: 0,
-                length,
-                kind: "integrity",
-                params: Zeroizing::new(line.params()?),
-            };
-            let info = make(&control, &sub, &uuid, target, o.read_only)?;
-            (info.dev, 0, length)
+            let info = make_subdevice(&control, o, &uuid, line)?;
+            (info.dev, 0, line.superblock.provided_data_sectors)
         }
     };
     let unmake_sub = || {
@@ -240,6 +212,53 @@ pub fn open(o: &Open<'_>, passphrase: &Zeroizing<Vec<u8>>) -> Result<Mapping, Er
         allow_discards: o.allow_discards,
         log_from,
     })
+}
+
+/// With integrity: what dm-crypt and dm-integrity are given for segment
+/// `seg` (its volume key `key_len` bytes), checked against the disk before
+/// anything is made. None for a segment without integrity.
+fn layer_of(
+    o: &Open<'_>,
+    file: &File,
+    size: u64,
+    hdr: &header::Header,
+    seg: &super::metadata::Segment,
+    key_len: usize,
+) -> Result<Option<(integrity::Aead, dm_integrity::Integrity)>, Error> {
+    if seg.integrity.is_none() {
+        return Ok(None);
+    }
+    let aead = integrity::aead(seg, key_len)?;
+    if o.allow_discards {
+        return Err(Error::unsupported(
+            "discards on a volume with integrity (dm-integrity takes them only with an internal hash, which LUKS2 does not use); publish it without allow_discards",
+        ));
+    }
+    let sb = integrity::superblock(file, size, seg, &aead)?;
+    let line = dm_integrity::Integrity {
+        device: o.disk_dev,
+        offset: seg.offset / 512,
+        superblock: sb,
+        mode: integrity::mode(&hdr.metadata.config.flags),
+    };
+    Ok(Some((aead, line)))
+}
+
+/// Makes mapping `o.name`'s dm-integrity device, `line` over the disk.
+fn make_subdevice(
+    control: &Control,
+    o: &Open<'_>,
+    uuid: &str,
+    line: &dm_integrity::Integrity,
+) -> Result<dm::DevInfo, Error> {
+    let target = Target {
+        start: 0,
+        length: line.superblock.provided_data_sectors,
+        kind: "integrity",
+        params: Zeroizing::new(line.params()?),
+    };
+    let sub = dm_integrity::subdevice_name(o.name);
+    Ok(make(control, &sub, uuid, target, o.read_only)?)
 }
 
 /// Makes device `name` (uuid `uuid`) with the one `target`, live and with
