@@ -3,8 +3,10 @@
 //! own encoders exactly as Kata's package writes them (tests/kata_writer),
 //! RuntimePublishDirectVolume, the sandbox-id file, `crustd-ctl
 //! direct-volume`, every hostile record refused with nothing plugged,
-//! createFilesystem on blank, same-filesystem and foreign devices, and
-//! sandboxes whose VM is gone. Needs root (loop devices) and Go.
+//! createFilesystem on blank, same-filesystem and foreign devices,
+//! encrypted records (the key passed to the guest by reference, the disk
+//! never written on the host), and sandboxes whose VM is gone. Needs root
+//! (loop devices), Go and cryptsetup.
 
 mod fakes;
 
