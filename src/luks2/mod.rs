@@ -36,6 +36,7 @@ pub mod header;
 pub mod integrity;
 pub mod json;
 pub mod kdf;
+pub mod made;
 pub mod mapping;
 pub mod metadata;
 #[cfg(test)]

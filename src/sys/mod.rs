@@ -17,10 +17,13 @@
 //!   dm-crypt mapping with integrity;
 //! - `kmsg`: the kernel's log records, read without waiting;
 //! - `keyring`: logon keys in the kernel keyring, which dm-crypt reads and
-//!   user space cannot.
+//!   user space cannot;
+//! - `children`: the children the agent waits for itself (mkfs), which the
+//!   reaper of every other child leaves alone.
 
 pub mod beneath;
 pub mod blockdev;
+pub mod children;
 pub mod dm;
 pub mod dm_integrity;
 pub mod error;
