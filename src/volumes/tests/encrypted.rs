@@ -187,6 +187,7 @@ fn format_if_blank_never_touches_a_disk_that_holds_something() {
     assert!(fake.mappings().is_empty() && fake.mounts().is_empty());
 }
 
+#[test]
 fn a_mapping_with_integrity_says_so_and_tampering_is_data_loss() {
     use crate::stats::problem::Health;
     let dir = tempfile::tempdir().unwrap();
