@@ -171,9 +171,11 @@ pub fn tampered(records: &[Record], from: u64, minors: &[u32], status: Option<&s
         .iter()
         .filter(|r| r.seq >= from)
         .filter(|r| {
+            // Debian's 6.1 prints them behind a stray "trusted_key: ".
+            let at = r.message.find("device-mapper: crypt: dm-");
             minors.iter().any(|m| {
-                r.message
-                    .strip_prefix("device-mapper: crypt: dm-")
+                at.and_then(|at| r.message.get(at..))
+                    .and_then(|rest| rest.strip_prefix("device-mapper: crypt: dm-"))
                     .and_then(|rest| rest.strip_prefix(&m.to_string()))
                     .is_some_and(|rest| rest.starts_with(": INTEGRITY AEAD ERROR"))
             })
@@ -323,9 +325,13 @@ mod tests {
                 13,
                 "Buffer I/O error on dev dm-3, logical block 2, async page read",
             ),
+            r(
+                14,
+                "trusted_key: device-mapper: crypt: dm-4: INTEGRITY AEAD ERROR, sector 24",
+            ),
         ];
-        assert_eq!(tampered(&log, 0, &[3, 4], None), 3);
-        assert_eq!(tampered(&log, 6, &[3, 4], None), 2, "an earlier device's");
+        assert_eq!(tampered(&log, 0, &[3, 4], None), 4);
+        assert_eq!(tampered(&log, 6, &[3, 4], None), 3, "an earlier device's");
         assert_eq!(tampered(&log, 6, &[3], Some("2 55632 -")), 3);
         assert_eq!(tampered(&log, 6, &[7, 8], Some("0 55632 -")), 0);
         assert_eq!(tampered(&[], 0, &[3], Some("garbage")), 0);
