@@ -235,6 +235,9 @@ fn layer_of(
         ));
     }
     let sb = integrity::superblock(file, size, seg, &aead)?;
+    // Not loaded (nor built in), the table load below fails with EINVAL
+    // ("unknown target type") or ENOENT, which its error explains.
+    let _ = crate::system::load_integrity_modules();
     let line = dm_integrity::Integrity {
         device: o.disk_dev,
         offset: seg.offset / 512,
