@@ -16,7 +16,9 @@ set -eu
 cd "$(dirname "$0")/.."
 BUILD=build
 OUT="$BUILD/guest"
-PACKAGES="systemd-sysv,udev,crun,initramfs-tools,util-linux,ca-certificates"
+# e2fsprogs and xfsprogs: the agent as a service makes the filesystem of a new
+# encrypted volume with the guest's own mkfs.ext4 and mkfs.xfs (src/mkfs.rs).
+PACKAGES="systemd-sysv,udev,crun,initramfs-tools,util-linux,ca-certificates,e2fsprogs,xfsprogs"
 
 command -v mmdebstrap >/dev/null 2>&1 || apt-get install -y mmdebstrap || { apt-get update && apt-get install -y mmdebstrap; }
 command -v mkfs.ext4 >/dev/null 2>&1 || apt-get install -y e2fsprogs

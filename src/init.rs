@@ -1,6 +1,8 @@
 //! PID 1 duties: the early mounts, the kernel command line, kernel modules in
 //! dependency order, reaping and signals, the panic hook and power-off.
-//! Everything here is a syscall: the initrd holds no other program.
+//! Everything here is a syscall. The only programs the initrd holds are the
+//! mkfs ones (src/mkfs.rs), whose children the reaper leaves to their owner
+//! (sys::children).
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::CString;

@@ -383,7 +383,7 @@ fn watch(child: &mut Owned, cancel: &Cancel) -> io::Result<Result<Ended, crate::
     ];
     loop {
         if let Some(status) = child.try_wait()? {
-            drain(&mut streams);
+            drain(&mut streams, cancel);
             let [stdout, stderr] = streams.map(|s| s.tail);
             return Ok(Ok(Ended {
                 status,
@@ -401,12 +401,13 @@ fn watch(child: &mut Owned, cancel: &Cancel) -> io::Result<Result<Ended, crate::
 }
 
 /// Reads what is left in the pipes after the program exited, for at most
-/// [`DRAIN_GRACE`].
-fn drain(streams: &mut [Stream; 2]) {
+/// [`DRAIN_GRACE`] (a child of its own may hold them) and never past
+/// `cancel`: its exit is known by then, only the tail of what it said is lost.
+fn drain(streams: &mut [Stream; 2], cancel: &Cancel) {
     let until = Instant::now() + DRAIN_GRACE;
-    while streams.iter().any(|s| s.pipe.is_some()) {
+    while streams.iter().any(|s| s.pipe.is_some()) && cancel.why().is_none() {
         let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() || read_ready(streams, None, left.min(SLICE)).is_err() {
+        if left.is_zero() || read_ready(streams, None, cancel.slice(left)).is_err() {
             return;
         }
     }
@@ -776,6 +777,39 @@ mod tests {
         let e = run(FsType::Xfs, dir.path(), &Cancel::never().with_token(&t)).unwrap_err();
         assert!(e.to_string().ends_with("(not started)"), "{e}");
         assert!(!marker.exists());
+    }
+
+    #[test]
+    fn pipes_held_open_after_the_exit_do_not_hold_the_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        let grand = dir.path().join("grandchild");
+        let dir = layout(&format!(
+            "echo said >&2; sleep 600 & echo $! > '{}'; exit 4",
+            grand.display()
+        ));
+        let start = Instant::now();
+        let e = run(FsType::Ext4, dir.path(), &Cancel::never()).unwrap_err();
+        let took = start.elapsed();
+        let _ = rustix::process::kill_process(Pid::from_raw(pid_in(&grand)).unwrap(), Signal::KILL);
+        assert!(
+            matches!(&e, Error::Failed { status: 4, said, .. } if said == "said"),
+            "{e:?}"
+        );
+        assert!(
+            took >= DRAIN_GRACE && took < DRAIN_GRACE + Duration::from_secs(1),
+            "{took:?}"
+        );
+        // The caller's cancel cuts the grace short.
+        let start = Instant::now();
+        let cancel = Cancel::never().with_timeout(Duration::from_millis(300));
+        let e = run(FsType::Ext4, dir.path(), &cancel).unwrap_err();
+        let _ = rustix::process::kill_process(Pid::from_raw(pid_in(&grand)).unwrap(), Signal::KILL);
+        assert!(matches!(&e, Error::Failed { status: 4, .. }), "{e:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            start.elapsed()
+        );
     }
 
     #[test]

@@ -22,6 +22,7 @@
 //! [`crust_client::qmp::Qmp`].
 
 mod accel;
+mod elf;
 mod error;
 mod files;
 mod hotplug;

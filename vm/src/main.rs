@@ -74,7 +74,8 @@ enum Cmd {
         #[arg(long)]
         dir: PathBuf,
     },
-    /// Pack the guest image: the agent as /init plus the listed modules and their dependencies.
+    /// Pack the guest image: the agent as /init, the listed modules and their dependencies,
+    /// and the build host's mke2fs and mkfs.xfs with their libraries.
     Initrd {
         /// The static agent binary.
         #[arg(long)]
@@ -91,6 +92,11 @@ enum Cmd {
         /// Modules to ship but not load at boot (the agent loads them on first use), comma-separated.
         #[arg(long, value_delimiter = ',', default_values_t = initrd::DEFAULT_ON_DEMAND.iter().map(|s| s.to_string()))]
         on_demand: Vec<String>,
+        /// Leave out the mkfs programs (mke2fs, mkfs.xfs, their libraries and
+        /// interpreter in /usr/lib/crust/mkfs/): the agent then cannot make the
+        /// filesystem of a new encrypted volume.
+        #[arg(long)]
+        no_mkfs: bool,
         /// Write the cpio uncompressed.
         #[arg(long)]
         no_compress: bool,
@@ -148,6 +154,7 @@ fn run(cmd: Cmd) -> crust_vm::Result<()> {
             version,
             modules,
             on_demand,
+            no_mkfs,
             no_compress,
             out,
         } => {
@@ -157,6 +164,11 @@ fn run(cmd: Cmd) -> crust_vm::Result<()> {
                 version,
                 modules,
                 on_demand,
+                mkfs: if no_mkfs {
+                    None
+                } else {
+                    Some(initrd::Mkfs::from_host()?)
+                },
                 compress: !no_compress,
             };
             let bytes = initrd::build(&spec)?;
