@@ -180,6 +180,24 @@ fn run() -> Result<(), String> {
     if t != 0 {
         return Err(format!("{t} sectors tampered before any tampering"));
     }
+    let ours = mapping::ours().map_err(s)?;
+    if ours != ["crust-int"] {
+        return Err(format!("the agent's own mappings are {ours:?}"));
+    }
+    // A close cut short: the mapping removed, its _dif left. Recovery sees
+    // it as the agent's, and a new open replaces it.
+    c.remove("crust-int").map_err(s)?;
+    let ours = mapping::ours().map_err(s)?;
+    if ours != ["crust-int"] {
+        return Err(format!(
+            "with only the _dif left, the agent's own are {ours:?}"
+        ));
+    }
+    let m = open_agent().map_err(|e| format!("reopen over a stale _dif: {e}"))?;
+    say(&format!(
+        "reopened over a stale _dif as /dev/dm-{}",
+        m.dev.1
+    ));
     if !mapping::close("crust-int").map_err(s)? || !c.list().map_err(s)?.is_empty() {
         return Err("close left devices".into());
     }

@@ -261,6 +261,13 @@ fn make_subdevice(
         params: Zeroizing::new(line.params()?),
     };
     let sub = dm_integrity::subdevice_name(o.name);
+    // A device of this very volume left by a close cut short (its mapping
+    // gone) is removed and made again; anything else in the way is refused.
+    let stale = matches!(control.status(o.name), Err(dm::Error::NotFound(_)))
+        && control.status(&sub).is_ok_and(|i| i.uuid == uuid);
+    if stale {
+        control.remove(&sub)?;
+    }
     Ok(make(control, &sub, uuid, target, o.read_only)?)
 }
 
