@@ -7,6 +7,11 @@
 //! flipped on the raw disk, and the agent's mapping must refuse that block
 //! (an I/O error, never other bytes) and count it as tampered. It prints
 //! `INTEGRITY_GUEST OK` (or `INTEGRITY_GUEST FAILED <why>`) and powers off.
+//!
+//! With `crust.make` on the kernel command line it only makes an image for
+//! the VM test: the disk formatted so, an ext4 inside holding
+//! `data/marker`, and where the ciphertext of the mapping's first block
+//! lies on the raw disk (`INTEGRITY_GUEST BLOCK0 <byte>`).
 
 use std::fmt::Display;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -129,6 +134,86 @@ fn format_and_fill() -> Result<(), String> {
     cryptsetup(&["close", "ref"])
 }
 
+fn run_program(path: &str, args: &[&str]) -> Result<(), String> {
+    let out = Command::new(path)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{path}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{path} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
+}
+
+/// The VM test's image: the mapping's first block located on the raw disk
+/// (the last block that writing it alone changed), then ext4 with a file.
+fn make() -> Result<(), String> {
+    let data = 16u64 << 20;
+    std::fs::write("/pass", PASS).map_err(s)?;
+    std::fs::create_dir_all("/run/cryptsetup").map_err(s)?;
+    cryptsetup(&[
+        "luksFormat",
+        "-q",
+        "--type",
+        "luks2",
+        "--cipher",
+        "aes-xts-plain64",
+        "--integrity",
+        "hmac-sha256",
+        "--integrity-no-wipe",
+        "--sector-size",
+        "4096",
+        "--pbkdf",
+        "pbkdf2",
+        "--pbkdf-force-iterations",
+        "1000",
+        "--key-file",
+        "/pass",
+        DISK,
+    ])?;
+    let before = raw(data)?;
+    cryptsetup(&["open", "--key-file", "/pass", DISK, "ref"])?;
+    let mut f = std::fs::File::options()
+        .write(true)
+        .open("/dev/mapper/ref")
+        .map_err(s)?;
+    f.write_all(&plaintext()[..4096])
+        .and_then(|()| f.sync_all())
+        .map_err(s)?;
+    drop(f);
+    cryptsetup(&["close", "ref"])?;
+    let after = raw(data)?;
+    let block0 = (0..after.len() / 4096)
+        .filter(|&b| after[b * 4096..][..4096] != before[b * 4096..][..4096])
+        .max()
+        .ok_or("nothing changed on the disk")?;
+    say(&format!("BLOCK0 {}", data + block0 as u64 * 4096));
+    cryptsetup(&["open", "--key-file", "/pass", DISK, "ref"])?;
+    run_program(
+        "/usr/sbin/mke2fs",
+        &["-q", "-F", "-t", "ext4", "/dev/mapper/ref"],
+    )?;
+    std::fs::create_dir_all("/mnt").map_err(s)?;
+    rustix::mount::mount(
+        "/dev/mapper/ref",
+        "/mnt",
+        "ext4",
+        rustix::mount::MountFlags::empty(),
+        None,
+    )
+    .map_err(|e| format!("mount: {e}"))?;
+    std::fs::create_dir_all("/mnt/data").map_err(s)?;
+    std::fs::write("/mnt/data/marker", b"crust integrity marker").map_err(s)?;
+    rustix::mount::unmount("/mnt", rustix::mount::UnmountFlags::empty())
+        .map_err(|e| format!("umount: {e}"))?;
+    cryptsetup(&["close", "ref"])?;
+    say("MADE");
+    Ok(())
+}
+
 fn run() -> Result<(), String> {
     for w in crust_agent::init::early_mounts() {
         say(&format!("mount warning: {w}"));
@@ -144,6 +229,10 @@ fn run() -> Result<(), String> {
         if !Path::new(p).exists() {
             say(&format!("{p} is missing"));
         }
+    }
+    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    if cmdline.split_whitespace().any(|w| w == "crust.make") {
+        return make();
     }
     let data = 16u64 << 20;
     let before = raw(data)?;

@@ -7,7 +7,10 @@
 # Needs what `make initrd` made (build/kernel, build/vmlinuz), qemu and
 # cryptsetup; as root, like `make test`.
 #   CRUST_BUILD=dir   where the kernel is (default: build)
-# Prints the probe's INTEGRITY_GUEST lines; exits 0 on "INTEGRITY_GUEST OK".
+#   INTEGRITY_GUEST_MAKE=path  makes the VM test's image there instead
+#                              (cryptsetup, then ext4 inside with mke2fs)
+# Prints the probe's INTEGRITY_GUEST lines; exits 0 on "INTEGRITY_GUEST OK"
+# (or "INTEGRITY_GUEST MADE").
 set -eu
 cd "$(dirname "$0")/.."
 BUILD=${CRUST_BUILD:-build}
@@ -25,8 +28,8 @@ truncate -s 64M "$WORK/disk.img"
     --out "$WORK/initrd.img" >/dev/null
 # cryptsetup and what it links, at their own paths.
 mkdir -p "$WORK/extra/usr/sbin"
-cp /usr/sbin/cryptsetup "$WORK/extra/usr/sbin/"
-for lib in $(ldd /usr/sbin/cryptsetup | grep -o '/[^ ]*'); do
+cp /usr/sbin/cryptsetup /usr/sbin/mke2fs "$WORK/extra/usr/sbin/"
+for lib in $(ldd /usr/sbin/cryptsetup /usr/sbin/mke2fs | grep -o '/[^ ]*' | grep -v ':$' | sort -u); do
     mkdir -p "$WORK/extra$(dirname "$lib")"
     cp -L "$lib" "$WORK/extra$lib"
 done
@@ -35,9 +38,16 @@ done
 cp "$WORK/initrd.img" "$WORK/both.img"
 truncate -s %4 "$WORK/both.img"
 cat "$WORK/extra.cpio" >> "$WORK/both.img"
+APPEND="console=ttyS0 panic=-1 quiet"
+[ -n "${INTEGRITY_GUEST_MAKE:-}" ] && APPEND="$APPEND crust.make"
 timeout 600 qemu-system-x86_64 -accel tcg -cpu max -m 768 -smp 1 -nographic -no-reboot \
     -kernel "$BUILD/vmlinuz" -initrd "$WORK/both.img" \
     -drive "file=$WORK/disk.img,if=virtio,format=raw" \
-    -append "console=ttyS0 panic=-1 quiet" > "$WORK/console.log" 2>&1 || true
+    -append "$APPEND" > "$WORK/console.log" 2>&1 || true
 grep -a 'INTEGRITY_GUEST\|device-mapper:\|Buffer I/O' "$WORK/console.log" | sed 's/^.*INTEGRITY_GUEST/INTEGRITY_GUEST/'
-grep -aq 'INTEGRITY_GUEST OK' "$WORK/console.log"
+if [ -n "${INTEGRITY_GUEST_MAKE:-}" ]; then
+    grep -aq 'INTEGRITY_GUEST MADE' "$WORK/console.log"
+    cp "$WORK/disk.img" "$INTEGRITY_GUEST_MAKE"
+else
+    grep -aq 'INTEGRITY_GUEST OK' "$WORK/console.log"
+fi
