@@ -290,6 +290,13 @@ fn run() -> Result<(), String> {
     if !mapping::close("crust-int").map_err(s)? || !c.list().map_err(s)?.is_empty() {
         return Err("close left devices".into());
     }
+    flip_and_reopen(data, &before)
+}
+
+/// Flips one bit of the last plaintext block's ciphertext on the raw disk;
+/// the agent's mapping must refuse that block and count it.
+fn flip_and_reopen(data: u64, before: &[u8]) -> Result<(), String> {
+    let want = plaintext();
     // The last 4 KiB block that changed is the last plaintext block's
     // ciphertext (the journal and the tags lie before it).
     let after = raw(data)?;

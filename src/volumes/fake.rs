@@ -841,6 +841,8 @@ struct Luks {
     dir: PathBuf,
     /// Its segment's integrity, if any.
     integrity: Option<String>,
+    /// Sectors a mapping of it finds tampered as soon as it is made.
+    tampered: u64,
     /// Made by the agent and not yet marked finished.
     unfinished: bool,
 }
@@ -873,6 +875,7 @@ impl Fake {
             inner,
             dir: dir.to_path_buf(),
             integrity: None,
+            tampered: 0,
             unfinished: false,
         });
         d
@@ -887,6 +890,18 @@ impl Fake {
             .find(|l| l.disk == name)
             .expect("a LUKS2 disk");
         l.integrity = Some(kind.into());
+    }
+
+    /// The host changed `sectors` sectors of LUKS2 disk `name`: a mapping
+    /// of it finds them tampered.
+    pub(crate) fn tamper_disk(&self, name: &str, sectors: u64) {
+        let mut st = self.state.locked();
+        let l = st
+            .luks
+            .iter_mut()
+            .find(|l| l.disk == name)
+            .expect("a LUKS2 disk");
+        l.tampered = sectors;
     }
 
     /// The kernel refuses `sectors` more sectors of mapping `name` as tampered.
@@ -947,6 +962,7 @@ impl Fake {
             dir,
             unfinished: true,
             integrity: None,
+            tampered: 0,
         });
         drop(st);
         self.note(format!("format {}", disk.name));
@@ -992,7 +1008,7 @@ impl Fake {
         allow_discards: bool,
         passphrase: &Zeroizing<Vec<u8>>,
     ) -> std::result::Result<Mapping, luks2::error::Error> {
-        let (inner, dir, integrity) = {
+        let (inner, dir, integrity, tampered) = {
             let st = self.state.locked();
             let Some(l) = st.luks.iter().find(|l| l.disk == disk.name) else {
                 return Err(luks2::error::Error::NotLuks);
@@ -1007,7 +1023,7 @@ impl Fake {
                 }
                 .into());
             }
-            (l.inner, l.dir.clone(), l.integrity.clone())
+            (l.inner, l.dir.clone(), l.integrity.clone(), l.tampered)
         };
         let minor = self.state.locked().disks.len();
         let dev = self.disk(&dir, &format!("dm-{minor}"), inner);
@@ -1027,7 +1043,7 @@ impl Fake {
             name: name.into(),
             disk: disk.name.clone(),
             dev,
-            tampered: 0,
+            tampered,
         });
         Ok(m)
     }

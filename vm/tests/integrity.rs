@@ -7,7 +7,8 @@
 //! unpublish removes the mapping and its dm-integrity device, so the disk
 //! publishes again. Then the host flips one byte of the ext4 superblock's
 //! ciphertext: the publish fails with an I/O error, never reads other
-//! bytes, and the guest's kernel says it refused the block.
+//! bytes, the guest's kernel says it refused the block, and the publish's
+//! error and the volume's health say DATA_LOSS.
 //! Run with `make test` (these tests need `make initrd` output and root).
 
 use std::os::unix::fs::FileExt;
@@ -104,12 +105,23 @@ fn a_cryptsetup_integrity_volume_opens_and_a_flipped_byte_is_refused() {
     let r = c.publish_volume(ctx(), &encrypted_req("vol-i", "ser-i"));
     assert!(r.is_err(), "a tampered superblock published: {r:?}");
     let why = message(r.clone());
-    eprintln!("publish of the tampered disk: {} {why}", code(r));
+    eprintln!("publish of the tampered disk: {why}");
+    assert_eq!(code(r), "DATA_LOSS", "{why}");
     assert!(
-        why.contains("Input/output error") || why.contains("EIO"),
+        why.contains("Input/output error") && why.contains("authentication tag"),
         "{why}"
     );
     let said = console(&vm);
     assert!(said.contains("INTEGRITY AEAD ERROR"), "{said}");
+    let h = health(&c, "vol-i");
+    assert_eq!(h.len(), 1, "{h:?}");
+    assert_eq!(
+        (h[0].status.enum_value(), h[0].reason.as_str()),
+        (
+            Ok(pb::volume_health::Status::DATA_LOSS),
+            "IntegrityMismatches"
+        ),
+        "{h:?}"
+    );
     vm.down().unwrap();
 }
