@@ -13,12 +13,15 @@
 //! - [`vm`]: the guest under QEMU (crust-vm), its images and console.
 //! - [`crustd`]: the crustd process under test and its answers.
 //! - [`luks`]: LUKS2 images made and decrypted on the host with cryptsetup.
+//! - [`cdh`]: a stand-in for the Confidential Data Hub (the `cdh-standin`
+//!   program serves one in a guest).
 //!
 //! Test code only: it runs host tools (mkfs, losetup, mount), which the agent
 //! itself never does. It depends on neither the agent nor crustd, so both use
 //! it in their unit tests too.
 
 pub mod agent;
+pub mod cdh;
 pub mod child;
 pub mod crustd;
 pub mod disks;
