@@ -56,6 +56,18 @@ pub fn serve(
     server
 }
 
+/// The `cdh-standin` program (src/bin/cdh_standin.rs) of this build, built
+/// once per test process.
+pub fn program() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            crate::build::cargo_build("crust-testkit", &["--bin", "cdh-standin"]);
+            crate::build::profile_dir().join("cdh-standin")
+        })
+        .clone()
+}
+
 /// Answers from the files under `dir`, as a KBS's resource plugin names
 /// them: `kbs:///repository/type/tag` is the file `dir/repository/type/tag`.
 /// A path of another shape is INVALID_ARGUMENT; a missing file NOT_FOUND;
