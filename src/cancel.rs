@@ -29,6 +29,18 @@ pub enum Why {
     Unpublished,
 }
 
+impl Why {
+    /// Why, as the start of a sentence ("the caller's deadline passed").
+    pub fn text(self) -> &'static str {
+        match self {
+            Why::Shutdown => "the agent is shutting down",
+            Why::CallerGone => "the caller closed its connection",
+            Why::Deadline => "the caller's deadline passed",
+            Why::Unpublished => "the volume was unpublished",
+        }
+    }
+}
+
 /// Work stopped by a [`Cancel`]; what was done has been undone by the caller.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{}", self.message())]

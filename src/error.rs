@@ -43,6 +43,9 @@ pub enum Error {
     Keys(#[from] crate::keys::error::Error),
     #[code(inner)]
     #[error(transparent)]
+    Mkfs(#[from] crate::mkfs::Error),
+    #[code(inner)]
+    #[error(transparent)]
     Volume(#[from] crate::volumes::error::Error),
     #[code(inner)]
     #[error(transparent)]

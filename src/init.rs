@@ -460,7 +460,8 @@ pub fn start_reaper_and_signals(on_shutdown: impl Fn() + Send + 'static) {
                 // SAFETY: `set` is a valid sigset; a null siginfo is allowed.
                 let sig = unsafe { libc::sigwaitinfo(&set, std::ptr::null_mut()) };
                 match sig {
-                    libc::SIGCHLD => reap(),
+                    // Never the children their owners wait for (mkfs): sys::children.
+                    libc::SIGCHLD => crate::sys::children::reap_others(),
                     libc::SIGTERM | libc::SIGINT => on_shutdown(),
                     _ => {} // EINTR and the like: wait again.
                 }
@@ -469,11 +470,6 @@ pub fn start_reaper_and_signals(on_shutdown: impl Fn() + Send + 'static) {
     if let Err(e) = spawned {
         console(&format!("crust-agent: cannot start the signal thread: {e}"));
     }
-}
-
-/// Collects every exited child without blocking.
-fn reap() {
-    while let Ok(Some(_)) = rustix::process::waitpid(None, rustix::process::WaitOptions::NOHANG) {}
 }
 
 /// Syncs and powers the machine off. If the kernel refuses, waits forever:

@@ -22,10 +22,12 @@
 //!                 error.rs (joins the capabilities' errors)
 //! 1 capabilities  device · probe/ · mount/ · ownership/ · stats · grow · luks2/
 //!                 · keys/ (a volume's key: from the request, a file, or the CDH)
+//!                 · mkfs (the filesystem inside a new encrypted volume: the one
+//!                 program the agent runs)
 //!                 each owns its syscalls and its error, and says its code
 //! 0 leaves        code (Code) · model (the shared domain types, MountId)
 //!                 sys/ (SysError, beneath, mountinfo, sysfs, uevents, blockdev,
-//!                 features, dm, keyring) · superblock (on-disk layouts) · cancel · validate
+//!                 features, dm, keyring, children) · superblock (on-disk layouts) · cancel · validate
 //!                 · logging · system (what the agent reports about itself)
 //! ```
 //!
@@ -65,6 +67,8 @@ pub mod keys;
 pub mod logging;
 #[doc(hidden)]
 pub mod luks2;
+#[doc(hidden)]
+pub mod mkfs;
 #[doc(hidden)]
 pub mod model;
 #[doc(hidden)]

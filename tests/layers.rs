@@ -196,6 +196,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "quiesce.rs",
             "luks2/",
             "keys/",
+            "mkfs.rs",
         ],
     ),
     ("table", &["volumes/", "error.rs"]),

@@ -4,7 +4,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use crate::cancel::{Stopped, Why};
+use crate::cancel::Stopped;
 use crate::sys::error::SysError;
 use crate::sys::mountinfo::shown;
 
@@ -40,20 +40,10 @@ pub enum Error {
         source: io::Error,
     },
     #[code(inner)]
-    #[error("{why} while {during}: stopped; entries changed before that keep their new group and mode (a chown cannot be undone safely), and a retry completes the walk", why = why_text(.0.why), during = .0.during)]
+    #[error("{why} while {during}: stopped; entries changed before that keep their new group and mode (a chown cannot be undone safely), and a retry completes the walk", why = .0.why.text(), during = .0.during)]
     Stopped(#[from] Stopped),
     #[code(Internal)]
     #[error(transparent)]
     Sys(#[from] SysError),
 }
-}
-
-/// Why a walk stopped, as the start of a sentence.
-fn why_text(why: Why) -> &'static str {
-    match why {
-        Why::Shutdown => "the agent is shutting down",
-        Why::CallerGone => "the caller closed its connection",
-        Why::Deadline => "the caller's deadline passed",
-        Why::Unpublished => "the volume was unpublished",
-    }
 }

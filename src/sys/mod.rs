@@ -14,10 +14,13 @@
 //! - `dm`: device-mapper's ioctls on /dev/mapper/control, typed, and the
 //!   `crypt` target line;
 //! - `keyring`: logon keys in the kernel keyring, which dm-crypt reads and
-//!   user space cannot.
+//!   user space cannot;
+//! - `children`: the children the agent waits for itself (mkfs), which the
+//!   reaper of every other child leaves alone.
 
 pub mod beneath;
 pub mod blockdev;
+pub mod children;
 pub mod dm;
 pub mod error;
 pub mod features;

@@ -136,7 +136,7 @@ pub enum Error {
         Why::CallerGone => Code::Cancelled,
         _ => Code::DeadlineExceeded,
     })]
-    #[error("{} while volume {id} was applying fsGroup; the walk continues ({visited} entries so far, {seconds} s): repeat the same publish to wait for it, or unpublish to stop it", why_text(*why))]
+    #[error("{} while volume {id} was applying fsGroup; the walk continues ({visited} entries so far, {seconds} s): repeat the same publish to wait for it, or unpublish to stop it", why.text())]
     WalkContinues {
         id: String,
         /// The caller's deadline passed, or the caller went away.
@@ -222,7 +222,7 @@ pub enum Error {
         Why::CallerGone => Code::Cancelled,
         _ => Code::DeadlineExceeded,
     })]
-    #[error("{} while trimming volume {id}: stopped after {done} of {total} bytes ({trimmed} bytes given back); trim again to go on", why_text(*why))]
+    #[error("{} while trimming volume {id}: stopped after {done} of {total} bytes ({trimmed} bytes given back); trim again to go on", why.text())]
     TrimStopped {
         id: String,
         /// Why it stopped.
@@ -243,14 +243,4 @@ pub enum Error {
         volume: String,
     },
 }
-}
-
-/// Why a caller stopped waiting, as the start of a sentence.
-fn why_text(why: Why) -> &'static str {
-    match why {
-        Why::CallerGone => "the caller closed its connection",
-        Why::Deadline => "the caller's deadline passed",
-        Why::Shutdown => "the agent is shutting down",
-        Why::Unpublished => "the volume was unpublished",
-    }
 }
