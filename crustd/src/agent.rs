@@ -11,7 +11,10 @@
 //! The guest is untrusted: what it answers is checked and bounded before
 //! crustd records it or passes it on. A guest path must be the agent's
 //! `<root>/volumes/<volume id>`; usage counts must be counts; messages are
-//! cut at [`MAX_MESSAGE`] bytes.
+//! cut at [`MAX_MESSAGE`] bytes. Of ListVolumes, crustd reads only whether
+//! a volume id is listed: nothing else a guest says of its volumes (an
+//! encrypted volume's mapping, cipher and uuid included) is kept, logged
+//! or passed on.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -95,6 +98,57 @@ pub struct Publish<'a> {
     pub fs_group: Option<(u32, bool)>,
     /// volumeMode: Block: the raw device, no filesystem.
     pub block: bool,
+    /// An encrypted volume: how the guest opens it.
+    pub encryption: Option<&'a Encryption>,
+}
+
+/// An encrypted volume's part of a publish: LUKS2, its key named by a
+/// reference the guest resolves. crustd never holds key bytes, so it never
+/// sends `Encryption.passphrase`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Encryption {
+    /// `kbs:///repository/type/tag` or `file:///path`.
+    pub key_uri: String,
+    /// The guest may make a disk it proves blank a LUKS2 volume, with the
+    /// filesystem inside.
+    pub format_if_blank: bool,
+}
+
+/// The PublishVolume request for `p`, by serial, the agent told to wait
+/// `timeout_ms` for the disk.
+pub fn publish_request(p: &Publish, timeout_ms: u32) -> pb::PublishVolumeRequest {
+    let mut r = pb::PublishVolumeRequest::new();
+    r.volume_id = p.volume_id.into();
+    r.set_serial(p.serial.into());
+    r.fs_type = p.fs_type.into();
+    r.mount_options = p.mount_options.to_vec();
+    r.read_only = p.read_only;
+    r.timeout_ms = timeout_ms;
+    if p.block {
+        r.volume_mode = pb::VolumeMode::BLOCK.into();
+    }
+    if let Some((gid, on_root_mismatch)) = p.fs_group {
+        let mut g = pb::FsGroup::new();
+        g.gid = gid;
+        g.change_policy = if on_root_mismatch {
+            pb::FsGroupChangePolicy::ON_ROOT_MISMATCH
+        } else {
+            pb::FsGroupChangePolicy::ALWAYS
+        }
+        .into();
+        r.fs_group = MessageField::some(g);
+    }
+    if let Some(e) = p.encryption {
+        let mut enc = pb::Encryption::new();
+        enc.kind = pb::encryption::Kind::LUKS2.into();
+        enc.set_key_uri(e.key_uri.clone());
+        enc.format_if_blank = e.format_if_blank;
+        // Discards through the mapping would tell the host which blocks
+        // are free: nothing crustd is given asks for them.
+        enc.allow_discards = false;
+        r.encryption = MessageField::some(enc);
+    }
+    r
 }
 
 /// How long the agent's answer may take to come back, past the deadline it was
@@ -229,27 +283,7 @@ impl Agent<'_> {
 
     /// PublishVolume by serial; answers the guest path.
     pub fn publish(&self, p: &Publish) -> Result<String> {
-        let mut r = pb::PublishVolumeRequest::new();
-        r.volume_id = p.volume_id.into();
-        r.set_serial(p.serial.into());
-        r.fs_type = p.fs_type.into();
-        r.mount_options = p.mount_options.to_vec();
-        r.read_only = p.read_only;
-        r.timeout_ms = self.wait_ms();
-        if p.block {
-            r.volume_mode = pb::VolumeMode::BLOCK.into();
-        }
-        if let Some((gid, on_root_mismatch)) = p.fs_group {
-            let mut g = pb::FsGroup::new();
-            g.gid = gid;
-            g.change_policy = if on_root_mismatch {
-                pb::FsGroupChangePolicy::ON_ROOT_MISMATCH
-            } else {
-                pb::FsGroupChangePolicy::ALWAYS
-            }
-            .into();
-            r.fs_group = MessageField::some(g);
-        }
+        let r = publish_request(p, self.wait_ms());
         let (told, wait) = match self.deadline {
             Some(d) => publish_deadlines(d.saturating_duration_since(Instant::now())),
             None => {
@@ -748,6 +782,35 @@ fn stats_of(s: &pb::GetVolumeStatsResponse) -> Result<Stats, BadStats> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_encrypted_publish_names_its_key_and_carries_none() {
+        let enc = Encryption {
+            key_uri: "kbs:///default/key/1".into(),
+            format_if_blank: true,
+        };
+        let opts = ["noatime".to_string()];
+        let mut p = Publish {
+            volume_id: "v",
+            serial: "s",
+            fs_type: "ext4",
+            mount_options: &opts,
+            read_only: false,
+            fs_group: Some((7, false)),
+            block: false,
+            encryption: Some(&enc),
+        };
+        let r = publish_request(&p, 1000);
+        let e = r.encryption.as_ref().expect("an encryption part");
+        assert_eq!(e.kind.enum_value(), Ok(pb::encryption::Kind::LUKS2));
+        assert_eq!(e.key_uri(), "kbs:///default/key/1");
+        assert!(!e.has_passphrase() && e.passphrase().is_empty());
+        assert!(e.format_if_blank && !e.allow_discards);
+        assert_eq!((r.serial(), r.timeout_ms), ("s", 1000));
+        assert_eq!(r.mount_options, opts);
+        p.encryption = None;
+        assert!(publish_request(&p, 1000).encryption.is_none());
+    }
 
     #[test]
     fn an_agent_call_never_outlives_its_caller() {

@@ -209,6 +209,8 @@ impl Served for pb::RuntimePublishVolumeRequest {
             read_only: self.read_only,
             block: self.block,
             create_file_system: self.create_file_system,
+            // crust_runtime.proto's publish has no field that asks for encryption.
+            encryption: None,
             origin: Origin::Kubelet,
         })
     }

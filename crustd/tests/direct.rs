@@ -3,8 +3,10 @@
 //! own encoders exactly as Kata's package writes them (tests/kata_writer),
 //! RuntimePublishDirectVolume, the sandbox-id file, `crustd-ctl
 //! direct-volume`, every hostile record refused with nothing plugged,
-//! createFilesystem on blank, same-filesystem and foreign devices, and
-//! sandboxes whose VM is gone. Needs root (loop devices) and Go.
+//! createFilesystem on blank, same-filesystem and foreign devices,
+//! encrypted records (the key passed to the guest by reference, the disk
+//! never written on the host), and sandboxes whose VM is gone. Needs root
+//! (loop devices), Go and cryptsetup.
 
 mod fakes;
 
@@ -444,11 +446,53 @@ fn hostile_fields<'a>(r: &'a Rig, g: &'a str) -> Vec<Case<'a>> {
             "INVALID_ARGUMENT",
             vec!["errors=panic".into()],
         ),
+    ]
+}
+
+/// Records whose encryptionKey crustd cannot pass to the guest by reference.
+fn hostile_keys<'a>(r: &'a Rig, g: &'a str) -> Vec<Case<'a>> {
+    vec![
         (
-            "/v/encrypted",
+            // A key itself (base64 of "secret"): never held, never shown.
+            "/v/key-bytes",
             raw(r, rec(g, "ext4", r#""encryptionKey":"c2VjcmV0""#, "")),
+            "INVALID_ARGUMENT",
+            vec!["encryptionKey".into(), "never holds key bytes".into()],
+        ),
+        (
+            // Kata's encrypted emptyDir: a key crustd would have to make.
+            "/v/ephemeral",
+            raw(
+                r,
+                rec(
+                    g,
+                    "ext4",
+                    r#""encryptionKey":"ephemeral","createFilesystem":"true""#,
+                    "",
+                ),
+            ),
             "UNIMPLEMENTED",
-            vec!["encryptionKey".into(), "not support".into()],
+            vec!["\"ephemeral\"".into(), "kbs:///repository/type/tag".into()],
+        ),
+        (
+            "/v/key-scheme",
+            raw(r, rec(g, "ext4", r#""encryptionKey":"vault://k/1""#, "")),
+            "INVALID_ARGUMENT",
+            vec!["scheme \"vault\"".into()],
+        ),
+        (
+            "/v/kbs-host",
+            raw(
+                r,
+                rec(
+                    g,
+                    "ext4",
+                    r#""encryptionKey":"kbs://kbs.example/a/b/c""#,
+                    "",
+                ),
+            ),
+            "INVALID_ARGUMENT",
+            vec!["names a KBS host".into()],
         ),
     ]
 }
@@ -587,6 +631,7 @@ fn every_hostile_record_is_refused_before_anything_is_plugged() {
 
     refused(&r, &k, hostile_files(&r, &g));
     refused(&r, &k, hostile_fields(&r, &g));
+    refused(&r, &k, hostile_keys(&r, &g));
     refused(&r, &k, hostile_devices(&r, &d));
     // A directory planted where the sandbox-id file goes.
     let slot = r.add_raw("/v/slot", &rec(&g, "ext4", "", ""));
@@ -769,6 +814,126 @@ fn create_filesystem_formats_only_a_provably_blank_device() {
     let (c, m) = code(k.publish(req("ext4", false)));
     assert_eq!(c, "FAILED_PRECONDITION", "{m}");
     assert!(image(&scratch) == before);
+}
+
+/// The last PublishVolume request pod-a's agent was sent.
+fn last_published(r: &Rig) -> crust_protocols::crust::PublishVolumeRequest {
+    r.a.published()
+        .pop()
+        .expect("the agent was asked to publish")
+}
+
+/// Checks that `req` asks for LUKS2 with `key` by reference, no key bytes.
+fn by_reference(req: &crust_protocols::crust::PublishVolumeRequest, key: &str, format: bool) {
+    use crust_protocols::crust::encryption::Kind;
+    let e = req.encryption.as_ref().expect("an encryption part");
+    assert_eq!(e.kind.enum_value(), Ok(Kind::LUKS2));
+    assert_eq!(e.key_uri(), key);
+    assert!(!e.has_passphrase() && e.passphrase().is_empty(), "{e:?}");
+    assert_eq!((e.format_if_blank, e.allow_discards), (format, false));
+    assert_eq!(req.fs_type, "ext4");
+}
+
+/// An encrypted record: the guest gets its key's reference and formats it
+/// itself; the host never writes a byte of the disk, and refuses first,
+/// with crustd's own look, a disk that is neither blank nor LUKS.
+#[test]
+#[ignore = "needs root, go and cryptsetup: make test runs it"]
+fn an_encrypted_record_reaches_the_guest_by_reference_and_the_host_never_formats_it() {
+    let r = Rig::new(&[]);
+    let k = r.d.client();
+    let kbs = "kbs:///default/key/1";
+    let with = |key: &str, create: bool| {
+        let mut m = vec![format!("encryptionKey={key}"), "fsGroup=2000".into()];
+        if create {
+            m.push("createFilesystem=true".into());
+        }
+        m
+    };
+    let add = |vol: &str, disk: &LoopDisk, meta: &[String]| {
+        let meta: Vec<&str> = meta.iter().map(String::as_str).collect();
+        r.add(vol, &disk.path(), "ext4", &meta);
+    };
+
+    // Blank, createFilesystem: the guest may format it; the host writes nothing.
+    let blank = LoopDisk::new(64, None);
+    let before = image(&blank);
+    add("/e/blank", &blank, &with(kbs, true));
+    k.publish_direct("pod-a", "/e/blank", false).unwrap();
+    by_reference(&last_published(&r), kbs, true);
+    assert!(
+        image(&blank) == before,
+        "the host wrote to an encrypted volume's disk"
+    );
+    assert_eq!(blkid(&blank.path(), "TYPE"), "");
+    assert_eq!(verbs(&r.a.qemu), ["blockdev-add", "device_add"]);
+    // A republish asks the same, and still writes nothing.
+    k.publish_direct("pod-a", "/e/blank", false).unwrap();
+    by_reference(&last_published(&r), kbs, true);
+    k.unpublish("pod-a", &blank.path()).unwrap();
+    assert!(image(&blank) == before);
+
+    // Already LUKS, createFilesystem: published as it is, for the guest to open.
+    let luks = LoopDisk::new(64, None);
+    let pass = r.t.path().join("pass");
+    std::fs::write(&pass, b"passphrase").unwrap();
+    run(
+        "cryptsetup",
+        &[
+            "luksFormat",
+            "-q",
+            "--type",
+            "luks2",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--key-file",
+            pass.to_str().unwrap(),
+            &luks.path(),
+        ],
+    );
+    let before = image(&luks);
+    add("/e/luks", &luks, &with(kbs, true));
+    k.publish_direct("pod-a", "/e/luks", false).unwrap();
+    by_reference(&last_published(&r), kbs, true);
+    k.unpublish("pod-a", &luks.path()).unwrap();
+    assert!(image(&luks) == before, "a LUKS disk was written");
+
+    // No createFilesystem: an existing volume, never formatted by anyone;
+    // crustd does not look (the guest opens it, or refuses what is not LUKS2).
+    let file_key = "file:///run/keys/vol-1";
+    let plain = LoopDisk::new(64, Some("ext4"));
+    let before = image(&plain);
+    add("/e/existing", &plain, &with(file_key, false));
+    k.publish_direct("pod-a", "/e/existing", false).unwrap();
+    by_reference(&last_published(&r), file_key, false);
+    k.unpublish("pod-a", &plain.path()).unwrap();
+    assert!(image(&plain) == before);
+    verbs(&r.a.qemu);
+    std::mem::take(&mut r.a.agent.lock().unwrap().log);
+
+    // createFilesystem on a disk that holds a filesystem: refused on the
+    // host, nothing written, nothing plugged, the guest never asked.
+    add("/e/not-blank", &plain, &with(kbs, true));
+    let (c, m) = code(k.publish_direct("pod-a", "/e/not-blank", false));
+    assert_eq!(c, "FAILED_PRECONDITION", "{m}");
+    assert!(
+        m.contains("holds ext4, not crypto_LUKS") && m.contains(&plain.path()),
+        "{m}"
+    );
+    assert!(image(&plain) == before);
+    r.nothing_plugged("an encrypted record on a disk holding ext4");
+
+    // The key itself in the record: refused, and never repeated.
+    add("/e/bytes", &blank, &with("c2VjcmV0LWtleQ==", true));
+    let (c, m) = code(k.publish_direct("pod-a", "/e/bytes", false));
+    assert_eq!(c, "INVALID_ARGUMENT", "{m}");
+    assert!(
+        m.contains("never holds key bytes") && !m.contains("c2VjcmV0"),
+        "{m}"
+    );
+    r.nothing_plugged("a key in the record");
 }
 
 /// A disk holding an ext4 at 1 MiB (the usual first partition) whose

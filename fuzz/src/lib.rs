@@ -74,9 +74,11 @@ pub fn crustd_json(data: &[u8]) {
 /// A Kata direct-volume record (`mountInfo.json`), filed by a CSI driver and
 /// naming a host block device: what crustd accepts must name an absolute
 /// device, a filesystem it mounts, a group id in range and options the
-/// agent's table accepts; what it refuses, it refuses as the caller's fault
-/// (INVALID_ARGUMENT, or UNIMPLEMENTED for an encrypted volume). The volume
-/// path's directory name (Go's base64.URLEncoding) is checked on the side.
+/// agent's table accepts, and a key only by a reference the agent takes;
+/// what it refuses, it refuses as the caller's fault (INVALID_ARGUMENT, or
+/// UNIMPLEMENTED for a key the agent cannot fetch: Kata's "ephemeral", a
+/// sealed secret). The volume path's directory name (Go's
+/// base64.URLEncoding) is checked on the side.
 pub fn direct_volume(data: &[u8]) {
     use crustd::direct::{parse_record, RecordError, MAX_FS_GROUP};
     match parse_record(data) {
@@ -93,8 +95,14 @@ pub fn direct_volume(data: &[u8]) {
             assert!(r.fs_group.is_none_or(|g| g <= MAX_FS_GROUP), "{r:?}");
             crust_agent::mount::options::parse_options(&r.options, false)
                 .unwrap_or_else(|e| panic!("options the agent refuses were accepted: {e}"));
+            if let Some(k) = &r.key_uri {
+                crust_agent::keys::source::KeySource::from_request(Some(
+                    crust_agent::keys::source::RequestKey::Uri(k.clone()),
+                ))
+                .unwrap_or_else(|e| panic!("a key URI the agent refuses was accepted: {e}"));
+            }
         }
-        Err(RecordError::Encrypted) => {}
+        Err(RecordError::Ephemeral | RecordError::Sealed) => {}
         Err(e) => assert_eq!(e.code(), crustd::error::Code::InvalidArgument, "{e}"),
     }
     let name = crustd::direct::encode(data);

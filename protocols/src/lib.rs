@@ -4,12 +4,14 @@
 //! from the .proto too); [`names`], the rules for the names the contracts
 //! carry (a disk's serial, a sandbox's id), [`code`], the gRPC status codes,
 //! [`options`], the mount option table, [`labels`], what a disk's bytes say
-//! it holds (for the rules that a disk is blank), and [`sync`], locks that
+//! it holds (for the rules that a disk is blank), [`key_uri`], how a volume
+//! key is named by reference (`file:///`, `kbs:///`), and [`sync`], locks that
 //! outlive a panic, each written once for the agent and the host crates;
 //! and [`cdh`], the one method of the Confidential Data Hub the agent calls
 //! (cdh.proto).
 
 pub mod code;
+pub mod key_uri;
 pub mod labels;
 pub mod names;
 pub mod options;

@@ -9,7 +9,9 @@ use std::path::PathBuf;
 
 use zeroize::Zeroizing;
 
-use crate::validate::{fits_the_kernel, Invalid, NAME_MAX, PATH_MAX};
+use crust_protocols::key_uri::{self, KeyUri, Refused};
+
+use crate::validate::Invalid;
 
 /// The most bytes a key may have, whichever source it comes from.
 ///
@@ -20,9 +22,6 @@ use crate::validate::{fits_the_kernel, Invalid, NAME_MAX, PATH_MAX};
 /// random keys Confidential Containers makes for LUKS volumes, and it bounds
 /// what one publish holds in the guest's memory.
 pub const MAX_KEY_LEN: usize = 64 << 10;
-
-/// The longest `key_uri`: a `file://` path must be shorter than PATH_MAX.
-const MAX_URI_LEN: usize = PATH_MAX + "file://".len() - 1;
 
 /// The request's `key` oneof, in plain terms: what the wire layer hands
 /// [`KeySource::from_request`].
@@ -103,134 +102,21 @@ fn passphrase(p: Zeroizing<Vec<u8>>) -> Result<KeySource, Invalid> {
     Ok(KeySource::Passphrase(p))
 }
 
-/// `uri` for a message: quoted, and cut to 80 bytes.
-fn shown(uri: &str) -> String {
-    let mut end = uri.len().min(80);
-    while !uri.is_char_boundary(end) {
-        end -= 1;
-    }
-    let more = if end < uri.len() { "…" } else { "" };
-    format!("{:?}{more}", &uri[..end])
-}
-
-/// `key_uri`: `file:///absolute/path` or `kbs:///repository/type/tag`.
+/// `key_uri`: `file:///absolute/path` or `kbs:///repository/type/tag`, by
+/// the rule crustd holds a direct-volume record's `encryptionKey` to
+/// (`crust_protocols::key_uri`), in the same words.
 fn parse_uri(uri: &str) -> Result<KeySource, Invalid> {
-    let bad = |why: &str| Invalid(format!("encryption.key_uri {} {why}", shown(uri)));
-    if uri.is_empty() {
-        return Err(Invalid(
-            "encryption.key_uri is empty; name file:///absolute/path or kbs:///repository/type/tag"
-                .into(),
-        ));
+    match key_uri::parse(uri) {
+        Ok(KeyUri::File(path)) => Ok(KeySource::File(PathBuf::from(path))),
+        Ok(KeyUri::Kbs(resource)) => Ok(KeySource::Cdh {
+            resource: resource.to_string(),
+        }),
+        Err(Refused::Empty) => Err(Invalid(format!("encryption.key_uri {}", Refused::Empty))),
+        Err(why) => Err(Invalid(format!(
+            "encryption.key_uri {} {why}",
+            key_uri::shown(uri)
+        ))),
     }
-    if uri.len() > MAX_URI_LEN {
-        return Err(bad(&format!(
-            "is {} bytes long; at most {MAX_URI_LEN}",
-            uri.len()
-        )));
-    }
-    if uri.contains('\0') {
-        return Err(bad("holds a NUL byte"));
-    }
-    if uri.chars().any(char::is_control) {
-        return Err(bad("holds a control character"));
-    }
-    match uri.split_once("://") {
-        Some(("file", rest)) => file_uri(rest).map_err(|why| bad(&why)),
-        Some(("kbs", rest)) => kbs_uri(rest)
-            .map(|()| KeySource::Cdh {
-                resource: uri.to_string(),
-            })
-            .map_err(|why| bad(&why)),
-        Some((scheme, _)) if scheme.starts_with("kbs+") => Err(bad(
-            "names a KBS plugin; the agent takes keys from the KBS's resource plugin \
-             only: write kbs:///repository/type/tag",
-        )),
-        _ => Err(bad(
-            "is not a key URI the agent takes: file:///absolute/path (a file in the guest) \
-             or kbs:///repository/type/tag (a KBS resource, through the Confidential Data Hub)",
-        )),
-    }
-}
-
-/// What follows `file://`: an empty host, then an absolute path with no
-/// `.`, `..` or empty component, taken as it is written (nothing is
-/// percent-decoded, so `%`, `?` and `#`, which a URI reader would, are refused).
-fn file_uri(rest: &str) -> Result<KeySource, String> {
-    if !rest.starts_with('/') {
-        return Err(
-            "names a host or a relative path; the agent reads only its own files, by absolute \
-             path: write file:///absolute/path"
-                .into(),
-        );
-    }
-    if let Some(c) = rest.chars().find(|c| matches!(c, '%' | '?' | '#')) {
-        return Err(format!(
-            "holds {c:?}, which the agent does not decode as a URI reader would: name a path \
-             without %, ? or #"
-        ));
-    }
-    let components: Vec<&str> = rest[1..].split('/').collect();
-    if components.iter().any(|c| c.is_empty()) {
-        return Err("has an empty path component (a trailing or a doubled /): name a file".into());
-    }
-    if components.iter().any(|c| *c == "." || *c == "..") {
-        return Err("has a . or .. component: name the file by its plain absolute path".into());
-    }
-    fits_the_kernel("names a path that", rest).map_err(|e| e.0)?;
-    Ok(KeySource::File(PathBuf::from(rest)))
-}
-
-/// What follows `kbs://`: an empty host (the CDH asks the KBS it was
-/// configured with and ignores one named here, so naming one would mislead),
-/// then exactly `repository/type/tag`, each as the KBS's resource plugin
-/// takes it: `[A-Za-z0-9_-][A-Za-z0-9_.-]*`, so never `.`, `..` or empty;
-/// no query and no fragment (the CDH's URI reader would drop a fragment).
-fn kbs_uri(rest: &str) -> Result<(), String> {
-    let Some(path) = rest.strip_prefix('/') else {
-        return Err(
-            "names a KBS host; the Confidential Data Hub ignores it and asks the KBS it was \
-             configured with: write kbs:///repository/type/tag"
-                .into(),
-        );
-    };
-    if let Some(c) = path.chars().find(|c| matches!(c, '?' | '#')) {
-        return Err(format!(
-            "holds {c:?}: a KBS resource URI takes no query or fragment here"
-        ));
-    }
-    let segments: Vec<&str> = path.split('/').collect();
-    if segments.len() != 3 {
-        return Err(format!(
-            "has {} path segments; a KBS resource is named by three: kbs:///repository/type/tag",
-            segments.len()
-        ));
-    }
-    for (name, s) in ["repository", "type", "tag"].iter().zip(&segments) {
-        let ok = |c: u8| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-');
-        match s.as_bytes() {
-            [] => return Err(format!("has an empty {name}")),
-            b if b.len() > NAME_MAX => {
-                return Err(format!(
-                    "has a {name} of {} bytes; at most {NAME_MAX}",
-                    b.len()
-                ))
-            }
-            [first, ..] if !ok(*first) => {
-                return Err(format!(
-                    "has a {name} starting with {:?}; each of repository, type and tag starts \
-                     with a letter, a digit, _ or -",
-                    char::from(*first)
-                ))
-            }
-            b if !b.iter().all(|&c| ok(c) || c == b'.') => {
-                return Err(format!(
-                    "has a {name} with a character other than letters, digits, _, - and ."
-                ))
-            }
-            _ => {}
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -72,6 +72,9 @@ pub enum Error {
     #[code(inner)]
     #[error(transparent)]
     Dm(#[from] crate::sys::dm::Error),
+    #[code(inner)]
+    #[error(transparent)]
+    NotBlank(#[from] super::blank::NotBlank),
     #[code(FailedPrecondition)]
     #[error("the disk has {device_bytes} bytes, too few for a LUKS2 volume: its header and keyslots take the first 16 MiB and its data at least one {sector_size}-byte sector after them, {needs} bytes in all; nothing was written")]
     TooSmall {

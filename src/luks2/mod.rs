@@ -35,6 +35,7 @@ pub mod fuzz;
 pub mod header;
 pub mod json;
 pub mod kdf;
+pub mod made;
 pub mod mapping;
 pub mod metadata;
 #[cfg(test)]

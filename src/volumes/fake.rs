@@ -31,6 +31,7 @@ use crate::cancel::Cancel;
 use crate::device;
 use crate::error::Result;
 use crate::luks2;
+use crate::luks2::made::Found;
 use crate::luks2::mapping::{Live, Mapping};
 use crate::model::{Device, FsType, MountId, RecursiveReadOnly};
 use crate::mount::bind::{BindSpec, Bound};
@@ -770,6 +771,24 @@ impl Kernel for Fake {
         self.open_mapping_fake(disk, name, allow_discards, passphrase)
     }
 
+    fn format_if_blank(
+        &self,
+        disk: &Device,
+        passphrase: &Zeroizing<Vec<u8>>,
+    ) -> std::result::Result<Found, luks2::error::Error> {
+        self.format_if_blank_fake(disk, passphrase)
+    }
+
+    fn finish_format(&self, disk: &Device) -> std::result::Result<(), luks2::error::Error> {
+        self.finish_format_fake(disk);
+        Ok(())
+    }
+
+    fn make_filesystem(&self, device: &Device, fs: FsType, _cancel: &Cancel) -> Result<()> {
+        self.make_filesystem_fake(device, fs);
+        Ok(())
+    }
+
     fn close_mapping(&self, name: &str) -> std::result::Result<bool, luks2::error::Error> {
         self.close_mapping_fake(name)
     }
@@ -811,11 +830,15 @@ struct Luks {
     inner: Option<FsType>,
     /// Where the mapping's node file goes.
     dir: PathBuf,
+    /// Made by the agent and not yet marked finished.
+    unfinished: bool,
 }
 
 /// A mapping made.
 struct Mapped {
     name: String,
+    /// The LUKS disk's name.
+    disk: String,
     /// The mapping's device.
     dev: Device,
 }
@@ -836,8 +859,87 @@ impl Fake {
             passphrase: passphrase.to_vec(),
             inner,
             dir: dir.to_path_buf(),
+            unfinished: false,
         });
         d
+    }
+
+    /// The names of the LUKS2 disks the agent made and did not finish.
+    pub(crate) fn unfinished(&self) -> Vec<String> {
+        let st = self.state.locked();
+        st.luks
+            .iter()
+            .filter(|l| l.unfinished)
+            .map(|l| l.disk.clone())
+            .collect()
+    }
+
+    fn format_if_blank_fake(
+        &self,
+        disk: &Device,
+        passphrase: &Zeroizing<Vec<u8>>,
+    ) -> std::result::Result<Found, luks2::error::Error> {
+        let mut st = self.state.locked();
+        if let Some(l) = st.luks.iter().find(|l| l.disk == disk.name) {
+            return Ok(if l.unfinished {
+                Found::Unfinished
+            } else {
+                Found::Luks
+            });
+        }
+        let Some(d) = st.disks.iter().find(|d| d.device.name == disk.name) else {
+            return Err(SysError::new(
+                "open",
+                disk.path.display(),
+                std::io::Error::from(Errno::NOENT),
+            )
+            .into());
+        };
+        if let Some(fs) = d.fs {
+            return Err(crate::luks2::blank::NotBlank::Holds {
+                what: fs.name(),
+                at: 0,
+                byte: 1024,
+            }
+            .into());
+        }
+        let dir = d.node.parent().unwrap().to_path_buf();
+        st.luks.push(Luks {
+            disk: disk.name.clone(),
+            passphrase: passphrase.to_vec(),
+            inner: None,
+            dir,
+            unfinished: true,
+        });
+        drop(st);
+        self.note(format!("format {}", disk.name));
+        Ok(Found::Formatted)
+    }
+
+    fn finish_format_fake(&self, disk: &Device) {
+        let mut st = self.state.locked();
+        if let Some(l) = st.luks.iter_mut().find(|l| l.disk == disk.name) {
+            l.unfinished = false;
+        }
+    }
+
+    /// mkfs on a mapping: its disk, and what later mappings of its LUKS
+    /// disk, hold `fs`.
+    fn make_filesystem_fake(&self, device: &Device, fs: FsType) {
+        let mut st = self.state.locked();
+        let disk = st
+            .mapped
+            .iter()
+            .find(|m| m.dev.path == device.path)
+            .map(|m| m.disk.clone());
+        if let Some(d) = st.disks.iter_mut().find(|d| d.device.path == device.path) {
+            d.fs = Some(fs);
+        }
+        if let Some(l) = st.luks.iter_mut().find(|l| Some(&l.disk) == disk.as_ref()) {
+            l.inner = Some(fs);
+        }
+        drop(st);
+        self.note(format!("mkfs.{} {}", fs.name(), device.name));
     }
 
     /// The names of the mappings now made.
@@ -885,6 +987,7 @@ impl Fake {
         };
         self.state.locked().mapped.push(Mapped {
             name: name.into(),
+            disk: disk.name.clone(),
             dev,
         });
         Ok(m)

@@ -31,7 +31,9 @@ use crate::cancel::Cancel;
 use crate::device;
 use crate::error::Result;
 use crate::luks2;
+use crate::luks2::made::{self, Found};
 use crate::luks2::mapping::{self, Live, Mapping};
+use crate::mkfs;
 use crate::model::{Device, FsType, MountId};
 use crate::mount::bind::{BindSpec, Bound};
 use crate::mount::error::Error as MountError;
@@ -165,6 +167,18 @@ pub trait Kernel: Send + Sync + 'static {
         allow_discards: bool,
         passphrase: &Zeroizing<Vec<u8>>,
     ) -> std::result::Result<Mapping, luks2::error::Error>;
+    /// Makes `disk` a LUKS2 volume opened by `passphrase` if it is
+    /// provably blank (luks2::made); says what it found.
+    fn format_if_blank(
+        &self,
+        disk: &Device,
+        passphrase: &Zeroizing<Vec<u8>>,
+    ) -> std::result::Result<Found, luks2::error::Error>;
+    /// Marks the volume the agent made on `disk` finished.
+    fn finish_format(&self, disk: &Device) -> std::result::Result<(), luks2::error::Error>;
+    /// Makes filesystem `fs` on `device` (a new mapping): the one program
+    /// the agent runs (mkfs).
+    fn make_filesystem(&self, device: &Device, fs: FsType, cancel: &Cancel) -> Result<()>;
     /// Removes mapping `name` and forgets its key; false when it was not there.
     fn close_mapping(&self, name: &str) -> std::result::Result<bool, luks2::error::Error>;
     /// Whether `m` is still there, live, as made.
@@ -177,6 +191,15 @@ pub trait Kernel: Send + Sync + 'static {
     ) -> std::result::Result<u64, luks2::error::Error>;
     /// The names of the agent's own mappings in the guest.
     fn own_mappings(&self) -> std::result::Result<Vec<String>, luks2::error::Error>;
+}
+
+/// The guest's free memory in bytes (with its buffers), which bounds what
+/// an Argon2 keyslot may take.
+fn free_memory() -> u64 {
+    let s = rustix::system::sysinfo();
+    s.freeram
+        .saturating_add(s.bufferram)
+        .saturating_mul(u64::from(s.mem_unit.max(1)))
 }
 
 /// The running kernel: each method calls the capability that owns the
@@ -350,11 +373,7 @@ impl Kernel for Linux {
         allow_discards: bool,
         passphrase: &Zeroizing<Vec<u8>>,
     ) -> std::result::Result<Mapping, luks2::error::Error> {
-        let free = rustix::system::sysinfo();
-        let free = free
-            .freeram
-            .saturating_add(free.bufferram)
-            .saturating_mul(u64::from(free.mem_unit.max(1)));
+        let free = free_memory();
         let open = mapping::Open {
             disk: &disk.path,
             disk_dev: (disk.major, disk.minor),
@@ -364,6 +383,24 @@ impl Kernel for Linux {
             limits: mapping::guest_limits(free),
         };
         mapping::open(&open, passphrase)
+    }
+
+    fn format_if_blank(
+        &self,
+        disk: &Device,
+        passphrase: &Zeroizing<Vec<u8>>,
+    ) -> std::result::Result<Found, luks2::error::Error> {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let options = made::guest_options(free_memory(), u32::try_from(cpus).unwrap_or(4));
+        made::format_if_blank(&disk.path, passphrase, &options)
+    }
+
+    fn finish_format(&self, disk: &Device) -> std::result::Result<(), luks2::error::Error> {
+        made::finish(&disk.path)
+    }
+
+    fn make_filesystem(&self, device: &Device, fs: FsType, cancel: &Cancel) -> Result<()> {
+        Ok(mkfs::make(fs, &device.path, &mkfs::Tools::find(), cancel)?)
     }
 
     fn close_mapping(&self, name: &str) -> std::result::Result<bool, luks2::error::Error> {

@@ -43,6 +43,7 @@ use super::walking::WalkJob;
 use crate::cancel::Cancel;
 use crate::error::Result;
 use crate::keys;
+use crate::luks2::made::Found;
 use crate::luks2::mapping::{self, Mapping};
 use crate::model::{Device, Extent, FsType, VolumeMode};
 use crate::ownership::walk::Report;
@@ -178,18 +179,46 @@ impl<K: Kernel> Publisher<'_, K> {
             return Err(Error::NoKey(req.spec.volume_id.clone()).into());
         };
         let key = keys::resolve::resolve(source, self.keys, cancel)?;
-        let name = mapping::name_for(&req.spec.volume_id);
-        let mapping = self
-            .mounts
-            .kernel
-            .open_mapping(disk, &name, enc.allow_discards, &key)?;
+        let kernel = self.mounts.kernel;
+        let found = match enc.format_if_blank {
+            true => kernel.format_if_blank(disk, &key)?,
+            false => Found::Luks,
+        };
+        let id = &req.spec.volume_id;
+        let name = mapping::name_for(id);
+        let mapping = kernel.open_mapping(disk, &name, enc.allow_discards, &key)?;
         drop(key);
-        info!(self.log, "encrypted volume opened"; "volume" => &req.spec.volume_id,
-              "disk" => %disk.path.display(), "mapping" => &mapping.name, "cipher" => &mapping.cipher);
+        info!(self.log, "encrypted volume opened"; "volume" => id, "disk" => %disk.path.display(),
+              "mapping" => &mapping.name, "cipher" => &mapping.cipher, "made" => ?found);
+        if found != Found::Luks {
+            if let Err(e) = self.make_inside(req, disk, &mapping, cancel) {
+                self.unmap(id, &name);
+                return Err(e);
+            }
+        }
         Ok(Some(Encrypted {
             disk: disk.clone(),
             mapping,
         }))
+    }
+
+    /// The filesystem inside a volume the agent made (or began to make) on
+    /// `disk`, on its new `mapping`; then the volume is marked finished.
+    fn make_inside(
+        &self,
+        req: &PublishRequest,
+        disk: &Device,
+        mapping: &Mapping,
+        cancel: &Cancel,
+    ) -> Result<()> {
+        let kernel = self.mounts.kernel;
+        if let VolumeMode::Filesystem(fs) = req.spec.mode {
+            kernel.make_filesystem(&mapped_device(mapping), fs, cancel)?;
+        }
+        kernel.finish_format(disk)?;
+        info!(self.log, "encrypted volume made"; "volume" => &req.spec.volume_id,
+              "mapping" => &mapping.name, "mode" => req.spec.mode.name());
+        Ok(())
     }
 
     /// Removes the mapping of a publish that failed after opening it; one

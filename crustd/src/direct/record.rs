@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use base64::Engine;
+use crust_protocols::key_uri;
 use serde::de::{self, DeserializeSeed, MapAccess, Visitor};
 use serde_json::Value;
 
@@ -73,9 +74,24 @@ pub enum RecordError {
     #[code(InvalidArgument)]
     #[error("{0}")]
     Option(String),
+    #[code(InvalidArgument)]
+    #[error("metadata encryptionKey is empty, which Kata reads as no encryption and crustd will not guess: leave encryptionKey out for a volume in the clear, or name its key (kbs:///repository/type/tag, or file:///path in the guest)")]
+    EmptyKey,
     #[code(Unimplemented)]
-    #[error("metadata encryptionKey asks for an encrypted volume, which crustd does not support: it would not ignore the key and publish the data in the clear; publish it with a runtime that supports encrypted direct volumes, or without encryptionKey")]
-    Encrypted,
+    #[error("metadata encryptionKey \"ephemeral\" asks for a key made for this pod alone (Kata's encrypted emptyDir), and the guest agent makes none: crustd would have to make the key and hand it over, and crustd never holds key bytes; name a key the guest fetches instead (kbs:///repository/type/tag, or file:///path in the guest)")]
+    Ephemeral,
+    #[code(Unimplemented)]
+    #[error("metadata encryptionKey is a sealed secret (sealed.…), which the guest agent does not unseal: put the key in the KBS and name it kbs:///repository/type/tag")]
+    Sealed,
+    #[code(InvalidArgument)]
+    #[error("metadata encryptionKey is not a reference to a key but, it seems, the key itself ({0} bytes, not shown): crustd never holds key bytes nor hands them to the guest; put the key in the KBS and name it kbs:///repository/type/tag, or in a file in the guest and name it file:///path")]
+    KeyBytes(usize),
+    #[code(InvalidArgument)]
+    #[error("metadata encryptionKey names the scheme {0:?}, which the guest does not resolve: name the key kbs:///repository/type/tag (a KBS resource, through the Confidential Data Hub) or file:///path (a file in the guest)")]
+    KeyScheme(String),
+    #[code(InvalidArgument)]
+    #[error("metadata encryptionKey {} {why}", key_uri::shown(.uri))]
+    KeyUri { uri: String, why: key_uri::Refused },
 }
 }
 
@@ -106,8 +122,13 @@ pub struct Record {
     pub fs_group: Option<u32>,
     /// fsGroupChangePolicy OnRootMismatch (else Always).
     pub on_root_mismatch: bool,
-    /// createFilesystem "true": format the device first if it is provably blank.
+    /// createFilesystem "true": format the device first if it is provably
+    /// blank (on the host; in the guest, inside LUKS2, when encrypted).
     pub create_filesystem: bool,
+    /// encryptionKey: the key's reference (`kbs:///repository/type/tag` or
+    /// `file:///path`), which the guest resolves; never key bytes. None:
+    /// the volume is in the clear.
+    pub key_uri: Option<String>,
 }
 
 /// Parses and validates a record's bytes: the entry point for a fuzz target.
@@ -300,9 +321,10 @@ impl MountInfo {
     /// Judges the values: everything that can be decided without the host.
     pub fn validate(self) -> std::result::Result<Record, RecordError> {
         // Said first and plainly: an encrypted volume is never published in the clear.
-        if self.metadata.contains_key("encryptionKey") {
-            return Err(RecordError::Encrypted);
-        }
+        let key_uri = match self.metadata.get("encryptionKey") {
+            None => None,
+            Some(k) => Some(key_reference(k)?),
+        };
         if !matches!(self.volume_type.as_str(), "directvol" | "block") {
             return Err(RecordError::VolumeType(self.volume_type));
         }
@@ -340,8 +362,49 @@ impl MountInfo {
             fs_group,
             on_root_mismatch,
             create_filesystem,
+            key_uri,
         })
     }
+}
+
+/// metadata encryptionKey: a reference the guest resolves, or why crustd
+/// cannot publish the volume with it. The value is shown only where it
+/// names a key (a scheme, a `kbs:///` or `file:///` URI), never where it may
+/// be one.
+fn key_reference(key: &str) -> std::result::Result<String, RecordError> {
+    if key.is_empty() {
+        return Err(RecordError::EmptyKey);
+    }
+    if key.eq_ignore_ascii_case("ephemeral") {
+        return Err(RecordError::Ephemeral);
+    }
+    if key.starts_with("sealed.") {
+        return Err(RecordError::Sealed);
+    }
+    let Some(scheme) = scheme(key) else {
+        return Err(RecordError::KeyBytes(key.len()));
+    };
+    if !matches!(scheme, "kbs" | "file") && !scheme.starts_with("kbs+") {
+        return Err(RecordError::KeyScheme(scheme.to_string()));
+    }
+    match key_uri::parse(key) {
+        Ok(_) => Ok(key.to_string()),
+        Err(why) => Err(RecordError::KeyUri {
+            uri: key.to_string(),
+            why,
+        }),
+    }
+}
+
+/// The scheme `s` starts with, as RFC 3986 spells one (a letter, then
+/// letters, digits, `+`, `-` or `.`, then `:`), at most 32 bytes; None if
+/// it starts with none.
+fn scheme(s: &str) -> Option<&str> {
+    let (scheme, _) = s.split_once(':')?;
+    let b = scheme.as_bytes();
+    let part = |c: &u8| c.is_ascii_alphanumeric() || matches!(c, b'+' | b'-' | b'.');
+    (b.len() <= 32 && b.first().is_some_and(u8::is_ascii_alphabetic) && b.iter().all(part))
+        .then_some(scheme)
 }
 
 /// A decimal group id from 0 to [`MAX_FS_GROUP`], digits only.
@@ -401,6 +464,7 @@ mod tests {
                 fs_group: Some(2000),
                 on_root_mismatch: true,
                 create_filesystem: false,
+                key_uri: None,
             }
         );
         // Go's runtime spelling, no metadata or options, nulls, unknown keys.
@@ -538,15 +602,166 @@ mod tests {
                 RecordError::CreateFilesystem("yes".into()),
             ),
             (
-                directvol(r#""encryptionKey":"""#, ""),
-                RecordError::Encrypted,
-            ),
-            (
                 // Said even when something else is wrong too.
                 r#"{"volume-type":"x","metadata":{"encryptionKey":"k"}}"#.into(),
-                RecordError::Encrypted,
+                RecordError::KeyBytes(1),
+            ),
+            (
+                // Kata's encrypted emptyDir, as its runtime files it.
+                r#"{"volume-type":"blk","device":"/x/disk.img","fstype":"ext4","metadata":{"createFilesystem":"true","encryptionKey":"ephemeral"}}"#.into(),
+                RecordError::Ephemeral,
             ),
         ]
+    }
+
+    /// A directvol record whose encryptionKey is `key`.
+    fn keyed(key: &str) -> String {
+        directvol(&format!(r#""encryptionKey":{key:?}"#), "")
+    }
+
+    #[test]
+    fn a_key_reference_is_kept_for_the_guest_to_resolve() {
+        for key in [
+            "kbs:///default/key/1",
+            "kbs:///alice/luks-key/vol_7",
+            "kbs:///1.ok/2ok./3...",
+            "file:///run/keys/vol-1",
+            "file:///etc/keys/a b.bin",
+        ] {
+            let r = parse_record(keyed(key).as_bytes()).unwrap_or_else(|e| panic!("{key}: {e}"));
+            assert_eq!(r.key_uri.as_deref(), Some(key));
+            assert!(!r.create_filesystem);
+        }
+        let r = parse_record(
+            directvol(
+                r#""encryptionKey":"kbs:///a/b/c","createFilesystem":"true","fsGroup":"7""#,
+                r#""noatime""#,
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(r.key_uri.as_deref(), Some("kbs:///a/b/c"));
+        assert!(r.create_filesystem);
+        assert_eq!(
+            (r.fs_group, r.options),
+            (Some(7), vec!["noatime".to_string()])
+        );
+        assert_eq!(
+            parse_record(directvol("", "").as_bytes()).unwrap().key_uri,
+            None
+        );
+    }
+
+    /// encryptionKey values that are no key URI: the error, and words its
+    /// sentence holds.
+    fn refused_keys() -> Vec<(&'static str, RecordError, Vec<&'static str>)> {
+        use RecordError::{EmptyKey, Ephemeral, KeyBytes, KeyScheme, Sealed};
+        vec![
+            (
+                "",
+                EmptyKey,
+                vec!["is empty", "Kata reads as no encryption"],
+            ),
+            (
+                "ephemeral",
+                Ephemeral,
+                vec!["never holds key bytes", "kbs:///"],
+            ),
+            ("EPHEMERAL", Ephemeral, vec!["emptyDir"]),
+            (
+                "sealed.eyJhbGciOiJub25lIn0.eyJ4IjoxfQ.c2ln",
+                Sealed,
+                vec!["sealed secret"],
+            ),
+            // A passphrase, base64, hex and a path: key bytes, never echoed.
+            (
+                "correct horse battery",
+                KeyBytes(21),
+                vec!["21 bytes, not shown"],
+            ),
+            (
+                "c2VjcmV0LWtleS1ieXRlcw==",
+                KeyBytes(24),
+                vec!["file:///path"],
+            ),
+            (
+                "00112233445566778899aabbccddeeff",
+                KeyBytes(32),
+                vec!["never holds key bytes"],
+            ),
+            ("/etc/keys/k", KeyBytes(11), vec!["not shown"]),
+            (
+                "https://vault.example/k",
+                KeyScheme("https".into()),
+                vec!["scheme \"https\""],
+            ),
+            (
+                "vault:secret/data/k",
+                KeyScheme("vault".into()),
+                vec!["\"vault\""],
+            ),
+            (
+                "KBS:///a/b/c",
+                KeyScheme("KBS".into()),
+                vec!["\"KBS\"", "kbs:///"],
+            ),
+        ]
+    }
+
+    /// Key URIs that break crust_protocols::key_uri's rule, and words the
+    /// sentence holds.
+    fn refused_uris() -> Vec<(&'static str, key_uri::Refused, &'static str)> {
+        use key_uri::Refused::*;
+        vec![
+            (
+                "kbs://kbs.example:8080/a/b/c",
+                KbsHost,
+                "write kbs:///repository/type/tag",
+            ),
+            ("kbs:///a/b", Segments(2), "2 path segments"),
+            ("kbs:///a/b/c/d", Segments(4), "4 path segments"),
+            (
+                "kbs:///a/../c",
+                SegmentStart("type", '.'),
+                "starting with '.'",
+            ),
+            ("kbs:///a/b/c?v=1", KbsQuery('?'), "no query"),
+            ("kbs+pkcs11:///a/b/c", KbsPlugin, "KBS plugin"),
+            ("file://host/k", FileHost, "names a host"),
+            ("file:///etc/../k", DotComponent, ". or .."),
+            ("file:/etc/k", NotKeyUri, "not a key URI"),
+        ]
+    }
+
+    #[test]
+    fn a_key_crustd_would_have_to_hold_is_refused_saying_what_to_use() {
+        let uris = refused_uris().into_iter().map(|(u, why, says)| {
+            let e = RecordError::KeyUri { uri: u.into(), why };
+            (u, e, vec![says, u])
+        });
+        for (key, want, says) in refused_keys().into_iter().chain(uris) {
+            let e = parse_record(keyed(key).as_bytes()).unwrap_err();
+            assert_eq!(e, want, "{key:?}");
+            let code = match want {
+                RecordError::Ephemeral | RecordError::Sealed => Code::Unimplemented,
+                _ => Code::InvalidArgument,
+            };
+            assert_eq!(e.code(), code, "{key:?}");
+            let m = e.to_string();
+            assert!(m.starts_with("metadata encryptionKey"), "{m}");
+            for w in says {
+                assert!(m.contains(w), "{key:?}: {m:?} lacks {w:?}");
+            }
+            if matches!(want, RecordError::KeyBytes(_) | RecordError::Sealed) {
+                assert!(!m.contains(&key[..8]), "{m} shows the key");
+            }
+        }
+        // A long reference is cut in the sentence, never echoed whole.
+        let long = format!("kbs:///a/b/{}", "t".repeat(300));
+        let m = parse_record(keyed(&long).as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("tag of 300 bytes") && m.len() < 300, "{m}");
     }
 
     #[test]
@@ -557,7 +772,7 @@ mod tests {
                 (RecordError::NotJson(_), RecordError::NotJson(_)) => {}
                 _ => assert_eq!(got, want, "{bytes}"),
             }
-            let code = if want == RecordError::Encrypted {
+            let code = if want == RecordError::Ephemeral {
                 Code::Unimplemented
             } else {
                 Code::InvalidArgument

@@ -152,6 +152,11 @@ impl fmt::Display for At {
     }
 }
 
+/// blkid's name for a LUKS volume: what an encrypted volume's disk holds
+/// once the guest has formatted it. [`inspect`] with it, for an encrypted
+/// volume the guest may format, reads only: crustd never formats one.
+pub const LUKS: &str = "crypto_LUKS";
+
 /// How much of each end of the device must read as zeros.
 const EDGE: u64 = 1 << 20;
 /// How far from the start crustd looks for labels itself.

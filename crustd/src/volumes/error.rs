@@ -34,6 +34,9 @@ pub enum Error {
     #[error("create_file_system with block = true: a block volume has no filesystem to create")]
     BlockWithCreate,
     #[code(InvalidArgument)]
+    #[error("create_file_system with an encrypted volume: crustd never formats an encrypted volume on the host, which would write its filesystem in the clear; the guest formats a blank disk inside LUKS2 (format_if_blank)")]
+    EncryptedWithCreate,
+    #[code(InvalidArgument)]
     #[error("file_system {0:?} is not supported: use one of {known}", known = FILE_SYSTEMS.join(", "))]
     FileSystem(String),
     #[code(InvalidArgument)]

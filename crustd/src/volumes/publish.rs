@@ -117,16 +117,9 @@ impl Steps<'_> {
                 v.phase = Phase::Plugged
             })?;
         }
-        let published = c.agent(self.sb, self.deadline).publish(&agent::Publish {
-            volume_id: &self.names.volume_id,
-            serial: &self.names.serial,
-            fs_type: &r.file_system,
-            mount_options: &r.mount_options,
-            read_only: r.read_only,
-            // fsGroup does not apply to a raw device (kubelet does not chown one either).
-            fs_group: if r.block { None } else { fs_group },
-            block: r.block,
-        });
+        let published = c
+            .agent(self.sb, self.deadline)
+            .publish(&agent_publish(r, self.names, fs_group));
         match published {
             Ok(guest_path) => {
                 // Published in the guest: whatever happens now, nothing is undone.
@@ -187,12 +180,23 @@ impl Steps<'_> {
     /// createFilesystem for a volume this call has just claimed and holds:
     /// a device that already holds `file_system` is left as it is; a
     /// provably blank one is formatted, held all the while; anything else
-    /// is FAILED_PRECONDITION and not a byte of it is written.
+    /// is FAILED_PRECONDITION and not a byte of it is written. An encrypted
+    /// volume is never written on the host (its filesystem would be in the
+    /// clear): the guest formats it inside LUKS2, and only a disk it finds
+    /// blank itself. crustd's look, deeper than the guest's, refuses first
+    /// a disk that is neither blank nor LUKS.
     fn create_file_system(&mut self, dev: &HostDevice) -> Result<()> {
+        let timeout = self.c.cfg.mkfs_timeout;
+        if let Some(e) = &self.r.encryption {
+            if e.format_if_blank {
+                mkfs::inspect(dev, mkfs::LUKS, timeout)?;
+            }
+            return Ok(());
+        }
         if !self.r.create_file_system {
             return Ok(());
         }
-        let (fs, timeout) = (&self.r.file_system, self.c.cfg.mkfs_timeout);
+        let fs = &self.r.file_system;
         if mkfs::inspect(dev, fs, timeout)? == mkfs::Content::Same {
             return Ok(());
         }
@@ -278,6 +282,25 @@ impl Steps<'_> {
             }
         })?;
         Err(Error::Outlived(e))
+    }
+}
+
+/// What the agent is asked to publish for `r`, plugged under `names`.
+pub(super) fn agent_publish<'a>(
+    r: &'a PublishRequest,
+    names: &'a Names,
+    fs_group: Option<(u32, bool)>,
+) -> agent::Publish<'a> {
+    agent::Publish {
+        volume_id: &names.volume_id,
+        serial: &names.serial,
+        fs_type: &r.file_system,
+        mount_options: &r.mount_options,
+        read_only: r.read_only,
+        // fsGroup does not apply to a raw device (kubelet does not chown one either).
+        fs_group: if r.block { None } else { fs_group },
+        block: r.block,
+        encryption: r.encryption.as_ref(),
     }
 }
 

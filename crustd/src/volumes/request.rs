@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use super::error::Error as Refused;
+use crate::agent;
 use crate::error::{Error, Result};
 use crate::hostdev;
 use crate::registry;
@@ -65,8 +66,12 @@ pub struct PublishRequest {
     pub fsgroup_policy: FsGroupPolicy,
     pub read_only: bool,
     pub block: bool,
-    /// Format the device first if it is provably blank (never anything else).
+    /// Format the device on the host first if it is provably blank (never
+    /// anything else). Never with `encryption`.
     pub create_file_system: bool,
+    /// An encrypted volume: the key's reference, and whether the guest may
+    /// format a blank disk (it does, inside LUKS2; the host never does).
+    pub encryption: Option<agent::Encryption>,
     /// Who named the device.
     pub origin: Origin,
 }
@@ -128,6 +133,9 @@ pub fn validate(r: &PublishRequest) -> Result<()> {
     } else if !FILE_SYSTEMS.contains(&r.file_system.as_str()) {
         return Err(Refused::FileSystem(r.file_system.clone()).into());
     }
+    if r.encryption.is_some() && r.create_file_system {
+        return Err(Refused::EncryptedWithCreate.into());
+    }
     fs_group(r)?;
     Ok(())
 }
@@ -165,5 +173,28 @@ mod tests {
         assert!(e.to_string().contains("4097 bytes"), "{e}");
         r.host_target_path = "/x\0y".into();
         assert!(validate(&r).unwrap_err().to_string().contains("NUL"));
+    }
+
+    #[test]
+    fn an_encrypted_volume_is_never_formatted_on_the_host() {
+        let mut r = PublishRequest {
+            sandbox_id: "pod".into(),
+            host_volume_id: "/dev/x".into(),
+            file_system: "ext4".into(),
+            encryption: Some(agent::Encryption {
+                key_uri: "kbs:///a/b/c".into(),
+                format_if_blank: true,
+            }),
+            ..Default::default()
+        };
+        validate(&r).unwrap();
+        r.create_file_system = true;
+        let e = validate(&r).unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(
+            e.to_string()
+                .contains("never formats an encrypted volume on the host"),
+            "{e}"
+        );
     }
 }

@@ -65,6 +65,8 @@ pub struct AgentState {
     pub log: Vec<String>,
     /// The deadline each PublishVolume was told (its ttrpc `timeout_nano`).
     pub told: Vec<Duration>,
+    /// Each PublishVolume request as it arrived, whole.
+    pub published: Vec<pb::PublishVolumeRequest>,
     /// Each FreezeVolumes as it arrived: (unix ms then, its timeout_ms).
     pub freezes_told: Vec<(u64, u32)>,
     /// What ListVolumes lists: volume id → still publishing.
@@ -98,6 +100,7 @@ impl crust_ttrpc::Agent for FakeAgent {
         let on = {
             let mut s = self.state.lock().unwrap();
             s.told.push(told);
+            s.published.push(r.clone());
             let mut line = format!(
                 "publish {} {} {} {}",
                 r.volume_id,
@@ -331,6 +334,7 @@ pub fn agent(path: &Path) -> (Arc<Mutex<AgentState>>, ttrpc::Server) {
         on_publish: OnPublish::Ok,
         log: Vec::new(),
         told: Vec::new(),
+        published: Vec::new(),
         freezes_told: Vec::new(),
         listed: Default::default(),
         on_freeze: OnFreeze::Ok,
@@ -414,6 +418,11 @@ impl Sandbox {
     /// What the fake agent was asked so far (see [`AgentState::log`]).
     pub fn agent_log(&self) -> Vec<String> {
         self.agent.lock().unwrap().log.clone()
+    }
+
+    /// The PublishVolume requests the fake agent was sent so far, whole.
+    pub fn published(&self) -> Vec<pb::PublishVolumeRequest> {
+        self.agent.lock().unwrap().published.clone()
     }
 
     /// Whether the fake agent was asked a call whose log line starts with

@@ -140,3 +140,49 @@ fn trim_of_an_encrypted_volume_needs_allow_discards() {
     assert_eq!(e.code(), Code::FailedPrecondition);
     assert!(e.to_string().contains("allow_discards"), "{e}");
 }
+
+#[test]
+fn a_blank_disk_is_made_a_luks2_volume_with_its_filesystem_inside() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake) = fake_table(dir.path());
+    let root = v.root().to_path_buf();
+    let d = fake.disk(dir.path(), "fkn", None);
+    let mut r = encrypted("n", &d, PASS, false);
+    r.spec.encryption.as_mut().unwrap().format_if_blank = true;
+    fake.journal(&root);
+    v.publish(&r, &Cancel::never()).unwrap();
+    let j = fake.journal(&root);
+    let at = |p: &str| {
+        j.iter()
+            .position(|x| x.starts_with(p))
+            .unwrap_or_else(|| panic!("{p}: {j:?}"))
+    };
+    assert!(
+        at("format fkn") < at("map fkn") && at("map fkn") < at("mkfs.ext4 dm-"),
+        "{j:?}"
+    );
+    assert!(fake.unfinished().is_empty(), "marked finished");
+    // Unpublished and published again: opened as it is, not made again.
+    assert!(v.unpublish("n", &Cancel::never()).unwrap());
+    fake.journal(&root);
+    v.publish(&r, &Cancel::never()).unwrap();
+    let j = fake.journal(&root);
+    assert!(
+        !j.iter()
+            .any(|x| x.starts_with("format") || x.starts_with("mkfs")),
+        "{j:?}"
+    );
+}
+
+#[test]
+fn format_if_blank_never_touches_a_disk_that_holds_something() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake) = fake_table(dir.path());
+    let d = fake.disk(dir.path(), "fkp", Some(FsType::Ext4));
+    let mut r = encrypted("p", &d, PASS, false);
+    r.spec.encryption.as_mut().unwrap().format_if_blank = true;
+    let e = v.publish(&r, &Cancel::never()).unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert!(e.to_string().contains("not blank"), "{e}");
+    assert!(fake.mappings().is_empty() && fake.mounts().is_empty());
+}
