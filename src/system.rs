@@ -3,6 +3,7 @@
 //! `sys::features`), the filesystems the kernel knows, the boot timeline,
 //! memory use; and the gate requests wait at while modules still load.
 
+use std::path::Path;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,6 +42,27 @@ pub enum Capability {
     Freeze,
     Trim,
     VolumeHealth,
+    /// Encrypted (LUKS2) volumes.
+    EncryptionLuks2,
+}
+
+/// Whether this kernel has dm-crypt: loaded (or built in), or shipped as a
+/// module that the agent's module loader loads at boot, maybe still loading.
+pub fn has_dm_crypt() -> bool {
+    if Path::new("/sys/module/dm_crypt").exists() {
+        return true;
+    }
+    let dir = Path::new("/lib/modules")
+        .join(kernel_release())
+        .join("kernel/drivers/md");
+    [
+        "dm-crypt.ko",
+        "dm-crypt.ko.xz",
+        "dm-crypt.ko.zst",
+        "dm-crypt.ko.gz",
+    ]
+    .iter()
+    .any(|f| dir.join(f).exists())
 }
 
 /// What the agent can do here: subpaths need openat2, RRO needs
@@ -48,8 +70,8 @@ pub enum Capability {
 /// filesystem can grow (ext4 needs CAP_SYS_RESOURCE; xfs grows without it).
 pub fn capabilities() -> Vec<Capability> {
     let f = features();
-    // Room for every capability there is (11): the pushes never reallocate.
-    let mut caps = Vec::with_capacity(11);
+    // Room for every capability there is (12): the pushes never reallocate.
+    let mut caps = Vec::with_capacity(12);
     caps.extend([Capability::FsGroupAlways, Capability::FsGroupOnRootMismatch]);
     if f.openat2 {
         caps.push(Capability::Subpath);
@@ -71,6 +93,9 @@ pub fn capabilities() -> Vec<Capability> {
         Capability::Trim,
         Capability::VolumeHealth,
     ]);
+    if has_dm_crypt() {
+        caps.push(Capability::EncryptionLuks2);
+    }
     caps
 }
 

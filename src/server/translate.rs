@@ -88,6 +88,7 @@ pub fn capability(c: Capability) -> pb::Capability {
         Capability::Freeze => pb::Capability::CAPABILITY_FREEZE,
         Capability::Trim => pb::Capability::CAPABILITY_TRIM,
         Capability::VolumeHealth => pb::Capability::CAPABILITY_VOLUME_HEALTH,
+        Capability::EncryptionLuks2 => pb::Capability::CAPABILITY_ENCRYPTION_LUKS2,
     }
 }
 

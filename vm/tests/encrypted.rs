@@ -248,6 +248,11 @@ fn an_encrypted_raw_block_volume_binds_its_mapping() {
     );
     let mut vm = boot(tmp.path());
     let c = vm.agent().unwrap();
+    let caps = c
+        .get_capabilities(ctx(), &pb::GetCapabilitiesRequest::new())
+        .unwrap()
+        .capabilities;
+    assert!(caps.contains(&pb::Capability::CAPABILITY_ENCRYPTION_LUKS2.into()));
     vm.hotplug(&img, "ser-b", false).unwrap();
     let mut r = encrypted_req("vol-b", "ser-b", "", PASS);
     r.volume_mode = pb::VolumeMode::BLOCK.into();
@@ -264,4 +269,117 @@ fn an_encrypted_raw_block_volume_binds_its_mapping() {
     );
     vm.down().unwrap();
     assert!(luks::opens(&img, &pass));
+}
+
+/// Blank disks made LUKS2 volumes in the guest (ext4 and xfs inside), read
+/// on the host by cryptsetup; a plain ext4 with format_if_blank left byte
+/// for byte; a keyslot asking for more memory than the guest has refused
+/// at once, naming the cost and the limit.
+#[test]
+#[ignore = "needs a VM: make test-vm runs it"]
+fn volumes_made_in_the_guest_open_with_cryptsetup_on_the_host() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pass = tmp.path().join("pass");
+    std::fs::write(&pass, PASS).unwrap();
+    let blank_e = crust_testkit::vm::blank(tmp.path(), "be.img", 96);
+    let blank_x = crust_testkit::vm::blank(tmp.path(), "bx.img", 336);
+    let plain = crust_testkit::vm::image(tmp.path(), "plain.img", "ext4", 64, fill);
+    let plain_before = std::fs::read(&plain).unwrap();
+    let greedy = Kdf::Argon2id {
+        memory_kib: 1 << 20,
+        passes: 4,
+        lanes: 4,
+    };
+    let hungry = luks::luks_image(tmp.path(), "g.img", "ext4", 64, (greedy, 512), &pass, fill);
+    let mut vm = boot(tmp.path());
+    let c = vm.agent().unwrap();
+    for (img, serial) in [
+        (&blank_e, "ser-be"),
+        (&blank_x, "ser-bx"),
+        (&plain, "ser-p"),
+        (&hungry, "ser-g"),
+    ] {
+        vm.hotplug(img, serial, false).unwrap();
+    }
+    for (id, serial, fs) in [("vol-be", "ser-be", "ext4"), ("vol-bx", "ser-bx", "xfs")] {
+        let mut r = encrypted_req(id, serial, fs, PASS);
+        r.encryption.as_mut().unwrap().format_if_blank = true;
+        r.fs_group = crust_testkit::agent::fs_group(4321, pb::FsGroupChangePolicy::ALWAYS);
+        let t = Instant::now();
+        let out = publish(&c, &r).unwrap();
+        eprintln!(
+            "{fs}: blank disk made LUKS2 and published in {:?}",
+            t.elapsed()
+        );
+        assert!(out.device.starts_with("/dev/dm-"), "{out:?}");
+        assert!(
+            c.unpublish_volume(ctx(), &unpublish_req(id))
+                .unwrap()
+                .was_published
+        );
+        // Published again: opened as it is, not made again.
+        r.fs_group = MessageField::none();
+        assert!(!publish(&c, &r).unwrap().already_published);
+    }
+    // A plain ext4 asked to be formatted if blank: refused, named.
+    let mut r = encrypted_req("vol-p", "ser-p", "ext4", PASS);
+    r.encryption.as_mut().unwrap().format_if_blank = true;
+    let refused = publish(&c, &r);
+    assert_eq!(code(refused.clone()), "FAILED_PRECONDITION");
+    assert!(message(refused).contains("ext2/3/4"));
+    // 1 GiB of Argon2 memory in a 512 MiB guest: refused before any work.
+    let t = Instant::now();
+    let refused = publish(&c, &encrypted_req("vol-g", "ser-g", "ext4", PASS));
+    let took = t.elapsed();
+    assert_eq!(code(refused.clone()), "FAILED_PRECONDITION");
+    let said = message(refused);
+    assert!(said.contains("1048576 KiB"), "{said}");
+    eprintln!("a 1 GiB Argon2 keyslot refused in {took:?}: {said}");
+    assert!(listed(&c, "vol-g").is_none() && listed(&c, "vol-p").is_none());
+    let how = vm.down().unwrap();
+    assert!(how.contains("2 volumes unmounted"), "{how}");
+
+    assert!(
+        std::fs::read(&plain).unwrap() == plain_before,
+        "not a byte written to the plain ext4"
+    );
+    for (img, fs) in [(&blank_e, "ext4"), (&blank_x, "xfs")] {
+        let dump = luks::dump(img);
+        for want in ["aes-xts-plain64", "512 bits", "argon2id"] {
+            assert!(dump.contains(want), "{fs}: {want} not in\n{dump}");
+        }
+        assert!(!dump.contains("crust-unfinished"), "{fs}: {dump}");
+        assert!(luks::opens(img, &pass), "{fs}");
+        assert!(
+            !luks::opens(img, &tmp.path().join("be.img")),
+            "{fs}: any key opens it"
+        );
+        let plain = luks::plaintext(img, &pass);
+        match fs {
+            "ext4" => run("e2fsck", &["-f", "-n", plain.to_str().unwrap()]),
+            _ => run("xfs_repair", &["-n", "-f", plain.to_str().unwrap()]),
+        };
+        assert!(
+            !luks::contains(img, b"lost+found"),
+            "{fs}: plaintext in the image"
+        );
+        let m = plain.with_extension("check");
+        std::fs::create_dir_all(&m).unwrap();
+        run(
+            "mount",
+            &[
+                "-o",
+                "loop,ro",
+                plain.to_str().unwrap(),
+                m.to_str().unwrap(),
+            ],
+        );
+        let gid = std::fs::metadata(&m).map(|md| md.gid());
+        run("umount", &[m.to_str().unwrap()]);
+        assert_eq!(
+            gid.unwrap(),
+            4321,
+            "{fs}: the fsGroup walked the new filesystem"
+        );
+    }
 }
