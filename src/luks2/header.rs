@@ -9,7 +9,6 @@
 //! size is read, and against the device.
 #![cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 
-
 use sha2::{Digest as _, Sha256};
 
 use super::error::Error;

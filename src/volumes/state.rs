@@ -746,7 +746,7 @@ fn bind(version: u32, v: &str, root: &Path) -> Result<Bind, BadRecord> {
     let f: Vec<&str> = v.split('\t').collect();
     let (ro, rro, applied, sub, target, id) = match (version, f.as_slice()) {
         (1, [a, b, c, d, e]) => (*a, *b, *c, *d, *e, "0"),
-        (2 | 3, [a, b, c, d, e, g]) => (*a, *b, *c, *d, *e, *g),
+        (2..=4, [a, b, c, d, e, g]) => (*a, *b, *c, *d, *e, *g),
         _ => return Err(BadRecord::BindFields(v.to_string())),
     };
     let (target, rel) = bind_target(root, &unesc_path(target.as_bytes()))?;
