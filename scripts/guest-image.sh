@@ -1,13 +1,14 @@
 #!/bin/sh
 # Makes build/guest/: a Debian 12 sandbox guest of the shape runtimes run
-# (systemd as init, udev, crun), on the same kernel as build/vmlinuz (the
+# (systemd as init, udev, crun; cryptsetup, to open what the agent
+# encrypted with tools that share none of its code), on the same kernel as build/vmlinuz (the
 # kernel package `make initrd` cached), for the tests that run the agent as
 # a service beside other userspace:
 #   build/guest/root.img     ext4 root filesystem (sparse, 2 GiB), no agent in it
 #   build/guest/initrd.img   the image's own initramfs (initramfs-tools), to boot it
 #   build/guest/vmlinuz      the kernel (the same file as build/vmlinuz)
 # The agent and its unit are copied into a copy of root.img by each test
-# (vm/tests/guest.rs), so a rebuilt agent needs no new image.
+# (crust_testkit::guest), so a rebuilt agent needs no new image.
 #
 # Cached like the kernel package: rebuilt only when this script, the
 # package list or the kernel package changes (build/guest/.stamp holds their
@@ -17,8 +18,9 @@ cd "$(dirname "$0")/.."
 BUILD=build
 OUT="$BUILD/guest"
 # e2fsprogs and xfsprogs: the agent as a service makes the filesystem of a new
-# encrypted volume with the guest's own mkfs.ext4 and mkfs.xfs (src/mkfs.rs).
-PACKAGES="systemd-sysv,udev,crun,initramfs-tools,util-linux,ca-certificates,e2fsprogs,xfsprogs"
+# encrypted volume with the guest's own mkfs.ext4 and mkfs.xfs (src/mkfs.rs);
+# cryptsetup-bin: the guest's own cryptsetup opens what the agent made (the VM tests).
+PACKAGES="systemd-sysv,udev,crun,initramfs-tools,util-linux,ca-certificates,e2fsprogs,xfsprogs,cryptsetup-bin"
 
 command -v mmdebstrap >/dev/null 2>&1 || apt-get install -y mmdebstrap || { apt-get update && apt-get install -y mmdebstrap; }
 command -v mkfs.ext4 >/dev/null 2>&1 || apt-get install -y e2fsprogs

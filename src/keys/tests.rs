@@ -1,19 +1,17 @@
 //! Keys through [`resolve`] against stand-ins for the Confidential Data
 //! Hub on a unix socket in a temporary directory: one served by the ttrpc
-//! crate's own server with the stubs generated from cdh.proto (so the
-//! method's path and the messages' encoding are the CDH's, as a real CDH
-//! serves them), and raw ones that never answer, or announce an answer too
-//! large to take.
+//! crate's own server with the stubs generated from cdh.proto
+//! (`crust_testkit::cdh`: the method's path and the messages' encoding are
+//! the CDH's, as a real CDH serves them), and raw ones that never answer,
+//! or announce an answer too large to take.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crust_protocols::cdh::{GetResourceRequest, GetResourceResponse};
-use crust_protocols::cdh_ttrpc::{create_get_resource_service, GetResourceService};
-use crust_protocols::ttrpc::{self, TtrpcContext};
+use crust_protocols::ttrpc;
+use crust_testkit::cdh;
 use zeroize::Zeroizing;
 
 use super::error::Error;
@@ -26,44 +24,23 @@ use crate::code::Code;
 const KEY: &[u8] = b"a LUKS passphrase\0\xff\n";
 
 /// A CDH that holds one resource and answers for others as the real one
-/// does: NOT_FOUND where a KBS says so, INTERNAL for every other failure.
-struct StandIn;
-
-impl GetResourceService for StandIn {
-    fn get_resource(
-        &self,
-        _: &TtrpcContext,
-        req: GetResourceRequest,
-    ) -> ttrpc::Result<GetResourceResponse> {
-        let refuse = |code, msg: &str| Err(ttrpc::Error::RpcStatus(ttrpc::get_status(code, msg)));
-        let resource = match req.ResourcePath.as_str() {
-            "kbs:///default/key/1" => KEY.to_vec(),
-            "kbs:///default/key/big" => vec![0x5a; MAX_KEY_LEN + 1],
-            "kbs:///default/key/empty" => Vec::new(),
-            "kbs:///default/key/missing" => {
-                return refuse(ttrpc::Code::NOT_FOUND, "no resource default/key/missing")
-            }
-            _ => {
-                return refuse(
-                    ttrpc::Code::INTERNAL,
-                    "[CDH] [ERROR]: get resource failed: attestation refused\nby policy",
-                )
-            }
-        };
-        let mut r = GetResourceResponse::new();
-        r.Resource = resource;
-        Ok(r)
-    }
-}
-
-/// The stand-in, serving at `dir/cdh.sock`.
+/// does: NOT_FOUND where a KBS says so, INTERNAL for every other failure;
+/// serving at `dir/cdh.sock`.
 fn stand_in(dir: &Path) -> (ttrpc::Server, PathBuf) {
     let path = dir.join("cdh.sock");
-    let mut server = ttrpc::Server::new()
-        .bind(&format!("unix://{}", path.display()))
-        .unwrap()
-        .register_service(create_get_resource_service(Arc::new(StandIn)));
-    server.start().unwrap();
+    let server = cdh::serve(&path, |resource| match resource {
+        "kbs:///default/key/1" => Ok(KEY.to_vec()),
+        "kbs:///default/key/big" => Ok(vec![0x5a; MAX_KEY_LEN + 1]),
+        "kbs:///default/key/empty" => Ok(Vec::new()),
+        "kbs:///default/key/missing" => Err((
+            ttrpc::Code::NOT_FOUND,
+            "no resource default/key/missing".into(),
+        )),
+        _ => Err((
+            ttrpc::Code::INTERNAL,
+            "[CDH] [ERROR]: get resource failed: attestation refused\nby policy".into(),
+        )),
+    });
     (server, path)
 }
 

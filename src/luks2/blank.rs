@@ -30,7 +30,7 @@
 
 use crust_protocols::labels::{self, PROBE_AT};
 
-use super::header::ReadAt;
+use super::disk::ReadAt;
 use crate::sys::error::SysError;
 
 /// The first bytes read: 4 MiB, and a window past LUKS2's last secondary offset.

@@ -9,8 +9,6 @@
 //! size is read, and against the device.
 #![cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 
-use std::os::unix::fs::FileExt;
-
 use sha2::{Digest as _, Sha256};
 
 use super::error::Error;
@@ -37,28 +35,7 @@ pub const SIZES: [u64; 9] = [
     4 << 20,
 ];
 
-/// A disk, read at offsets: a device or image file, or bytes in memory.
-pub trait ReadAt {
-    /// Fills `buf` from `offset`, or fails (a short read is a failure).
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
-}
-
-impl ReadAt for std::fs::File {
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        FileExt::read_exact_at(self, buf, offset)
-    }
-}
-
-impl ReadAt for [u8] {
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        let part = usize::try_from(offset)
-            .ok()
-            .and_then(|start| self.get(start..start.checked_add(buf.len())?))
-            .ok_or(std::io::ErrorKind::UnexpectedEof)?;
-        buf.copy_from_slice(part);
-        Ok(())
-    }
-}
+pub use super::disk::ReadAt;
 
 /// A disk known by its first bytes, zeros after them (the fuzz target's
 /// disk, and the tests'): reads past the bytes are zeros, to any offset.

@@ -26,6 +26,7 @@
 //! 163 KiB (docs/encryption.md has the figures and the other choices).
 
 pub mod blank;
+pub mod disk;
 pub mod error;
 #[cfg(test)]
 mod fixture;

@@ -81,6 +81,7 @@ pub(crate) mod targets;
 #[cfg(test)]
 mod tests;
 pub mod trim;
+pub(crate) mod unlocks;
 pub mod unpublish;
 pub mod volume;
 pub mod walking;

@@ -38,6 +38,7 @@ use super::mounts::Mounts;
 use super::request::{PublishRequest, Published, Spec};
 use super::rollback::{Rollback, Undo};
 use super::state::Store;
+use super::unlocks::Unlocks;
 use super::volume::{guest_rel, Encrypted, Volume};
 use super::walking::WalkJob;
 use crate::cancel::Cancel;
@@ -71,6 +72,8 @@ pub(crate) struct Publisher<'a, K> {
     pub(crate) sysfs: &'a Sysfs,
     /// Where encrypted volumes' keys are resolved from.
     pub(crate) keys: &'a keys::resolve::Config,
+    /// One key derivation at a time.
+    pub(crate) unlocks: &'a Unlocks,
     pub(crate) log: &'a Logger,
 }
 
@@ -183,12 +186,16 @@ impl<K: Kernel> Publisher<'_, K> {
         let key = keys::resolve::resolve(source, self.keys, cancel)?;
         let kernel = self.mounts.kernel;
         let found = match enc.format_if_blank {
-            true => kernel.format_if_blank(disk, &key)?,
+            true => self
+                .unlocks
+                .one(cancel, || kernel.format_if_blank(disk, &key))??,
             false => Found::Luks,
         };
         let id = &req.spec.volume_id;
         let name = mapping::name_for(id);
-        let mapping = kernel.open_mapping(disk, &name, enc.allow_discards, &key)?;
+        let mapping = self.unlocks.one(cancel, || {
+            kernel.open_mapping(disk, &name, enc.allow_discards, &key)
+        })??;
         drop(key);
         info!(self.log, "encrypted volume opened"; "volume" => id, "disk" => %disk.path.display(),
               "mapping" => &mapping.name, "cipher" => &mapping.cipher, "made" => ?found);

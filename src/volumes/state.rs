@@ -746,7 +746,7 @@ fn bind(version: u32, v: &str, root: &Path) -> Result<Bind, BadRecord> {
     let f: Vec<&str> = v.split('\t').collect();
     let (ro, rro, applied, sub, target, id) = match (version, f.as_slice()) {
         (1, [a, b, c, d, e]) => (*a, *b, *c, *d, *e, "0"),
-        (2 | 3, [a, b, c, d, e, g]) => (*a, *b, *c, *d, *e, *g),
+        (2..=4, [a, b, c, d, e, g]) => (*a, *b, *c, *d, *e, *g),
         _ => return Err(BadRecord::BindFields(v.to_string())),
     };
     let (target, rel) = bind_target(root, &unesc_path(target.as_bytes()))?;
@@ -1050,6 +1050,97 @@ mod tests {
             assert!(good.contains(from), "{from}");
             let text = good.replace(from, to);
             assert!(decode(&text, root).is_err(), "{what} must be refused");
+        }
+    }
+
+    /// An encrypted volume's part of its record (encrypted.rs).
+    mod encrypted {
+        use std::path::Path;
+
+        use super::super::*;
+        use crate::luks2::mapping::{name_for, Mapping};
+        use crate::model::Device;
+        use crate::volumes::request::Encryption;
+        use crate::volumes::volume::tests::sample;
+        use crate::volumes::volume::{Encrypted, Volume};
+
+        /// Volume `vol-1` of `sample()`, encrypted: its device the mapping.
+        fn encrypted() -> Volume {
+            let mut v = sample();
+            let disk = v.device.clone();
+            v.device = Device {
+                name: "dm-3".into(),
+                path: "/dev/dm-3".into(),
+                major: 253,
+                minor: 3,
+                serial: None,
+            };
+            v.spec.encryption = Some(Encryption {
+                allow_discards: true,
+                format_if_blank: false,
+            });
+            v.encrypted = Some(Encrypted {
+                disk,
+                mapping: Mapping {
+                    name: name_for("vol-1"),
+                    dm_uuid: "CRYPT-LUKS2-0123456789abcdef0123456789abcdef-crust-vol-1".into(),
+                    dev: (253, 3),
+                    luks_uuid: "01234567-89ab-cdef-0123-456789abcdef".into(),
+                    cipher: "aes-xts-plain64".into(),
+                    key_bits: 512,
+                    integrity: None,
+                    allow_discards: true,
+                    log_from: 0,
+                },
+            });
+            v
+        }
+
+        #[test]
+        fn an_encrypted_record_round_trips_and_is_version_4() {
+            let v = encrypted();
+            let text = encode(&v);
+            assert!(text.starts_with("version=4\n"), "{text}");
+            let back = decode(&text, Path::new("/r")).unwrap();
+            assert_eq!(back.spec, v.spec);
+            assert_eq!(back.encrypted, v.encrypted);
+            assert_eq!(back.device, v.device);
+            assert_eq!(back.info(), v.info());
+            assert_eq!(back.disk().serial.as_deref(), Some("vol-0123"));
+        }
+
+        /// A record cannot point the agent at a mapping it did not make for
+        /// the volume, nor carry encryption in an older version, nor half of it.
+        #[test]
+        fn records_naming_another_mapping_or_half_an_encryption_are_refused() {
+            let text = encode(&encrypted());
+            let root = Path::new("/r");
+            for (from, to, why) in [
+                (
+                    "mapping=crust-vol-1\t",
+                    "mapping=crust-other\t",
+                    "not the one",
+                ),
+                (
+                    "CRYPT-LUKS2-0123456789abcdef0123456789abcdef-crust-vol-1",
+                    "CRYPT-LUKS2-0123456789abcdef0123456789abcdef-crust-other",
+                    "not the one",
+                ),
+                ("version=4\n", "version=2\n", "version"),
+                ("encryption=luks2\ttrue\tfalse\n", "", "no encryption line"),
+                (
+                    "encryption=luks2\ttrue\tfalse\n",
+                    "encryption=luks1\ttrue\tfalse\n",
+                    "encryption",
+                ),
+            ] {
+                assert!(text.contains(from), "{from:?} not in {text}");
+                let bad = text.replacen(from, to, 1);
+                let e = decode(&bad, root)
+                    .err()
+                    .unwrap_or_else(|| panic!("{from:?} → {to:?} decoded"));
+                assert!(e.to_string().contains(why), "{from:?} → {to:?}: {e}");
+            }
         }
     }
 }

@@ -31,10 +31,14 @@
 //! 6. The leases' record lock, then their map (lease/), and the failed
 //!    publishes' map (failures.rs): the maps are leaves, each taken alone
 //!    for one lookup or update, never across a syscall.
+//! 7. `unlocks` (unlocks.rs): one key derivation at a time, under a slot,
+//!    held across the derivation (seconds of CPU, never a wait on anything
+//!    else), and waited for with the request's cancellation, so a publish
+//!    behind another gives up at its deadline.
 //!
 //! So a thread holds at most: a slot, then one of the maps, the store's
-//! note or a job's phase, in that order; nothing ever waits for a slot
-//! while holding anything else.
+//! note, a job's phase or `unlocks`, in that order; nothing ever waits for
+//! a slot while holding anything else.
 //!
 //! # Size
 //!
@@ -70,6 +74,7 @@ use super::stop::Stop;
 use super::takedown::Takedown;
 use super::targets::Targets;
 use super::trim::{self, Trimmed};
+use super::unlocks::Unlocks;
 use super::unpublish::Unpublisher;
 use super::volume::Volume;
 use super::walking::{self, Outcome, WalkJob};
@@ -93,6 +98,8 @@ pub struct Volumes<K: Kernel = Linux> {
     sysfs: Sysfs,
     /// Where encrypted volumes' keys are resolved from.
     keys: keys::resolve::Config,
+    /// One key derivation at a time.
+    unlocks: Unlocks,
     log: Logger,
     /// One slot per volume id (locks 1 and 2 of the module doc).
     slots: Slots,
@@ -177,6 +184,7 @@ impl<K: Kernel> Volumes<K> {
             kernel,
             sysfs,
             keys,
+            unlocks: Unlocks::default(),
             log,
             slots: Slots::adopted(adopted),
             store,
@@ -620,6 +628,7 @@ impl<K: Kernel> Volumes<K> {
             claims: &self.claims,
             sysfs: &self.sysfs,
             keys: &self.keys,
+            unlocks: &self.unlocks,
             log: &self.log,
         }
     }

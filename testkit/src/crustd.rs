@@ -316,26 +316,12 @@ pub fn bin(name: &str) -> PathBuf {
         if let Some(d) = std::env::var_os("CRUST_TEST_CRUSTD_DIR") {
             return PathBuf::from(d);
         }
-        // <target>[/<triple>]/<profile>/deps/<test> → …/<profile>
-        let exe = std::env::current_exe().unwrap();
-        let mut dir = exe.parent().unwrap().to_path_buf();
-        if dir.ends_with("deps") {
-            dir.pop();
-        }
+        let dir = crate::build::profile_dir();
         // Cargo tells the tests it runs which package they belong to.
         let package = std::env::var("CARGO_PKG_NAME").ok();
         let by_hand = package.is_none() && dir.join("crustd").is_file();
         if package.as_deref() != Some("crustd") && !by_hand {
-            let profile = match dir.file_name().and_then(|n| n.to_str()) {
-                Some("debug") | None => "dev".to_string(),
-                Some(other) => other.to_string(),
-            };
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            let out = Command::new(cargo)
-                .args(["build", "-p", "crustd", "--bins", "--profile", &profile])
-                .output()
-                .unwrap_or_else(|e| panic!("cargo build -p crustd: {e}"));
-            succeeded(&out, format_args!("cargo build -p crustd"));
+            crate::build::cargo_build("crustd", &["--bins"]);
         }
         dir
     });

@@ -10,18 +10,26 @@
 //! - [`child`]: a test run again in a child process (its own mount
 //!   namespace, or limits that must not touch the tests beside it).
 //! - [`agent`]: the crust.v1 request builders and answer readers.
+//! - [`build`]: the workspace's programs a test runs, built for it.
 //! - [`vm`]: the guest under QEMU (crust-vm), its images and console.
 //! - [`crustd`]: the crustd process under test and its answers.
 //! - [`luks`]: LUKS2 images made and decrypted on the host with cryptsetup.
+//! - [`cdh`]: a stand-in for the Confidential Data Hub (the `cdh-standin`
+//!   program serves one in a guest).
+//! - [`guest`]: the systemd guest (`make guest-image`) with the agent as a
+//!   service, and what a test adds to it.
 //!
 //! Test code only: it runs host tools (mkfs, losetup, mount), which the agent
 //! itself never does. It depends on neither the agent nor crustd, so both use
 //! it in their unit tests too.
 
 pub mod agent;
+pub mod build;
+pub mod cdh;
 pub mod child;
 pub mod crustd;
 pub mod disks;
+pub mod guest;
 pub mod luks;
 pub mod needs;
 pub mod vm;

@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 use crust_kubelet::pb;
 use crust_protocols::crust as agent_pb;
 use crust_testkit::crustd::Crustd;
+use crust_testkit::guest;
 use crust_testkit::vm::{console, tail};
 use crust_testkit::{run, LoopDisk, Mounted};
-use crust_vm::{default_build_dir, Vm, VmOptions};
+use crust_vm::Vm;
 
 const SANDBOX: &str = "pod-guest-1";
 
@@ -72,70 +73,22 @@ fn config_json() -> String {
     .to_string()
 }
 
-/// A copy of the cached guest image with the release agent, the shipped
-/// unit, a drop-in that copies its log to the console (where crust-vm
-/// sees it listen), and the test's oneshot unit and container bundle.
+/// A copy of the guest image with the agent and the test's oneshot unit
+/// and container bundle.
 fn guest_image(dir: &Path) -> PathBuf {
-    let build = default_build_dir();
-    let base = build.join("guest/root.img");
-    assert!(
-        base.is_file(),
-        "run `make guest-image` first ({} missing)",
-        base.display()
-    );
-    let img = dir.join("root.img");
-    run(
-        "cp",
-        &[
-            "--sparse=always",
-            base.to_str().unwrap(),
-            img.to_str().unwrap(),
-        ],
-    );
-    let agent = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/x86_64-unknown-linux-gnu/release/crust-agent");
-    assert!(
-        agent.is_file(),
-        "build the release agent first (make initrd)"
-    );
-    let unit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/crust-agent.service");
-    let m = Mounted::new(Path::new(img.to_str().unwrap()), "ext4", "loop");
-    let r = &m.path;
-    let put = |rel: &str, text: &[u8], mode: u32| {
-        use std::os::unix::fs::PermissionsExt;
-        let p = r.join(rel);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(&p, text).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
-    };
-    put(
-        "usr/local/bin/crust-agent",
-        &std::fs::read(&agent).unwrap(),
-        0o755,
-    );
-    put(
-        "etc/systemd/system/crust-agent.service",
-        &std::fs::read(&unit).unwrap(),
-        0o644,
-    );
-    put(
-        "etc/systemd/system/crust-agent.service.d/console.conf",
-        b"[Service]\nStandardError=journal+console\n",
-        0o644,
-    );
-    put("usr/local/bin/crust-test", TEST_SCRIPT.as_bytes(), 0o755);
-    put(
-        "etc/systemd/system/crust-test.service",
-        b"[Unit]\nAfter=crust-agent.service\n[Service]\nType=oneshot\nExecStart=/usr/local/bin/crust-test\nStandardOutput=journal+console\n[Install]\nWantedBy=multi-user.target\n",
-        0o644,
+    let image = guest::Image::new(dir);
+    image.put("usr/local/bin/crust-test", TEST_SCRIPT.as_bytes(), 0o755);
+    image.unit(
+        "crust-test.service",
+        "[Unit]\nAfter=crust-agent.service\n[Service]\nType=oneshot\nExecStart=/usr/local/bin/crust-test\nStandardOutput=journal+console\n[Install]\nWantedBy=multi-user.target\n",
     );
     let bundle = "var/lib/crust-test/bundle";
-    put(
+    image.put(
         &format!("{bundle}/config.json"),
         config_json().as_bytes(),
         0o644,
     );
-    let rootfs = r.join(bundle).join("rootfs");
+    let rootfs = image.root().join(bundle).join("rootfs");
     for d in ["usr", "proc", "dev", "data-rw", "data-ro", "tmp"] {
         std::fs::create_dir_all(rootfs.join(d)).unwrap();
     }
@@ -147,24 +100,7 @@ fn guest_image(dir: &Path) -> PathBuf {
     ] {
         std::os::unix::fs::symlink(to, rootfs.join(link)).unwrap();
     }
-    // `systemctl enable`, as links.
-    let wants = r.join("etc/systemd/system/multi-user.target.wants");
-    std::fs::create_dir_all(&wants).unwrap();
-    for u in ["crust-agent.service", "crust-test.service"] {
-        std::os::unix::fs::symlink(format!("/etc/systemd/system/{u}"), wants.join(u)).unwrap();
-    }
-    drop(m);
-    img
-}
-
-/// Waits until the console shows `what`.
-fn console_until(vm: &Vm, what: &str, limit: Duration) -> String {
-    crust_testkit::vm::console_until(vm, limit, |text| text.contains(what)).unwrap_or_else(|text| {
-        panic!(
-            "the console never showed {what:?}; its end:\n{}",
-            tail(&text, 4000)
-        )
-    })
+    image.done()
 }
 
 fn bind(c: &crust_protocols::crust_ttrpc::AgentClient, volume: &str, target: &str, ro: bool) {
@@ -187,14 +123,7 @@ fn the_agent_as_a_service_beside_crun_survives_sigkill() {
     let t = tempfile::tempdir().unwrap();
     let reg = t.path().join("sandboxes");
     let root = guest_image(t.path());
-    let build = default_build_dir();
-    let mut opts = VmOptions::new(reg.join(SANDBOX));
-    opts.kernel = build.join("guest/vmlinuz");
-    opts.initrd = build.join("guest/initrd.img");
-    opts.root_disk = Some(root);
-    opts.memory_mib = 1024;
-    opts.notify = false;
-    opts.boot_timeout = Duration::from_secs(300);
+    let opts = guest::options(reg.join(SANDBOX), root, 1024);
     let t0 = Instant::now();
     let mut vm = Vm::up(opts).expect("the systemd guest boots and the agent answers");
     eprintln!("systemd guest: agent answering after {:?}", t0.elapsed());
@@ -236,9 +165,8 @@ fn the_agent_as_a_service_beside_crun_survives_sigkill() {
     bind(&c, &volume, "/run/crust/pods/p/ro", true);
 
     // The guest's unit runs the container, then kills the agent.
-    let text = console_until(&vm, "CRUST-TEST killed", Duration::from_secs(240));
-    let said: Vec<&str> = text.lines().filter(|l| l.contains("CRUST-TEST")).collect();
-    let said = said.join("\n");
+    let text = guest::console_until(&vm, "CRUST-TEST killed", Duration::from_secs(240));
+    let said = guest::said(&text);
     assert!(said.contains("udev active"), "{said}");
     assert!(
         said.contains("container: 1000") && said.contains("container: 2000"),

@@ -6,7 +6,7 @@
 
 use zeroize::Zeroizing;
 
-use super::testkit::{fake_table, reopen, request};
+use super::testkit::{bind, fake_table, reopen, request};
 use crate::cancel::Cancel;
 use crate::code::Code;
 use crate::keys::source::KeySource;
@@ -113,6 +113,7 @@ fn a_restart_adopts_a_mapping_without_a_key_and_removes_one_no_record_explains()
     let d = fake.luks_disk(dir.path(), "fkc", PASS, Some(FsType::Ext4));
     v.publish(&encrypted("e", &d, PASS, false), &Cancel::never())
         .unwrap();
+    bind(&v, "e", "pods/p/e").unwrap();
     // A mapping of the agent's that no record names (a publish killed
     // between the mapping and the record).
     let stray = fake.luks_disk(dir.path(), "fkd", PASS, Some(FsType::Ext4));
@@ -125,6 +126,11 @@ fn a_restart_adopts_a_mapping_without_a_key_and_removes_one_no_record_explains()
     let listed = v.list();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].encryption.as_ref().unwrap().mapping, "crust-e");
+    assert_eq!(
+        listed[0].bind_targets.len(),
+        1,
+        "its bind is taken back too"
+    );
     assert!(v.unpublish("e", &Cancel::never()).unwrap());
     assert!(fake.mappings().is_empty());
 }
