@@ -40,19 +40,19 @@ pub fn aead(segment: &Segment, key_len: usize) -> Result<Aead, Error> {
     };
     check_journal(i)?;
     let enc = segment.encryption.as_str();
-    let bad_key = |enc_len: usize| {
-        Error::unsupported(format!(
-            "integrity {:?} over {enc:?} with a {}-bit volume key ({}-bit cipher key)",
+    let bad_key = |enc_len: usize| Error::IntegrityUnsupported {
+        what: format!(
+            "{:?} over {enc:?} with a {}-bit volume key ({}-bit cipher key)",
             i.kind,
             key_len.saturating_mul(8),
             enc_len.saturating_mul(8)
-        ))
+        ),
     };
     if i.kind == "aead" {
         if enc != "aes-gcm-random" {
-            return Err(Error::unsupported(format!(
-                "integrity \"aead\" over {enc:?} (the agent opens it over aes-gcm-random)"
-            )));
+            return Err(Error::IntegrityUnsupported {
+                what: format!("\"aead\" over {enc:?}"),
+            });
         }
         if ![16, 24, 32].contains(&key_len) {
             return Err(bad_key(key_len));
@@ -63,19 +63,17 @@ pub fn aead(segment: &Segment, key_len: usize) -> Result<Aead, Error> {
         });
     }
     let Some(&(_, mac_key, mac_tag)) = MACS.iter().find(|(k, ..)| *k == i.kind) else {
-        return Err(Error::unsupported(format!(
-            "integrity {:?} (the agent opens hmac(sha256), hmac(sha512) and aead)",
-            i.kind
-        )));
+        return Err(Error::IntegrityUnsupported {
+            what: format!("{:?}", i.kind),
+        });
     };
     let iv_tag = match enc {
         "aes-xts-plain64" => 0,
         "aes-xts-random" => 16,
         _ => {
-            return Err(Error::unsupported(format!(
-                "integrity {:?} over {enc:?} (the agent opens it over aes-xts-plain64 and aes-xts-random)",
-                i.kind
-            )))
+            return Err(Error::IntegrityUnsupported {
+                what: format!("{:?} over {enc:?}", i.kind),
+            })
         }
     };
     let enc_len = key_len.saturating_sub(mac_key);
@@ -96,9 +94,9 @@ fn check_journal(i: &Integrity) -> Result<(), Error> {
         ("journal integrity", &i.journal_integrity),
     ] {
         if value != "none" {
-            return Err(Error::unsupported(format!(
-                "integrity with {what} {value:?}"
-            )));
+            return Err(Error::IntegrityUnsupported {
+                what: format!("with {what} {value:?}"),
+            });
         }
     }
     Ok(())
@@ -276,7 +274,7 @@ mod tests {
             ("aes-gcm-random", "aead", 64, "512-bit"),
         ] {
             let e = aead(&segment(enc, kind), key).unwrap_err();
-            assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+            assert!(matches!(e, Error::IntegrityUnsupported { .. }), "{e}");
             assert!(e.to_string().contains(says), "{says}: {e}");
         }
         let mut s = segment("aes-xts-plain64", "hmac(sha256)");

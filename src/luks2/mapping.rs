@@ -230,9 +230,10 @@ fn layer_of(
     }
     let aead = integrity::aead(seg, key_len)?;
     if o.allow_discards {
-        return Err(Error::unsupported(
-            "discards on a volume with integrity (dm-integrity takes them only with an internal hash, which LUKS2 does not use); publish it without allow_discards",
-        ));
+        return Err(Error::NotWithIntegrity {
+            what: "allow_discards".into(),
+            why: "dm-integrity takes discards only with an internal hash, which LUKS2 does not use; publish it without allow_discards",
+        });
     }
     let sb = integrity::superblock(file, size, seg, &aead)?;
     // Not loaded (nor built in), the table load below fails with EINVAL
@@ -443,11 +444,7 @@ pub fn grow(name: &str, disk_bytes: u64) -> Result<u64, Error> {
             lines.len()
         )));
     };
-    if line.text.contains(":aead") {
-        return Err(Error::unsupported(format!(
-            "growing mapping {name:?}, which has integrity: its dm-integrity device provides the sectors its superblock was formatted with, and the agent does not resize that"
-        )));
-    }
+    refuse_integrity_grow(name, &line.text)?;
     let crypt = CryptLine::parse(&line.text).ok_or_else(|| {
         Error::corrupt(format!(
             "mapping {name:?} is not a dm-crypt mapping with its key in the keyring"
@@ -473,6 +470,21 @@ pub fn grow(name: &str, disk_bytes: u64) -> Result<u64, Error> {
     control.load(name, &table, read_only)?;
     control.resume(name)?;
     Ok(length.saturating_mul(512))
+}
+
+/// A grow of a mapping whose `crypt` line (`text`) has integrity
+/// (`integrity:<n>:aead`) is refused.
+fn refuse_integrity_grow(name: &str, text: &str) -> Result<(), Error> {
+    if text
+        .split_ascii_whitespace()
+        .any(|w| w.starts_with("integrity:"))
+    {
+        return Err(Error::NotWithIntegrity {
+            what: format!("growing mapping {name:?}"),
+            why: "its dm-integrity device provides the sectors its superblock was formatted with, and the agent does not resize that",
+        });
+    }
+    Ok(())
 }
 
 /// What a grow needs of a live `crypt` line: its offset and sector size.
@@ -587,6 +599,24 @@ mod tests {
         assert_eq!((l.offset, l.sector_size), (32768, 512));
         assert!(CryptLine::parse("aes-xts-plain64 00112233 0 254:16 32768").is_none());
         assert!(CryptLine::parse("aes-xts-plain64 :64:logon:x 0 254:16").is_none());
+    }
+
+    #[test]
+    fn a_mapping_with_integrity_is_not_grown() {
+        let live = "capi:authenc(hmac(sha256),xts(aes))-plain64 :96:logon:crust:crust-v 0 253:0 0 2 integrity:32:aead sector_size:4096";
+        let e = refuse_integrity_grow("crust-v", live).unwrap_err();
+        assert!(matches!(e, Error::NotWithIntegrity { .. }), "{e}");
+        assert!(
+            e.to_string().starts_with(
+                "growing mapping \"crust-v\" of a LUKS2 volume with integrity is not supported"
+            ),
+            "{e}"
+        );
+        assert!(refuse_integrity_grow(
+            "crust-v",
+            "aes-xts-plain64 :64:logon:crust:crust-v 0 254:16 32768"
+        )
+        .is_ok());
     }
 
     #[test]

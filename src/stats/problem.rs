@@ -271,3 +271,30 @@ impl Problem {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tampering_is_data_loss() {
+        let p = Problem::IntegrityMismatches {
+            mapping: "crust-v".into(),
+            integrity: "hmac(sha256)".into(),
+            sectors: 3,
+        };
+        assert_eq!(p.health(), (Health::DataLoss, "IntegrityMismatches"));
+        assert!(p.to_string().contains("refused 3 sector(s)"), "{p}");
+        let call = |errno| Problem::CallFails {
+            call: "stat",
+            path: "/v".into(),
+            errno,
+        };
+        assert_eq!(
+            call(Errno::ILSEQ).health(),
+            (Health::DataLoss, "IntegrityMismatch")
+        );
+        assert!(call(Errno::ILSEQ).to_string().contains("EILSEQ"));
+        assert_eq!(call(Errno::IO).health(), (Health::Degraded, "IOErrors"));
+    }
+}
