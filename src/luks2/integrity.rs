@@ -206,7 +206,9 @@ pub fn tampered_now(m: &Mapping) -> Result<u64, Error> {
         Err(dm::Error::NotFound(_)) => {}
         Err(e) => return Err(e.into()),
     }
-    let records = kmsg::records(&mut |r| r.message.contains("INTEGRITY AEAD ERROR"))?;
+    // A log that cannot be read (no /dev/kmsg) leaves the status count.
+    let records =
+        kmsg::records(&mut |r| r.message.contains("INTEGRITY AEAD ERROR")).unwrap_or_default();
     Ok(tampered(&records, m.log_from, &minors, status.as_deref()))
 }
 

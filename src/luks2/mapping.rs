@@ -544,7 +544,7 @@ pub fn ours() -> Result<Vec<String>, Error> {
                 }
             }
             dm::parse_crypt_uuid(uuid)
-                .is_some_and(|(_, _, n)| n == l.name)
+                .is_some_and(|(kind, _, n)| kind == "LUKS2" && n == l.name)
                 .then_some(l.name)
         })
         .collect();
