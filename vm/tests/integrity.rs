@@ -95,7 +95,11 @@ fn a_cryptsetup_integrity_volume_opens_and_a_flipped_byte_is_refused() {
     vm.unplug("ser-i").unwrap();
 
     // One byte of the ext4 superblock's ciphertext (byte 1024 of block 0).
-    let f = std::fs::File::options().read(true).write(true).open(&img).unwrap();
+    let f = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open(&img)
+        .unwrap();
     let mut b = [0u8; 1];
     f.read_exact_at(&mut b, block0 + 1100).unwrap();
     f.write_all_at(&[b[0] ^ 0x40], block0 + 1100).unwrap();
