@@ -55,6 +55,7 @@ fn crypt(
         offset: 8,
         sector_size,
         allow_discards: sector_size != 512,
+        aead_tag: None,
     }
     .params()
     .map_err(s)?;
@@ -211,6 +212,7 @@ fn cryptsetup_disk(c: &Control) -> Result<(), String> {
         offset: seg.offset / 512,
         sector_size: seg.sector_size,
         allow_discards: false,
+        aead_tag: None,
     }
     .params()
     .map_err(s)?;

@@ -31,6 +31,19 @@ pub enum Error {
         what: String,
     },
     #[code(FailedPrecondition)]
+    #[error("the LUKS2 volume has integrity {what}, which the agent does not open; it opens hmac(sha256) and hmac(sha512) over aes-xts-plain64 or aes-xts-random, and aead over aes-gcm-random, with no journal encryption or MAC")]
+    IntegrityUnsupported {
+        /// The kind, cipher, key size or journal refused, as the header says it.
+        what: String,
+    },
+    #[code(FailedPrecondition)]
+    #[error("{what} of a LUKS2 volume with integrity is not supported: {why}")]
+    NotWithIntegrity {
+        /// "growing mapping \"crust-x\"", "discards".
+        what: String,
+        why: &'static str,
+    },
+    #[code(FailedPrecondition)]
     #[error("keyslot {keyslot} asks Argon2 for {cost_kib} KiB of memory but the agent may use {limit_kib} KiB; add a keyslot with a lower cost on the host (cryptsetup luksAddKey --pbkdf-memory) or give the guest more memory")]
     MemoryOverLimit {
         /// The keyslot's number.

@@ -26,8 +26,10 @@ use zeroize::Zeroizing;
 
 use super::error::Error;
 use super::header;
+use super::integrity;
 use super::unlock::{self, Limits};
 use crate::sys::dm::{self, Control, CryptKey, Target};
+use crate::sys::dm_integrity;
 use crate::sys::error::SysError;
 use crate::sys::keyring::{self, Keyring};
 
@@ -83,6 +85,10 @@ pub struct Mapping {
     pub integrity: Option<String>,
     /// Whether discards pass through.
     pub allow_discards: bool,
+    /// With integrity: the kernel log's next record when it was opened;
+    /// reports of tampering before it are of an earlier device with its
+    /// number. 0 when adopted after a restart: the whole log counts.
+    pub log_from: u64,
 }
 
 /// How a mapping is opened.
@@ -113,7 +119,8 @@ pub fn guest_limits(free_bytes: u64) -> Limits {
     }
 }
 
-/// Opens `o.disk`'s LUKS2 volume with `passphrase` as mapping `o.name`.
+/// Opens `o.disk`'s LUKS2 volume with `passphrase` as mapping `o.name`
+/// (and, for a segment with integrity, its dm-integrity device first).
 /// Nothing is left behind when it fails.
 pub fn open(o: &Open<'_>, passphrase: &Zeroizing<Vec<u8>>) -> Result<Mapping, Error> {
     let file = File::options()
@@ -124,55 +131,71 @@ pub fn open(o: &Open<'_>, passphrase: &Zeroizing<Vec<u8>>) -> Result<Mapping, Er
     let size = crate::sys::blockdev::size_of(&file, o.disk)?;
     let hdr = header::read(&file, size)?;
     let unlocked = unlock::unlock(&file, &hdr, passphrase, o.limits, None)?;
-    drop(file);
     let seg = &unlocked.segment;
-    if let Some(i) = &seg.integrity {
-        return Err(Error::unsupported(format!(
-            "integrity {:?} (dm-integrity under dm-crypt), which the agent does not open yet",
-            i.kind
-        )));
-    }
-    let length = data_sectors(size, seg.offset, seg.size, seg.sector_size)?;
-    let cipher = seg.encryption.clone();
     let key = unlocked.volume_key.bytes();
-    let key_bits = u32::try_from(key.len() * 8).unwrap_or(u32::MAX);
+    let layer = layer_of(o, &file, size, &hdr, seg, key.len())?;
+    drop(file);
     let description = key_description(o.name);
     let dm_uuid = dm::crypt_uuid(&hdr.uuid, o.name)?;
+    let control = Control::open()?;
+    // The dm-integrity device, and where the ciphertext then lies.
+    let (device, offset, length) = match &layer {
+        None => (
+            o.disk_dev,
+            seg.offset / 512,
+            data_sectors(size, seg.offset, seg.size, seg.sector_size)?,
+        ),
+        Some((_, line)) => {
+            let uuid = dm_integrity::subdevice_uuid(&hdr.uuid, o.name)?;
+            let info = make_subdevice(&control, o, &uuid, line)?;
+            (info.dev, 0, line.superblock.provided_data_sectors)
+        }
+    };
+    let unmake_sub = || {
+        if layer.is_some() {
+            let _ = control.remove(&dm_integrity::subdevice_name(o.name));
+        }
+    };
     let params = dm::Crypt {
-        cipher: &seg.encryption,
+        cipher: layer.as_ref().map_or(&seg.encryption, |(a, _)| &a.cipher),
         key: CryptKey::Logon {
             size: key.len(),
             description: &description,
         },
         iv_offset: seg.iv_tweak,
-        device: o.disk_dev,
-        offset: seg.offset / 512,
+        device,
+        offset,
         sector_size: seg.sector_size,
         allow_discards: o.allow_discards,
+        aead_tag: layer.as_ref().map(|(a, _)| a.tag),
     }
-    .params()?;
-    let control = Control::open()?;
+    .params()
+    .inspect_err(|_| unmake_sub())?;
     // The user keyring, reachable from every thread of the agent.
-    keyring::link(Keyring::User, Keyring::Process)?;
-    let serial = keyring::add_logon(&description, key, Keyring::User)?;
+    let serial = keyring::link(Keyring::User, Keyring::Process)
+        .and_then(|()| keyring::add_logon(&description, key, Keyring::User))
+        .inspect_err(|_| unmake_sub())?;
+    let key_bits = u32::try_from(key.len() * 8).unwrap_or(u32::MAX);
+    let (cipher, kind) = (
+        seg.encryption.clone(),
+        seg.integrity.as_ref().map(|i| i.kind.clone()),
+    );
     drop(unlocked);
-    let made = control.create(o.name, &dm_uuid).and_then(|_| {
-        let table = [Target {
-            start: 0,
-            length,
-            kind: "crypt",
-            params,
-        }];
-        control.load(o.name, &table, o.read_only)?;
-        control.resume(o.name)
-    });
-    let info = match made.and_then(|info| wait_for_node(o.name, info.dev).map(|()| info)) {
+    let target = Target {
+        start: 0,
+        length,
+        kind: "crypt",
+        params,
+    };
+    // Read before the mapping exists, so no report of its own is missed.
+    let log_from = match layer {
+        Some(_) => crate::sys::kmsg::next_seq().unwrap_or(0),
+        None => 0,
+    };
+    let info = match make(&control, o.name, &dm_uuid, target, o.read_only) {
         Ok(info) => info,
         Err(e) => {
-            // Made by this call (create refuses a name or uuid in use).
-            if !matches!(e, dm::Error::Exists { .. }) {
-                let _ = control.remove(o.name);
-            }
+            unmake_sub();
             let _ = keyring::unlink(serial, Keyring::User);
             let _ = keyring::revoke(serial);
             return Err(e.into());
@@ -185,9 +208,93 @@ pub fn open(o: &Open<'_>, passphrase: &Zeroizing<Vec<u8>>) -> Result<Mapping, Er
         luks_uuid: hdr.uuid.clone(),
         cipher,
         key_bits,
-        integrity: None,
+        integrity: kind,
         allow_discards: o.allow_discards,
+        log_from,
     })
+}
+
+/// With integrity: what dm-crypt and dm-integrity are given for segment
+/// `seg` (its volume key `key_len` bytes), checked against the disk before
+/// anything is made. None for a segment without integrity.
+fn layer_of(
+    o: &Open<'_>,
+    file: &File,
+    size: u64,
+    hdr: &header::Header,
+    seg: &super::metadata::Segment,
+    key_len: usize,
+) -> Result<Option<(integrity::Aead, dm_integrity::Integrity)>, Error> {
+    if seg.integrity.is_none() {
+        return Ok(None);
+    }
+    let aead = integrity::aead(seg, key_len)?;
+    if o.allow_discards {
+        return Err(Error::NotWithIntegrity {
+            what: "allow_discards".into(),
+            why: "dm-integrity takes discards only with an internal hash, which LUKS2 does not use; publish it without allow_discards",
+        });
+    }
+    let sb = integrity::superblock(file, size, seg, &aead)?;
+    // Not loaded (nor built in), the table load below fails with EINVAL
+    // ("unknown target type") or ENOENT, which its error explains.
+    let _ = crate::system::load_integrity_modules();
+    let line = dm_integrity::Integrity {
+        device: o.disk_dev,
+        offset: seg.offset / 512,
+        superblock: sb,
+        mode: integrity::mode(&hdr.metadata.config.flags),
+    };
+    Ok(Some((aead, line)))
+}
+
+/// Makes mapping `o.name`'s dm-integrity device, `line` over the disk.
+fn make_subdevice(
+    control: &Control,
+    o: &Open<'_>,
+    uuid: &str,
+    line: &dm_integrity::Integrity,
+) -> Result<dm::DevInfo, Error> {
+    let target = Target {
+        start: 0,
+        length: line.superblock.provided_data_sectors,
+        kind: "integrity",
+        params: Zeroizing::new(line.params()?),
+    };
+    let sub = dm_integrity::subdevice_name(o.name);
+    // A device of this very volume left by a close cut short (its mapping
+    // gone) is removed and made again; anything else in the way is refused.
+    let stale = matches!(control.status(o.name), Err(dm::Error::NotFound(_)))
+        && control.status(&sub).is_ok_and(|i| i.uuid == uuid);
+    if stale {
+        control.remove(&sub)?;
+    }
+    Ok(make(control, &sub, uuid, target, o.read_only)?)
+}
+
+/// Makes device `name` (uuid `uuid`) with the one `target`, live and with
+/// its node in /dev; removed again when any step fails (unless it was
+/// someone else's: create refuses a name or uuid in use).
+fn make(
+    control: &Control,
+    name: &str,
+    uuid: &str,
+    target: Target,
+    read_only: bool,
+) -> Result<dm::DevInfo, dm::Error> {
+    let made = control.create(name, uuid).and_then(|_| {
+        control.load(name, &[target], read_only)?;
+        control.resume(name)
+    });
+    match made.and_then(|info| wait_for_node(name, info.dev).map(|()| info)) {
+        Ok(info) => Ok(info),
+        Err(e) => {
+            if !matches!(e, dm::Error::Exists { .. }) {
+                let _ = control.remove(name);
+            }
+            Err(e)
+        }
+    }
 }
 
 /// How long a new mapping's node may take to appear in devtmpfs.
@@ -247,9 +354,10 @@ pub fn data_sectors(
     Ok(sectors)
 }
 
-/// Removes mapping `name` and forgets its key; false when there was no
-/// such mapping. [`dm::Error::Busy`] while something holds it open (a
-/// mount): the caller takes its mounts down first.
+/// Removes mapping `name`, then its dm-integrity device if it has one,
+/// and forgets its key; false when there was no such mapping.
+/// [`dm::Error::Busy`] while something holds it open (a mount): the caller
+/// takes its mounts down first.
 pub fn close(name: &str) -> Result<bool, Error> {
     let control = Control::open()?;
     let was = match control.remove(name) {
@@ -257,8 +365,30 @@ pub fn close(name: &str) -> Result<bool, Error> {
         Err(dm::Error::NotFound(_)) => false,
         Err(e) => return Err(e.into()),
     };
+    let sub = dm_integrity::subdevice_name(name);
+    match control.status(&sub) {
+        Ok(info) if is_subdevice_of(&info.uuid, name) => match control.remove(&sub) {
+            Ok(()) | Err(dm::Error::NotFound(_)) => {}
+            Err(e) => return Err(e.into()),
+        },
+        Ok(_) | Err(dm::Error::NotFound(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
     forget_key(name);
     Ok(was)
+}
+
+/// Whether dm uuid `uuid` is cryptsetup's for the dm-integrity device
+/// under mapping `name` (2.7's `CRYPT-SUBDEV-…`, or 2.6's `CRYPT-LUKS2-…`).
+fn is_subdevice_of(uuid: &str, name: &str) -> bool {
+    let sub = dm_integrity::subdevice_name(name);
+    let rest = uuid
+        .strip_prefix("CRYPT-SUBDEV-")
+        .or_else(|| uuid.strip_prefix("CRYPT-LUKS2-"));
+    rest.and_then(|r| r.split_once('-'))
+        .is_some_and(|(hex, n)| {
+            !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()) && n == sub
+        })
 }
 
 /// Unlinks and revokes mapping `name`'s logon key, if the user keyring
@@ -314,6 +444,7 @@ pub fn grow(name: &str, disk_bytes: u64) -> Result<u64, Error> {
             lines.len()
         )));
     };
+    refuse_integrity_grow(name, &line.text)?;
     let crypt = CryptLine::parse(&line.text).ok_or_else(|| {
         Error::corrupt(format!(
             "mapping {name:?} is not a dm-crypt mapping with its key in the keyring"
@@ -339,6 +470,21 @@ pub fn grow(name: &str, disk_bytes: u64) -> Result<u64, Error> {
     control.load(name, &table, read_only)?;
     control.resume(name)?;
     Ok(length.saturating_mul(512))
+}
+
+/// A grow of a mapping whose `crypt` line (`text`) has integrity
+/// (`integrity:<n>:aead`) is refused.
+fn refuse_integrity_grow(name: &str, text: &str) -> Result<(), Error> {
+    if text
+        .split_ascii_whitespace()
+        .any(|w| w.starts_with("integrity:"))
+    {
+        return Err(Error::NotWithIntegrity {
+            what: format!("growing mapping {name:?}"),
+            why: "its dm-integrity device provides the sectors its superblock was formatted with, and the agent does not resize that",
+        });
+    }
+    Ok(())
 }
 
 /// What a grow needs of a live `crypt` line: its offset and sector size.
@@ -374,26 +520,37 @@ impl CryptLine {
     }
 }
 
-/// The agent's own mappings among the guest's: a cryptsetup LUKS uuid
-/// whose name is the mapping's, starting with [`NAME_PREFIX`].
-pub fn ours() -> Result<Vec<dm::Listed>, Error> {
+/// The names of the agent's own mappings among the guest's: a cryptsetup
+/// LUKS uuid whose name is the mapping's, starting with [`NAME_PREFIX`];
+/// and the mapping a dm-integrity device of the agent's was made under,
+/// when that mapping is gone (a close cut short), so that closing it
+/// removes the device.
+pub fn ours() -> Result<Vec<String>, Error> {
     let control = match Control::open() {
         Ok(c) => c,
         // No device-mapper: no mapping of anyone's.
         Err(dm::Error::Unavailable { .. }) => return Ok(Vec::new()),
         Err(e) => return Err(e.into()),
     };
-    Ok(control
-        .find_by_uuid_prefix("CRYPT-LUKS2-")?
+    let mut names: Vec<String> = control
+        .find_by_uuid_prefix("CRYPT-")?
         .into_iter()
         .filter(|l| l.name.starts_with(NAME_PREFIX))
-        .filter(|l| {
-            l.uuid
-                .as_deref()
-                .and_then(dm::parse_crypt_uuid)
-                .is_some_and(|(_, _, n)| n == l.name)
+        .filter_map(|l| {
+            let uuid = l.uuid.as_deref()?;
+            if let Some(top) = l.name.strip_suffix("_dif") {
+                if is_subdevice_of(uuid, top) {
+                    return Some(top.to_string());
+                }
+            }
+            dm::parse_crypt_uuid(uuid)
+                .is_some_and(|(kind, _, n)| kind == "LUKS2" && n == l.name)
+                .then_some(l.name)
         })
-        .collect())
+        .collect();
+    names.sort();
+    names.dedup();
+    Ok(names)
 }
 
 #[cfg(test)]
@@ -442,6 +599,47 @@ mod tests {
         assert_eq!((l.offset, l.sector_size), (32768, 512));
         assert!(CryptLine::parse("aes-xts-plain64 00112233 0 254:16 32768").is_none());
         assert!(CryptLine::parse("aes-xts-plain64 :64:logon:x 0 254:16").is_none());
+    }
+
+    #[test]
+    fn a_mapping_with_integrity_is_not_grown() {
+        let live = "capi:authenc(hmac(sha256),xts(aes))-plain64 :96:logon:crust:crust-v 0 253:0 0 2 integrity:32:aead sector_size:4096";
+        let e = refuse_integrity_grow("crust-v", live).unwrap_err();
+        assert!(matches!(e, Error::NotWithIntegrity { .. }), "{e}");
+        assert!(
+            e.to_string().starts_with(
+                "growing mapping \"crust-v\" of a LUKS2 volume with integrity is not supported"
+            ),
+            "{e}"
+        );
+        assert!(refuse_integrity_grow(
+            "crust-v",
+            "aes-xts-plain64 :64:logon:crust:crust-v 0 254:16 32768"
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn a_subdevice_is_told_by_its_uuid() {
+        let hex = "1b4e28ba2fa111d2883f0016d3cca427";
+        assert!(is_subdevice_of(
+            &format!("CRYPT-SUBDEV-{hex}-crust-v_dif"),
+            "crust-v"
+        ));
+        assert!(is_subdevice_of(
+            &format!("CRYPT-LUKS2-{hex}-crust-v_dif"),
+            "crust-v"
+        ));
+        assert!(!is_subdevice_of(
+            &format!("CRYPT-SUBDEV-{hex}-crust-w_dif"),
+            "crust-v"
+        ));
+        assert!(!is_subdevice_of(
+            &format!("CRYPT-LUKS2-{hex}-crust-v"),
+            "crust-v"
+        ));
+        assert!(!is_subdevice_of("CRYPT-SUBDEV--crust-v_dif", "crust-v"));
+        assert!(!is_subdevice_of("CRYPT-PLAIN-crust-v_dif", "crust-v"));
     }
 
     #[test]

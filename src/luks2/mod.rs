@@ -34,6 +34,7 @@ pub mod format;
 #[cfg(any(test, feature = "fuzz"))]
 pub mod fuzz;
 pub mod header;
+pub mod integrity;
 pub mod json;
 pub mod kdf;
 pub mod made;

@@ -45,6 +45,7 @@ pub fn failing(e: Errno) -> bool {
         Errno::NOTCONN,
         Errno::STALE,
         Errno::NXIO,
+        Errno::ILSEQ,
     ]
     .contains(&e)
 }
@@ -57,6 +58,7 @@ pub fn errno_name(e: Errno) -> String {
         Errno::NOTCONN => "ENOTCONN",
         Errno::STALE => "ESTALE",
         Errno::NXIO => "ENXIO",
+        Errno::ILSEQ => "EILSEQ",
         Errno::NOENT => "ENOENT",
         Errno::ACCESS => "EACCES",
         _ => return format!("errno {}", e.raw_os_error()),
@@ -209,6 +211,14 @@ pub enum Problem {
         "the volume's dm-crypt mapping {mapping} is {how}: the filesystem cannot reach its disk"
     )]
     MappingGone { mapping: String, how: &'static str },
+    /// The kernel refused sectors of a mapping with integrity: what the
+    /// disk holds there is not what the volume wrote.
+    #[error("the kernel refused {sectors} sector(s) of the volume's mapping {mapping} whose authentication tag does not match (dm-crypt with integrity {integrity}): the disk's ciphertext was changed outside the guest, and reads of those sectors fail with an I/O error rather than return it")]
+    IntegrityMismatches {
+        mapping: String,
+        integrity: String,
+        sectors: u64,
+    },
 }
 
 /// How bad a problem is, in CSI 1.13's words (NodeGetVolumeHealth).
@@ -229,6 +239,11 @@ impl Problem {
         match self {
             Problem::PathGone { .. } | Problem::NotMountPoint { .. } => (Inaccessible, "Unmounted"),
             Problem::PathEscapes { .. } => (Inaccessible, "PathReplaced"),
+            // A tag that does not match, as the block layer says it.
+            Problem::CallFails {
+                errno: Errno::ILSEQ,
+                ..
+            } => (DataLoss, "IntegrityMismatch"),
             Problem::CallFails { errno, .. } if failing(*errno) => (Degraded, "IOErrors"),
             Problem::CallFails { .. } => (Inaccessible, "CallFails"),
             Problem::OtherDevice { .. }
@@ -252,6 +267,34 @@ impl Problem {
             Problem::AcceptsWrites { .. } => (Degraded, "AcceptsWrites"),
             Problem::MappingSuspended { .. } => (Inaccessible, "MappingSuspended"),
             Problem::MappingGone { .. } => (Inaccessible, "MappingGone"),
+            Problem::IntegrityMismatches { .. } => (DataLoss, "IntegrityMismatches"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tampering_is_data_loss() {
+        let p = Problem::IntegrityMismatches {
+            mapping: "crust-v".into(),
+            integrity: "hmac(sha256)".into(),
+            sectors: 3,
+        };
+        assert_eq!(p.health(), (Health::DataLoss, "IntegrityMismatches"));
+        assert!(p.to_string().contains("refused 3 sector(s)"), "{p}");
+        let call = |errno| Problem::CallFails {
+            call: "stat",
+            path: "/v".into(),
+            errno,
+        };
+        assert_eq!(
+            call(Errno::ILSEQ).health(),
+            (Health::DataLoss, "IntegrityMismatch")
+        );
+        assert!(call(Errno::ILSEQ).to_string().contains("EILSEQ"));
+        assert_eq!(call(Errno::IO).health(), (Health::Degraded, "IOErrors"));
     }
 }

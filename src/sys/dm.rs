@@ -270,6 +270,9 @@ pub struct Crypt<'a> {
     pub sector_size: u32,
     /// Pass discards down (they reveal which blocks are free).
     pub allow_discards: bool,
+    /// With integrity: the bytes of tag per sector the device below keeps
+    /// for an AEAD cipher (`integrity:<n>:aead`).
+    pub aead_tag: Option<u16>,
 }
 
 impl Crypt<'_> {
@@ -340,6 +343,9 @@ impl Crypt<'_> {
         }
         if self.sector_size != 512 {
             opts.push(format!("sector_size:{}", self.sector_size));
+        }
+        if let Some(tag) = self.aead_tag {
+            opts.push(format!("integrity:{tag}:aead"));
         }
         if !opts.is_empty() {
             let _ = write!(s, " {} {}", opts.len(), opts.join(" "));

@@ -177,6 +177,7 @@ fn crypt(key: CryptKey<'_>) -> Crypt<'_> {
         offset: 32768,
         sector_size: 512,
         allow_discards: false,
+        aead_tag: None,
     }
 }
 

@@ -13,6 +13,9 @@
 //! - `features`: what this kernel and process can do, probed once;
 //! - `dm`: device-mapper's ioctls on /dev/mapper/control, typed, and the
 //!   `crypt` target line;
+//! - `dm_integrity`: the dm-integrity superblock, line and status under a
+//!   dm-crypt mapping with integrity;
+//! - `kmsg`: the kernel's log records, read without waiting;
 //! - `keyring`: logon keys in the kernel keyring, which dm-crypt reads and
 //!   user space cannot;
 //! - `children`: the children the agent waits for itself (mkfs), which the
@@ -22,9 +25,11 @@ pub mod beneath;
 pub mod blockdev;
 pub mod children;
 pub mod dm;
+pub mod dm_integrity;
 pub mod error;
 pub mod features;
 pub mod keyring;
+pub mod kmsg;
 pub mod mountinfo;
 pub mod sysfs;
 pub mod uevents;

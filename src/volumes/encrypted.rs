@@ -158,6 +158,7 @@ impl Fields {
             key_bits,
             integrity: (!integrity.is_empty()).then_some(integrity),
             allow_discards,
+            log_from: 0,
         };
         Ok(Some((asked, Encrypted { disk, mapping })))
     }

@@ -75,6 +75,16 @@ pub enum Error {
         mapping: String,
         why: String,
     },
+    #[code(DataLoss)]
+    #[error("volume {id} cannot be published: {why}; the kernel refused {sectors} sector(s) of its mapping {mapping} whose authentication tag does not match (dm-crypt with integrity {integrity}): the disk's ciphertext was changed outside the guest")]
+    Tampered {
+        id: String,
+        mapping: String,
+        integrity: String,
+        sectors: u64,
+        /// The step's own failure.
+        why: String,
+    },
     #[code(FailedPrecondition)]
     #[error("volume {0} is encrypted and was published without allow_discards: a trim would tell the host which blocks are free; publish it with allow_discards to trim it")]
     DiscardsNotAllowed(String),

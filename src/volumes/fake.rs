@@ -814,6 +814,15 @@ impl Kernel for Fake {
     fn own_mappings(&self) -> std::result::Result<Vec<String>, luks2::error::Error> {
         Ok(self.own_mappings_fake())
     }
+
+    fn mapping_tampered(&self, m: &Mapping) -> std::result::Result<u64, luks2::error::Error> {
+        let st = self.state.locked();
+        Ok(st
+            .mapped
+            .iter()
+            .find(|x| x.name == m.name)
+            .map_or(0, |x| x.tampered))
+    }
 }
 
 fn gone(dev: &Device) -> blockdev::Error {
@@ -834,6 +843,10 @@ struct Luks {
     inner: Option<FsType>,
     /// Where the mapping's node file goes.
     dir: PathBuf,
+    /// Its segment's integrity, if any.
+    integrity: Option<String>,
+    /// Sectors a mapping of it finds tampered as soon as it is made.
+    tampered: u64,
     /// Made by the agent and not yet marked finished.
     unfinished: bool,
 }
@@ -845,4 +858,6 @@ struct Mapped {
     disk: String,
     /// The mapping's device.
     dev: Device,
+    /// Sectors the kernel refused as tampered.
+    tampered: u64,
 }

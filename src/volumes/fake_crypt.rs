@@ -33,9 +33,45 @@ impl Fake {
             passphrase: passphrase.to_vec(),
             inner,
             dir: dir.to_path_buf(),
+            integrity: None,
+            tampered: 0,
             unfinished: false,
         });
         d
+    }
+
+    /// Gives the LUKS2 disk `name` a segment with integrity `kind`.
+    pub(crate) fn with_integrity(&self, name: &str, kind: &str) {
+        let mut st = self.state.locked();
+        let l = st
+            .luks
+            .iter_mut()
+            .find(|l| l.disk == name)
+            .expect("a LUKS2 disk");
+        l.integrity = Some(kind.into());
+    }
+
+    /// The host changed `sectors` sectors of LUKS2 disk `name`: a mapping
+    /// of it finds them tampered.
+    pub(crate) fn tamper_disk(&self, name: &str, sectors: u64) {
+        let mut st = self.state.locked();
+        let l = st
+            .luks
+            .iter_mut()
+            .find(|l| l.disk == name)
+            .expect("a LUKS2 disk");
+        l.tampered = sectors;
+    }
+
+    /// The kernel refuses `sectors` more sectors of mapping `name` as tampered.
+    pub(crate) fn tamper(&self, name: &str, sectors: u64) {
+        let mut st = self.state.locked();
+        let m = st
+            .mapped
+            .iter_mut()
+            .find(|m| m.name == name)
+            .expect("a mapping");
+        m.tampered += sectors;
     }
 
     /// The names of the LUKS2 disks the agent made and did not finish.
@@ -83,6 +119,8 @@ impl Fake {
             passphrase: passphrase.to_vec(),
             inner: None,
             dir,
+            integrity: None,
+            tampered: 0,
             unfinished: true,
         });
         drop(st);
@@ -129,7 +167,7 @@ impl Fake {
         allow_discards: bool,
         passphrase: &Zeroizing<Vec<u8>>,
     ) -> std::result::Result<Mapping, luks2::error::Error> {
-        let (inner, dir) = {
+        let (inner, dir, integrity, tampered) = {
             let st = self.state.locked();
             let Some(l) = st.luks.iter().find(|l| l.disk == disk.name) else {
                 return Err(luks2::error::Error::NotLuks);
@@ -144,7 +182,7 @@ impl Fake {
                 }
                 .into());
             }
-            (l.inner, l.dir.clone())
+            (l.inner, l.dir.clone(), l.integrity.clone(), l.tampered)
         };
         let minor = self.state.locked().disks.len();
         let dev = self.disk(&dir, &format!("dm-{minor}"), inner);
@@ -155,14 +193,16 @@ impl Fake {
             dev: (dev.major, dev.minor),
             luks_uuid: "0123".into(),
             cipher: "aes-xts-plain64".into(),
-            key_bits: 512,
-            integrity: None,
+            key_bits: if integrity.is_some() { 768 } else { 512 },
+            integrity,
             allow_discards,
+            log_from: 0,
         };
         self.state.locked().mapped.push(Mapped {
             name: name.into(),
             disk: disk.name.clone(),
             dev,
+            tampered,
         });
         Ok(m)
     }

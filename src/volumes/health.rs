@@ -1,10 +1,12 @@
 //! A volume's health in CSI 1.13's shape (NodeGetVolumeHealth): the
 //! condition's problems (stats/), each with its status and reason; empty
 //! when healthy. A volume whose last publish failed and left nothing is
-//! INACCESSIBLE with that failure; an id never seen is NOT_FOUND.
+//! INACCESSIBLE with that failure (DATA_LOSS when it read a block the
+//! kernel refused as tampered); an id never seen is NOT_FOUND.
 
 use super::error::Error;
 use super::failures::Failures;
+use crate::code::Code;
 use crate::error::Result;
 use crate::stats::problem::Health;
 use crate::stats::{Condition, Measured};
@@ -24,6 +26,12 @@ pub struct Said {
 /// failure (INACCESSIBLE), or NOT_FOUND for an id never seen.
 pub(crate) fn unpublished(failures: &Failures, id: &str) -> Result<Vec<Said>> {
     match failures.of(id) {
+        // A publish that read a block the kernel refused as tampered.
+        Some(f) if f.code == Code::DataLoss => Ok(vec![Said {
+            status: Health::DataLoss,
+            reason: "IntegrityMismatches",
+            message: f.message,
+        }]),
         Some(f) => Ok(vec![Said {
             status: Health::Inaccessible,
             reason: "PublishFailed",

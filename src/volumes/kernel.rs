@@ -191,6 +191,9 @@ pub trait Kernel: Send + Sync + 'static {
     ) -> std::result::Result<u64, luks2::error::Error>;
     /// The names of the agent's own mappings in the guest.
     fn own_mappings(&self) -> std::result::Result<Vec<String>, luks2::error::Error>;
+    /// How many sectors of `m` (a mapping with integrity) the kernel
+    /// refused as tampered since it was opened; 0 without integrity.
+    fn mapping_tampered(&self, m: &Mapping) -> std::result::Result<u64, luks2::error::Error>;
 }
 
 /// The guest's free memory in bytes (with its buffers), which bounds what
@@ -420,6 +423,10 @@ impl Kernel for Linux {
     }
 
     fn own_mappings(&self) -> std::result::Result<Vec<String>, luks2::error::Error> {
-        Ok(mapping::ours()?.into_iter().map(|l| l.name).collect())
+        mapping::ours()
+    }
+
+    fn mapping_tampered(&self, m: &Mapping) -> std::result::Result<u64, luks2::error::Error> {
+        luks2::integrity::tampered_now(m)
     }
 }

@@ -107,9 +107,11 @@ impl<K: Kernel> Publisher<'_, K> {
         let (vol, fd) = match made {
             Ok(made) => made,
             Err(e) => {
-                if let Some(enc) = &encrypted {
-                    self.unmap(&req.spec.volume_id, &enc.mapping.name);
-                }
+                let Some(enc) = &encrypted else {
+                    return Err(e);
+                };
+                let e = self.tampered(&req.spec.volume_id, &enc.mapping, e);
+                self.unmap(&req.spec.volume_id, &enc.mapping.name);
                 return Err(e);
             }
         };
@@ -226,6 +228,26 @@ impl<K: Kernel> Publisher<'_, K> {
         info!(self.log, "encrypted volume made"; "volume" => &req.spec.volume_id,
               "mapping" => &mapping.name, "mode" => req.spec.mode.name());
         Ok(())
+    }
+
+    /// The failure `e` of a publish over `mapping`, said as DATA_LOSS when
+    /// the mapping has integrity and the kernel refused sectors of it as
+    /// tampered (the failure is then a read of one of them).
+    fn tampered(&self, id: &str, mapping: &Mapping, e: crate::error::Error) -> crate::error::Error {
+        let Some(integrity) = &mapping.integrity else {
+            return e;
+        };
+        match self.mounts.kernel.mapping_tampered(mapping) {
+            Ok(sectors) if sectors > 0 => Error::Tampered {
+                id: id.to_string(),
+                mapping: mapping.name.clone(),
+                integrity: integrity.clone(),
+                sectors,
+                why: e.to_string(),
+            }
+            .into(),
+            _ => e,
+        }
     }
 
     /// Removes the mapping of a publish that failed after opening it; one

@@ -20,7 +20,7 @@ use crate::cancel::Cancel;
 use crate::device;
 use crate::error::Result;
 use crate::grow;
-use crate::luks2::mapping::Live;
+use crate::luks2::mapping::{Live, Mapping};
 use crate::model::VolumeMode;
 use crate::stats::problem::Problem;
 use crate::stats::{self, Condition, Measured};
@@ -56,7 +56,7 @@ impl<K: Kernel> Query<'_, K> {
         let enc = vol.encrypted.as_ref()?;
         let mapping = enc.mapping.name.clone();
         match self.mounts.kernel.mapping_live(&enc.mapping) {
-            Ok(Live::Serving(dev)) if dev == enc.mapping.dev => None,
+            Ok(Live::Serving(dev)) if dev == enc.mapping.dev => self.tamper_problem(&enc.mapping),
             Ok(Live::Serving(_)) => Some(Problem::MappingGone {
                 mapping,
                 how: "another device now",
@@ -72,6 +72,23 @@ impl<K: Kernel> Query<'_, K> {
             }),
             Err(e) => Some(Problem::Device(format!(
                 "the state of the volume's dm-crypt mapping {mapping} cannot be read: {e}"
+            ))),
+        }
+    }
+
+    /// What the kernel refused of a live mapping with integrity, if anything.
+    fn tamper_problem(&self, m: &Mapping) -> Option<Problem> {
+        let integrity = m.integrity.clone()?;
+        let mapping = m.name.clone();
+        match self.mounts.kernel.mapping_tampered(m) {
+            Ok(0) => None,
+            Ok(sectors) => Some(Problem::IntegrityMismatches {
+                mapping,
+                integrity,
+                sectors,
+            }),
+            Err(e) => Some(Problem::Device(format!(
+                "whether the kernel refused sectors of the volume's mapping {mapping} as tampered cannot be read: {e}"
             ))),
         }
     }

@@ -1090,6 +1090,7 @@ mod tests {
                     key_bits: 512,
                     integrity: None,
                     allow_discards: true,
+                    log_from: 0,
                 },
             });
             v

@@ -28,6 +28,10 @@ pub const DEFAULT_MODULES: &[&str] = &[
     "aesni_intel",
 ];
 
+/// The modules shipped but not loaded at boot: the agent loads them when a
+/// LUKS2 volume with integrity needs them (`system::load_integrity_modules`).
+pub const DEFAULT_ON_DEMAND: &[&str] = &["dm_integrity", "authenc"];
+
 /// The file, beside `modules.dep`, that tells the agent which modules to load.
 pub const MODULE_LIST: &str = "crust.modules";
 

@@ -90,7 +90,7 @@ enum Cmd {
         #[arg(long, value_delimiter = ',', default_values_t = initrd::DEFAULT_MODULES.iter().map(|s| s.to_string()))]
         modules: Vec<String>,
         /// Modules to ship but not load at boot (the agent loads them on first use), comma-separated.
-        #[arg(long, value_delimiter = ',')]
+        #[arg(long, value_delimiter = ',', default_values_t = initrd::DEFAULT_ON_DEMAND.iter().map(|s| s.to_string()))]
         on_demand: Vec<String>,
         /// Leave out the mkfs programs (mke2fs, mkfs.xfs, their libraries and
         /// interpreter in /usr/lib/crust/mkfs/): the agent then cannot make the

@@ -192,3 +192,66 @@ fn format_if_blank_never_touches_a_disk_that_holds_something() {
     assert!(e.to_string().contains("not blank"), "{e}");
     assert!(fake.mappings().is_empty() && fake.mounts().is_empty());
 }
+
+#[test]
+fn a_mapping_with_integrity_says_so_and_tampering_is_data_loss() {
+    use crate::stats::problem::Health;
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake) = fake_table(dir.path());
+    let d = fake.luks_disk(dir.path(), "fki", PASS, Some(FsType::Ext4));
+    fake.with_integrity("fki", "hmac(sha256)");
+    v.publish(&encrypted("i", &d, PASS, false), &Cancel::never())
+        .unwrap();
+    let listed = v.list();
+    let info = listed[0].encryption.as_ref().unwrap();
+    assert_eq!(
+        (info.integrity.as_str(), info.key_bits),
+        ("hmac(sha256)", 768)
+    );
+    // (The fake's mounts are not statfs-able: only the mapping's answer is looked at.)
+    let tamper_said = || {
+        let said = v.health("i", &Cancel::never()).unwrap();
+        said.into_iter()
+            .filter(|s| s.reason == "IntegrityMismatches")
+            .collect::<Vec<_>>()
+    };
+    assert!(tamper_said().is_empty());
+    fake.tamper("crust-i", 2);
+    let said = tamper_said();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert_eq!(said[0].status, Health::DataLoss);
+    assert!(
+        said[0].message.contains("refused 2 sector(s)") && said[0].message.contains("hmac(sha256)"),
+        "{}",
+        said[0].message
+    );
+}
+
+#[test]
+fn a_publish_that_fails_on_a_tampered_block_is_data_loss() {
+    use crate::stats::problem::Health;
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake) = fake_table(dir.path());
+    let d = fake.luks_disk(dir.path(), "fkt", PASS, Some(FsType::Ext4));
+    fake.with_integrity("fkt", "hmac(sha256)");
+    fake.tamper_disk("fkt", 1);
+    // xfs asked, ext4 inside: the publish fails after the mapping was made,
+    // and the kernel has refused a sector of it by then.
+    let mut r = encrypted("t", &d, PASS, false);
+    r.spec.mode = crate::model::VolumeMode::Filesystem(FsType::Xfs);
+    let e = v.publish(&r, &Cancel::never()).unwrap_err();
+    assert_eq!(e.code(), Code::DataLoss, "{e}");
+    assert!(e.to_string().contains("refused 1 sector(s)"), "{e}");
+    assert!(fake.mappings().is_empty());
+    let said = v.health("t", &Cancel::never()).unwrap();
+    assert_eq!(
+        (said[0].status, said[0].reason),
+        (Health::DataLoss, "IntegrityMismatches")
+    );
+    // Without integrity, the same failure is what it was.
+    let d = fake.luks_disk(dir.path(), "fku", PASS, Some(FsType::Ext4));
+    let mut r = encrypted("u", &d, PASS, false);
+    r.spec.mode = crate::model::VolumeMode::Filesystem(FsType::Xfs);
+    let e = v.publish(&r, &Cancel::never()).unwrap_err();
+    assert_ne!(e.code(), Code::DataLoss, "{e}");
+}
