@@ -20,7 +20,7 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 use std::process::Command;
 
-use crust_agent::luks2::{integrity, mapping};
+use crust_agent::luks2::mapping;
 use crust_agent::sys::dm::Control;
 use zeroize::Zeroizing;
 
@@ -264,7 +264,7 @@ fn run() -> Result<(), String> {
             ));
         }
     }
-    let t = integrity::tampered_now(&m).map_err(s)?;
+    let t = mapping::tampered_now(&m).map_err(s)?;
     say(&format!("plaintext read back; tampered {t}"));
     if t != 0 {
         return Err(format!("{t} sectors tampered before any tampering"));
@@ -325,7 +325,7 @@ fn flip_and_reopen(data: u64, before: &[u8]) -> Result<(), String> {
         "block {i} refused: {e} (errno {:?})",
         e.raw_os_error()
     ));
-    let t = integrity::tampered_now(&m).map_err(s)?;
+    let t = mapping::tampered_now(&m).map_err(s)?;
     say(&format!("tampered {t}"));
     if t == 0 {
         return Err("the agent counts no tampered sector".into());

@@ -65,18 +65,6 @@ pub fn has_dm_crypt() -> bool {
     .any(|f| dir.join(f).exists())
 }
 
-/// Loads dm-integrity and authenc (the initrd ships them to be loaded on
-/// first use) unless dm-integrity is there already: a LUKS2 volume with
-/// integrity needs both. What failed, by module, for the caller's error.
-pub fn load_integrity_modules() -> Vec<(String, String)> {
-    if Path::new("/sys/module/dm_integrity").exists() {
-        return Vec::new();
-    }
-    let dir = Path::new("/lib/modules").join(kernel_release());
-    let names = ["dm_integrity".to_string(), "authenc".to_string()];
-    crate::init::load_named(&dir, &names).failed
-}
-
 /// What the agent can do here: subpaths need openat2, RRO needs
 /// mount_setattr, and resize is offered only when every supported
 /// filesystem can grow (ext4 needs CAP_SYS_RESOURCE; xfs grows without it).

@@ -12,11 +12,9 @@
 
 use super::error::Error;
 use super::header::ReadAt;
-use super::mapping::Mapping;
 use super::metadata::{Integrity, Segment};
-use crate::sys::dm::{self, Control};
 use crate::sys::dm_integrity::{self, Mode, Superblock, SUPERBLOCK_LEN};
-use crate::sys::kmsg::{self, Record};
+use crate::sys::kmsg::Record;
 
 /// What dm-crypt is given for a segment with integrity.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -183,33 +181,6 @@ pub fn tampered(records: &[Record], from: u64, minors: &[u32], status: Option<&s
     u64::try_from(said)
         .unwrap_or(u64::MAX)
         .saturating_add(counted)
-}
-
-/// [`tampered`] for the live mapping `m`: its dm-integrity device's status
-/// and the kernel's log, read now. 0 for a mapping without integrity.
-pub fn tampered_now(m: &Mapping) -> Result<u64, Error> {
-    if m.integrity.is_none() {
-        return Ok(0);
-    }
-    let control = Control::open()?;
-    let sub = dm_integrity::subdevice_name(&m.name);
-    let mut minors = vec![m.dev.1];
-    let mut status = None;
-    match control.targets(&sub, false) {
-        Ok((info, lines)) => {
-            minors.push(info.dev.1);
-            status = lines
-                .into_iter()
-                .find(|l| l.kind == "integrity")
-                .map(|l| l.text.to_string());
-        }
-        Err(dm::Error::NotFound(_)) => {}
-        Err(e) => return Err(e.into()),
-    }
-    // A log that cannot be read (no /dev/kmsg) leaves the status count.
-    let records =
-        kmsg::records(&mut |r| r.message.contains("INTEGRITY AEAD ERROR")).unwrap_or_default();
-    Ok(tampered(&records, m.log_from, &minors, status.as_deref()))
 }
 
 #[cfg(test)]

@@ -236,9 +236,9 @@ fn layer_of(
         });
     }
     let sb = integrity::superblock(file, size, seg, &aead)?;
-    // Not loaded (nor built in), the table load below fails with EINVAL
+    // dm-integrity and authenc load at boot with the rest (the initrd's
+    // list); where they are missing, the table load below fails with EINVAL
     // ("unknown target type") or ENOENT, which its error explains.
-    let _ = crate::system::load_integrity_modules();
     let line = dm_integrity::Integrity {
         device: o.disk_dev,
         offset: seg.offset / 512,
@@ -551,6 +551,38 @@ pub fn ours() -> Result<Vec<String>, Error> {
     names.sort();
     names.dedup();
     Ok(names)
+}
+
+/// [`integrity::tampered`] for the live mapping `m`: its dm-integrity device's status
+/// and the kernel's log, read now. 0 for a mapping without integrity.
+pub fn tampered_now(m: &Mapping) -> Result<u64, Error> {
+    if m.integrity.is_none() {
+        return Ok(0);
+    }
+    let control = Control::open()?;
+    let sub = dm_integrity::subdevice_name(&m.name);
+    let mut minors = vec![m.dev.1];
+    let mut status = None;
+    match control.targets(&sub, false) {
+        Ok((info, lines)) => {
+            minors.push(info.dev.1);
+            status = lines
+                .into_iter()
+                .find(|l| l.kind == "integrity")
+                .map(|l| l.text.to_string());
+        }
+        Err(dm::Error::NotFound(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    // A log that cannot be read (no /dev/kmsg) leaves the status count.
+    let records = crate::sys::kmsg::records(&mut |r| r.message.contains("INTEGRITY AEAD ERROR"))
+        .unwrap_or_default();
+    Ok(integrity::tampered(
+        &records,
+        m.log_from,
+        &minors,
+        status.as_deref(),
+    ))
 }
 
 #[cfg(test)]

@@ -427,6 +427,6 @@ impl Kernel for Linux {
     }
 
     fn mapping_tampered(&self, m: &Mapping) -> std::result::Result<u64, luks2::error::Error> {
-        luks2::integrity::tampered_now(m)
+        mapping::tampered_now(m)
     }
 }

@@ -15,9 +15,11 @@ use crate::elf;
 use crate::Error;
 
 /// The modules the agent needs from a Debian cloud kernel (virtio PCI, disks,
-/// vsock, xfs, and dm-crypt with the AES-XTS it asks for, which the kernel
-/// cannot load itself in a guest with no modprobe); their dependencies are
-/// added from `modules.dep`.
+/// vsock, xfs, and dm-crypt with the AES-XTS it asks for, dm-integrity and
+/// the authenc that authenticated encryption asks for, none of which the
+/// kernel can load itself in a guest with no modprobe); their dependencies
+/// are added from `modules.dep`. All but the vsock stack load after the
+/// agent listens, in the background.
 pub const DEFAULT_MODULES: &[&str] = &[
     "virtio_pci",
     "virtio_blk",
@@ -26,11 +28,12 @@ pub const DEFAULT_MODULES: &[&str] = &[
     "dm_crypt",
     "xts",
     "aesni_intel",
+    "dm_integrity",
+    "authenc",
 ];
 
-/// The modules shipped but not loaded at boot: the agent loads them when a
-/// LUKS2 volume with integrity needs them (`system::load_integrity_modules`).
-pub const DEFAULT_ON_DEMAND: &[&str] = &["dm_integrity", "authenc"];
+/// The modules shipped but not loaded at boot by default: none.
+pub const DEFAULT_ON_DEMAND: &[&str] = &[];
 
 /// The file, beside `modules.dep`, that tells the agent which modules to load.
 pub const MODULE_LIST: &str = "crust.modules";
