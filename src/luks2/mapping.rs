@@ -44,7 +44,7 @@ pub const NAME_PREFIX: &str = "crust-";
 const PLAIN_ID_MAX: usize = 64;
 
 /// The mapping name of volume `id`: `crust-<id>` when the id is short and
-/// made of letters, digits, '.', '_' and '-'; else `crust-h<hash>`, a
+/// made of letters, digits, '.', '_' and '-'; else `crust-#<hash>`, a
 /// SHA-256 of the id cut to 128 bits.
 pub fn name_for(id: &str) -> String {
     let plain = id.len() <= PLAIN_ID_MAX
@@ -58,7 +58,8 @@ pub fn name_for(id: &str) -> String {
     use sha2::Digest;
     let hash = sha2::Sha256::digest(id.as_bytes());
     let hex: String = hash[..16].iter().map(|b| format!("{b:02x}")).collect();
-    format!("{NAME_PREFIX}h{hex}")
+    // '#' is in no plain name: no volume id names another's hashed mapping.
+    format!("{NAME_PREFIX}#{hex}")
 }
 
 /// The logon key's description for mapping `name`.
@@ -138,6 +139,20 @@ pub fn open(o: &Open<'_>, passphrase: &Zeroizing<Vec<u8>>) -> Result<Mapping, Er
     let description = key_description(o.name);
     let dm_uuid = dm::crypt_uuid(&hdr.uuid, o.name)?;
     let control = Control::open()?;
+    // A mapping of that name already there is not touched, nor is the
+    // logon key it was loaded with (a key added under the same description
+    // would replace it, and this open's undo would then revoke it).
+    match control.status(o.name) {
+        Err(dm::Error::NotFound(_)) => {}
+        Ok(info) => {
+            return Err(dm::Error::Exists {
+                name: o.name.to_string(),
+                uuid: info.uuid,
+            }
+            .into())
+        }
+        Err(e) => return Err(e.into()),
+    }
     // The dm-integrity device, and where the ciphertext then lies.
     let (device, offset, length) = match &layer {
         None => (
@@ -595,7 +610,7 @@ mod tests {
         for id in ["a b", "ü", &"x".repeat(65), "a/b", "a:b"] {
             let n = name_for(id);
             assert!(
-                n.starts_with("crust-h") && n.len() == 7 + 32,
+                n.starts_with("crust-#") && n.len() == 7 + 32,
                 "{id:?} → {n}"
             );
         }
