@@ -135,6 +135,8 @@ pub struct Settings {
     pub notify: Option<String>,
     /// `crust.cdh_socket=PATH`: the Confidential Data Hub's socket (keys).
     pub cdh_socket: Option<String>,
+    /// `crust.key_dir=DIR`: where `file:///` keys are read from.
+    pub key_dir: Option<String>,
     /// `systemd.set_credential=vmm.notify_socket:ADDR`: systemd's spelling of
     /// the same, for VMMs that wait for systemd guests.
     pub vmm_notify_socket: Option<String>,
@@ -193,6 +195,7 @@ pub fn kernel_settings(cmdline: &str) -> Settings {
             "crust.vsock_peers" => s.vsock_peers = Some(value.to_string()),
             "crust.notify" => s.notify = Some(value.to_string()),
             "crust.cdh_socket" => s.cdh_socket = Some(value.to_string()),
+            "crust.key_dir" => s.key_dir = Some(value.to_string()),
             "systemd.set_credential" => {
                 if let Some(("vmm.notify_socket", addr)) = value.split_once(':') {
                     if !addr.is_empty() {

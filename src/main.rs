@@ -37,7 +37,7 @@ const NOTIFY_ATTEMPTS: u32 = 8;
 const USAGE: &str = "\
 usage: crust-agent [--listen ADDR]... [--root DIR] [--log-level LEVEL] [--log-format text|json]
                    [--vsock-peers PEERS] [--notify NOTIFY] [--on-sigterm unpublish|exit]
-                   [--cdh-socket PATH]
+                   [--cdh-socket PATH] [--key-dir DIR]
   ADDR    vsock://-1:2857 (the default) | vsock://CID:PORT | unix:///path/to.sock (mode 0600)
   DIR     where volumes and binds live: DIR/volumes/<id>, DIR/state; default /run/crust
           (created 0700; one agent per DIR: a second one is refused)
@@ -52,9 +52,11 @@ usage: crust-agent [--listen ADDR]... [--root DIR] [--log-level LEVEL] [--log-fo
   --cdh-socket  the Confidential Data Hub's ttrpc socket, which resolves an encrypted
           volume's key_uri kbs:///repository/type/tag (docs/encryption.md); default
           /run/confidential-containers/cdh.sock
+  --key-dir  the only directory an encrypted volume's key_uri file:///path is read from;
+          default /run/crust/keys
 As PID 1 the same settings come from the kernel command line: crust.listen=,
 crust.root=, crust.log=, crust.log_format=, crust.vsock_peers=, crust.notify=
-(or systemd.set_credential=vmm.notify_socket:ADDR), crust.cdh_socket=,
+(or systemd.set_credential=vmm.notify_socket:ADDR), crust.cdh_socket=, crust.key_dir=,
 crust.modules=mod1,mod2.";
 
 /// The agent's settings, from flags or the kernel command line.
@@ -120,6 +122,7 @@ fn apply(cfg: &mut Config, key: &str, value: &str) -> Result<(), String> {
             }
         }
         "cdh-socket" | "cdh_socket" => cfg.keys.cdh_socket = keys::resolve::cdh_socket(value)?,
+        "key-dir" | "key_dir" => cfg.keys.key_dir = keys::resolve::key_dir(value)?,
         _ => return Err(format!("unknown setting {key:?}")),
     }
     Ok(())
@@ -140,7 +143,7 @@ fn parse_flags(args: &[String], cfg: &mut Config) -> Result<Option<()>, String> 
                 return Ok(None);
             }
             "--listen" | "--root" | "--log-level" | "--log-format" | "--vsock-peers"
-            | "--notify" | "--on-sigterm" | "--cdh-socket" => {
+            | "--notify" | "--on-sigterm" | "--cdh-socket" | "--key-dir" => {
                 let v = match inline {
                     Some(v) => v,
                     None => it.next().cloned().ok_or(format!("{key} needs a value"))?,
@@ -233,6 +236,7 @@ fn pid1_settings(cfg: &mut Config, timeline: &mut Timeline) -> Vec<String> {
         .chain(s.log_format.map(|v| ("log_format", v)))
         .chain(s.vsock_peers.map(|v| ("vsock_peers", v)))
         .chain(s.cdh_socket.map(|v| ("cdh_socket", v)))
+        .chain(s.key_dir.map(|v| ("key_dir", v)))
         // crust.notify= wins over systemd's credential spelling of the same.
         .chain(s.notify.or(s.vmm_notify_socket).map(|v| ("notify", v)));
     for (k, v) in pairs {

@@ -20,6 +20,9 @@ pub enum Error {
         path: PathBuf,
         errno: Errno,
     },
+    #[code(InvalidArgument)]
+    #[error("encryption.key_uri names a file that is not beneath the agent's key directory {}; the agent reads file:/// keys only there (--key-dir, crust.key_dir=)", dir.display())]
+    OutsideKeyDir { dir: PathBuf },
     #[code(FailedPrecondition)]
     #[error("the key file {} is {kind}, not a regular file; the agent reads a key only from a regular file (a FIFO or a device could block or never end)", path.display())]
     NotRegular {

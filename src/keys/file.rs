@@ -1,14 +1,17 @@
-//! A key read from a file in the guest, as `cryptsetup --key-file` reads
-//! it: every byte as it is, a trailing newline included, so that the
+//! A key read from a file in the guest's key directory (`--key-dir`,
+//! default /run/crust/keys), as `cryptsetup --key-file` reads it: every byte as it is, a trailing newline included, so that the
 //! operator's `cryptsetup open --key-file FILE` opens the same volume.
 //! Symlinks are followed, as cryptsetup follows them (a Kubernetes Secret
-//! mounted in the guest is a chain of them). Only a regular file is read:
+//! mounted in the guest is a chain of them), but never out of the key
+//! directory: a path elsewhere is refused saying only that, so that a
+//! key_uri tells the host nothing of the guest's other files, and the
+//! agent's answers are no oracle on their bytes. Only a regular file is read:
 //! it is opened without blocking (a FIFO's open would wait for a writer)
 //! and checked before any read, and at most [`MAX_KEY_LEN`] bytes are taken.
 
 use std::path::Path;
 
-use rustix::fs::{FileType, Mode, OFlags};
+use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 use zeroize::Zeroizing;
 
@@ -16,14 +19,47 @@ use super::error::Error;
 use super::source::MAX_KEY_LEN;
 use crate::cancel::Cancel;
 
-/// The key in the regular file at `path`: 1 to [`MAX_KEY_LEN`] bytes.
-pub(crate) fn read(path: &Path, cancel: &Cancel) -> Result<Zeroizing<Vec<u8>>, Error> {
+/// Where `file:///` keys are read from unless told otherwise.
+pub const DEFAULT_KEY_DIR: &str = "/run/crust/keys";
+
+/// The key in the regular file at `path`, beneath `key_dir`: 1 to
+/// [`MAX_KEY_LEN`] bytes.
+pub(crate) fn read(
+    key_dir: &Path,
+    path: &Path,
+    cancel: &Cancel,
+) -> Result<Zeroizing<Vec<u8>>, Error> {
     cancel.check(|| format!("reading the key file {}", path.display()))?;
-    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
-    let fd = loop {
-        match rustix::fs::open(path, flags, Mode::empty()) {
+    let outside = || Error::OutsideKeyDir {
+        dir: key_dir.to_path_buf(),
+    };
+    let rel = path.strip_prefix(key_dir).map_err(|_| outside())?;
+    if rel.as_os_str().is_empty() {
+        return Err(outside());
+    }
+    let dir = loop {
+        match rustix::fs::open(
+            key_dir,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
             Ok(fd) => break fd,
             Err(Errno::INTR) => continue,
+            Err(errno) => {
+                return Err(Error::FileOpen {
+                    path: key_dir.to_path_buf(),
+                    errno,
+                })
+            }
+        }
+    };
+    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
+    let beneath = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+    let fd = loop {
+        match rustix::fs::openat2(&dir, rel, flags, Mode::empty(), beneath) {
+            Ok(fd) => break fd,
+            Err(Errno::INTR | Errno::AGAIN) => continue,
+            Err(Errno::XDEV) => return Err(outside()),
             Err(errno) => {
                 return Err(Error::FileOpen {
                     path: path.to_path_buf(),
@@ -52,10 +88,11 @@ pub(crate) fn read(path: &Path, cancel: &Cancel) -> Result<Zeroizing<Vec<u8>>, E
     if size > MAX_KEY_LEN as u64 {
         return Err(too_large(size));
     }
-    // Room for one byte more than the file said it held: a file that grew
-    // past the bound is seen to have, and the buffer never grows (growing
-    // would leave a copy of the key behind, unzeroed).
-    let room = usize::try_from(size).unwrap_or(MAX_KEY_LEN) + 1;
+    // Room for one byte more than a key may hold, whatever the file says
+    // it holds (a pseudo-file says 0): one that grew past the bound is
+    // seen to, and the buffer never grows (growing would leave a copy of
+    // the key behind, unzeroed).
+    let room = MAX_KEY_LEN + 1;
     let mut key = Zeroizing::new(vec![0u8; room]);
     let mut got = 0;
     while got < room {
@@ -97,8 +134,10 @@ mod tests {
     use crate::code::Code;
     use std::time::{Duration, Instant};
 
+    /// `path` read with its own directory as the key directory.
     fn read_at(path: &Path) -> Result<Zeroizing<Vec<u8>>, Error> {
-        read(path, &Cancel::never())
+        let dir = path.parent().unwrap_or(Path::new("/"));
+        read(dir, path, &Cancel::never())
     }
 
     #[test]
@@ -166,12 +205,15 @@ mod tests {
                 Code::NotFound,
                 "Not a directory",
             ),
-            (dir.path(), Code::FailedPrecondition, "is a directory"),
             (
-                Path::new("/dev/null"),
+                &dir.path().join("sub"),
                 Code::FailedPrecondition,
-                "a character device",
+                "is a directory",
             ),
+            // Outside the key directory, or the directory itself: said as
+            // only that, naming nothing of what is there.
+            (dir.path(), Code::InvalidArgument, "not beneath"),
+            (Path::new("/dev/null"), Code::InvalidArgument, "not beneath"),
             (&sock, Code::FailedPrecondition, "cannot be opened"),
             (
                 &dir.path().join("loop"),
@@ -179,12 +221,15 @@ mod tests {
                 "symbolic links",
             ),
         ];
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
         for (path, code, text) in cases {
-            let e = read_at(path).unwrap_err();
+            let e = read(dir.path(), path, &Cancel::never()).unwrap_err();
             assert_eq!(e.code(), *code, "{}: {e}", path.display());
             let msg = e.to_string();
             assert!(msg.contains(text), "{msg}");
-            assert!(msg.contains(&path.display().to_string()), "{msg}");
+            if *code != Code::InvalidArgument {
+                assert!(msg.contains(&path.display().to_string()), "{msg}");
+            }
         }
     }
 
@@ -219,7 +264,36 @@ mod tests {
         let p = dir.path().join("key");
         std::fs::write(&p, b"k").unwrap();
         let past = Cancel::never().with_deadline(Instant::now());
-        let e = read(&p, &past).unwrap_err();
+        let e = read(dir.path(), &p, &past).unwrap_err();
         assert_eq!(e.code(), Code::DeadlineExceeded);
+    }
+
+    /// key_uri file:// names any path of the guest (no directory it is
+    /// confined to), and the answer to the host says what is there: that
+    /// a path exists or not, its type, and a large file's exact size. With
+    /// a header of its own making (32 keyslots of guessed passphrases),
+    /// OK vs PERMISSION_DENIED is also a guess oracle on a small file's
+    /// bytes, and on the first byte of any /proc file (st_size 0: one byte
+    /// read).
+    #[test]
+    fn a_key_file_answer_says_nothing_of_other_guest_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("db.sqlite");
+        std::fs::write(&p, vec![0u8; 123_457]).unwrap();
+        let keys = std::path::Path::new(DEFAULT_KEY_DIR);
+        let read_at = |p: &Path| read(keys, p, &Cancel::never());
+        let big = read_at(&p).unwrap_err().to_string();
+        let gone = read_at(&dir.path().join("nope")).unwrap_err().to_string();
+        let isdir = read_at(dir.path()).unwrap_err().to_string();
+        let environ = read_at(std::path::Path::new("/proc/self/environ")).map(|k| k.len());
+        // Beneath the key directory, a symlink out of it is refused the same way.
+        let kd = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(&p, kd.path().join("out")).unwrap();
+        let e = read(kd.path(), &kd.path().join("out"), &Cancel::never()).unwrap_err();
+        assert!(e.to_string().contains("not beneath"), "{e}");
+        assert!(
+            big == gone && gone == isdir && !big.contains("123457") && environ.is_err(),
+            "the host learns: {big:?} / {gone:?} / {isdir:?}; /proc/self/environ read as a key of {environ:?} bytes"
+        );
     }
 }

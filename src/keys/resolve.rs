@@ -28,6 +28,10 @@ pub struct Config {
     pub cdh_socket: PathBuf,
     /// The longest wait for the CDH's answer.
     pub cdh_timeout: Duration,
+    /// The only directory `file:///` keys are read from (`--key-dir`,
+    /// `crust.key_dir=`), so that a key_uri tells the host nothing of the
+    /// guest's other files.
+    pub key_dir: PathBuf,
 }
 
 impl Default for Config {
@@ -35,8 +39,19 @@ impl Default for Config {
         Config {
             cdh_socket: PathBuf::from(DEFAULT_CDH_SOCKET),
             cdh_timeout: DEFAULT_CDH_TIMEOUT,
+            key_dir: PathBuf::from(DEFAULT_KEY_DIR),
         }
     }
+}
+
+pub use super::file::DEFAULT_KEY_DIR;
+
+/// `value` as the key directory: an absolute path.
+pub fn key_dir(value: &str) -> Result<PathBuf, String> {
+    if !value.starts_with('/') || value.contains('\0') {
+        return Err(format!("key-dir {value:?} must be an absolute path"));
+    }
+    Ok(PathBuf::from(value))
 }
 
 /// The longest path a unix socket address holds (`sun_path`, less its NUL).
@@ -66,7 +81,7 @@ pub fn resolve(
 ) -> Result<Zeroizing<Vec<u8>>, Error> {
     match source {
         KeySource::Passphrase(p) => Ok(Zeroizing::new(p.to_vec())),
-        KeySource::File(path) => file::read(path, cancel),
+        KeySource::File(path) => file::read(&config.key_dir, path, cancel),
         KeySource::Cdh { resource } => {
             cdh::get_resource(&config.cdh_socket, resource, config.cdh_timeout, cancel)
         }

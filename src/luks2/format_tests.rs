@@ -297,3 +297,32 @@ fn the_kernel_gives_random_bytes() {
     OsRandom.fill(&mut b).unwrap();
     assert_ne!(a, b);
 }
+
+/// The host owns the disk's bytes, and a LUKS2 header's checksum is an
+/// unkeyed SHA-256: it can rewrite the data segment's `encryption` and
+/// recompute the checksum, and the digest still matches (it binds the
+/// volume key, not the segment). "aes-xts-null" (an all-zero IV for every
+/// sector, which dm-crypt accepts) would encrypt equal plaintext at the
+/// same offset of any two sectors equally. The unlock takes no segment
+/// cipher but aes-xts-plain64 (with integrity, its own list).
+#[test]
+fn a_host_rewritten_segment_cipher_is_refused() {
+    let pass = pw(b"guest secret");
+    let f = format(DEVICE, &pass, &PBKDF2, &mut Stream(7)).unwrap();
+    let mut img = image(&f);
+    for at in [0usize, 16384] {
+        let area = &mut img[at + 4096..at + 16384];
+        let end = area.iter().position(|b| *b == 0).unwrap();
+        let text = String::from_utf8(area[..end].to_vec()).unwrap();
+        let seg = "\"encryption\":\"aes-xts-plain64\",\"sector_size\"";
+        assert!(text.contains(seg), "{text}");
+        let edited = text.replace(seg, "\"encryption\":\"aes-xts-null\",\"sector_size\"");
+        area.fill(0);
+        area[..edited.len()].copy_from_slice(edited.as_bytes());
+        fixture::rechecksum(&mut img, at as u64, 16384);
+    }
+    let h = header::read(&Head(&img), DEVICE).unwrap();
+    let e = unlock(&Head(&img), &h, &pass, LIMITS, None).unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert!(e.to_string().contains("aes-xts-null"), "{e}");
+}

@@ -31,6 +31,16 @@ impl Hash {
         })
     }
 
+    /// The size of its output in bytes: what one PBKDF2 block gives.
+    pub fn output_bytes(self) -> usize {
+        match self {
+            Hash::Sha1 => 20,
+            Hash::Sha256 => 32,
+            Hash::Sha384 => 48,
+            Hash::Sha512 => 64,
+        }
+    }
+
     /// PBKDF2-HMAC of `password` and `salt` over `rounds`, filling `out`.
     pub fn pbkdf2(self, password: &[u8], salt: &[u8], rounds: u32, out: &mut [u8]) {
         use pbkdf2::pbkdf2_hmac;

@@ -695,4 +695,15 @@ mod tests {
         assert_eq!(l.argon2_memory_kib, 512 << 10);
         assert_eq!(guest_limits(u64::MAX).argon2_memory_kib, 4 << 20);
     }
+
+    /// No volume id is named like another's hashed mapping: a hashed
+    /// name's part after the prefix is no valid volume id.
+    #[test]
+    fn no_plain_id_takes_a_hashed_name() {
+        let long = "v".repeat(65);
+        crate::validate::volume_id(&long).unwrap();
+        let hashed = name_for(&long);
+        let plain = hashed.strip_prefix(NAME_PREFIX).unwrap();
+        assert!(crate::validate::volume_id(plain).is_err(), "{plain}");
+    }
 }

@@ -121,6 +121,16 @@ pub fn unlock(
             )))
         }
     };
+    // The segment's cipher is the host's to write (the header's checksum
+    // is keyed by nothing): only the one the agent maps safely is taken,
+    // never, say, an IV mode that repeats (`aes-xts-null`). With
+    // integrity, `integrity::aead` holds the cipher to its own list.
+    if segment.integrity.is_none() && segment.encryption != "aes-xts-plain64" {
+        return Err(Error::unsupported(format!(
+            "the data segment's cipher {:?}",
+            segment.encryption
+        )));
+    }
     let Some((_, digest)) = m.digests.iter().find(|(_, d)| d.segments.contains(&seg_id)) else {
         return Err(Error::NoKeyslot {
             what: format!("opens its data segment: no digest names segment {seg_id}"),
@@ -134,6 +144,7 @@ pub fn unlock(
         limits.pbkdf2_iterations,
     )?;
     let (candidates, refused) = plan(header, digest, limits, only)?;
+    check_total(&candidates, digest, digest_hash, limits)?;
     for c in &candidates {
         if let Some(volume_key) = try_one(disk, c, passphrase, digest, digest_hash)? {
             return Ok(Unlocked {
@@ -147,6 +158,67 @@ pub fn unlock(
         Some(e) => Err(e),
         None => Err(Error::WrongPassphrase),
     }
+}
+
+/// Refuses, before any work, an unlock whose keyslots together (each tried
+/// with the digest check after it) would cost more than two keyslots at
+/// the limits may: each keyslot is bounded on its own, and without this 32
+/// of them would hold an unlock, and every encrypted publish behind it,
+/// for tens of minutes.
+fn check_total(
+    candidates: &[Candidate<'_>],
+    digest: &Digest,
+    digest_hash: Hash,
+    limits: Limits,
+) -> Result<(), Error> {
+    // PBKDF2's work is its iterations times the blocks of output it makes.
+    let blocks = |out: usize, h: Hash| {
+        u64::try_from(out.div_ceil(h.output_bytes()).max(1)).unwrap_or(u64::MAX)
+    };
+    let check =
+        u64::from(digest.iterations).saturating_mul(blocks(digest.digest.len(), digest_hash));
+    let (mut pbkdf2, mut argon2) = (0u64, 0u64);
+    for c in candidates {
+        match &c.stored.kdf {
+            Kdf::Pbkdf2 {
+                hash, iterations, ..
+            } => {
+                let n = blocks(c.stored.area_key_size as usize, Hash::named(hash)?);
+                pbkdf2 = pbkdf2.saturating_add(u64::from(*iterations).saturating_mul(n));
+            }
+            Kdf::Argon2 {
+                memory_kib, time, ..
+            } => {
+                argon2 =
+                    argon2.saturating_add(u64::from(*memory_kib).saturating_mul(u64::from(*time)))
+            }
+        }
+        pbkdf2 = pbkdf2.saturating_add(check);
+    }
+    let whose = || {
+        format!(
+            "the {} keyslots of the LUKS2 header, with their digest checks, together",
+            candidates.len()
+        )
+    };
+    // Two keyslots at the limits: 64-byte keys from a 32-byte hash are two blocks each.
+    let pbkdf2_limit = u64::from(limits.pbkdf2_iterations).saturating_mul(4);
+    // Eight passes over the most memory one keyslot may take.
+    let argon2_limit = limits.argon2_memory_kib.saturating_mul(8);
+    for (what, cost, limit) in [
+        ("PBKDF2 hash blocks", pbkdf2, pbkdf2_limit),
+        ("KiB of Argon2 memory times passes", argon2, argon2_limit),
+    ] {
+        if cost > limit {
+            return Err(Error::CostOverLimit {
+                whose: whose(),
+                what,
+                cost,
+                limit,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The keyslots to try, in order, and the first refusal among the others
@@ -468,5 +540,73 @@ mod tests {
         let e = try_unlock(|s| s, 1 << 20);
         assert!(matches!(e, Error::WrongPassphrase), "{e}");
         assert_eq!(e.code(), Code::PermissionDenied);
+    }
+}
+
+#[cfg(test)]
+mod total_tests {
+    use super::*;
+    use crate::luks2::fixture::{image, DEVICE};
+    use crate::luks2::header::{read, Head};
+
+    /// A hostile header: `n` keyslots, each PBKDF2-SHA1 at `iters`, and a
+    /// 64-byte SHA1 digest at `iters` — every cost within the per-keyslot
+    /// limits the agent checks.
+    fn hostile(n: u32, iters: u32) -> Vec<u8> {
+        let salt = "2l3gRScdV3fYdPjlkSaf2cMmUhlnQrgrJqou/QUsS+0=";
+        let digest64 = "A".repeat(86) + "==";
+        let mut slots = Vec::new();
+        let mut ids = Vec::new();
+        for i in 0..n {
+            let off = 32768 + u64::from(i) * 4096;
+            slots.push(format!(
+                r#""{i}":{{"type":"luks2","key_size":64,"af":{{"type":"luks1","stripes":1,"hash":"sha1"}},"area":{{"type":"raw","offset":"{off}","size":"4096","encryption":"aes-xts-plain64","key_size":64}},"kdf":{{"type":"pbkdf2","hash":"sha1","iterations":{iters},"salt":"{salt}"}}}}"#
+            ));
+            ids.push(format!("\"{i}\""));
+        }
+        let json = format!(
+            r#"{{"keyslots":{{{}}},"tokens":{{}},"segments":{{"0":{{"type":"crypt","offset":"16777216","size":"dynamic","iv_tweak":"0","encryption":"aes-xts-plain64","sector_size":4096}}}},"digests":{{"0":{{"type":"pbkdf2","keyslots":[{}],"segments":["0"],"hash":"sha1","iterations":{iters},"salt":"{salt}","digest":"{digest64}"}}}},"config":{{"json_size":"12288","keyslots_size":"16744448"}}}}"#,
+            slots.join(","),
+            ids.join(",")
+        );
+        image(json.as_bytes())
+    }
+
+    /// 32 keyslots, each within the agent's limits on its own, with a
+    /// 64-byte SHA1 digest checked after each: together they would hold an
+    /// unlock (and every encrypted publish behind it) for tens of minutes.
+    /// Refused before any work, naming the total and the limit.
+    #[test]
+    fn a_32_keyslot_header_within_each_limit_is_refused_for_its_total() {
+        // What mapping::guest_limits allows in a guest with 1 GiB free.
+        let limits = Limits {
+            argon2_memory_kib: 512 << 10,
+            argon2_passes: 64,
+            pbkdf2_iterations: 20_000_000,
+        };
+        let img = hostile(32, limits.pbkdf2_iterations);
+        let h = read(&Head(&img), DEVICE).unwrap();
+        let e = unlock(
+            &Head(&img),
+            &h,
+            &Zeroizing::new(b"pw".to_vec()),
+            limits,
+            None,
+        )
+        .unwrap_err();
+        assert!(matches!(e, Error::CostOverLimit { .. }), "{e}");
+        assert!(e.to_string().contains("32 keyslots"), "{e}");
+        // A few keyslots at ordinary costs stay within the total.
+        let img = hostile(3, 1000);
+        let h = read(&Head(&img), DEVICE).unwrap();
+        let e = unlock(
+            &Head(&img),
+            &h,
+            &Zeroizing::new(b"pw".to_vec()),
+            limits,
+            None,
+        )
+        .unwrap_err();
+        assert!(matches!(e, Error::WrongPassphrase), "{e}");
     }
 }

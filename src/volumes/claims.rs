@@ -96,6 +96,22 @@ impl Claims {
                 extent,
             },
         );
+        // An encrypted volume's mapping is its too (a device of its own).
+        if vol.encrypted.is_some() {
+            claims.insert(
+                (vol.device.major, vol.device.minor),
+                Claim {
+                    id: vol.id().to_string(),
+                    device: vol.device.path.clone(),
+                    extent: Extent {
+                        disk: (vol.device.major, vol.device.minor),
+                        start: 0,
+                        sectors: u64::MAX,
+                        partition: false,
+                    },
+                },
+            );
+        }
         overlaps
     }
 
@@ -106,8 +122,6 @@ impl Claims {
 
     /// `vol` is unpublished: its device is free again.
     pub(crate) fn release(&self, vol: &Volume) {
-        self.map
-            .locked()
-            .remove(&(vol.disk().major, vol.disk().minor));
+        self.map.locked().retain(|_, c| c.id != vol.id());
     }
 }

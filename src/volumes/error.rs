@@ -68,6 +68,9 @@ pub enum Error {
     #[code(InvalidArgument)]
     #[error("volume {0} is encrypted, and the request says no key: give the passphrase or a key_uri")]
     NoKey(String),
+    #[code(InvalidArgument)]
+    #[error("volume {0} is asked read-only and format_if_blank: a read-only publish writes nothing to the disk; publish it read-write to make it, or without format_if_blank")]
+    FormatReadOnly(String),
     #[code(FailedPrecondition)]
     #[error("volume {id}'s mapping {mapping} could not be removed ({why}); the disk must not be detached yet: close what holds the mapping, then unpublish again")]
     MappingHeld {

@@ -433,6 +433,11 @@ impl Kernel for Fake {
         }
     }
 
+    fn identify(&self, device: &Device) -> Result<Option<&'static str>> {
+        let st = self.state.locked();
+        Ok(st.disk(&device.path).and_then(|d| d.fs).map(FsType::name))
+    }
+
     fn mount_filesystem(
         &self,
         device: &Path,

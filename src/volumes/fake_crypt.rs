@@ -74,6 +74,14 @@ impl Fake {
         m.tampered += sectors;
     }
 
+    /// The host labels LUKS2 disk `disk` unfinished again.
+    pub(crate) fn label_unfinished(&self, disk: &str) {
+        let mut st = self.state.locked();
+        if let Some(l) = st.luks.iter_mut().find(|l| l.disk == disk) {
+            l.unfinished = true;
+        }
+    }
+
     /// The names of the LUKS2 disks the agent made and did not finish.
     pub(crate) fn unfinished(&self) -> Vec<String> {
         let st = self.state.locked();

@@ -68,6 +68,8 @@ pub trait Kernel: Send + Sync + 'static {
     ) -> Result<Device>;
     /// Refuses a disk that does not hold `fs` as the agent accepts it (probe/).
     fn check_filesystem(&self, device: &Device, fs: FsType) -> Result<()>;
+    /// The filesystem (or other signature) `device` holds, if any (probe/).
+    fn identify(&self, device: &Device) -> Result<Option<&'static str>>;
 
     /// Mounts `device`'s filesystem on the directory `target` names.
     fn mount_filesystem(
@@ -244,6 +246,10 @@ impl Kernel for Linux {
 
     fn check_filesystem(&self, device: &Device, fs: FsType) -> Result<()> {
         Ok(judge::check(&device.path, fs)?)
+    }
+
+    fn identify(&self, device: &Device) -> Result<Option<&'static str>> {
+        Ok(judge::identify(&device.path)?)
     }
 
     fn mount_filesystem(

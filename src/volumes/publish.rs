@@ -116,6 +116,11 @@ impl<K: Kernel> Publisher<'_, K> {
             }
         };
         claim.keep();
+        // The mapping is the volume's too: no other volume takes its node
+        // (its disk's claim, held above, is entered again as it is).
+        if vol.encrypted.is_some() {
+            self.claims.adopt(&vol, extent);
+        }
         let out = Published {
             guest_path: vol.guest_path.clone(),
             device: vol.device.path.clone(),
@@ -183,6 +188,9 @@ impl<K: Kernel> Publisher<'_, K> {
         let Some(source) = &req.key else {
             return Err(Error::NoKey(req.spec.volume_id.clone()).into());
         };
+        if enc.format_if_blank && req.spec.options.read_only() {
+            return Err(Error::FormatReadOnly(req.spec.volume_id.clone()).into());
+        }
         let key = keys::resolve::resolve(source, self.keys, cancel)?;
         let kernel = self.mounts.kernel;
         let found = match enc.format_if_blank {
@@ -200,7 +208,7 @@ impl<K: Kernel> Publisher<'_, K> {
         info!(self.log, "encrypted volume opened"; "volume" => id, "disk" => %disk.path.display(),
               "mapping" => &mapping.name, "cipher" => &mapping.cipher, "made" => ?found);
         if found != Found::Luks {
-            if let Err(e) = self.make_inside(req, disk, &mapping, cancel) {
+            if let Err(e) = self.make_inside(req, disk, &mapping, found, cancel) {
                 self.unmap(id, &name);
                 return Err(e);
             }
@@ -213,16 +221,31 @@ impl<K: Kernel> Publisher<'_, K> {
 
     /// The filesystem inside a volume the agent made (or began to make) on
     /// `disk`, on its new `mapping`; then the volume is marked finished.
+    /// A volume found unfinished whose mapping holds a filesystem is only
+    /// marked finished: its label is the host's to write, and a label put
+    /// back on a finished volume must not make it empty.
     fn make_inside(
         &self,
         req: &PublishRequest,
         disk: &Device,
         mapping: &Mapping,
+        found: Found,
         cancel: &Cancel,
     ) -> Result<()> {
         let kernel = self.mounts.kernel;
+        let device = mapped_device(mapping);
         if let VolumeMode::Filesystem(fs) = req.spec.mode {
-            kernel.make_filesystem(&mapped_device(mapping), fs, cancel)?;
+            let holds = match found {
+                Found::Unfinished => kernel.identify(&device)?,
+                Found::Formatted | Found::Luks => None,
+            };
+            match holds {
+                None => kernel.make_filesystem(&device, fs, cancel)?,
+                Some(what) => {
+                    warn!(self.log, "a volume labelled unfinished holds a filesystem: not made again, only marked finished";
+                          "volume" => &req.spec.volume_id, "holds" => what);
+                }
+            }
         }
         kernel.finish_format(disk)?;
         info!(self.log, "encrypted volume made"; "volume" => &req.spec.volume_id,
@@ -252,10 +275,24 @@ impl<K: Kernel> Publisher<'_, K> {
 
     /// Removes the mapping of a publish that failed after opening it; one
     /// still held (a mount left to recovery) stays, for recovery.
+    /// Something holding it for a moment (an mkfs killed at the caller's
+    /// deadline, still dying) is waited for a little; one that stays held
+    /// is left, and Unpublish of the same id (or recovery) removes it.
     fn unmap(&self, id: &str, name: &str) {
-        if let Err(e) = self.mounts.kernel.close_mapping(name) {
-            warn!(self.log, "could not remove the mapping of a failed publish; recovery at the next start removes it";
-                  "volume" => id, "mapping" => name, "error" => %e);
+        let mut tries = 0;
+        loop {
+            match self.mounts.kernel.close_mapping(name) {
+                Ok(_) => return,
+                Err(e) if tries >= UNMAP_TRIES => {
+                    warn!(self.log, "could not remove the mapping of a failed publish; Unpublish of the volume, or recovery at the next start, removes it";
+                          "volume" => id, "mapping" => name, "error" => %e);
+                    return;
+                }
+                Err(_) => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+            }
         }
     }
 
@@ -395,6 +432,9 @@ impl<K: Kernel> Publisher<'_, K> {
         Ok(())
     }
 }
+
+/// How many times (100 ms apart) a failed publish tries to remove its mapping.
+const UNMAP_TRIES: u32 = 20;
 
 /// The device a mapping is: /dev/dm-<minor>, as devtmpfs names it.
 pub(crate) fn mapped_device(m: &Mapping) -> Device {

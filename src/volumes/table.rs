@@ -276,11 +276,9 @@ impl<K: Kernel> Volumes<K> {
     /// Unpublishes a volume: its binds, then its mount (flushed first), its
     /// directory and its record. False when it was not published.
     pub fn unpublish(&self, id: &str, cancel: &Cancel) -> Result<bool> {
-        let Some(slot) = self.slots.get(id) else {
-            return Ok(false);
-        };
+        let slot = self.slots.get_or_make(id);
         let result = self.locked(id, &slot, cancel, |guard| {
-            self.unpublisher().run(guard, cancel)
+            self.unpublisher().run(id, guard, cancel)
         });
         drop(slot);
         if result.is_ok() {
@@ -590,7 +588,7 @@ impl<K: Kernel> Volumes<K> {
             Err(e) => {
                 warn!(self.log, "publish failed after mounting; unpublishing the volume";
                       "volume" => id, "error" => %e);
-                if let Err(undo) = self.unpublisher().run(&mut guard, &Cancel::never()) {
+                if let Err(undo) = self.unpublisher().run(id, &mut guard, &Cancel::never()) {
                     warn!(self.log, "could not take the volume down; the next unpublish or start does";
                           "volume" => id, "error" => %undo);
                 }

@@ -16,6 +16,7 @@ use super::kernel::Kernel;
 use super::mounts::Mounts;
 use super::volume::Volume;
 use crate::error::Result;
+use crate::luks2::mapping;
 use crate::model::{MountId, VolumeMode};
 use crate::mount::error::Error as MountError;
 use crate::mount::unmount::{listed, Expect};
@@ -60,6 +61,33 @@ impl<K: Kernel> Takedown<'_, K> {
             }
         }
         Ok(())
+    }
+
+    /// Removes the mapping the agent names volume `id`'s when no volume
+    /// has it: left by a publish that failed while something held it. One
+    /// still held is an error saying so.
+    pub(crate) fn leftover_mapping(&self, id: &str) -> Result<()> {
+        let kernel = self.mounts.kernel;
+        let name = mapping::name_for(id);
+        // No device-mapper, or no list: no mapping of the agent's either.
+        let Ok(ours) = kernel.own_mappings() else {
+            return Ok(());
+        };
+        if !ours.contains(&name) {
+            return Ok(());
+        }
+        match kernel.close_mapping(&name) {
+            Ok(_) => {
+                warn!(self.log, "a mapping left by a failed publish of the volume; removed"; "volume" => id, "mapping" => &name);
+                Ok(())
+            }
+            Err(e) => Err(Error::MappingHeld {
+                id: id.to_string(),
+                mapping: name,
+                why: e.to_string(),
+            }
+            .into()),
+        }
     }
 
     /// Removes an encrypted volume's mapping once nothing of it is

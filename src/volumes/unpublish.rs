@@ -30,11 +30,14 @@ pub(crate) struct Unpublisher<'a, K: Kernel> {
 }
 
 impl<K: Kernel> Unpublisher<'_, K> {
-    /// Unpublishes the volume in `slot` (held by the caller), leaving the
-    /// slot empty. False when there was none. Stopped half-way, the volume
+    /// Unpublishes the volume in `slot` (volume `id`'s, held by the
+    /// caller), leaving the slot empty. False when there was none. Stopped half-way, the volume
     /// stays with what is still up, and ListVolumes shows that.
-    pub(crate) fn run(&self, slot: &mut Option<Volume>, cancel: &Cancel) -> Result<bool> {
+    pub(crate) fn run(&self, id: &str, slot: &mut Option<Volume>, cancel: &Cancel) -> Result<bool> {
         let Some(vol) = slot.as_mut() else {
+            // No volume; a mapping a failed publish of it could not remove
+            // goes now, so that some call can always remove it.
+            self.takedown.leftover_mapping(id)?;
             return Ok(false);
         };
         // A publish's fsGroup walk still running is stopped first, and

@@ -255,3 +255,114 @@ fn a_publish_that_fails_on_a_tampered_block_is_data_loss() {
     let e = v.publish(&r, &Cancel::never()).unwrap_err();
     assert_ne!(e.code(), Code::DataLoss, "{e}");
 }
+
+/// An encrypted volume claims its mapping as well as its disk: a second
+/// publish naming the mapping's node (device_path /dev/dm-N) would hand
+/// the first volume's plaintext to another pod, and a bound block node is
+/// no mount of that device in mountinfo, so only the claim refuses it.
+#[test]
+fn a_second_volume_on_an_encrypted_block_volumes_mapping_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake) = fake_table(dir.path());
+    let d = fake.luks_disk(dir.path(), "fkc", PASS, None);
+    let mut a = encrypted("a", &d, PASS, false);
+    a.spec.mode = crate::model::VolumeMode::Block;
+    let out = v.publish(&a, &Cancel::never()).unwrap();
+    let mapped = out.device.clone();
+    assert!(
+        mapped.to_string_lossy().starts_with("/dev/dm-"),
+        "{mapped:?}"
+    );
+    let mut c = request("c", &d, true, true);
+    c.spec.source = crate::volumes::request::Source::Path(mapped.clone());
+    let got = v.publish(&c, &Cancel::never());
+    assert!(
+        got.is_err(),
+        "volume c was published on volume a's mapping {mapped:?}: {:?}",
+        got.map(|o| o.device)
+    );
+}
+
+/// A publish that fails after its mapping is made, while something still
+/// holds the mapping (an mkfs killed at the caller's deadline and still
+/// dying, its I/O stalled by the host), leaves it with no volume and no
+/// record: Unpublish of the same id removes it once nothing holds it.
+#[test]
+fn a_mapping_left_by_a_failed_publish_is_removed_by_unpublish() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake) = fake_table(dir.path());
+    let d = fake.luks_disk(dir.path(), "fkc", PASS, Some(FsType::Ext4));
+    let holder = dir.path().join("holder");
+    std::fs::create_dir(&holder).unwrap();
+    // Something holds the mapping-to-be (dm-1, the fake's next minor) when
+    // the publish, whose mount fails, undoes itself.
+    let m = crate::model::Device {
+        name: "dm-1".into(),
+        path: "/dev/dm-1".into(),
+        major: 240,
+        minor: 1,
+        serial: Some("dm-1".into()),
+    };
+    fake.mount_behind(&m, &holder);
+    fake.fail(crate::volumes::fake::Call::Mount, 1, rustix::io::Errno::IO);
+    let r = encrypted("e", &d, PASS, false);
+    assert!(v.publish(&r, &Cancel::never()).is_err());
+    assert_eq!(fake.mappings(), ["crust-e"], "left by the failed publish");
+    // While it is held, Unpublish says so; once let go, Unpublish removes
+    // it, and the volume publishes again.
+    let held = v.unpublish("e", &Cancel::never()).unwrap_err();
+    assert_eq!(held.code(), Code::FailedPrecondition, "{held}");
+    fake.unmount_behind(&holder);
+    assert!(
+        !v.unpublish("e", &Cancel::never()).unwrap(),
+        "no volume was published"
+    );
+    assert!(fake.mappings().is_empty());
+    v.publish(&r, &Cancel::never()).unwrap();
+}
+
+/// A read-only publish asking format_if_blank is refused before anything
+/// is written: a read-only publish writes nothing to the disk.
+#[test]
+fn a_read_only_publish_never_writes_the_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake) = fake_table(dir.path());
+    let root = v.root().to_path_buf();
+    let d = fake.disk(dir.path(), "fkr", None);
+    let mut r = encrypted("r", &d, PASS, false);
+    r.spec.options = crate::volumes::request::Options::parse(Vec::new(), true).unwrap();
+    r.spec.encryption.as_mut().unwrap().format_if_blank = true;
+    fake.journal(&root);
+    let out = v.publish(&r, &Cancel::never());
+    let j = fake.journal(&root);
+    assert!(
+        !j.iter()
+            .any(|x| x.starts_with("format") || x.starts_with("mkfs")),
+        "a read-only publish ({:?}) wrote the disk: {j:?}",
+        out.map(|o| o.device).map_err(|e| e.code())
+    );
+}
+
+/// The unfinished mark is a header label, which the host can write: a
+/// finished volume labelled unfinished again is only marked finished, its
+/// filesystem never made again over the data.
+#[test]
+fn a_finished_volume_labelled_unfinished_by_the_host_is_not_made_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake) = fake_table(dir.path());
+    let root = v.root().to_path_buf();
+    let d = fake.disk(dir.path(), "fkh", None);
+    let mut r = encrypted("h", &d, PASS, false);
+    r.spec.encryption.as_mut().unwrap().format_if_blank = true;
+    v.publish(&r, &Cancel::never()).unwrap();
+    assert!(v.unpublish("h", &Cancel::never()).unwrap());
+    fake.label_unfinished("fkh");
+    fake.journal(&root);
+    v.publish(&r, &Cancel::never()).unwrap();
+    let j = fake.journal(&root);
+    assert!(
+        !j.iter().any(|x| x.starts_with("mkfs")),
+        "made again: {j:?}"
+    );
+    assert!(fake.unfinished().is_empty(), "marked finished");
+}
