@@ -149,7 +149,9 @@ mod tests {
 
     #[test]
     fn names_are_relative_to_the_root() {
-        let table: &[(Option<&[u8]>, Option<&[u8]>, Option<&[u8]>, &[u8])] = &[
+        type Bytes<'a> = Option<&'a [u8]>;
+        // root, directory, name → the name shown.
+        let table: &[(Bytes, Bytes, Bytes, &[u8])] = &[
             (Some(b"/vol"), Some(b"/vol/a/b"), Some(b"m"), b"a/b/m"),
             (Some(b"/vol"), Some(b"/vol"), Some(b"m"), b"m"),
             (Some(b"/vol"), Some(b"/vol/a"), None, b"a"),
