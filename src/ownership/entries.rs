@@ -117,8 +117,9 @@ pub(crate) fn fix_dir(fd: &OwnedFd, mode: u32, has_gid: u32, gid: u32, counts: &
 /// lchown semantics), chmod those short of their mode (never a symlink).
 /// A pass runs one syscall over and over, hot in the CPU's caches, over
 /// entries in inode order (neighbours share an inode table block).
-/// Directories among them (filesystems without d_type) go to `subdirs`;
-/// what was done is added to `counts`.
+/// Directories among them (filesystems without d_type) go to `subdirs`,
+/// entries with a file mounted over them to `mounts`; what was done is
+/// added to `counts`.
 pub(crate) fn fix_entries<'n>(
     dir: BorrowedFd<'_>,
     names: &'n Names,
@@ -126,6 +127,7 @@ pub(crate) fn fix_entries<'n>(
     owner: Owner,
     subdirs: &mut Vec<Box<CStr>>,
     counts: &mut Counts,
+    mounts: &mut Vec<&'n CStr>,
 ) -> Result<(), OutOfFds<'n>> {
     let mut todo = Vec::with_capacity(range.len());
     for i in range {
@@ -143,7 +145,8 @@ pub(crate) fn fix_entries<'n>(
             }
         };
         if seen.mount_root || seen.dev != owner.dev {
-            continue; // a file mounted over the entry: not this volume's
+            mounts.push(name); // a file mounted over the entry: not this volume's
+            continue;
         }
         if FileType::from_raw_mode(seen.mode) == FileType::Directory {
             // d_type was unknown; the directory gets its turn like any other.

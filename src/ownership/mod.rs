@@ -68,10 +68,13 @@
 //!   fallback past the descriptor budget, progress and cancellation.
 //! - `budget`: what all walks of the process share: helper threads and
 //!   directory descriptors.
+//! - `mounts`: the mount points a walk did not enter, counted and named
+//!   (bounded) for its report.
 //! - `error`: what stops a walk.
 
 pub mod budget;
 pub mod entries;
 pub mod error;
+pub mod mounts;
 pub mod rules;
 pub mod walk;

@@ -19,6 +19,7 @@ use crate::model::{Policy, RecursiveReadOnly, VolumeMode};
 use crate::mount::selinux::without_contexts;
 use crate::stats::problem::Health;
 use crate::stats::{Condition, Measured};
+use crate::sys::mountinfo::shown;
 use crate::system::{AgentInfo, Capability, Timeline};
 use crate::validate::{self, Invalid};
 use crate::volumes::freeze::{Frozen, Thaw};
@@ -240,6 +241,8 @@ pub fn published(out: Published, not_applied: Vec<String>) -> pb::PublishVolumeR
                 changed: r.changed,
                 errors: r.errors,
                 duration_us: u64::try_from(r.duration.as_micros()).unwrap_or(u64::MAX),
+                mounts_skipped: r.mounts_skipped,
+                skipped_mount_points: r.skipped_mount_points.iter().map(|p| shown(p)).collect(),
                 ..Default::default()
             }),
         },
@@ -806,5 +809,45 @@ mod tests {
         ] {
             assert_eq!(format!("{:?}", status_code(c)), c.name());
         }
+    }
+
+    #[test]
+    fn the_walk_report_names_the_mount_points_it_did_not_enter() {
+        use crate::ownership::walk::Report;
+        use std::ffi::OsString;
+        use std::os::unix::ffi::OsStringExt;
+        let out = Published {
+            guest_path: "/run/crust/volumes/v".into(),
+            device: "/dev/vdb".into(),
+            already_published: false,
+            ownership: Some(Report {
+                visited: 10,
+                changed: 9,
+                duration: Duration::from_micros(1500),
+                mounts_skipped: 20,
+                skipped_mount_points: vec![
+                    "data/cache".into(),
+                    PathBuf::from(OsString::from_vec(b"bad\xffname".to_vec())),
+                ],
+                ..Report::default()
+            }),
+        };
+        let r = published(out, Vec::new());
+        let o = r.ownership.as_ref().expect("a report");
+        assert_eq!((o.visited, o.changed, o.duration_us), (10, 9, 1500));
+        assert_eq!(o.mounts_skipped, 20, "all are counted");
+        assert_eq!(
+            o.skipped_mount_points,
+            ["data/cache", "bad\\xffname"],
+            "bytes that are not UTF-8 are shown as \\xNN"
+        );
+        // No fsGroup: no report.
+        let none = Published {
+            guest_path: "/g".into(),
+            device: "/d".into(),
+            already_published: false,
+            ownership: None,
+        };
+        assert!(published(none, Vec::new()).ownership.is_none());
     }
 }

@@ -14,6 +14,7 @@ use slog::{info, Logger};
 use super::job::{Outcome, WalkJob};
 use crate::cancel::{Cancel, Token};
 use crate::error::Result;
+use crate::ownership::mounts;
 use crate::ownership::walk::{self, Report, Walk};
 use crate::sys::beneath;
 use crate::sys::error::SysError;
@@ -116,7 +117,7 @@ fn walk(
         logged.store(ms, Ordering::Relaxed);
         info!(log, "fsGroup walk in progress"; "volume" => vol.id(),
               "visited" => p.visited, "changed" => p.changed, "errors" => p.errors,
-              "elapsed_ms" => ms);
+              "mounts_skipped" => p.mounts_skipped, "elapsed_ms" => ms);
     };
     let r = walk::run(&Walk {
         open_at: &beneath::proc_path(fd.as_fd()),
@@ -132,6 +133,8 @@ fn walk(
     info!(log, "fsGroup applied"; "volume" => vol.id(), "gid" => g.gid,
           "skipped" => r.skipped, "visited" => r.visited, "changed" => r.changed,
           "errors" => r.errors,
-          "duration_us" => u64::try_from(r.duration.as_micros()).unwrap_or(u64::MAX));
+          "duration_us" => u64::try_from(r.duration.as_micros()).unwrap_or(u64::MAX),
+          "mounts_skipped" => r.mounts_skipped,
+          "skipped_mount_points" => mounts::listed(&r.skipped_mount_points, r.mounts_skipped));
     Ok(Some(r))
 }

@@ -240,6 +240,9 @@ pub fn publish(volume_id: &str, read_only: bool, r: &proto::PublishVolumeRespons
                 seconds(o.duration_us / 1000)
             ));
         }
+        if o.mounts_skipped > 0 {
+            out.push_str(&not_entered(o));
+        }
     }
     if !r.options_not_applied.is_empty() {
         out.push_str(&format!(
@@ -248,6 +251,24 @@ pub fn publish(volume_id: &str, read_only: bool, r: &proto::PublishVolumeRespons
         ));
     }
     out
+}
+
+/// The mount points a walk did not enter: why their files kept their group.
+fn not_entered(o: &proto::OwnershipReport) -> String {
+    let n = o.mounts_skipped;
+    let mut names = o.skipped_mount_points.join(", ");
+    let more = n.saturating_sub(o.skipped_mount_points.len() as u64);
+    if more > 0 {
+        names.push_str(&format!(", and {more} more"));
+    }
+    let what = if n == 1 {
+        "mount point"
+    } else {
+        "mount points"
+    };
+    format!(
+        "ownership: {n} {what} not entered (what is at and below them kept its group): {names}\n"
+    )
 }
 
 pub fn frozen(ids: &[String], r: &proto::FreezeVolumesResponse) -> String {
@@ -505,6 +526,30 @@ mod tests {
         .into();
         assert!(publish("vol-1", false, &r)
             .ends_with("ownership: visited 102400 entries, changed 102399, 1 errors, in 1.234s\n"));
+        // Mount points not entered: counted, the first named, the rest said.
+        let report = |count: u64, names: &[&str]| {
+            Some(proto::OwnershipReport {
+                visited: 3,
+                mounts_skipped: count,
+                skipped_mount_points: names.iter().map(|n| n.to_string()).collect(),
+                ..Default::default()
+            })
+            .into()
+        };
+        r.ownership = report(1, &["cache"]);
+        assert!(
+            publish("vol-1", false, &r).ends_with(
+                "in 0.000s\nownership: 1 mount point not entered \
+             (what is at and below them kept its group): cache\n"
+            ),
+            "{}",
+            publish("vol-1", false, &r)
+        );
+        r.ownership = report(20, &["a/m", "b\\xffc"]);
+        assert!(publish("vol-1", false, &r).ends_with(
+            "ownership: 20 mount points not entered \
+             (what is at and below them kept its group): a/m, b\\xffc, and 18 more\n"
+        ));
         r.options_not_applied = vec!["context=system_u:object_r:container_file_t:s0".into()];
         assert!(publish("vol-1", false, &r).ends_with(
             "left out of the mount (this guest has no SELinux, so no label applies): \

@@ -95,7 +95,7 @@ mod tests {
                     .into(),
                     ..Default::default()
                 }),
-                r#"{"guestPath":"/run/crust/volumes/v","device":"/dev/vdb","alreadyPublished":false,"ownership":{"skipped":false,"visited":"3","changed":"0","errors":"0","durationUs":"0"},"optionsNotApplied":[]}"#,
+                r#"{"guestPath":"/run/crust/volumes/v","device":"/dev/vdb","alreadyPublished":false,"ownership":{"skipped":false,"visited":"3","changed":"0","errors":"0","durationUs":"0","mountsSkipped":"0","skippedMountPoints":[]},"optionsNotApplied":[]}"#,
             ),
             (
                 Box::new(proto::GetVolumeStatsResponse {
