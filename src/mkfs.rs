@@ -288,7 +288,7 @@ pub fn make(fs: FsType, device: &Path, tools: &Tools, cancel: &Cancel) -> Result
         .stderr(Stdio::piped())
         // Its own group, so a kill reaches whatever it started too.
         .process_group(0);
-    let mut child = Owned::spawn(|| cmd.spawn()).map_err(|source| Error::Start {
+    let mut child = Owned::start(|| cmd.spawn()).map_err(|source| Error::Start {
         fs,
         program: path.clone(),
         device: device.to_path_buf(),

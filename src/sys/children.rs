@@ -56,7 +56,7 @@ pub struct Owned {
 impl Owned {
     /// Starts a child with `start` (which spawns it) and registers it, with
     /// the registry held so that the reaper cannot take it in between.
-    pub fn spawn(start: impl FnOnce() -> io::Result<Child>) -> io::Result<Owned> {
+    pub fn start(start: impl FnOnce() -> io::Result<Child>) -> io::Result<Owned> {
         let mut set = owned();
         let mut child = start()?;
         let Ok(pid) = i32::try_from(child.id()) else {
@@ -187,7 +187,7 @@ fn first_exited() -> Option<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::process::{Command, Stdio};
+    use crust_testkit::child::start;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
@@ -210,10 +210,7 @@ mod tests {
     }
 
     fn exit_with(code: i32) -> io::Result<Child> {
-        Command::new("/bin/sh")
-            .args(["-c", &format!("exit {code}")])
-            .stdin(Stdio::null())
-            .spawn()
+        start("/bin/sh", &["-c", &format!("exit {code}")])
     }
 
     /// A reaper waiting on every child runs beside owners the whole time:
@@ -240,7 +237,7 @@ mod tests {
                 std::thread::spawn(move || {
                     for i in 0..25 {
                         let code = (t * 25 + i) % 100 + 1;
-                        let mut c = Owned::spawn(|| exit_with(code)).unwrap();
+                        let mut c = Owned::start(|| exit_with(code)).unwrap();
                         let status = loop {
                             if let Some(s) = c.try_wait().expect("the owner reaps its own child") {
                                 break s;
@@ -271,13 +268,7 @@ mod tests {
 
     #[test]
     fn a_dropped_child_is_killed_reaped_and_released() {
-        let mut c = Owned::spawn(|| {
-            Command::new("/bin/sh")
-                .args(["-c", "exec sleep 600"])
-                .stdin(Stdio::null())
-                .spawn()
-        })
-        .unwrap();
+        let mut c = Owned::start(|| start("/bin/sh", &["-c", "exec sleep 600"])).unwrap();
         let pid = c.pid();
         assert_eq!(c.try_wait().unwrap(), None);
         assert!(owned().contains(&pid));
@@ -288,7 +279,7 @@ mod tests {
 
     #[test]
     fn a_failed_spawn_registers_nothing() {
-        let e = Owned::spawn(|| Command::new("/nonexistent/program").spawn()).unwrap_err();
+        let e = Owned::start(|| start("/nonexistent/program", &[])).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
     }
 }

@@ -54,13 +54,16 @@ impl Fake {
     /// The host changed `sectors` sectors of LUKS2 disk `name`: a mapping
     /// of it finds them tampered.
     pub(crate) fn tamper_disk(&self, name: &str, sectors: u64) {
+        self.on_luks(name, |l| l.tampered = sectors);
+    }
+
+    /// Changes the made-up LUKS2 disk `disk` with `f`.
+    fn on_luks(&self, disk: &str, f: impl FnOnce(&mut Luks)) {
         let mut st = self.state.locked();
-        let l = st
-            .luks
+        f(st.luks
             .iter_mut()
-            .find(|l| l.disk == name)
-            .expect("a LUKS2 disk");
-        l.tampered = sectors;
+            .find(|l| l.disk == disk)
+            .expect("a LUKS2 disk"));
     }
 
     /// The kernel refuses `sectors` more sectors of mapping `name` as tampered.
@@ -76,10 +79,7 @@ impl Fake {
 
     /// The host labels LUKS2 disk `disk` unfinished again.
     pub(crate) fn label_unfinished(&self, disk: &str) {
-        let mut st = self.state.locked();
-        if let Some(l) = st.luks.iter_mut().find(|l| l.disk == disk) {
-            l.unfinished = true;
-        }
+        self.on_luks(disk, |l| l.unfinished = true);
     }
 
     /// The names of the LUKS2 disks the agent made and did not finish.
@@ -137,10 +137,7 @@ impl Fake {
     }
 
     pub(super) fn finish_format_fake(&self, disk: &Device) {
-        let mut st = self.state.locked();
-        if let Some(l) = st.luks.iter_mut().find(|l| l.disk == disk.name) {
-            l.unfinished = false;
-        }
+        self.on_luks(&disk.name, |l| l.unfinished = false);
     }
 
     /// mkfs on a mapping: its disk, and what later mappings of its LUKS

@@ -91,3 +91,13 @@ pub fn own_mount_namespace() -> bool {
     eprintln!("{test} passed in its own mount namespace");
     false
 }
+
+/// `program` with `args` started, stdin closed: a child for tests of the
+/// agent's own child handling (the agent's source starts no process but
+/// mkfs).
+pub fn start(program: &str, args: &[&str]) -> std::io::Result<std::process::Child> {
+    Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .spawn()
+}

@@ -58,6 +58,19 @@ fn bytes_total(c: &AgentClient, id: &str) -> i64 {
         .total
 }
 
+/// An ext4 image of `mib` MiB with [`fill`]'s files, made LUKS2 by
+/// cryptsetup with PBKDF2 (1,000 iterations) and 512-byte sectors.
+fn pbkdf2_ext4(dir: &Path, name: &str, mib: u64, pass: &Path) -> std::path::PathBuf {
+    luks::luks_image(dir, name, "ext4", mib, (Kdf::Pbkdf2(1000), 512), pass, fill)
+}
+
+/// The file `dir/pass` holding [`PASS`], as cryptsetup's --key-file reads it.
+fn pass_file(dir: &Path) -> std::path::PathBuf {
+    let pass = dir.join("pass");
+    std::fs::write(&pass, PASS).unwrap();
+    pass
+}
+
 /// Writes the files every image starts with: a marker a plaintext scan looks
 /// for, owned by 1234.
 fn fill(m: &Path) {
@@ -116,17 +129,8 @@ fn checked_on_host(images: &[(&Path, &str)], pass: &Path) {
 #[ignore = "needs a VM: make test-vm runs it"]
 fn cryptsetup_made_volumes_in_a_real_guest() {
     let tmp = tempfile::tempdir().unwrap();
-    let pass = tmp.path().join("pass");
-    std::fs::write(&pass, PASS).unwrap();
-    let ext4 = luks::luks_image(
-        tmp.path(),
-        "e.img",
-        "ext4",
-        96,
-        (Kdf::Pbkdf2(1000), 512),
-        &pass,
-        fill,
-    );
+    let pass = pass_file(tmp.path());
+    let ext4 = pbkdf2_ext4(tmp.path(), "e.img", 96, &pass);
     let argon = Kdf::Argon2id {
         memory_kib: 65536,
         passes: 4,
@@ -235,17 +239,8 @@ fn cryptsetup_made_volumes_in_a_real_guest() {
 #[ignore = "needs a VM: make test-vm runs it"]
 fn an_encrypted_raw_block_volume_binds_its_mapping() {
     let tmp = tempfile::tempdir().unwrap();
-    let pass = tmp.path().join("pass");
-    std::fs::write(&pass, PASS).unwrap();
-    let img = luks::luks_image(
-        tmp.path(),
-        "b.img",
-        "ext4",
-        64,
-        (Kdf::Pbkdf2(1000), 512),
-        &pass,
-        fill,
-    );
+    let pass = pass_file(tmp.path());
+    let img = pbkdf2_ext4(tmp.path(), "b.img", 64, &pass);
     let mut vm = boot(tmp.path());
     let c = vm.agent().unwrap();
     let caps = c
@@ -279,8 +274,7 @@ fn an_encrypted_raw_block_volume_binds_its_mapping() {
 #[ignore = "needs a VM: make test-vm runs it"]
 fn volumes_made_in_the_guest_open_with_cryptsetup_on_the_host() {
     let tmp = tempfile::tempdir().unwrap();
-    let pass = tmp.path().join("pass");
-    std::fs::write(&pass, PASS).unwrap();
+    let pass = pass_file(tmp.path());
     let blank_e = crust_testkit::vm::blank(tmp.path(), "be.img", 96);
     let blank_x = crust_testkit::vm::blank(tmp.path(), "bx.img", 336);
     let plain = crust_testkit::vm::image(tmp.path(), "plain.img", "ext4", 64, fill);
@@ -350,9 +344,11 @@ fn volumes_made_in_the_guest_open_with_cryptsetup_on_the_host() {
         }
         assert!(!dump.contains("crust-unfinished"), "{fs}: {dump}");
         assert!(luks::opens(img, &pass), "{fs}");
+        let wrong = tmp.path().join("wrong");
+        std::fs::write(&wrong, b"a passphrase the host keeps in a fil").unwrap();
         assert!(
-            !luks::opens(img, &tmp.path().join("be.img")),
-            "{fs}: any key opens it"
+            !luks::opens(img, &wrong),
+            "{fs}: another passphrase opens it"
         );
         let plain = luks::plaintext(img, &pass);
         match fs {
