@@ -71,6 +71,13 @@ fn pass_file(dir: &Path) -> std::path::PathBuf {
     pass
 }
 
+/// The file `dir/other` holding a passphrase one byte short of [`PASS`].
+fn other_pass_file(dir: &Path) -> std::path::PathBuf {
+    let other = dir.join("other");
+    std::fs::write(&other, &PASS[..PASS.len() - 1]).unwrap();
+    other
+}
+
 /// Writes the files every image starts with: a marker a plaintext scan looks
 /// for, owned by 1234.
 fn fill(m: &Path) {
@@ -344,10 +351,8 @@ fn volumes_made_in_the_guest_open_with_cryptsetup_on_the_host() {
         }
         assert!(!dump.contains("crust-unfinished"), "{fs}: {dump}");
         assert!(luks::opens(img, &pass), "{fs}");
-        let wrong = tmp.path().join("wrong");
-        std::fs::write(&wrong, b"a passphrase the host keeps in a fil").unwrap();
         assert!(
-            !luks::opens(img, &wrong),
+            !luks::opens(img, &other_pass_file(tmp.path())),
             "{fs}: another passphrase opens it"
         );
         let plain = luks::plaintext(img, &pass);
