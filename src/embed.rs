@@ -11,6 +11,7 @@
 //! r.volume_id = "pvc-1".into();
 //! r.set_serial("vol-0001".into());
 //! r.fs_type = "ext4".into();
+//! r.trim_interval_s = 3600; // freed blocks go back to the host hourly, with jitter
 //! let published = table.publish(&r, Some(Duration::from_secs(60)))?;
 //! println!("mounted at {}", published.guest_path);
 //! # Ok::<(), crust_agent::embed::Error>(())
@@ -256,6 +257,13 @@ mod tests {
         r.volume_id = "../x".into();
         let e = t.publish(&r, None).unwrap_err();
         assert_eq!(e.code, Code::InvalidArgument, "{e}");
+        r.volume_id = "x".into();
+        r.set_serial("vol-x".into());
+        r.fs_type = "ext4".into();
+        r.trim_interval_s = 5;
+        let e = t.publish(&r, None).unwrap_err();
+        assert_eq!(e.code, Code::InvalidArgument, "{e}");
+        assert!(e.message.contains("trim_interval_s 5"), "{e}");
         let mut s = pb::GetVolumeStatsRequest::new();
         s.volume_id = "nope".into();
         assert_eq!(t.stats(&s, None).unwrap_err().code, Code::NotFound);

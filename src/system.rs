@@ -44,6 +44,8 @@ pub enum Capability {
     VolumeHealth,
     /// Encrypted (LUKS2) volumes.
     EncryptionLuks2,
+    /// A publish's trim_interval_s: the agent trims on a schedule.
+    ScheduledTrim,
 }
 
 /// Whether this kernel has dm-crypt: loaded (or built in), or shipped as a
@@ -91,6 +93,7 @@ pub fn capabilities() -> Vec<Capability> {
     caps.extend([
         Capability::Freeze,
         Capability::Trim,
+        Capability::ScheduledTrim,
         Capability::VolumeHealth,
     ]);
     if has_dm_crypt() {

@@ -274,9 +274,40 @@ pub fn timeout(ms: u32) -> Duration {
     }
 }
 
+/// The shortest trim schedule: a trim every 10 s already returns freed
+/// blocks as fast as a workload frees them; a shorter one only burns CPU.
+pub const MIN_TRIM_INTERVAL_S: u32 = 10;
+/// The longest: 30 days (util-linux's fstrim.timer runs weekly).
+pub const MAX_TRIM_INTERVAL_S: u32 = 30 * 24 * 3600;
+
+/// A `trim_interval_s` field: 0 (no schedule), or `MIN_TRIM_INTERVAL_S` to
+/// `MAX_TRIM_INTERVAL_S`.
+pub fn trim_interval(s: u32) -> Result<u32, Invalid> {
+    if s == 0 || (MIN_TRIM_INTERVAL_S..=MAX_TRIM_INTERVAL_S).contains(&s) {
+        return Ok(s);
+    }
+    Err(Invalid(format!(
+        "trim_interval_s {s} is out of range: 0 (no scheduled trim), or {MIN_TRIM_INTERVAL_S} to {MAX_TRIM_INTERVAL_S} seconds (30 days)"
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trim_intervals_are_off_or_within_bounds() {
+        for ok in [0, 10, 3600, MAX_TRIM_INTERVAL_S] {
+            assert_eq!(trim_interval(ok).unwrap(), ok);
+        }
+        for bad in [1, 9, MAX_TRIM_INTERVAL_S + 1, u32::MAX] {
+            let e = trim_interval(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("trim_interval_s") && e.contains(&bad.to_string()),
+                "{e}"
+            );
+        }
+    }
 
     #[test]
     fn volume_ids() {

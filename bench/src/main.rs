@@ -14,6 +14,7 @@ mod publish_retry;
 mod report;
 mod snapshot;
 mod sys;
+mod trim_schedule;
 mod vm_figs;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -26,7 +27,7 @@ use report::{Figure, Verdict};
 
 const USAGE: &str =
     "usage: crust-bench [--runs N] [--vm-disks N] [--vm-boots N] [--only SECTION,...] [--out DIR] [--strict]
-  SECTION: fsgroup, xfs, host, snapshot, luks2, size, vm, crustd, crustd-scale (default: all)
+  SECTION: fsgroup, xfs, host, snapshot, trim-schedule, luks2, size, vm, crustd, crustd-scale (default: all)
   --runs N      runs per contender for the heavy figures (default 5)
   --vm-disks N  disks hot-plugged (and grown) in the VM (default 5)
   --vm-boots N  VM boots for the boot timeline (default 3)
@@ -74,6 +75,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                         "crustd",
                         "crustd-scale",
                         "snapshot",
+                        "trim-schedule",
                         "luks2",
                     ]
                     .contains(&s)
@@ -365,6 +367,13 @@ fn measure(args: &Args, work: &Path) -> Vec<Figure> {
         figures.extend(section("snapshots and space", &snapshot::keys(), || {
             snapshot::figures(&work, args.runs)
         }));
+    }
+    if want("trim-schedule") {
+        figures.extend(section(
+            "trim on a schedule",
+            &trim_schedule::keys(),
+            || trim_schedule::figures(&work),
+        ));
     }
     if want("luks2") {
         figures.extend(section("LUKS2 unlock", &luks2::keys(), || {

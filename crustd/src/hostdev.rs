@@ -50,7 +50,7 @@ pub use error::{Error, Named, NotBlock, Vanished};
 type Result<T, E = Error> = std::result::Result<T, E>;
 
 pub(crate) use place::LoopInfo64;
-use place::{aliases, extent_of, parse_dev, Host};
+use place::{aliases, extent_of, loop_status, parse_dev, Host};
 pub use place::{Backing, Extent};
 
 /// A host block device, resolved and open (not exclusively).
@@ -196,6 +196,30 @@ impl HostDevice {
                 name: self.name(),
                 source: Arc::new(e),
             })
+    }
+
+    /// The bytes the guest can read back now: its size, and for a loop
+    /// device also what its backing file holds past the loop's offset. A
+    /// discard that reached a loop's image can truncate the file (as in
+    /// microsandbox #1472) while the loop device keeps its size: reads past
+    /// the file's end then come back as zeros or errors.
+    pub fn capacity(&self) -> Result<u64> {
+        let size = self.size()?;
+        let (maj, min) = self.dev;
+        let Ok(name) = fs::read(format!("/sys/dev/block/{maj}:{min}/loop/backing_file")) else {
+            return Ok(size);
+        };
+        let name = name.strip_suffix(b"\n").unwrap_or(&name);
+        let name =
+            PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name));
+        // Only the very file the loop is bound to counts (its device and
+        // inode): a path renamed or replaced since says nothing of it.
+        match (loop_status(&self.file), fs::metadata(&name)) {
+            (Ok(info), Ok(md)) if md.dev() == info.lo_device && md.ino() == info.lo_inode => {
+                Ok(size.min(md.size().saturating_sub(info.lo_offset)))
+            }
+            _ => Ok(size),
+        }
     }
 
     /// Where its bytes lie.

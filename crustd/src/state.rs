@@ -107,6 +107,11 @@ pub struct Volume {
     /// (its sandbox-id file is removed at unpublish); none for a plain publish.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub direct: Option<String>,
+    /// The bytes the host device could give back when it was published
+    /// (`HostDevice::capacity`): it must never hold fewer. None in records
+    /// of older crustds (then the first size crustd sees is the mark).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_bytes: Option<u64>,
 }
 
 /// Everything crustd knows about one sandbox.
@@ -177,6 +182,7 @@ mod tests {
             block: false,
             phase,
             direct: None,
+            host_bytes: None,
         }
     }
 

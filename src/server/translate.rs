@@ -27,7 +27,7 @@ use crate::volumes::health::Said;
 use crate::volumes::lease;
 use crate::volumes::request::{
     BindOutcome, BindRequest, Encryption, EncryptionInfo, Expanded, FsGroup, Options,
-    PublishRequest, Published, Source, Spec, VolumeInfo, VolumeState,
+    PublishRequest, Published, Source, Spec, TrimInfo, VolumeInfo, VolumeState,
 };
 use crate::volumes::trim::Trimmed;
 use zeroize::Zeroizing;
@@ -90,6 +90,7 @@ pub fn capability(c: Capability) -> pb::Capability {
         Capability::Trim => pb::Capability::CAPABILITY_TRIM,
         Capability::VolumeHealth => pb::Capability::CAPABILITY_VOLUME_HEALTH,
         Capability::EncryptionLuks2 => pb::Capability::CAPABILITY_ENCRYPTION_LUKS2,
+        Capability::ScheduledTrim => pb::Capability::CAPABILITY_SCHEDULED_TRIM,
     }
 }
 
@@ -159,6 +160,7 @@ fn publish_request_with(
             options,
             fs_group,
             encryption,
+            trim_interval_s: validate::trim_interval(req.trim_interval_s)?,
         },
         timeout: validate::timeout(req.timeout_ms),
         key,
@@ -438,6 +440,20 @@ pub fn volume_info(v: VolumeInfo) -> pb::VolumeInfo {
             .frozen
             .map_or(0, |f| u64::try_from(f.1.as_millis()).unwrap_or(u64::MAX)),
         encryption: MessageField::from_option(v.encryption.map(encryption_info)),
+        trim: MessageField::from_option(v.trim.map(trim_info)),
+        ..Default::default()
+    }
+}
+
+/// What ListVolumes says of a volume's trim schedule.
+fn trim_info(t: TrimInfo) -> pb::TrimSchedule {
+    pb::TrimSchedule {
+        interval_s: t.interval_s,
+        last_unix_ms: t.last_unix_ms,
+        last_bytes: t.last_bytes,
+        last_duration_us: u64::try_from(t.last_duration.as_micros()).unwrap_or(u64::MAX),
+        next_unix_ms: t.next_unix_ms,
+        last_error: t.last_error.unwrap_or_default(),
         ..Default::default()
     }
 }

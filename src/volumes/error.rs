@@ -247,6 +247,13 @@ pub enum Error {
         /// Bytes given back so far.
         trimmed: u64,
     },
+    #[code(FailedPrecondition)]
+    #[error("volume {id} cannot be trimmed on a schedule: {why}; publish it without trim_interval_s")]
+    TrimNotPossible {
+        id: String,
+        /// Why not, as TrimVolume would refuse it.
+        why: &'static str,
+    },
     #[code(InvalidArgument)]
     #[error("bind target {} would be created on the filesystem of volume {volume}; binds go outside the volumes", shown(target))]
     TargetInVolume {

@@ -692,6 +692,17 @@ impl Kernel for Fake {
         .thaw()?)
     }
 
+    fn fs_bytes(&self, at: BorrowedFd<'_>, _: &Path, _: &Device, _: FsType) -> Result<u64> {
+        let st = self.state.locked();
+        let dev = st.top_at(&path_of(at)).map(|m| m.dev);
+        let bytes = st
+            .disks
+            .iter()
+            .find(|d| Some((d.device.major, d.device.minor)) == dev)
+            .map(|d| d.bytes);
+        Ok(bytes.ok_or_else(|| SysError::new("statfs", path_of(at).display(), Errno::NODEV))?)
+    }
+
     fn open_fs(
         &self,
         at: BorrowedFd<'_>,

@@ -61,3 +61,13 @@ pub(crate) fn published(stats: Result<(Option<Measured>, Condition)>) -> Result<
         })
         .collect())
 }
+
+/// A scheduled trim of volume `id` that failed (`why`): DEGRADED until a
+/// later one goes through; the volume itself works.
+pub(crate) fn trim_failed(id: &str, why: String) -> Said {
+    Said {
+        status: Health::Degraded,
+        reason: "TrimFailed",
+        message: format!("the last scheduled trim of volume {id} failed: {why}; the volume works, and the schedule tries again at its next time"),
+    }
+}

@@ -122,6 +122,9 @@ pub trait Kernel: Send + Sync + 'static {
     fn freeze(&self, at: BorrowedFd<'_>, path: &Path) -> Result<Self::Hold>;
     /// FITHAW on the mount root `at` names; false when it was not frozen.
     fn thaw(&self, at: BorrowedFd<'_>, path: &Path) -> Result<bool>;
+    /// The size in bytes of the filesystem `fs` whose mount root `at`
+    /// names, checked to be on `dev` (grow.rs).
+    fn fs_bytes(&self, at: BorrowedFd<'_>, path: &Path, dev: &Device, fs: FsType) -> Result<u64>;
     /// The filesystem whose mount root `at` names, opened for FITRIM.
     fn open_fs(
         &self,
@@ -325,6 +328,10 @@ impl Kernel for Linux {
     fn thaw(&self, at: BorrowedFd<'_>, path: &Path) -> Result<bool> {
         let dir = quiesce::open(at, path)?;
         Ok(quiesce::thaw(&dir, path)?)
+    }
+
+    fn fs_bytes(&self, at: BorrowedFd<'_>, path: &Path, dev: &Device, fs: FsType) -> Result<u64> {
+        Ok(crate::grow::fs_size_bytes(at, path, dev, fs)?)
     }
 
     fn open_fs(

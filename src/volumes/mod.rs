@@ -36,7 +36,9 @@
 //!   through `takedown`, as the end of a failed walk does;
 //! - `bind` (`Binder`): binds and unmounts; `query` (`Query`): stats,
 //!   expand, the list; `freeze` and `trim`: freezing for a snapshot through
-//!   the leases, and free space given back; `health`: CSI's volume health;
+//!   the leases, and free space given back; `trimming/`: trims on a
+//!   schedule, one runner thread for the agent, one trim at a time;
+//!   `health`: CSI's volume health;
 //! - `block`: what only a block volume does (its prepare and attach steps,
 //!   its release, stats and expand);
 //! - `mounts`: the guest node a publish makes and the one check of "is this
@@ -81,6 +83,7 @@ pub(crate) mod targets;
 #[cfg(test)]
 mod tests;
 pub mod trim;
+pub(crate) mod trimming;
 pub(crate) mod unlocks;
 pub mod unpublish;
 pub mod volume;

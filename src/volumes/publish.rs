@@ -91,6 +91,7 @@ impl<K: Kernel> Publisher<'_, K> {
         cancel: &Cancel,
         walk: impl FnOnce(&mut Volume, OwnedFd) -> Result<Arc<WalkJob>>,
     ) -> Result<Answer> {
+        not_trimmable(&req.spec)?;
         if let Some(vol) = slot.as_mut() {
             return self.again(vol, req, walk);
         }
@@ -431,6 +432,28 @@ impl<K: Kernel> Publisher<'_, K> {
         }
         Ok(())
     }
+}
+
+/// Refuses a trim schedule on a volume TrimVolume would refuse: a block
+/// volume, a read-only one, an encrypted one without allow_discards.
+fn not_trimmable(spec: &Spec) -> Result<()> {
+    if spec.trim_interval_s == 0 {
+        return Ok(());
+    }
+    let why = if spec.mode == VolumeMode::Block {
+        "it is a block volume, with no filesystem to trim"
+    } else if spec.options.read_only() {
+        "it is published read-only, and a read-only filesystem is not trimmed"
+    } else if spec.encryption.is_some_and(|e| !e.allow_discards) {
+        "it is encrypted without allow_discards, and a discard would tell the host which blocks are free"
+    } else {
+        return Ok(());
+    };
+    Err(Error::TrimNotPossible {
+        id: spec.volume_id.clone(),
+        why,
+    }
+    .into())
 }
 
 /// How many times (100 ms apart) a failed publish tries to remove its mapping.

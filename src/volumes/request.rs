@@ -96,6 +96,9 @@ pub struct Spec {
     /// A LUKS2 volume: how it is mapped (the key is not part of the spec:
     /// it is neither kept nor recorded).
     pub encryption: Option<Encryption>,
+    /// Seconds between the agent's own trims of the volume (0: none);
+    /// validated (`validate::trim_interval`).
+    pub trim_interval_s: u32,
 }
 
 /// How an encrypted volume is opened, as the volume keeps it and its
@@ -183,6 +186,24 @@ pub struct VolumeInfo {
     pub frozen: Option<(String, std::time::Duration)>,
     /// An encrypted volume's mapping, with no key material.
     pub encryption: Option<EncryptionInfo>,
+    /// Its trim schedule, if it has one.
+    pub trim: Option<TrimInfo>,
+}
+
+/// What ListVolumes says of a volume's scheduled trim.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct TrimInfo {
+    pub interval_s: u32,
+    /// When the last trim ended (ms since the epoch); 0: none yet.
+    pub last_unix_ms: i64,
+    /// Bytes it gave back.
+    pub last_bytes: u64,
+    /// Time spent in FITRIM, its parts summed.
+    pub last_duration: Duration,
+    /// When the next one is due (ms since the epoch).
+    pub next_unix_ms: i64,
+    /// Why the last one failed; None when it went through.
+    pub last_error: Option<String>,
 }
 
 /// What ListVolumes says of an encrypted volume.

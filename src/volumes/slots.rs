@@ -109,6 +109,27 @@ impl Slot {
         }
     }
 
+    /// The slot, only if nobody holds it or waits for it: a scheduled trim
+    /// never queues, so it never makes a call wait behind it.
+    pub(crate) fn try_lock(&self) -> Option<SlotGuard<'_>> {
+        let mut t = self.turns.locked();
+        if t.held || !t.queue.is_empty() {
+            return None;
+        }
+        t.held = true;
+        drop(t);
+        Some(SlotGuard {
+            slot: self,
+            volume: Some(self.volume.locked()),
+        })
+    }
+
+    /// Whether a call waits for the slot (its holder's scheduled trim then
+    /// yields).
+    pub(crate) fn waiting(&self) -> bool {
+        !self.turns.locked().queue.is_empty()
+    }
+
     /// Whether nobody holds or waits for the slot and it holds no volume.
     fn idle(&self) -> bool {
         let t = self.turns.locked();
@@ -227,6 +248,24 @@ mod tests {
         let t0 = Instant::now();
         drop(slot.lock("v", &Cancel::never()).unwrap());
         assert!(t0.elapsed() < Duration::from_millis(50));
+    }
+
+    #[test]
+    fn a_try_never_queues_and_a_waiter_is_seen() {
+        let slot = Arc::new(Slot::default());
+        let held = slot.try_lock().unwrap();
+        assert!(slot.try_lock().is_none() && !slot.waiting());
+        let s = slot.clone();
+        let waiter = std::thread::spawn(move || drop(s.lock("v", &Cancel::never()).unwrap()));
+        let t0 = Instant::now();
+        while !slot.waiting() {
+            assert!(t0.elapsed() < Duration::from_secs(5));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop(held);
+        waiter.join().unwrap();
+        assert!(!slot.waiting());
+        assert!(slot.try_lock().is_some());
     }
 
     #[test]

@@ -105,6 +105,8 @@ pub(crate) enum BadRecord {
     RoSetNotBlock,
     #[error("a block volume's bind with a subpath or recursive read-only")]
     BlockBindNotPlain,
+    #[error("a trim schedule on a block or read-only volume")]
+    TrimNotTrimmable,
     /// A field a request would have had refused.
     #[error(transparent)]
     Invalid(#[from] validate::Invalid),
@@ -476,6 +478,11 @@ pub(crate) fn encode(v: &Volume) -> String {
     if let (Some(asked), Some(enc)) = (&v.spec.encryption, &v.encrypted) {
         o += &encrypted::encode(asked, enc, esc);
     }
+    // Only when set: a record without it reads as no schedule, and an
+    // older agent skips the key.
+    if v.spec.trim_interval_s != 0 {
+        o += &format!("trim_interval_s={}\n", v.spec.trim_interval_s);
+    }
     o += &format!("mount_id={}\n", recorded(v.phase.mount_id()));
     o += &format!("complete={}\n", v.phase.complete());
     for b in &v.binds {
@@ -593,6 +600,8 @@ struct Fields {
     options: Vec<String>,
     read_only: bool,
     fs_group: Option<FsGroup>,
+    /// 0 when the record has no `trim_interval_s` line.
+    trim_interval_s: u32,
     block: bool,
     ro_set: bool,
     mount_id: Option<MountId>,
@@ -640,6 +649,10 @@ impl Fields {
             "option" => self.options.push(unesc(v.as_bytes(), "option")?),
             "read_only" => self.read_only = boolean(v)?,
             "fs_group" => self.fs_group = Some(fs_group(v)?),
+            "trim_interval_s" => {
+                let n = v.parse().map_err(|_| value("trim_interval_s", v))?;
+                self.trim_interval_s = validate::trim_interval(n)?;
+            }
             "mode" => {
                 self.block = match v {
                     "block" => true,
@@ -685,6 +698,9 @@ impl Fields {
         if block && !self.binds.iter().all(plain) {
             return Err(BadRecord::BlockBindNotPlain);
         }
+        if self.trim_interval_s != 0 && (block || self.read_only) {
+            return Err(BadRecord::TrimNotTrimmable);
+        }
         let device = Device {
             name,
             path: self.device.ok_or(Missing("device"))?,
@@ -711,6 +727,7 @@ impl Fields {
             options: Options::parse(self.options, self.read_only)?,
             fs_group: self.fs_group,
             encryption,
+            trim_interval_s: self.trim_interval_s,
         };
         let guest_path = root.join(VOLUMES_DIR).join(&spec.volume_id);
         let mut vol = Volume::recorded(
@@ -847,6 +864,35 @@ mod tests {
         // A record whose lines end in CRLF still reads.
         let crlf = encode(&sample()).replace('\n', "\r\n");
         assert_eq!(decode(&crlf, Path::new("/r")).unwrap().spec, sample().spec);
+    }
+
+    /// A trim schedule is a key of its own, written only when set: a
+    /// record without it (any older agent's) reads as no schedule, and one
+    /// a request would have refused is refused.
+    #[test]
+    fn a_trim_schedule_round_trips_and_older_records_have_none() {
+        let mut v = sample();
+        assert!(!encode(&v).contains("trim_interval_s"));
+        v.spec.trim_interval_s = 3600;
+        let text = encode(&v);
+        assert!(text.starts_with("version=2\n") && text.contains("\ntrim_interval_s=3600\n"));
+        assert_eq!(decode(&text, Path::new("/r")).unwrap().spec, v.spec);
+        let old = text.replace("trim_interval_s=3600\n", "");
+        assert_eq!(
+            decode(&old, Path::new("/r")).unwrap().spec.trim_interval_s,
+            0
+        );
+        for bad in [
+            "trim_interval_s=5\n",
+            "trim_interval_s=x\n",
+            "trim_interval_s=-1\n",
+        ] {
+            let t = text.replace("trim_interval_s=3600\n", bad);
+            assert!(decode(&t, Path::new("/r")).is_err(), "{bad}");
+        }
+        let ro = text.replace("read_only=false", "read_only=true");
+        let e = decode(&ro, Path::new("/r")).unwrap_err();
+        assert!(matches!(e, BadRecord::TrimNotTrimmable), "{e}");
     }
 
     /// An `ro` among the options is read-only, and reads back so.

@@ -35,10 +35,18 @@
 //!    held across the derivation (seconds of CPU, never a wait on anything
 //!    else), and waited for with the request's cancellation, so a publish
 //!    behind another gives up at its deadline.
+//! 8. The trim turn (trimming/turn.rs): one trim at a time. A caller's
+//!    TrimVolume waits for it under its volume's slot, with its
+//!    cancellation; the schedule's runner only tries it, then only tries
+//!    the volume's slot (`Slot::try_lock`), so it never waits while holding
+//!    anything and nothing waits for it longer than one range of FITRIM:
+//!    between two ranges it lets both go when a call waits for either.
+//!    The schedule's own map (trimming/schedule.rs) is a leaf.
 //!
 //! So a thread holds at most: a slot, then one of the maps, the store's
-//! note, a job's phase or `unlocks`, in that order; nothing ever waits for
-//! a slot while holding anything else.
+//! note, a job's phase, `unlocks` or the trim turn, in that order (the
+//! runner: the turn, then a slot it found free); nothing ever waits for a
+//! slot while holding anything else.
 //!
 //! # Size
 //!
@@ -50,7 +58,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use slog::{info, warn, Logger};
 
@@ -74,6 +82,10 @@ use super::stop::Stop;
 use super::takedown::Takedown;
 use super::targets::Targets;
 use super::trim::{self, Trimmed};
+use super::trimming::run::unix_ms;
+use super::trimming::run::Scheduled;
+use super::trimming::schedule::Schedule;
+use super::trimming::turn::Turn;
 use super::unlocks::Unlocks;
 use super::unpublish::Unpublisher;
 use super::volume::Volume;
@@ -111,6 +123,10 @@ pub struct Volumes<K: Kernel = Linux> {
     leases: Arc<Freezer<K::Hold>>,
     failures: Failures,
     stop: Stop,
+    /// The volumes trimmed on a schedule, and the runner's wait.
+    schedule: Arc<Schedule>,
+    /// One trim at a time, a caller's or the schedule's.
+    turn: Turn,
     /// The table itself, for the threads of fsGroup walks, which finish
     /// their publish under the volume's slot long after the call.
     me: Weak<Volumes<K>>,
@@ -132,7 +148,7 @@ impl Volumes {
         log: Logger,
         keys: keys::resolve::Config,
     ) -> Result<Arc<Volumes>> {
-        Volumes::open_keyed(Linux, root, sysfs, log, keys)
+        Volumes::open_keyed(Linux, root, sysfs, log, keys, false)
     }
 }
 
@@ -144,16 +160,32 @@ impl<K: Kernel> Volumes<K> {
         sysfs: Sysfs,
         log: Logger,
     ) -> Result<Arc<Volumes<K>>> {
-        Volumes::open_keyed(kernel, root, sysfs, log, keys::resolve::Config::default())
+        let keys = keys::resolve::Config::default();
+        Volumes::open_keyed(kernel, root, sysfs, log, keys, false)
     }
 
-    /// `open_on`, with encrypted volumes' keys resolved as `keys` says.
+    /// `open_on`, with scheduled trims run only by `run_due_trims`, never
+    /// by a thread: the tests say when it is.
+    #[cfg(test)]
+    pub(crate) fn open_manual(
+        kernel: K,
+        root: &Path,
+        sysfs: Sysfs,
+        log: Logger,
+    ) -> Result<Arc<Volumes<K>>> {
+        let keys = keys::resolve::Config::default();
+        Volumes::open_keyed(kernel, root, sysfs, log, keys, true)
+    }
+
+    /// `open_on`, with encrypted volumes' keys resolved as `keys` says;
+    /// `manual`: no runner thread for scheduled trims.
     fn open_keyed(
         kernel: K,
         root: &Path,
         sysfs: Sysfs,
         log: Logger,
         keys: keys::resolve::Config,
+        manual: bool,
     ) -> Result<Arc<Volumes<K>>> {
         let root = Root::open(root)?;
         root.own_dir("volumes", 0o750)?;
@@ -176,10 +208,12 @@ impl<K: Kernel> Volumes<K> {
         }
         .run()?;
         let listing = Listing::default();
+        let mut scheduled = Vec::new();
         for vol in &adopted {
             listing.show(vol.id(), Some(vol));
+            scheduled.push((vol.id().to_string(), vol.spec.trim_interval_s));
         }
-        Ok(Arc::new_cyclic(|me| Volumes {
+        let v = Arc::new_cyclic(|me| Volumes {
             root,
             kernel,
             sysfs,
@@ -194,8 +228,16 @@ impl<K: Kernel> Volumes<K> {
             leases,
             failures: Failures::default(),
             stop: Stop::default(),
+            schedule: Arc::new(Schedule::new(manual)),
+            turn: Turn::default(),
             me: me.clone(),
-        }))
+        });
+        // The schedules resume, each first due at a random point within
+        // its interval, as for a new publish.
+        for (id, every) in scheduled {
+            v.schedule_as(&id, every);
+        }
+        Ok(v)
     }
 
     /// Why the last write to the state directory failed, while it keeps
@@ -291,6 +333,8 @@ impl<K: Kernel> Volumes<K> {
     /// every volume. Returns how many were unpublished.
     pub fn shutdown(&self) -> u32 {
         self.stop.close();
+        // A scheduled trim stops between two ranges, and the runner ends.
+        self.schedule.close();
         // Recorded as the agent stopping, before each unpublish would say
         // its volume was unpublished.
         self.close_freezes();
@@ -330,17 +374,27 @@ impl<K: Kernel> Volumes<K> {
 
     /// Every published volume, without waiting for operations in flight.
     /// The device's size, and a block volume's read-only flag, are the
-    /// kernel's now.
+    /// kernel's now; so is a trim schedule.
     pub fn list(&self) -> Vec<VolumeInfo> {
-        query::list(&self.listing, &self.leases, &self.kernel)
+        let mut list = query::list(&self.listing, &self.leases, &self.kernel);
+        let (now, now_ms) = (Instant::now(), unix_ms());
+        for info in &mut list {
+            info.trim = self.schedule.info(&info.volume_id, now, now_ms);
+        }
+        list
     }
 
-    /// The health of volume `id`, CSI's list of what is wrong.
+    /// The health of volume `id`, CSI's list of what is wrong: its
+    /// condition's problems, and a scheduled trim that failed.
     pub fn health(&self, id: &str, cancel: &Cancel) -> Result<Vec<Said>> {
         if self.slots.get(id).is_none() {
             return health::unpublished(&self.failures, id);
         }
-        health::published(self.stats(id, cancel))
+        let mut said = health::published(self.stats(id, cancel))?;
+        if let Some(why) = self.schedule.error(id) {
+            said.push(health::trim_failed(id, why));
+        }
+        Ok(said)
     }
 
     /// Binds a volume (or a subpath) at a target beneath the root
@@ -439,10 +493,12 @@ impl<K: Kernel> Volumes<K> {
         self.leases.end_all(How::Stopped)
     }
 
-    /// Ends every freeze and stops the freeze timer for good, before the
-    /// table lets go of its root: no timer of this table can act on a
-    /// volume another table on the same root froze later.
+    /// Ends every freeze and stops the freeze timer and the trim
+    /// schedule's runner for good, before the table lets go of its root: no
+    /// thread of this table can act on a volume another table on the same
+    /// root published or froze later.
     pub fn close_freezes(&self) -> usize {
+        self.schedule.close();
         let n = self.thaw_all();
         self.leases.close();
         n
@@ -453,6 +509,10 @@ impl<K: Kernel> Volumes<K> {
     #[inline(never)]
     pub fn trim(&self, id: &str, min_extent: u64, cancel: &Cancel) -> Result<Trimmed> {
         let cancel = &self.stop.with(cancel);
+        let turn = || {
+            let during = || format!("waiting for another trim to end before trimming {id}");
+            Ok(self.turn.wait(cancel, during)?)
+        };
         self.with_volume(id, cancel, |vol| {
             trim::trim(
                 vol,
@@ -461,8 +521,65 @@ impl<K: Kernel> Volumes<K> {
                 &self.log,
                 min_extent,
                 cancel,
+                turn,
             )
         })
+    }
+
+    /// Runs every scheduled trim due at `now`, one at a time (the runner
+    /// thread's step; the tests call it with the time they choose).
+    pub(crate) fn run_due_trims(&self, now: Instant) {
+        let token = self.stop.token();
+        Scheduled {
+            slots: &self.slots,
+            schedule: &self.schedule,
+            turn: &self.turn,
+            mounts: self.mounts(),
+            leases: &self.leases,
+            stop: &token,
+            log: &self.log,
+        }
+        .run_due(now);
+    }
+
+    /// When the next scheduled trim is due (tests).
+    #[cfg(test)]
+    pub(crate) fn next_trim_due(&self) -> Option<Instant> {
+        self.schedule.next_due()
+    }
+
+    /// Whether a call waits for volume `id`'s slot, and whether one waits
+    /// for the trim turn (tests).
+    #[cfg(test)]
+    pub(crate) fn waiting(&self, id: &str) -> (bool, bool) {
+        let slot = self.slots.get(id).is_some_and(|s| s.waiting());
+        (slot, self.turn.wanted())
+    }
+
+    /// Volume `id` trimmed every `every` seconds from now on (0: never),
+    /// the runner thread started if it is not running.
+    fn schedule_as(&self, id: &str, every: u32) {
+        if !self.schedule.show(id, every, Instant::now()) {
+            return;
+        }
+        let (schedule, me) = (Arc::clone(&self.schedule), self.me.clone());
+        let spawned = std::thread::Builder::new()
+            .name("trim-schedule".into())
+            .spawn(move || {
+                while let Some(now) = schedule.wait_due() {
+                    let Some(table) = me.upgrade() else {
+                        return;
+                    };
+                    table.run_due_trims(now);
+                }
+            });
+        match spawned {
+            Ok(h) => self.schedule.started(h),
+            Err(e) => {
+                self.schedule.not_started();
+                warn!(self.log, "could not start the trim schedule's thread; scheduled trims wait for the next publish"; "error" => %e);
+            }
+        }
     }
 
     /// Lets a volume have at most `max` binds (tests reach the bound with a few).
@@ -504,7 +621,7 @@ impl<K: Kernel> Volumes<K> {
     ) -> Result<T> {
         let mut guard = slot.lock(id, cancel)?;
         let r = f(&mut guard);
-        self.listing.show(id, guard.as_ref());
+        self.show(id, guard.as_ref());
         r
     }
 
@@ -595,7 +712,7 @@ impl<K: Kernel> Volumes<K> {
                 failed(&e)
             }
         };
-        self.listing.show(id, guard.as_ref());
+        self.show(id, guard.as_ref());
         let gone = guard.is_none();
         drop(guard);
         drop(slot);
@@ -603,6 +720,13 @@ impl<K: Kernel> Volumes<K> {
             self.slots.forget(id);
         }
         outcome
+    }
+
+    /// Volume `id` as its slot holds it now, shown in the list and the
+    /// trim schedule (each lets go of the volume when it is gone).
+    fn show(&self, id: &str, vol: Option<&Volume>) {
+        self.listing.show(id, vol);
+        self.schedule_as(id, vol.map_or(0, |v| v.spec.trim_interval_s));
     }
 
     fn mounts(&self) -> Mounts<'_, K> {
@@ -660,5 +784,13 @@ impl<K: Kernel> Volumes<K> {
             leases: &self.leases,
             log: &self.log,
         }
+    }
+}
+
+impl<K: Kernel> Drop for Volumes<K> {
+    /// The runner thread holds only a weak reference: it is woken and
+    /// ended here, so no thread outlives its table.
+    fn drop(&mut self) {
+        self.schedule.close();
     }
 }

@@ -15,7 +15,6 @@ use super::mounts::Mounts;
 use super::volume::Volume;
 use crate::cancel::Cancel;
 use crate::error::Result;
-use crate::grow;
 use crate::model::VolumeMode;
 use crate::quiesce;
 
@@ -35,16 +34,31 @@ pub struct Trimmed {
     pub duration: Duration,
 }
 
-/// Discards the free extents of at least `min_extent` bytes of `vol`'s
-/// filesystem (held under its lock), range by range until `cancel` fires.
-pub(crate) fn trim<K: Kernel>(
+/// How far a trim got: bytes of the filesystem covered, bytes given
+/// back, time spent in FITRIM. A scheduled trim that yields keeps it and
+/// goes on from `done`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    pub done: u64,
+    pub trimmed: u64,
+    pub spent: Duration,
+}
+
+/// A volume's filesystem opened for FITRIM, and its size.
+pub(crate) struct Target<F> {
+    fs: F,
+    /// The filesystem's size in bytes.
+    pub(crate) total: u64,
+}
+
+/// `vol`'s filesystem (held under its lock), opened for FITRIM: refused
+/// for a block volume, one still publishing, an encrypted one without
+/// allow_discards, a frozen one and a read-only one.
+pub(crate) fn target<K: Kernel>(
     vol: &Volume,
     mounts: Mounts<'_, K>,
     leases: &Freezer<K::Hold>,
-    log: &Logger,
-    min_extent: u64,
-    cancel: &Cancel,
-) -> Result<Trimmed> {
+) -> Result<Target<K::Fs>> {
     let id = vol.id();
     let VolumeMode::Filesystem(fs) = vol.mode() else {
         return Err(Error::NoFilesystem {
@@ -69,29 +83,79 @@ pub(crate) fn trim<K: Kernel>(
         .into());
     }
     let at = mounts.open_mount(vol)?;
-    let total = grow::fs_size_bytes(at.as_fd(), &vol.guest_path, &vol.device, fs)?;
+    let total = mounts
+        .kernel
+        .fs_bytes(at.as_fd(), &vol.guest_path, &vol.device, fs)?;
     let fs = mounts.kernel.open_fs(at.as_fd(), &vol.guest_path)?;
-    let start = Instant::now();
-    let (mut done, mut trimmed) = (0u64, 0u64);
-    while done < total {
-        if let Some(why) = cancel.why() {
-            info!(log, "trim stopped"; "volume" => id, "done_bytes" => done,
-                  "total_bytes" => total, "trimmed_bytes" => trimmed);
-            return Err(Error::TrimStopped {
-                id: id.to_string(),
-                why,
-                done,
-                total,
-                trimmed,
-            }
-            .into());
+    Ok(Target { fs, total })
+}
+
+/// FITRIM of `t` in ranges of `range` bytes from `p.done` to its end,
+/// adding to `p`; before each range, `stop` may end it early. True when it
+/// reached the end.
+pub(crate) fn ranges<K: Kernel>(
+    kernel: &K,
+    t: &Target<K::Fs>,
+    path: &std::path::Path,
+    (range, min_extent): (u64, u64),
+    p: &mut Progress,
+    mut stop: impl FnMut() -> bool,
+) -> Result<bool> {
+    while p.done < t.total {
+        if stop() {
+            return Ok(false);
         }
-        let len = RANGE_BYTES.min(total - done);
-        let discarded = mounts
-            .kernel
-            .trim(&fs, &vol.guest_path, done, len, min_extent)?;
-        trimmed = trimmed.saturating_add(discarded);
-        done += len;
+        let len = range.min(t.total - p.done);
+        let start = Instant::now();
+        let discarded = kernel.trim(&t.fs, path, p.done, len, min_extent);
+        p.spent = p.spent.saturating_add(start.elapsed());
+        p.trimmed = p.trimmed.saturating_add(discarded?);
+        p.done += len;
+    }
+    Ok(true)
+}
+
+/// Discards the free extents of at least `min_extent` bytes of `vol`'s
+/// filesystem (held under its lock), range by range until `cancel` fires,
+/// once `turn` (the agent's one trim at a time) is had.
+pub(crate) fn trim<K: Kernel, G>(
+    vol: &Volume,
+    mounts: Mounts<'_, K>,
+    leases: &Freezer<K::Hold>,
+    log: &Logger,
+    min_extent: u64,
+    cancel: &Cancel,
+    turn: impl FnOnce() -> Result<G>,
+) -> Result<Trimmed> {
+    let id = vol.id();
+    let t = target(vol, mounts, leases)?;
+    let _turn = turn()?;
+    let start = Instant::now();
+    let mut p = Progress::default();
+    let mut why = None;
+    let whole = ranges(
+        mounts.kernel,
+        &t,
+        &vol.guest_path,
+        (RANGE_BYTES, min_extent),
+        &mut p,
+        || {
+            why = cancel.why();
+            why.is_some()
+        },
+    )?;
+    let (done, total, trimmed) = (p.done, t.total, p.trimmed);
+    if let (false, Some(why)) = (whole, why) {
+        info!(log, "trim stopped"; "volume" => id, "done_bytes" => done,
+              "total_bytes" => total, "trimmed_bytes" => trimmed);
+        return Err(Error::TrimStopped {
+            id: id.to_string(),
+            why,
+            done,
+            total,
+            trimmed,
+        }
+        .into());
     }
     info!(log, "volume trimmed"; "volume" => id, "trimmed_bytes" => trimmed,
           "total_bytes" => total);

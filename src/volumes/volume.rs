@@ -169,6 +169,7 @@ impl Volume {
             state: VolumeState::Ready,
             ownership_done: 0,
             frozen: None,
+            trim: None,
             encryption: self.encrypted.as_ref().map(|e| EncryptionInfo {
                 kind: "luks2",
                 cipher: e.mapping.cipher.clone(),
@@ -282,6 +283,12 @@ impl Volume {
                 mine.fs_group, asked.fs_group
             ));
         }
+        if mine.trim_interval_s != asked.trim_interval_s {
+            return Some(format!(
+                "trim_interval_s {} vs {}",
+                mine.trim_interval_s, asked.trim_interval_s
+            ));
+        }
         None
     }
 }
@@ -313,6 +320,7 @@ pub(crate) mod tests {
                     policy: Policy::OnRootMismatch,
                 }),
                 encryption: None,
+                trim_interval_s: 0,
             },
             device: Device {
                 name: "vdb".into(),

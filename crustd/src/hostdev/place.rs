@@ -227,7 +227,7 @@ pub(crate) struct LoopInfo64 {
 const LOOP_GET_STATUS64: rustix::ioctl::Opcode = 0x4C05;
 
 /// What a loop device (or a partition of one) is bound to.
-fn loop_status(f: impl AsFd) -> io::Result<LoopInfo64> {
+pub(super) fn loop_status(f: impl AsFd) -> io::Result<LoopInfo64> {
     // SAFETY: LOOP_GET_STATUS64 writes one struct loop_info64, which
     // LoopInfo64 mirrors field for field (repr(C), same types and order).
     let get = unsafe { rustix::ioctl::Getter::<LOOP_GET_STATUS64, LoopInfo64>::new() };

@@ -98,6 +98,14 @@ pub enum Error {
     #[code(Internal)]
     #[error("the thaw of a sandbox panicked")]
     ThawPanicked,
+    /// A host device that shrank gets no further trim.
+    #[code(FailedPrecondition)]
+    #[error("trim refused: {0}")]
+    Shrunk(String),
+    /// The trim went through in the guest, and the host device is smaller after it.
+    #[code(DataLoss)]
+    #[error("the guest's trim went through, and then: {0}")]
+    ShrankByTrim(String),
 }
 }
 

@@ -40,6 +40,7 @@ mod publish;
 mod recover;
 mod request;
 mod rollback;
+pub mod shrink;
 pub mod snapshot;
 mod takeout;
 mod thaw;
@@ -108,6 +109,8 @@ pub struct Crustd {
     /// The groups frozen across sandboxes, with the host's timer; their
     /// records in the registry (`freezes::store`).
     freezes: Freezes,
+    /// The host devices' sizes, and which shrank (`shrink`).
+    shrinks: shrink::Shrinks,
 }
 
 /// One QMP session of a sandbox, with the sandbox's QMP lock, let go together.
@@ -147,6 +150,7 @@ impl Crustd {
             connections: agent::Connections::default(),
             records: Records::new(&cfg.direct_volumes),
             freezes: Freezes::new(Some(Store::new(&cfg.sandboxes))),
+            shrinks: shrink::Shrinks::default(),
             cfg,
         }
     }

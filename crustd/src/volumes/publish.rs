@@ -222,6 +222,7 @@ impl Steps<'_> {
                     block: r.block,
                     phase: Phase::Plugging,
                     direct: r.origin.direct().map(str::to_string),
+                    host_bytes: dev.capacity().ok(),
                 });
             Ok(())
         })?;

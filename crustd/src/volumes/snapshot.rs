@@ -13,6 +13,7 @@ use crate::hostdev;
 use crate::registry::{self, Sandbox};
 
 use super::error::Error as Refused;
+use super::shrink;
 use super::Crustd;
 use crate::devices::Key;
 
@@ -72,10 +73,23 @@ impl Crustd {
         publishing: bool,
         deadline: &Deadline,
     ) -> Result<(Sandbox, String)> {
+        let (sb, v) = self.agent_volume(sandbox, volume, publishing, deadline)?;
+        Ok((sb, v.volume_id))
+    }
+
+    /// [`Crustd::agent_id`], with the volume's whole record.
+    fn agent_volume(
+        &self,
+        sandbox: &str,
+        volume: &str,
+        publishing: bool,
+        deadline: &Deadline,
+    ) -> Result<(Sandbox, crate::state::Volume)> {
+        // The volume's lock is let go (with `o`) before the guest is asked.
         let o = self.open_volume(sandbox, volume, deadline)?;
         let sb = o.home.vm()?;
         let v = Crustd::published(sandbox, volume, o.record, publishing)?;
-        Ok((sb, v.volume_id))
+        Ok((sb, v))
     }
 
     /// The request's volumes by sandbox, in the order they are named.
@@ -96,18 +110,36 @@ impl Crustd {
         min_extent: u64,
         deadline: &Deadline,
     ) -> Result<u64> {
-        let (sb, id) = self.agent_id(sandbox, volume, false, deadline)?;
-        self.agent(&sb, deadline)
-            .trim(&id, min_extent)
-            .map_err(|e| self.unless_dead(&sb, e))
+        let (sb, v) = self.agent_volume(sandbox, volume, false, deadline)?;
+        let key = Key::new(sandbox, volume);
+        if let Some(s) = self.shrinks.check(&key, &v) {
+            return Err(Refused::Shrunk(shrink::message(&key, s)).into());
+        }
+        let trimmed = self
+            .agent(&sb, deadline)
+            .trim(&v.volume_id, min_extent)
+            .map_err(|e| self.unless_dead(&sb, e))?;
+        match self.shrinks.check(&key, &v) {
+            Some(s) => Err(Refused::ShrankByTrim(shrink::message(&key, s)).into()),
+            None => Ok(trimmed),
+        }
     }
 
     /// RuntimeGetVolumeHealth: the agent's CSI list.
     pub fn health(&self, sandbox: &str, volume: &str, deadline: &Deadline) -> Result<Vec<Health>> {
-        let (sb, id) = self.agent_id(sandbox, volume, false, deadline)?;
-        self.agent(&sb, deadline)
-            .health(&id)
-            .map_err(|e| self.unless_dead(&sb, e))
+        let (sb, v) = self.agent_volume(sandbox, volume, false, deadline)?;
+        let key = Key::new(sandbox, volume);
+        let shrunk = self.shrinks.check(&key, &v).map(|s| Health {
+            status: crust_protocols::crust::volume_health::Status::DATA_LOSS as i32,
+            reason: "BackingStoreShrank".into(),
+            message: shrink::message(&key, s),
+        });
+        let mut said = self
+            .agent(&sb, deadline)
+            .health(&v.volume_id)
+            .map_err(|e| self.unless_dead(&sb, e))?;
+        said.splice(0..0, shrunk);
+        Ok(said)
     }
 }
 

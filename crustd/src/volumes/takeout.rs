@@ -32,6 +32,9 @@ impl Crustd {
         host_volume_id: &str,
         deadline: &Deadline,
     ) -> Result<()> {
+        // A volume that stays (its unpublish fails) is judged again from
+        // its record's mark at the next look.
+        self.shrinks.forget(&Key::new(sandbox_id, host_volume_id));
         let o = match self.open_volume(sandbox_id, host_volume_id, deadline) {
             Ok(o) => o,
             Err(e) if e.code() == Code::NotFound => {

@@ -77,6 +77,9 @@ pub struct AgentState {
     pub leases: leases::Leases,
     /// What GetVolumeHealth answers: (status, reason, message).
     pub health: Vec<(pb::volume_health::Status, String, String)>,
+    /// A discard that cuts the host's image: TrimVolume truncates this
+    /// file to this many bytes (microsandbox #1472's trap).
+    pub trim_truncates: Option<(PathBuf, u64)>,
 }
 
 pub struct FakeAgent {
@@ -304,6 +307,10 @@ impl crust_ttrpc::Agent for FakeAgent {
         let mut s = self.state.lock().unwrap();
         s.log
             .push(format!("trim {} {}", r.volume_id, r.min_extent_bytes));
+        if let Some((image, bytes)) = &s.trim_truncates {
+            let f = std::fs::OpenOptions::new().write(true).open(image).unwrap();
+            f.set_len(*bytes).unwrap();
+        }
         let mut resp = pb::TrimVolumeResponse::new();
         resp.trimmed_bytes = 12345;
         Ok(resp)
@@ -340,6 +347,7 @@ pub fn agent(path: &Path) -> (Arc<Mutex<AgentState>>, ttrpc::Server) {
         on_freeze: OnFreeze::Ok,
         leases: leases::Leases::default(),
         health: Vec::new(),
+        trim_truncates: None,
     }));
     let svc: Arc<dyn crust_ttrpc::Agent + Send + Sync> = Arc::new(FakeAgent {
         state: state.clone(),

@@ -10,4 +10,5 @@ mod freeze;
 mod publish;
 mod recover;
 pub(crate) mod testkit;
+mod trim_schedule;
 mod unpublish;

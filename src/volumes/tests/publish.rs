@@ -42,6 +42,7 @@ fn partitions_that_overlap_are_one_volume() {
             options: crate::volumes::request::Options::parse(Vec::new(), false).unwrap(),
             fs_group: None,
             encryption: None,
+            trim_interval_s: 0,
         },
         timeout: Duration::from_secs(1),
         key: None,

@@ -28,6 +28,7 @@ pub(crate) fn publish_loop(v: &Volumes, id: &str, disk: &crust_testkit::LoopDisk
             options: Options::parse(Vec::new(), false).unwrap(),
             fs_group: None,
             encryption: None,
+            trim_interval_s: 0,
         },
         timeout: Duration::from_secs(1),
         key: None,
@@ -104,14 +105,15 @@ pub(crate) fn with_disk(dir: &Path, disk: &str, fs: Option<FsType>) -> Published
 }
 
 /// The table on `dir`'s root opened again on `fake`, as after a restart:
-/// recovery runs against what the fake has mounted.
+/// recovery runs against what the fake has mounted. Its scheduled trims
+/// run when the test calls `run_due_trims`, never on a thread.
 pub(crate) fn reopen(dir: &Path, fake: &Fake) -> std::sync::Arc<Volumes<Fake>> {
     let sysfs = Sysfs {
         sys_block: dir.join("sys/block"),
         dev_dir: dir.join("dev"),
         dev_block: dir.join("sys/dev/block"),
     };
-    Volumes::open_on(
+    Volumes::open_manual(
         fake.clone(),
         &dir.join("root"),
         sysfs,
@@ -135,6 +137,7 @@ pub(crate) fn request(id: &str, disk: &Device, block: bool, read_only: bool) -> 
             options: Options::parse(Vec::new(), read_only).unwrap(),
             fs_group: None,
             encryption: None,
+            trim_interval_s: 0,
         },
         timeout: Duration::from_millis(10),
         key: None,

@@ -118,6 +118,14 @@ pub fn info(r: &proto::GetAgentInfoResponse) -> String {
 }
 
 pub fn list(r: &proto::ListVolumesResponse) -> String {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    list_at(r, now_ms)
+}
+
+/// `list`, with the trim schedules' times said relative to `now_ms`.
+fn list_at(r: &proto::ListVolumesResponse, now_ms: i64) -> String {
     if r.volumes.is_empty() {
         return "no volumes published\n".into();
     }
@@ -162,7 +170,51 @@ pub fn list(r: &proto::ListVolumesResponse) -> String {
             binds,
         ]);
     }
-    table(&rows)
+    let trims: String = r.volumes.iter().filter_map(|v| trim(v, now_ms)).collect();
+    table(&rows) + &trims
+}
+
+/// A volume's trim schedule, one line, if it has one:
+/// `vol-1: trimmed every 1h; last 5m ago, 12.0 MiB in 3.2 ms; next in 55m`.
+fn trim(v: &proto::VolumeInfo, now_ms: i64) -> Option<String> {
+    let t = v.trim.as_ref()?;
+    let last = if t.last_unix_ms == 0 {
+        "none yet".to_string()
+    } else {
+        format!(
+            "{} ago, {} in {:.1} ms",
+            span(now_ms.saturating_sub(t.last_unix_ms)),
+            size(i64::try_from(t.last_bytes).unwrap_or(i64::MAX)),
+            t.last_duration_us as f64 / 1000.0
+        )
+    };
+    let failed = if t.last_error.is_empty() {
+        String::new()
+    } else {
+        format!("; the last try failed: {}", t.last_error)
+    };
+    Some(format!(
+        "{}: trimmed every {}; last {last}{failed}; next in {}\n",
+        v.volume_id,
+        span(i64::from(t.interval_s) * 1000),
+        span(t.next_unix_ms.saturating_sub(now_ms).max(0))
+    ))
+}
+
+/// Milliseconds as the largest units that say them: `1h30m`, `45s`, `0s`.
+fn span(ms: i64) -> String {
+    let mut s = ms.max(0) / 1000;
+    let mut out = String::new();
+    for (unit, secs) in [("d", 86400), ("h", 3600), ("m", 60)] {
+        if s >= secs {
+            out += &format!("{}{unit}", s / secs);
+            s %= secs;
+        }
+    }
+    if s > 0 || out.is_empty() {
+        out += &format!("{s}s");
+    }
+    out
 }
 
 /// `+luks2(aes-xts-plain64/512)` after the mode of an encrypted volume,
@@ -581,6 +633,37 @@ mod tests {
             bind(&req, &r),
             "v/data/logs was already bound at /run/crust/binds/t (recursively read-only)\n"
         );
+    }
+
+    #[test]
+    fn a_trim_schedule_is_a_line_below_the_table() {
+        let mut v = proto::VolumeInfo {
+            volume_id: "vol-1".into(),
+            ..Default::default()
+        };
+        v.trim = crust_client::protobuf::MessageField::some(proto::TrimSchedule {
+            interval_s: 5400,
+            next_unix_ms: 1_000_000 + 61_000,
+            ..Default::default()
+        });
+        let r = proto::ListVolumesResponse {
+            volumes: vec![v.clone()],
+            ..Default::default()
+        };
+        assert!(list_at(&r, 1_000_000)
+            .ends_with("vol-1: trimmed every 1h30m; last none yet; next in 1m1s\n"));
+        let t = v.trim.as_mut().unwrap();
+        t.last_unix_ms = 1_000_000 - 300_000;
+        t.last_bytes = 12 << 20;
+        t.last_duration_us = 3_250;
+        t.last_error = "FITRIM failed".into();
+        let r = proto::ListVolumesResponse {
+            volumes: vec![v],
+            ..Default::default()
+        };
+        assert!(list_at(&r, 1_000_000).ends_with(
+            "vol-1: trimmed every 1h30m; last 5m ago, 12.0 MiB in 3.2 ms; the last try failed: FITRIM failed; next in 1m1s\n"
+        ), "{}", list_at(&r, 1_000_000));
     }
 
     #[test]

@@ -176,6 +176,10 @@ struct PublishArgs {
     /// blocks are free.
     #[arg(long, requires = "encryption")]
     allow_discards: bool,
+    /// Trim the volume in the background this often (30s, 10m, 1h, 1d,
+    /// 1h30m), with jitter: freed blocks go back to the host without a call.
+    #[arg(long, value_name = "DURATION", value_parser = parse_every)]
+    trim_every: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -264,6 +268,42 @@ fn parse_wait(s: &str) -> Result<u32, String> {
             "'{s}' is not a number of seconds between 0.001 and 4294967"
         )),
     }
+}
+
+/// A duration in whole seconds, as numbers each with its unit (s, m, h,
+/// d): `30s`, `10m`, `1h30m`. The agent judges the range.
+fn parse_every(s: &str) -> Result<u32, String> {
+    let bad = || format!("'{s}' is not a duration: write e.g. 30s, 10m, 1h or 1h30m");
+    let (mut total, mut n, mut digits) = (0u64, 0u64, false);
+    for c in s.chars() {
+        if let Some(d) = c.to_digit(10) {
+            n = n
+                .checked_mul(10)
+                .and_then(|n| n.checked_add(d.into()))
+                .ok_or_else(bad)?;
+            digits = true;
+            continue;
+        }
+        let unit = match c {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            'd' => 86400,
+            _ => return Err(bad()),
+        };
+        if !digits {
+            return Err(bad());
+        }
+        total = n
+            .checked_mul(unit)
+            .and_then(|x| total.checked_add(x))
+            .ok_or_else(bad)?;
+        (n, digits) = (0, false);
+    }
+    if digits || s.is_empty() {
+        return Err(bad());
+    }
+    u32::try_from(total).map_err(|_| bad())
 }
 
 /// Bytes: a plain integer, or one with a binary suffix K/M/G/T/P (KiB…; 1G = 2^30).
@@ -593,6 +633,7 @@ fn publish_request(a: &PublishArgs) -> proto::PublishVolumeRequest {
         read_only: a.read_only,
         fs_group: fs_group.into(),
         timeout_ms: a.wait.unwrap_or(0),
+        trim_interval_s: a.trim_every.unwrap_or(0),
         encryption: a
             .encryption
             .map(|EncryptionKind::Luks2| {
@@ -679,6 +720,34 @@ mod tests {
     }
 
     #[test]
+    fn trim_intervals_are_durations_with_units() {
+        for (s, want) in [
+            ("30s", 30),
+            ("10m", 600),
+            ("1h", 3600),
+            ("1d", 86400),
+            ("1h30m", 5400),
+        ] {
+            assert_eq!(parse_every(s), Ok(want), "{s}");
+        }
+        for bad in [
+            "",
+            "30",
+            "m",
+            "1x",
+            "1.5h",
+            "-1m",
+            "99999999999999999999s",
+            "50000d",
+        ] {
+            assert!(
+                parse_every(bad).unwrap_err().contains("not a duration"),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
     fn waits_become_milliseconds() {
         assert_eq!(parse_wait("30"), Ok(30_000));
         assert_eq!(parse_wait("0.25"), Ok(250));
@@ -735,7 +804,10 @@ mod tests {
             "on-root-mismatch",
             "--wait",
             "30",
+            "--trim-every",
+            "1h30m",
         ]);
+        assert_eq!(req.trim_interval_s, 5400);
         assert_eq!(req.volume_id, "vol-1");
         assert_eq!(req.serial(), "s1");
         assert!(!req.has_device_path());
