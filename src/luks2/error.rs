@@ -37,6 +37,23 @@ pub enum Error {
         what: String,
     },
     #[code(FailedPrecondition)]
+    #[error("the disk's LUKS2 volume has integrity {has} where the request asks {asked}; it is not opened: ask the integrity it was made with, or publish it without format_if_blank and its header decides")]
+    IntegrityDiffers {
+        /// What the request asks: "none", or "hmac-sha256 (hmac(sha256))".
+        asked: String,
+        /// What the header's data segment has: "none", or its kind.
+        has: String,
+    },
+    #[code(Internal)]
+    #[error("the new volume's dm-integrity superblock was not made: {why}; nothing is mapped, and the next publish with format_if_blank makes it again")]
+    IntegrityFormat {
+        /// What the kernel wrote instead.
+        why: String,
+    },
+    #[code(inner)]
+    #[error(transparent)]
+    Stopped(#[from] crate::cancel::Stopped),
+    #[code(FailedPrecondition)]
     #[error("{what} of a LUKS2 volume with integrity is not supported: {why}")]
     NotWithIntegrity {
         /// "growing mapping \"crust-x\"", "discards".
