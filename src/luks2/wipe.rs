@@ -10,6 +10,7 @@
 //! allow in one publish.
 
 use std::fs::File;
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -29,16 +30,17 @@ pub const RECORD_EVERY: Duration = Duration::from_secs(5);
 
 /// Wipes the mapping `mapped` of the unfinished volume on `disk` from
 /// where its header says the wipe has reached to its end, and records it
-/// done; false (and nothing written) when the header says no wipe is under
-/// way. Stopped by `cancel` between chunks, having recorded how far it got.
-pub fn wipe(disk: &Path, mapped: &Path, cancel: &Cancel) -> Result<bool, Error> {
+/// done; the bytes of the mapping it wrote, or None (and nothing written)
+/// when the header says no wipe is under way. Stopped by `cancel` between
+/// chunks, having recorded how far it got.
+pub fn wipe(disk: &Path, mapped: &Path, cancel: &Cancel) -> Result<Option<Range<u64>>, Error> {
     let from = {
         let f = File::open(disk).map_err(|e| SysError::new("open", disk.display(), e))?;
         let size = crate::sys::blockdev::size_of(&f, disk)?;
         made::wiped(&header::read(&f, size)?)
     };
     let Some(from) = from else {
-        return Ok(false);
+        return Ok(None);
     };
     let f = open_direct(mapped, true)?;
     let size = crate::sys::blockdev::size_of(&f, mapped)?;
@@ -46,6 +48,7 @@ pub fn wipe(disk: &Path, mapped: &Path, cancel: &Cancel) -> Result<bool, Error> 
     let zeros = &buf[at..at + CHUNK];
     let align = ALIGN as u64;
     let mut done = from.min(size) / align * align;
+    let start = done;
     let mut recorded = Instant::now();
     let synced = |done: u64| -> Result<(), Error> {
         f.sync_all()
@@ -71,5 +74,5 @@ pub fn wipe(disk: &Path, mapped: &Path, cancel: &Cancel) -> Result<bool, Error> 
     f.sync_all()
         .map_err(|e| SysError::new("fsync", mapped.display(), e))?;
     made::record_wipe(disk, None)?;
-    Ok(true)
+    Ok(Some(start..size))
 }

@@ -793,7 +793,12 @@ impl Kernel for Fake {
         self.format_if_blank_fake(disk, passphrase, integrity)
     }
 
-    fn wipe_mapping(&self, disk: &Device, mapped: &Device, _cancel: &Cancel) -> Result<bool> {
+    fn wipe_mapping(
+        &self,
+        disk: &Device,
+        mapped: &Device,
+        _cancel: &Cancel,
+    ) -> Result<Option<std::ops::Range<u64>>> {
         self.wipe_fake(disk, mapped)
     }
 

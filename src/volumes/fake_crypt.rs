@@ -149,23 +149,28 @@ impl Fake {
 
     /// The wipe of the LUKS2 disk under mapping `mapped`, if one is under
     /// way: done (or failed, as planted for [`Call::Wipe`]).
-    pub(super) fn wipe_fake(&self, disk: &Device, mapped: &Device) -> crate::error::Result<bool> {
-        if !self
-            .state
-            .locked()
-            .luks
-            .iter()
-            .any(|l| l.disk == disk.name && l.wiping)
-        {
-            return Ok(false);
+    pub(super) fn wipe_fake(
+        &self,
+        disk: &Device,
+        mapped: &Device,
+    ) -> crate::error::Result<Option<std::ops::Range<u64>>> {
+        let st = self.state.locked();
+        if !st.luks.iter().any(|l| l.disk == disk.name && l.wiping) {
+            return Ok(None);
         }
+        drop(st);
         let what = format!("wipe {}", mapped.name);
         self.call(Call::Wipe, &what).map_err(|e| {
             luks2::error::Error::from(SysError::new("write", mapped.path.display(), e))
         })?;
         self.on_luks(&disk.name, |l| l.wiping = false);
         self.note(what);
-        Ok(true)
+        let bytes = self
+            .state
+            .locked()
+            .disk(&mapped.path)
+            .map_or(0, |d| d.bytes);
+        Ok(Some(0..bytes))
     }
 
     /// A read of a mapping whose wipe is not done fails, as the kernel's

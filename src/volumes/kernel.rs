@@ -182,9 +182,14 @@ pub trait Kernel: Send + Sync + 'static {
         integrity: Option<Mac>,
     ) -> std::result::Result<Found, luks2::error::Error>;
     /// Wipes the new volume on `disk` through its mapping `mapped` from
-    /// where its wipe has reached (luks2::wipe), within `cancel`;
-    /// false when no wipe is under way.
-    fn wipe_mapping(&self, disk: &Device, mapped: &Device, cancel: &Cancel) -> Result<bool>;
+    /// where its wipe has reached (luks2::wipe), within `cancel`; the
+    /// bytes of the mapping it wrote, or None when no wipe is under way.
+    fn wipe_mapping(
+        &self,
+        disk: &Device,
+        mapped: &Device,
+        cancel: &Cancel,
+    ) -> Result<Option<std::ops::Range<u64>>>;
     /// Marks the volume the agent made on `disk` finished.
     fn finish_format(&self, disk: &Device) -> std::result::Result<(), luks2::error::Error>;
     /// Makes filesystem `fs` on `device` (a new mapping): the one program
@@ -421,7 +426,12 @@ impl Kernel for Linux {
         made::format_if_blank(&on, passphrase, &options)
     }
 
-    fn wipe_mapping(&self, disk: &Device, mapped: &Device, cancel: &Cancel) -> Result<bool> {
+    fn wipe_mapping(
+        &self,
+        disk: &Device,
+        mapped: &Device,
+        cancel: &Cancel,
+    ) -> Result<Option<std::ops::Range<u64>>> {
         Ok(luks2::wipe::wipe(&disk.path, &mapped.path, cancel)?)
     }
 

@@ -241,11 +241,12 @@ impl<K: Kernel> Publisher<'_, K> {
             Some(_) => {
                 let started = std::time::Instant::now();
                 let wiped = kernel.wipe_mapping(disk, &device, cancel)?;
-                if wiped {
+                if let Some(bytes) = &wiped {
                     info!(self.log, "encrypted volume wiped through its integrity"; "volume" => &req.spec.volume_id,
-                          "mapping" => &mapping.name, "ms" => started.elapsed().as_millis());
+                          "mapping" => &mapping.name, "from" => bytes.start, "to" => bytes.end,
+                          "ms" => started.elapsed().as_millis());
                 }
-                wiped
+                wiped.is_some()
             }
             None => false,
         };
