@@ -106,12 +106,12 @@ pub enum Error {
     #[error(transparent)]
     NotBlank(#[from] super::blank::NotBlank),
     #[code(FailedPrecondition)]
-    #[error("the disk has {device_bytes} bytes, too few for a LUKS2 volume: its header and keyslots take the first 16 MiB and its data at least one {sector_size}-byte sector after them, {needs} bytes in all; nothing was written")]
+    #[error("the disk has {device_bytes} bytes, too few for a LUKS2 volume: its header and keyslots take the first 16 MiB and its data at least {data} after them, {needs} bytes in all; nothing was written")]
     TooSmall {
         /// The device's size.
         device_bytes: u64,
-        /// The data segment's sector size.
-        sector_size: u32,
+        /// What the data needs: "one 512-byte sector", "4 MiB (dm-integrity's journal and tags)".
+        data: String,
         /// The least it needs.
         needs: u64,
     },

@@ -337,15 +337,21 @@ pub fn format(
 /// [`INTEGRITY_MIN_DATA`] after it, in any size (dm-integrity provides
 /// whole blocks of what it has, as cryptsetup leaves it to).
 fn check_device(device_bytes: u64, sector_size: u32, integrity: Option<Mac>) -> Result<(), Error> {
-    let data = match integrity {
-        Some(_) => INTEGRITY_MIN_DATA,
-        None => sector_size.into(),
+    let (data, what) = match integrity {
+        Some(_) => (
+            INTEGRITY_MIN_DATA,
+            format!(
+                "{} MiB (dm-integrity's journal and tags)",
+                INTEGRITY_MIN_DATA >> 20
+            ),
+        ),
+        None => (sector_size.into(), format!("one {sector_size}-byte sector")),
     };
     let needs = DATA_OFFSET.saturating_add(data);
     if device_bytes < needs {
         return Err(Error::TooSmall {
             device_bytes,
-            sector_size,
+            data: what,
             needs,
         });
     }

@@ -415,6 +415,12 @@ fn a_disk_too_small_for_integrity_is_refused_before_any_work() {
         matches!(e, Error::TooSmall { needs: n, .. } if n == needs),
         "{e}"
     );
+    assert!(
+        e.to_string().contains(
+            "at least 4 MiB (dm-integrity's journal and tags) after them, 20971520 bytes"
+        ),
+        "{e}"
+    );
     format(needs + 512, &pw(b"pw"), &INTEGRITY, &mut Stream(9)).unwrap();
 }
 

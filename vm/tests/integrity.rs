@@ -344,3 +344,37 @@ fn a_publish_stopped_mid_wipe_goes_on_from_where_it_stopped() {
         "{dump}"
     );
 }
+
+/// The least disk a volume with integrity is made on, 20 MiB (the header's
+/// 16 and 4 for dm-integrity's journal and tags), is one the kernel takes,
+/// as a block volume (wiped, with no filesystem); 1 MiB less is refused
+/// before a byte is written.
+#[test]
+#[ignore = "needs a VM: make test-vm runs it"]
+fn the_least_disk_made_with_integrity_is_20_mib() {
+    let tmp = tempfile::tempdir().unwrap();
+    let least = crust_testkit::vm::blank(tmp.path(), "least.img", 20);
+    let less = crust_testkit::vm::blank(tmp.path(), "less.img", 19);
+    let mut vm = boot(tmp.path());
+    let c = vm.agent().unwrap();
+    vm.hotplug(&least, "ser-l", false).unwrap();
+    vm.hotplug(&less, "ser-s", false).unwrap();
+    let block = |id: &str, serial: &str| {
+        let mut r = made_with_integrity_req(id, serial);
+        r.fs_type = String::new();
+        r.volume_mode = pb::VolumeMode::BLOCK.into();
+        c.publish_volume(ctx(), &r)
+    };
+    let out = block("vol-l", "ser-l").unwrap();
+    assert!(out.device.starts_with("/dev/dm-"), "{out:?}");
+    let refused = block("vol-s", "ser-s");
+    let why = message(refused.clone());
+    assert_eq!(code(refused), "FAILED_PRECONDITION", "{why}");
+    assert!(why.contains("20971520 bytes in all"), "{why}");
+    c.unpublish_volume(ctx(), &unpublish_req("vol-l")).unwrap();
+    vm.down().unwrap();
+    assert!(crust_testkit::allocated(&less) == 0, "a byte was written");
+    let dump = crust_testkit::luks::dump(&least);
+    assert!(dump.contains("integrity: hmac(sha256)"), "{dump}");
+    assert!(!dump.contains("crust-unfinished"), "{dump}");
+}
