@@ -177,6 +177,7 @@ fn a_luks2_header_the_agent_made_is_named() {
     let options = format::Options {
         kdf: KdfCost::Pbkdf2Sha256 { iterations: 1000 },
         sector_size: SectorSize::Bytes512,
+        integrity: None,
     };
     let pass = zeroize::Zeroizing::new(b"pw".to_vec());
     let f = format::format(32 * MIB, &pass, &options, &mut format::OsRandom).unwrap();

@@ -1,8 +1,19 @@
 //! A disk as LUKS2 reads it: bytes at offsets, from a device or image
 //! file, or from memory. Apart from the header's reader so that what only
-//! reads a disk (the blank check) needs nothing else of LUKS2.
+//! reads a disk (the blank check) needs nothing else of LUKS2. And the
+//! disk a new volume is made on, as the steps of making it name it.
 
 use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+/// The disk a volume is made on: its node, its device number, and the name
+/// its mapping will have (which names its dm-integrity device too).
+#[derive(Clone, Copy, Debug)]
+pub struct Disk<'a> {
+    pub path: &'a Path,
+    pub dev: (u32, u32),
+    pub name: &'a str,
+}
 
 /// A disk, read at offsets: a device or image file, or bytes in memory.
 pub trait ReadAt {

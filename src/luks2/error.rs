@@ -37,6 +37,23 @@ pub enum Error {
         what: String,
     },
     #[code(FailedPrecondition)]
+    #[error("the disk's LUKS2 volume has integrity {has} where the request asks {asked}; it is not opened: ask the integrity it was made with, or publish it without format_if_blank and its header decides")]
+    IntegrityDiffers {
+        /// What the request asks: "none", or "hmac-sha256 (hmac(sha256))".
+        asked: String,
+        /// What the header's data segment has: "none", or its kind.
+        has: String,
+    },
+    #[code(Internal)]
+    #[error("the new volume's dm-integrity superblock was not made: {why}; nothing is mapped, and the next publish with format_if_blank makes it again")]
+    IntegrityFormat {
+        /// What the kernel wrote instead.
+        why: String,
+    },
+    #[code(inner)]
+    #[error(transparent)]
+    Stopped(#[from] crate::cancel::Stopped),
+    #[code(FailedPrecondition)]
     #[error("{what} of a LUKS2 volume with integrity is not supported: {why}")]
     NotWithIntegrity {
         /// "growing mapping \"crust-x\"", "discards".
@@ -89,12 +106,12 @@ pub enum Error {
     #[error(transparent)]
     NotBlank(#[from] super::blank::NotBlank),
     #[code(FailedPrecondition)]
-    #[error("the disk has {device_bytes} bytes, too few for a LUKS2 volume: its header and keyslots take the first 16 MiB and its data at least one {sector_size}-byte sector after them, {needs} bytes in all; nothing was written")]
+    #[error("the disk has {device_bytes} bytes, too few for a LUKS2 volume: its header and keyslots take the first 16 MiB and its data at least {data} after them, {needs} bytes in all; nothing was written")]
     TooSmall {
         /// The device's size.
         device_bytes: u64,
-        /// The data segment's sector size.
-        sector_size: u32,
+        /// What the data needs: "one 512-byte sector", "4 MiB (dm-integrity's journal and tags)".
+        data: String,
         /// The least it needs.
         needs: u64,
     },

@@ -1,7 +1,14 @@
 //! A new LUKS2 volume, laid out as `cryptsetup luksFormat --type luks2
 //! --cipher aes-xts-plain64 --key-size 512` lays it out (cryptsetup 2.6's
 //! defaults): two 16 KiB headers (the primary at 0, the secondary at
-//! 16 KiB), keyslot 0's area at 32 KiB, the data from 16 MiB. Pure: the
+//! 16 KiB), keyslot 0's area at 32 KiB, the data from 16 MiB. With
+//! integrity ([`Mac`]), as `luksFormat --integrity hmac-sha256` lays it
+//! out: the same places, a 768-bit volume key (the 512-bit XTS key, then
+//! the 256-bit HMAC key), a keyslot of `key_size` 96 whose area (376 KiB)
+//! is still encrypted with a 512-bit aes-xts-plain64 key, and a segment
+//! that names its integrity with no journal key; the dm-integrity
+//! superblock at the data's start is the kernel's to write
+//! (`made_integrity`). Pure: the
 //! caller gives the device's size, the passphrase, the keyslot's KDF and
 //! a source of random bytes, and gets the volume key, the data segment
 //! and the bytes to write where. Nothing here touches a disk; the caller
@@ -23,7 +30,7 @@ use zeroize::Zeroizing;
 use super::error::Error;
 use super::json::base64_encode;
 use super::kdf::{self, Argon2Cost, Hash};
-use super::metadata::Segment;
+use super::metadata::{Integrity, Segment};
 use super::unlock::VolumeKey;
 use crate::sys::error::SysError;
 
@@ -38,15 +45,70 @@ pub const KEYSLOTS_OFFSET: u64 = 32768;
 pub const DATA_OFFSET: u64 = 16 << 20;
 /// The keyslots area: from both headers' end to the data.
 pub const KEYSLOTS_BYTES: u64 = 16_744_448;
-/// The volume key's size: aes-xts-plain64 with two AES-256 keys.
+/// The volume key's size without integrity, and the keyslot area's key's
+/// always: aes-xts-plain64 with two AES-256 keys.
 pub const KEY_BYTES: usize = 64;
 /// The AF splitter's stripes (cryptsetup's, and LUKS1's).
 pub const STRIPES: u32 = 4000;
-/// The split key's bytes: key size × stripes, a whole number of sectors.
-const SPLIT_BYTES: usize = 256_000;
-/// Keyslot 0's area: the split key rounded up to 4 KiB, as cryptsetup does.
-pub const AREA_BYTES: u64 = AREA_LEN as u64;
-const AREA_LEN: usize = 258_048;
+/// With integrity, the least the disk holds after its header: room for
+/// dm-integrity's superblock, journal and tags besides the data (the
+/// kernel refuses a device too small for them; this bound keeps the
+/// refusal ours, before anything is written).
+pub const INTEGRITY_MIN_DATA: u64 = 4 << 20;
+
+/// The MAC a new volume's integrity is made with: what `luksFormat
+/// --integrity` takes, of those the agent makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mac {
+    /// `hmac-sha256`: HMAC-SHA-256 over each sector, a 32-byte tag.
+    HmacSha256,
+}
+
+impl Mac {
+    /// Every MAC the agent makes.
+    pub const ALL: &'static [Mac] = &[Mac::HmacSha256];
+
+    /// As a request and cryptsetup's `--integrity` name it.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Mac::HmacSha256 => "hmac-sha256",
+        }
+    }
+
+    /// As the header and the kernel's crypto API name it.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Mac::HmacSha256 => "hmac(sha256)",
+        }
+    }
+
+    /// The MAC named `flag` (`hmac-sha256`), if the agent makes it.
+    pub fn from_flag(flag: &str) -> Option<Mac> {
+        Mac::ALL.iter().copied().find(|m| m.flag() == flag)
+    }
+
+    /// Its key's bytes, which follow the XTS key in the volume key.
+    fn key_bytes(self) -> usize {
+        match self {
+            Mac::HmacSha256 => 32,
+        }
+    }
+}
+
+/// The volume key's bytes for a volume made with `integrity`.
+pub fn volume_key_bytes(integrity: Option<Mac>) -> usize {
+    KEY_BYTES.saturating_add(integrity.map_or(0, Mac::key_bytes))
+}
+
+/// Keyslot 0's area for a volume key of `key_bytes`: the split key (key
+/// size × [`STRIPES`], whole sectors) rounded up to 4 KiB, as cryptsetup's
+/// `get_area_size` does: 258,048 bytes for 64, 385,024 for 96.
+pub fn area_bytes(key_bytes: usize) -> usize {
+    key_bytes
+        .saturating_mul(STRIPES as usize)
+        .div_ceil(4096)
+        .saturating_mul(4096)
+}
 /// The digest's PBKDF2-SHA256 iterations: cryptsetup's floor
 /// (LUKS_MKD_ITERATIONS_MIN). It benchmarks for 125 ms above it, but the
 /// digest checks a random 512-bit key, which no count of iterations makes
@@ -142,6 +204,8 @@ pub struct Options {
     pub kdf: KdfCost,
     /// The data segment's sector size.
     pub sector_size: SectorSize,
+    /// The data segment's integrity, if any.
+    pub integrity: Option<Mac>,
 }
 
 /// Where random bytes come from: the kernel in the agent, a fixed stream in tests.
@@ -214,9 +278,9 @@ pub fn format(
     random: &mut dyn Random,
 ) -> Result<Formatted, Error> {
     let sector_size = options.sector_size.bytes();
-    check_device(device_bytes, sector_size)?;
+    check_device(device_bytes, sector_size, options.integrity)?;
     options.kdf.check()?;
-    let mut volume_key = Zeroizing::new(vec![0u8; KEY_BYTES]);
+    let mut volume_key = Zeroizing::new(vec![0u8; volume_key_bytes(options.integrity)]);
     random.fill(&mut volume_key)?;
     let keyslot_salt = random_bytes(random, SALT_BYTES)?;
     let area = keyslot_area(passphrase, &volume_key, options.kdf, &keyslot_salt, random)?;
@@ -230,6 +294,7 @@ pub fn format(
         digest_salt: &digest_salt,
         digest: &digest,
         sector_size,
+        integrity: options.integrity,
     });
     let secondary = binary_header(HEADER_BYTES, &uuid, &json, random)?;
     let primary = binary_header(0, &uuid, &json, random)?;
@@ -242,7 +307,11 @@ pub fn format(
             iv_tweak: 0,
             encryption: "aes-xts-plain64".into(),
             sector_size,
-            integrity: None,
+            integrity: options.integrity.map(|m| Integrity {
+                kind: m.kind().into(),
+                journal_encryption: "none".into(),
+                journal_integrity: "none".into(),
+            }),
             flags: Vec::new(),
         },
         uuid,
@@ -264,17 +333,29 @@ pub fn format(
 }
 
 /// Refused unless the device holds the metadata and at least one data
-/// sector after it, in whole sectors.
-fn check_device(device_bytes: u64, sector_size: u32) -> Result<(), Error> {
-    let needs = DATA_OFFSET.saturating_add(sector_size.into());
+/// sector after it, in whole sectors; with integrity, at least
+/// [`INTEGRITY_MIN_DATA`] after it, in any size (dm-integrity provides
+/// whole blocks of what it has, as cryptsetup leaves it to).
+fn check_device(device_bytes: u64, sector_size: u32, integrity: Option<Mac>) -> Result<(), Error> {
+    let (data, what) = match integrity {
+        Some(_) => (
+            INTEGRITY_MIN_DATA,
+            format!(
+                "{} MiB (dm-integrity's journal and tags)",
+                INTEGRITY_MIN_DATA >> 20
+            ),
+        ),
+        None => (sector_size.into(), format!("one {sector_size}-byte sector")),
+    };
+    let needs = DATA_OFFSET.saturating_add(data);
     if device_bytes < needs {
         return Err(Error::TooSmall {
             device_bytes,
-            sector_size,
+            data: what,
             needs,
         });
     }
-    if !device_bytes.is_multiple_of(sector_size.into()) {
+    if integrity.is_none() && !device_bytes.is_multiple_of(sector_size.into()) {
         return Err(Error::Misaligned {
             device_bytes,
             sector_size,
@@ -290,10 +371,10 @@ fn random_bytes(random: &mut dyn Random, len: usize) -> Result<Vec<u8>, Error> {
 }
 
 /// Keyslot 0's area: the volume key AF-split over [`STRIPES`] (random
-/// stripes but the last), encrypted with aes-xts-plain64 under the key the
-/// KDF derives from the passphrase (512-byte sectors numbered from the
-/// area's start, as the unlock decrypts it), then random bytes to the
-/// area's end.
+/// stripes but the last), encrypted with aes-xts-plain64 under the
+/// [`KEY_BYTES`] key the KDF derives from the passphrase (512-byte sectors
+/// numbered from the area's start, as the unlock decrypts it), then random
+/// bytes to the area's end.
 fn keyslot_area(
     passphrase: &[u8],
     volume_key: &[u8],
@@ -320,7 +401,8 @@ fn keyslot_area(
             Hash::Sha256.pbkdf2(passphrase, salt, iterations, &mut area_key);
         }
     }
-    let mut split = Zeroizing::new(vec![0u8; SPLIT_BYTES]);
+    // Whole 512-byte sectors: key sizes are multiples of 32 bytes.
+    let mut split = Zeroizing::new(vec![0u8; volume_key.len().saturating_mul(STRIPES as usize)]);
     random.fill(&mut split)?;
     Hash::Sha256.af_split(volume_key, &mut split);
     let (k1, k2) = area_key.split_at(KEY_BYTES / 2);
@@ -328,8 +410,8 @@ fn keyslot_area(
         unreachable!("two halves of a 64-byte key are AES-256 keys");
     };
     Xts128::new(a, b).encrypt_area(&mut split, 512, 0, get_tweak_default);
-    let mut area = vec![0u8; AREA_LEN];
-    let (head, tail) = area.split_at_mut(SPLIT_BYTES);
+    let mut area = vec![0u8; area_bytes(volume_key.len())];
+    let (head, tail) = area.split_at_mut(split.len());
     head.copy_from_slice(&split);
     random.fill(tail)?;
     Ok(area)
@@ -359,10 +441,14 @@ struct Json<'a> {
     digest_salt: &'a [u8],
     digest: &'a [u8],
     sector_size: u32,
+    integrity: Option<Mac>,
 }
 
 /// The JSON area's text, member for member as cryptsetup writes it: sizes
-/// and offsets as decimal strings, salts and the digest in base64.
+/// and offsets as decimal strings, salts and the digest in base64; with
+/// integrity, the keyslot's key is the volume key's size while its area's
+/// stays [`KEY_BYTES`] (cryptsetup's `crypt_keyslot_get_encryption`: a
+/// cipher with tags does not encrypt a keyslot).
 fn json_area(j: &Json<'_>) -> String {
     let kdf = match j.kdf {
         KdfCost::Argon2id {
@@ -380,20 +466,25 @@ fn json_area(j: &Json<'_>) -> String {
     };
     format!(
         concat!(
-            r#"{{"keyslots":{{"0":{{"type":"luks2","key_size":{key},"af":{{"type":"luks1","stripes":{stripes},"hash":"sha256"}},"#,
+            r#"{{"keyslots":{{"0":{{"type":"luks2","key_size":{volume_key},"af":{{"type":"luks1","stripes":{stripes},"hash":"sha256"}},"#,
             r#""area":{{"type":"raw","offset":"{area_offset}","size":"{area_size}","encryption":"aes-xts-plain64","key_size":{key}}},"#,
             r#""kdf":{kdf}}}}},"tokens":{{}},"#,
-            r#""segments":{{"0":{{"type":"crypt","offset":"{data}","size":"dynamic","iv_tweak":"0","encryption":"aes-xts-plain64","sector_size":{sector}}}}},"#,
+            r#""segments":{{"0":{{"type":"crypt","offset":"{data}","size":"dynamic","iv_tweak":"0","encryption":"aes-xts-plain64","sector_size":{sector}{integrity}}}}},"#,
             r#""digests":{{"0":{{"type":"pbkdf2","keyslots":["0"],"segments":["0"],"hash":"sha256","iterations":{iterations},"salt":"{salt}","digest":"{digest}"}}}},"#,
             r#""config":{{"json_size":"{json}","keyslots_size":"{keyslots}"}}}}"#
         ),
+        volume_key = volume_key_bytes(j.integrity),
         key = KEY_BYTES,
         stripes = STRIPES,
         area_offset = KEYSLOTS_OFFSET,
-        area_size = AREA_BYTES,
+        area_size = area_bytes(volume_key_bytes(j.integrity)),
         kdf = kdf,
         data = DATA_OFFSET,
         sector = j.sector_size,
+        integrity = j.integrity.map_or(String::new(), |m| format!(
+            r#","integrity":{{"type":"{}","journal_encryption":"none","journal_integrity":"none"}}"#,
+            m.kind()
+        )),
         iterations = DIGEST_ITERATIONS,
         salt = base64_encode(j.digest_salt),
         digest = base64_encode(j.digest),

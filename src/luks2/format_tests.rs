@@ -43,6 +43,14 @@ const DEVICE: u64 = 32 << 20;
 const PBKDF2: Options = Options {
     kdf: KdfCost::Pbkdf2Sha256 { iterations: 1000 },
     sector_size: SectorSize::Bytes512,
+    integrity: None,
+};
+
+/// `luksFormat --integrity hmac-sha256 --sector-size 4096 --pbkdf pbkdf2`.
+const INTEGRITY: Options = Options {
+    sector_size: SectorSize::Bytes4096,
+    integrity: Some(Mac::HmacSha256),
+    ..PBKDF2
 };
 
 /// Argon2id at cryptsetup's least passes, with little memory: fast.
@@ -53,6 +61,7 @@ const ARGON2ID: Options = Options {
         lanes: 2,
     },
     sector_size: SectorSize::Bytes512,
+    integrity: None,
 };
 
 const LIMITS: Limits = Limits {
@@ -161,6 +170,7 @@ fn the_json_area_is_cryptsetups_byte_for_byte() {
             digest_salt: &salt,
             digest: &salt,
             sector_size: 4096,
+            integrity: None,
         })
     };
     let ours = json(KdfCost::Pbkdf2Sha256 { iterations: 1000 });
@@ -325,4 +335,101 @@ fn a_host_rewritten_segment_cipher_is_refused() {
     let e = unlock(&Head(&img), &h, &pass, LIMITS, None).unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition);
     assert!(e.to_string().contains("aes-xts-null"), "{e}");
+}
+
+/// A volume with integrity as `cryptsetup luksFormat --type luks2
+/// --integrity hmac-sha256 --sector-size 4096 --pbkdf pbkdf2` (2.6.1, in
+/// a guest: it needs device-mapper) wrote its JSON area, salts and digest
+/// included.
+const CRYPTSETUP_INTEGRITY_JSON: &str = concat!(
+    r#"{"keyslots":{"0":{"type":"luks2","key_size":96,"af":{"type":"luks1","stripes":4000,"hash":"sha256"},"#,
+    r#""area":{"type":"raw","offset":"32768","size":"385024","encryption":"aes-xts-plain64","key_size":64},"#,
+    r#""kdf":{"type":"pbkdf2","hash":"sha256","iterations":1000,"salt":"8clR3gQsQ0U5P98g2IsefUWFqZOZ4kQzQ8VhsJ4KErA="}}},"#,
+    r#""tokens":{},"segments":{"0":{"type":"crypt","offset":"16777216","size":"dynamic","iv_tweak":"0","#,
+    r#""encryption":"aes-xts-plain64","sector_size":4096,"#,
+    r#""integrity":{"type":"hmac(sha256)","journal_encryption":"none","journal_integrity":"none"}}},"#,
+    r#""digests":{"0":{"type":"pbkdf2","keyslots":["0"],"segments":["0"],"hash":"sha256","iterations":1000,"#,
+    r#""salt":"oH5JZHRxf8NQnxwP4KaJjbwRWV15mmuGsjjlGs/5Jz8=","digest":"dQ9vOBRorA8QmSw/UhqG3HQVQnrYaJHIv9tqDD/sxFg="}},"#,
+    r#""config":{"json_size":"12288","keyslots_size":"16744448"}}"#
+);
+
+#[test]
+fn an_integrity_json_area_is_cryptsetups_byte_for_byte() {
+    let ours = json_area(&Json {
+        kdf: KdfCost::Pbkdf2Sha256 { iterations: 1000 },
+        keyslot_salt: &base64("8clR3gQsQ0U5P98g2IsefUWFqZOZ4kQzQ8VhsJ4KErA=").unwrap(),
+        digest_salt: &base64("oH5JZHRxf8NQnxwP4KaJjbwRWV15mmuGsjjlGs/5Jz8=").unwrap(),
+        digest: &base64("dQ9vOBRorA8QmSw/UhqG3HQVQnrYaJHIv9tqDD/sxFg=").unwrap(),
+        sector_size: 4096,
+        integrity: Some(Mac::HmacSha256),
+    });
+    assert_eq!(ours, CRYPTSETUP_INTEGRITY_JSON);
+}
+
+/// What is formatted with integrity reads back as cryptsetup's layout,
+/// unlocks to a 768-bit key, and is what the agent's open computes
+/// dm-crypt's AEAD from.
+#[test]
+fn a_volume_with_integrity_reads_back_and_unlocks_to_its_768_bit_key() {
+    let f = format(DEVICE, &pw(b"tags"), &INTEGRITY, &mut Stream(8)).unwrap();
+    assert_eq!(f.volume_key.bytes().len(), 96);
+    let at: Vec<(u64, usize)> = f.writes.iter().map(|w| (w.offset, w.bytes.len())).collect();
+    assert_eq!(at, [(32768, 385_024), (16384, 16384), (0, 16384)]);
+    let img = image(&f);
+    let h = header::read(&Head(&img), DEVICE).unwrap();
+    let [(0, slot)] = &h.metadata.keyslots[..] else {
+        panic!("{:?}", h.metadata.keyslots)
+    };
+    let st = slot.stored.as_ref().unwrap();
+    assert_eq!(
+        (slot.key_size, st.area_size, st.area_key_size),
+        (96, 385_024, 64)
+    );
+    assert_eq!(h.metadata.segments, [(0, f.segment.clone())]);
+    let i = f.segment.integrity.as_ref().unwrap();
+    assert_eq!(
+        (
+            i.kind.as_str(),
+            i.journal_encryption.as_str(),
+            i.journal_integrity.as_str(),
+            f.segment.sector_size
+        ),
+        ("hmac(sha256)", "none", "none", 4096)
+    );
+    let u = unlock(&Head(&img), &h, &pw(b"tags"), LIMITS, None).unwrap();
+    assert_eq!(u.volume_key.bytes(), f.volume_key.bytes());
+    let aead = crate::luks2::integrity::aead(&u.segment, u.volume_key.bytes().len()).unwrap();
+    assert_eq!(
+        (aead.cipher.as_str(), aead.tag),
+        ("capi:authenc(hmac(sha256),xts(aes))-plain64", 32)
+    );
+}
+
+/// dm-integrity needs room past the header, in any size: cryptsetup does
+/// not ask whole sectors of a disk with integrity.
+#[test]
+fn a_disk_too_small_for_integrity_is_refused_before_any_work() {
+    let needs = (16u64 << 20) + INTEGRITY_MIN_DATA;
+    let e = format(needs - 4096, &pw(b"pw"), &INTEGRITY, &mut NoRandom).unwrap_err();
+    assert!(
+        matches!(e, Error::TooSmall { needs: n, .. } if n == needs),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains(
+            "at least 4 MiB (dm-integrity's journal and tags) after them, 20971520 bytes"
+        ),
+        "{e}"
+    );
+    format(needs + 512, &pw(b"pw"), &INTEGRITY, &mut Stream(9)).unwrap();
+}
+
+#[test]
+fn the_macs_are_named_as_cryptsetup_and_the_kernel_name_them() {
+    assert_eq!(Mac::from_flag("hmac-sha256"), Some(Mac::HmacSha256));
+    assert_eq!(Mac::HmacSha256.kind(), "hmac(sha256)");
+    for other in ["", "hmac(sha256)", "HMAC-SHA256", "hmac-sha512", "crc32c"] {
+        assert_eq!(Mac::from_flag(other), None, "{other}");
+    }
+    assert_eq!((area_bytes(64), area_bytes(96)), (258_048, 385_024));
 }

@@ -12,7 +12,8 @@
 //! choice of copy (`header`), the JSON area as types (`metadata`) over a
 //! bounded JSON reader (`json`), the hashes and KDFs (`kdf`), the unlock
 //! (`unlock`), a new volume (`format`), and the rule that a disk is blank
-//! before it is formatted (`blank`). `fuzz` is the fuzz target's way in;
+//! before it is formatted (`blank`); a volume made in the guest (`made`),
+//! with what integrity adds (`made_integrity`, `wipe`). `fuzz` is the fuzz target's way in;
 //! `tests` holds the tests against cryptsetup, `fixture` the headers the
 //! other tests build by hand.
 //!
@@ -38,8 +39,10 @@ pub mod integrity;
 pub mod json;
 pub mod kdf;
 pub mod made;
+pub mod made_integrity;
 pub mod mapping;
 pub mod metadata;
 #[cfg(test)]
 mod tests;
 pub mod unlock;
+pub mod wipe;

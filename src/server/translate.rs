@@ -15,6 +15,7 @@ use crate::cancel::{Cancel, Token, Why};
 use crate::code::Code;
 use crate::error::{Error, Result};
 use crate::keys::source::{KeySource, RequestKey};
+use crate::luks2::format::Mac;
 use crate::model::{Policy, RecursiveReadOnly, VolumeMode};
 use crate::mount::selinux::without_contexts;
 use crate::stats::problem::Health;
@@ -177,7 +178,12 @@ fn encryption(
     };
     let id = &req.volume_id;
     match known("encryption.kind", e.kind)? {
-        Kind::NONE if e.key.is_none() && !e.format_if_blank && !e.allow_discards => {
+        Kind::NONE
+            if e.key.is_none()
+                && !e.format_if_blank
+                && !e.allow_discards
+                && e.integrity.is_empty() =>
+        {
             Ok((None, None))
         }
         Kind::NONE => Err(Invalid(format!(
@@ -197,10 +203,50 @@ fn encryption(
             let asked = Encryption {
                 allow_discards: e.allow_discards,
                 format_if_blank: e.format_if_blank,
+                integrity: format_integrity(id, e)?,
             };
             Ok((Some(asked), Some(key)))
         }
     }
+}
+
+/// The integrity a LUKS2 publish asks its new volume to be made with:
+/// only with format_if_blank (without it the header decides), only one the
+/// agent makes, and never with allow_discards (dm-integrity under LUKS2
+/// takes no discards).
+fn format_integrity(id: &str, e: &pb::Encryption) -> Result<Option<Mac>, Error> {
+    if e.integrity.is_empty() {
+        return Ok(None);
+    }
+    // The value as sent, cut: a request may carry a long one.
+    let cut: String = e.integrity.chars().take(64).collect();
+    let more = if cut.len() < e.integrity.len() {
+        "…"
+    } else {
+        ""
+    };
+    let shown = format!("{cut:?}{more}");
+    let Some(mac) = Mac::from_flag(&e.integrity) else {
+        let known: Vec<&str> = Mac::ALL.iter().map(|m| m.flag()).collect();
+        return Err(Invalid(format!(
+            "volume {id}: encryption.integrity {shown} is not one the agent makes ({}, or empty for none)",
+            known.join(", ")
+        ))
+        .into());
+    };
+    if !e.format_if_blank {
+        return Err(Invalid(format!(
+            "volume {id}: encryption.integrity {shown} is only for a volume the agent makes (format_if_blank); an existing volume's header says its integrity"
+        ))
+        .into());
+    }
+    if e.allow_discards {
+        return Err(Invalid(format!(
+            "volume {id}: encryption.integrity {shown} with allow_discards: dm-integrity under LUKS2 takes no discards"
+        ))
+        .into());
+    }
+    Ok(Some(mac))
 }
 
 /// What ListVolumes says of an encrypted volume.
@@ -865,5 +911,80 @@ mod tests {
             ownership: None,
         };
         assert!(published(none, Vec::new()).ownership.is_none());
+    }
+
+    /// `encryption.integrity`: a MAC the agent makes, only when a blank
+    /// disk may be made (LUKS2, format_if_blank) and without discards;
+    /// every other use is INVALID_ARGUMENT, naming the field.
+    #[test]
+    fn integrity_is_asked_only_of_a_volume_the_agent_makes() {
+        use crate::luks2::format::Mac;
+        let with = |kind: pb::encryption::Kind, integrity: &str, format: bool, discards: bool| {
+            let mut r = publish();
+            let mut e = pb::Encryption::new();
+            e.kind = kind.into();
+            e.set_passphrase(b"pw".to_vec());
+            e.format_if_blank = format;
+            e.allow_discards = discards;
+            e.integrity = integrity.into();
+            r.encryption = MessageField::some(e);
+            publish_request(&r)
+        };
+        let luks2 = pb::encryption::Kind::LUKS2;
+        let asked = with(luks2, "hmac-sha256", true, false).unwrap();
+        assert_eq!(
+            asked.spec.encryption.unwrap().integrity,
+            Some(Mac::HmacSha256)
+        );
+        let none = with(luks2, "", true, false).unwrap();
+        assert_eq!(none.spec.encryption.unwrap().integrity, None);
+        let long = "x".repeat(5000);
+        for (kind, integrity, format, discards, says) in [
+            (
+                luks2,
+                "hmac-sha512",
+                true,
+                false,
+                "\"hmac-sha512\" is not one the agent makes (hmac-sha256",
+            ),
+            (
+                luks2,
+                "hmac(sha256)",
+                true,
+                false,
+                "not one the agent makes",
+            ),
+            (luks2, long.as_str(), true, false, "…"),
+            (
+                luks2,
+                "hmac-sha256",
+                false,
+                false,
+                "only for a volume the agent makes (format_if_blank)",
+            ),
+            (
+                luks2,
+                "hmac-sha256",
+                true,
+                true,
+                "dm-integrity under LUKS2 takes no discards",
+            ),
+            (
+                pb::encryption::Kind::NONE,
+                "hmac-sha256",
+                false,
+                false,
+                "encryption.kind is NONE",
+            ),
+        ] {
+            let e = with(kind, integrity, format, discards).unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+            let said = e.to_string();
+            assert!(
+                said.contains(says) && said.starts_with("volume vol-1: "),
+                "{says}: {said}"
+            );
+            assert!(said.len() < 400, "{said}");
+        }
     }
 }

@@ -159,6 +159,35 @@ impl Integrity {
     }
 }
 
+/// The sectors of the short-lived device whose table makes the kernel
+/// write a superblock (cryptsetup's `INTEGRITY_format`: one 4 KiB block).
+pub const FORMAT_SECTORS: u64 = 8;
+
+/// The `integrity` line that formats a device whose superblock sector is
+/// zeros, as cryptsetup 2.6 loads it over Linux 6.1 for a LUKS2 segment:
+/// `<device> <offset> <tag_size> J 3 block_size:<n> fix_padding fix_hmac`.
+/// The kernel sizes the journal and the tag area from the device and
+/// writes the superblock as it loads the table. `fix_hmac` marks nothing
+/// without a journal MAC, and is given as cryptsetup gives it.
+pub fn format_params(
+    device: (u32, u32),
+    offset: u64,
+    tag_size: u16,
+    block_size: u32,
+) -> Result<String, Error> {
+    if tag_size == 0 || !matches!(block_size, 512 | 1024 | 2048 | 4096) {
+        return Err(Error::Invalid {
+            what: "dm-integrity format",
+            value: format!("tag size {tag_size}, block size {block_size}"),
+            why: "it needs tags and a block of 512 to 4096 bytes",
+        });
+    }
+    let (maj, min) = device;
+    Ok(format!(
+        "{maj}:{min} {offset} {tag_size} J 3 block_size:{block_size} fix_padding fix_hmac"
+    ))
+}
+
 /// The name cryptsetup gives the dm-integrity device under mapping `name`.
 pub fn subdevice_name(name: &str) -> String {
     format!("{name}_dif")
@@ -277,6 +306,16 @@ mod tests {
             let e = line(bad, Mode::Journal).unwrap_err();
             assert!(matches!(e, Error::Invalid { .. }), "{bad:?}: {e}");
         }
+    }
+
+    #[test]
+    fn the_format_line_is_cryptsetups() {
+        assert_eq!(
+            format_params((254, 16), 32768, 32, 4096).unwrap(),
+            "254:16 32768 32 J 3 block_size:4096 fix_padding fix_hmac"
+        );
+        assert!(format_params((254, 16), 32768, 0, 4096).is_err());
+        assert!(format_params((254, 16), 32768, 32, 8192).is_err());
     }
 
     #[test]

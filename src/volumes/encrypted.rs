@@ -8,11 +8,13 @@
 //!
 //! Lines (values escaped as the rest of the record):
 //! `encryption=luks2\t<allow_discards>\t<format_if_blank>`,
+//! `format_integrity=<hmac-sha256>` (only when asked: records without it ask none),
 //! `disk=<path>\t<name>\t<major>:<minor>\t<serial or empty>`,
 //! `mapping=<name>\t<dm uuid>\t<LUKS2 uuid>\t<cipher>\t<key bits>\t<integrity or empty>\t<allow_discards>`.
 
 use super::request::Encryption;
 use super::volume::Encrypted;
+use crate::luks2::format::Mac;
 use crate::luks2::mapping::{name_for, Mapping};
 use crate::model::Device;
 use crate::sys::dm;
@@ -22,6 +24,7 @@ use crate::sys::dm;
 #[derive(Default)]
 pub(crate) struct Fields {
     pub(crate) encryption: Option<Encryption>,
+    integrity: Option<Mac>,
     disk: Option<Device>,
     mapping: Option<(String, String, String, String, u32, String, bool)>,
 }
@@ -45,8 +48,11 @@ pub(crate) enum Bad {
 pub(crate) fn encode(asked: &Encryption, enc: &Encrypted, esc: impl Fn(&str) -> String) -> String {
     let d = &enc.disk;
     let m = &enc.mapping;
+    let integrity = asked.integrity.map_or(String::new(), |i| {
+        format!("format_integrity={}\n", i.flag())
+    });
     format!(
-        "encryption=luks2\t{}\t{}\ndisk={}\t{}\t{}:{}\t{}\nmapping={}\t{}\t{}\t{}\t{}\t{}\t{}\n",
+        "encryption=luks2\t{}\t{}\n{integrity}disk={}\t{}\t{}:{}\t{}\nmapping={}\t{}\t{}\t{}\t{}\t{}\t{}\n",
         asked.allow_discards,
         asked.format_if_blank,
         esc(&d.path.to_string_lossy()),
@@ -88,8 +94,16 @@ impl Fields {
                 self.encryption = Some(Encryption {
                     allow_discards: boolean("encryption allow_discards", discards)?,
                     format_if_blank: boolean("encryption format_if_blank", format)?,
+                    integrity: None,
                 });
             }
+            ("format_integrity", [flag]) => {
+                self.integrity = Some(
+                    Mac::from_flag(flag)
+                        .ok_or_else(|| Bad::Value("format_integrity", v.to_string()))?,
+                );
+            }
+            ("format_integrity", _) => return Err(Bad::Value("format_integrity", v.to_string())),
             ("encryption", _) => return Err(Bad::Value("encryption", v.to_string())),
             ("disk", [path, name, num, serial]) => {
                 let (major, minor) = num
@@ -131,12 +145,13 @@ impl Fields {
         id: &str,
         device: &Device,
     ) -> Result<Option<(Encryption, Encrypted)>, Bad> {
-        let Some(asked) = self.encryption else {
-            if self.disk.is_some() || self.mapping.is_some() {
+        let Some(mut asked) = self.encryption else {
+            if self.disk.is_some() || self.mapping.is_some() || self.integrity.is_some() {
                 return Err(Bad::Missing("encryption line"));
             }
             return Ok(None);
         };
+        asked.integrity = self.integrity;
         let disk = self.disk.ok_or(Bad::Missing("disk"))?;
         let (name, dm_uuid, luks_uuid, cipher, key_bits, integrity, allow_discards) =
             self.mapping.ok_or(Bad::Missing("mapping"))?;

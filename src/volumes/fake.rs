@@ -31,6 +31,7 @@ use crate::cancel::Cancel;
 use crate::device;
 use crate::error::Result;
 use crate::luks2;
+use crate::luks2::format::Mac;
 use crate::luks2::made::Found;
 use crate::luks2::mapping::{Live, Mapping};
 use crate::model::{Device, FsType, MountId, RecursiveReadOnly};
@@ -67,6 +68,7 @@ pub(crate) enum Call {
     OpenDisk,
     SetReadOnly,
     Flush,
+    Wipe,
 }
 
 /// The device numbers devtmpfs shows for a bind of a device node.
@@ -434,6 +436,7 @@ impl Kernel for Fake {
     }
 
     fn identify(&self, device: &Device) -> Result<Option<&'static str>> {
+        self.unwiped_fake(device)?;
         let st = self.state.locked();
         Ok(st.disk(&device.path).and_then(|d| d.fs).map(FsType::name))
     }
@@ -794,9 +797,20 @@ impl Kernel for Fake {
     fn format_if_blank(
         &self,
         disk: &Device,
+        _name: &str,
         passphrase: &Zeroizing<Vec<u8>>,
+        integrity: Option<Mac>,
     ) -> std::result::Result<Found, luks2::error::Error> {
-        self.format_if_blank_fake(disk, passphrase)
+        self.format_if_blank_fake(disk, passphrase, integrity)
+    }
+
+    fn wipe_mapping(
+        &self,
+        disk: &Device,
+        mapped: &Device,
+        _cancel: &Cancel,
+    ) -> Result<Option<std::ops::Range<u64>>> {
+        self.wipe_fake(disk, mapped)
     }
 
     fn finish_format(&self, disk: &Device) -> std::result::Result<(), luks2::error::Error> {
@@ -865,6 +879,8 @@ struct Luks {
     tampered: u64,
     /// Made by the agent and not yet marked finished.
     unfinished: bool,
+    /// Made with integrity, its wipe not yet done.
+    wiping: bool,
 }
 
 /// A mapping made.

@@ -9,8 +9,9 @@ use crust_protocols::sync::LockExt;
 use rustix::io::Errno;
 use zeroize::Zeroizing;
 
-use super::{Fake, Luks, Mapped};
+use super::{Call, Fake, Luks, Mapped};
 use crate::luks2;
+use crate::luks2::format::Mac;
 use crate::luks2::made::Found;
 use crate::luks2::mapping::{Live, Mapping};
 use crate::model::{Device, FsType};
@@ -36,6 +37,7 @@ impl Fake {
             integrity: None,
             tampered: 0,
             unfinished: false,
+            wiping: false,
         });
         d
     }
@@ -96,9 +98,16 @@ impl Fake {
         &self,
         disk: &Device,
         passphrase: &Zeroizing<Vec<u8>>,
+        integrity: Option<Mac>,
     ) -> std::result::Result<Found, luks2::error::Error> {
         let mut st = self.state.locked();
         if let Some(l) = st.luks.iter().find(|l| l.disk == disk.name) {
+            if l.integrity.as_deref() != integrity.map(Mac::kind) {
+                return Err(luks2::error::Error::IntegrityDiffers {
+                    asked: integrity.map_or("none".into(), |m| m.kind().into()),
+                    has: l.integrity.clone().unwrap_or_else(|| "none".into()),
+                });
+            }
             return Ok(if l.unfinished {
                 Found::Unfinished
             } else {
@@ -127,13 +136,57 @@ impl Fake {
             passphrase: passphrase.to_vec(),
             inner: None,
             dir,
-            integrity: None,
+            integrity: integrity.map(|m| m.kind().into()),
             tampered: 0,
             unfinished: true,
+            wiping: integrity.is_some(),
         });
         drop(st);
-        self.note(format!("format {}", disk.name));
+        let with = integrity.map_or(String::new(), |m| format!(" with {}", m.flag()));
+        self.note(format!("format {}{with}", disk.name));
         Ok(Found::Formatted)
+    }
+
+    /// The wipe of the LUKS2 disk under mapping `mapped`, if one is under
+    /// way: done (or failed, as planted for [`Call::Wipe`]).
+    pub(super) fn wipe_fake(
+        &self,
+        disk: &Device,
+        mapped: &Device,
+    ) -> crate::error::Result<Option<std::ops::Range<u64>>> {
+        let st = self.state.locked();
+        if !st.luks.iter().any(|l| l.disk == disk.name && l.wiping) {
+            return Ok(None);
+        }
+        drop(st);
+        let what = format!("wipe {}", mapped.name);
+        self.call(Call::Wipe, &what).map_err(|e| {
+            luks2::error::Error::from(SysError::new("write", mapped.path.display(), e))
+        })?;
+        self.on_luks(&disk.name, |l| l.wiping = false);
+        self.note(what);
+        let bytes = self
+            .state
+            .locked()
+            .disk(&mapped.path)
+            .map_or(0, |d| d.bytes);
+        Ok(Some(0..bytes))
+    }
+
+    /// A read of a mapping whose wipe is not done fails, as the kernel's
+    /// does for a sector with no tag.
+    pub(super) fn unwiped_fake(&self, device: &Device) -> crate::error::Result<()> {
+        let st = self.state.locked();
+        let disk = st
+            .mapped
+            .iter()
+            .find(|m| m.dev.path == device.path)
+            .map(|m| &m.disk);
+        if st.luks.iter().any(|l| Some(&l.disk) == disk && l.wiping) {
+            let e = std::io::Error::from(Errno::IO);
+            return Err(SysError::new("read", device.path.display(), e).into());
+        }
+        Ok(())
     }
 
     pub(super) fn finish_format_fake(&self, disk: &Device) {

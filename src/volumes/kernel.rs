@@ -31,6 +31,7 @@ use crate::cancel::Cancel;
 use crate::device;
 use crate::error::Result;
 use crate::luks2;
+use crate::luks2::format::Mac;
 use crate::luks2::made::{self, Found};
 use crate::luks2::mapping::{self, Live, Mapping};
 use crate::mkfs;
@@ -173,12 +174,25 @@ pub trait Kernel: Send + Sync + 'static {
         passphrase: &Zeroizing<Vec<u8>>,
     ) -> std::result::Result<Mapping, luks2::error::Error>;
     /// Makes `disk` a LUKS2 volume opened by `passphrase` if it is
-    /// provably blank (luks2::made); says what it found.
+    /// provably blank, with `integrity` if asked (luks2::made; `name` is
+    /// its mapping's, which names its dm-integrity device); says what it
+    /// found, refusing a volume whose integrity is not the one asked.
     fn format_if_blank(
         &self,
         disk: &Device,
+        name: &str,
         passphrase: &Zeroizing<Vec<u8>>,
+        integrity: Option<Mac>,
     ) -> std::result::Result<Found, luks2::error::Error>;
+    /// Wipes the new volume on `disk` through its mapping `mapped` from
+    /// where its wipe has reached (luks2::wipe), within `cancel`; the
+    /// bytes of the mapping it wrote, or None when no wipe is under way.
+    fn wipe_mapping(
+        &self,
+        disk: &Device,
+        mapped: &Device,
+        cancel: &Cancel,
+    ) -> Result<Option<std::ops::Range<u64>>>;
     /// Marks the volume the agent made on `disk` finished.
     fn finish_format(&self, disk: &Device) -> std::result::Result<(), luks2::error::Error>;
     /// Makes filesystem `fs` on `device` (a new mapping): the one program
@@ -404,11 +418,28 @@ impl Kernel for Linux {
     fn format_if_blank(
         &self,
         disk: &Device,
+        name: &str,
         passphrase: &Zeroizing<Vec<u8>>,
+        integrity: Option<Mac>,
     ) -> std::result::Result<Found, luks2::error::Error> {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let options = made::guest_options(free_memory(), u32::try_from(cpus).unwrap_or(4));
-        made::format_if_blank(&disk.path, passphrase, &options)
+        let cpus = u32::try_from(cpus).unwrap_or(4);
+        let options = made::guest_options(free_memory(), cpus, integrity);
+        let on = made::Disk {
+            path: &disk.path,
+            dev: (disk.major, disk.minor),
+            name,
+        };
+        made::format_if_blank(&on, passphrase, &options)
+    }
+
+    fn wipe_mapping(
+        &self,
+        disk: &Device,
+        mapped: &Device,
+        cancel: &Cancel,
+    ) -> Result<Option<std::ops::Range<u64>>> {
+        Ok(luks2::wipe::wipe(&disk.path, &mapped.path, cancel)?)
     }
 
     fn finish_format(&self, disk: &Device) -> std::result::Result<(), luks2::error::Error> {

@@ -194,14 +194,14 @@ impl<K: Kernel> Publisher<'_, K> {
         }
         let key = keys::resolve::resolve(source, self.keys, cancel)?;
         let kernel = self.mounts.kernel;
-        let found = match enc.format_if_blank {
-            true => self
-                .unlocks
-                .one(cancel, || kernel.format_if_blank(disk, &key))??,
-            false => Found::Luks,
-        };
         let id = &req.spec.volume_id;
         let name = mapping::name_for(id);
+        let found = match enc.format_if_blank {
+            true => self.unlocks.one(cancel, || {
+                kernel.format_if_blank(disk, &name, &key, enc.integrity)
+            })??,
+            false => Found::Luks,
+        };
         let mapping = self.unlocks.one(cancel, || {
             kernel.open_mapping(disk, &name, enc.allow_discards, &key)
         })??;
@@ -222,9 +222,12 @@ impl<K: Kernel> Publisher<'_, K> {
 
     /// The filesystem inside a volume the agent made (or began to make) on
     /// `disk`, on its new `mapping`; then the volume is marked finished.
-    /// A volume found unfinished whose mapping holds a filesystem is only
-    /// marked finished: its label is the host's to write, and a label put
-    /// back on a finished volume must not make it empty.
+    /// With integrity, every sector is wiped through the mapping first (or
+    /// what a stopped publish left of the wipe: its header says how far it
+    /// went). A volume found unfinished with no wipe under way whose
+    /// mapping holds a filesystem is only marked finished: its label is the
+    /// host's to write, and a label put back on a finished volume must not
+    /// make it empty.
     fn make_inside(
         &self,
         req: &PublishRequest,
@@ -235,10 +238,23 @@ impl<K: Kernel> Publisher<'_, K> {
     ) -> Result<()> {
         let kernel = self.mounts.kernel;
         let device = mapped_device(mapping);
+        let wiped = match mapping.integrity {
+            Some(_) => {
+                let started = std::time::Instant::now();
+                let wiped = kernel.wipe_mapping(disk, &device, cancel)?;
+                if let Some(bytes) = &wiped {
+                    info!(self.log, "encrypted volume wiped through its integrity"; "volume" => &req.spec.volume_id,
+                          "mapping" => &mapping.name, "from" => bytes.start, "to" => bytes.end,
+                          "ms" => started.elapsed().as_millis());
+                }
+                wiped.is_some()
+            }
+            None => false,
+        };
         if let VolumeMode::Filesystem(fs) = req.spec.mode {
             let holds = match found {
-                Found::Unfinished => kernel.identify(&device)?,
-                Found::Formatted | Found::Luks => None,
+                Found::Unfinished if !wiped => kernel.identify(&device)?,
+                Found::Unfinished | Found::Formatted | Found::Luks => None,
             };
             match holds {
                 None => kernel.make_filesystem(&device, fs, cancel)?,

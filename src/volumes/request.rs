@@ -109,6 +109,9 @@ pub struct Encryption {
     pub allow_discards: bool,
     /// A blank disk is made a LUKS2 volume with the filesystem inside.
     pub format_if_blank: bool,
+    /// With `format_if_blank`: the integrity a new volume is made with, and
+    /// a volume already there must have (None: it must have none).
+    pub integrity: Option<crate::luks2::format::Mac>,
 }
 
 /// A validated PublishVolume request.

@@ -1124,6 +1124,7 @@ mod tests {
             v.spec.encryption = Some(Encryption {
                 allow_discards: true,
                 format_if_blank: false,
+                integrity: None,
             });
             v.encrypted = Some(Encrypted {
                 disk,
@@ -1187,6 +1188,41 @@ mod tests {
                     .unwrap_or_else(|| panic!("{from:?} → {to:?} decoded"));
                 assert!(e.to_string().contains(why), "{from:?} → {to:?}: {e}");
             }
+        }
+
+        /// The integrity a volume was asked to be made with is a line of
+        /// its own, written only when asked: a record without it (an older
+        /// agent's) asks none, and one with a value the agent does not make,
+        /// or without the encryption line, is refused.
+        #[test]
+        fn the_integrity_asked_is_recorded_only_when_asked() {
+            use crate::luks2::format::Mac;
+            let root = Path::new("/r");
+            let plain = encode(&encrypted());
+            assert!(!plain.contains("format_integrity"), "{plain}");
+            let mut v = encrypted();
+            let enc = v.spec.encryption.as_mut().unwrap();
+            enc.format_if_blank = true;
+            enc.allow_discards = false;
+            enc.integrity = Some(Mac::HmacSha256);
+            let text = encode(&v);
+            assert!(text.contains("\nformat_integrity=hmac-sha256\n"), "{text}");
+            let back = decode(&text, root).unwrap();
+            assert_eq!(back.spec, v.spec);
+            let older = text.replace("format_integrity=hmac-sha256\n", "");
+            let back = decode(&older, root).unwrap();
+            assert_eq!(back.spec.encryption.unwrap().integrity, None);
+            for (to, why) in [
+                ("format_integrity=hmac-sha512\n", "format_integrity"),
+                ("format_integrity=\n", "format_integrity"),
+            ] {
+                let bad = text.replace("format_integrity=hmac-sha256\n", to);
+                let e = decode(&bad, root).err().unwrap();
+                assert!(e.to_string().contains(why), "{to:?}: {e}");
+            }
+            let half = text.replace("encryption=luks2\ttrue\tfalse\n", "");
+            let half = half.replace("encryption=luks2\tfalse\ttrue\n", "");
+            assert!(decode(&half, root).is_err(), "{half}");
         }
     }
 }

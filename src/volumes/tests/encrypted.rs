@@ -10,8 +10,10 @@ use super::testkit::{bind, fake_table, reopen, request};
 use crate::cancel::Cancel;
 use crate::code::Code;
 use crate::keys::source::KeySource;
+use crate::luks2::format::Mac;
 use crate::model::FsType;
 use crate::validate::STATE_DIR;
+use crate::volumes::fake::Call;
 use crate::volumes::request::{Encryption, PublishRequest};
 
 const PASS: &[u8] = b"correct horse battery staple";
@@ -22,6 +24,7 @@ fn encrypted(id: &str, disk: &crate::model::Device, pass: &[u8], discards: bool)
     r.spec.encryption = Some(Encryption {
         allow_discards: discards,
         format_if_blank: false,
+        integrity: None,
     });
     r.key = Some(KeySource::Passphrase(Zeroizing::new(pass.to_vec())));
     r
@@ -364,5 +367,151 @@ fn a_finished_volume_labelled_unfinished_by_the_host_is_not_made_again() {
         !j.iter().any(|x| x.starts_with("mkfs")),
         "made again: {j:?}"
     );
+    assert!(fake.unfinished().is_empty(), "marked finished");
+}
+
+/// A publish of blank `disk` as volume `id`, formatted with integrity.
+fn with_integrity(id: &str, disk: &crate::model::Device) -> PublishRequest {
+    let mut r = encrypted(id, disk, PASS, false);
+    let e = r.spec.encryption.as_mut().unwrap();
+    e.format_if_blank = true;
+    e.integrity = Some(Mac::HmacSha256);
+    r
+}
+
+/// Where in journal `j` the first entry starting with `p` is.
+fn at(j: &[String], p: &str) -> usize {
+    j.iter()
+        .position(|x| x.starts_with(p))
+        .unwrap_or_else(|| panic!("{p}: {j:?}"))
+}
+
+#[test]
+fn a_blank_disk_made_with_integrity_is_wiped_before_its_filesystem_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake) = fake_table(dir.path());
+    let root = v.root().to_path_buf();
+    let d = fake.disk(dir.path(), "fkw", None);
+    let r = with_integrity("w", &d);
+    fake.journal(&root);
+    v.publish(&r, &Cancel::never()).unwrap();
+    let j = fake.journal(&root);
+    assert!(
+        at(&j, "format fkw with hmac-sha256") < at(&j, "map fkw")
+            && at(&j, "map fkw") < at(&j, "wipe dm-")
+            && at(&j, "wipe dm-") < at(&j, "mkfs.ext4 dm-"),
+        "{j:?}"
+    );
+    assert!(fake.unfinished().is_empty(), "marked finished");
+    let listed = v.list();
+    let info = listed[0].encryption.as_ref().unwrap();
+    assert_eq!(
+        (info.integrity.as_str(), info.key_bits),
+        ("hmac(sha256)", 768)
+    );
+    // The same request after a restart is the same volume; asking no
+    // integrity of it is another request.
+    let v = reopen(dir.path(), &fake);
+    assert!(v.publish(&r, &Cancel::never()).unwrap().already_published);
+    let mut other = with_integrity("w", &d);
+    other.spec.encryption.as_mut().unwrap().integrity = None;
+    let e = v.publish(&other, &Cancel::never()).unwrap_err();
+    assert_eq!(e.code(), Code::AlreadyExists, "{e}");
+    // Unpublished and published again: opened as it is, not wiped again.
+    assert!(v.unpublish("w", &Cancel::never()).unwrap());
+    fake.journal(&root);
+    v.publish(&r, &Cancel::never()).unwrap();
+    let j = fake.journal(&root);
+    assert!(
+        !j.iter()
+            .any(|x| ["format", "wipe", "mkfs"].iter().any(|p| x.starts_with(p))),
+        "{j:?}"
+    );
+}
+
+/// A publish whose wipe stops (its caller's deadline, a write that fails)
+/// leaves the volume unfinished and unmapped; the next one goes on with the
+/// wipe (reading nothing of the mapping before it: an unwiped sector has
+/// no tag) and makes the filesystem.
+#[test]
+fn a_publish_stopped_mid_wipe_is_finished_by_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake) = fake_table(dir.path());
+    let root = v.root().to_path_buf();
+    let d = fake.disk(dir.path(), "fks", None);
+    let r = with_integrity("s", &d);
+    fake.fail(Call::Wipe, 1, rustix::io::Errno::IO);
+    let e = v.publish(&r, &Cancel::never()).unwrap_err();
+    assert!(e.to_string().contains("Input/output error"), "{e}");
+    assert!(fake.mappings().is_empty() && fake.mounts().is_empty());
+    assert_eq!(fake.unfinished(), ["fks"]);
+    assert!(v.list().is_empty());
+    fake.journal(&root);
+    v.publish(&r, &Cancel::never()).unwrap();
+    let j = fake.journal(&root);
+    assert!(!j.iter().any(|x| x.starts_with("format")), "{j:?}");
+    assert!(at(&j, "wipe dm-") < at(&j, "mkfs.ext4 dm-"), "{j:?}");
+    assert!(fake.unfinished().is_empty(), "marked finished");
+}
+
+/// With format_if_blank the request says what the volume is: a LUKS2
+/// volume there without the integrity asked (or with integrity not asked)
+/// is refused before it is unlocked, and nothing is mapped or made.
+#[test]
+fn a_volume_whose_integrity_is_not_the_one_asked_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake) = fake_table(dir.path());
+    let root = v.root().to_path_buf();
+    let plain = fake.luks_disk(dir.path(), "fka", PASS, Some(FsType::Ext4));
+    let tagged = fake.luks_disk(dir.path(), "fkb", PASS, Some(FsType::Ext4));
+    fake.with_integrity("fkb", "hmac(sha256)");
+    let mut no_integrity = encrypted("b", &tagged, PASS, false);
+    no_integrity
+        .spec
+        .encryption
+        .as_mut()
+        .unwrap()
+        .format_if_blank = true;
+    fake.journal(&root);
+    for (r, says) in [
+        (
+            with_integrity("a", &plain),
+            "has integrity none where the request asks hmac(sha256)",
+        ),
+        (
+            no_integrity,
+            "has integrity hmac(sha256) where the request asks none",
+        ),
+    ] {
+        let e = v.publish(&r, &Cancel::never()).unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+        assert!(e.to_string().contains(says), "{says}: {e}");
+    }
+    let j = fake.journal(&root);
+    assert!(
+        !j.iter().any(|x| ["map", "format", "wipe", "mkfs"]
+            .iter()
+            .any(|p| x.starts_with(p))),
+        "{j:?}"
+    );
+    assert!(fake.mappings().is_empty() && v.list().is_empty());
+    // Without format_if_blank the header decides.
+    v.publish(&encrypted("b", &tagged, PASS, false), &Cancel::never())
+        .unwrap();
+}
+
+#[test]
+fn a_block_volume_made_with_integrity_is_wiped_and_holds_no_filesystem() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake) = fake_table(dir.path());
+    let root = v.root().to_path_buf();
+    let d = fake.disk(dir.path(), "fkk", None);
+    let mut r = with_integrity("k", &d);
+    r.spec.mode = crate::model::VolumeMode::Block;
+    fake.journal(&root);
+    v.publish(&r, &Cancel::never()).unwrap();
+    let j = fake.journal(&root);
+    at(&j, "wipe dm-");
+    assert!(!j.iter().any(|x| x.starts_with("mkfs")), "{j:?}");
     assert!(fake.unfinished().is_empty(), "marked finished");
 }

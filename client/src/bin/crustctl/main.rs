@@ -180,11 +180,23 @@ struct PublishArgs {
     /// 1h30m), with jitter: freed blocks go back to the host without a call.
     #[arg(long, value_name = "DURATION", value_parser = parse_every)]
     trim_every: Option<u32>,
+    /// With --format-if-blank: make the volume with integrity (dm-integrity
+    /// under dm-crypt, as cryptsetup luksFormat --integrity makes it); the
+    /// whole disk is written once before the filesystem is made.
+    #[arg(long, value_name = "MAC", requires = "format_if_blank")]
+    integrity: Option<IntegrityMac>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum EncryptionKind {
     Luks2,
+}
+
+/// The MACs the agent makes a volume's integrity with.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum IntegrityMac {
+    #[value(name = "hmac-sha256")]
+    HmacSha256,
 }
 
 /// The most bytes a key file may hold (cryptsetup's own bound for --key-file).
@@ -641,6 +653,11 @@ fn publish_request(a: &PublishArgs) -> proto::PublishVolumeRequest {
                     kind: proto::encryption::Kind::LUKS2.into(),
                     format_if_blank: a.format_if_blank,
                     allow_discards: a.allow_discards,
+                    integrity: a
+                        .integrity
+                        .map_or(String::new(), |IntegrityMac::HmacSha256| {
+                            "hmac-sha256".into()
+                        }),
                     ..Default::default()
                 };
                 if let Some(u) = &a.key_uri {
@@ -861,6 +878,51 @@ mod tests {
         ]);
         assert_eq!((req.fs_type.as_str(), req.mount_options.len()), ("ext4", 1));
         assert_eq!(req.volume_mode, proto::VolumeMode::BLOCK.into());
+    }
+
+    #[test]
+    fn integrity_is_asked_with_format_if_blank() {
+        let req = publish_request_of(&[
+            "publish",
+            "v",
+            "--serial",
+            "s1",
+            "--fs-type",
+            "ext4",
+            "--encryption",
+            "luks2",
+            "--key-uri",
+            "file:///k",
+            "--format-if-blank",
+            "--integrity",
+            "hmac-sha256",
+        ]);
+        let e = req.encryption.as_ref().unwrap();
+        assert_eq!(
+            (e.format_if_blank, e.integrity.as_str()),
+            (true, "hmac-sha256")
+        );
+        let base = [
+            "publish",
+            "v",
+            "--serial",
+            "s1",
+            "--fs-type",
+            "ext4",
+            "--encryption",
+            "luks2",
+            "--key-uri",
+            "file:///k",
+        ];
+        let without = publish_request_of(&base);
+        assert_eq!(without.encryption.as_ref().unwrap().integrity, "");
+        for extra in [
+            &["--integrity", "hmac-sha256"][..],
+            &["--format-if-blank", "--integrity", "crc32c"],
+        ] {
+            let err = parse(&[&base[..], extra].concat()).expect_err("parsed");
+            assert_eq!(err.exit_code(), 2, "{extra:?}: {err}");
+        }
     }
 
     #[test]
