@@ -7,8 +7,8 @@ use sha2::digest::{Digest, FixedOutputReset};
 use sha2::{Sha256, Sha384, Sha512};
 use zeroize::Zeroizing;
 
-use super::argon2::{self, Argon2, Extra};
 use super::error::Error;
+use crust_argon2::{self as argon2, Argon2, Extra};
 
 /// A hash as LUKS2 names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,17 +150,18 @@ pub fn argon2(
     out: &mut [u8],
     keyslot: u32,
 ) -> Result<(), Error> {
-    let bad = |e: argon2::Bad| Error::corrupt(format!("keyslot {keyslot}'s Argon2 parameters: {e}"));
+    let bad =
+        |e: argon2::Bad| Error::corrupt(format!("keyslot {keyslot}'s Argon2 parameters: {e}"));
     let a = Argon2::new(cost.id, cost.time, cost.memory_kib, cost.cpus).map_err(bad)?;
     let blocks = a.block_count();
-    let mut memory = Zeroizing::new(argon2::zeroed_blocks(blocks).ok_or(
-        Error::OutOfMemory {
+    let mut memory = Zeroizing::new(
+        argon2::zeroed_blocks(blocks).ok_or(Error::OutOfMemory {
             keyslot,
             bytes: u64::try_from(blocks)
                 .unwrap_or(u64::MAX)
                 .saturating_mul(1024),
-        },
-    )?);
+        })?,
+    );
     let threads = std::thread::available_parallelism()
         .map_or(1, std::num::NonZero::get)
         .min(MOST_THREADS);

@@ -10,10 +10,10 @@
 //!
 //! One idea a file: the refusals (`error`), the binary headers and the
 //! choice of copy (`header`), the JSON area as types (`metadata`) over a
-//! bounded JSON reader (`json`), the hashes and KDFs (`kdf`), Argon2 with
-//! its lanes on threads (`argon2`), the unlock (`unlock`), a new volume
-//! (`format`), and the rule that a disk is blank before it is formatted
-//! (`blank`). `fuzz` is the fuzz target's way in;
+//! bounded JSON reader (`json`), the hashes and KDFs (`kdf`, over Argon2
+//! of the workspace's own crust-argon2, which runs the lanes on threads),
+//! the unlock (`unlock`), a new volume (`format`), and the rule that a disk
+//! is blank before it is formatted (`blank`). `fuzz` is the fuzz target's way in;
 //! `tests` holds the tests against cryptsetup, `fixture` the headers the
 //! other tests build by hand.
 //!
@@ -26,7 +26,6 @@
 //! added 25.6 KB on top before any typed decoding; the whole of LUKS2 adds
 //! 163 KiB (docs/encryption.md has the figures and the other choices).
 
-pub mod argon2;
 pub mod blank;
 pub mod disk;
 pub mod error;

@@ -168,7 +168,10 @@ impl Argon2 {
         for (l, lane) in memory.chunks_exact_mut(lane_len).enumerate() {
             for (i, block) in lane[..2].iter_mut().enumerate() {
                 let (i, l) = (word32(i), word32(l));
-                long_hash(&[&h0[..], &i.to_le_bytes(), &l.to_le_bytes()], &mut bytes[..]);
+                long_hash(
+                    &[&h0[..], &i.to_le_bytes(), &l.to_le_bytes()],
+                    &mut bytes[..],
+                );
                 *block = Block::from_bytes(&bytes);
             }
         }
@@ -478,9 +481,9 @@ mod plain {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::{
-        __m256i, _mm256_add_epi64, _mm256_blend_epi32, _mm256_mul_epu32,
-        _mm256_permute4x64_epi64, _mm256_setr_epi8, _mm256_shuffle_epi32, _mm256_shuffle_epi8,
-        _mm256_srli_epi64, _mm256_xor_si256,
+        __m256i, _mm256_add_epi64, _mm256_blend_epi32, _mm256_mul_epu32, _mm256_permute4x64_epi64,
+        _mm256_setr_epi8, _mm256_shuffle_epi32, _mm256_shuffle_epi8, _mm256_srli_epi64,
+        _mm256_xor_si256,
     };
 
     use super::Block;
@@ -698,5 +701,4 @@ pub fn zeroed_blocks(n: usize) -> Option<Vec<Block>> {
 }
 
 #[cfg(test)]
-#[path = "argon2_tests.rs"]
 mod tests;

@@ -61,7 +61,12 @@ fn rfc_9106_vectors_hold_on_every_thread_count_and_compression() {
         for simd in simds() {
             for threads in [1, 2, 4, 9] {
                 let out = ours(&a, &[1; 32], &[2; 16], extra, 32, threads, simd);
-                assert_eq!(out, hex(tag), "id {id}, {threads} threads, avx2 {}", simd.avx2);
+                assert_eq!(
+                    out,
+                    hex(tag),
+                    "id {id}, {threads} threads, avx2 {}",
+                    simd.avx2
+                );
             }
         }
     }
@@ -175,11 +180,25 @@ fn costs_argon2_cannot_compute_are_named() {
         .unwrap_err();
     assert_eq!(e, Bad::Salt(7));
     let e = a
-        .hash(b"", &[0; 8], Extra::default(), &mut out[..3], &mut memory, 1)
+        .hash(
+            b"",
+            &[0; 8],
+            Extra::default(),
+            &mut out[..3],
+            &mut memory,
+            1,
+        )
         .unwrap_err();
     assert_eq!(e, Bad::Output(3));
     let e = a
-        .hash(b"", &[0; 8], Extra::default(), &mut out, &mut memory[..31], 1)
+        .hash(
+            b"",
+            &[0; 8],
+            Extra::default(),
+            &mut out,
+            &mut memory[..31],
+            1,
+        )
         .unwrap_err();
     assert_eq!(
         e,
