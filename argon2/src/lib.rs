@@ -95,6 +95,8 @@ pub struct Argon2 {
     lanes: u32,
     /// Blocks in a segment: a lane's share of one slice.
     segment: usize,
+    /// The compressions the CPU runs.
+    simd: Simd,
 }
 
 impl Argon2 {
@@ -117,6 +119,7 @@ impl Argon2 {
             memory_kib,
             lanes,
             segment,
+            simd: Simd::detect(),
         })
     }
 
@@ -136,21 +139,6 @@ impl Argon2 {
         out: &mut [u8],
         memory: &mut [Block],
         threads: usize,
-    ) -> Result<(), Bad> {
-        self.hash_with(password, salt, extra, out, memory, threads, Simd::detect())
-    }
-
-    /// [`Argon2::hash`] with the compressions `simd` allows.
-    #[allow(clippy::too_many_arguments)]
-    fn hash_with(
-        &self,
-        password: &[u8],
-        salt: &[u8],
-        extra: Extra<'_>,
-        out: &mut [u8],
-        memory: &mut [Block],
-        threads: usize,
-        simd: Simd,
     ) -> Result<(), Bad> {
         if !(8..=0xFFFF_FFFF).contains(&salt.len()) {
             return Err(Bad::Salt(salt.len()));
@@ -178,7 +166,7 @@ impl Argon2 {
         let threads = threads.clamp(1, self.lanes as usize);
         for pass in 0..self.passes {
             for slice in 0..SLICES {
-                self.slice(memory, Position { pass, slice }, threads, simd);
+                self.slice(memory, Position { pass, slice }, threads, self.simd);
             }
         }
         let mut last = Zeroizing::new(Block::ZERO);
@@ -382,7 +370,7 @@ fn word32(n: usize) -> u32 {
 }
 
 /// The compressions this CPU can run.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 struct Simd {
     avx2: bool,
 }

@@ -21,7 +21,6 @@ fn simds() -> Vec<Simd> {
     v
 }
 
-#[allow(clippy::too_many_arguments)]
 fn ours(
     a: &Argon2,
     password: &[u8],
@@ -33,7 +32,8 @@ fn ours(
 ) -> Vec<u8> {
     let mut memory = zeroed_blocks(a.block_count()).unwrap();
     let mut out = vec![0u8; out_len];
-    a.hash_with(password, salt, extra, &mut out, &mut memory, threads, simd)
+    let a = Argon2 { simd, ..*a };
+    a.hash(password, salt, extra, &mut out, &mut memory, threads)
         .unwrap();
     out
 }
@@ -208,4 +208,18 @@ fn costs_argon2_cannot_compute_are_named() {
         }
     );
     assert_eq!(out, [0; 32], "nothing is written for a refused call");
+}
+
+/// A header's many lanes of two blocks a segment (what a hostile lane
+/// count can ask within the memory limit): the threads are bounded by the
+/// caller, the lanes still all filled, and the answer is the crate's.
+#[test]
+fn many_small_lanes_on_a_few_threads() {
+    let (lanes, memory_kib) = (200, 8 * 200 + 37);
+    let a = Argon2::new(false, 2, memory_kib, lanes).unwrap();
+    let want = reference(false, (2, memory_kib, lanes), b"pw", &[5; 16], 32);
+    for threads in [3, 16] {
+        let got = ours(&a, b"pw", &[5; 16], Extra::default(), 32, threads, a.simd);
+        assert_eq!(got, want, "{threads} threads");
+    }
 }
