@@ -1,7 +1,7 @@
 //! The house rules clippy cannot check, checked by reading the source. For
 //! every crate of the workspace (the agent's `src/`, crustd, crust-client,
-//! crust-vm, crust-kubelet, crust-protocols, the bench, crust-fuzz, the test
-//! kit) and for their integration tests:
+//! crust-vm, crust-kubelet, crust-protocols, crust-argon2, the bench,
+//! crust-fuzz, the test kit) and for their integration tests:
 //!
 //! - no import cycle among files: an edge runs from file A to file B when A
 //!   names (by `use` or by a path, `crate::`, `super::`, `self::`,
@@ -123,6 +123,14 @@ const CRATES: &[Spec] = &[
         root_dirs: &[],
         tests: false,
         manifest: "bench/Cargo.toml",
+    },
+    Spec {
+        name: "crust_argon2",
+        dir: "argon2/src",
+        roots: &[("lib.rs", "")],
+        root_dirs: &[],
+        tests: false,
+        manifest: "argon2/Cargo.toml",
     },
     Spec {
         name: "crust_testkit",

@@ -3,12 +3,12 @@
 //! split and merge with their diffusion. Every derived key is returned in
 //! memory that is zeroed when dropped.
 
-use argon2::{Algorithm, Argon2, Block, Params, Version};
 use sha2::digest::{Digest, FixedOutputReset};
 use sha2::{Sha256, Sha384, Sha512};
 use zeroize::Zeroizing;
 
 use super::error::Error;
+use crust_argon2::{self as argon2, Argon2, Extra};
 
 /// A hash as LUKS2 names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,9 +134,15 @@ pub struct Argon2Cost {
     pub cpus: u32,
 }
 
+/// The most threads one Argon2 derivation runs its lanes on, whatever the
+/// CPUs: a bound on what a header's lane count can make the agent start.
+const MOST_THREADS: usize = 16;
+
 /// Argon2 of `password` and `salt` at `cost`, filling `out`. The caller has
 /// checked the memory against its limit; the blocks are allocated here,
-/// fallibly, and zeroed when dropped. `keyslot` names the slot in errors.
+/// fallibly, and zeroed when dropped. The lanes run on up to one thread a
+/// CPU (at most one a lane, and [`MOST_THREADS`]). `keyslot` names the slot
+/// in errors.
 pub fn argon2(
     cost: &Argon2Cost,
     password: &[u8],
@@ -145,47 +151,22 @@ pub fn argon2(
     keyslot: u32,
 ) -> Result<(), Error> {
     let bad =
-        |e: argon2::Error| Error::corrupt(format!("keyslot {keyslot}'s Argon2 parameters: {e}"));
-    let params =
-        Params::new(cost.memory_kib, cost.time, cost.cpus, Some(out.len())).map_err(bad)?;
-    let algorithm = if cost.id {
-        Algorithm::Argon2id
-    } else {
-        Algorithm::Argon2i
-    };
-    let blocks = params.block_count();
+        |e: argon2::Bad| Error::corrupt(format!("keyslot {keyslot}'s Argon2 parameters: {e}"));
+    let a = Argon2::new(cost.id, cost.time, cost.memory_kib, cost.cpus).map_err(bad)?;
+    let blocks = a.block_count();
     let mut memory = Zeroizing::new(
-        zeroed_blocks(blocks).ok_or(Error::OutOfMemory {
+        argon2::zeroed_blocks(blocks).ok_or(Error::OutOfMemory {
             keyslot,
             bytes: u64::try_from(blocks)
                 .unwrap_or(u64::MAX)
                 .saturating_mul(1024),
         })?,
     );
-    Argon2::new(algorithm, Version::V0x13, params)
-        .hash_password_into_with_memory(password, salt, out, &mut memory[..])
+    let threads = std::thread::available_parallelism()
+        .map_or(1, std::num::NonZero::get)
+        .min(MOST_THREADS);
+    a.hash(password, salt, Extra::default(), out, &mut memory, threads)
         .map_err(bad)
-}
-
-/// `n` zeroed blocks, or none if the memory cannot be had. From
-/// `alloc_zeroed`, so pages the kernel zeroes as they are first touched:
-/// no pass over the memory before Argon2's own (filling 256 MiB with
-/// `Block::default()` costs about a tenth of a 4-pass derivation).
-fn zeroed_blocks(n: usize) -> Option<Vec<Block>> {
-    if n == 0 {
-        return Some(Vec::new());
-    }
-    let layout = std::alloc::Layout::array::<Block>(n).ok()?;
-    // SAFETY: the layout's size is not zero (n > 0 blocks of 1 KiB).
-    let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<Block>();
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: `p` comes from the global allocator with the layout of `n`
-    // blocks, which is the capacity given; all `n` are initialised, since a
-    // block is an array of u64 (any bytes are a value) and all-zero bytes
-    // are `Block::new()`.
-    Some(unsafe { Vec::from_raw_parts(p, n, n) })
 }
 
 /// Whether `a` and `b` are equal, in time that depends only on their lengths.

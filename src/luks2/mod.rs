@@ -10,10 +10,11 @@
 //!
 //! One idea a file: the refusals (`error`), the binary headers and the
 //! choice of copy (`header`), the JSON area as types (`metadata`) over a
-//! bounded JSON reader (`json`), the hashes and KDFs (`kdf`), the unlock
-//! (`unlock`), a new volume (`format`), and the rule that a disk is blank
-//! before it is formatted (`blank`); a volume made in the guest (`made`),
-//! with what integrity adds (`made_integrity`, `wipe`). `fuzz` is the fuzz target's way in;
+//! bounded JSON reader (`json`), the hashes and KDFs (`kdf`, over Argon2
+//! of the workspace's own crust-argon2, which runs the lanes on threads),
+//! the unlock (`unlock`), a new volume (`format`), and the rule that a disk
+//! is blank before it is formatted (`blank`); a volume made in the guest
+//! (`made`), with what integrity adds (`made_integrity`, `wipe`). `fuzz` is the fuzz target's way in;
 //! `tests` holds the tests against cryptsetup, `fixture` the headers the
 //! other tests build by hand.
 //!
