@@ -33,6 +33,24 @@ pub struct Features {
     pub openat2: bool,
     /// open_tree(2)/move_mount(2) (Linux 5.2): binds with no writable window.
     pub open_tree: bool,
+    /// User namespaces (CONFIG_USER_NS, and user.max_user_namespaces above
+    /// 0): idmapped binds, with mount_setattr.
+    pub user_namespaces: bool,
+}
+
+impl Features {
+    /// Whether binds can be idmapped here (Linux 5.12, user namespaces);
+    /// whether a filesystem can be is the kernel's answer per bind.
+    pub fn idmapped_binds(&self) -> bool {
+        self.mount_setattr && self.open_tree && self.user_namespaces
+    }
+}
+
+/// Whether this kernel has user namespaces and allows more than none.
+fn user_namespaces() -> bool {
+    let allowed = std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
+        .map_or(true, |s| s.trim() != "0");
+    std::path::Path::new("/proc/self/ns/user").exists() && allowed
 }
 
 /// The probed features of the running kernel.
@@ -42,6 +60,7 @@ pub fn features() -> Features {
         mount_setattr: syscall_exists(libc::SYS_mount_setattr),
         openat2: syscall_exists(libc::SYS_openat2),
         open_tree: syscall_exists(libc::SYS_open_tree) && syscall_exists(libc::SYS_move_mount),
+        user_namespaces: user_namespaces(),
     })
 }
 
