@@ -279,3 +279,32 @@ fn a_restart_takes_idmapped_binds_back_as_recorded() {
     );
     assert!(mounts_of(&disk.path()).is_empty());
 }
+
+/// The embed API takes the same mappings (it serves crust.v1's messages)
+/// and lists them.
+#[test]
+#[ignore = "needs root: make test runs it"]
+fn the_embed_api_binds_with_mappings() {
+    use crust_agent::embed::{pb as epb, Table};
+    needs::loop_devices_and_mkfs();
+    let disk = LoopDisk::new(64, Some("ext4"));
+    let root = tempfile::tempdir().unwrap();
+    let t = Table::open(root.path()).unwrap();
+    let mut p = epb::PublishVolumeRequest::new();
+    p.volume_id = "e".into();
+    p.set_device_path(disk.path());
+    p.fs_type = "ext4".into();
+    let gp = std::path::PathBuf::from(t.publish(&p, None).unwrap().guest_path);
+    std::fs::write(gp.join("f"), b"x").unwrap();
+    std::os::unix::fs::chown(gp.join("f"), Some(7), Some(8)).unwrap();
+    let target = std::fs::canonicalize(root.path()).unwrap().join("pods/e");
+    let req = pod_bind("e", &target, "", false);
+    assert!(!t.bind(&req, None).unwrap().already_mounted);
+    assert_eq!(owner(&target.join("f")), (100007, 100008));
+    let listed = t.list();
+    assert_eq!(listed.volumes[0].binds[0].gid_mappings, req.gid_mappings);
+    let mut u = epb::UnpublishVolumeRequest::new();
+    u.volume_id = "e".into();
+    assert!(t.unpublish(&u, None).unwrap().was_published);
+    assert!(mounts_of(&disk.path()).is_empty());
+}
