@@ -273,9 +273,9 @@ fn set_read_only(tree: &OwnedFd, recursive: bool) -> io::Result<()> {
 fn set_idmap(spec: &BindSpec, tree: &OwnedFd, map: &IdMap) -> Result<(), Error> {
     let target = || spec.target_path.to_path_buf();
     let ns = userns::make(map).map_err(|e| match e {
-        userns::Error::Clone(source) if e.unavailable() => Error::NoUserNamespaces {
+        e if e.unavailable() => Error::NoUserNamespaces {
             target: target(),
-            source,
+            source: e.into_io(),
         },
         e => SysError::new(
             "user namespace",

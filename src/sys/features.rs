@@ -5,6 +5,9 @@
 
 use std::sync::OnceLock;
 
+use super::userns;
+use crate::model::{IdMap, IdRange};
+
 /// Whether a syscall exists: it is called with arguments it must reject,
 /// and only ENOSYS (or EPERM from a seccomp filter) means "absent".
 fn syscall_exists(nr: libc::c_long) -> bool {
@@ -33,8 +36,10 @@ pub struct Features {
     pub openat2: bool,
     /// open_tree(2)/move_mount(2) (Linux 5.2): binds with no writable window.
     pub open_tree: bool,
-    /// User namespaces (CONFIG_USER_NS, and user.max_user_namespaces above
-    /// 0): idmapped binds, with mount_setattr.
+    /// A user namespace with maps can be made here (the kernel has them,
+    /// and nothing around the agent forbids them: systemd's
+    /// RestrictNamespaces=, a bounding set without CAP_SETUID): idmapped
+    /// binds, with mount_setattr.
     pub user_namespaces: bool,
 }
 
@@ -46,11 +51,19 @@ impl Features {
     }
 }
 
-/// Whether this kernel has user namespaces and allows more than none.
+/// Whether a user namespace with maps can be made here: tried once, as a
+/// bind would make one (a clone that is reaped at once; sys::userns).
 fn user_namespaces() -> bool {
-    let allowed = std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
-        .map_or(true, |s| s.trim() != "0");
-    std::path::Path::new("/proc/self/ns/user").exists() && allowed
+    let one = vec![IdRange {
+        container_id: 0,
+        host_id: 0,
+        length: 1,
+    }];
+    let map = IdMap {
+        uids: one.clone(),
+        gids: one,
+    };
+    std::path::Path::new("/proc/self/ns/user").exists() && userns::make(&map).is_ok()
 }
 
 /// The probed features of the running kernel.

@@ -51,13 +51,26 @@ pub enum Error {
 
 impl Error {
     /// Whether the kernel (or a sandbox around the agent) allows no new
-    /// user namespace: built without them (EINVAL), a seccomp filter or a
-    /// chroot (EPERM), or user.max_user_namespaces reached (ENOSPC, EUSERS).
+    /// user namespace: built without them (EINVAL), a seccomp filter, a
+    /// chroot or systemd's RestrictNamespaces= (EPERM), or
+    /// user.max_user_namespaces reached (ENOSPC, EUSERS); or no map may be
+    /// written (EPERM: no CAP_SETUID or CAP_SETGID).
     pub fn unavailable(&self) -> bool {
-        matches!(self, Error::Clone(e) if matches!(
-            e.raw_os_error(),
-            Some(libc::EINVAL | libc::EPERM | libc::ENOSPC | libc::EUSERS)
-        ))
+        match self {
+            Error::Clone(e) => matches!(
+                e.raw_os_error(),
+                Some(libc::EINVAL | libc::EPERM | libc::ENOSPC | libc::EUSERS)
+            ),
+            Error::Step { source, .. } => source.raw_os_error() == Some(libc::EPERM),
+        }
+    }
+
+    /// The errno, for a refusal that says it.
+    pub fn into_io(self) -> io::Error {
+        match self {
+            Error::Clone(e) => e,
+            e @ Error::Step { .. } => io::Error::other(e),
+        }
     }
 }
 
@@ -182,6 +195,27 @@ mod tests {
         let t = map_text(&[range(0, 100000, 65536), range(65536, 5, 1)]);
         assert_eq!(t, "0 100000 65536\n65536 5 1\n");
         assert_eq!(map_text(&[]), "");
+    }
+
+    /// What says "no user namespace here" and what is a fault of ours.
+    #[test]
+    fn which_failures_mean_no_user_namespaces() {
+        let errno = io::Error::from_raw_os_error;
+        let step = |e| Error::Step {
+            call: "write",
+            path: "/proc/1/uid_map".into(),
+            source: errno(e),
+        };
+        for e in [libc::EPERM, libc::EINVAL, libc::ENOSPC, libc::EUSERS] {
+            assert!(Error::Clone(errno(e)).unavailable(), "{e}");
+        }
+        assert!(!Error::Clone(errno(libc::ENOMEM)).unavailable());
+        assert!(step(libc::EPERM).unavailable(), "no CAP_SETUID");
+        assert!(!step(libc::EINVAL).unavailable(), "a map we wrote wrong");
+        assert_eq!(
+            Error::Clone(errno(libc::EPERM)).into_io().raw_os_error(),
+            Some(libc::EPERM)
+        );
     }
 
     /// A namespace is made with the maps asked, and its child is gone.
