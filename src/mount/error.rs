@@ -107,7 +107,7 @@ pub enum Error {
         target: PathBuf,
     },
     #[code(FailedPrecondition)]
-    #[error("an idmapped bind was asked for {}, but the agent cannot make a user namespace here ({source}): the kernel is built without them, user.max_user_namespaces is reached, or a sandbox around the agent forbids them (systemd's RestrictNamespaces=, a capability bounding set without CAP_SETUID and CAP_SETGID)", shown(target))]
+    #[error("an idmapped bind was asked for {}, but the agent cannot make a user namespace here ({source}): the kernel is built without them, user.max_user_namespaces is reached, or a sandbox around the agent forbids them (systemd's RestrictNamespaces=, a capability bounding set without CAP_SETUID and CAP_SETGID, or without CAP_SETFCAP for a map of host id 0)", shown(target))]
     NoUserNamespaces {
         /// The target asked for.
         target: PathBuf,

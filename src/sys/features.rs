@@ -52,11 +52,13 @@ impl Features {
 }
 
 /// Whether a user namespace with maps can be made here: tried once, as a
-/// bind would make one (a clone that is reaped at once; sys::userns).
+/// bind would make one (a clone that is reaped at once; sys::userns). It
+/// maps nobody (65534), as a pod's map names no host root: mapping host
+/// id 0 takes CAP_SETFCAP too (Linux 5.12+).
 fn user_namespaces() -> bool {
     let one = vec![IdRange {
         container_id: 0,
-        host_id: 0,
+        host_id: 65534,
         length: 1,
     }];
     let map = IdMap {

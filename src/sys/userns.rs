@@ -54,7 +54,8 @@ impl Error {
     /// user namespace: built without them (EINVAL), a seccomp filter, a
     /// chroot or systemd's RestrictNamespaces= (EPERM), or
     /// user.max_user_namespaces reached (ENOSPC, EUSERS); or no map may be
-    /// written (EPERM: no CAP_SETUID or CAP_SETGID).
+    /// written (EPERM: no CAP_SETUID or CAP_SETGID; for a map of host id
+    /// 0, no CAP_SETFCAP).
     pub fn unavailable(&self) -> bool {
         match self {
             Error::Clone(e) => matches!(

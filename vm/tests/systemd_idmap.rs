@@ -140,10 +140,6 @@ fn a_user_namespace_pod_writes_as_root_through_an_idmapped_bind() {
     eprintln!("systemd guest: agent answering after {:?}", t0.elapsed());
     let c = vm.agent().unwrap();
     let ctx = || crust_vm::ctx(Duration::from_secs(60));
-    let caps = c.get_capabilities(ctx(), &Default::default()).unwrap();
-    assert!(caps
-        .capabilities
-        .contains(&agent_pb::Capability::CAPABILITY_IDMAPPED_BINDS.into()));
 
     let disk = LoopDisk::new(128, Some("ext4"));
     let d = Crustd::start(&reg, &[]);
@@ -162,6 +158,9 @@ fn a_user_namespace_pod_writes_as_root_through_an_idmapped_bind() {
     let t1 = Instant::now();
     assert!(!c.bind_mount(ctx(), &b).unwrap().already_mounted);
     eprintln!("idmapped bind in the guest: {:?}", t1.elapsed());
+    let caps = c.get_capabilities(ctx(), &Default::default()).unwrap();
+    let idmapped = agent_pb::Capability::CAPABILITY_IDMAPPED_BINDS;
+    assert!(caps.capabilities.contains(&idmapped.into()), "{caps:?}");
     let listed = c.list_volumes(ctx(), &Default::default()).unwrap();
     assert_eq!(listed.volumes[0].binds[0].uid_mappings, b.uid_mappings);
 
