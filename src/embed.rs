@@ -165,7 +165,8 @@ impl Table {
         self.call(req, timeout)
     }
 
-    /// BindMount: the volume or a subpath at a target beneath the root.
+    /// BindMount: the volume or a subpath at a target beneath the root;
+    /// idmapped with `uid_mappings` and `gid_mappings` (docs/semantics.md §7).
     pub fn bind(
         &self,
         req: &pb::BindMountRequest,

@@ -58,6 +58,24 @@ pub enum RecursiveReadOnly {
     Enabled,
 }
 
+/// One range of a user namespace's ids (CRI's IDMapping): `length` ids
+/// from `container_id` inside are `host_id`… outside. On an idmapped bind,
+/// a file owned on disk by `container_id + k` is seen from outside as
+/// `host_id + k`, and a file made by `host_id + k` lands as `container_id + k`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdRange {
+    pub container_id: u32,
+    pub host_id: u32,
+    pub length: u32,
+}
+
+/// An idmapped bind's mappings, uids and gids (validate::id_map's rules).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdMap {
+    pub uids: Vec<IdRange>,
+    pub gids: Vec<IdRange>,
+}
+
 /// What a volume is published as (KEP-565's volumeMode).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VolumeMode {

@@ -44,6 +44,8 @@ pub enum Capability {
     VolumeHealth,
     /// Encrypted (LUKS2) volumes.
     EncryptionLuks2,
+    /// Binds with uid and gid mappings (KEP-127).
+    IdmappedBinds,
     /// A publish's trim_interval_s: the agent trims on a schedule.
     ScheduledTrim,
 }
@@ -72,8 +74,8 @@ pub fn has_dm_crypt() -> bool {
 /// filesystem can grow (ext4 needs CAP_SYS_RESOURCE; xfs grows without it).
 pub fn capabilities() -> Vec<Capability> {
     let f = features();
-    // Room for every capability there is (12): the pushes never reallocate.
-    let mut caps = Vec::with_capacity(12);
+    // Room for every capability there is (13): the pushes never reallocate.
+    let mut caps = Vec::with_capacity(13);
     caps.extend([Capability::FsGroupAlways, Capability::FsGroupOnRootMismatch]);
     if f.openat2 {
         caps.push(Capability::Subpath);
@@ -98,6 +100,9 @@ pub fn capabilities() -> Vec<Capability> {
     ]);
     if has_dm_crypt() {
         caps.push(Capability::EncryptionLuks2);
+    }
+    if f.idmapped_binds() {
+        caps.push(Capability::IdmappedBinds);
     }
     caps
 }
@@ -253,6 +258,8 @@ mod tests {
         let caps = capabilities();
         assert!(caps.contains(&Capability::RecursiveReadOnly));
         assert_eq!(caps.contains(&Capability::VolumeResize), has_sys_resource());
+        // And user namespaces: idmapped binds.
+        assert!(f.user_namespaces && caps.contains(&Capability::IdmappedBinds));
     }
 
     #[test]

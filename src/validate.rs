@@ -6,7 +6,8 @@
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
-use crate::model::{FsType, RecursiveReadOnly};
+use crate::model::{FsType, IdMap, IdRange, RecursiveReadOnly};
+use crate::sys::userns;
 
 /// Where the agent mounts its volumes, beneath its root.
 pub const VOLUMES_DIR: &str = "volumes";
@@ -246,6 +247,77 @@ pub fn recursive_read_only(read_only: bool, rro: RecursiveReadOnly) -> Result<()
     Ok(())
 }
 
+/// The most ranges one of an idmapped bind's mappings may have: the
+/// kernel's (UID_GID_MAP_MAX_EXTENTS).
+pub const MAX_ID_RANGES: usize = 340;
+
+/// An idmapped bind's `uid_mappings` and `gid_mappings`: neither (None: a
+/// plain bind) or both; each at most [`MAX_ID_RANGES`] ranges, none empty,
+/// none running past the last id (4294967294) on either side, no two
+/// overlapping on either side, and written out short enough for the
+/// kernel's one write of less than a page (4096 bytes).
+pub fn id_map(uids: Vec<IdRange>, gids: Vec<IdRange>) -> Result<Option<IdMap>, Invalid> {
+    match (uids.is_empty(), gids.is_empty()) {
+        (true, true) => return Ok(None),
+        (false, false) => {}
+        (u, _) => {
+            let (given, missing) = if u { ("gid", "uid") } else { ("uid", "gid") };
+            return Err(invalid(format!(
+                "{given}_mappings is given without {missing}_mappings; an idmapped bind needs both (a user-namespace pod has both)"
+            )));
+        }
+    }
+    id_ranges("uid_mappings", &uids)?;
+    id_ranges("gid_mappings", &gids)?;
+    Ok(Some(IdMap { uids, gids }))
+}
+
+/// One of [`id_map`]'s lists, as the kernel's uid_map/gid_map would take it.
+fn id_ranges(field: &str, ranges: &[IdRange]) -> Result<(), Invalid> {
+    if ranges.len() > MAX_ID_RANGES {
+        return Err(invalid(format!(
+            "{field} has {} ranges; the kernel takes at most {MAX_ID_RANGES}",
+            ranges.len()
+        )));
+    }
+    let end = |id: u32, r: &IdRange| u64::from(id) + u64::from(r.length);
+    for (i, r) in ranges.iter().enumerate() {
+        if r.length == 0 {
+            return Err(invalid(format!(
+                "{field}[{i}] has length 0; a range maps at least one id"
+            )));
+        }
+        for (side, id) in [("container_id", r.container_id), ("host_id", r.host_id)] {
+            if end(id, r) > u64::from(u32::MAX) {
+                return Err(invalid(format!(
+                    "{field}[{i}] runs past the last id: {side} {id} + length {} passes 4294967295 (not an id)",
+                    r.length
+                )));
+            }
+        }
+        for (j, o) in ranges[..i].iter().enumerate() {
+            for (side, a, b) in [
+                ("container", r.container_id, o.container_id),
+                ("host", r.host_id, o.host_id),
+            ] {
+                if u64::from(a) < end(b, o) && u64::from(b) < end(a, r) {
+                    return Err(invalid(format!(
+                        "{field}[{i}] and {field}[{j}] overlap on the {side} side; each id may be mapped once"
+                    )));
+                }
+            }
+        }
+    }
+    let len = userns::map_text(ranges).len();
+    if len >= userns::MAP_TEXT_MAX {
+        return Err(invalid(format!(
+            "{field} written out is {len} bytes; the kernel takes a map in one write of less than {} bytes: use fewer ranges",
+            userns::MAP_TEXT_MAX
+        )));
+    }
+    Ok(())
+}
+
 /// `required_bytes`: not negative (0 means the device's size).
 pub fn required_bytes(n: i64) -> Result<u64, Invalid> {
     u64::try_from(n).map_err(|_| {
@@ -425,5 +497,84 @@ mod tests {
         assert_eq!(timeout(0), DEFAULT_TIMEOUT);
         assert_eq!(timeout(250), Duration::from_millis(250));
         assert_eq!(timeout(u32::MAX), MAX_TIMEOUT, "49 days is capped");
+    }
+
+    fn r(container_id: u32, host_id: u32, length: u32) -> IdRange {
+        IdRange {
+            container_id,
+            host_id,
+            length,
+        }
+    }
+
+    /// The mapping rules: both or neither, no empty range, none past the
+    /// last id, no overlap on either side, at most 340 ranges that the
+    /// kernel can take in one write.
+    #[test]
+    fn id_maps() {
+        assert_eq!(id_map(vec![], vec![]), Ok(None));
+        let pod = vec![r(0, 100000, 65536)];
+        let m = id_map(pod.clone(), pod.clone()).unwrap().unwrap();
+        assert_eq!((m.uids, m.gids), (pod.clone(), pod.clone()));
+        // The edges that still hold: the last id, adjacent ranges, the
+        // whole space but 4294967295 (an identity map), 340 short ranges.
+        let edges = [
+            vec![r(4294967294, 4294967294, 1)],
+            vec![r(0, 10, 5), r(5, 15, 5)],
+            vec![r(0, 0, u32::MAX)],
+            (0..340).map(|i| r(i, i + 1000, 1)).collect(),
+        ];
+        for good in edges {
+            assert!(id_map(good.clone(), pod.clone()).is_ok(), "{good:?}");
+            assert!(id_map(pod.clone(), good.clone()).is_ok(), "{good:?}");
+        }
+        let bad: Vec<(Vec<IdRange>, &str)> = vec![
+            (vec![r(0, 1, 0)], "length 0"),
+            (vec![r(4294967295, 1, 1)], "runs past the last id"),
+            (vec![r(1, 4294967295, 1)], "runs past the last id"),
+            (vec![r(1, 0, u32::MAX)], "runs past the last id"),
+            (
+                vec![r(0, 100, 10), r(9, 200, 1)],
+                "overlap on the container side",
+            ),
+            (
+                vec![r(0, 100, 10), r(20, 105, 10)],
+                "overlap on the host side",
+            ),
+            (
+                vec![r(20, 105, 10), r(0, 100, 10)],
+                "overlap on the host side",
+            ),
+            (vec![r(0, 0, 1); 2], "overlap on the container side"),
+            ((0..341).map(|i| r(i, i, 1)).collect(), "at most 340"),
+            (
+                (0..300)
+                    .map(|i| r(4_000_000_000 + i, 4_100_000_000 + i, 1))
+                    .collect(),
+                "less than 4096 bytes",
+            ),
+        ];
+        for (ranges, why) in bad {
+            let e = id_map(ranges.clone(), pod.clone()).unwrap_err();
+            assert!(
+                e.0.contains(why) && e.0.starts_with("uid_mappings"),
+                "{why}: {e}"
+            );
+            let e = id_map(pod.clone(), ranges).unwrap_err();
+            assert!(
+                e.0.contains(why) && e.0.starts_with("gid_mappings"),
+                "{why}: {e}"
+            );
+        }
+        let e = id_map(pod.clone(), vec![]).unwrap_err();
+        assert!(
+            e.0.contains("uid_mappings is given without gid_mappings"),
+            "{e}"
+        );
+        let e = id_map(vec![], pod).unwrap_err();
+        assert!(
+            e.0.contains("gid_mappings is given without uid_mappings"),
+            "{e}"
+        );
     }
 }

@@ -101,6 +101,30 @@ pub enum Error {
         target: PathBuf,
     },
     #[code(FailedPrecondition)]
+    #[error("an idmapped bind was asked for {}, but this kernel lacks mount_setattr (Linux 5.12+), which idmaps a mount; use a newer guest kernel", shown(target))]
+    IdmapUnsupported {
+        /// The target asked for.
+        target: PathBuf,
+    },
+    #[code(FailedPrecondition)]
+    #[error("an idmapped bind was asked for {}, but the agent cannot make a user namespace here ({source}): the kernel is built without them, user.max_user_namespaces is reached, or a sandbox around the agent forbids them (systemd's RestrictNamespaces=, a capability bounding set without CAP_SETUID and CAP_SETGID, or without CAP_SETFCAP for a map of host id 0)", shown(target))]
+    NoUserNamespaces {
+        /// The target asked for.
+        target: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[code(FailedPrecondition)]
+    #[error("an idmapped bind was asked for {}, but this kernel cannot idmap {what} ({source}); bind it without mappings, or use a kernel whose filesystem supports idmapped mounts", shown(target))]
+    FilesystemNotIdmappable {
+        /// The target asked for.
+        target: PathBuf,
+        /// "the filesystem of /run/…/volumes/v" or "a filesystem mounted inside …".
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    #[code(FailedPrecondition)]
     #[error("this kernel lacks openat2 (Linux 5.6+), which the agent needs to resolve {} safely; use a newer guest kernel", shown(path))]
     NoOpenat2 {
         /// The path that was being resolved.

@@ -16,7 +16,7 @@ use crate::code::Code;
 use crate::error::{Error, Result};
 use crate::keys::source::{KeySource, RequestKey};
 use crate::luks2::format::Mac;
-use crate::model::{Policy, RecursiveReadOnly, VolumeMode};
+use crate::model::{IdMap, IdRange, Policy, RecursiveReadOnly, VolumeMode};
 use crate::mount::selinux::without_contexts;
 use crate::stats::problem::Health;
 use crate::stats::{Condition, Measured};
@@ -27,7 +27,7 @@ use crate::volumes::freeze::{Frozen, Thaw};
 use crate::volumes::health::Said;
 use crate::volumes::lease;
 use crate::volumes::request::{
-    BindOutcome, BindRequest, Encryption, EncryptionInfo, Expanded, FsGroup, Options,
+    BindInfo, BindOutcome, BindRequest, Encryption, EncryptionInfo, Expanded, FsGroup, Options,
     PublishRequest, Published, Source, Spec, TrimInfo, VolumeInfo, VolumeState,
 };
 use crate::volumes::trim::Trimmed;
@@ -91,6 +91,7 @@ pub fn capability(c: Capability) -> pb::Capability {
         Capability::Trim => pb::Capability::CAPABILITY_TRIM,
         Capability::VolumeHealth => pb::Capability::CAPABILITY_VOLUME_HEALTH,
         Capability::EncryptionLuks2 => pb::Capability::CAPABILITY_ENCRYPTION_LUKS2,
+        Capability::IdmappedBinds => pb::Capability::CAPABILITY_IDMAPPED_BINDS,
         Capability::ScheduledTrim => pb::Capability::CAPABILITY_SCHEDULED_TRIM,
     }
 }
@@ -432,13 +433,59 @@ pub fn bind_request(
         pb::RecursiveReadOnly::ENABLED => RecursiveReadOnly::Enabled,
     };
     validate::recursive_read_only(req.read_only, rro)?;
+    let ranges = |m: &[pb::IDMapping]| -> Vec<IdRange> {
+        m.iter()
+            .map(|r| IdRange {
+                container_id: r.container_id,
+                host_id: r.host_id,
+                length: r.length,
+            })
+            .collect()
+    };
+    let idmap = validate::id_map(ranges(&req.uid_mappings), ranges(&req.gid_mappings))?;
     Ok(BindRequest {
         volume_id: req.volume_id.clone(),
         subpath,
         target: target(&req.target)?,
         read_only: req.read_only,
         recursive_read_only: rro,
+        idmap,
     })
+}
+
+/// A bind's mappings on the wire: uids, gids (both empty for a plain bind).
+fn id_mappings(m: Option<IdMap>) -> (Vec<pb::IDMapping>, Vec<pb::IDMapping>) {
+    let wire = |v: Vec<IdRange>| -> Vec<pb::IDMapping> {
+        v.into_iter()
+            .map(|r| pb::IDMapping {
+                host_id: r.host_id,
+                container_id: r.container_id,
+                length: r.length,
+                ..Default::default()
+            })
+            .collect()
+    };
+    m.map_or_else(Default::default, |m| (wire(m.uids), wire(m.gids)))
+}
+
+/// ListVolumes' entry for a bind.
+fn bind_info(b: BindInfo) -> pb::BindInfo {
+    let (uid_mappings, gid_mappings) = id_mappings(b.idmap);
+    pb::BindInfo {
+        target: b.target,
+        subpath: b.subpath,
+        read_only: b.read_only,
+        recursive_read_only: match b.recursive_read_only {
+            RecursiveReadOnly::Disabled => pb::RecursiveReadOnly::DISABLED,
+            RecursiveReadOnly::IfPossible => pb::RecursiveReadOnly::IF_POSSIBLE,
+            RecursiveReadOnly::Enabled => pb::RecursiveReadOnly::ENABLED,
+        }
+        .into(),
+        recursive_read_only_applied: b.recursive_read_only_applied,
+        uid_mappings,
+        gid_mappings,
+        ..Default::default()
+    }
 }
 
 /// One VolumeUsage entry, each count clamped to the wire's i64.
@@ -468,6 +515,7 @@ pub fn volume_info(v: VolumeInfo) -> pb::VolumeInfo {
         guest_path: v.guest_path,
         read_only: v.read_only,
         bind_targets: v.bind_targets,
+        binds: v.binds.into_iter().map(bind_info).collect(),
         volume_mode: if v.block {
             pb::VolumeMode::BLOCK
         } else {
@@ -827,6 +875,43 @@ mod tests {
             mutate(&mut r2);
             let e = bind_request(&r2, root).expect_err(&format!("case {i}"));
             assert_eq!(e.code(), Code::InvalidArgument, "case {i}: {e}");
+        }
+    }
+
+    /// Mappings come through as CRI names them (container, host, length),
+    /// checked by validate::id_map, and go back out in ListVolumes alike.
+    #[test]
+    fn bind_mappings_are_checked_and_listed() {
+        let m = |container_id, host_id, length| pb::IDMapping {
+            container_id,
+            host_id,
+            length,
+            ..Default::default()
+        };
+        let mut r = pb::BindMountRequest::new();
+        r.volume_id = "v".into();
+        r.target = "/run/crust/pods/a".into();
+        r.uid_mappings = vec![m(0, 100000, 65536)];
+        r.gid_mappings = vec![m(0, 200000, 65536)];
+        let root = |t: &str| validate::target(std::path::Path::new("/run/crust"), t);
+        let map = bind_request(&r, root).unwrap().idmap.unwrap();
+        assert_eq!(
+            (
+                map.uids[0].container_id,
+                map.uids[0].host_id,
+                map.uids[0].length
+            ),
+            (0, 100000, 65536)
+        );
+        assert_eq!(map.gids[0].host_id, 200000);
+        let (u, g) = id_mappings(Some(map));
+        assert_eq!((u, g), (r.uid_mappings.clone(), r.gid_mappings.clone()));
+        assert_eq!(id_mappings(None), (vec![], vec![]));
+        for bad in [vec![], vec![m(0, 1, 0)], vec![m(0, 1, 5), m(4, 9, 1)]] {
+            let mut r2 = r.clone();
+            r2.gid_mappings = bad;
+            let e = bind_request(&r2, root).unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{e}");
         }
     }
 

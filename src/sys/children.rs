@@ -11,7 +11,9 @@
 //! - an [`Owned`] child leaves the registry only once it is reaped: on drop
 //!   it is killed and reaped if its owner did not reap it.
 //!
-//! This leaf starts no program: its caller's closure does.
+//! This leaf starts no program: its caller's closure does. A [`Cloned`]
+//! child (userns.rs's) runs no program at all: it is a raw clone that
+//! exits on its own; its owner reaps it the same way.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -120,6 +122,64 @@ impl Drop for Owned {
     }
 }
 
+/// A child made by a raw clone that runs no program (userns.rs), reaped by
+/// its owner ([`Cloned::wait`]) or, dropped unreaped, killed and reaped.
+#[derive(Debug)]
+pub struct Cloned {
+    pid: i32,
+}
+
+impl Cloned {
+    /// Makes a child with `clone` (which answers its pid) and registers it,
+    /// with the registry held so that the reaper cannot take it in between.
+    pub fn start(clone: impl FnOnce() -> io::Result<i32>) -> io::Result<Cloned> {
+        let mut set = owned();
+        let pid = clone()?;
+        set.insert(pid);
+        Ok(Cloned { pid })
+    }
+
+    /// Its pid, valid until it is reaped.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Waits for it to exit (its maker saw to it that it does) and reaps
+    /// it: its exit status.
+    pub fn wait(self) -> io::Result<i32> {
+        let r = reap(self.pid);
+        std::mem::forget(self);
+        r
+    }
+}
+
+impl Drop for Cloned {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) of a pid this process registered and has not
+        // reaped: it is still this child's (a zombie keeps its pid).
+        unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        let _ = reap(self.pid);
+    }
+}
+
+/// Waits for child `pid` (blocking, through EINTR) and releases it: its
+/// exit status.
+fn reap(pid: i32) -> io::Result<i32> {
+    let mut status = 0;
+    let r = loop {
+        // SAFETY: `status` is a valid int to write; waitpid touches nothing else.
+        if unsafe { libc::waitpid(pid, &mut status, libc::__WALL) } >= 0 {
+            break Ok(status);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            break Err(e);
+        }
+    };
+    release(pid);
+    r
+}
+
 /// SIGKILL, then waits up to [`KILL_GRACE`] for the child to die; true once it is reaped.
 fn kill_and_reap(child: &mut Child) -> bool {
     let _ = child.kill();
@@ -211,6 +271,57 @@ mod tests {
 
     fn exit_with(code: i32) -> io::Result<Child> {
         start("/bin/sh", &["-c", &format!("exit {code}")])
+    }
+
+    /// A raw clone that exits at once (the shape of userns.rs's child,
+    /// which runs no program). The child's pid.
+    fn clone_exiting(code: i32) -> io::Result<i32> {
+        // SAFETY: a fork-like clone (no CLONE_VM, null stack); the child
+        // makes one raw syscall, exit_group, and never returns here.
+        let r =
+            unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_long, 0, 0, 0, 0) };
+        if r == 0 {
+            // SAFETY: as above.
+            unsafe { libc::syscall(libc::SYS_exit_group, code) };
+        }
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(i32::try_from(r).expect("a pid fits i32"))
+    }
+
+    /// The reaper leaves cloned children to their owners too: each owner
+    /// reaps its own and reads its status. Alone in a child process, as below.
+    #[test]
+    fn the_reaper_leaves_cloned_children_to_their_owners() {
+        if !crust_testkit::child::is_child() {
+            let (ok, out) = crust_testkit::child::rerun::<&str, &str>(&[]);
+            assert!(ok, "{out}");
+            return;
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let reaper = std::thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                reap_others();
+                std::thread::yield_now();
+            }
+        });
+        for i in 0..200 {
+            let code = i % 100 + 1;
+            let c = Cloned::start(|| clone_exiting(code)).unwrap();
+            let pid = c.pid();
+            let status = c.wait().expect("the owner reaps its own child");
+            assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == code);
+            assert!(!owned().contains(&pid));
+        }
+        // A dropped one is killed and reaped.
+        let c = Cloned::start(|| clone_exiting(3)).unwrap();
+        let pid = c.pid();
+        drop(c);
+        assert!(gone(pid) && !owned().contains(&pid));
+        stop.store(true, Ordering::SeqCst);
+        reaper.join().unwrap();
     }
 
     /// A reaper waiting on every child runs beside owners the whole time:

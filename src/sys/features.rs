@@ -5,6 +5,9 @@
 
 use std::sync::OnceLock;
 
+use super::userns;
+use crate::model::{IdMap, IdRange};
+
 /// Whether a syscall exists: it is called with arguments it must reject,
 /// and only ENOSYS (or EPERM from a seccomp filter) means "absent".
 fn syscall_exists(nr: libc::c_long) -> bool {
@@ -33,6 +36,36 @@ pub struct Features {
     pub openat2: bool,
     /// open_tree(2)/move_mount(2) (Linux 5.2): binds with no writable window.
     pub open_tree: bool,
+    /// A user namespace with maps can be made here (the kernel has them,
+    /// and nothing around the agent forbids them: systemd's
+    /// RestrictNamespaces=, a bounding set without CAP_SETUID): idmapped
+    /// binds, with mount_setattr.
+    pub user_namespaces: bool,
+}
+
+impl Features {
+    /// Whether binds can be idmapped here (Linux 5.12, user namespaces);
+    /// whether a filesystem can be is the kernel's answer per bind.
+    pub fn idmapped_binds(&self) -> bool {
+        self.mount_setattr && self.open_tree && self.user_namespaces
+    }
+}
+
+/// Whether a user namespace with maps can be made here: tried once, as a
+/// bind would make one (a clone that is reaped at once; sys::userns). It
+/// maps nobody (65534), as a pod's map names no host root: mapping host
+/// id 0 takes CAP_SETFCAP too (Linux 5.12+).
+fn user_namespaces() -> bool {
+    let one = vec![IdRange {
+        container_id: 0,
+        host_id: 65534,
+        length: 1,
+    }];
+    let map = IdMap {
+        uids: one.clone(),
+        gids: one,
+    };
+    std::path::Path::new("/proc/self/ns/user").exists() && userns::make(&map).is_ok()
 }
 
 /// The probed features of the running kernel.
@@ -42,6 +75,7 @@ pub fn features() -> Features {
         mount_setattr: syscall_exists(libc::SYS_mount_setattr),
         openat2: syscall_exists(libc::SYS_openat2),
         open_tree: syscall_exists(libc::SYS_open_tree) && syscall_exists(libc::SYS_move_mount),
+        user_namespaces: user_namespaces(),
     })
 }
 

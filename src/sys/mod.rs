@@ -18,8 +18,9 @@
 //! - `kmsg`: the kernel's log records, read without waiting;
 //! - `keyring`: logon keys in the kernel keyring, which dm-crypt reads and
 //!   user space cannot;
-//! - `children`: the children the agent waits for itself (mkfs), which the
-//!   reaper of every other child leaves alone.
+//! - `children`: the children the agent waits for itself (mkfs, and the
+//!   clone `userns` makes), which the reaper of every other child leaves alone;
+//! - `userns`: user namespaces made to idmap a bind, with no process left.
 
 pub mod beneath;
 pub mod blockdev;
@@ -33,3 +34,4 @@ pub mod kmsg;
 pub mod mountinfo;
 pub mod sysfs;
 pub mod uevents;
+pub mod userns;

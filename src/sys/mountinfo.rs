@@ -43,6 +43,12 @@ impl MountEntry {
         self.mount_options.split(',').any(|o| o == "ro")
     }
 
+    /// True when the mount is idmapped (Linux 5.12+ says `idmapped` among
+    /// its options; which mappings, mountinfo does not say).
+    pub fn idmapped(&self) -> bool {
+        self.mount_options.split(',').any(|o| o == "idmapped")
+    }
+
     /// True when the superblock is read-only (as after ext4 errors=remount-ro).
     pub fn super_read_only(&self) -> bool {
         self.super_options.split(',').any(|o| o == "ro")

@@ -3,6 +3,8 @@
 //! never share, nest in or cover each other; and Unmount of the agent's own
 //! binds, recognised by mount id. A repeat of a live bind answers
 //! `already_mounted`; a bind gone behind the agent's back is made again.
+//! An idmapped bind is one more parameter of a bind: a repeat must ask the
+//! same mappings.
 
 use std::os::fd::AsFd;
 use std::path::Path;
@@ -14,6 +16,7 @@ use super::block::check_bind;
 use super::claims::Claims;
 use super::error::Error;
 use super::freeze::not_frozen;
+use super::idmap;
 use super::kernel::Kernel;
 use super::lease::Freezer;
 use super::mounts::unsafe_or_sys;
@@ -64,10 +67,16 @@ impl<K: Kernel> Binder<'_, K> {
             if b.subpath != req.subpath
                 || b.read_only != req.read_only
                 || b.rro != req.recursive_read_only
+                || b.idmap != req.idmap
             {
+                let other = if b.idmap == req.idmap {
+                    "other parameters"
+                } else {
+                    "other uid and gid mappings (or none)"
+                };
                 return Err(Error::TargetTaken {
                     target: target.to_path_buf(),
-                    what: format!("a bind of volume {} with other parameters", vol.id()),
+                    what: format!("a bind of volume {} with {other}", vol.id()),
                 }
                 .into());
             }
@@ -85,6 +94,7 @@ impl<K: Kernel> Binder<'_, K> {
             self.targets.drop_bind(vol, i);
         }
         self.targets.room_for_one_more(vol)?;
+        idmap::room_for(vol, req.idmap.as_ref())?;
         self.bind_new(vol, req, target, rel)
     }
 
@@ -161,6 +171,7 @@ impl<K: Kernel> Binder<'_, K> {
             target_path: target,
             read_only: req.read_only,
             recursive_read_only: req.recursive_read_only,
+            idmap: req.idmap.as_ref(),
         })?;
         drop(source);
         let device = vol.device.clone();
@@ -185,6 +196,7 @@ impl<K: Kernel> Binder<'_, K> {
             rro: req.recursive_read_only,
             rro_applied: out.recursive_read_only_applied,
             mount_id: Some(out.mount_id),
+            idmap: req.idmap.clone(),
         });
         if let Err(e) = self.store.save(vol) {
             vol.binds.pop();

@@ -46,6 +46,12 @@ pub(crate) fn check_bind(vol: &Volume, req: &BindRequest) -> Result<()> {
         )
         .into());
     }
+    if req.idmap.is_some() {
+        return Err(Error::BlockBindIdmapped {
+            id: vol.id().to_string(),
+        }
+        .into());
+    }
     if req.read_only && !vol.spec.options.read_only_flag() {
         return Err(Error::BlockBindReadOnly {
             id: vol.id().to_string(),
@@ -122,6 +128,7 @@ pub(crate) fn attach<K: Kernel>(
             target_path: &vol.guest_path,
             read_only: vol.spec.options.read_only_flag(),
             recursive_read_only: RecursiveReadOnly::Disabled,
+            idmap: None,
         },
         &file,
     );
@@ -216,6 +223,7 @@ mod tests {
             target: "/r/pods/p/dev".into(),
             read_only,
             recursive_read_only: rro,
+            idmap: None,
         }
     }
 

@@ -193,6 +193,11 @@ pub enum Error {
         why: &'static str,
     },
     #[code(FailedPrecondition)]
+    #[error("volume {id} is a block volume: it cannot be bound with uid and gid mappings, since a device has no file owners to map (KEP-127: a user-namespace pod cannot use a raw block volume); bind it without mappings, to a pod with host users")]
+    BlockBindIdmapped {
+        id: String,
+    },
+    #[code(FailedPrecondition)]
     #[error("volume {id} is a read-write block volume: a read-only bind of it is impossible, since a device node's mount flags do not stop writes and the device's own read-only flag is shared by every bind of it; publish the volume read-only instead")]
     BlockBindReadOnly {
         id: String,
@@ -216,6 +221,15 @@ pub enum Error {
         inner: PathBuf,
         /// That bind's volume.
         volume: String,
+    },
+    #[code(ResourceExhausted)]
+    #[error("volume {id}'s binds already hold {held} uid and gid ranges, and this bind's would pass {max}, as many as the agent keeps for one volume; unmount some idmapped binds first")]
+    TooManyIdRanges {
+        id: String,
+        /// What its binds hold.
+        held: usize,
+        /// The bound.
+        max: usize,
     },
     #[code(ResourceExhausted)]
     #[error("volume {id} already has {max} binds, as many as the agent keeps for one volume; unmount some first")]

@@ -104,6 +104,8 @@ struct Mount {
     /// The path inside its filesystem that is this mount's root.
     root: PathBuf,
     read_only: bool,
+    /// mountinfo says `idmapped` (a bind made with mappings).
+    idmapped: bool,
 }
 
 impl Mount {
@@ -239,8 +241,23 @@ impl Fake {
             source: disk.path.display().to_string(),
             root: "/".into(),
             read_only: false,
+            idmapped: false,
         });
         id
+    }
+
+    /// Sets whether the mount on top at `at` shows as idmapped, behind the
+    /// table's back (as a mount id reused by another mount would).
+    pub(crate) fn set_idmapped_behind(&self, at: &Path, idmapped: bool) {
+        let at = std::fs::canonicalize(at).unwrap();
+        let mut st = self.state.locked();
+        let m = st
+            .mounts
+            .iter_mut()
+            .rev()
+            .find(|m| m.at == at)
+            .expect("a mount there");
+        m.idmapped = idmapped;
     }
 
     /// Unmounts what is on top at `at` behind the table's back.
@@ -467,6 +484,7 @@ impl Kernel for Fake {
             source: device.display().to_string(),
             root: "/".into(),
             read_only: options.flags & libc::MS_RDONLY != 0,
+            idmapped: false,
         });
         self.note(what);
         Ok(())
@@ -514,6 +532,7 @@ impl Kernel for Fake {
             at: path_of(target.as_fd()),
             root: on.root.join(spec.subpath),
             read_only: spec.read_only,
+            idmapped: spec.idmap.is_some(),
             ..on
         });
         self.note(what);
@@ -548,6 +567,7 @@ impl Kernel for Fake {
             source: "devtmpfs".into(),
             root: Path::new("/").join(&dev.name),
             read_only: spec.read_only,
+            idmapped: false,
         });
         self.note(what);
         Ok(id)
@@ -635,7 +655,13 @@ impl Kernel for Fake {
                 minor: m.dev.1,
                 root: m.root.clone(),
                 mount_point: m.at.clone(),
-                mount_options: if m.read_only { "ro" } else { "rw" }.into(),
+                mount_options: match (m.read_only, m.idmapped) {
+                    (false, false) => "rw",
+                    (true, false) => "ro",
+                    (false, true) => "rw,idmapped",
+                    (true, true) => "ro,idmapped",
+                }
+                .into(),
                 fs_type: m.fs_type.clone(),
                 source: m.source.clone(),
                 super_options: "rw".into(),

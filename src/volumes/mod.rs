@@ -64,6 +64,7 @@ pub(crate) mod fake;
 pub mod freeze;
 pub mod health;
 pub(crate) mod held;
+pub(crate) mod idmap;
 pub mod kernel;
 pub mod lease;
 pub(crate) mod listing;

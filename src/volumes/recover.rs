@@ -4,7 +4,10 @@
 //! still there is adopted, and every other mount the agent could have made
 //! beneath its root is taken down: anything mounted directly in `volumes/`
 //! that no record explains, and any mount of a volume's disk beneath the
-//! root that is not a recorded bind. A block volume's mounts are binds of
+//! root that is not a recorded bind, or a bind that is not idmapped as
+//! recorded (mountinfo's `idmapped`: a bind recorded with mappings that is
+//! not idmapped, or the reverse, is not the bind the agent made; it is
+//! taken down, and the next BindMount makes it again). A block volume's mounts are binds of
 //! its disk's node (their mountinfo device is devtmpfs's): they are told by
 //! the node's device number (statx), not by mountinfo's. A guest node in
 //! `volumes/` that no record explains (an empty directory or file, made by
@@ -38,7 +41,7 @@ use crate::error::Result;
 use crate::model::MountId;
 use crate::mount::unmount::Expect;
 use crate::sys::beneath::{self, Root};
-use crate::sys::mountinfo::shown;
+use crate::sys::mountinfo::{self, shown, MountEntry};
 use crate::sys::sysfs::Sysfs;
 
 /// What recovery works with, before the table exists: it enters the
@@ -69,6 +72,7 @@ impl<K: Kernel> Recovery<'_, K> {
         // Block volumes forgotten: their read-only flags are cleared once
         // every record is read, unless an adopted volume holds the device.
         let mut forgotten: Vec<Volume> = Vec::new();
+        let table = self.kernel.mountinfo()?;
         for record in self.store.load(self.root.path())? {
             let vol = match record {
                 Record::Bad(name, why) => {
@@ -81,7 +85,7 @@ impl<K: Kernel> Recovery<'_, K> {
                 Record::Good(vol) => *vol,
             };
             own_devices.insert((vol.device.major, vol.device.minor));
-            let Some(vol) = self.adopt(vol, &mut forgotten) else {
+            let Some(vol) = self.adopt(vol, &mut forgotten, &table) else {
                 continue;
             };
             kept.extend(vol.phase.mount_id());
@@ -130,7 +134,12 @@ impl<K: Kernel> Recovery<'_, K> {
     /// Adopts `vol` if its mount is still there (updating what changed), or
     /// forgets it (into `forgotten`). Returns the adopted volume. Writes to
     /// the state directory that fail are logged, never fatal.
-    fn adopt(&self, mut vol: Volume, forgotten: &mut Vec<Volume>) -> Option<Volume> {
+    fn adopt(
+        &self,
+        mut vol: Volume,
+        forgotten: &mut Vec<Volume>,
+        table: &[MountEntry],
+    ) -> Option<Volume> {
         let rel = vol.rel();
         let here = beneath::open_parent(self.root.fd(), &rel)
             .ok()
@@ -163,6 +172,13 @@ impl<K: Kernel> Recovery<'_, K> {
                 changed = true;
                 continue;
             };
+            let idmapped = mountinfo::by_id(table, m.mount_id).is_some_and(|e| e.idmapped());
+            if idmapped != b.idmap.is_some() {
+                warn!(self.log, "bind from a previous run is not idmapped as recorded; taken down, the next bind makes it again";
+                      "volume" => vol.id(), "target" => shown(&b.target), "recorded" => b.idmap.is_some(), "idmapped" => idmapped);
+                changed = true;
+                continue;
+            }
             // Targets from state are reserved like a request's: a record
             // naming a taken, nested or covering target loses that bind
             // (the sweep then takes its mount down).

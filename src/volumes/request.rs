@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::model::{Policy, RecursiveReadOnly, VolumeMode};
+use crate::model::{IdMap, Policy, RecursiveReadOnly, VolumeMode};
 use crate::mount::options::{parse_options, BadOption, MountOptions};
 use crate::ownership::walk::Report;
 
@@ -150,6 +150,8 @@ pub struct BindRequest {
     pub read_only: bool,
     /// KEP-3857 mode.
     pub recursive_read_only: RecursiveReadOnly,
+    /// An idmapped bind's mappings (KEP-127), validated; None for a plain bind.
+    pub idmap: Option<IdMap>,
 }
 
 /// The answer to a bind.
@@ -175,8 +177,10 @@ pub struct VolumeInfo {
     /// Mounted read-only; for a block volume, whether the kernel refuses
     /// writes to the device (BLKROGET) when it was last asked.
     pub read_only: bool,
-    /// Its binds.
+    /// Its binds' targets.
     pub bind_targets: Vec<String>,
+    /// Its binds, with what each asked.
+    pub binds: Vec<BindInfo>,
     /// A block volume (volumeMode: Block).
     pub block: bool,
     /// The device's size in bytes when it was last asked (0 if unknown).
@@ -207,6 +211,19 @@ pub struct TrimInfo {
     pub next_unix_ms: i64,
     /// Why the last one failed; None when it went through.
     pub last_error: Option<String>,
+}
+
+/// What ListVolumes says of one bind.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BindInfo {
+    pub target: String,
+    /// Relative to the volume's root; empty for the root.
+    pub subpath: String,
+    pub read_only: bool,
+    pub recursive_read_only: RecursiveReadOnly,
+    pub recursive_read_only_applied: bool,
+    /// Its mappings, when idmapped.
+    pub idmap: Option<IdMap>,
 }
 
 /// What ListVolumes says of an encrypted volume.

@@ -9,7 +9,9 @@
 //! (`mode=block`, `ro_set=`). A filesystem volume is still written as
 //! version 2, so an older agent reads it; an older agent refuses a block
 //! record whole (it sets it aside and takes its bind down) rather than
-//! misread it as a filesystem. Every older version still reads.
+//! misread it as a filesystem. Every older version still reads. An
+//! idmapped bind adds a `bind_idmap=` line (idmap.rs), a key older agents
+//! skip, in any version.
 
 use std::ffi::OsStr;
 use std::io::Write;
@@ -24,6 +26,7 @@ use rustix::io::Errno;
 
 use super::encrypted;
 use super::error::Error;
+use super::idmap;
 use super::phase::Phase;
 use super::request::{FsGroup, Options, Source, Spec};
 use super::volume::{Bind, Volume};
@@ -114,6 +117,8 @@ pub(crate) enum BadRecord {
     Options(#[from] BadOption),
     #[error(transparent)]
     Encrypted(#[from] encrypted::Bad),
+    #[error(transparent)]
+    Idmap(#[from] idmap::Bad),
 }
 
 /// A value of the wrong shape.
@@ -496,6 +501,9 @@ pub(crate) fn encode(v: &Volume) -> String {
             recorded(b.mount_id)
         );
     }
+    for b in &v.binds {
+        o += &idmap::encode(b, esc_path);
+    }
     o
 }
 
@@ -608,6 +616,8 @@ struct Fields {
     /// A record says `complete=false` while its fsGroup walk was unfinished.
     incomplete: bool,
     binds: Vec<Bind>,
+    /// The `bind_idmap=` lines: a bind's target and its mappings.
+    idmaps: Vec<(PathBuf, crate::model::IdMap)>,
     /// An encrypted volume's lines.
     enc: encrypted::Fields,
 }
@@ -664,13 +674,16 @@ impl Fields {
             "mount_id" => self.mount_id = mount_id(v, "mount_id")?,
             "complete" => self.incomplete = !boolean(v)?,
             "bind" => self.binds.push(bind(self.version, v, root)?),
+            "bind_idmap" => self
+                .idmaps
+                .push(idmap::decode(v, |t| unesc_path(t.as_bytes()))?),
             _ => {}
         }
         Ok(())
     }
 
     /// The volume the fields describe, checked as a request would be.
-    fn volume(self, root: &Path) -> Result<Volume, BadRecord> {
+    fn volume(mut self, root: &Path) -> Result<Volume, BadRecord> {
         use BadRecord::Missing;
         if self.version == 0 {
             return Err(Missing("version line"));
@@ -701,6 +714,7 @@ impl Fields {
         if self.trim_interval_s != 0 && (block || self.read_only) {
             return Err(BadRecord::TrimNotTrimmable);
         }
+        idmap::attach(&mut self.binds, self.idmaps, block)?;
         let device = Device {
             name,
             path: self.device.ok_or(Missing("device"))?,
@@ -778,6 +792,7 @@ fn bind(version: u32, v: &str, root: &Path) -> Result<Bind, BadRecord> {
         target,
         rel,
         mount_id: mount_id(id, "bind mount id")?,
+        idmap: None,
     })
 }
 
@@ -844,6 +859,43 @@ mod tests {
         assert!(encode(&half).contains("\nmount_id=0\ncomplete=false\n"));
         let back = decode(&encode(&half), Path::new("/r")).unwrap();
         assert!(matches!(back.phase, Phase::Recorded));
+    }
+
+    /// An idmapped bind's mappings round-trip in a `bind_idmap=` line after
+    /// the bind lines, which keep their shape for older agents; a line
+    /// that names no bind refuses the record.
+    #[test]
+    fn idmapped_binds_round_trip() {
+        let mut v = sample();
+        let r = |c, h, l| crate::model::IdRange {
+            container_id: c,
+            host_id: h,
+            length: l,
+        };
+        let mut plain = v.binds[0].clone();
+        plain.target = "/r/pods/plain".into();
+        plain.rel = "pods/plain".into();
+        v.binds[0].idmap = Some(crate::model::IdMap {
+            uids: vec![r(0, 100000, 65536)],
+            gids: vec![r(0, 100000, 1000), r(1000, 5, 1)],
+        });
+        v.binds.push(plain);
+        let text = encode(&v);
+        assert!(text.starts_with("version=2\n"), "{text}");
+        assert!(
+            text.ends_with("\nbind_idmap=/r/pods/a b\t0:100000:65536\t0:100000:1000,1000:5:1\n"),
+            "{text}"
+        );
+        let back = decode(&text, Path::new("/r")).unwrap();
+        assert_eq!(back.binds, v.binds);
+        assert_eq!(back.info(), v.info());
+        let stray = text.replace("bind_idmap=/r/pods/a b", "bind_idmap=/r/pods/none");
+        assert!(matches!(
+            decode(&stray, Path::new("/r")),
+            Err(BadRecord::Idmap(_))
+        ));
+        let half = text.replace("\t0:100000:1000,1000:5:1", "\t");
+        assert!(decode(&half, Path::new("/r")).is_err());
     }
 
     /// A value ending in a carriage return (a request's option, a disk's

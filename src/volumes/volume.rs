@@ -8,9 +8,9 @@ use rustix::fs::OFlags;
 
 use super::error::Error;
 use super::phase::Phase;
-use super::request::{EncryptionInfo, Source, Spec, VolumeInfo, VolumeState};
+use super::request::{BindInfo, EncryptionInfo, Source, Spec, VolumeInfo, VolumeState};
 use crate::luks2::mapping::Mapping;
-use crate::model::{Device, MountId, RecursiveReadOnly, VolumeMode};
+use crate::model::{Device, IdMap, MountId, RecursiveReadOnly, VolumeMode};
 use crate::mount::unmount::Expect;
 use crate::sys::beneath::MountPoint;
 
@@ -30,6 +30,8 @@ pub(crate) struct Bind {
     pub(crate) rro_applied: bool,
     /// The bind's mount id; None when a record from an older agent had none.
     pub(crate) mount_id: Option<MountId>,
+    /// Its uid and gid mappings, when idmapped.
+    pub(crate) idmap: Option<IdMap>,
 }
 
 impl Bind {
@@ -163,6 +165,18 @@ impl Volume {
                 .binds
                 .iter()
                 .map(|b| b.target.display().to_string())
+                .collect(),
+            binds: self
+                .binds
+                .iter()
+                .map(|b| BindInfo {
+                    target: b.target.display().to_string(),
+                    subpath: b.subpath.display().to_string(),
+                    read_only: b.read_only,
+                    recursive_read_only: b.rro,
+                    recursive_read_only_applied: b.rro_applied,
+                    idmap: b.idmap.clone(),
+                })
                 .collect(),
             block: self.spec.mode == VolumeMode::Block,
             device_bytes: 0,
@@ -340,6 +354,7 @@ pub(crate) mod tests {
                 rro: RecursiveReadOnly::IfPossible,
                 rro_applied: true,
                 mount_id: Some(MountId(78)),
+                idmap: None,
             }],
             encrypted: None,
         }

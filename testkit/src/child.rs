@@ -101,3 +101,31 @@ pub fn start(program: &str, args: &[&str]) -> std::io::Result<std::process::Chil
         .stdin(std::process::Stdio::null())
         .spawn()
 }
+
+/// What `program` with `args` prints on stdout, run in the user namespace
+/// `ns` (an fd of it): for tests of the namespaces the agent makes.
+pub fn output_in_user_namespace(
+    ns: std::os::fd::BorrowedFd<'_>,
+    program: &str,
+    args: &[&str],
+) -> String {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let fd = ns.as_raw_fd();
+    let mut c = Command::new(program);
+    c.args(args).stdin(std::process::Stdio::null());
+    // SAFETY: between fork and exec the child only calls setns, a raw
+    // syscall, on `fd`, which the parent keeps open until the child has run.
+    unsafe {
+        c.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWUSER) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{program} {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

@@ -16,6 +16,7 @@
 //! - [`luks`]: LUKS2 images made and decrypted on the host with cryptsetup.
 //! - [`cdh`]: a stand-in for the Confidential Data Hub (the `cdh-standin`
 //!   program serves one in a guest).
+//! - [`ids`]: acting as another user on a thread, and a file's owner.
 //! - [`guest`]: the systemd guest (`make guest-image`) with the agent as a
 //!   service, and what a test adds to it.
 //!
@@ -30,6 +31,7 @@ pub mod child;
 pub mod crustd;
 pub mod disks;
 pub mod guest;
+pub mod ids;
 pub mod luks;
 pub mod needs;
 pub mod vm;

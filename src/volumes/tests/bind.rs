@@ -31,6 +31,7 @@ fn targets_outside_the_root_or_not_utf8_are_refused() {
             target: t.clone(),
             read_only: false,
             recursive_read_only: RecursiveReadOnly::Disabled,
+            idmap: None,
         };
         let e = v.bind(&b, &Cancel::never()).unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{}: {e}", t.display());
@@ -56,6 +57,7 @@ fn a_bind_whose_record_cannot_be_written_leaves_nothing() {
         target: target.clone(),
         read_only: false,
         recursive_read_only: RecursiveReadOnly::Disabled,
+        idmap: None,
     };
     assert!(v.bind(&req, &Cancel::never()).is_err());
     assert!(

@@ -7,6 +7,7 @@ mod bind;
 mod block;
 mod encrypted;
 mod freeze;
+mod idmap;
 mod publish;
 mod recover;
 pub(crate) mod testkit;

@@ -96,6 +96,7 @@ fn after_shutdown_nothing_new_is_accepted() {
         target: dir.path().join("t"),
         read_only: false,
         recursive_read_only: RecursiveReadOnly::Disabled,
+        idmap: None,
     };
     assert!(matches!(
         v.bind(&b, &Cancel::never()),

@@ -152,6 +152,7 @@ pub(crate) fn bind_request<K: Kernel>(v: &Volumes<K>, id: &str, target: &str) ->
         target: v.root().join(target),
         read_only: false,
         recursive_read_only: RecursiveReadOnly::Disabled,
+        idmap: None,
     }
 }
 

@@ -137,8 +137,12 @@ fn list_at(r: &proto::ListVolumesResponse, now_ms: i64) -> String {
     for v in &r.volumes {
         let binds = if v.bind_targets.is_empty() {
             "-".to_string()
-        } else {
+        } else if v.binds.is_empty() {
+            // An agent that lists targets only.
             v.bind_targets.join(",")
+        } else {
+            let each: Vec<String> = v.binds.iter().map(bind_info).collect();
+            each.join(",")
         };
         let serial = if v.serial.is_empty() {
             "-".to_string()
@@ -215,6 +219,29 @@ fn span(ms: i64) -> String {
         out += &format!("{s}s");
     }
     out
+}
+
+/// A bind's target, and its mappings when it is idmapped:
+/// `/run/crust/b(uid 0:100000:65536 gid 0:100000:65536)`.
+fn bind_info(b: &proto::BindInfo) -> String {
+    if b.uid_mappings.is_empty() && b.gid_mappings.is_empty() {
+        return b.target.clone();
+    }
+    format!(
+        "{}(uid {} gid {})",
+        b.target,
+        id_maps(&b.uid_mappings),
+        id_maps(&b.gid_mappings)
+    )
+}
+
+/// Mappings as crustctl takes them: `CONTAINER:HOST:LEN`, joined by `+`.
+fn id_maps(m: &[proto::IDMapping]) -> String {
+    let each: Vec<String> = m
+        .iter()
+        .map(|r| format!("{}:{}:{}", r.container_id, r.host_id, r.length))
+        .collect();
+    each.join("+")
 }
 
 /// `+luks2(aes-xts-plain64/512)` after the mode of an encrypted volume,
@@ -447,11 +474,19 @@ pub fn bind(req: &proto::BindMountRequest, r: &proto::BindMountResponse) -> Stri
     } else {
         format!("{}/{}", req.volume_id, req.subpath)
     };
-    let mode = match (req.read_only, r.recursive_read_only_applied) {
+    let mut mode = match (req.read_only, r.recursive_read_only_applied) {
         (false, _) => "read-write",
         (true, false) => "read-only",
         (true, true) => "recursively read-only",
-    };
+    }
+    .to_string();
+    if !req.uid_mappings.is_empty() {
+        mode += &format!(
+            ", idmapped uid {} gid {}",
+            id_maps(&req.uid_mappings),
+            id_maps(&req.gid_mappings)
+        );
+    }
     if r.already_mounted {
         format!("{source} was already bound at {} ({mode})\n", req.target)
     } else {
@@ -632,6 +667,55 @@ mod tests {
         assert_eq!(
             bind(&req, &r),
             "v/data/logs was already bound at /run/crust/binds/t (recursively read-only)\n"
+        );
+    }
+
+    /// An idmapped bind says its mappings, in the bind's answer and in the list.
+    #[test]
+    fn idmapped_binds_show_their_mappings() {
+        let m = |container_id, host_id, length| proto::IDMapping {
+            container_id,
+            host_id,
+            length,
+            ..Default::default()
+        };
+        let req = proto::BindMountRequest {
+            volume_id: "v".into(),
+            target: "/run/crust/b/t".into(),
+            uid_mappings: vec![m(0, 100000, 65536), m(65536, 5, 1)],
+            gid_mappings: vec![m(0, 100000, 65536)],
+            ..Default::default()
+        };
+        assert_eq!(
+            bind(&req, &proto::BindMountResponse::new()),
+            "bound v at /run/crust/b/t (read-write, idmapped uid 0:100000:65536+65536:5:1 gid 0:100000:65536)\n"
+        );
+        let plain = proto::BindInfo {
+            target: "/run/crust/b/p".into(),
+            ..Default::default()
+        };
+        let mapped = proto::BindInfo {
+            target: "/run/crust/b/t".into(),
+            uid_mappings: req.uid_mappings.clone(),
+            gid_mappings: req.gid_mappings.clone(),
+            ..Default::default()
+        };
+        assert_eq!(bind_info(&plain), "/run/crust/b/p");
+        let r = proto::ListVolumesResponse {
+            volumes: vec![proto::VolumeInfo {
+                volume_id: "v".into(),
+                bind_targets: vec![plain.target.clone(), mapped.target.clone()],
+                binds: vec![plain, mapped],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let text = list(&r);
+        assert!(
+            text.contains(
+                "/run/crust/b/p,/run/crust/b/t(uid 0:100000:65536+65536:5:1 gid 0:100000:65536)"
+            ),
+            "{text}"
         );
     }
 

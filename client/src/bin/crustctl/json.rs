@@ -138,8 +138,8 @@ mod tests {
                     ..Default::default()
                 }),
                 concat!(
-                    r#"{"volumes":[{"volumeId":"","device":"","serial":"","fsType":"","guestPath":"","readOnly":false,"bindTargets":[],"volumeMode":"FILESYSTEM","deviceBytes":"0","state":"VOLUME_STATE_READY","ownershipDone":"0","freezeId":"","frozenMsLeft":"0","encryption":null,"trim":null},"#,
-                    r#"{"volumeId":"big","device":"","serial":"","fsType":"","guestPath":"","readOnly":false,"bindTargets":[],"volumeMode":"FILESYSTEM","deviceBytes":"0","state":"VOLUME_STATE_PUBLISHING","ownershipDone":"123456","freezeId":"","frozenMsLeft":"0","encryption":null,"trim":null}]}"#
+                    r#"{"volumes":[{"volumeId":"","device":"","serial":"","fsType":"","guestPath":"","readOnly":false,"bindTargets":[],"volumeMode":"FILESYSTEM","deviceBytes":"0","state":"VOLUME_STATE_READY","ownershipDone":"0","freezeId":"","frozenMsLeft":"0","encryption":null,"binds":[],"trim":null},"#,
+                    r#"{"volumeId":"big","device":"","serial":"","fsType":"","guestPath":"","readOnly":false,"bindTargets":[],"volumeMode":"FILESYSTEM","deviceBytes":"0","state":"VOLUME_STATE_PUBLISHING","ownershipDone":"123456","freezeId":"","frozenMsLeft":"0","encryption":null,"binds":[],"trim":null}]}"#
                 ),
             ),
             (

@@ -240,6 +240,29 @@ struct BindArgs {
     /// Make submounts read-only too (needs --read-only).
     #[arg(long, value_name = "MODE", default_value = "disabled")]
     recursive_read_only: Rro,
+    /// Idmap the bind (a user-namespace pod's uids): CONTAINER:HOST:LEN,
+    /// repeatable; needs --gid-map too.
+    #[arg(long = "uid-map", value_name = "CONTAINER:HOST:LEN", value_parser = parse_id_map)]
+    uid_map: Vec<proto::IDMapping>,
+    /// The pod's gids, as --uid-map.
+    #[arg(long = "gid-map", value_name = "CONTAINER:HOST:LEN", value_parser = parse_id_map)]
+    gid_map: Vec<proto::IDMapping>,
+}
+
+/// `CONTAINER:HOST:LEN`, as CRI's IDMapping; the agent checks the rest.
+fn parse_id_map(s: &str) -> Result<proto::IDMapping, String> {
+    let n: Vec<Result<u32, _>> = s.split(':').map(str::parse).collect();
+    match n.as_slice() {
+        [Ok(container_id), Ok(host_id), Ok(length)] => Ok(proto::IDMapping {
+            container_id: *container_id,
+            host_id: *host_id,
+            length: *length,
+            ..Default::default()
+        }),
+        _ => Err(format!(
+            "{s:?} is not CONTAINER:HOST:LEN (three ids, e.g. 0:100000:65536)"
+        )),
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -696,6 +719,8 @@ fn bind_request(a: &BindArgs) -> proto::BindMountRequest {
             Rro::Enabled => proto::RecursiveReadOnly::ENABLED,
         }
         .into(),
+        uid_mappings: a.uid_map.clone(),
+        gid_mappings: a.gid_map.clone(),
         ..Default::default()
     }
 }
@@ -955,6 +980,40 @@ mod tests {
             req.recursive_read_only,
             proto::RecursiveReadOnly::IF_POSSIBLE.into()
         );
+        assert!(req.uid_mappings.is_empty() && req.gid_mappings.is_empty());
+    }
+
+    #[test]
+    fn id_maps_become_the_request() {
+        let cli = parse(&[
+            "bind",
+            "v",
+            "/run/crust/binds/t",
+            "--uid-map",
+            "0:100000:65536",
+            "--uid-map",
+            "65536:5:1",
+            "--gid-map",
+            "0:200000:65536",
+        ])
+        .unwrap();
+        let Command::Bind(a) = &cli.command else {
+            panic!()
+        };
+        let req = bind_request(a);
+        let ids = |m: &[proto::IDMapping]| -> Vec<(u32, u32, u32)> {
+            m.iter()
+                .map(|r| (r.container_id, r.host_id, r.length))
+                .collect()
+        };
+        assert_eq!(ids(&req.uid_mappings), [(0, 100000, 65536), (65536, 5, 1)]);
+        assert_eq!(ids(&req.gid_mappings), [(0, 200000, 65536)]);
+        for bad in ["0:1", "0:1:2:3", "a:1:1", "0:1:-1", "0:4294967296:1"] {
+            assert!(
+                parse(&["bind", "v", "/t", "--uid-map", bad]).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]
