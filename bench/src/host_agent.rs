@@ -798,12 +798,12 @@ fn percentile(s: &[f64], p: f64) -> f64 {
     v.get(rank).copied().unwrap_or(f64::NAN)
 }
 
-/// The README's bound on the stripped agent, 2.5 MiB: what the bench holds
+/// The README's bound on the stripped agent, 2.75 MiB: what the bench holds
 /// the binary to, so that the README's promise is what is checked.
-pub const SIZE_BOUND_BYTES: u64 = 2_621_440;
+pub const SIZE_BOUND_BYTES: u64 = 2_883_584;
 
 /// [`SIZE_BOUND_BYTES`] as the report's target reads.
-pub const SIZE_TARGET: &str = "< 2.5 MiB (2,621,440 B), the README's bound";
+pub const SIZE_TARGET: &str = "< 2.75 MiB (2,883,584 B), the README's bound";
 
 /// Figure 9: the release agent, checked static and stripped from its ELF headers.
 pub fn size_figure() -> Figure {
