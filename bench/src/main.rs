@@ -9,6 +9,7 @@ mod fsgroup;
 mod fsgroup_scale;
 mod grow_xfs;
 mod host_agent;
+mod idmap;
 mod luks2;
 mod publish_retry;
 mod report;
@@ -27,7 +28,7 @@ use report::{Figure, Verdict};
 
 const USAGE: &str =
     "usage: crust-bench [--runs N] [--vm-disks N] [--vm-boots N] [--only SECTION,...] [--out DIR] [--strict]
-  SECTION: fsgroup, xfs, host, snapshot, trim-schedule, luks2, size, vm, crustd, crustd-scale (default: all)
+  SECTION: fsgroup, xfs, host, snapshot, trim-schedule, idmap, luks2, size, vm, crustd, crustd-scale (default: all)
   --runs N      runs per contender for the heavy figures (default 5)
   --vm-disks N  disks hot-plugged (and grown) in the VM (default 5)
   --vm-boots N  VM boots for the boot timeline (default 3)
@@ -76,6 +77,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                         "crustd-scale",
                         "snapshot",
                         "trim-schedule",
+                        "idmap",
                         "luks2",
                     ]
                     .contains(&s)
@@ -363,18 +365,7 @@ fn measure(args: &Args, work: &Path) -> Vec<Figure> {
             || host_agent::figures(&work),
         ));
     }
-    if want("snapshot") {
-        figures.extend(section("snapshots and space", &snapshot::keys(), || {
-            snapshot::figures(&work, args.runs)
-        }));
-    }
-    if want("trim-schedule") {
-        figures.extend(section(
-            "trim on a schedule",
-            &trim_schedule::keys(),
-            || trim_schedule::figures(&work),
-        ));
-    }
+    figures.extend(volume_sections(&want, &work, args));
     if want("luks2") {
         figures.extend(section("LUKS2 unlock", &luks2::keys(), || {
             luks2::figures(&work.join("luks2"), args.runs)
@@ -392,6 +383,29 @@ fn measure(args: &Args, work: &Path) -> Vec<Figure> {
         ));
     }
     figures.extend(vm_sections(&want, &work, args));
+    figures
+}
+
+/// The sections that publish volumes on the host's loop devices.
+fn volume_sections(want: &dyn Fn(&str) -> bool, work: &Path, args: &Args) -> Vec<Figure> {
+    let mut figures = Vec::new();
+    if want("snapshot") {
+        figures.extend(section("snapshots and space", &snapshot::keys(), || {
+            snapshot::figures(work, args.runs)
+        }));
+    }
+    if want("trim-schedule") {
+        figures.extend(section(
+            "trim on a schedule",
+            &trim_schedule::keys(),
+            || trim_schedule::figures(work),
+        ));
+    }
+    if want("idmap") {
+        figures.extend(section("idmapped binds", &idmap::keys(), || {
+            idmap::figures(work, args.runs)
+        }));
+    }
     figures
 }
 
