@@ -2,7 +2,7 @@
 # make demo: boots a sandbox VM with crust-agent as PID 1, hot-plugs an ext4
 # and an xfs disk, a raw block volume's disk, a disk trimmed on a schedule and a blank disk made an
 # encrypted (LUKS2) volume in the guest, and walks through every
-# operation with crustctl, showing
+# operation with crustctl (an idmapped bind for a user-namespace pod among them), showing
 # what each answers and how long it took. Then shuts the guest down and checks
 # the disks on the host. Needs root (loop mounts prepare the disk images).
 set -euo pipefail
@@ -179,6 +179,12 @@ ctl bind pvc-ext4 /run/crust/pods/web/data --subpath app/data --read-only --recu
 ctl bind pvc-xfs /run/crust/pods/web/logs --subpath app/logs
 ctl bind pvc-xfs /run/crust/pods/web/escape --subpath app/../.. --read-only
 ctl bind pvc-xfs /run/crust/pods/web/ro --read-only --recursive-read-only if-possible
+echo "  for a pod in a user namespace (KEP-127, hostUsers: false) whose uid 0 is the host's 100000: an idmapped bind,"
+echo "  so files the pod writes as its root land on disk as root, and the data's owner (1234) is the pod's 1234:"
+ctl bind pvc-xfs /run/crust/pods/userns/logs --subpath app/logs --uid-map 0:100000:65536 --gid-map 0:100000:65536
+echo "  mappings that overlap are refused, and nothing is bound:"
+ctl bind pvc-xfs /run/crust/pods/userns/bad --uid-map 0:100000:65536 --uid-map 100:300000:10 --gid-map 0:100000:65536
+ctl list
 ctl --json list
 ctl unmount /run/crust/pods/web/ro
 ctl unmount /run/crust/pods/web/ro
@@ -189,6 +195,8 @@ echo "  read-only for real: the kernel's device flag (BLKROSET), not a mount fla
 ctl publish pvc-raw --serial vol-raw-0003 --block --read-only
 ctl bind pvc-raw /run/crust/pods/db/volumeDevices/raw --read-only
 ctl list
+echo "  a pod in a user namespace cannot use a block volume (KEP-127): an idmapped bind of one is refused:"
+ctl bind pvc-raw /run/crust/pods/userns/dev --uid-map 0:100000:65536 --gid-map 0:100000:65536
 ctl stats pvc-raw
 echo "  a block volume has no filesystem to name, and its disk is not a filesystem volume's too:"
 ctl publish pvc-raw2 --serial vol-raw-0003 --block -o noatime
