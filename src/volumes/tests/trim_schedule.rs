@@ -241,6 +241,43 @@ fn a_failed_scheduled_trim_is_degraded_until_one_goes_through() {
     assert!(v.list()[0].trim.clone().unwrap().last_error.is_none());
 }
 
+/// A fault inside one volume's scheduled trim fails that trim (TrimFailed),
+/// not the runner: the other volume is still trimmed, calls still work, and
+/// the next trim of the first goes through.
+#[test]
+fn a_fault_in_a_scheduled_trim_fails_that_trim_and_the_runner_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake) = with_volumes(dir.path(), &["a", "b"]);
+    fake.before(Call::Trim, 1, || {
+        panic!("a fault planted in the first FITRIM")
+    });
+    let due = v.next_trim_due().unwrap() + Duration::from_secs(60);
+    v.run_due_trims(due);
+    let failed: Vec<String> = ["a", "b"]
+        .into_iter()
+        .filter(|id| {
+            let said = v.health(id, &Cancel::never()).unwrap();
+            said.iter()
+                .any(|s| s.reason == "TrimFailed" && s.message.contains("internal fault"))
+        })
+        .map(str::to_string)
+        .collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    let other = if failed[0] == "a" { "b" } else { "a" };
+    let journal = fake.journal(v.root());
+    let done = trims(&journal);
+    assert_eq!(
+        done.iter().filter(|l| l.contains(other)).count(),
+        4,
+        "{done:?}"
+    );
+    bind(&v, &failed[0], "pods/p/x").unwrap();
+    let next = v.next_trim_due().unwrap() + Duration::from_secs(60);
+    v.run_due_trims(next);
+    let said = v.health(&failed[0], &Cancel::never()).unwrap();
+    assert!(said.iter().all(|s| s.reason != "TrimFailed"), "{said:?}");
+}
+
 /// The interval is recorded: a restart resumes the schedule, first due
 /// within an interval. Unpublish ends it: no entry is left.
 #[test]
