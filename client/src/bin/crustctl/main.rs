@@ -907,26 +907,6 @@ mod tests {
 
     #[test]
     fn integrity_is_asked_with_format_if_blank() {
-        let req = publish_request_of(&[
-            "publish",
-            "v",
-            "--serial",
-            "s1",
-            "--fs-type",
-            "ext4",
-            "--encryption",
-            "luks2",
-            "--key-uri",
-            "file:///k",
-            "--format-if-blank",
-            "--integrity",
-            "hmac-sha256",
-        ]);
-        let e = req.encryption.as_ref().unwrap();
-        assert_eq!(
-            (e.format_if_blank, e.integrity.as_str()),
-            (true, "hmac-sha256")
-        );
         let base = [
             "publish",
             "v",
@@ -939,6 +919,13 @@ mod tests {
             "--key-uri",
             "file:///k",
         ];
+        let asked = ["--format-if-blank", "--integrity", "hmac-sha256"];
+        let req = publish_request_of(&[&base[..], &asked[..]].concat());
+        let e = req.encryption.as_ref().unwrap();
+        assert_eq!(
+            (e.format_if_blank, e.integrity.as_str()),
+            (true, "hmac-sha256")
+        );
         let without = publish_request_of(&base);
         assert_eq!(without.encryption.as_ref().unwrap().integrity, "");
         for extra in [
