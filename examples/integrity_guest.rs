@@ -269,18 +269,16 @@ fn run() -> Result<(), String> {
     if t != 0 {
         return Err(format!("{t} sectors tampered before any tampering"));
     }
-    let ours = mapping::ours().map_err(s)?;
+    let ours = mapping::agents_mappings().map_err(s)?;
     if ours != ["crust-int"] {
-        return Err(format!("the agent's own mappings are {ours:?}"));
+        return Err(format!("the agents' mappings are {ours:?}"));
     }
     // A close cut short: the mapping removed, its _dif left. Recovery sees
     // it as the agent's, and a new open replaces it.
     c.remove("crust-int").map_err(s)?;
-    let ours = mapping::ours().map_err(s)?;
+    let ours = mapping::agents_mappings().map_err(s)?;
     if ours != ["crust-int"] {
-        return Err(format!(
-            "with only the _dif left, the agent's own are {ours:?}"
-        ));
+        return Err(format!("with only the _dif left, the agents' are {ours:?}"));
     }
     let m = open_agent().map_err(|e| format!("reopen over a stale _dif: {e}"))?;
     say(&format!(

@@ -3,7 +3,8 @@
 //! names its mappings (`CRYPT-LUKS2-<uuid>-<name>`), so that `cryptsetup
 //! status`, `lsblk` and `dmsetup` in the guest know it. Then closing it,
 //! telling whether it is still live, growing it with its disk, and finding
-//! the agent's own among the guest's mappings.
+//! agents' mappings among the guest's. Each name carries its agent's tag
+//! ([`Owner`]), so that agents sharing a guest never take each other's.
 //!
 //! The volume key reaches dm-crypt as a `logon` key (`sys::keyring`),
 //! never as hex in a table line. The key stays in the user keyring while
@@ -33,21 +34,91 @@ use crate::sys::dm_integrity;
 use crate::sys::error::SysError;
 use crate::sys::keyring::{self, Keyring};
 
-/// The start of the name of every mapping the agent makes: how recovery
-/// tells its own from the guest's other mappings.
+/// The start of the name of every mapping an agent makes: how recovery
+/// tells agents' mappings from the guest's other ones.
 pub const NAME_PREFIX: &str = "crust-";
 
 /// The longest volume id used as it is in a mapping's name: longer ones
 /// (or ones with bytes device-mapper refuses) are named by a hash, so that
-/// the dm uuid (`CRYPT-LUKS2-` + 32 hex + `-` + name) stays within its 128
-/// bytes.
-const PLAIN_ID_MAX: usize = 64;
+/// with its owner's tag the name stays within the 78 bytes the
+/// dm-integrity device's uuid leaves it (`CRYPT-SUBDEV-` + 32 hex + `-` +
+/// name + `_dif` within 128).
+const PLAIN_ID_MAX: usize = 56;
 
-/// The mapping name of volume `id`: `crust-<id>` when the id is short and
-/// made of letters, digits, '.', '_' and '-'; else `crust-#<hash>`, a
-/// SHA-256 of the id cut to 128 bits.
-pub fn name_for(id: &str) -> String {
-    let plain = id.len() <= PLAIN_ID_MAX
+/// The same, in the untagged names of agents before owners, whose names
+/// only had to fit the mapping's own uuid.
+const LEGACY_PLAIN_ID_MAX: usize = 64;
+
+/// How many hex digits an owner's tag has: 48 bits of a hash.
+const TAG_LEN: usize = 12;
+
+/// Which agent in the guest a mapping is: the tag its name ends with,
+/// `crust-<id>@<tag>`. Several agents may run in one guest, each with its
+/// own root; each makes, sweeps and closes only the mappings that carry
+/// its own tag (and those its own records name), so that no agent closes
+/// another's mapping or revokes its key. The tag is a hash of the identity
+/// (device and inode) of the agent's state directory, the one its root
+/// lock holds: two agents serving at once never share a state directory,
+/// and the same root keeps its tag across restarts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    tag: String,
+}
+
+impl Owner {
+    /// The owner whose state directory is inode `ino` on device `dev`.
+    pub fn of_dir(dev: u64, ino: u64) -> Owner {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update(b"crust-agent state directory\0");
+        h.update(dev.to_le_bytes());
+        h.update(ino.to_le_bytes());
+        Owner {
+            tag: hex(&h.finalize()[..TAG_LEN / 2]),
+        }
+    }
+
+    /// The mapping name this owner gives volume `id`: `crust-<id>@<tag>`
+    /// when the id is short and made of letters, digits, '.', '_' and '-';
+    /// else `crust-#<hash>@<tag>`, a SHA-256 of the id cut to 128 bits.
+    pub fn name_for(&self, id: &str) -> String {
+        format!("{}@{}", untagged(id, PLAIN_ID_MAX), self.tag)
+    }
+
+    /// Whether mapping `name` carries this owner's tag.
+    pub fn owns(&self, name: &str) -> bool {
+        tag_of(name) == Some(self.tag.as_str())
+    }
+}
+
+impl std::fmt::Display for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.tag)
+    }
+}
+
+/// The owner's tag an agent's mapping `name` carries; None for a name
+/// without one (an agent's from before owners, or no agent's).
+pub fn tag_of(name: &str) -> Option<&str> {
+    let (_, tag) = name.strip_prefix(NAME_PREFIX)?.rsplit_once('@')?;
+    (tag.len() == TAG_LEN && tag.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+        .then_some(tag)
+}
+
+/// Whether `name` is a name an agent gives volume `id`'s mapping: its
+/// name under any owner, or the untagged name agents before owners gave
+/// it (`crust-<id>`, `crust-#<hash>`; still adopted from their records).
+pub fn is_name_of(name: &str, id: &str) -> bool {
+    let tagged = name
+        .rsplit_once('@')
+        .is_some_and(|(base, _)| tag_of(name).is_some() && base == untagged(id, PLAIN_ID_MAX));
+    tagged || name == untagged(id, LEGACY_PLAIN_ID_MAX)
+}
+
+/// `crust-<id>` when `id` is at most `plain_max` bytes of letters, digits,
+/// '.', '_' and '-'; else `crust-#<hash>`.
+fn untagged(id: &str, plain_max: usize) -> String {
+    let plain = id.len() <= plain_max
         && !id.is_empty()
         && id
             .bytes()
@@ -57,9 +128,12 @@ pub fn name_for(id: &str) -> String {
     }
     use sha2::Digest;
     let hash = sha2::Sha256::digest(id.as_bytes());
-    let hex: String = hash[..16].iter().map(|b| format!("{b:02x}")).collect();
     // '#' is in no plain name: no volume id names another's hashed mapping.
-    format!("{NAME_PREFIX}#{hex}")
+    format!("{NAME_PREFIX}#{}", hex(&hash[..16]))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The logon key's description for mapping `name`.
@@ -98,7 +172,7 @@ pub struct Open<'a> {
     /// The disk's node, and its device number.
     pub disk: &'a Path,
     pub disk_dev: (u32, u32),
-    /// The mapping's name (`name_for`).
+    /// The mapping's name ([`Owner::name_for`]).
     pub name: &'a str,
     /// A read-only mapping.
     pub read_only: bool,
@@ -535,12 +609,13 @@ impl CryptLine {
     }
 }
 
-/// The names of the agent's own mappings among the guest's: a cryptsetup
-/// LUKS uuid whose name is the mapping's, starting with [`NAME_PREFIX`];
-/// and the mapping a dm-integrity device of the agent's was made under,
-/// when that mapping is gone (a close cut short), so that closing it
-/// removes the device.
-pub fn ours() -> Result<Vec<String>, Error> {
+/// The names of agents' mappings among the guest's, this agent's and any
+/// other's: a cryptsetup LUKS2 uuid whose name is the mapping's, starting
+/// with [`NAME_PREFIX`]; and the mapping a dm-integrity device of an
+/// agent's was made under, when that mapping is gone (a close cut short),
+/// so that closing it removes the device. Whose each is, its name says
+/// ([`Owner::owns`]).
+pub fn agents_mappings() -> Result<Vec<String>, Error> {
     let control = match Control::open() {
         Ok(c) => c,
         // No device-mapper: no mapping of anyone's.
@@ -605,19 +680,53 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_are_plain_or_hashed_and_always_fit_a_dm_uuid() {
-        assert_eq!(name_for("pvc-1.a_b"), "crust-pvc-1.a_b");
-        for id in ["a b", "ü", &"x".repeat(65), "a/b", "a:b"] {
-            let n = name_for(id);
+    fn names_are_plain_or_hashed_carry_the_owner_and_always_fit_a_dm_uuid() {
+        let owner = Owner::of_dir(0x2a, 7);
+        let tag = owner.to_string();
+        assert_eq!(tag.len(), TAG_LEN, "{tag}");
+        assert_eq!(
+            owner.name_for("pvc-1.a_b"),
+            format!("crust-pvc-1.a_b@{tag}")
+        );
+        for id in ["a b", "ü", &"x".repeat(PLAIN_ID_MAX + 1), "a/b", "a:b"] {
+            let n = owner.name_for(id);
             assert!(
-                n.starts_with("crust-#") && n.len() == 7 + 32,
+                n.starts_with("crust-#") && n.len() == 7 + 32 + 1 + TAG_LEN,
                 "{id:?} → {n}"
             );
+            assert!(owner.owns(&n) && is_name_of(&n, id), "{n}");
         }
-        assert_ne!(name_for("a b"), name_for("a c"));
-        let longest = name_for(&"y".repeat(PLAIN_ID_MAX));
-        let uuid = dm::crypt_uuid("0123456789abcdef0123456789abcdef", &longest).unwrap();
-        assert!(uuid.len() <= 128, "{}", uuid.len());
+        assert_ne!(owner.name_for("a b"), owner.name_for("a c"));
+        let luks = "0123456789abcdef0123456789abcdef";
+        for id in ["y".repeat(PLAIN_ID_MAX), "y".repeat(128)] {
+            let n = owner.name_for(&id);
+            let uuid = dm::crypt_uuid(luks, &n).unwrap();
+            let sub = dm_integrity::subdevice_uuid(luks, &n).unwrap();
+            assert!(uuid.len() <= 128 && sub.len() <= 128, "{sub}");
+            assert_eq!(dm::parse_crypt_uuid(&uuid).unwrap().2, n);
+            assert!(is_subdevice_of(&sub, &n), "{sub}");
+        }
+        // Names of agents before owners: untagged, up to 64 bytes plain.
+        assert!(is_name_of("crust-pvc-1", "pvc-1"));
+        let long = "z".repeat(LEGACY_PLAIN_ID_MAX);
+        assert!(is_name_of(&format!("crust-{long}"), &long));
+        assert!(tag_of("crust-pvc-1").is_none() && tag_of("crust-#00").is_none());
+    }
+
+    /// Two roots' agents never name one volume's mapping alike, nor own
+    /// each other's (nor an untagged one); the same root keeps its tag.
+    #[test]
+    fn each_owner_owns_only_its_own_names() {
+        let (a, b) = (Owner::of_dir(0x2a, 7), Owner::of_dir(0x2a, 8));
+        assert_eq!(a, Owner::of_dir(0x2a, 7));
+        assert_ne!(a, Owner::of_dir(0x2b, 7));
+        assert_ne!(a.name_for("v"), b.name_for("v"));
+        assert!(a.owns(&a.name_for("v")) && !a.owns(&b.name_for("v")));
+        assert!(!a.owns("crust-v") && !a.owns("other-v") && !a.owns(&format!("crust-v@{a}x")));
+        assert!(is_name_of(&b.name_for("v"), "v") && !is_name_of(&b.name_for("w"), "v"));
+        // A tagged name is no volume's untagged name: '@' is in no volume id.
+        let plain = a.name_for("v");
+        assert!(crate::validate::volume_id(plain.strip_prefix(NAME_PREFIX).unwrap()).is_err());
     }
 
     #[test]
@@ -702,8 +811,12 @@ mod tests {
     fn no_plain_id_takes_a_hashed_name() {
         let long = "v".repeat(65);
         crate::validate::volume_id(&long).unwrap();
-        let hashed = name_for(&long);
-        let plain = hashed.strip_prefix(NAME_PREFIX).unwrap();
-        assert!(crate::validate::volume_id(plain).is_err(), "{plain}");
+        for hashed in [
+            untagged(&long, LEGACY_PLAIN_ID_MAX),
+            Owner::of_dir(1, 2).name_for(&long),
+        ] {
+            let plain = hashed.strip_prefix(NAME_PREFIX).unwrap();
+            assert!(crate::validate::volume_id(plain).is_err(), "{plain}");
+        }
     }
 }

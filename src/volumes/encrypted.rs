@@ -2,9 +2,11 @@
 //! to be opened, the disk under it, and the mapping over it, by name and
 //! uuid. Never a key, a passphrase or where one came from. A record makes
 //! recovery and Unpublish act on the mapping it names, so a mapping name is
-//! accepted only as the agent names the volume's mapping (`name_for` of its
-//! id), with a cryptsetup uuid for that name: a record cannot point the
-//! agent at a mapping of anyone else's.
+//! accepted only as an agent names the volume's mapping (`mapping::is_name_of`
+//! its id: tagged with an owner, or untagged as agents before owners named
+//! it), with a cryptsetup uuid for that name; the store then refuses one
+//! tagged with another agent's owner: a record cannot point the agent at a
+//! mapping of anyone else's.
 //!
 //! Lines (values escaped as the rest of the record):
 //! `encryption=luks2\t<allow_discards>\t<format_if_blank>`,
@@ -15,7 +17,7 @@
 use super::request::Encryption;
 use super::volume::Encrypted;
 use crate::luks2::format::Mac;
-use crate::luks2::mapping::{name_for, Mapping};
+use crate::luks2::mapping::{is_name_of, Mapping};
 use crate::model::Device;
 use crate::sys::dm;
 
@@ -34,12 +36,8 @@ pub(crate) struct Fields {
 pub(crate) enum Bad {
     #[error("{0} {1:?}")]
     Value(&'static str, String),
-    #[error("mapping {found:?} is not the one the agent names volume {id}'s ({wanted:?})")]
-    OtherMapping {
-        id: String,
-        found: String,
-        wanted: String,
-    },
+    #[error("mapping {found:?} is not the one an agent names volume {id}'s")]
+    OtherMapping { id: String, found: String },
     #[error("an encrypted volume with no {0}")]
     Missing(&'static str),
 }
@@ -155,13 +153,11 @@ impl Fields {
         let disk = self.disk.ok_or(Bad::Missing("disk"))?;
         let (name, dm_uuid, luks_uuid, cipher, key_bits, integrity, allow_discards) =
             self.mapping.ok_or(Bad::Missing("mapping"))?;
-        let wanted = name_for(id);
-        let named = dm::parse_crypt_uuid(&dm_uuid).map(|(_, _, n)| n.to_string());
-        if name != wanted || named.as_deref() != Some(wanted.as_str()) {
+        let named = dm::parse_crypt_uuid(&dm_uuid).map(|(_, _, n)| n);
+        if !is_name_of(&name, id) || named != Some(name.as_str()) {
             return Err(Bad::OtherMapping {
                 id: id.to_string(),
                 found: format!("{name} ({dm_uuid})"),
-                wanted,
             });
         }
         let mapping = Mapping {

@@ -867,8 +867,10 @@ impl Kernel for Fake {
         )))
     }
 
-    fn own_mappings(&self) -> std::result::Result<Vec<String>, luks2::error::Error> {
-        Ok(self.own_mappings_fake())
+    fn agents_mappings(&self) -> std::result::Result<Vec<String>, luks2::error::Error> {
+        let mut all = self.mappings();
+        all.retain(|n| n.starts_with(luks2::mapping::NAME_PREFIX));
+        Ok(all)
     }
 
     fn mapping_tampered(&self, m: &Mapping) -> std::result::Result<u64, luks2::error::Error> {

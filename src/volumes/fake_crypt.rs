@@ -294,9 +294,4 @@ impl Fake {
             None => Live::Missing,
         }
     }
-
-    pub(super) fn own_mappings_fake(&self) -> Vec<String> {
-        let st = self.state.locked();
-        st.mapped.iter().map(|m| m.name.clone()).collect()
-    }
 }

@@ -208,8 +208,9 @@ pub trait Kernel: Send + Sync + 'static {
         name: &str,
         disk_bytes: u64,
     ) -> std::result::Result<u64, luks2::error::Error>;
-    /// The names of the agent's own mappings in the guest.
-    fn own_mappings(&self) -> std::result::Result<Vec<String>, luks2::error::Error>;
+    /// The names of agents' mappings in the guest, this agent's and any
+    /// other's (`mapping::agents_mappings`): whose each is, its name says.
+    fn agents_mappings(&self) -> std::result::Result<Vec<String>, luks2::error::Error>;
     /// How many sectors of `m` (a mapping with integrity) the kernel
     /// refused as tampered since it was opened; 0 without integrity.
     fn mapping_tampered(&self, m: &Mapping) -> std::result::Result<u64, luks2::error::Error>;
@@ -466,8 +467,8 @@ impl Kernel for Linux {
         mapping::grow(name, disk_bytes)
     }
 
-    fn own_mappings(&self) -> std::result::Result<Vec<String>, luks2::error::Error> {
-        mapping::ours()
+    fn agents_mappings(&self) -> std::result::Result<Vec<String>, luks2::error::Error> {
+        mapping::agents_mappings()
     }
 
     fn mapping_tampered(&self, m: &Mapping) -> std::result::Result<u64, luks2::error::Error> {

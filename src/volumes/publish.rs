@@ -45,7 +45,7 @@ use crate::cancel::Cancel;
 use crate::error::Result;
 use crate::keys;
 use crate::luks2::made::Found;
-use crate::luks2::mapping::{self, Mapping};
+use crate::luks2::mapping::Mapping;
 use crate::model::{Device, Extent, FsType, VolumeMode};
 use crate::ownership::walk::Report;
 use crate::sys::sysfs::Sysfs;
@@ -195,7 +195,7 @@ impl<K: Kernel> Publisher<'_, K> {
         let key = keys::resolve::resolve(source, self.keys, cancel)?;
         let kernel = self.mounts.kernel;
         let id = &req.spec.volume_id;
-        let name = mapping::name_for(id);
+        let name = self.store.owner().name_for(id);
         let found = match enc.format_if_blank {
             true => self.unlocks.one(cancel, || {
                 kernel.format_if_blank(disk, &name, &key, enc.integrity)

@@ -38,6 +38,7 @@ use super::state::{Record, Store};
 use super::targets::Targets;
 use super::volume::{guest_rel, Volume};
 use crate::error::Result;
+use crate::luks2::mapping::{tag_of, Live, Mapping};
 use crate::model::MountId;
 use crate::mount::unmount::Expect;
 use crate::sys::beneath::{self, Root};
@@ -108,7 +109,7 @@ impl<K: Kernel> Recovery<'_, K> {
         }
         self.sweep(&mut own_devices, &kept)?;
         self.clear_strays(&adopted);
-        self.unmap_strays(&adopted);
+        self.unmap_strays(&adopted, &forgotten);
         if let Some(why) = self.store.problem() {
             warn!(self.log, "the state directory could not be written at start: serving the volumes taken back and Unpublish; publishes and binds are refused until it can be written";
                   "why" => why);
@@ -299,22 +300,43 @@ impl<K: Kernel> Recovery<'_, K> {
 
     /// Removes the agent's own mappings that no adopted volume explains:
     /// made by a publish killed before it recorded the volume, or left by
-    /// a volume forgotten above (its mounts are down by now). One still
-    /// held open stays, said.
-    fn unmap_strays(&self, adopted: &[Volume]) {
-        let ours: HashSet<&str> = adopted
+    /// a volume `forgotten` above (its mounts are down by now). One still
+    /// held open stays, said. The agent's own are those its owner's tag
+    /// marks, and those a forgotten record names as agents before owners
+    /// named them (untagged), if still the mapping recorded. Another
+    /// agent's are never touched; an untagged one no record names may be
+    /// an older agent's mid-publish, and is left, said.
+    fn unmap_strays(&self, adopted: &[Volume], forgotten: &[Volume]) {
+        fn mapping_of(v: &Volume) -> Option<&Mapping> {
+            v.encrypted.as_ref().map(|e| &e.mapping)
+        }
+        let kept: HashSet<&str> = adopted
             .iter()
-            .filter_map(|v| v.encrypted.as_ref())
-            .map(|e| e.mapping.name.as_str())
+            .filter_map(mapping_of)
+            .map(|m| m.name.as_str())
             .collect();
-        let found = match self.kernel.own_mappings() {
+        let found = match self.kernel.agents_mappings() {
             Ok(found) => found,
             Err(e) => {
                 warn!(self.log, "could not list device-mapper devices to remove the mappings no record explains"; "error" => %e);
                 return;
             }
         };
-        for name in found.iter().filter(|n| !ours.contains(n.as_str())) {
+        let owner = self.store.owner();
+        for name in found.iter().filter(|n| !kept.contains(n.as_str())) {
+            let recorded = forgotten
+                .iter()
+                .filter_map(mapping_of)
+                .find(|m| &m.name == name)
+                .is_some_and(|m| {
+                    !matches!(self.kernel.mapping_live(m), Ok(Live::Missing) | Err(_))
+                });
+            if !owner.owns(name) && !recorded {
+                if tag_of(name).is_none() {
+                    warn!(self.log, "a mapping named as agents before owners named theirs, that no record explains: left, as it may be another agent's"; "mapping" => name);
+                }
+                continue;
+            }
             match self.kernel.close_mapping(name) {
                 Ok(_) => {
                     warn!(self.log, "mapping left by a previous run that no record explains; removed"; "mapping" => name)

@@ -30,6 +30,7 @@ use super::idmap;
 use super::phase::Phase;
 use super::request::{FsGroup, Options, Source, Spec};
 use super::volume::{Bind, Volume};
+use crate::luks2::mapping::{tag_of, Owner};
 use crate::model::{Device, FsType, MountId, Policy, RecursiveReadOnly, VolumeMode};
 use crate::mount::options::BadOption;
 use crate::sys::beneath;
@@ -48,6 +49,9 @@ pub(crate) struct Store {
     /// Why the last write to the state directory failed; None once one
     /// succeeds again (GetAgentInfo's `state_problem`).
     problem: Mutex<Option<String>>,
+    /// The tag of this directory's identity, which the mappings of the
+    /// agent that holds it carry (`mapping::Owner`).
+    owner: Owner,
 }
 
 /// What a listing of the state directory holds.
@@ -117,6 +121,8 @@ pub(crate) enum BadRecord {
     Options(#[from] BadOption),
     #[error(transparent)]
     Encrypted(#[from] encrypted::Bad),
+    #[error("its mapping {mapping:?} is another agent's: this agent's names end in @{owner}")]
+    OtherOwner { mapping: String, owner: String },
     #[error(transparent)]
     Idmap(#[from] idmap::Bad),
 }
@@ -170,15 +176,23 @@ impl Store {
             beneath::strict(),
         )
         .map_err(|e| SysError::new("openat2", shown(&path), e))?;
+        let st = rustix::fs::fstat(&dir).map_err(|e| SysError::new("fstat", shown(&path), e))?;
         Ok(Store {
             path,
             dir,
             problem: Mutex::new(None),
+            owner: Owner::of_dir(st.st_dev, st.st_ino),
         })
     }
 
     fn file(id: &str) -> String {
         format!("{id}.vol")
+    }
+
+    /// Whose mappings the records name: the agent's that holds this
+    /// directory, the only agent that makes, sweeps or closes them.
+    pub(crate) fn owner(&self) -> &Owner {
+        &self.owner
     }
 
     /// Why the last write to the state directory failed, if it did.
@@ -329,7 +343,7 @@ impl Store {
             let record = match read_at(self.dir.as_fd(), name, 1 << 20) {
                 Err(e) => Record::Bad(raw.clone(), BadRecord::Unreadable(e)),
                 Ok(text) => match decode(&text, root) {
-                    Ok(v) if v.id() == id => Record::Good(Box::new(v)),
+                    Ok(v) if v.id() == id => self.own(raw.clone(), v),
                     Ok(v) => Record::Bad(
                         raw.clone(),
                         BadRecord::OtherVolume {
@@ -343,6 +357,19 @@ impl Store {
             out.push(record);
         }
         Ok(out)
+    }
+
+    /// Record `raw` of `vol`, refused when it names a mapping another
+    /// agent's tag marks (an untagged name is an older agent's: adopted).
+    fn own(&self, raw: Vec<u8>, vol: Volume) -> Record {
+        match &vol.encrypted {
+            Some(e) if tag_of(&e.mapping.name).is_some() && !self.owner.owns(&e.mapping.name) => {
+                let mapping = e.mapping.name.clone();
+                let owner = self.owner.to_string();
+                Record::Bad(raw, BadRecord::OtherOwner { mapping, owner })
+            }
+            _ => Record::Good(Box::new(vol)),
+        }
     }
 }
 
@@ -1156,7 +1183,7 @@ mod tests {
         use std::path::Path;
 
         use super::super::*;
-        use crate::luks2::mapping::{name_for, Mapping};
+        use crate::luks2::mapping::{Mapping, Owner};
         use crate::model::Device;
         use crate::volumes::request::Encryption;
         use crate::volumes::volume::tests::sample;
@@ -1181,7 +1208,7 @@ mod tests {
             v.encrypted = Some(Encrypted {
                 disk,
                 mapping: Mapping {
-                    name: name_for("vol-1"),
+                    name: "crust-vol-1".into(),
                     dm_uuid: "CRYPT-LUKS2-0123456789abcdef0123456789abcdef-crust-vol-1".into(),
                     dev: (253, 3),
                     luks_uuid: "01234567-89ab-cdef-0123-456789abcdef".into(),
@@ -1239,6 +1266,40 @@ mod tests {
                     .err()
                     .unwrap_or_else(|| panic!("{from:?} → {to:?} decoded"));
                 assert!(e.to_string().contains(why), "{from:?} → {to:?}: {e}");
+            }
+        }
+
+        /// A record names its mapping as its agent does (tagged with the
+        /// store's owner) or as agents before owners did (untagged); one
+        /// tagged with another owner is refused whole, when loaded.
+        #[test]
+        fn a_record_naming_another_owners_mapping_is_refused() {
+            let dir = tempfile::tempdir().unwrap();
+            let root = beneath::Root::open(dir.path()).unwrap();
+            let store = Store::open(&root).unwrap();
+            let other = Owner::of_dir(1, 2);
+            for (owner, good) in [
+                (None, true),
+                (Some(store.owner()), true),
+                (Some(&other), false),
+            ] {
+                let mut v = encrypted();
+                v.binds.clear(); // beneath "/r", not this root
+                let m = &mut v.encrypted.as_mut().unwrap().mapping;
+                if let Some(o) = owner {
+                    m.name = o.name_for("vol-1");
+                    m.dm_uuid = format!("CRYPT-LUKS2-0123456789abcdef0123456789abcdef-{}", m.name);
+                }
+                store.save(&v).unwrap();
+                let loaded = store.load(root.path()).unwrap();
+                match (&loaded[..], good) {
+                    ([Record::Good(back)], true) => assert_eq!(back.encrypted, v.encrypted),
+                    ([Record::Bad(_, e @ BadRecord::OtherOwner { .. })], false) => {
+                        assert!(e.to_string().contains(&store.owner().to_string()), "{e}");
+                    }
+                    ([Record::Bad(_, e)], _) => panic!("{owner:?}: {e}"),
+                    _ => panic!("{owner:?}: loaded as it should not be"),
+                }
             }
         }
 

@@ -16,7 +16,7 @@ use super::kernel::Kernel;
 use super::mounts::Mounts;
 use super::volume::Volume;
 use crate::error::Result;
-use crate::luks2::mapping;
+use crate::luks2::mapping::Owner;
 use crate::model::{MountId, VolumeMode};
 use crate::mount::error::Error as MountError;
 use crate::mount::unmount::{listed, Expect};
@@ -63,17 +63,18 @@ impl<K: Kernel> Takedown<'_, K> {
         Ok(())
     }
 
-    /// Removes the mapping the agent names volume `id`'s when no volume
-    /// has it: left by a publish that failed while something held it. One
-    /// still held is an error saying so.
-    pub(crate) fn leftover_mapping(&self, id: &str) -> Result<()> {
+    /// Removes the mapping `owner` (the agent) names volume `id`'s when no
+    /// volume has it: left by a publish that failed while something held
+    /// it. One still held is an error saying so. Another agent's mapping
+    /// of the same id, or an untagged one, is never its to remove.
+    pub(crate) fn leftover_mapping(&self, id: &str, owner: &Owner) -> Result<()> {
         let kernel = self.mounts.kernel;
-        let name = mapping::name_for(id);
+        let name = owner.name_for(id);
         // No device-mapper, or no list: no mapping of the agent's either.
-        let Ok(ours) = kernel.own_mappings() else {
+        let Ok(all) = kernel.agents_mappings() else {
             return Ok(());
         };
-        if !ours.contains(&name) {
+        if !all.contains(&name) {
             return Ok(());
         }
         match kernel.close_mapping(&name) {

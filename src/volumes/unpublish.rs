@@ -37,7 +37,7 @@ impl<K: Kernel> Unpublisher<'_, K> {
         let Some(vol) = slot.as_mut() else {
             // No volume; a mapping a failed publish of it could not remove
             // goes now, so that some call can always remove it.
-            self.takedown.leftover_mapping(id)?;
+            self.takedown.leftover_mapping(id, self.store.owner())?;
             return Ok(false);
         };
         // A publish's fsGroup walk still running is stopped first, and

@@ -6,7 +6,7 @@
 
 use zeroize::Zeroizing;
 
-use super::testkit::{bind, fake_table, reopen, request};
+use super::testkit::{bind, fake_table, mapping_name, reopen, request};
 use crate::cancel::Cancel;
 use crate::code::Code;
 use crate::keys::source::KeySource;
@@ -45,12 +45,14 @@ fn an_encrypted_volume_mounts_its_mapping_and_unpublish_removes_it_after_the_unm
         "{:?}",
         out.device
     );
-    assert_eq!(fake.mappings(), ["crust-e"]);
+    let name = mapping_name(&root, "e");
+    assert!(name.starts_with("crust-e@"), "{name}");
+    assert_eq!(fake.mappings(), [name.as_str()]);
     let listed = v.list();
     let info = listed[0].encryption.as_ref().unwrap();
     assert_eq!(
         (info.kind, info.mapping.as_str(), info.key_bits),
-        ("luks2", "crust-e", 512)
+        ("luks2", name.as_str(), 512)
     );
     assert_eq!(
         listed[0].serial, "fkc",
@@ -61,19 +63,19 @@ fn an_encrypted_volume_mounts_its_mapping_and_unpublish_removes_it_after_the_unm
         !record.windows(PASS.len()).any(|w| w == PASS),
         "the record holds no key"
     );
-    assert!(String::from_utf8_lossy(&record).contains("mapping=crust-e"));
+    assert!(String::from_utf8_lossy(&record).contains(&format!("mapping={name}\t")));
 
     // A second volume on the same disk is refused by the disk's claim.
     let again = v.publish(&encrypted("f", &d, PASS, false), &Cancel::never());
     assert_eq!(again.unwrap_err().code(), Code::FailedPrecondition);
-    assert_eq!(fake.mappings(), ["crust-e"]);
+    assert_eq!(fake.mappings(), [name.as_str()]);
 
     assert!(v.unpublish("e", &Cancel::never()).unwrap());
     let journal = fake.journal(&root);
     let umount = journal
         .iter()
         .position(|j| j == "umount volumes/a" || j.starts_with("umount volumes/e"));
-    let unmap = journal.iter().position(|j| j == "unmap crust-e");
+    let unmap = journal.iter().position(|j| *j == format!("unmap {name}"));
     assert!(umount.unwrap() < unmap.unwrap(), "{journal:?}");
     assert!(fake.mappings().is_empty());
 }
@@ -120,15 +122,18 @@ fn a_restart_adopts_a_mapping_without_a_key_and_removes_one_no_record_explains()
     // A mapping of the agent's that no record names (a publish killed
     // between the mapping and the record).
     let stray = fake.luks_disk(dir.path(), "fkd", PASS, Some(FsType::Ext4));
+    let root = v.root().to_path_buf();
     use crate::volumes::kernel::Kernel;
-    fake.open_mapping(&stray, "crust-stray", false, &Zeroizing::new(PASS.to_vec()))
+    let key = Zeroizing::new(PASS.to_vec());
+    fake.open_mapping(&stray, &mapping_name(&root, "stray"), false, &key)
         .unwrap();
     drop(v);
     let v = reopen(dir.path(), &fake);
-    assert_eq!(fake.mappings(), ["crust-e"]);
+    let name = mapping_name(&root, "e");
+    assert_eq!(fake.mappings(), [name.as_str()]);
     let listed = v.list();
     assert_eq!(listed.len(), 1);
-    assert_eq!(listed[0].encryption.as_ref().unwrap().mapping, "crust-e");
+    assert_eq!(listed[0].encryption.as_ref().unwrap().mapping, name);
     assert_eq!(
         listed[0].bind_targets.len(),
         1,
@@ -219,7 +224,7 @@ fn a_mapping_with_integrity_says_so_and_tampering_is_data_loss() {
             .collect::<Vec<_>>()
     };
     assert!(tamper_said().is_empty());
-    fake.tamper("crust-i", 2);
+    fake.tamper(&mapping_name(v.root(), "i"), 2);
     let said = tamper_said();
     assert_eq!(said.len(), 1, "{said:?}");
     assert_eq!(said[0].status, Health::DataLoss);
@@ -310,7 +315,8 @@ fn a_mapping_left_by_a_failed_publish_is_removed_by_unpublish() {
     fake.fail(crate::volumes::fake::Call::Mount, 1, rustix::io::Errno::IO);
     let r = encrypted("e", &d, PASS, false);
     assert!(v.publish(&r, &Cancel::never()).is_err());
-    assert_eq!(fake.mappings(), ["crust-e"], "left by the failed publish");
+    let name = mapping_name(v.root(), "e");
+    assert_eq!(fake.mappings(), [name], "left by the failed publish");
     // While it is held, Unpublish says so; once let go, Unpublish removes
     // it, and the volume publishes again.
     let held = v.unpublish("e", &Cancel::never()).unwrap_err();

@@ -66,6 +66,14 @@ pub(crate) fn fake_partitions(dir: &Path, parts: &[(&crust_testkit::LoopDisk, u6
     sysfs
 }
 
+/// The mapping the agent on `root` names volume `id`'s: tagged with the
+/// identity of its state directory.
+pub(crate) fn mapping_name(root: &Path, id: &str) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let st = std::fs::metadata(root.join(crate::validate::STATE_DIR)).unwrap();
+    crate::luks2::mapping::Owner::of_dir(st.dev(), st.ino()).name_for(id)
+}
+
 /// A table on a fresh root in `dir`, on a fake kernel, and that kernel.
 pub(crate) fn fake_table(dir: &Path) -> (std::sync::Arc<Volumes<Fake>>, Fake) {
     let fake = Fake::default();
