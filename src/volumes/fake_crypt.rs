@@ -218,6 +218,13 @@ impl Fake {
         st.mapped.iter().map(|m| m.name.clone()).collect()
     }
 
+    /// Renames mapping `from` to `to`: as an agent before owners named it.
+    pub(crate) fn rename_mapping(&self, from: &str, to: &str) {
+        let mut st = self.state.locked();
+        let m = st.mapped.iter_mut().find(|m| m.name == from);
+        m.expect("a mapping").name = to.into();
+    }
+
     pub(super) fn open_mapping_fake(
         &self,
         disk: &Device,

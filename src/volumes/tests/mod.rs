@@ -8,6 +8,7 @@ mod block;
 mod encrypted;
 mod freeze;
 mod idmap;
+mod owners;
 mod publish;
 mod recover;
 pub(crate) mod testkit;

@@ -116,6 +116,12 @@ pub(crate) fn with_disk(dir: &Path, disk: &str, fs: Option<FsType>) -> Published
 /// recovery runs against what the fake has mounted. Its scheduled trims
 /// run when the test calls `run_due_trims`, never on a thread.
 pub(crate) fn reopen(dir: &Path, fake: &Fake) -> std::sync::Arc<Volumes<Fake>> {
+    open_at(dir, fake, "root")
+}
+
+/// The table on root `dir/<root>` on `fake`: beside `reopen`'s, another
+/// agent's in the same guest.
+pub(crate) fn open_at(dir: &Path, fake: &Fake, root: &str) -> std::sync::Arc<Volumes<Fake>> {
     let sysfs = Sysfs {
         sys_block: dir.join("sys/block"),
         dev_dir: dir.join("dev"),
@@ -123,7 +129,7 @@ pub(crate) fn reopen(dir: &Path, fake: &Fake) -> std::sync::Arc<Volumes<Fake>> {
     };
     Volumes::open_manual(
         fake.clone(),
-        &dir.join("root"),
+        &dir.join(root),
         sysfs,
         crate::logging::discard(),
     )
