@@ -69,7 +69,7 @@ fn an_agent_starting_beside_another_mid_publish_leaves_its_mapping() {
     let name = mapping_name(a.root(), "e");
     assert_eq!(
         open,
-        [name.clone()],
+        [name.as_str()],
         "A's mapping, made and not yet mounted"
     );
     assert_eq!(gone, Ok(false), "B has no volume e");
@@ -103,7 +103,7 @@ fn two_agents_with_one_volume_id_each_keep_their_own_mapping() {
     assert_eq!(sorted(fake.mappings()), both, "B's stray alone removed");
     assert_eq!(b.list()[0].encryption.as_ref().unwrap().mapping, nb);
     assert!(b.unpublish("e", &Cancel::never()).unwrap());
-    assert_eq!(fake.mappings(), [na.clone()]);
+    assert_eq!(fake.mappings(), [na.as_str()]);
     drop(a);
     let a = reopen(dir.path(), &fake);
     assert_eq!(a.list()[0].encryption.as_ref().unwrap().mapping, na);
