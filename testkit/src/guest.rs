@@ -95,6 +95,37 @@ impl Image {
             .unwrap();
     }
 
+    /// Installs `script` as the test's oneshot unit `crust-test.service`,
+    /// run after the agent, its output on the console.
+    pub fn test_unit(&self, script: &str) {
+        self.put("usr/local/bin/crust-test", script.as_bytes(), 0o755);
+        self.unit(
+            "crust-test.service",
+            "[Unit]\nAfter=crust-agent.service\n[Service]\nType=oneshot\nExecStart=/usr/local/bin/crust-test\nStandardOutput=journal+console\n[Install]\nWantedBy=multi-user.target\n",
+        );
+    }
+
+    /// Writes the OCI bundle `var/lib/crust-test/bundle` with `config`
+    /// (its config.json): a rootfs that shares the guest's /usr (its
+    /// config binds it), with `bin`, `lib`, `lib64` and `sbin` linked into
+    /// it and a directory for each of `dirs` (its mount points).
+    pub fn bundle(&self, config: &str, dirs: &[&str]) {
+        let bundle = "var/lib/crust-test/bundle";
+        self.put(&format!("{bundle}/config.json"), config.as_bytes(), 0o644);
+        let rootfs = self.root().join(bundle).join("rootfs");
+        for d in ["usr", "proc", "dev", "tmp"].iter().chain(dirs) {
+            std::fs::create_dir_all(rootfs.join(d)).unwrap();
+        }
+        for (link, to) in [
+            ("bin", "usr/bin"),
+            ("lib", "usr/lib"),
+            ("lib64", "usr/lib64"),
+            ("sbin", "usr/sbin"),
+        ] {
+            std::os::unix::fs::symlink(to, rootfs.join(link)).unwrap();
+        }
+    }
+
     /// Unmounts the copy: its path, to boot.
     pub fn done(self) -> PathBuf {
         let Image { path, mounted } = self;

@@ -82,29 +82,8 @@ fn config_json() -> String {
 /// A copy of the guest image with the agent, the test's unit and bundle.
 fn guest_image(dir: &Path) -> PathBuf {
     let image = guest::Image::new(dir);
-    image.put("usr/local/bin/crust-test", TEST_SCRIPT.as_bytes(), 0o755);
-    image.unit(
-        "crust-test.service",
-        "[Unit]\nAfter=crust-agent.service\n[Service]\nType=oneshot\nExecStart=/usr/local/bin/crust-test\nStandardOutput=journal+console\n[Install]\nWantedBy=multi-user.target\n",
-    );
-    let bundle = "var/lib/crust-test/bundle";
-    image.put(
-        &format!("{bundle}/config.json"),
-        config_json().as_bytes(),
-        0o644,
-    );
-    let rootfs = image.root().join(bundle).join("rootfs");
-    for d in ["usr", "proc", "dev", "data", "tmp"] {
-        std::fs::create_dir_all(rootfs.join(d)).unwrap();
-    }
-    for (link, to) in [
-        ("bin", "usr/bin"),
-        ("lib", "usr/lib"),
-        ("lib64", "usr/lib64"),
-        ("sbin", "usr/sbin"),
-    ] {
-        std::os::unix::fs::symlink(to, rootfs.join(link)).unwrap();
-    }
+    image.test_unit(TEST_SCRIPT);
+    image.bundle(&config_json(), &["data"]);
     image.done()
 }
 
