@@ -44,46 +44,20 @@ say "done"
 "#;
 
 /// The container: its uid 0 (guest 100000), the volume at /data.
-const CONTAINER_SH: &str =
-    "echo uid=$(id -u); echo by-the-pods-root > /data/by-root && echo write=ok; \
-                            stat -c mine=%u:%g /data/mine; stat -c made=%u:%g /data/by-root";
-
-fn config_json() -> String {
-    let map = serde_json::json!([{"containerID": 0, "hostID": 100000, "size": 65536}]);
-    serde_json::json!({
-        "ociVersion": "1.0.2",
-        "process": {
-            "terminal": false,
-            "user": {"uid": 0, "gid": 0},
-            "args": ["/bin/sh", "-c", CONTAINER_SH],
-            "env": ["PATH=/usr/bin:/bin"],
-            "cwd": "/",
-            "noNewPrivileges": true
-        },
-        "root": {"path": "rootfs", "readonly": true},
-        "hostname": "crust-idmap",
-        "mounts": [
-            {"destination": "/proc", "type": "proc", "source": "proc"},
-            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
-             "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
-            {"destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro"]},
-            {"destination": "/data", "type": "bind", "source": TARGET, "options": ["rbind", "rw"]}
-        ],
-        "linux": {
-            "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"},
-                           {"type": "mount"}, {"type": "user"}],
-            "uidMappings": map,
-            "gidMappings": map
-        }
-    })
-    .to_string()
-}
+const CONTAINER: guest::Container = guest::Container {
+    uid: 0,
+    gid: 0,
+    script: "echo uid=$(id -u); echo by-the-pods-root > /data/by-root && echo write=ok; \
+             stat -c mine=%u:%g /data/mine; stat -c made=%u:%g /data/by-root",
+    binds: &[("/data", TARGET, false)],
+    userns: Some((0, 100_000, 65536)),
+};
 
 /// A copy of the guest image with the agent, the test's unit and bundle.
 fn guest_image(dir: &Path) -> PathBuf {
     let image = guest::Image::new(dir);
     image.test_unit(TEST_SCRIPT);
-    image.bundle(&config_json(), &["data"]);
+    image.bundle(&CONTAINER);
     image.done()
 }
 
