@@ -294,6 +294,12 @@ fn a_fault_in_a_scheduled_trim_fails_that_trim_and_the_runner_goes_on() {
     v.run_due_trims(next);
     let said = v.health(&failed[0], &Cancel::never()).unwrap();
     assert!(said.iter().all(|s| s.reason != "TrimFailed"), "{said:?}");
+    // The fault let go of the volume's slot while unwinding: unpublished,
+    // the volume leaves no slot behind (a forced thaw says it is not
+    // published).
+    assert!(v.unpublish(&failed[0], &Cancel::never()).unwrap());
+    let e = v.thaw(&Thaw::Force(failed.clone())).unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e}");
 }
 
 /// The interval is recorded: a restart resumes the schedule, first due
