@@ -1,18 +1,14 @@
 #!/bin/sh
 # Runs examples/dm_guest.rs as PID 1 of a guest of its own, with a disk that
-# cryptsetup made: the device-mapper and keyring leaves against the guest
-# kernel, until a VM test does it through the agent (docs/encryption.md).
+# cryptsetup made: the device-mapper and keyring leaves alone against the
+# guest kernel (docs/encryption.md; the VM tests drive them through the agent).
 # Needs what `make initrd` made (build/kernel, build/vmlinuz), qemu,
 # cryptsetup and python3-cryptography; as root, like `make test`.
 #   CRUST_BUILD=dir   where the kernel is (default: build)
 # Prints the probe's DM_GUEST lines; exits 0 on "DM_GUEST OK".
 set -eu
 cd "$(dirname "$0")/.."
-BUILD=${CRUST_BUILD:-build}
-VER=$(ls "$BUILD/kernel/lib/modules" | head -n1)
-T=${CARGO_TARGET_DIR:-target}/x86_64-unknown-linux-gnu/debug
-WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
+. scripts/probe-env.sh
 
 cargo build -q -p crust-agent --example dm_guest
 cargo build -q -p crust-vm

@@ -13,11 +13,7 @@
 # (or "INTEGRITY_GUEST MADE").
 set -eu
 cd "$(dirname "$0")/.."
-BUILD=${CRUST_BUILD:-build}
-VER=$(ls "$BUILD/kernel/lib/modules" | head -n1)
-T=${CARGO_TARGET_DIR:-target}/x86_64-unknown-linux-gnu/debug
-WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
+. scripts/probe-env.sh
 
 cargo build -q -p crust-agent --example integrity_guest
 cargo build -q -p crust-vm

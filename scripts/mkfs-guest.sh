@@ -3,19 +3,15 @@
 # packed with the mkfs programs (/usr/lib/crust/mkfs/), with two blank
 # disks: mkfs::make with the shipped mke2fs and mkfs.xfs, run through their
 # own interpreter, as PID 1's children with its reaper running; then the
-# host's e2fsck and xfs_repair check what they made. Until a VM test does it
-# through the agent (docs/encryption.md, "Making the filesystem inside").
+# host's e2fsck and xfs_repair check what they made (docs/encryption.md,
+# "Making the filesystem inside").
 # Needs what `make initrd` made (build/kernel, build/vmlinuz), qemu,
 # e2fsprogs and xfsprogs; as root, like `make test`.
 #   CRUST_BUILD=dir   where the kernel is (default: build)
 # Prints the probe's MKFS_GUEST lines; exits 0 on "MKFS_GUEST OK" and clean checks.
 set -eu
 cd "$(dirname "$0")/.."
-BUILD=${CRUST_BUILD:-build}
-VER=$(ls "$BUILD/kernel/lib/modules" | head -n1)
-T=${CARGO_TARGET_DIR:-target}/x86_64-unknown-linux-gnu/debug
-WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
+. scripts/probe-env.sh
 
 cargo build -q -p crust-agent --example mkfs_guest
 cargo build -q -p crust-vm

@@ -521,9 +521,10 @@ fn wind_down(
     by_signal: bool,
 ) -> ExitCode {
     if by_signal && !cfg.unpublish_on_sigterm {
-        // Nothing is left frozen (no timer would end it), and what is
-        // written is on the disks.
-        let n = volumes.thaw_all();
+        // Nothing is left frozen (no timer would end it), no freeze or
+        // scheduled trim starts in the server's grace, and what is written
+        // is on the disks.
+        let n = volumes.close_freezes();
         info!(log, "exiting, volumes left mounted for the next start"; "thawed" => n);
     } else {
         let n = volumes.shutdown();

@@ -290,6 +290,22 @@ mod tests {
         Ok(i32::try_from(r).expect("a pid fits i32"))
     }
 
+    /// Runs `f` while a thread calls `reap_others` over and over, as the
+    /// agent's reaper does at any moment.
+    fn beside_a_reaper(f: impl FnOnce()) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let reaper = std::thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                reap_others();
+                std::thread::yield_now();
+            }
+        });
+        f();
+        stop.store(true, Ordering::SeqCst);
+        reaper.join().unwrap();
+    }
+
     /// The reaper leaves cloned children to their owners too: each owner
     /// reaps its own and reads its status. Alone in a child process, as below.
     #[test]
@@ -299,29 +315,21 @@ mod tests {
             assert!(ok, "{out}");
             return;
         }
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let reaper = std::thread::spawn(move || {
-            while !s.load(Ordering::SeqCst) {
-                reap_others();
-                std::thread::yield_now();
+        beside_a_reaper(|| {
+            for i in 0..200 {
+                let code = i % 100 + 1;
+                let c = Cloned::start(|| clone_exiting(code)).unwrap();
+                let pid = c.pid();
+                let status = c.wait().expect("the owner reaps its own child");
+                assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == code);
+                assert!(!owned().contains(&pid));
             }
-        });
-        for i in 0..200 {
-            let code = i % 100 + 1;
-            let c = Cloned::start(|| clone_exiting(code)).unwrap();
+            // A dropped one is killed and reaped.
+            let c = Cloned::start(|| clone_exiting(3)).unwrap();
             let pid = c.pid();
-            let status = c.wait().expect("the owner reaps its own child");
-            assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == code);
-            assert!(!owned().contains(&pid));
-        }
-        // A dropped one is killed and reaped.
-        let c = Cloned::start(|| clone_exiting(3)).unwrap();
-        let pid = c.pid();
-        drop(c);
-        assert!(gone(pid) && !owned().contains(&pid));
-        stop.store(true, Ordering::SeqCst);
-        reaper.join().unwrap();
+            drop(c);
+            assert!(gone(pid) && !owned().contains(&pid));
+        });
     }
 
     /// A reaper waiting on every child runs beside owners the whole time:
@@ -335,46 +343,40 @@ mod tests {
             assert!(ok, "{out}");
             return;
         }
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let reaper = std::thread::spawn(move || {
-            while !s.load(Ordering::SeqCst) {
-                reap_others();
-                std::thread::yield_now();
+        beside_a_reaper(|| {
+            let owners: Vec<_> = (0..4)
+                .map(|t| {
+                    std::thread::spawn(move || {
+                        for i in 0..25 {
+                            let code = (t * 25 + i) % 100 + 1;
+                            let mut c = Owned::start(|| exit_with(code)).unwrap();
+                            let status = loop {
+                                if let Some(s) =
+                                    c.try_wait().expect("the owner reaps its own child")
+                                {
+                                    break s;
+                                }
+                                std::thread::sleep(Duration::from_millis(1));
+                            };
+                            assert_eq!(status.code(), Some(code));
+                            let pid = c.pid();
+                            drop(c);
+                            assert!(!owned().contains(&pid));
+                        }
+                    })
+                })
+                .collect();
+            // Children nobody owns (their Child dropped unwaited) are reaped.
+            let strays: Vec<i32> = (0..10)
+                .map(|_| i32::try_from(exit_with(0).unwrap().id()).unwrap())
+                .collect();
+            for o in owners {
+                o.join().unwrap();
+            }
+            for pid in strays {
+                assert!(gone(pid), "pid {pid} left as {:?}", state(pid));
             }
         });
-        let owners: Vec<_> = (0..4)
-            .map(|t| {
-                std::thread::spawn(move || {
-                    for i in 0..25 {
-                        let code = (t * 25 + i) % 100 + 1;
-                        let mut c = Owned::start(|| exit_with(code)).unwrap();
-                        let status = loop {
-                            if let Some(s) = c.try_wait().expect("the owner reaps its own child") {
-                                break s;
-                            }
-                            std::thread::sleep(Duration::from_millis(1));
-                        };
-                        assert_eq!(status.code(), Some(code));
-                        let pid = c.pid();
-                        drop(c);
-                        assert!(!owned().contains(&pid));
-                    }
-                })
-            })
-            .collect();
-        // Children nobody owns (their Child dropped unwaited) are reaped.
-        let strays: Vec<i32> = (0..10)
-            .map(|_| i32::try_from(exit_with(0).unwrap().id()).unwrap())
-            .collect();
-        for o in owners {
-            o.join().unwrap();
-        }
-        for pid in strays {
-            assert!(gone(pid), "pid {pid} left as {:?}", state(pid));
-        }
-        stop.store(true, Ordering::SeqCst);
-        reaper.join().unwrap();
     }
 
     #[test]

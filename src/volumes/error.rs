@@ -175,7 +175,7 @@ pub enum Error {
         message: String,
     },
     #[code(FailedPrecondition)]
-    #[error("the agent is shutting down and accepts no new volumes or binds")]
+    #[error("the agent is shutting down and accepts no new volumes, binds or freezes")]
     ShuttingDown,
     #[code(FailedPrecondition)]
     #[error("{} is not {what} of the agent's (a symlink or something else was put there); remove it, then publish again", shown(path))]

@@ -205,6 +205,14 @@ impl Fake {
         device
     }
 
+    /// Sets the size of disk `name`, and of its filesystem (as an
+    /// ExpandVolume would).
+    pub(crate) fn resize(&self, name: &str, bytes: u64) {
+        let mut st = self.state.locked();
+        let d = st.disks.iter_mut().find(|d| d.device.name == name);
+        d.expect("a disk the test made").bytes = bytes;
+    }
+
     /// The `nth` call of `call` from now on (1: the next) fails with `errno`.
     pub(crate) fn fail(&self, call: Call, nth: u32, errno: Errno) {
         self.state

@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::{Deref, DerefMut};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
 use crust_protocols::sync::{CondvarExt, LockExt};
@@ -133,7 +133,14 @@ impl Slot {
     /// Whether nobody holds or waits for the slot and it holds no volume.
     fn idle(&self) -> bool {
         let t = self.turns.locked();
-        !t.held && t.queue.is_empty() && matches!(self.volume.try_lock().as_deref(), Ok(None))
+        let empty = match self.volume.try_lock() {
+            Ok(v) => v.is_none(),
+            // A holder that panicked (a fault caught in a scheduled trim)
+            // left the volume as its last whole update, as `locked` says.
+            Err(TryLockError::Poisoned(v)) => v.into_inner().is_none(),
+            Err(TryLockError::WouldBlock) => false,
+        };
+        !t.held && t.queue.is_empty() && empty
     }
 }
 
@@ -283,5 +290,31 @@ mod tests {
         drop(s);
         slots.forget("kept");
         assert_eq!(slots.len(), 1, "a slot holding a volume stays");
+    }
+
+    /// A slot whose holder panicked (its volume's lock poisoned) is
+    /// dropped all the same once it is empty, and kept while it holds one.
+    #[test]
+    fn a_slot_a_panic_let_go_of_is_dropped_once_empty() {
+        let slots = Arc::new(Slots::default());
+        let s = slots.get_or_make("v");
+        *s.lock("v", &Cancel::never()).unwrap() = Some(super::super::volume::tests::sample());
+        let (ss, panicked) = (s.clone(), Arc::new(Mutex::new(false)));
+        let p = panicked.clone();
+        let _ = std::thread::spawn(move || {
+            let _g = ss.try_lock().unwrap();
+            *p.lock().unwrap() = true;
+            panic!("a fault while holding the slot");
+        })
+        .join();
+        assert!(*panicked.lock().unwrap() && s.volume.is_poisoned());
+        drop(s);
+        slots.forget("v");
+        assert_eq!(slots.len(), 1, "it still holds its volume");
+        let s = slots.get("v").unwrap();
+        *s.lock("v", &Cancel::never()).unwrap() = None;
+        drop(s);
+        slots.forget("v");
+        assert_eq!(slots.len(), 0, "empty: dropped");
     }
 }

@@ -69,7 +69,7 @@ use super::failures::{Failure, Failures};
 use super::freeze::{self, Frozen, Thaw};
 use super::health::{self, Said};
 use super::kernel::{Kernel, Linux};
-use super::lease::{Freezer, How, Ledger};
+use super::lease::{Freezer, Ledger};
 use super::listing::Listing;
 use super::mounts::Mounts;
 use super::publish::{self, Publisher};
@@ -487,21 +487,14 @@ impl<K: Kernel> Volumes<K> {
         })
     }
 
-    /// Ends every freeze (the agent exits leaving its volumes mounted);
-    /// answers how many volumes were frozen.
-    pub fn thaw_all(&self) -> usize {
-        self.leases.end_all(How::Stopped)
-    }
-
     /// Ends every freeze and stops the freeze timer and the trim
     /// schedule's runner for good, before the table lets go of its root: no
     /// thread of this table can act on a volume another table on the same
-    /// root published or froze later.
+    /// root published or froze later. Answers how many volumes were
+    /// frozen.
     pub fn close_freezes(&self) -> usize {
         self.schedule.close();
-        let n = self.thaw_all();
-        self.leases.close();
-        n
+        self.leases.stop()
     }
 
     /// Discards the free extents of at least `min_extent` bytes of volume

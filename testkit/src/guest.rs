@@ -95,6 +95,39 @@ impl Image {
             .unwrap();
     }
 
+    /// Installs `script` as the test's oneshot unit `crust-test.service`,
+    /// run after the agent, its output on the console.
+    pub fn test_unit(&self, script: &str) {
+        self.put("usr/local/bin/crust-test", script.as_bytes(), 0o755);
+        self.unit(
+            "crust-test.service",
+            "[Unit]\nAfter=crust-agent.service\n[Service]\nType=oneshot\nExecStart=/usr/local/bin/crust-test\nStandardOutput=journal+console\n[Install]\nWantedBy=multi-user.target\n",
+        );
+    }
+
+    /// Writes the OCI bundle `var/lib/crust-test/bundle` for crun to run
+    /// `c`: a read-only rootfs that shares the guest's /usr, with `bin`,
+    /// `lib`, `lib64` and `sbin` linked into it and a mount point for each
+    /// bind.
+    pub fn bundle(&self, c: &Container) {
+        let bundle = "var/lib/crust-test/bundle";
+        let config = c.config().to_string();
+        self.put(&format!("{bundle}/config.json"), config.as_bytes(), 0o644);
+        let rootfs = self.root().join(bundle).join("rootfs");
+        let dirs = c.binds.iter().map(|b| b.0.trim_start_matches('/'));
+        for d in ["usr", "proc", "dev", "tmp"].into_iter().chain(dirs) {
+            std::fs::create_dir_all(rootfs.join(d)).unwrap();
+        }
+        for (link, to) in [
+            ("bin", "usr/bin"),
+            ("lib", "usr/lib"),
+            ("lib64", "usr/lib64"),
+            ("sbin", "usr/sbin"),
+        ] {
+            std::os::unix::fs::symlink(to, rootfs.join(link)).unwrap();
+        }
+    }
+
     /// Unmounts the copy: its path, to boot.
     pub fn done(self) -> PathBuf {
         let Image { path, mounted } = self;
@@ -142,4 +175,60 @@ pub fn console_until(vm: &Vm, what: &str, limit: Duration) -> String {
 pub fn said(text: &str) -> String {
     let lines: Vec<&str> = text.lines().filter(|l| l.contains("CRUST-TEST")).collect();
     lines.join("\n")
+}
+
+/// A container for the guest's crun: who it runs as, what it runs, the
+/// binds it gets (`destination`, `source` in the guest, read-only), and,
+/// for a user-namespace pod, its one range (`container_id`, `host_id`,
+/// `length`), the same for uids and gids.
+pub struct Container<'a> {
+    pub uid: u32,
+    pub gid: u32,
+    pub script: &'a str,
+    pub binds: &'a [(&'a str, &'a str, bool)],
+    pub userns: Option<(u32, u32, u32)>,
+}
+
+impl Container<'_> {
+    /// Its OCI config.json.
+    fn config(&self) -> serde_json::Value {
+        use serde_json::json;
+        let mut mounts = vec![
+            json!({"destination": "/proc", "type": "proc", "source": "proc"}),
+            json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+                   "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
+            json!({"destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro"]}),
+        ];
+        for (to, from, ro) in self.binds {
+            let mode = if *ro { "ro" } else { "rw" };
+            mounts.push(json!({"destination": to, "type": "bind", "source": from,
+                               "options": ["rbind", mode]}));
+        }
+        let mut linux = json!({"namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"},
+                                             {"type": "mount"}]});
+        if let Some((container, host, size)) = self.userns {
+            let map = json!([{"containerID": container, "hostID": host, "size": size}]);
+            linux["namespaces"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"type": "user"}));
+            linux["uidMappings"] = map.clone();
+            linux["gidMappings"] = map;
+        }
+        json!({
+            "ociVersion": "1.0.2",
+            "process": {
+                "terminal": false,
+                "user": {"uid": self.uid, "gid": self.gid},
+                "args": ["/bin/sh", "-c", self.script],
+                "env": ["PATH=/usr/bin:/bin"],
+                "cwd": "/",
+                "noNewPrivileges": true
+            },
+            "root": {"path": "rootfs", "readonly": true},
+            "hostname": "crust-test",
+            "mounts": mounts,
+            "linux": linux
+        })
+    }
 }

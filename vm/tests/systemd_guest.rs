@@ -42,64 +42,24 @@ say "killed $pid"
 "#;
 
 /// The container: uid 1000, group 2000 (the pod's fsGroup), both binds.
-const CONTAINER_SH: &str = "id -u; id -g; echo written-by-the-container > /data-rw/by-container && echo rw=ok; \
-                            (echo x > /data-ro/ro-attempt) 2>&1; [ -e /data-ro/ro-attempt ] || echo ro=refused";
-
-fn config_json() -> String {
-    serde_json::json!({
-        "ociVersion": "1.0.2",
-        "process": {
-            "terminal": false,
-            "user": {"uid": 1000, "gid": 2000},
-            "args": ["/bin/sh", "-c", CONTAINER_SH],
-            "env": ["PATH=/usr/bin:/bin"],
-            "cwd": "/",
-            "noNewPrivileges": true
-        },
-        "root": {"path": "rootfs", "readonly": true},
-        "hostname": "crust-test",
-        "mounts": [
-            {"destination": "/proc", "type": "proc", "source": "proc"},
-            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
-             "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
-            {"destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro"]},
-            {"destination": "/data-rw", "type": "bind", "source": "/run/crust/pods/p/rw",
-             "options": ["rbind", "rw"]},
-            {"destination": "/data-ro", "type": "bind", "source": "/run/crust/pods/p/ro",
-             "options": ["rbind", "ro"]}
-        ],
-        "linux": {"namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}]}
-    })
-    .to_string()
-}
+const CONTAINER: guest::Container = guest::Container {
+    uid: 1000,
+    gid: 2000,
+    script: "id -u; id -g; echo written-by-the-container > /data-rw/by-container && echo rw=ok; \
+             (echo x > /data-ro/ro-attempt) 2>&1; [ -e /data-ro/ro-attempt ] || echo ro=refused",
+    binds: &[
+        ("/data-rw", "/run/crust/pods/p/rw", false),
+        ("/data-ro", "/run/crust/pods/p/ro", true),
+    ],
+    userns: None,
+};
 
 /// A copy of the guest image with the agent and the test's oneshot unit
 /// and container bundle.
 fn guest_image(dir: &Path) -> PathBuf {
     let image = guest::Image::new(dir);
-    image.put("usr/local/bin/crust-test", TEST_SCRIPT.as_bytes(), 0o755);
-    image.unit(
-        "crust-test.service",
-        "[Unit]\nAfter=crust-agent.service\n[Service]\nType=oneshot\nExecStart=/usr/local/bin/crust-test\nStandardOutput=journal+console\n[Install]\nWantedBy=multi-user.target\n",
-    );
-    let bundle = "var/lib/crust-test/bundle";
-    image.put(
-        &format!("{bundle}/config.json"),
-        config_json().as_bytes(),
-        0o644,
-    );
-    let rootfs = image.root().join(bundle).join("rootfs");
-    for d in ["usr", "proc", "dev", "data-rw", "data-ro", "tmp"] {
-        std::fs::create_dir_all(rootfs.join(d)).unwrap();
-    }
-    for (link, to) in [
-        ("bin", "usr/bin"),
-        ("lib", "usr/lib"),
-        ("lib64", "usr/lib64"),
-        ("sbin", "usr/sbin"),
-    ] {
-        std::os::unix::fs::symlink(to, rootfs.join(link)).unwrap();
-    }
+    image.test_unit(TEST_SCRIPT);
+    image.bundle(&CONTAINER);
     image.done()
 }
 

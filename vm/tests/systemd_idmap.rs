@@ -44,67 +44,20 @@ say "done"
 "#;
 
 /// The container: its uid 0 (guest 100000), the volume at /data.
-const CONTAINER_SH: &str =
-    "echo uid=$(id -u); echo by-the-pods-root > /data/by-root && echo write=ok; \
-                            stat -c mine=%u:%g /data/mine; stat -c made=%u:%g /data/by-root";
-
-fn config_json() -> String {
-    let map = serde_json::json!([{"containerID": 0, "hostID": 100000, "size": 65536}]);
-    serde_json::json!({
-        "ociVersion": "1.0.2",
-        "process": {
-            "terminal": false,
-            "user": {"uid": 0, "gid": 0},
-            "args": ["/bin/sh", "-c", CONTAINER_SH],
-            "env": ["PATH=/usr/bin:/bin"],
-            "cwd": "/",
-            "noNewPrivileges": true
-        },
-        "root": {"path": "rootfs", "readonly": true},
-        "hostname": "crust-idmap",
-        "mounts": [
-            {"destination": "/proc", "type": "proc", "source": "proc"},
-            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
-             "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
-            {"destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro"]},
-            {"destination": "/data", "type": "bind", "source": TARGET, "options": ["rbind", "rw"]}
-        ],
-        "linux": {
-            "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"},
-                           {"type": "mount"}, {"type": "user"}],
-            "uidMappings": map,
-            "gidMappings": map
-        }
-    })
-    .to_string()
-}
+const CONTAINER: guest::Container = guest::Container {
+    uid: 0,
+    gid: 0,
+    script: "echo uid=$(id -u); echo by-the-pods-root > /data/by-root && echo write=ok; \
+             stat -c mine=%u:%g /data/mine; stat -c made=%u:%g /data/by-root",
+    binds: &[("/data", TARGET, false)],
+    userns: Some((0, 100_000, 65536)),
+};
 
 /// A copy of the guest image with the agent, the test's unit and bundle.
 fn guest_image(dir: &Path) -> PathBuf {
     let image = guest::Image::new(dir);
-    image.put("usr/local/bin/crust-test", TEST_SCRIPT.as_bytes(), 0o755);
-    image.unit(
-        "crust-test.service",
-        "[Unit]\nAfter=crust-agent.service\n[Service]\nType=oneshot\nExecStart=/usr/local/bin/crust-test\nStandardOutput=journal+console\n[Install]\nWantedBy=multi-user.target\n",
-    );
-    let bundle = "var/lib/crust-test/bundle";
-    image.put(
-        &format!("{bundle}/config.json"),
-        config_json().as_bytes(),
-        0o644,
-    );
-    let rootfs = image.root().join(bundle).join("rootfs");
-    for d in ["usr", "proc", "dev", "data", "tmp"] {
-        std::fs::create_dir_all(rootfs.join(d)).unwrap();
-    }
-    for (link, to) in [
-        ("bin", "usr/bin"),
-        ("lib", "usr/lib"),
-        ("lib64", "usr/lib64"),
-        ("sbin", "usr/sbin"),
-    ] {
-        std::os::unix::fs::symlink(to, rootfs.join(link)).unwrap();
-    }
+    image.test_unit(TEST_SCRIPT);
+    image.bundle(&CONTAINER);
     image.done()
 }
 

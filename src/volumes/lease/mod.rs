@@ -558,6 +558,11 @@ impl<H: Thaw> Freezer<H> {
     fn complete(&self, id: &str) -> crate::error::Result<Frozen> {
         {
             let mut g = self.inner.locked();
+            if g.timer == TimerState::Closed {
+                drop(g);
+                self.abandon(id);
+                return Err(crate::volumes::error::Error::ShuttingDown.into());
+            }
             let lease = g.leases.get_mut(id).ok_or_else(|| self.unknown(id))?;
             let holds = lease
                 .parts
@@ -677,6 +682,15 @@ impl<H: Thaw> Freezer<H> {
             self.end(&id, taken);
         }
         thawed
+    }
+
+    /// The agent stops: no freeze begins or completes from here on (one
+    /// under way is undone at its end), then every lease ends, its
+    /// volumes thawed; answers how many. In that order, so that no freeze
+    /// is left holding a filesystem after the last thaw.
+    pub(crate) fn stop(&self) -> usize {
+        self.close();
+        self.end_all(How::Stopped)
     }
 
     /// Ends every lease (the agent stops); answers how many volumes were thawed.

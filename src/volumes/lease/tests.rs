@@ -614,3 +614,29 @@ fn a_restart_thaws_only_what_the_dead_call_had_reached() {
         "{text}"
     );
 }
+
+/// The agent stops while a freeze call is under way, before it has frozen
+/// anything: the call ends thawed and refused, not holding a filesystem
+/// that no timer would thaw once the agent has gone.
+#[test]
+fn a_freeze_under_way_when_the_agent_stops_is_undone() {
+    let d = tempfile::tempdir().unwrap();
+    let k = Kernel::default();
+    let f = open(d.path(), &k);
+    let r = f.freeze(
+        None,
+        &vols(&["v1", "v2"]),
+        LONG,
+        |id, vol| {
+            if vol == "v1" {
+                f.stop();
+            }
+            f.freeze_part(id, vol, || k.freeze(vol))
+        },
+        || Ok(()),
+    );
+    let (c, msg) = code(r);
+    assert_eq!(c, Code::FailedPrecondition, "{msg}");
+    assert!(msg.contains("shutting down"), "{msg}");
+    assert!(!k.is_frozen("v1") && !k.is_frozen("v2"), "left frozen");
+}

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use slog::{info, warn, Logger};
 
-use super::schedule::{Schedule, BUSY_RETRY, YIELD_RETRY};
+use super::schedule::{Due, Schedule, BUSY_RETRY, YIELD_RETRY};
 use super::turn::Turn;
 use crate::cancel::Token;
 use crate::volumes::kernel::Kernel;
@@ -57,40 +57,46 @@ pub(crate) fn unix_ms() -> i64 {
 impl<K: Kernel> Scheduled<'_, K> {
     /// Runs every trim due at `now`, one at a time; stops at a shutdown.
     pub(crate) fn run_due(&self, now: Instant) {
-        for id in self.schedule.due(now) {
+        for due in self.schedule.due(now) {
             if self.stop.fired() {
                 return;
             }
+            let id = &due.id;
             // A fault in one volume's trim fails that trim, not the runner:
             // the other volumes' schedules (and this one's next) go on.
-            let one = std::panic::AssertUnwindSafe(|| self.run_one(&id, now));
+            let one = std::panic::AssertUnwindSafe(|| self.run_one(&due, now));
             if std::panic::catch_unwind(one).is_err() {
                 let why = format!("the agent hit an internal fault in the scheduled trim of volume {id}; the volume keeps working, and the next trim is tried at its time");
-                warn!(self.log, "scheduled trim failed"; "volume" => &id, "error" => &why);
-                self.schedule.ended(&id, now, unix_ms(), Err(why));
+                warn!(self.log, "scheduled trim failed"; "volume" => id, "error" => &why);
+                self.schedule.ended(&due, now, unix_ms(), Err(why));
             }
             // The slot's map keeps no empty slot this trim held on to.
-            self.slots.forget(&id);
+            self.slots.forget(id);
         }
     }
 
-    fn run_one(&self, id: &str, now: Instant) {
+    fn run_one(&self, due: &Due, now: Instant) {
+        let id = due.id.as_str();
         let Some(_turn) = self.turn.try_take() else {
-            return self.schedule.later(id, now, YIELD_RETRY);
+            return self.schedule.later(due, now, YIELD_RETRY);
         };
         let Some(slot) = self.slots.get(id) else {
             return;
         };
         let Some(guard) = slot.try_lock() else {
-            return self.schedule.later(id, now, YIELD_RETRY);
+            return self.schedule.later(due, now, YIELD_RETRY);
         };
         let Some(vol) = guard.as_ref() else {
             return;
         };
         if busy(vol, self.leases).is_some() {
-            return self.schedule.later(id, now, BUSY_RETRY);
+            return self.schedule.later(due, now, BUSY_RETRY);
         }
-        let mut p = self.schedule.resume(id);
+        // The volume under the slot is the one `due` was of only while its
+        // entry is: one published again since has its own (or none).
+        let Some(mut p) = self.schedule.resume(due) else {
+            return;
+        };
         let kernel = self.mounts.kernel;
         let result = trim::target(vol, self.mounts, self.leases).and_then(|t| {
             trim::ranges(
@@ -110,14 +116,14 @@ impl<K: Kernel> Scheduled<'_, K> {
                     info!(self.log, "scheduled trim done"; "volume" => id,
                           "trimmed_bytes" => p.trimmed, "spent_us" => p.spent.as_micros());
                 }
-                self.schedule.ended(id, ended, unix_ms(), Ok(p));
+                self.schedule.ended(due, ended, unix_ms(), Ok(p));
             }
-            Ok(false) => self.schedule.yielded(id, ended, p),
+            Ok(false) => self.schedule.yielded(due, ended, p),
             Err(e) => {
                 warn!(self.log, "scheduled trim failed; the volume keeps working, and the next trim is tried at its time";
                       "volume" => id, "error" => %e);
                 self.schedule
-                    .ended(id, ended, unix_ms(), Err(e.to_string()));
+                    .ended(due, ended, unix_ms(), Err(e.to_string()));
             }
         }
     }

@@ -8,6 +8,10 @@
 //! within its interval, and each next one an interval ± 10% after the last,
 //! so a hundred volumes published at once never trim at once.
 //!
+//! What the runner tells of a trim goes to the entry the trim was due
+//! of (`Due`): an unpublish and a publish of the same id meanwhile make
+//! another entry, which keeps its own progress, times and errors.
+//!
 //! The one runner thread sleeps here until the next trim is due, and is
 //! woken when an entry comes or goes and when the table closes; it ends
 //! when no entry is left (the next entry starts another). Its mutex is a
@@ -50,9 +54,20 @@ struct Last {
     spent: Duration,
 }
 
+/// A trim due, as `due` hands it out: what the runner tells of it
+/// changes only the entry it was due of.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Due {
+    pub(crate) id: String,
+    /// The entry's number (`Entry::made`).
+    made: u64,
+}
+
 /// One volume's schedule.
 #[derive(Clone, Debug)]
 struct Entry {
+    /// Which entry of its id this is: each new entry has the next number.
+    made: u64,
     every: Duration,
     due: Instant,
     /// A trim that yielded part way: where it goes on from.
@@ -64,6 +79,8 @@ struct Entry {
 
 struct Inner {
     entries: BTreeMap<String, Entry>,
+    /// The number of the last entry made.
+    made: u64,
     runner: Runner,
     /// xorshift64 state, for the jitter.
     rng: u64,
@@ -116,6 +133,11 @@ impl Inner {
         Duration::from_millis(self.random() % ms)
     }
 
+    /// Volume `due.id`'s entry, if it is still the one `due` was of.
+    fn of(&mut self, due: &Due) -> Option<&mut Entry> {
+        self.entries.get_mut(&due.id).filter(|e| e.made == due.made)
+    }
+
     /// `every` ± 10%.
     fn about(&mut self, every: Duration) -> Duration {
         let ms = u64::try_from(every.as_millis()).unwrap_or(u64::MAX);
@@ -132,6 +154,7 @@ impl Schedule {
         Schedule {
             inner: Mutex::new(Inner {
                 entries: BTreeMap::new(),
+                made: 0,
                 runner: if manual { Runner::Manual } else { Runner::Idle },
                 rng: seed(),
             }),
@@ -157,7 +180,9 @@ impl Schedule {
             return false;
         }
         let due = now + g.within(every);
+        g.made += 1;
         let entry = Entry {
+            made: g.made,
             every,
             due,
             part: None,
@@ -189,17 +214,20 @@ impl Schedule {
         }
     }
 
-    /// The volumes whose trim is due at `now`, the earliest first.
-    pub(crate) fn due(&self, now: Instant) -> Vec<String> {
+    /// The trims due at `now`, the earliest first.
+    pub(crate) fn due(&self, now: Instant) -> Vec<Due> {
         let g = self.inner.locked();
-        let mut due: Vec<(Instant, String)> = g
+        let mut due: Vec<(Instant, Due)> = g
             .entries
             .iter()
             .filter(|(_, e)| e.due <= now)
-            .map(|(id, e)| (e.due, id.clone()))
+            .map(|(id, e)| {
+                let id = id.clone();
+                (e.due, Due { id, made: e.made })
+            })
             .collect();
-        due.sort();
-        due.into_iter().map(|(_, id)| id).collect()
+        due.sort_by_key(|(at, _)| *at);
+        due.into_iter().map(|(_, d)| d).collect()
     }
 
     /// When the next trim is due, if any entry is left.
@@ -241,39 +269,38 @@ impl Schedule {
         }
     }
 
-    /// Where volume `id`'s trim goes on from: a trim that yielded, or the start.
-    pub(crate) fn resume(&self, id: &str) -> Progress {
+    /// Where the trim `due` goes on from: a trim that yielded, or the
+    /// start. None when its entry is gone or another (the volume was
+    /// unpublished since `due` was handed out): nothing is to be trimmed.
+    pub(crate) fn resume(&self, due: &Due) -> Option<Progress> {
         let mut g = self.inner.locked();
-        g.entries
-            .get_mut(id)
-            .and_then(|e| e.part.take())
-            .unwrap_or_default()
+        g.of(due).map(|e| e.part.take().unwrap_or_default())
     }
 
-    /// Volume `id` could not be trimmed at `now`: tried again `after`.
-    pub(crate) fn later(&self, id: &str, now: Instant, after: Duration) {
-        if let Some(e) = self.inner.locked().entries.get_mut(id) {
+    /// The trim `due` could not run at `now`: tried again `after`.
+    pub(crate) fn later(&self, due: &Due, now: Instant, after: Duration) {
+        if let Some(e) = self.inner.locked().of(due) {
             e.due = now + after;
         }
     }
 
-    /// Volume `id`'s trim yielded at `now` having done `p`: it goes on soon.
-    pub(crate) fn yielded(&self, id: &str, now: Instant, p: Progress) {
-        if let Some(e) = self.inner.locked().entries.get_mut(id) {
+    /// The trim `due` yielded at `now` having done `p`: it goes on soon.
+    pub(crate) fn yielded(&self, due: &Due, now: Instant, p: Progress) {
+        if let Some(e) = self.inner.locked().of(due) {
             e.part = Some(p);
             e.due = now + YIELD_RETRY;
         }
     }
 
-    /// Volume `id`'s trim ended at `now` (`now_ms` since the epoch): done
+    /// The trim `due` ended at `now` (`now_ms` since the epoch): done
     /// (`p`), or failed (`Err`, why). The next is due an interval ± 10% on.
-    pub(crate) fn ended(&self, id: &str, now: Instant, now_ms: i64, r: Result<Progress, String>) {
+    pub(crate) fn ended(&self, due: &Due, now: Instant, now_ms: i64, r: Result<Progress, String>) {
         let mut g = self.inner.locked();
-        let Some(every) = g.entries.get(id).map(|e| e.every) else {
+        let Some(every) = g.of(due).map(|e| e.every) else {
             return;
         };
         let next = now + g.about(every);
-        let Some(e) = g.entries.get_mut(id) else {
+        let Some(e) = g.of(due) else {
             return;
         };
         e.due = next;
@@ -324,6 +351,15 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
+    /// Volume `id`'s trim, as `due` would hand it out.
+    fn of(s: &Schedule, id: &str) -> Due {
+        let made = s.inner.locked().entries[id].made;
+        Due {
+            id: id.into(),
+            made,
+        }
+    }
+
     /// A hundred volumes shown at once are first due all over their
     /// interval, and each next trim an interval ± 10% after the last.
     #[test]
@@ -337,7 +373,7 @@ mod tests {
         let firsts: Vec<Duration> = s
             .due(t0 + Duration::from_secs(100))
             .iter()
-            .map(|id| s.inner.locked().entries[id].due - t0)
+            .map(|d| s.inner.locked().entries[&d.id].due - t0)
             .collect();
         assert_eq!(firsts.len(), 100, "all due within one interval");
         let mut quarters = [0; 4];
@@ -350,7 +386,7 @@ mod tests {
         let mut gaps = Vec::new();
         for i in 0..100 {
             let id = format!("v{i}");
-            s.ended(&id, later, 0, Ok(Progress::default()));
+            s.ended(&of(&s, &id), later, 0, Ok(Progress::default()));
             gaps.push(s.inner.locked().entries[&id].due - later);
         }
         assert!(
@@ -375,7 +411,7 @@ mod tests {
         let due = s.next_due().unwrap();
         s.show("a", 60, t0 + Duration::from_secs(30));
         assert_eq!(s.next_due(), Some(due));
-        s.ended("a", t0, 1000, Err("FITRIM failed".into()));
+        s.ended(&of(&s, "a"), t0, 1000, Err("FITRIM failed".into()));
         assert_eq!(s.error("a").as_deref(), Some("FITRIM failed"));
         let i = s.info("a", t0, 1000).unwrap();
         assert_eq!((i.interval_s, i.last_unix_ms), (60, 0));
@@ -384,7 +420,7 @@ mod tests {
             trimmed: 4096,
             spent: Duration::from_millis(3),
         };
-        s.ended("a", t0, 2000, Ok(p));
+        s.ended(&of(&s, "a"), t0, 2000, Ok(p));
         let i = s.info("a", t0, 2000).unwrap();
         assert_eq!(
             (i.last_unix_ms, i.last_bytes, i.last_error.clone()),
@@ -396,6 +432,39 @@ mod tests {
         );
         s.show("a", 0, t0);
         assert_eq!((s.len(), s.error("a")), (0, None));
+    }
+
+    /// What the runner tells of a trim handed out before its volume was
+    /// unpublished and published again (with a schedule or without) lands
+    /// nowhere: the new entry keeps its own times, and nothing is resumed.
+    #[test]
+    fn a_trim_of_an_entry_since_replaced_changes_nothing() {
+        let s = Schedule::new(true);
+        let t0 = Instant::now();
+        s.show("a", 60, t0);
+        let old = s.due(t0 + Duration::from_secs(60)).remove(0);
+        let p = Progress {
+            done: 1 << 28,
+            trimmed: 4096,
+            spent: Duration::from_millis(1),
+        };
+        s.yielded(&old, t0, p);
+        assert_eq!(s.resume(&old), Some(p), "its own entry goes on");
+        s.show("a", 0, t0);
+        assert_eq!(s.resume(&old), None, "gone: nothing to trim");
+        for every in [60, 3600] {
+            s.show("a", every, t0);
+            let due = s.next_due();
+            s.yielded(&old, t0, p);
+            s.later(&old, t0, BUSY_RETRY);
+            s.ended(&old, t0, 1000, Err("FITRIM failed".into()));
+            assert_eq!(s.resume(&old), None, "another entry: nothing to trim");
+            let i = s.info("a", t0, 1000).unwrap();
+            assert_eq!((i.last_unix_ms, i.last_error), (0, None));
+            assert_eq!(s.next_due(), due, "its own first time");
+            assert_eq!(s.resume(&of(&s, "a")), Some(Progress::default()));
+            s.show("a", 0, t0);
+        }
     }
 
     /// The runner sleeps until a trim is due, is woken by a new entry and
@@ -411,7 +480,7 @@ mod tests {
         // Due now: the runner is woken and answers at once.
         s.inner.locked().entries.get_mut("a").unwrap().due = Instant::now();
         assert!(s.wait_due().is_some());
-        s.later("a", Instant::now(), Duration::from_secs(3600));
+        s.later(&of(&s, "a"), Instant::now(), Duration::from_secs(3600));
         s.inner.locked().entries.get_mut("b").unwrap().due =
             Instant::now() + Duration::from_secs(3600);
         let r = s.clone();
