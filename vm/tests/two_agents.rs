@@ -30,10 +30,6 @@ const B_UNIT: &str = "[Unit]\nDescription=A second crust-agent, with a root of i
 ExecStart=/usr/local/bin/crust-agent --root /run/crust-b --listen unix:///run/crust-b.sock --on-sigterm exit\n\
 StandardError=journal+console\n";
 
-const TEST_UNIT: &str = "[Unit]\nAfter=crust-agent.service\n\
-[Service]\nType=oneshot\nExecStart=/usr/local/bin/crust-test\nStandardOutput=journal+console\n\
-[Install]\nWantedBy=multi-user.target\n";
-
 /// The guest's side, paced by A's publish: B started, B's publish of the
 /// same id on ser-c, B restarted, B's unpublish and restart, and at each
 /// step the mappings, A's key, and cryptsetup's status of A's mapping.
@@ -73,7 +69,7 @@ say done
 "#;
 
 /// A copy of the guest image with agent B's unit, crustctl, the
-/// passphrase B's disk is opened with, and the test's unit.
+/// passphrase B's disk is opened with, and the test's script.
 fn guest_image(dir: &Path) -> PathBuf {
     crust_testkit::build::cargo_build("crust-client", &["--bin", "crustctl"]);
     let crustctl = crust_testkit::build::profile_dir().join("crustctl");
@@ -89,8 +85,7 @@ fn guest_image(dir: &Path) -> PathBuf {
         0o644,
     );
     image.put("etc/crust-test/pass", PASS, 0o600);
-    image.put("usr/local/bin/crust-test", TEST_SCRIPT.as_bytes(), 0o755);
-    image.unit("crust-test.service", TEST_UNIT);
+    image.test_unit(TEST_SCRIPT);
     image.done()
 }
 
