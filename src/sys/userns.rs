@@ -1,7 +1,7 @@
 //! User namespaces made only to idmap a mount: a namespace's id maps can be
 //! written only through a process in it, so one is cloned into a new user
 //! namespace, its maps are written from here, the namespace is opened
-//! (`/proc/<pid>/ns/user`), and the child is let go and reaped. The fd keeps
+//! (`/proc/<pid>/ns/user`), and the child is killed and reaped. The fd keeps
 //! the namespace; no process is left behind and no program runs.
 //!
 //! The agent is multi-threaded, so it cannot unshare(CLONE_NEWUSER) itself;
@@ -107,10 +107,12 @@ pub fn make(map: &IdMap) -> Result<OwnedFd, Error> {
             .map(OwnedFd::from)
             .map_err(step("open", path))
     })();
-    // EOF on the pipe: the child exits, and is reaped.
+    // EOF on the pipe lets the child exit; dropped, it is killed and
+    // reaped too, so one stopped from outside (SIGSTOP, a debugger) ends
+    // all the same and the bind never waits on it. Its status says
+    // nothing: the namespace is what was made.
     drop(wr);
-    // Its status says nothing: the namespace is what was made.
-    let _ = child.wait();
+    drop(child);
     drop(rd);
     result
 }
@@ -271,6 +273,52 @@ mod tests {
         assert!(e.to_string().contains("uid_map"), "{e}");
         assert!(!e.unavailable());
         assert_eq!(children_of_self(), before);
+    }
+
+    /// A child stopped from outside (SIGSTOP, as a debugger attaching
+    /// does) at any step: each namespace is still made, none waits on the
+    /// child, and none is left. Alone in a child process, as above.
+    #[test]
+    #[ignore = "needs root: make test runs it"]
+    fn a_child_stopped_from_outside_holds_up_nothing() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        crust_testkit::needs::root();
+        if !crust_testkit::child::is_child() {
+            let (ok, out) = crust_testkit::child::rerun::<&str, &str>(&[]);
+            assert!(ok, "{out}");
+            return;
+        }
+        let map = IdMap {
+            uids: vec![range(0, 100000, 65536)],
+            gids: vec![range(0, 100000, 65536)],
+        };
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let stopper = std::thread::spawn(move || {
+            let mut stopped = 0;
+            while !s.load(Ordering::SeqCst) {
+                for pid in children_of_self() {
+                    // SAFETY: kill(2) with plain integers; a pid gone
+                    // meanwhile answers ESRCH.
+                    stopped +=
+                        i32::from(unsafe { libc::kill(pid.parse().unwrap(), libc::SIGSTOP) } == 0);
+                }
+            }
+            stopped
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for _ in 0..100 {
+                tx.send(make(&map).map(drop)).unwrap();
+            }
+        });
+        for i in 0..100 {
+            let made = rx.recv_timeout(std::time::Duration::from_secs(10));
+            assert!(matches!(made, Ok(Ok(()))), "{i}: {made:?}");
+        }
+        stop.store(true, Ordering::SeqCst);
+        assert!(stopper.join().unwrap() > 0, "a child was stopped");
+        assert_eq!(children_of_self(), Vec::<String>::new());
     }
 
     /// The pids of this process's children, from /proc.

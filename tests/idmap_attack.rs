@@ -1,0 +1,352 @@
+//! Idmapped binds attacked through the real agent on loop devices: binds
+//! racing at one target and for one volume's range bound, hostile mapping
+//! sets at the kernel's edges, the namespace's child killed from outside,
+//! and restarts over records and mounts changed while the agent was down.
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crust_protocols::crust_ttrpc::AgentClient;
+use support::*;
+
+fn range(container_id: u32, host_id: u32, length: u32) -> pb::IDMapping {
+    pb::IDMapping {
+        container_id,
+        host_id,
+        length,
+        ..Default::default()
+    }
+}
+
+/// A bind of `id` at `target` with the pod map `0 → host, 65536` (none
+/// for `host` None).
+fn mapped(id: &str, target: &Path, host: Option<u32>) -> pb::BindMountRequest {
+    let mut r = bind_req(id, target, "", false, pb::RecursiveReadOnly::DISABLED);
+    if let Some(h) = host {
+        r.uid_mappings = vec![range(0, h, 65536)];
+        r.gid_mappings = vec![range(0, h, 65536)];
+    }
+    r
+}
+
+fn published(c: &AgentClient, id: &str, disk: &LoopDisk) {
+    c.publish_volume(ctx(), &publish_req(id, &disk.path(), "ext4"))
+        .unwrap();
+}
+
+/// Each of `reqs` sent at once, from a client of its own: the answers, in order.
+fn at_once(a: &Agent, reqs: Vec<pb::BindMountRequest>) -> Vec<Result<bool, String>> {
+    let gate = Arc::new(std::sync::Barrier::new(reqs.len()));
+    let threads: Vec<_> = reqs
+        .into_iter()
+        .map(|r| {
+            let (c, gate) = (a.client(), gate.clone());
+            std::thread::spawn(move || {
+                gate.wait();
+                match c.bind_mount(ctx(), &r) {
+                    Ok(out) => Ok(out.already_mounted),
+                    e => Err(code(e)),
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+/// Binds at one target, racing with other mappings, none, and from another
+/// volume: exactly one is made, each other is ALREADY_EXISTS (or, asking
+/// the winner's parameters, already mounted), and one mount is there.
+#[test]
+#[ignore = "needs root: make test runs it"]
+fn binds_racing_at_one_target_make_one() {
+    needs::loop_devices_and_mkfs();
+    let (d1, d2) = (
+        LoopDisk::new(64, Some("ext4")),
+        LoopDisk::new(64, Some("ext4")),
+    );
+    let a = Agent::start();
+    let c = a.client();
+    published(&c, "v1", &d1);
+    published(&c, "v2", &d2);
+    let t = a.root.join("pods/p/vol");
+    for round in 0..10 {
+        let reqs = vec![
+            mapped("v1", &t, Some(100000)),
+            mapped("v1", &t, Some(200000)),
+            mapped("v1", &t, None),
+            mapped("v2", &t, Some(100000)),
+            mapped("v2", &t, None),
+            mapped("v1", &t, Some(100000)),
+        ];
+        let out = at_once(&a, reqs.clone());
+        let made: Vec<usize> = (0..out.len()).filter(|&i| out[i] == Ok(false)).collect();
+        assert_eq!(made.len(), 1, "round {round}: {out:?}");
+        let winner = &reqs[made[0]];
+        for (r, o) in reqs.iter().zip(&out) {
+            if r == winner {
+                assert!(o.is_ok(), "round {round}: {out:?}");
+            } else {
+                assert_eq!(
+                    o,
+                    &Err("ALREADY_EXISTS".to_string()),
+                    "round {round}: {out:?}"
+                );
+            }
+        }
+        let listed: Vec<_> = volumes(&c).into_iter().flat_map(|v| v.binds).collect();
+        assert_eq!(listed.len(), 1, "round {round}");
+        assert_eq!(listed[0].uid_mappings, winner.uid_mappings);
+        let held = mounts_of(&d1.path()).len() + mounts_of(&d2.path()).len();
+        assert_eq!(held, 3, "round {round}: two volumes and one bind");
+        assert!(
+            c.unmount(ctx(), &unmount_req(t.display().to_string()))
+                .unwrap()
+                .was_mounted
+        );
+    }
+}
+
+/// Binds of one volume racing for its range bound: as many as fit are
+/// made, the rest RESOURCE_EXHAUSTED, and what is held stays under it.
+#[test]
+#[ignore = "needs root: make test runs it"]
+fn binds_racing_hold_the_range_bound() {
+    needs::loop_devices_and_mkfs();
+    let disk = LoopDisk::new(64, Some("ext4"));
+    let a = Agent::start();
+    let c = a.client();
+    published(&c, "w", &disk);
+    let reqs: Vec<_> = (0..16)
+        .map(|i| {
+            let mut r = mapped("w", &a.root.join(format!("pods/{i}")), Some(100000));
+            r.uid_mappings = (0..340).map(|k| range(k, 1000 + k, 1)).collect();
+            r
+        })
+        .collect();
+    let out = at_once(&a, reqs);
+    let fits = 4096 / 341;
+    let made = out.iter().filter(|o| **o == Ok(false)).count();
+    let refused = out
+        .iter()
+        .filter(|o| **o == Err("RESOURCE_EXHAUSTED".to_string()))
+        .count();
+    assert_eq!((made, refused), (fits, 16 - fits), "{out:?}");
+    let held: usize = volumes(&c)[0]
+        .binds
+        .iter()
+        .map(|b| b.uid_mappings.len() + b.gid_mappings.len())
+        .sum();
+    assert!(held <= 4096, "{held}");
+    assert_eq!(mounts_of(&disk.path()).len(), 1 + fits);
+}
+
+/// `n` ranges of length 1 whose text (`inside outside length` lines) is
+/// exactly `bytes` long, or None where that cannot be had.
+fn ranges_of_text(bytes: usize) -> Vec<pb::IDMapping> {
+    // 24 bytes a line: ten digits, ten digits, length 1.
+    let full = (bytes - 15) / 24;
+    let rest = bytes - full * 24;
+    let mut v: Vec<_> = (0..u32::try_from(full).unwrap())
+        .map(|i| range(1_000_000_000 + i, 3_000_000_000 + i, 1))
+        .collect();
+    // A last line of `rest` bytes (15 to 38): widths of its two ids.
+    let c_digits = (rest - 4) / 2;
+    let h_digits = rest - 4 - c_digits;
+    let first = |d: usize| 10u32.pow(u32::try_from(d - 1).unwrap());
+    v.push(range(first(c_digits), first(h_digits) + 7, 1));
+    let text: usize = v
+        .iter()
+        .map(|r| format!("{} {} {}\n", r.container_id, r.host_id, r.length).len())
+        .sum();
+    assert_eq!(text, bytes);
+    v
+}
+
+/// Mapping sets at the edges: what the rules take the kernel takes (the
+/// bind is made), and each refusal is INVALID_ARGUMENT with nothing made.
+#[test]
+#[ignore = "needs root: make test runs it"]
+fn mapping_sets_at_the_edges() {
+    needs::loop_devices_and_mkfs();
+    let disk = LoopDisk::new(64, Some("ext4"));
+    let a = Agent::start();
+    let c = a.client();
+    published(&c, "e", &disk);
+    let pod = vec![range(0, 100000, 65536)];
+    let good: Vec<Vec<pb::IDMapping>> = vec![
+        (0..340).map(|i| range(i, 1000 + i, 1)).collect(),
+        vec![range(4294967294, 4294967294, 1)],
+        vec![range(0, 4294967294, 1)],
+        vec![range(4294967285, 4294967285, 10)],
+        vec![range(0, 0, u32::MAX)],
+        vec![range(0, 100, 10), range(10, 90, 10)],
+        ranges_of_text(4095),
+    ];
+    for (i, uids) in good.into_iter().enumerate() {
+        let t = a.root.join(format!("pods/good{i}"));
+        let mut r = mapped("e", &t, None);
+        (r.uid_mappings, r.gid_mappings) = (uids.clone(), pod.clone());
+        let out = c.bind_mount(ctx(), &r);
+        assert!(out.is_ok(), "{i}: {out:?}");
+        (r.uid_mappings, r.gid_mappings) = (pod.clone(), uids);
+        let t2 = a.root.join(format!("pods/good{i}g"));
+        r.target = t2.display().to_string();
+        let out = c.bind_mount(ctx(), &r);
+        assert!(out.is_ok(), "{i} as gids: {out:?}");
+    }
+    let before = mounts_of(&disk.path()).len();
+    let bad: Vec<Vec<pb::IDMapping>> = vec![
+        (0..341).map(|i| range(i, 1000 + i, 1)).collect(),
+        vec![range(0, 4294967286, 10)],
+        vec![range(4294967286, 0, 10)],
+        vec![range(0, 1, u32::MAX)],
+        vec![
+            range(0, 100, u32::MAX / 2 + 1),
+            range(u32::MAX / 2 + 1, 0, u32::MAX / 2),
+        ],
+        vec![range(0, 100, 10), range(9, 200, 10)],
+        vec![range(0, 100, 0)],
+        ranges_of_text(4096),
+        ranges_of_text(4097),
+    ];
+    for (i, uids) in bad.into_iter().enumerate() {
+        let t = a.root.join(format!("pods/bad{i}"));
+        let mut r = mapped("e", &t, None);
+        (r.uid_mappings, r.gid_mappings) = (uids, pod.clone());
+        let out = c.bind_mount(ctx(), &r);
+        assert!(out.is_err(), "{i}: {out:?}");
+        assert_eq!(code(out), "INVALID_ARGUMENT", "{i}");
+        assert!(!t.exists(), "{i}");
+    }
+    assert_eq!(mounts_of(&disk.path()).len(), before);
+    assert!(a.log().lines().all(|l| !l.contains("panic")));
+}
+
+/// The agent's children (pids), from /proc.
+fn children_of(pid: u32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
+            out.extend(s.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+        }
+    }
+    out
+}
+
+fn threads_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .count()
+}
+
+/// An idmapped bind made and taken down: whether the bind was made, and
+/// the code where it was not.
+fn bind_and_unmount(c: &AgentClient, t: &Path) -> Result<(), String> {
+    let r = c.bind_mount(ctx(), &mapped("k", t, Some(100000)));
+    if r.is_err() {
+        return Err(format!("{}: {}", code(r.clone()), message(r)));
+    }
+    // The volume's root, root's on disk, is the pod's root through the bind.
+    assert_eq!(crust_testkit::ids::owner(t), (100000, 100000));
+    c.unmount(ctx(), &unmount_req(t.display().to_string()))
+        .unwrap();
+    Ok(())
+}
+
+/// The namespace's child killed from outside at any moment: a bind fails
+/// cleanly or is made, and afterwards binds work, with no child, fd or
+/// thread left over.
+#[test]
+#[ignore = "needs root: make test runs it"]
+fn the_namespace_child_killed_from_outside() {
+    needs::loop_devices_and_mkfs();
+    let disk = LoopDisk::new(64, Some("ext4"));
+    let a = Agent::start();
+    let c = a.client();
+    published(&c, "k", &disk);
+    let t = a.root.join("pods/k");
+    bind_and_unmount(&c, &t).unwrap();
+    let pid = a.child.id();
+    let (fds, threads) = (a.fd_count(), threads_of(pid));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s = stop.clone();
+    let killer = std::thread::spawn(move || {
+        let mut killed = 0;
+        while !s.load(std::sync::atomic::Ordering::SeqCst) {
+            for child in children_of(pid) {
+                // SAFETY: kill(2) with plain integers.
+                if unsafe { libc::kill(child, libc::SIGKILL) } == 0 {
+                    killed += 1;
+                }
+            }
+        }
+        killed
+    });
+    let mut failed = Vec::new();
+    for _ in 0..300 {
+        if let Err(e) = bind_and_unmount(&c, &t) {
+            failed.push(e);
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let killed = killer.join().unwrap();
+    eprintln!(
+        "killed {killed}, failed {}: {:?}",
+        failed.len(),
+        failed.first()
+    );
+    for _ in 0..20 {
+        bind_and_unmount(&c, &t).unwrap();
+    }
+    assert_eq!(children_of(pid), Vec::<i32>::new());
+    assert_eq!((a.fd_count(), threads_of(pid)), (fds, threads));
+    assert!(!is_mount(&t));
+    assert_eq!(mounts_of(&disk.path()).len(), 1);
+}
+
+/// The namespace's child stopped from outside (SIGSTOP, a debugger
+/// attaching): the bind still ends, and the next bind works.
+#[test]
+#[ignore = "needs root: make test runs it"]
+fn the_namespace_child_stopped_from_outside() {
+    needs::loop_devices_and_mkfs();
+    let disk = LoopDisk::new(64, Some("ext4"));
+    let a = Agent::start();
+    let c = a.client();
+    published(&c, "k", &disk);
+    let t = a.root.join("pods/k");
+    let pid = a.child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let c2 = a.client();
+    let t2 = t.clone();
+    std::thread::spawn(move || {
+        for _ in 0..50 {
+            let _ = bind_and_unmount(&c2, &t2);
+        }
+        let _ = tx.send(());
+    });
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let (mut stopped, mut done) = (0, false);
+    while !done && std::time::Instant::now() < until {
+        done = rx.try_recv().is_ok();
+        for child in children_of(pid) {
+            // SAFETY: kill(2) with plain integers.
+            if unsafe { libc::kill(child, libc::SIGSTOP) } == 0 {
+                stopped += 1;
+            }
+        }
+    }
+    assert!(stopped > 0);
+    assert!(
+        done || rx.recv_timeout(std::time::Duration::from_secs(10)).is_ok(),
+        "binds hang on a stopped child: {:?}",
+        children_of(pid)
+    );
+    bind_and_unmount(&c, &t).unwrap();
+    assert_eq!(children_of(pid), Vec::<i32>::new());
+}
