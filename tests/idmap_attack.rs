@@ -350,3 +350,91 @@ fn the_namespace_child_stopped_from_outside() {
     bind_and_unmount(&c, &t).unwrap();
     assert_eq!(children_of(pid), Vec::<i32>::new());
 }
+
+/// The agent killed with an idmapped bind in place, and the bind replaced
+/// while it was down by `replace` (of the agent's root, the volume's guest
+/// path and the target), a bind that reuses its mount id: the restart
+/// does not take it for its own, and a bind there is made again.
+fn replaced_while_down(replace: impl FnOnce(&Path, &Path, &Path)) {
+    needs::loop_devices_and_mkfs();
+    let disk = LoopDisk::new(64, Some("ext4"));
+    let a = Agent::start();
+    let c = a.client();
+    published(&c, "r", &disk);
+    let t = a.root.join("pods/r");
+    c.bind_mount(ctx(), &mapped("r", &t, Some(100000))).unwrap();
+    let id = |p: &Path| {
+        let table = crust_agent::sys::mountinfo::read().unwrap();
+        crust_agent::sys::mountinfo::mount_at(&table, p).map(|e| e.mount_id)
+    };
+    let before = id(&t);
+    let (root, gp) = (a.root.clone(), a.root.join("volumes/r"));
+    let dir = a.kill9();
+    run("umount", &[t.to_str().unwrap()]);
+    replace(&root, &gp, &t);
+    if id(&t) != before {
+        eprintln!("the mount id was not reused: the test proves less");
+    }
+    let b = Agent::start_in(dir);
+    let c = b.client();
+    let v = &volumes(&c)[0];
+    assert!(v.binds.is_empty(), "{:?}\n{}", v.binds, b.log());
+    assert!(!is_mount(&t), "{}", b.log());
+    let again = c.bind_mount(ctx(), &mapped("r", &t, Some(100000))).unwrap();
+    assert!(!again.already_mounted);
+    assert_eq!(crust_testkit::ids::owner(&t), (100000, 100000));
+}
+
+#[test]
+#[ignore = "needs root: make test runs it"]
+fn a_bind_replaced_by_a_plain_one_while_down_is_not_adopted() {
+    replaced_while_down(|_, gp, t| {
+        run(
+            "mount",
+            &["--bind", gp.to_str().unwrap(), t.to_str().unwrap()],
+        );
+    });
+}
+
+#[test]
+#[ignore = "needs root: make test runs it"]
+fn a_bind_replaced_by_one_of_other_mappings_while_down_is_not_adopted() {
+    replaced_while_down(other_idmapped_bind);
+}
+
+/// An idmapped bind of the volume at `gp` onto `t` (beneath `root`), with
+/// the pod map `0 → 200000`, made as the agent makes one.
+fn other_idmapped_bind(root: &Path, gp: &Path, t: &Path) {
+    use crust_agent::model::{IdMap, IdRange, RecursiveReadOnly};
+    use rustix::fs::{open, Mode, OFlags};
+    let dir = |p: &Path| {
+        open(
+            p,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap()
+    };
+    let (src, base) = (dir(gp), dir(root));
+    let r = vec![IdRange {
+        container_id: 0,
+        host_id: 200000,
+        length: 65536,
+    }];
+    let map = IdMap {
+        uids: r.clone(),
+        gids: r,
+    };
+    crust_agent::mount::bind::bind(&crust_agent::mount::bind::BindSpec {
+        source_root: std::os::fd::AsFd::as_fd(&src),
+        source_path: gp,
+        subpath: Path::new(""),
+        target_base: std::os::fd::AsFd::as_fd(&base),
+        target_rel: t.strip_prefix(root).unwrap(),
+        target_path: t,
+        read_only: false,
+        recursive_read_only: RecursiveReadOnly::Disabled,
+        idmap: Some(&map),
+    })
+    .unwrap();
+}

@@ -24,6 +24,7 @@ use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 use zeroize::Zeroizing;
 
+use super::idmap;
 use super::kernel::Kernel;
 use super::lease::Thaw;
 use super::request::Source;
@@ -34,7 +35,7 @@ use crate::luks2;
 use crate::luks2::format::Mac;
 use crate::luks2::made::Found;
 use crate::luks2::mapping::{Live, Mapping};
-use crate::model::{Device, FsType, MountId, RecursiveReadOnly};
+use crate::model::{Device, FsType, IdMap, MountId, RecursiveReadOnly};
 use crate::mount::bind::{BindSpec, Bound};
 use crate::mount::error::Error as MountError;
 use crate::mount::options::MountOptions;
@@ -104,8 +105,8 @@ struct Mount {
     /// The path inside its filesystem that is this mount's root.
     root: PathBuf,
     read_only: bool,
-    /// mountinfo says `idmapped` (a bind made with mappings).
-    idmapped: bool,
+    /// A bind's mappings (mountinfo: `idmapped`; `stat` maps owners).
+    idmap: Option<IdMap>,
 }
 
 impl Mount {
@@ -249,14 +250,14 @@ impl Fake {
             source: disk.path.display().to_string(),
             root: "/".into(),
             read_only: false,
-            idmapped: false,
+            idmap: None,
         });
         id
     }
 
-    /// Sets whether the mount on top at `at` shows as idmapped, behind the
+    /// Sets the mappings the mount on top at `at` shows, behind the
     /// table's back (as a mount id reused by another mount would).
-    pub(crate) fn set_idmapped_behind(&self, at: &Path, idmapped: bool) {
+    pub(crate) fn set_idmap_behind(&self, at: &Path, idmap: Option<IdMap>) {
         let at = std::fs::canonicalize(at).unwrap();
         let mut st = self.state.locked();
         let m = st
@@ -265,7 +266,7 @@ impl Fake {
             .rev()
             .find(|m| m.at == at)
             .expect("a mount there");
-        m.idmapped = idmapped;
+        m.idmap = idmap;
     }
 
     /// Unmounts what is on top at `at` behind the table's back.
@@ -492,7 +493,7 @@ impl Kernel for Fake {
             source: device.display().to_string(),
             root: "/".into(),
             read_only: options.flags & libc::MS_RDONLY != 0,
-            idmapped: false,
+            idmap: None,
         });
         self.note(what);
         Ok(())
@@ -540,7 +541,7 @@ impl Kernel for Fake {
             at: path_of(target.as_fd()),
             root: on.root.join(spec.subpath),
             read_only: spec.read_only,
-            idmapped: spec.idmap.is_some(),
+            idmap: spec.idmap.cloned(),
             ..on
         });
         self.note(what);
@@ -575,7 +576,7 @@ impl Kernel for Fake {
             source: "devtmpfs".into(),
             root: Path::new("/").join(&dev.name),
             read_only: spec.read_only,
-            idmapped: false,
+            idmap: None,
         });
         self.note(what);
         Ok(id)
@@ -663,7 +664,7 @@ impl Kernel for Fake {
                 minor: m.dev.1,
                 root: m.root.clone(),
                 mount_point: m.at.clone(),
-                mount_options: match (m.read_only, m.idmapped) {
+                mount_options: match (m.read_only, m.idmap.is_some()) {
                     (false, false) => "rw",
                     (true, false) => "ro",
                     (false, true) => "rw,idmapped",
@@ -692,6 +693,22 @@ impl Kernel for Fake {
         let real = beneath::mount_point_at(dir, name)?;
         let p = path_of(dir).join(name.to_str().unwrap());
         Ok(self.overlay(&p, real))
+    }
+
+    fn stat(&self, fd: BorrowedFd<'_>) -> std::result::Result<rustix::fs::Stat, Errno> {
+        let state = self.state.locked();
+        let top = state.top_at(&path_of(fd));
+        let Some((m, map)) = top.and_then(|m| Some((m, m.idmap.as_ref()?))) else {
+            return rustix::fs::fstat(fd);
+        };
+        // An idmapped bind's root is its source's file (on the filesystem's
+        // own mount), its owner mapped (65534 where the mappings leave it out).
+        let own = |o: &&Mount| o.dev == m.dev && o.idmap.is_none() && o.root == Path::new("/");
+        let fs = state.mounts.iter().find(own).ok_or(Errno::NOENT)?;
+        let mut st = rustix::fs::stat(fs.at.join(m.root.strip_prefix("/").unwrap_or(&m.root)))?;
+        st.st_uid = idmap::shown(&map.uids, st.st_uid).unwrap_or(65534);
+        st.st_gid = idmap::shown(&map.gids, st.st_gid).unwrap_or(65534);
+        Ok(st)
     }
 
     fn freeze(&self, at: BorrowedFd<'_>, path: &Path) -> Result<FakeHold> {

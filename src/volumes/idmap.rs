@@ -121,6 +121,15 @@ pub(crate) fn attach(
     Ok(())
 }
 
+/// The id a file owned on disk by `id` shows through a bind of `ranges`
+/// (container side to host side); None where they leave it out.
+pub(crate) fn shown(ranges: &[IdRange], id: u32) -> Option<u32> {
+    ranges.iter().find_map(|r| {
+        let k = id.checked_sub(r.container_id)?;
+        (k < r.length).then(|| r.host_id + k)
+    })
+}
+
 /// Refuses a bind of `vol` with `map` when the volume's binds would hold
 /// more than [`MAX_VOLUME_RANGES`] ranges.
 pub(crate) fn room_for(vol: &Volume, map: Option<&IdMap>) -> Result<(), Error> {
@@ -177,6 +186,26 @@ mod tests {
         }];
         attach(&mut binds, vec![(b.target.clone(), map())], false).unwrap();
         assert_eq!(binds[0], b);
+    }
+
+    /// An owner on disk as a bind shows it: mapped where a range holds
+    /// it, at both ends of a range; left out elsewhere.
+    #[test]
+    fn owners_are_shown_through_the_ranges() {
+        let m = map();
+        assert_eq!(shown(&m.uids, 0), Some(100000));
+        assert_eq!(shown(&m.uids, 65535), Some(165535));
+        assert_eq!(shown(&m.uids, 65536), None);
+        assert_eq!(shown(&m.gids, 999), Some(200999));
+        assert_eq!(shown(&m.gids, 1000), Some(1000));
+        assert_eq!(shown(&m.gids, 1001), None);
+        let last = IdRange {
+            container_id: 4294967290,
+            host_id: 10,
+            length: 5,
+        };
+        assert_eq!(shown(&[last], 4294967294), Some(14));
+        assert_eq!(shown(&[last], 4294967295), None);
     }
 
     /// A line is checked as a request: a bad range, half a map, an overlap,

@@ -118,6 +118,9 @@ pub trait Kernel: Send + Sync + 'static {
         dir: BorrowedFd<'_>,
         name: &CStr,
     ) -> std::result::Result<MountPoint, Errno>;
+    /// fstat of what `fd` names: its owner as `fd`'s mount shows it (an
+    /// idmapped mount maps it).
+    fn stat(&self, fd: BorrowedFd<'_>) -> std::result::Result<rustix::fs::Stat, Errno>;
 
     /// FIFREEZE on the mount root `at` names.
     fn freeze(&self, at: BorrowedFd<'_>, path: &Path) -> Result<Self::Hold>;
@@ -329,6 +332,10 @@ impl Kernel for Linux {
         name: &CStr,
     ) -> std::result::Result<MountPoint, Errno> {
         beneath::mount_point_at(dir, name)
+    }
+
+    fn stat(&self, fd: BorrowedFd<'_>) -> std::result::Result<rustix::fs::Stat, Errno> {
+        rustix::fs::fstat(fd)
     }
 
     fn freeze(&self, at: BorrowedFd<'_>, path: &Path) -> Result<Hold> {

@@ -6,9 +6,10 @@
 //! that no record explains, and any mount of a volume's disk beneath the
 //! root that is not a recorded bind, or a bind that is not idmapped as
 //! recorded (mountinfo's `idmapped`: a bind recorded with mappings that is
-//! not idmapped, or the reverse, is not the bind the agent made; it is
-//! taken down, and the next BindMount makes it again). A block volume's mounts are binds of
-//! its disk's node (their mountinfo device is devtmpfs's): they are told by
+//! not idmapped, or the reverse, or one whose root's owner is not shown as
+//! the recorded mappings show it, is not the bind the agent made; it is
+//! taken down, and the next BindMount makes it again). A block volume's
+//! mounts are binds of its disk's node (their mountinfo device is devtmpfs's): they are told by
 //! the node's device number (statx), not by mountinfo's. A guest node in
 //! `volumes/` that no record explains (an empty directory or file, made by
 //! a publish killed before it recorded the volume) is removed. A crash at
@@ -24,19 +25,20 @@
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{FileType, OFlags};
+use rustix::fs::{FileType, OFlags, ResolveFlags};
 use rustix::io::Errno;
 use slog::{info, warn, Logger};
 
 use super::claims::Claims;
+use super::idmap;
 use super::kernel::Kernel;
 use super::state::{Record, Store};
 use super::targets::Targets;
-use super::volume::{guest_rel, Volume};
+use super::volume::{guest_rel, Bind, Volume};
 use crate::error::Result;
 use crate::luks2::mapping::{tag_of, Live, Mapping};
 use crate::model::MountId;
@@ -174,7 +176,7 @@ impl<K: Kernel> Recovery<'_, K> {
                 continue;
             };
             let idmapped = mountinfo::by_id(table, m.mount_id).is_some_and(|e| e.idmapped());
-            if idmapped != b.idmap.is_some() {
+            if idmapped != b.idmap.is_some() || !self.maps_as_recorded(&vol, &b) {
                 warn!(self.log, "bind from a previous run is not idmapped as recorded; taken down, the next bind makes it again";
                       "volume" => vol.id(), "target" => shown(&b.target), "recorded" => b.idmap.is_some(), "idmapped" => idmapped);
                 changed = true;
@@ -206,6 +208,34 @@ impl<K: Kernel> Recovery<'_, K> {
             }
         }
         Some(vol)
+    }
+
+    /// Whether idmapped bind `b` of `vol` shows ids as recorded, as far as
+    /// its root tells: the owner the bind shows is the recorded mappings'
+    /// of the owner on disk (seen through the volume's own mount). A mount
+    /// id reused by another bind of the volume, idmapped otherwise, fails
+    /// this; where nothing can be told (a plain bind, an owner the
+    /// mappings leave out, the subpath naming another file now), it holds.
+    fn maps_as_recorded(&self, vol: &Volume, b: &Bind) -> bool {
+        let Some(map) = &b.idmap else {
+            return true;
+        };
+        let how = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+        let stat = |fd: Result<OwnedFd, Errno>| fd.and_then(|fd| self.kernel.stat(fd.as_fd())).ok();
+        let shown = stat(beneath::open_path(self.root.fd(), &b.rel));
+        let on_disk = stat(
+            beneath::open_path(self.root.fd(), &vol.rel())
+                .and_then(|v| beneath::open_with(v.as_fd(), &b.subpath, OFlags::PATH, how)),
+        );
+        let (Some(shown), Some(disk)) = (shown, on_disk) else {
+            return true;
+        };
+        if (shown.st_dev, shown.st_ino) != (disk.st_dev, disk.st_ino) {
+            return true;
+        }
+        let agrees =
+            |ranges, on_disk, seen| idmap::shown(ranges, on_disk).is_none_or(|id| id == seen);
+        agrees(&map.uids, disk.st_uid, shown.st_uid) && agrees(&map.gids, disk.st_gid, shown.st_gid)
     }
 
     /// The disk the mount `id` at `rel` is of: the device of its filesystem,

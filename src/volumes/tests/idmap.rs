@@ -120,8 +120,9 @@ fn the_ranges_one_volume_holds_are_bounded() {
 }
 
 /// A restart takes an idmapped bind back with its mappings; a bind whose
-/// mount is not idmapped as recorded (either way) is taken down and
-/// dropped from the record, and the next bind makes it again.
+/// mount is not idmapped as recorded (either way, or with other mappings:
+/// its mount id reused by another bind) is taken down and dropped from the
+/// record, and the next bind makes it again.
 #[test]
 fn a_restart_checks_binds_are_idmapped_as_recorded() {
     let dir = tempfile::tempdir().unwrap();
@@ -129,19 +130,24 @@ fn a_restart_checks_binds_are_idmapped_as_recorded() {
     for (t, host) in [
         ("pods/kept", Some(100000)),
         ("pods/lost", Some(100000)),
+        ("pods/other", Some(100000)),
         ("pods/plain", None),
     ] {
         v.bind(&mapped(&v, "a", t, host), &Cancel::never()).unwrap();
     }
     v.close_freezes();
     drop(v);
-    fake.set_idmapped_behind(&root.join("pods/lost"), false);
-    fake.set_idmapped_behind(&root.join("pods/plain"), true);
+    fake.set_idmap_behind(&root.join("pods/lost"), None);
+    fake.set_idmap_behind(&root.join("pods/plain"), Some(map(100000)));
+    fake.set_idmap_behind(&root.join("pods/other"), Some(map(200000)));
     fake.journal(&root);
     let v = reopen(dir.path(), &fake);
     let mut journal = fake.journal(&root);
     journal.sort();
-    assert_eq!(journal, ["umount pods/lost", "umount pods/plain"]);
+    assert_eq!(
+        journal,
+        ["umount pods/lost", "umount pods/other", "umount pods/plain"]
+    );
     let binds = &v.list()[0].binds;
     assert_eq!(binds.len(), 1);
     assert_eq!(
@@ -151,7 +157,9 @@ fn a_restart_checks_binds_are_idmapped_as_recorded() {
     assert_eq!(binds[0].idmap, Some(map(100000)));
     let record = std::fs::read_to_string(root.join(STATE_DIR).join("a.vol")).unwrap();
     assert!(
-        !record.contains("pods/lost") && !record.contains("pods/plain"),
+        ["lost", "other", "plain"]
+            .iter()
+            .all(|t| !record.contains(&format!("pods/{t}"))),
         "{record}"
     );
     let again = mapped(&v, "a", "pods/lost", Some(100000));
