@@ -438,3 +438,40 @@ fn other_idmapped_bind(root: &Path, gp: &Path, t: &Path) {
     })
     .unwrap();
 }
+
+/// An idmapped bind replaced behind the running agent's back by a bind of
+/// the same volume that reuses its mount id (plain, or of other mappings):
+/// a repeat is not answered already mounted.
+#[test]
+#[ignore = "needs root: make test runs it"]
+fn a_bind_replaced_behind_the_agents_back_is_no_repeat() {
+    needs::loop_devices_and_mkfs();
+    let disk = LoopDisk::new(64, Some("ext4"));
+    let a = Agent::start();
+    let c = a.client();
+    published(&c, "r", &disk);
+    let gp = a.root.join("volumes/r");
+    let replace: [&dyn Fn(&Path); 2] = [
+        &|t| {
+            run(
+                "mount",
+                &["--bind", gp.to_str().unwrap(), t.to_str().unwrap()],
+            )
+            .truncate(0)
+        },
+        &|t| other_idmapped_bind(&a.root, &gp, t),
+    ];
+    for (i, replace) in replace.iter().enumerate() {
+        let t = a.root.join(format!("pods/{i}"));
+        let req = mapped("r", &t, Some(100000));
+        c.bind_mount(ctx(), &req).unwrap();
+        run("umount", &[t.to_str().unwrap()]);
+        replace(&t);
+        let again = c.bind_mount(ctx(), &req);
+        assert!(
+            !again.as_ref().is_ok_and(|r| r.already_mounted),
+            "{i}: {again:?}"
+        );
+        run("umount", &[t.to_str().unwrap()]);
+    }
+}

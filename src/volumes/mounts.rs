@@ -6,10 +6,11 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
-use rustix::fs::{FileType, OFlags};
+use rustix::fs::{FileType, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
 use super::error::Error;
+use super::idmap;
 use super::kernel::Kernel;
 use super::volume::{Bind, Volume};
 use crate::error::Result;
@@ -155,9 +156,54 @@ impl<K: Kernel> Mounts<'_, K> {
         let Ok((parent, name)) = beneath::open_parent(self.root.fd(), &b.rel) else {
             return false;
         };
-        self.kernel
-            .mount_point_at(parent.as_fd(), &name)
-            .is_ok_and(|mp| vol.is_own_bind(b, &mp))
+        let Ok(mp) = self.kernel.mount_point_at(parent.as_fd(), &name) else {
+            return false;
+        };
+        // A mount id freed is the next mount's: a bind made there behind
+        // the agent's back may have it. An unreadable table tells nothing.
+        vol.is_own_bind(b, &mp)
+            && self
+                .kernel
+                .mountinfo()
+                .map_or(true, |t| self.idmapped_as_recorded(&t, mp.mount_id, vol, b))
+    }
+
+    /// Whether mount `id` (of `table`) at bind `b`'s target is idmapped as
+    /// `b` records (semantics.md §7): mountinfo says `idmapped` exactly
+    /// when `b` has mappings, and then the owner the bind shows for its
+    /// root is the mappings' of the owner on disk (seen through the
+    /// volume's own mount). Where its root tells nothing (an owner the
+    /// mappings leave out, the subpath naming another file now), the flag
+    /// is the check.
+    pub(crate) fn idmapped_as_recorded(
+        &self,
+        table: &[mountinfo::MountEntry],
+        id: MountId,
+        vol: &Volume,
+        b: &Bind,
+    ) -> bool {
+        let idmapped = mountinfo::by_id(table, id).is_some_and(|e| e.idmapped());
+        let Some(map) = b.idmap.as_ref().filter(|_| idmapped) else {
+            return idmapped == b.idmap.is_some();
+        };
+        let how = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+        let stat = |fd: std::result::Result<OwnedFd, Errno>| {
+            fd.and_then(|fd| self.kernel.stat(fd.as_fd())).ok()
+        };
+        let shown = stat(beneath::open_path(self.root.fd(), &b.rel));
+        let on_disk = stat(
+            beneath::open_path(self.root.fd(), &vol.rel())
+                .and_then(|v| beneath::open_with(v.as_fd(), &b.subpath, OFlags::PATH, how)),
+        );
+        let (Some(shown), Some(disk)) = (shown, on_disk) else {
+            return true;
+        };
+        if (shown.st_dev, shown.st_ino) != (disk.st_dev, disk.st_ino) {
+            return true;
+        }
+        let agrees =
+            |ranges, on_disk, seen| idmap::shown(ranges, on_disk).is_none_or(|i| i == seen);
+        agrees(&map.uids, disk.st_uid, shown.st_uid) && agrees(&map.gids, disk.st_gid, shown.st_gid)
     }
 
     /// What mount `id` is, in words ("/dev/vdb (ext4)"), for a refusal.

@@ -25,26 +25,26 @@
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{FileType, OFlags, ResolveFlags};
+use rustix::fs::{FileType, OFlags};
 use rustix::io::Errno;
 use slog::{info, warn, Logger};
 
 use super::claims::Claims;
-use super::idmap;
 use super::kernel::Kernel;
+use super::mounts::Mounts;
 use super::state::{Record, Store};
 use super::targets::Targets;
-use super::volume::{guest_rel, Bind, Volume};
+use super::volume::{guest_rel, Volume};
 use crate::error::Result;
 use crate::luks2::mapping::{tag_of, Live, Mapping};
 use crate::model::MountId;
 use crate::mount::unmount::Expect;
 use crate::sys::beneath::{self, Root};
-use crate::sys::mountinfo::{self, shown, MountEntry};
+use crate::sys::mountinfo::{shown, MountEntry};
 use crate::sys::sysfs::Sysfs;
 
 /// What recovery works with, before the table exists: it enters the
@@ -175,10 +175,13 @@ impl<K: Kernel> Recovery<'_, K> {
                 changed = true;
                 continue;
             };
-            let idmapped = mountinfo::by_id(table, m.mount_id).is_some_and(|e| e.idmapped());
-            if idmapped != b.idmap.is_some() || !self.maps_as_recorded(&vol, &b) {
+            let mounts = Mounts {
+                root: self.root,
+                kernel: self.kernel,
+            };
+            if !mounts.idmapped_as_recorded(table, m.mount_id, &vol, &b) {
                 warn!(self.log, "bind from a previous run is not idmapped as recorded; taken down, the next bind makes it again";
-                      "volume" => vol.id(), "target" => shown(&b.target), "recorded" => b.idmap.is_some(), "idmapped" => idmapped);
+                      "volume" => vol.id(), "target" => shown(&b.target), "recorded" => b.idmap.is_some());
                 changed = true;
                 continue;
             }
@@ -208,34 +211,6 @@ impl<K: Kernel> Recovery<'_, K> {
             }
         }
         Some(vol)
-    }
-
-    /// Whether idmapped bind `b` of `vol` shows ids as recorded, as far as
-    /// its root tells: the owner the bind shows is the recorded mappings'
-    /// of the owner on disk (seen through the volume's own mount). A mount
-    /// id reused by another bind of the volume, idmapped otherwise, fails
-    /// this; where nothing can be told (a plain bind, an owner the
-    /// mappings leave out, the subpath naming another file now), it holds.
-    fn maps_as_recorded(&self, vol: &Volume, b: &Bind) -> bool {
-        let Some(map) = &b.idmap else {
-            return true;
-        };
-        let how = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
-        let stat = |fd: Result<OwnedFd, Errno>| fd.and_then(|fd| self.kernel.stat(fd.as_fd())).ok();
-        let shown = stat(beneath::open_path(self.root.fd(), &b.rel));
-        let on_disk = stat(
-            beneath::open_path(self.root.fd(), &vol.rel())
-                .and_then(|v| beneath::open_with(v.as_fd(), &b.subpath, OFlags::PATH, how)),
-        );
-        let (Some(shown), Some(disk)) = (shown, on_disk) else {
-            return true;
-        };
-        if (shown.st_dev, shown.st_ino) != (disk.st_dev, disk.st_ino) {
-            return true;
-        }
-        let agrees =
-            |ranges, on_disk, seen| idmap::shown(ranges, on_disk).is_none_or(|id| id == seen);
-        agrees(&map.uids, disk.st_uid, shown.st_uid) && agrees(&map.gids, disk.st_gid, shown.st_gid)
     }
 
     /// The disk the mount `id` at `rel` is of: the device of its filesystem,

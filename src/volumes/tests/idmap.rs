@@ -167,3 +167,24 @@ fn a_restart_checks_binds_are_idmapped_as_recorded() {
     let again = v.bind(&again, &Cancel::never()).unwrap();
     assert!(again.already_mounted);
 }
+
+/// A bind whose mount shows other mappings than recorded while the agent
+/// runs (its mount id reused by a bind made behind the agent's back) is
+/// no repeat: the target holds a mount that is not the agent's.
+#[test]
+fn a_repeat_checks_the_bind_is_idmapped_as_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v, fake, root, _) = published_ext4(dir.path());
+    for (t, host, behind) in [
+        ("pods/lost", Some(100000), None),
+        ("pods/other", Some(100000), Some(200000)),
+        ("pods/plain", None, Some(100000)),
+    ] {
+        let req = mapped(&v, "a", t, host);
+        v.bind(&req, &Cancel::never()).unwrap();
+        assert!(v.bind(&req, &Cancel::never()).unwrap().already_mounted);
+        fake.set_idmap_behind(&root.join(t), behind.map(map));
+        let e = v.bind(&req, &Cancel::never()).unwrap_err();
+        assert_eq!(e.code(), Code::AlreadyExists, "{t}: {e}");
+    }
+}
