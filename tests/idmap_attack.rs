@@ -475,3 +475,90 @@ fn a_bind_replaced_behind_the_agents_back_is_no_repeat() {
         run("umount", &[t.to_str().unwrap()]);
     }
 }
+
+/// A record whose `bind_idmap=` line is hostile (not ranges, 10,000
+/// ranges, for a target no bind has): the restart does not panic, sets
+/// the record aside and takes the volume's mounts down; nothing is
+/// adopted with mappings it does not have.
+#[test]
+#[ignore = "needs root: make test runs it"]
+fn hostile_bind_idmap_lines_adopt_nothing() {
+    needs::loop_devices_and_mkfs();
+    let many: Vec<String> = (0..10_000)
+        .map(|i| format!("{i}:{}:1", 100000 + i))
+        .collect();
+    let many = many.join(",");
+    for (i, line) in [
+        "bind_idmap=garbage".to_string(),
+        "bind_idmap={t}\t0:100000:x\t0:100000:65536".to_string(),
+        format!("bind_idmap={{t}}\t{many}\t0:100000:65536"),
+        "bind_idmap={t}/other\t0:100000:65536\t0:100000:65536".to_string(),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let disk = LoopDisk::new(64, Some("ext4"));
+        let a = Agent::start();
+        let c = a.client();
+        published(&c, "h", &disk);
+        let t = a.root.join("pods/h");
+        c.bind_mount(ctx(), &mapped("h", &t, Some(100000))).unwrap();
+        let dir = a.kill9();
+        let record = dir.path().join("root/state/h.vol");
+        let text = std::fs::read_to_string(&record).unwrap();
+        let kept: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with("bind_idmap="))
+            .collect();
+        let line = line.replace("{t}", &t.display().to_string());
+        std::fs::write(&record, format!("{}\n{line}\n", kept.join("\n"))).unwrap();
+        let mut b = Agent::start_in(dir);
+        let c = b.client();
+        assert!(volumes(&c).is_empty(), "{i}: {}", b.log());
+        assert!(mounts_of(&disk.path()).is_empty(), "{i}: {}", b.log());
+        assert!(b.alive() && !b.log().contains("panic"), "{i}: {}", b.log());
+    }
+}
+
+/// Targets and subpaths through symlinks and other binds: a target inside
+/// an idmapped bind, or through a symlink, and a subpath symlink leaving
+/// the volume are refused with nothing made; a subpath symlink inside it
+/// is followed, and that bind is idmapped.
+#[test]
+#[ignore = "needs root: make test runs it"]
+fn symlinks_and_nested_targets_with_mappings() {
+    needs::loop_devices_and_mkfs();
+    let disk = LoopDisk::new(64, Some("ext4"));
+    let a = Agent::start();
+    let c = a.client();
+    published(&c, "s", &disk);
+    let gp = a.root.join("volumes/s");
+    std::fs::create_dir(gp.join("data")).unwrap();
+    std::os::unix::fs::chown(gp.join("data"), Some(7), Some(8)).unwrap();
+    std::os::unix::fs::symlink("data", gp.join("in")).unwrap();
+    std::os::unix::fs::symlink("/etc", gp.join("out")).unwrap();
+    let outer = a.root.join("pods/outer");
+    c.bind_mount(ctx(), &mapped("s", &outer, Some(100000)))
+        .unwrap();
+    let before = mounts_of(&disk.path()).len();
+    std::fs::create_dir_all(a.root.join("pods/real")).unwrap();
+    std::os::unix::fs::symlink(a.root.join("pods/real"), a.root.join("pods/link")).unwrap();
+    for (t, sub) in [
+        (outer.join("data/inner"), ""),
+        (a.root.join("pods/link/x"), ""),
+        (a.root.join("pods/out"), "out"),
+    ] {
+        let mut r = mapped("s", &t, Some(200000));
+        r.subpath = sub.into();
+        let out = c.bind_mount(ctx(), &r);
+        assert!(out.is_err(), "{}: {out:?}", t.display());
+        assert!(!t.exists(), "{}", t.display());
+    }
+    assert!(!gp.join("data/inner").exists());
+    assert_eq!(mounts_of(&disk.path()).len(), before);
+    let t = a.root.join("pods/in");
+    let mut r = mapped("s", &t, Some(200000));
+    r.subpath = "in".into();
+    c.bind_mount(ctx(), &r).unwrap();
+    assert_eq!(crust_testkit::ids::owner(&t), (200007, 200008));
+}
